@@ -1,0 +1,69 @@
+"""The `circuitlab` command. Each subcommand lives in circuitlab/commands/<name>.py and defines
+HELP, EXAMPLE, add_arguments(parser) and run(args) -> int."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from circuitlab.errors import CircuitlabError
+
+# Order in `circuitlab --help`; any other module in circuitlab/commands is listed after these.
+PREFERRED = ["demo", "train", "generate", "info"]
+
+
+def command_names() -> list[str]:
+    import pkgutil
+
+    import circuitlab.commands as pkg
+
+    found = [m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")]
+    return [n for n in PREFERRED if n in found] + sorted(n for n in found if n not in PREFERRED)
+
+
+def _load(name: str):
+    return importlib.import_module(f"circuitlab.commands.{name.replace('-', '_')}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="circuitlab",
+        description="Build, train, load and take apart transformer language models.",
+        epilog="example: circuitlab demo --out runs/demo   (run `circuitlab <command> --help` for each)",
+    )
+    parser.add_argument("--version", action="version", version=f"circuitlab {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name in command_names():
+        module = _load(name)
+        name = name.replace("_", "-")
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                           epilog=f"example:\n  {module.EXAMPLE}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _version() -> str:
+    from circuitlab import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except CircuitlabError as e:
+        print(f"circuitlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"circuitlab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

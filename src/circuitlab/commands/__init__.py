@@ -1,0 +1,1 @@
+"""Subcommands of the `circuitlab` command (see circuitlab.cli)."""

@@ -1,0 +1,220 @@
+"""ModelConfig: one dataclass whose switches cover attention-only, GPT-2 and LLaMA-style models.
+
+    from circuitlab import ModelConfig
+    cfg = ModelConfig.from_preset("attn-only-2l", d_vocab=1000)
+    cfg = ModelConfig.load("config.json")   # or .yaml
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from circuitlab.errors import ConfigError
+
+NORMS = ("layernorm", "rmsnorm", "none")
+POSITIONALS = ("learned", "rotary", "none")
+MLPS = ("gelu", "gelu_new", "relu", "swiglu")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of a Transformer. Every switch is a plain field; see presets() for named setups.
+
+    d_head defaults to d_model // n_heads (then d_model must be divisible by n_heads);
+    n_kv_heads defaults to n_heads (plain multi-head attention; fewer = grouped-query attention);
+    d_mlp defaults to 4 * d_model (ignored when attn_only).
+    """
+
+    n_layers: int = 2
+    d_model: int = 128
+    n_heads: int = 4
+    d_vocab: int = 512
+    n_ctx: int = 128
+    d_head: int | None = None
+    n_kv_heads: int | None = None
+    d_mlp: int | None = None
+    attn_only: bool = False
+    norm: str = "layernorm"          # layernorm | rmsnorm | none
+    norm_eps: float = 1e-5
+    positional: str = "learned"      # learned | rotary | none
+    rotary_base: float = 10000.0
+    rotary_dim: int | None = None    # rotate only the first rotary_dim dims of each head (None = all)
+    mlp: str = "gelu"                # gelu | gelu_new (tanh approx., GPT-2) | relu | swiglu
+    bias: bool = True
+    tied_embeddings: bool = False
+    use_attn_out: bool = True        # False: "V-only" heads, z written straight into the residual (d_head == d_model)
+    scale_scores: bool = True        # divide attention scores by sqrt(d_head); hand-built models turn it off
+    parallel_attn_mlp: bool = False  # GPT-NeoX style: attn and MLP both read resid_pre
+    init_std: float = 0.02
+    scale_out_init: bool = False     # scale output projections' init by 1/sqrt(2 * n_layers)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def head_dim(self) -> int:
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
+
+    @property
+    def rot_dim(self) -> int:
+        return self.rotary_dim if self.rotary_dim is not None else self.head_dim
+
+    @property
+    def has_mlp(self) -> bool:
+        return not self.attn_only
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Raise ConfigError naming the field and the rule it breaks."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = _FIELD_TYPES[f.name]
+            if value is None and "None" in f.type:
+                continue
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, f.name, float(value))
+                continue
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise ConfigError(
+                    f"ModelConfig.{f.name} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+                )
+        for name in ("d_model", "n_heads", "d_vocab", "n_ctx", "d_head", "n_kv_heads", "d_mlp", "rotary_dim"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"ModelConfig.{name} must be positive, got {value}")
+        if self.n_layers < 0:
+            raise ConfigError(f"ModelConfig.n_layers must be >= 0, got {self.n_layers}")
+        for name, value in (("norm_eps", self.norm_eps), ("rotary_base", self.rotary_base), ("init_std", self.init_std)):
+            if value <= 0:
+                raise ConfigError(f"ModelConfig.{name} must be positive, got {value}")
+        if self.d_head is None and self.d_model % self.n_heads != 0:
+            raise ConfigError(
+                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
+                "or set d_head explicitly"
+            )
+        if self.n_heads % self.kv_heads != 0:
+            raise ConfigError(
+                f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})"
+            )
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("positional", self.positional, POSITIONALS)
+        _check_choice("mlp", self.mlp, MLPS)
+        if self.positional == "rotary" and (self.rot_dim > self.head_dim or self.rot_dim % 2):
+            raise ConfigError(
+                f"ModelConfig.rotary_dim ({self.rot_dim}) must be even and at most d_head ({self.head_dim})"
+            )
+        if not self.use_attn_out and self.head_dim != self.d_model:
+            raise ConfigError(
+                f"ModelConfig.use_attn_out=False (V-only heads) needs d_head == d_model, "
+                f"got d_head {self.head_dim}, d_model {self.d_model}"
+            )
+        if self.parallel_attn_mlp and self.attn_only:
+            raise ConfigError("ModelConfig.parallel_attn_mlp needs an MLP; it cannot be set with attn_only=True")
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a model config must be a mapping of fields, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_FIELD_TYPES))
+        if unknown:
+            import difflib
+
+            hints = [difflib.get_close_matches(u, _FIELD_TYPES, n=1) for u in unknown]
+            hint = "".join(f" (did you mean {h[0]!r}?)" for h in hints if h)
+            raise ConfigError(f"unknown ModelConfig field(s) {', '.join(unknown)}{hint}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        text = self.to_yaml() if path.suffix in (".yaml", ".yml") else self.to_json()
+        path.write_text(text)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"model config file not found: {path}")
+        text = path.read_text()
+        try:
+            if path.suffix in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except Exception as e:  # noqa: BLE001 - any parse error is the user's file
+            raise ConfigError(f"could not parse model config {path}: {e}") from None
+        return cls.from_dict(data)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return self.from_dict({**self.to_dict(), **changes})
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        table = presets()
+        if name not in table:
+            import difflib
+
+            close = difflib.get_close_matches(name, table, n=3)
+            hint = f" (closest: {', '.join(close)})" if close else ""
+            raise ConfigError(f"unknown model preset {name!r}{hint}; valid presets: {', '.join(table)}")
+        return cls.from_dict({**table[name], "name": name, **overrides})
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"ModelConfig.{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+_FIELD_TYPES: dict[str, type] = {f.name: _TYPE_NAMES[f.type.split(" |")[0]] for f in fields(ModelConfig)}
+
+
+def _attn_only(n_layers: int) -> dict[str, Any]:
+    # The Mathematical Framework models: attention only, no MLP, no norm, learned positions.
+    return dict(n_layers=n_layers, d_model=128, n_heads=4, n_ctx=128, attn_only=True, norm="none",
+                positional="learned", bias=False)
+
+
+def _llama(n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, d_mlp: int, n_ctx: int) -> dict[str, Any]:
+    return dict(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_mlp=d_mlp,
+                n_ctx=n_ctx, d_vocab=4096, norm="rmsnorm", norm_eps=1e-6, positional="rotary", mlp="swiglu",
+                bias=False, tied_embeddings=False, scale_out_init=True)
+
+
+def presets() -> dict[str, dict[str, Any]]:
+    """Named configs. Non-embedding sizes: quick ≈ 4.4M, small ≈ 50M, medium ≈ 126M."""
+    table: dict[str, dict[str, Any]] = {f"attn-only-{n}l": _attn_only(n) for n in (0, 1, 2, 3, 8)}
+    table["gpt2-tiny"] = dict(n_layers=2, d_model=128, n_heads=4, d_mlp=512, n_ctx=128, norm="layernorm",
+                              positional="learned", mlp="gelu_new", bias=True, tied_embeddings=True,
+                              scale_out_init=True)
+    table["llama-tiny"] = _llama(2, 128, 4, 2, 352, 128) | {"d_vocab": 512}
+    table["quick"] = _llama(6, 256, 4, 2, 704, 256)
+    table["small"] = _llama(8, 768, 12, 4, 2048, 512)
+    table["medium"] = _llama(12, 1024, 16, 4, 2560, 1024)
+    return table

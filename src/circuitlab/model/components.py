@@ -1,0 +1,230 @@
+"""Transformer building blocks: norms, rotary positions, attention (MHA/GQA/V-only), MLP, block.
+
+Weights are stored fused for speed (one QKV projection). When no hook needs the attention
+scores or pattern, attention runs through scaled_dot_product_attention; otherwise through
+the eager path that builds them. Both compute the same function.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from circuitlab.config import ModelConfig
+from circuitlab.model.hooks import HookPoint
+
+
+class Norm(nn.Module):
+    """LayerNorm (centre, scale by 1/std, affine) or RMSNorm (scale by 1/rms, gain only).
+
+    hook_scale [batch, pos, 1] is the factor the input is divided by; hook_normalized
+    [batch, pos, d_model] is the output before the gain/bias.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind = cfg.norm
+        self.eps = cfg.norm_eps
+        self.w = nn.Parameter(torch.ones(cfg.d_model))
+        self.b = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.norm == "layernorm" and cfg.bias else None
+        self.hook_scale = HookPoint()
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.hook_scale.active or self.hook_normalized.active):
+            if self.kind == "layernorm":
+                return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+            return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
+        if self.kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        x = self.hook_normalized(x / scale) * self.w
+        return x + self.b if self.b is not None else x
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    return Norm(cfg) if cfg.norm != "none" else nn.Identity()
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding on the first rot_dim dims of each head (rotate-half layout, as LLaMA/NeoX)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.rot_dim = cfg.rot_dim
+        inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, self.rot_dim, 2, dtype=torch.float64) / self.rot_dim))
+        angles = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), inv_freq)  # [n_ctx, rot_dim/2]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x [batch, pos, head, d_head] -> same, rotated by absolute position offset + i."""
+        T = x.shape[1]
+        cos = self.cos[offset:offset + T, None, :].to(x.dtype)
+        sin = self.sin[offset:offset + T, None, :].to(x.dtype)
+        x_rot, x_pass = x[..., : self.rot_dim], x[..., self.rot_dim:]
+        half = self.rot_dim // 2
+        rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with optional grouped-query (n_kv_heads < n_heads) and V-only heads.
+
+    Fused weights: qkv.weight [(n_heads + 2*n_kv_heads) * d_head, d_model] (q heads, then k, then v);
+    out.weight [d_model, n_heads * d_head] (absent for V-only heads).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.bias)
+        self.out = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.bias) if cfg.use_attn_out else None
+        self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
+        self.scale = 1.0 / math.sqrt(self.d_head) if cfg.scale_scores else 1.0
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        if self.rotary is not None:
+            self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos], after the causal mask
+        self.hook_pattern = HookPoint()      # [batch, head, query_pos, key_pos]
+        self.hook_z = HookPoint()            # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()       # [batch, pos, head, d_model]; computed only when hooked
+
+    def forward(self, x: torch.Tensor, kv_cache: "LayerKV | None" = None) -> torch.Tensor:
+        """x [batch, pos, d_model] -> attention output [batch, pos, d_model]."""
+        B, T, _ = x.shape
+        H, K, D = self.n_heads, self.n_kv, self.d_head
+        q, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=-1)
+        q = self.hook_q(q.view(B, T, H, D))
+        k = self.hook_k(k.view(B, T, K, D))
+        v = self.hook_v(v.view(B, T, K, D))
+        offset = kv_cache.length if kv_cache is not None else 0
+        if self.rotary is not None:
+            q = self.hook_rot_q(self.rotary(q, offset))
+            k = self.hook_rot_k(self.rotary(k, offset))
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
+        S = k.shape[2]
+        if self.hook_attn_scores.active or self.hook_pattern.active:
+            z = self._eager(q, k, v, offset)
+        else:
+            # Bottom-right aligned causal mask is only needed when new queries follow cached keys.
+            mask = None if offset == 0 else _causal_mask(T, S, offset, x.device)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0,
+                                               scale=self.scale, enable_gqa=K != H)
+        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
+        if self.hook_result.active:
+            if self.out is None:
+                result = z
+            else:
+                w_o = self.out.weight.T.reshape(H, D, -1)  # [head, d_head, d_model]
+                result = torch.einsum("bphd,hdm->bphm", z, w_o)
+            out = self.hook_result(result).sum(dim=2)
+            return out + self.out.bias if self.out is not None and self.out.bias is not None else out
+        if self.out is None:
+            return z.sum(dim=2)
+        return self.out(z.reshape(B, T, H * D))
+
+    def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
+        """Scores and pattern made explicit (hookable). q [b, H, T, D]; k, v [b, K, S, D] -> z [b, H, T, D]."""
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        T, S = q.shape[2], k.shape[2]
+        scores = (q @ k.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(~_causal_mask(T, S, offset, q.device), float("-inf"))
+        scores = self.hook_attn_scores(scores)
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        return pattern @ v
+
+
+def _causal_mask(T: int, S: int, offset: int, device: torch.device) -> torch.Tensor:
+    """[T, S] bool, True where query i (absolute offset + i) may attend key j."""
+    return torch.arange(S, device=device)[None, :] <= (torch.arange(T, device=device)[:, None] + offset)
+
+
+class LayerKV:
+    """Cached keys and values of one layer for incremental decoding ([batch, pos, kv_head, d_head])."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+        return self.k, self.v
+
+
+class MLP(nn.Module):
+    """GELU/ReLU MLP, or SwiGLU (fc_in holds gate then up, [2 * d_mlp, d_model]).
+
+    hook_pre [batch, pos, d_mlp]: pre-activation (the gate for SwiGLU); hook_pre_linear: SwiGLU's
+    up projection; hook_post [batch, pos, d_mlp]: the neuron activations fed to fc_out.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind = cfg.mlp
+        self.d_mlp = cfg.mlp_dim
+        width = 2 * self.d_mlp if self.kind == "swiglu" else self.d_mlp
+        self.fc_in = nn.Linear(cfg.d_model, width, bias=cfg.bias)
+        self.fc_out = nn.Linear(self.d_mlp, cfg.d_model, bias=cfg.bias)
+        self.hook_pre = HookPoint()
+        if self.kind == "swiglu":
+            self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc_in(x)
+        if self.kind == "swiglu":
+            gate, up = h.split(self.d_mlp, dim=-1)
+            h = F.silu(self.hook_pre(gate)) * self.hook_pre_linear(up)
+        elif self.kind == "gelu":
+            h = F.gelu(self.hook_pre(h))
+        elif self.kind == "gelu_new":
+            h = F.gelu(self.hook_pre(h), approximate="tanh")
+        else:
+            h = F.relu(self.hook_pre(h))
+        return self.fc_out(self.hook_post(h))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(...))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # Registration order is forward order, so model.hook_names() reads top to bottom.
+        self.hook_resid_pre = HookPoint()
+        self.ln1 = make_norm(cfg)
+        self.attn = Attention(cfg)
+        self.hook_attn_out = HookPoint()
+        if cfg.has_mlp:
+            if not cfg.parallel_attn_mlp:
+                self.hook_resid_mid = HookPoint()
+            self.ln2 = make_norm(cfg)
+            self.mlp = MLP(cfg)
+            self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor, kv_cache: LayerKV | None = None) -> torch.Tensor:
+        """x [batch, pos, d_model] -> [batch, pos, d_model]."""
+        x = self.hook_resid_pre(x)
+        attn_out = self.hook_attn_out(self.attn(self.ln1(x), kv_cache))
+        if not self.cfg.has_mlp:
+            return self.hook_resid_post(x + attn_out)
+        if self.cfg.parallel_attn_mlp:
+            mlp_out = self.hook_mlp_out(self.mlp(self.ln2(x)))
+            return self.hook_resid_post(x + attn_out + mlp_out)
+        mid = self.hook_resid_mid(x + attn_out)
+        return self.hook_resid_post(mid + self.hook_mlp_out(self.mlp(self.ln2(mid))))

@@ -1,0 +1,216 @@
+"""Transformer: tokens -> logits, with hook points on every activation.
+
+    model = Transformer(ModelConfig.from_preset("attn-only-2l"))
+    logits = model(tokens)                                   # [batch, pos, d_vocab]
+    logits, cache = model.run_with_cache(tokens)
+    cache["pattern", 1]                                      # [batch, head, query_pos, key_pos]
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", fn)]): ...
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from circuitlab.config import ModelConfig
+from circuitlab.errors import CircuitlabError
+from circuitlab.model import hooks as H
+from circuitlab.model.components import Block, LayerKV, make_norm
+from circuitlab.model.hooks import ActivationCache, HookPoint
+from circuitlab.model.weights import WeightViews
+
+
+class Transformer(WeightViews, nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        if cfg.positional == "learned":
+            self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg)
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.bias)
+        if cfg.tied_embeddings:
+            self.unembed.weight = self.embed.weight
+        self.reset_parameters()
+        H.name_hook_points(self)
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self, seed: int | None = None) -> None:
+        """Normal(0, init_std) weights, zero biases, unit norm gains; output projections scaled
+        by 1/sqrt(2 * n_layers) when cfg.scale_out_init (GPT-2 / LLaMA practice)."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * max(self.cfg.n_layers, 1)) if self.cfg.scale_out_init else std
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith(".b") or name.endswith(".bias"):
+                    p.zero_()
+                elif name.endswith(".w"):
+                    p.fill_(1.0)
+                else:
+                    is_out = name.endswith("attn.out.weight") or name.endswith("mlp.fc_out.weight")
+                    p.copy_(torch.randn(p.shape, generator=gen) * (out_std if is_out else std))
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tokens: torch.Tensor, kv_cache: "KVCache | None" = None) -> torch.Tensor:
+        """tokens [batch, pos] (int) -> logits [batch, pos, d_vocab]."""
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        T = tokens.shape[1]
+        offset = kv_cache.length if kv_cache is not None else 0
+        if offset + T > self.cfg.n_ctx:
+            raise CircuitlabError(
+                f"sequence length {offset + T} exceeds the model's context n_ctx={self.cfg.n_ctx}"
+            )
+        x = self.hook_embed(self.embed(tokens))
+        if self.cfg.positional == "learned":
+            pos = torch.arange(offset, offset + T, device=tokens.device)
+            x = x + self.hook_pos_embed(self.pos_embed(pos).expand_as(x))
+        for i, block in enumerate(self.blocks):
+            x = block(x, kv_cache.layers[i] if kv_cache is not None else None)
+        if kv_cache is not None:
+            kv_cache.length += T
+        return self.unembed(self.ln_final(x))
+
+    def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor | None = None,
+             per_token: bool = False) -> torch.Tensor:
+        """Next-token cross-entropy. tokens [batch, pos+1]: inputs tokens[:, :-1], targets tokens[:, 1:].
+
+        loss_mask [batch, pos] (bool) keeps only the marked targets. Returns a scalar mean,
+        or [batch, pos] when per_token.
+        """
+        logits = self(tokens[:, :-1])
+        return lm_loss(logits, tokens[:, 1:], loss_mask, per_token)
+
+    # ------------------------------------------------------------------ hooks
+    def hook_points(self) -> dict[str, HookPoint]:
+        return H.hook_points(self)
+
+    def hook_names(self) -> list[str]:
+        """Every hook name, in forward order."""
+        return list(H.hook_points(self))
+
+    def hooks(self, fwd_hooks: Sequence[tuple[H.NameOrFilter, H.HookFn]] = (),
+              bwd_hooks: Sequence[tuple[H.NameOrFilter, H.HookFn]] = ()):
+        """Context manager attaching hooks by name or filter; removed on exit, even on error."""
+        return H.attach(self, fwd_hooks, bwd_hooks)
+
+    def run_with_hooks(self, tokens: torch.Tensor, fwd_hooks: Sequence = (), bwd_hooks: Sequence = (),
+                       **kwargs: Any) -> torch.Tensor:
+        """Forward with hooks attached for this call only; returns logits [batch, pos, d_vocab]."""
+        with self.hooks(fwd_hooks, bwd_hooks):
+            return self(tokens, **kwargs)
+
+    def run_with_cache(self, tokens: torch.Tensor, names_filter: H.NameOrFilter | Sequence[str] | None = None,
+                       device: str | torch.device | None = None, incl_bwd: bool = False,
+                       loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                       ) -> tuple[torch.Tensor, ActivationCache]:
+        """Forward, caching the activations named by names_filter (default: all).
+
+        names_filter: None, a name, a list of names, or a callable name -> bool.
+        incl_bwd: also backpropagate loss_fn(logits) (default: the mean next-token loss of
+        tokens) and cache each activation's gradient in cache.grads.
+        Returns (logits [batch, pos, d_vocab], ActivationCache). Without incl_bwd the cache is detached.
+        """
+        points = self.hook_points()
+        if names_filter is None:
+            names = list(points)
+        elif isinstance(names_filter, str) or callable(names_filter):
+            names = [hp.name for hp in H.resolve(points, names_filter)]
+        else:
+            names = [hp.name for n in names_filter for hp in H.resolve(points, n)]
+        acts: dict[str, torch.Tensor] = {}
+        grads: dict[str, torch.Tensor] = {}
+
+        def save(t: torch.Tensor, hook: HookPoint) -> None:
+            t = t if incl_bwd else t.detach()
+            acts[hook.name] = t.to(device) if device is not None else t
+
+        def save_grad(g: torch.Tensor, hook: HookPoint) -> None:
+            grads[hook.name] = g.detach().to(device) if device is not None else g.detach()
+
+        fwd = [(n, save) for n in names]
+        bwd = [(n, save_grad) for n in names] if incl_bwd else []
+        with self.hooks(fwd, bwd):
+            if incl_bwd:
+                logits = self(tokens)
+                metric = loss_fn(logits) if loss_fn is not None else lm_loss(logits[:, :-1], tokens[:, 1:])
+                metric.backward()
+                logits = logits.detach()
+                acts = {k: v.detach() for k, v in acts.items()}
+            else:
+                with torch.no_grad():
+                    logits = self(tokens)
+        return logits, ActivationCache(acts, grads, self)
+
+    # ------------------------------------------------------------------ sizes and generation
+    def num_params(self, include_embeddings: bool = True) -> int:
+        """Parameter count; without embeddings it excludes W_E, W_pos and an untied W_U (and b_U)."""
+        seen: set[int] = set()
+        total = 0
+        for name, p in self.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if not include_embeddings and name.split(".")[0] in ("embed", "pos_embed", "unembed"):
+                continue
+            total += p.numel()
+        return total
+
+    @torch.no_grad()
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+                 use_cache: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample continuations. tokens [batch, pos] -> [batch, pos + new] (stops early at eos_id when
+        every row has produced it). temperature 0 is greedy. Past n_ctx the context is cropped to
+        the last n_ctx tokens and decoding continues without the cache."""
+        from circuitlab.model.sampling import sample_next
+
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        out = tokens
+        cache = KVCache(self.cfg.n_layers) if use_cache else None
+        next_input = tokens
+        done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        for _ in range(max_new_tokens):
+            if cache is not None and cache.length + next_input.shape[1] > self.cfg.n_ctx:
+                cache = None  # out of context: fall back to the cropped, uncached path
+            if cache is None:
+                logits = self(out[:, -self.cfg.n_ctx:])[:, -1]
+            else:
+                logits = self(next_input, kv_cache=cache)[:, -1]
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            next_input = nxt[:, None]
+            if eos_id is not None:
+                done |= nxt == eos_id
+                if bool(done.all()):
+                    break
+        return out
+
+
+class KVCache:
+    """Keys and values of every layer, for incremental decoding."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerKV() for _ in range(n_layers)]
+        self.length = 0
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None,
+            per_token: bool = False) -> torch.Tensor:
+    """Cross-entropy of logits [batch, pos, d_vocab] against targets [batch, pos]."""
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    losses = losses.view(targets.shape)
+    if per_token:
+        return losses
+    if loss_mask is not None:
+        return (losses * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+    return losses.mean()

@@ -1,0 +1,141 @@
+"""Per-head weight views of the fused weights, in the framework paper's orientation (x @ W).
+
+Shapes: W_E [d_vocab, d_model]; W_pos [n_ctx, d_model]; W_U [d_model, d_vocab];
+W_Q, W_K, W_V [layer, head, d_model, d_head] (GQA: k/v heads repeated to query heads);
+W_O [layer, head, d_head, d_model]; W_QK [layer, head, d_model, d_model] = W_Q W_Kᵀ;
+W_OV [layer, head, d_model, d_model] = W_V W_O; W_in [layer, d_model, d_mlp];
+W_out [layer, d_mlp, d_model]. The views are differentiable tensors, not copies kept in sync.
+"""
+from __future__ import annotations
+
+import torch
+
+from circuitlab.errors import CircuitlabError
+
+
+class WeightViews:
+    """Mixin for Transformer: per-head views computed from the stored (fused) parameters."""
+
+    # ------------------------------------------------------------------ embeddings
+    @property
+    def W_E(self) -> torch.Tensor:
+        return self.embed.weight
+
+    @property
+    def W_pos(self) -> torch.Tensor:
+        if self.cfg.positional != "learned":
+            raise CircuitlabError(f"W_pos: this model has {self.cfg.positional!r} positions, not learned ones")
+        return self.pos_embed.weight
+
+    @property
+    def W_U(self) -> torch.Tensor:
+        return self.unembed.weight.T
+
+    @property
+    def b_U(self) -> torch.Tensor:
+        b = self.unembed.bias
+        return b if b is not None else torch.zeros(self.cfg.d_vocab, device=self.W_E.device)
+
+    # ------------------------------------------------------------------ attention
+    def _qkv_split(self, part: str, bias: bool = False) -> torch.Tensor:
+        H, K, D = self.cfg.n_heads, self.cfg.kv_heads, self.cfg.head_dim
+        start, n = {"q": (0, H), "k": (H, K), "v": (H + K, K)}[part]
+        per_layer = []
+        for block in self.blocks:
+            lin = block.attn.qkv
+            if bias:
+                b = lin.bias if lin.bias is not None else torch.zeros(lin.out_features, device=lin.weight.device)
+                w = b[start * D:(start + n) * D].view(n, D)
+            else:
+                w = lin.weight[start * D:(start + n) * D].view(n, D, -1).transpose(1, 2)  # [n, d_model, D]
+            if n != H:
+                w = w.repeat_interleave(H // n, dim=0)
+            per_layer.append(w)
+        return torch.stack(per_layer) if per_layer else torch.empty(0)
+
+    @property
+    def W_Q(self) -> torch.Tensor:
+        return self._qkv_split("q")
+
+    @property
+    def W_K(self) -> torch.Tensor:
+        return self._qkv_split("k")
+
+    @property
+    def W_V(self) -> torch.Tensor:
+        return self._qkv_split("v")
+
+    @property
+    def b_Q(self) -> torch.Tensor:
+        return self._qkv_split("q", bias=True)
+
+    @property
+    def b_K(self) -> torch.Tensor:
+        return self._qkv_split("k", bias=True)
+
+    @property
+    def b_V(self) -> torch.Tensor:
+        return self._qkv_split("v", bias=True)
+
+    @property
+    def W_O(self) -> torch.Tensor:
+        H, D = self.cfg.n_heads, self.cfg.head_dim
+        per_layer = []
+        for block in self.blocks:
+            out = block.attn.out
+            if out is None:  # V-only heads write z straight into the residual stream
+                per_layer.append(torch.eye(D, device=self.W_E.device).expand(H, D, D))
+            else:
+                per_layer.append(out.weight.T.reshape(H, D, -1))
+        return torch.stack(per_layer) if per_layer else torch.empty(0)
+
+    @property
+    def b_O(self) -> torch.Tensor:
+        """[layer, d_model]"""
+        d = self.cfg.d_model
+        return torch.stack([
+            b.attn.out.bias if b.attn.out is not None and b.attn.out.bias is not None
+            else torch.zeros(d, device=self.W_E.device) for b in self.blocks
+        ]) if len(self.blocks) else torch.empty(0)
+
+    @property
+    def W_QK(self) -> torch.Tensor:
+        return self.W_Q @ self.W_K.transpose(-1, -2)
+
+    @property
+    def W_OV(self) -> torch.Tensor:
+        return self.W_V @ self.W_O
+
+    # ------------------------------------------------------------------ MLP
+    def _mlp_stack(self, fn) -> torch.Tensor:
+        if not self.cfg.has_mlp:
+            raise CircuitlabError("this model is attention-only: it has no MLP weights")
+        return torch.stack([fn(b.mlp) for b in self.blocks])
+
+    @property
+    def W_in(self) -> torch.Tensor:
+        """[layer, d_model, d_mlp]; for SwiGLU the up projection (the gate is W_gate)."""
+        d = self.cfg.mlp_dim
+        return self._mlp_stack(lambda m: m.fc_in.weight[-d:].T)
+
+    @property
+    def W_gate(self) -> torch.Tensor:
+        if self.cfg.mlp != "swiglu":
+            raise CircuitlabError("W_gate exists only for SwiGLU MLPs")
+        d = self.cfg.mlp_dim
+        return self._mlp_stack(lambda m: m.fc_in.weight[:d].T)
+
+    @property
+    def W_out(self) -> torch.Tensor:
+        return self._mlp_stack(lambda m: m.fc_out.weight.T)
+
+    @property
+    def b_in(self) -> torch.Tensor:
+        d = self.cfg.mlp_dim
+        return self._mlp_stack(lambda m: m.fc_in.bias[-d:] if m.fc_in.bias is not None
+                               else torch.zeros(d, device=m.fc_in.weight.device))
+
+    @property
+    def b_out(self) -> torch.Tensor:
+        return self._mlp_stack(lambda m: m.fc_out.bias if m.fc_out.bias is not None
+                               else torch.zeros(self.cfg.d_model, device=m.fc_out.weight.device))
