@@ -1,5 +1,6 @@
 """The `circuitlab` command. Each subcommand lives in circuitlab/commands/<name>.py and defines
-HELP, EXAMPLE, add_arguments(parser) and run(args) -> int."""
+HELP, EXAMPLE, add_arguments(parser) and run(args) -> int (and optionally NAME); it is found
+automatically."""
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="<command>")
     for name in command_names():
         module = _load(name)
-        name = name.replace("_", "-")
+        name = getattr(module, "NAME", name.replace("_", "-"))  # NAME lets a module be called e.g. "import"
         p = sub.add_parser(name, help=module.HELP, description=module.HELP,
                            epilog=f"example:\n  {module.EXAMPLE}", formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
