@@ -1,0 +1,28 @@
+"""circuitlab demo: train 2-layer and 1-layer attention-only models and find the induction heads."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "train a 2-layer (and a 1-layer) attention-only model and find its induction heads (~3 min on CPU)"
+EXAMPLE = "circuitlab demo --out runs/demo"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", help="output directory (an existing one is kept, renamed)")
+    p.add_argument("--steps", type=int, default=None, help="training steps of the 2-layer model (default: configs/demo.yaml)")
+    p.add_argument("--steps-1l", type=int, default=600, help="training steps of the 1-layer model")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuitlab.demo import DemoOptions, run_demo
+
+    out = Path(args.out)
+    results = run_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
+                                   progress=not args.no_progress))
+    print()
+    print((out / "report.md").read_text())
+    print(f"wrote {out}/: report.md, results.json, figures, checkpoints (2l/, 1l/) "
+          f"in {results['wall_seconds']['total']:.0f}s")
+    return 0

@@ -1,0 +1,28 @@
+"""circuitlab train: train a model from a YAML run config."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "train a model from a run config (configs/*.yaml), with checkpoints and tracked metrics"
+EXAMPLE = "circuitlab train --config configs/demo.yaml --set train.steps=300 --out runs/mine"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="a YAML run config, or the name of one in configs/")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. train.lr=3e-4 or model.n_layers=1 (repeatable)")
+    p.add_argument("--out", help="run directory (default runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuitlab.training import RunConfig, train
+    from circuitlab.training.configs import resolve_config
+
+    cfg = RunConfig.load(resolve_config(args.config), args.overrides)
+    out = args.out or f"runs/{cfg.name}"
+    result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    print(f"trained {result.steps} steps ({result.tokens_seen:,} tokens) in {result.seconds:.0f}s: "
+          f"loss {result.final_loss:.3f}, best val loss {result.best_val_loss:.3f} -> {out}")
+    return 0

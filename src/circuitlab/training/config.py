@@ -1,0 +1,148 @@
+"""RunConfig: model + data + training settings of one run, read from configs/*.yaml.
+
+    run = RunConfig.load("configs/demo.yaml", overrides=["train.steps=200", "model.n_layers=1"])
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from circuitlab.config import ModelConfig
+from circuitlab.data import DataConfig
+from circuitlab.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_size: int = 32           # global batch (sequences per optimizer step, over all ranks and micro-steps)
+    seq_len: int = 128
+    grad_accum: int = 1            # micro-batches per optimizer step
+    lr: float = 1e-3
+    min_lr_frac: float = 0.1       # cosine decays to lr * min_lr_frac
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0         # 0 disables clipping
+    bf16: bool = False             # bf16 autocast for forward/backward
+    eval_every: int = 100
+    eval_batches: int = 8
+    ckpt_every: int = 500
+    track_every: int = 50          # interpretability metrics (induction, previous-token, ICL)
+    log_every: int = 10
+    seed: int = 0
+    device: str = "auto"           # auto | cpu | cuda | cuda:N
+    threads: int = 0               # torch CPU threads (0 = leave torch's default)
+
+
+@dataclass
+class RunConfig:
+    """A run: `model` (a preset name plus overrides, or full fields), `data`, `train`.
+
+    The model's d_vocab is taken from the tokenizer, and n_ctx defaults to train.seq_len.
+    `needs` says what the run requires beyond this machine (e.g. network, gpu), for the reader.
+    """
+
+    name: str = "run"
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "attn-only-2l"})
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    needs: list[str] = field(default_factory=list)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, dict):
+            self.data = _build(DataConfig, self.data, "data")
+        if isinstance(self.train, dict):
+            self.train = _build(TrainConfig, self.train, "train")
+        _check_types(self.train, "train")
+        t = self.train
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_batches",
+                     "ckpt_every", "track_every", "log_every"):
+            if getattr(t, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        if t.lr <= 0:
+            raise ConfigError(f"train.lr must be positive, got {t.lr}")
+        if t.batch_size % t.grad_accum:
+            raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
+        if not isinstance(self.model, dict):
+            raise ConfigError(f"model must be a mapping (a preset name and/or fields), got {self.model!r}")
+
+    def model_config(self, d_vocab: int) -> ModelConfig:
+        """The ModelConfig for this run, with d_vocab from the tokenizer."""
+        fields_ = dict(self.model)
+        preset = fields_.pop("preset", None)
+        fields_.setdefault("n_ctx", self.train.seq_len)
+        fields_["d_vocab"] = d_vocab
+        cfg = ModelConfig.from_preset(preset, **fields_) if preset else ModelConfig.from_dict(fields_)
+        if cfg.n_ctx < self.train.seq_len:
+            raise ConfigError(f"train.seq_len ({self.train.seq_len}) exceeds the model's context n_ctx ({cfg.n_ctx})")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        return _build(cls, data, "run config")
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"could not parse {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must hold a mapping with model/data/train sections")
+        for item in overrides or []:
+            apply_override(data, item)
+        return cls.from_dict(data)
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `--set section.key=value` (value parsed as YAML: 3, 1e-3, true, [a, b])."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value (e.g. train.steps=200), got {item!r}")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+    node[parts[-1]] = value
+
+
+def _build(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        import difflib
+
+        hints = [difflib.get_close_matches(u, known, n=1) for u in unknown]
+        hint = "".join(f" (did you mean {h[0]!r}?)" for h in hints if h)
+        raise ConfigError(f"unknown field(s) in {where}: {', '.join(unknown)}{hint}")
+    return cls(**data)
+
+
+def _check_types(obj: Any, where: str) -> None:
+    for f in fields(obj):
+        value, expected = getattr(obj, f.name), type(f.default)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            setattr(obj, f.name, float(value))
+        elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}.{f.name} must be {expected.__name__}, got {value!r}")

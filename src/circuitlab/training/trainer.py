@@ -1,0 +1,202 @@
+"""The training loop: AdamW, warmup + cosine, clipping, accumulation, optional bf16 autocast,
+eval, interpretability tracking, atomic resumable checkpoints, DDP under torchrun.
+
+    result = train(RunConfig.load("configs/demo.yaml"), "runs/demo")
+
+Resuming continues the identical loss curve: batches are a function of (seed, split, step),
+and the checkpoint holds the optimizer, the RNG and the step.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from circuitlab.data import build_data
+from circuitlab.errors import CircuitlabError
+from circuitlab.model import Transformer
+from circuitlab.training import distributed as D
+from circuitlab.training.checkpoint import (find_checkpoint, load_checkpoint, load_training_state,
+                                            save_checkpoint)
+from circuitlab.training.config import RunConfig
+from circuitlab.training.schedule import lr_at
+from circuitlab.training.tracking import induction_batch, track
+
+
+class TrainingDiverged(CircuitlabError):
+    pass
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    model: Transformer
+    tokenizer: Any
+    steps: int
+    tokens_seen: int
+    final_loss: float
+    best_val_loss: float
+    seconds: float
+
+
+def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
+          stop_at: int | None = None) -> TrainResult:
+    """Train run's model into out_dir (checkpoint/, best/, metrics.jsonl, run.yaml).
+
+    stop_at: stop (with a checkpoint) after this many steps, as if interrupted; the schedule
+    still follows train.steps, so a later resume continues the same curve.
+    """
+    t = run.train
+    out_dir = Path(out_dir)
+    rank, world, device = D.setup(t.device)
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    if t.batch_size % (world * t.grad_accum):
+        raise CircuitlabError(f"train.batch_size ({t.batch_size}) must be divisible by "
+                              f"world size x grad_accum ({world} x {t.grad_accum})")
+
+    ckpt = None
+    if not resume and (out_dir / "checkpoint").exists():
+        raise CircuitlabError(f"{out_dir} already holds a checkpoint; pass --resume to continue it, "
+                              "or choose another --out")
+    if resume:
+        ckpt = find_checkpoint(out_dir / "checkpoint")
+        model, tokenizer, _ = load_checkpoint(ckpt, device)
+        data = build_data(run.data, tokenizer=tokenizer)
+    else:
+        data = build_data(run.data)
+        tokenizer = data.tokenizer
+        torch.manual_seed(t.seed)
+        model = Transformer(run.model_config(tokenizer.vocab_size)).to(device)
+    model.train()
+    optimizer = make_optimizer(model, t)
+    start, tokens_seen, best_val = 0, 0, math.inf
+    if ckpt is not None:
+        state = load_training_state(ckpt, optimizer)
+        start, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val_loss"]
+        if start >= t.steps:
+            raise CircuitlabError(f"{out_dir} already finished {start} steps; raise train.steps to continue")
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "run.yaml").write_text(_yaml(run.to_dict()))
+        _truncate_metrics(out_dir / "metrics.jsonl", after_step=start)
+    ddp_model = D.wrap(model, device)
+
+    rep_tokens = induction_batch(tokenizer.vocab_size, min(64, model.cfg.n_ctx // 2)).to(device)
+    val_probe = data.get_batch("val", 0, min(16, t.batch_size), t.seq_len).to(device)
+    tokens_per_step = t.batch_size * t.seq_len
+    micro = t.batch_size // world // t.grad_accum
+    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+                if t.bf16 else contextlib.nullcontext())
+    run_dict = run.to_dict()
+
+    def log(record: dict[str, Any]) -> None:
+        if rank == 0:
+            with open(out_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def checkpoint(step_done: int) -> None:
+        if rank == 0:
+            save_checkpoint(out_dir / "checkpoint", model, tokenizer, run_dict, optimizer,
+                            {"step": step_done, "tokens_seen": tokens_seen, "best_val_loss": best_val})
+
+    if start == 0:
+        log({"step": 0, "tokens": 0, **track(model, rep_tokens, val_probe).to_dict()})
+
+    bar = tqdm(total=t.steps, initial=start, disable=not progress or rank != 0, desc=run.name, unit="step")
+    t0, loss_value = time.time(), float("nan")
+    end = min(t.steps, stop_at) if stop_at is not None else t.steps
+    for step in range(start, end):
+        lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_frac)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = data.get_batch("train", step, t.batch_size, t.seq_len, rank, world).to(device)
+        loss_sum = torch.zeros((), device=device)
+        for i, chunk in enumerate(batch.split(micro)):
+            sync = i == t.grad_accum - 1
+            with (contextlib.nullcontext() if sync else D.no_sync(ddp_model)), autocast:
+                loss = D.loss(ddp_model, chunk) / t.grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        loss_value = D.mean(loss_sum).item()
+        if not math.isfinite(loss_value):
+            bar.close()
+            last = "checkpoint/" if (out_dir / "checkpoint").exists() else "none written yet"
+            raise TrainingDiverged(f"loss became {loss_value} at step {step}; stopped without saving "
+                                   f"(last good checkpoint: {last}). Try a lower train.lr or train.grad_clip=1.0")
+        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip).item()
+                     if t.grad_clip > 0 else None)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens_seen += tokens_per_step
+        done = step + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.1e}")
+
+        record: dict[str, Any] = {}
+        if done % t.log_every == 0 or done == t.steps:
+            record.update(loss=round(loss_value, 5), lr=lr, grad_norm=grad_norm, elapsed=round(time.time() - t0, 2))
+        if done % t.eval_every == 0 or done == t.steps:
+            val = evaluate(model, data, t, rank, world, device)
+            record.update(val_loss=round(val, 5), val_ppl=round(math.exp(min(val, 50)), 3))
+            if val < best_val:
+                best_val = val
+                if rank == 0:
+                    save_checkpoint(out_dir / "best", model, tokenizer, run_dict)
+        if done % t.track_every == 0 or done == t.steps:
+            record.update(track(model, rep_tokens, val_probe).to_dict())
+        if record:
+            log({"step": done, "tokens": tokens_seen, **record})
+        if done % t.ckpt_every == 0 or done == end:
+            checkpoint(done)
+    bar.close()
+    D.teardown()
+    return TrainResult(out_dir, model.eval(), tokenizer, end, tokens_seen, loss_value, best_val,
+                       time.time() - t0)
+
+
+def make_optimizer(model: Transformer, t) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on biases and norm gains)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2))
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, data, t, rank: int = 0, world: int = 1, device: str = "cpu") -> float:
+    """Mean val loss over t.eval_batches fixed batches (the same ones every time)."""
+    model.eval()
+    total = torch.zeros((), device=device)
+    for i in range(t.eval_batches):
+        total += model.loss(data.get_batch("val", i, t.batch_size, t.seq_len, rank, world).to(device))
+    model.train()
+    return D.mean(total).item() / t.eval_batches
+
+
+def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_metrics(path: Path, after_step: int) -> None:
+    """On resume, drop records past the checkpoint so the curve has no duplicated steps."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines() if line.strip()
+                and json.loads(line)["step"] <= after_step]
+        path.write_text("".join(line + "\n" for line in keep) if after_step else "")
+
+
+def _yaml(data: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False)
