@@ -142,6 +142,12 @@ def _build(cls, data: Any, where: str):
 def _check_types(obj: Any, where: str) -> None:
     for f in fields(obj):
         value, expected = getattr(obj, f.name), type(f.default)
+        if expected is float and isinstance(value, str):
+            try:  # YAML 1.1 reads "3e-4" (no dot) as a string
+                value = float(value)
+                setattr(obj, f.name, value)
+            except ValueError:
+                pass
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             setattr(obj, f.name, float(value))
         elif not isinstance(value, expected) or (expected is int and isinstance(value, bool)):

@@ -103,6 +103,8 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                 f.write(json.dumps(record) + "\n")
 
     def checkpoint(step_done: int) -> None:
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            _diverged(out_dir, step_done, "a weight", float("nan"))
         if rank == 0:
             save_checkpoint(out_dir / "checkpoint", model, tokenizer, run_dict, optimizer,
                             {"step": step_done, "tokens_seen": tokens_seen, "best_val_loss": best_val})
@@ -126,13 +128,12 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             loss.backward()
             loss_sum += loss.detach()
         loss_value = D.mean(loss_sum).item()
-        if not math.isfinite(loss_value):
+        # clip_grad_norm_ with an infinite bound just measures the norm
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or math.inf).item()
+        if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
             bar.close()
-            last = "checkpoint/" if (out_dir / "checkpoint").exists() else "none written yet"
-            raise TrainingDiverged(f"loss became {loss_value} at step {step}; stopped without saving "
-                                   f"(last good checkpoint: {last}). Try a lower train.lr or train.grad_clip=1.0")
-        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip).item()
-                     if t.grad_clip > 0 else None)
+            _diverged(out_dir, step, "loss" if not math.isfinite(loss_value) else "gradient norm",
+                      loss_value if not math.isfinite(loss_value) else grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tokens_seen += tokens_per_step
@@ -160,6 +161,12 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     D.teardown()
     return TrainResult(out_dir, model.eval(), tokenizer, end, tokens_seen, loss_value, best_val,
                        time.time() - t0)
+
+
+def _diverged(out_dir: Path, step: int, what: str, value: float) -> None:
+    last = "checkpoint/ is kept" if (out_dir / "checkpoint").exists() else "no checkpoint was written yet"
+    raise TrainingDiverged(f"training diverged: {what} became {value} at step {step}; stopped without saving "
+                           f"({last}). Try a lower train.lr, or train.grad_clip=1.0")
 
 
 def make_optimizer(model: Transformer, t) -> torch.optim.AdamW:

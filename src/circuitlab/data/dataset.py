@@ -1,0 +1,203 @@
+"""DataConfig -> TokenData: a tokenizer plus train/val token streams with deterministic batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from circuitlab.data.packing import cache_key, default_cache_dir, load_or_pack
+from circuitlab.data.sources import load_texts, source_fingerprint
+from circuitlab.data.synthetic import tiled_random_segments
+from circuitlab.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer, save_tokenizer
+from circuitlab.errors import CircuitlabError, ConfigError
+
+SPLITS = ("train", "val")
+
+
+@dataclass
+class DataConfig:
+    """What text to train on and how to tokenize it.
+
+    random_segment_frac: fraction of each batch's rows replaced by tiled random
+    segments (periodic random tokens that teach induction heads).
+    cache_dir: token cache folder; None means $CIRCUITLAB_CACHE or ~/.cache/circuitlab/tokens.
+    """
+
+    source: str = "stories"
+    n_stories: int = 20000
+    tokenizer: str = "bpe"
+    vocab_size: int = 512
+    val_frac: float = 0.05
+    seed: int = 0
+    random_segment_frac: float = 0.0
+    cache_dir: str | None = None
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first bad field."""
+
+        def bad(field, want):
+            raise ConfigError(f"DataConfig.{field} must be {want}, got {getattr(self, field)!r}.")
+
+        def is_int(x):
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+        if not isinstance(self.source, str) or not self.source:
+            bad("source", 'a non-empty string such as "stories", "file:PATH", "folder:PATH" or "hf:NAME"')
+        if not is_int(self.n_stories) or self.n_stories < 1:
+            bad("n_stories", "an int >= 1")
+        if self.tokenizer not in ("char", "byte", "bpe", "gpt2") and not (
+            isinstance(self.tokenizer, str) and self.tokenizer.startswith("hf:") and len(self.tokenizer) > 3
+        ):
+            bad("tokenizer", '"char", "byte", "bpe", "gpt2" or "hf:<name or path>"')
+        if not is_int(self.vocab_size) or self.vocab_size < 2:
+            bad("vocab_size", "an int >= 2")
+        if self.tokenizer == "bpe" and self.vocab_size < 257:
+            bad("vocab_size", "an int >= 257 for the bpe tokenizer (256 bytes + EOS)")
+        if not is_num(self.val_frac) or not 0 <= self.val_frac < 1:
+            bad("val_frac", "a number in [0, 1)")
+        if not is_int(self.seed):
+            bad("seed", "an int")
+        if not is_num(self.random_segment_frac) or not 0 <= self.random_segment_frac <= 1:
+            bad("random_segment_frac", "a number in [0, 1]")
+        if isinstance(self.cache_dir, os.PathLike):
+            self.cache_dir = os.fspath(self.cache_dir)
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str):
+            bad("cache_dir", "a folder path (string) or None")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DataConfig":
+        """Build from a dict (e.g. a YAML section); unknown keys raise ConfigError."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"Unknown data config field(s) {unknown}; valid fields are {sorted(names)}.")
+        return cls(**d)
+
+
+def _batch_seed(seed: int, split: str, step: int) -> int:
+    digest = hashlib.sha256(f"circuitlab-batch:{seed}:{split}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class TokenData:
+    """A tokenizer with train/val token streams (1-D uint16/uint32 arrays or memmaps)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        train: np.ndarray,
+        val: np.ndarray,
+        seed: int = 0,
+        random_segment_frac: float = 0.0,
+        cache_path: Path | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.train = train
+        self.val = val
+        self.seed = seed
+        self.random_segment_frac = random_segment_frac
+        self.cache_path = cache_path
+
+    def __repr__(self) -> str:
+        return f"TokenData(tokenizer={self.tokenizer.name!r}, train={len(self.train):,} tokens, val={len(self.val):,} tokens)"
+
+    def get_batch(self, split: str, step: int, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
+        """Rows of seq_len + 1 tokens: LongTensor [batch_size // world_size, seq_len + 1].
+
+        Inputs are [:, :-1] and targets [:, 1:]. The global batch of batch_size rows
+        depends only on (seed, split, step), so training resumes exactly from a
+        step; rank r gets the contiguous rows [r * b, (r + 1) * b) with
+        b = batch_size // world_size, so the ranks' shares in rank order are the
+        single-process batch.
+        """
+        if split not in SPLITS:
+            raise ConfigError(f"split must be 'train' or 'val', got {split!r}.")
+        for name, value, low in (("step", step, 0), ("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("world_size", world_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an int >= {low}, got {value!r}.")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ConfigError(f"rank must be an int in [0, {world_size - 1}], got {rank!r}.")
+        if batch_size % world_size:
+            raise ConfigError(f"batch_size ({batch_size}) must be divisible by world_size ({world_size}); change one of them.")
+        data = self.train if split == "train" else self.val
+        n = seq_len + 1
+        if len(data) < n:
+            raise CircuitlabError(
+                f"The {split} split has {len(data)} tokens, fewer than seq_len + 1 = {n}; "
+                "use a smaller seq_len or more data (n_stories, val_frac)."
+            )
+
+        g = torch.Generator().manual_seed(_batch_seed(self.seed, split, step))
+        starts = torch.randint(0, len(data) - n + 1, (batch_size,), generator=g).tolist()
+        x = torch.from_numpy(np.stack([data[s : s + n] for s in starts]).astype(np.int64))  # [batch_size, n]
+        n_random = round(self.random_segment_frac * batch_size)
+        if n_random:
+            eos, vocab = self.tokenizer.eos_id, self.tokenizer.vocab_size
+            rows = torch.randperm(batch_size, generator=g)[:n_random]
+            seg = tiled_random_segments(n_random, n, vocab - 1, g)
+            x[rows] = seg + (seg >= eos).long()  # every token id except EOS
+        per_rank = batch_size // world_size
+        return x[rank * per_rank : (rank + 1) * per_rank]
+
+
+def _corpus_key(cfg: DataConfig) -> dict:
+    key = {"source": cfg.source, "files": source_fingerprint(cfg.source)}
+    if cfg.source == "stories":
+        key.update(n_stories=cfg.n_stories, seed=cfg.seed)
+    return key
+
+
+def _trained_tokenizer(cfg: DataConfig, corpus: dict, make_texts, root: Path) -> Tokenizer:
+    """char/bpe: trained on the corpus once, then reloaded from the cache."""
+    folder = root / ("tokenizer-" + cache_key({**corpus, "tokenizer": cfg.tokenizer, "vocab_size": cfg.vocab_size}))
+    if (folder / "tokenizer_meta.json").is_file():
+        try:
+            return load_tokenizer(folder)
+        except CircuitlabError:
+            pass  # damaged cache entry: retrain below
+    tok = build_tokenizer(cfg.tokenizer, make_texts(), cfg.vocab_size)
+    try:
+        save_tokenizer(tok, folder)
+    except OSError as e:
+        raise CircuitlabError(f"Could not write the tokenizer cache in {root} ({e}); set cache_dir or $CIRCUITLAB_CACHE to a writable folder.") from None
+    return tok
+
+
+def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> TokenData:
+    """Load the corpus, build (or reuse) the tokenizer and the cached token streams.
+
+    Pass `tokenizer` to reuse a saved one (e.g. when resuming); otherwise char and
+    bpe tokenizers are trained on the corpus (and cached), the others are built.
+    """
+    if not isinstance(cfg, DataConfig):
+        raise ConfigError(f"build_data needs a DataConfig, got {type(cfg).__name__}.")
+    cfg.validate()
+    root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else default_cache_dir()
+    corpus = _corpus_key(cfg)
+
+    def make_texts():
+        return load_texts(cfg.source, n_stories=cfg.n_stories, seed=cfg.seed)
+
+    if tokenizer is None:
+        if cfg.tokenizer in ("char", "bpe"):
+            tokenizer = _trained_tokenizer(cfg, corpus, make_texts, root)
+        else:
+            tokenizer = build_tokenizer(cfg.tokenizer, vocab_size=cfg.vocab_size)
+    elif not isinstance(tokenizer, Tokenizer):
+        raise ConfigError(f"tokenizer must be a circuitlab Tokenizer (see load_tokenizer), got {type(tokenizer).__name__}.")
+    if cfg.random_segment_frac > 0 and tokenizer.vocab_size < 3:
+        raise ConfigError("random_segment_frac needs a tokenizer with at least 2 non-EOS tokens; set it to 0.")
+    train, val, entry = load_or_pack(corpus, make_texts, tokenizer, cfg.val_frac, root)
+    return TokenData(tokenizer, train, val, seed=cfg.seed, random_segment_frac=cfg.random_segment_frac, cache_path=entry)
