@@ -1,0 +1,304 @@
+"""Circuits read off the weights: QK and OV circuits, copying scores, composition scores.
+
+Following the Mathematical Framework (Elhage et al. 2021), in the row-vector orientation
+(x @ W) of model.W_Q etc.:
+
+- full QK circuit of a head: W_E W_Q W_Kᵀ W_Eᵀ [query token, key token], the score a query
+  token gives a key token through the direct path (before the 1/sqrt(d_head) scale);
+- positional QK circuit: the same with W_pos [query pos, key pos];
+- full OV circuit: W_E W_V W_O W_U [source token, output token], what attending to a token does
+  to the logits;
+- direct path: W_E W_U, the bigram table of a 0-layer model.
+
+All of them are FactoredMatrix objects of inner size d_head (or d_model), so a d_vocab x d_vocab
+matrix is never built unless you ask for `.AB`.
+
+Norms and biases: these functions read the raw weights and ignore b_Q, b_K, b_V and b_O.
+Attention-only models without norms are covered exactly. For a model with LayerNorm or RMSNorm,
+call `circuitlab.analysis.folding.fold_layer_norm(model)` first: it moves the norm gains and biases
+into the weights, so all that is left of each norm is a positive scale per token (and, for
+LayerNorm, a centring the folded weights already ignore). The circuits leave that scale out, as the
+Framework paper does. Rotary models have no W_pos; their token QK circuit leaves the rotation out.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from circuitlab.analysis.factored import FactoredMatrix
+from circuitlab.errors import CircuitlabError
+
+# ---------------------------------------------------------------------------- circuits as matrices
+
+
+def _layers(model, layer: int | None) -> slice | int:
+    if layer is None:
+        return slice(None)
+    if not 0 <= layer < model.cfg.n_layers:
+        raise CircuitlabError(f"layer {layer} is out of range: the model has {model.cfg.n_layers} layers")
+    return layer
+
+
+def _check_head(model, layer: int, head: int) -> None:
+    _layers(model, layer)
+    if not 0 <= head < model.cfg.n_heads:
+        raise CircuitlabError(f"head {head} is out of range: the model has {model.cfg.n_heads} heads per layer")
+
+
+@torch.no_grad()
+def qk_circuit(model, layer: int | None = None) -> FactoredMatrix:
+    """Full QK circuit W_E W_Q W_Kᵀ W_Eᵀ.
+
+    Returns FactoredMatrix [layer, head, d_vocab (query token), d_vocab (key token)], or
+    [head, d_vocab, d_vocab] when layer is given. Inner size d_head.
+    """
+    sel = _layers(model, layer)
+    W_E = model.W_E
+    return FactoredMatrix(W_E @ model.W_Q[sel], (W_E @ model.W_K[sel]).transpose(-1, -2))
+
+
+@torch.no_grad()
+def pos_qk_circuit(model, layer: int | None = None) -> FactoredMatrix:
+    """Positional QK circuit W_pos W_Q W_Kᵀ W_posᵀ (learned positions only).
+
+    Returns FactoredMatrix [layer, head, n_ctx (query pos), n_ctx (key pos)] ([head, ...] when layer
+    is given). A previous-token head shows a bright sub-diagonal (before the causal mask).
+    """
+    sel = _layers(model, layer)
+    W_pos = model.W_pos  # raises a CircuitlabError for rotary / no positions
+    return FactoredMatrix(W_pos @ model.W_Q[sel], (W_pos @ model.W_K[sel]).transpose(-1, -2))
+
+
+@torch.no_grad()
+def ov_circuit(model, layer: int | None = None) -> FactoredMatrix:
+    """Full OV circuit W_E W_V W_O W_U.
+
+    Returns FactoredMatrix [layer, head, d_vocab (attended token), d_vocab (output logit)]
+    ([head, ...] when layer is given). A copying head has a large positive diagonal.
+    """
+    sel = _layers(model, layer)
+    return FactoredMatrix(model.W_E @ model.W_V[sel], model.W_O[sel] @ model.W_U)
+
+
+@torch.no_grad()
+def direct_path(model) -> FactoredMatrix:
+    """The direct path W_E W_U [d_vocab (input token), d_vocab (output logit)], inner size d_model:
+    the bigram logits a 0-layer model predicts (without b_U)."""
+    return FactoredMatrix(model.W_E, model.W_U)
+
+
+@torch.no_grad()
+def k_composition_qk_circuit(model, head: tuple[int, int], prev_head: tuple[int, int]) -> FactoredMatrix:
+    """QK circuit of `head` whose keys are read through the OV circuit of an earlier `prev_head`:
+    W_E W_Q (W_E W_OV_prev W_K)ᵀ, [d_vocab (query token), d_vocab (token prev_head moved to the key)].
+
+    For an induction head composed with a previous-token head this is the "attend to the token whose
+    predecessor is me" circuit: a positive diagonal.
+    """
+    (layer, h), (prev_layer, prev_h) = head, prev_head
+    _check_head(model, layer, h)
+    _check_head(model, prev_layer, prev_h)
+    if prev_layer >= layer:
+        raise CircuitlabError(f"prev_head {prev_head} must be in an earlier layer than head {head}")
+    W_E = model.W_E
+    key_side = W_E @ model.W_V[prev_layer, prev_h] @ model.W_O[prev_layer, prev_h] @ model.W_K[layer, h]
+    return FactoredMatrix(W_E @ model.W_Q[layer, h], key_side.T)
+
+
+# ---------------------------------------------------------------------------- top entries
+
+
+@dataclass
+class TokenPairs:
+    """The largest entries of a token-token circuit, best first."""
+
+    values: list[float]
+    rows: list[int]          # query / source token ids
+    cols: list[int]          # key / output token ids
+    row_strs: list[str] | None = None
+    col_strs: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        pairs = []
+        for i, (v, r, c) in enumerate(zip(self.values, self.rows, self.cols)):
+            pair: dict[str, Any] = {"row": r, "col": c, "value": round(v, 6)}
+            if self.row_strs is not None and self.col_strs is not None:
+                pair.update(row_str=self.row_strs[i], col_str=self.col_strs[i])
+            pairs.append(pair)
+        return {"pairs": pairs}
+
+
+def top_token_pairs(circuit: FactoredMatrix, k: int = 10, largest: bool = True, tokenizer=None) -> TokenPairs:
+    """The k largest (or smallest) entries of a 2-D circuit [d_vocab, d_vocab] (e.g. qk_circuit(m)[l, h]),
+    computed in row chunks. tokenizer: anything with decode(list[int]) -> str, for token strings."""
+    if circuit.ndim != 2:
+        raise CircuitlabError(f"top_token_pairs needs one head's 2-D circuit, got shape {tuple(circuit.shape)}; "
+                              "index it first, e.g. circuit[layer, head]")
+    values, rows, cols = circuit.topk(k, largest=largest)
+    pairs = TokenPairs(values.tolist(), rows.tolist(), cols.tolist())
+    if tokenizer is not None:
+        pairs.row_strs = [tokenizer.decode([r]) for r in pairs.rows]
+        pairs.col_strs = [tokenizer.decode([c]) for c in pairs.cols]
+    return pairs
+
+
+# ---------------------------------------------------------------------------- copying
+
+
+@dataclass
+class CopyingScores:
+    """Copying score of each head's full OV circuit: Σλ / Σ|λ| over its eigenvalues, in [-1, 1].
+
+    1 means every eigenvalue is positive: attending to a token raises that token's logit (copying).
+    """
+
+    scores: torch.Tensor  # [layer, head]
+    threshold: float = 0.5
+
+    def copying_heads(self) -> list[tuple[int, int]]:
+        """Heads scoring at least the threshold, highest first."""
+        heads = [(l, h) for l, h in torch.nonzero(self.scores >= self.threshold).tolist()]
+        return sorted(heads, key=lambda lh: -float(self.scores[lh]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scores": _rounded(self.scores), "threshold": self.threshold,
+                "copying_heads": [f"L{l}H{h}" for l, h in self.copying_heads()]}
+
+
+def ov_eigenvalues(model, layer: int) -> torch.Tensor:
+    """Eigenvalues (complex) [head, d_head] of the full OV circuits of one layer.
+
+    They are those of the small matrix W_O W_U W_E W_V [d_head, d_head] (AB and BA share non-zero
+    eigenvalues); W_U W_E [d_model, d_model] is formed once, so nothing of size d_vocab per head is built.
+    """
+    sel = _layers(model, layer)
+    with torch.no_grad():
+        unembed_embed = model.W_U @ model.W_E  # [d_model, d_model]
+        inner = model.W_O[sel] @ unembed_embed @ model.W_V[sel]  # [head, d_head, d_head]
+    return torch.linalg.eigvals(inner.float() if inner.dtype in (torch.float16, torch.bfloat16) else inner)
+
+
+def copying_scores(model, threshold: float = 0.5) -> CopyingScores:
+    """Σλ / Σ|λ| of each head's full OV circuit W_E W_OV W_U -> CopyingScores with scores [layer, head].
+
+    Σλ is the trace, so the score is real; it is 0 for a head with no OV circuit (all λ = 0).
+    """
+    per_layer = []
+    for layer in range(model.cfg.n_layers):
+        lam = ov_eigenvalues(model, layer)
+        total = lam.abs().sum(-1)
+        per_layer.append(torch.where(total > 0, lam.sum(-1).real / total.clamp(min=1e-30), torch.zeros_like(total)))
+    scores = torch.stack(per_layer) if per_layer else torch.zeros(0, model.cfg.n_heads)
+    return CopyingScores(scores.float(), threshold)
+
+
+# ---------------------------------------------------------------------------- composition
+
+MODES = ("q", "k", "v")
+
+
+@dataclass
+class CompositionScores:
+    """Composition scores between every earlier head (writer) and later head (reader).
+
+    q, k, v: [layer, head, layer, head]; entry [l1, h1, l2, h2] scores how much head (l1, h1)'s
+    output feeds the queries / keys / values of head (l2, h2). NaN where l1 >= l2 (no path).
+    baseline_mean / baseline_std: the score of random matrices of the same shapes.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    baseline_mean: float
+    baseline_std: float
+    n_baseline: int = 0
+
+    def scores(self, mode: str) -> torch.Tensor:
+        if mode not in MODES:
+            raise CircuitlabError(f"composition mode must be one of q, k, v; got {mode!r}")
+        return getattr(self, mode)
+
+    @property
+    def threshold(self) -> float:
+        """Scores above baseline mean + 3 std are unlikely for unrelated heads."""
+        return self.baseline_mean + 3 * self.baseline_std
+
+    def top(self, mode: str, n: int = 5) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
+        """The n strongest (writer, reader, score) pairs for a mode."""
+        s = self.scores(mode)
+        flat = torch.nan_to_num(s, nan=-1.0).flatten()
+        order = flat.argsort(descending=True)[:n]
+        order = order[flat[order] >= 0]  # drop the NaN (no-path) entries
+        l1, h1, l2, h2 = torch.unravel_index(order, s.shape)
+        return [((a, b), (c, d), float(s[a, b, c, d]))
+                for a, b, c, d in zip(l1.tolist(), h1.tolist(), l2.tolist(), h2.tolist())]
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {m: _rounded(self.scores(m)) for m in MODES}
+        d.update(baseline_mean=round(self.baseline_mean, 6), baseline_std=round(self.baseline_std, 6),
+                 n_baseline=self.n_baseline, threshold=round(self.threshold, 6))
+        d["top"] = {m: [{"writer": f"L{a[0]}H{a[1]}", "reader": f"L{b[0]}H{b[1]}", "score": round(s, 6)}
+                        for a, b, s in self.top(m)] for m in MODES}
+        return d
+
+
+def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tensor:
+    """‖L R‖_F / (‖L‖_F ‖R‖_F) for FactoredMatrix L [..., d, d] and R [..., d, d] (broadcast) -> [...].
+    A zero matrix (a dead head) composes with nothing: its score is 0, not 0/0."""
+    denom = left.norm() * right.norm()
+    return torch.where(denom > 0, (left @ right).norm() / denom.clamp(min=1e-30), torch.zeros_like(denom))
+
+
+
+
+@torch.no_grad()
+def composition_scores(model, n_baseline: int = 200, seed: int = 0) -> CompositionScores:
+    """Q-, K- and V-composition scores between all pairs of heads in different layers.
+
+    In x @ W orientation, head (l1, h1) writes x W_OV1 into the residual stream; a later head reads it
+    through its queries (Q: W_OV1 W_QK2), keys (K: W_OV1 W_QK2ᵀ) or values (V: W_OV1 W_OV2).
+    The score is ‖W_OV1 M2‖_F / (‖W_OV1‖_F ‖M2‖_F), computed with factored matrices.
+    The baseline is the same score for random Gaussian factors of the same shapes (n_baseline draws);
+    for i.i.d. factors the three modes share one distribution, so one baseline serves all three.
+    Returns CompositionScores with q, k, v [layer, head, layer, head].
+    """
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    out = {m: torch.full((L, H, L, H), float("nan")) for m in MODES}
+    ov = FactoredMatrix(model.W_V, model.W_O)                        # [layer, head, d_model, d_model]
+    qk = FactoredMatrix(model.W_Q, model.W_K.transpose(-1, -2))
+    readers = {"q": qk, "k": qk.T, "v": ov}
+    for l2 in range(1, L):
+        for l1 in range(l2):
+            writer = FactoredMatrix(ov.A[l1, :, None], ov.B[l1, :, None])  # [head1, 1, d_model, d_model]
+            for m, r in readers.items():
+                reader = FactoredMatrix(r.A[l2, None], r.B[l2, None])       # [1, head2, d_model, d_model]
+                out[m][l1, :, l2, :] = composition_score(writer, reader).float()
+    mean, std = composition_baseline(model.cfg.d_model, model.cfg.head_dim, n_baseline, seed)
+    return CompositionScores(out["q"], out["k"], out["v"], mean, std, n_baseline)
+
+
+@functools.lru_cache(maxsize=32)  # pure in its arguments, and the same shapes recur for every call on a model
+def composition_baseline(d_model: int, d_head: int, n_samples: int = 200, seed: int = 0) -> tuple[float, float]:
+    """Mean and std of the composition score of random rank-d_head matrices [d_model, d_model]
+    (Gaussian factors [d_model, d_head] @ [d_head, d_model]); the scale of the factors does not matter."""
+    if n_samples < 2:
+        raise CircuitlabError(f"the composition baseline needs at least 2 samples, got {n_samples}")
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw() -> FactoredMatrix:
+        return FactoredMatrix(torch.randn(n_samples, d_model, d_head, generator=gen),
+                              torch.randn(n_samples, d_head, d_model, generator=gen))
+
+    scores = composition_score(draw(), draw())
+    return float(scores.mean()), float(scores.std())
+
+
+def _rounded(t: torch.Tensor, digits: int = 6) -> Any:
+    """A tensor as nested lists of rounded floats; NaN becomes None (valid JSON)."""
+    if t.dim() == 0:
+        v = float(t)
+        return None if v != v else round(v, digits)
+    return [_rounded(x, digits) for x in t]

@@ -1,0 +1,379 @@
+"""Attention heads from their behaviour: detectors, classification with weight evidence, ICL score.
+
+    scores = detect_heads(cache, tokens)            # every detector, every head, one pass
+    classes = classify_heads(model)                 # behaviour + weights -> labels with evidence
+    classes.heads_with("induction")                 # [(1, 2)]
+    in_context_learning_score(model, val_tokens)
+
+Every detector is "the share of a head's attention that lands on the positions the pattern
+predicts", averaged over the query rows where such positions exist (so a perfect head scores 1
+and a head attending elsewhere scores 0). Query position 0 is never scored: causally it can only
+attend to itself, so it says nothing about the head.
+
+TransformerLens's detect_head ("mul" measure) sums the same masked attention but divides by all
+query rows, including rows with no target; its score is ours x (rows with a target) / (all rows).
+We leave the target-less rows out so that scores of sequences with few duplicates stay comparable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, _rounded, composition_scores,
+                                         copying_scores)
+from circuitlab.errors import CircuitlabError
+
+DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")
+
+
+def induction_test_tokens(batch: int, seq_len: int, vocab_size: int, generator: torch.Generator | None = None
+                          ) -> torch.Tensor:
+    """Default sequences for the detectors: random segments, each tiled a few times, [batch, seq_len].
+
+    Periods vary (seq_len // 8 .. seq_len // 4) along and between rows: with one fixed period a head
+    that attends "period - 1 positions back" would pass the induction test without doing induction.
+    """
+    from circuitlab.data.synthetic import tiled_random_segments
+
+    min_len = max(2, seq_len // 8)
+    return tiled_random_segments(batch, seq_len, vocab_size, generator, min_len=min_len,
+                                 max_len=max(min_len, seq_len // 4))
+
+
+# ---------------------------------------------------------------------------- detectors
+
+
+def attention_patterns(cache) -> torch.Tensor:
+    """All attention patterns of a cache, stacked: [layer, batch, head, query_pos, key_pos]."""
+    layers = []
+    while f"blocks.{len(layers)}.attn.hook_pattern" in cache.keys():
+        layers.append(cache[f"blocks.{len(layers)}.attn.hook_pattern"])
+    if not layers:
+        raise CircuitlabError("the cache holds no attention patterns: run model.run_with_cache(tokens) with no "
+                              "names_filter, or names_filter=lambda n: n.endswith('hook_pattern')")
+    return torch.stack(layers)
+
+
+def detection_masks(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Where each kind of head should attend: name -> bool [batch, query_pos, key_pos].
+
+    previous_token: key = query - 1.
+    current_token:  key = query (query >= 1).
+    first_token:    key = 0 (query >= 1); the "attention sink".
+    duplicate_token: earlier keys holding the same token as the query.
+    induction:      keys right after an earlier occurrence of the query's token (key - 1 holds the query
+                    token, key <= query). On [r, r] with distinct tokens in r this is exactly the token
+                    after the query token's first occurrence; later repeats count every earlier one.
+    """
+    B, T = tokens.shape
+    q = torch.arange(T, device=tokens.device)[:, None]
+    k = torch.arange(T, device=tokens.device)[None, :]
+    not_first = (q >= 1).expand(T, T)
+    same = tokens[:, :, None] == tokens[:, None, :]  # [batch, q, k]: token at q == token at k
+    after_same = torch.zeros_like(same)
+    after_same[:, :, 1:] = same[:, :, :-1]  # token at q == token at k - 1
+    return {
+        "previous_token": (k == q - 1).expand(B, T, T),
+        "current_token": ((k == q) & not_first).expand(B, T, T),
+        "first_token": ((k == 0) & not_first).expand(B, T, T),
+        "duplicate_token": same & (k < q),
+        "induction": after_same & (k <= q),
+    }
+
+
+def mask_score(patterns: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Share of attention on the masked keys, averaged over query rows with at least one masked key.
+
+    patterns [layer, batch, head, query_pos, key_pos]; mask bool [batch, query_pos, key_pos].
+    Returns (scores [layer, head], number of scored (batch, query) rows). No rows -> NaN scores.
+    """
+    rows = mask.any(dim=-1)  # [batch, q]
+    n_rows = int(rows.sum())
+    total = (patterns * mask[None, :, None]).sum(dim=(1, 3, 4))  # rows without a target add 0
+    return total / n_rows if n_rows else torch.full_like(total, float("nan")), n_rows
+
+
+def attention_entropy(patterns: torch.Tensor) -> torch.Tensor:
+    """Mean normalised entropy of each head's attention rows: [layer, head] in [0, 1].
+
+    Row q's entropy H = -Σ p log p is divided by log(q + 1), the entropy of uniform attention over
+    the q + 1 keys it may see; query 0 is skipped. 0 = all attention on one key, 1 = uniform.
+    """
+    T = patterns.shape[-1]
+    plogp = torch.where(patterns > 0, patterns * patterns.clamp(min=1e-30).log(), torch.zeros_like(patterns))
+    entropy = -plogp.sum(dim=-1)[..., 1:]  # [layer, batch, head, q >= 1]
+    uniform = torch.arange(2, T + 1, dtype=patterns.dtype, device=patterns.device).log()
+    return (entropy / uniform).mean(dim=(1, 3))
+
+
+@dataclass
+class HeadScores:
+    """Detector scores [layer, head] by name (DETECTORS plus "entropy", see attention_entropy),
+    and how many (sequence, query) rows each detector scored."""
+
+    scores: dict[str, torch.Tensor]
+    n_rows: dict[str, int]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.scores:
+            raise CircuitlabError(f"unknown head score {name!r}; available: {', '.join(self.scores)}")
+        return self.scores[name]
+
+    def top(self, name: str, n: int = 3) -> list[tuple[int, int, float]]:
+        """The n highest-scoring heads for one detector: (layer, head, score)."""
+        s = torch.nan_to_num(self[name], nan=-1.0)
+        order = s.flatten().argsort(descending=True)[:n].tolist()
+        H = s.shape[1]
+        return [(i // H, i % H, float(s.flatten()[i])) for i in order]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scores": {k: _rounded(v) for k, v in self.scores.items()}, "n_rows": dict(self.n_rows)}
+
+
+def detect_heads(cache, tokens: torch.Tensor) -> HeadScores:
+    """Run every detector on every head at once.
+
+    cache: an ActivationCache holding blocks.{l}.attn.hook_pattern [batch, head, query_pos, key_pos]
+    for all layers; tokens [batch, pos]: the tokens that produced it (needed for duplicate/induction).
+    """
+    if tokens.dim() == 1:
+        tokens = tokens[None]
+    if tokens.shape[1] < 2:
+        raise CircuitlabError("head detectors need sequences of at least 2 tokens")
+    patterns = attention_patterns(cache)
+    if patterns.shape[1] != tokens.shape[0] or patterns.shape[-1] != tokens.shape[1]:
+        raise CircuitlabError(f"tokens {tuple(tokens.shape)} do not match the cached patterns "
+                              f"[batch {patterns.shape[1]}, pos {patterns.shape[-1]}]")
+    scores, n_rows = {}, {}
+    for name, mask in detection_masks(tokens.to(patterns.device)).items():
+        scores[name], n_rows[name] = mask_score(patterns, mask)
+    scores["entropy"] = attention_entropy(patterns)
+    n_rows["entropy"] = tokens.shape[0] * (tokens.shape[1] - 1)
+    return HeadScores(scores, n_rows)
+
+
+# ---------------------------------------------------------------------------- classification
+
+# Detector thresholds (share of attention) and normalised-entropy cut-offs; override per call.
+THRESHOLDS = {"previous_token": 0.4, "current_token": 0.4, "first_token": 0.5, "duplicate_token": 0.3,
+              "induction": 0.4, "copying": 0.5, "low_entropy": 0.3, "diffuse": 0.8}
+
+
+@dataclass
+class Evidence:
+    """One check behind a label: `value` compared with `threshold` (above, unless `below`)."""
+
+    name: str
+    value: float
+    threshold: float
+    below: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.value <= self.threshold if self.below else self.value >= self.threshold
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.name, "value": round(self.value, 6), "threshold": round(self.threshold, 6),
+                "passed": self.passed}
+
+    def __str__(self) -> str:
+        rel = "<=" if self.below else ">="
+        mark = "ok" if self.passed else "FAILS"
+        return f"{self.name} {self.value:.3f} ({mark}: {rel} {self.threshold:.3f})"
+
+
+@dataclass
+class HeadLabel:
+    """A label of head (layer, head) with the checks behind it; assigned when all pass."""
+
+    layer: int
+    head: int
+    label: str
+    evidence: list[Evidence]
+
+    @property
+    def assigned(self) -> bool:
+        return all(e.passed for e in self.evidence)
+
+    @property
+    def name(self) -> str:
+        return f"L{self.layer}H{self.head}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"head": self.name, "layer": self.layer, "index": self.head, "label": self.label,
+                "assigned": self.assigned, "evidence": [e.to_dict() for e in self.evidence]}
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.label}: " + "; ".join(str(e) for e in self.evidence)
+
+
+@dataclass
+class HeadClasses:
+    """Labels of every head. `labels` holds the assigned ones; `rejected` the heads whose behaviour
+    matched a label but whose weight evidence did not (e.g. an induction-like pattern with no
+    previous-token head to compose with)."""
+
+    labels: list[HeadLabel]
+    rejected: list[HeadLabel]
+    scores: HeadScores
+    copying: CopyingScores
+    composition: CompositionScores | None
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+    def labels_of(self, layer: int, head: int) -> list[str]:
+        return [lab.label for lab in self.labels if (lab.layer, lab.head) == (layer, head)]
+
+    def heads_with(self, label: str) -> list[tuple[int, int]]:
+        return [(lab.layer, lab.head) for lab in self.labels if lab.label == label]
+
+    def summary(self) -> list[str]:
+        return [str(lab) for lab in self.labels] + [f"not assigned: {lab}" for lab in self.rejected]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"labels": [lab.to_dict() for lab in self.labels],
+                "rejected": [lab.to_dict() for lab in self.rejected],
+                "scores": self.scores.to_dict(), "copying": self.copying.to_dict(),
+                "composition": self.composition.to_dict() if self.composition is not None else None,
+                "thresholds": dict(self.thresholds)}
+
+
+@torch.no_grad()
+def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[str, float] | None = None,
+                   seed: int = 0, batch: int = 16, seq_len: int | None = None) -> HeadClasses:
+    """Label every head from its behaviour on tokens [batch, pos] and from the weights.
+
+    tokens default: induction_test_tokens(batch, seq_len = min(n_ctx, 64)) with generator seed.
+    Each label is checked on its own (a head may carry several):
+
+    - previous-token / current-token / first-token / duplicate-token: detector score >= threshold;
+    - induction: induction score >= threshold, AND a positive copying score (its OV circuit raises the
+      attended token's logit), AND K-composition above the random baseline (mean + 3 std) with an
+      earlier head labelled previous-token;
+    - copying: copying score >= threshold (weights only);
+    - low-entropy / diffuse: normalised attention entropy <= / >= its cut-off.
+
+    Weight evidence is computed on fold_layer_norm(model) when the model has norms (a copy; the
+    model is not changed).
+    """
+    unknown = set(thresholds or {}) - set(THRESHOLDS)
+    if unknown:
+        raise CircuitlabError(f"unknown threshold(s) {', '.join(sorted(unknown))}; known: {', '.join(THRESHOLDS)}")
+    th = {**THRESHOLDS, **(thresholds or {})}
+    cfg = model.cfg
+    if cfg.n_layers == 0:
+        raise CircuitlabError("this model has no layers, so no attention heads to classify")
+    if tokens is None:
+        gen = torch.Generator().manual_seed(seed)
+        tokens = induction_test_tokens(batch, seq_len or min(cfg.n_ctx, 64), cfg.d_vocab, gen)
+    device = next(model.parameters()).device
+    tokens = (tokens[None] if tokens.dim() == 1 else tokens).to(device)
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    scores = detect_heads(cache, tokens)
+
+    weights_model = model
+    if cfg.norm != "none":
+        from circuitlab.analysis.folding import fold_layer_norm
+
+        weights_model = fold_layer_norm(model)
+    copying = copying_scores(weights_model, th["copying"])
+    composition = composition_scores(weights_model) if cfg.n_layers > 1 else None
+
+    labels: list[HeadLabel] = []
+    rejected: list[HeadLabel] = []
+    behaviour = {"previous_token": "previous-token", "current_token": "current-token",
+                 "first_token": "first-token", "duplicate_token": "duplicate-token"}
+    prev_heads = [(l, h) for l in range(cfg.n_layers) for h in range(cfg.n_heads)
+                  if float(scores["previous_token"][l, h]) >= th["previous_token"]]
+    for layer in range(cfg.n_layers):
+        for head in range(cfg.n_heads):
+            candidates = [HeadLabel(layer, head, label, [_score_evidence(scores, key, layer, head, th)])
+                          for key, label in behaviour.items()]
+            candidates.append(_induction_label(layer, head, scores, copying, composition, prev_heads, th))
+            candidates.append(HeadLabel(layer, head, "copying",
+                                        [Evidence("copying score", float(copying.scores[layer, head]),
+                                                  th["copying"])]))
+            entropy = float(scores["entropy"][layer, head])
+            candidates.append(HeadLabel(layer, head, "low-entropy",
+                                        [Evidence("attention entropy", entropy, th["low_entropy"], below=True)]))
+            candidates.append(HeadLabel(layer, head, "diffuse",
+                                        [Evidence("attention entropy", entropy, th["diffuse"])]))
+            for cand in candidates:
+                if cand.assigned:
+                    labels.append(cand)
+                elif cand.label == "induction" and cand.evidence[0].passed:
+                    rejected.append(cand)  # behaves like one, but the weights do not back it up
+    return HeadClasses(labels, rejected, scores, copying, composition, th)
+
+
+def _score_evidence(scores: HeadScores, key: str, layer: int, head: int, th: dict[str, float]) -> Evidence:
+    value = float(torch.nan_to_num(scores[key][layer, head], nan=0.0))
+    return Evidence(f"{key.replace('_', '-')} score", value, th[key])
+
+
+def _induction_label(layer: int, head: int, scores: HeadScores, copying: CopyingScores,
+                     composition: CompositionScores | None, prev_heads: list[tuple[int, int]],
+                     th: dict[str, float]) -> HeadLabel:
+    evidence = [_score_evidence(scores, "induction", layer, head, th),
+                Evidence("copying score", float(copying.scores[layer, head]), 1e-6)]  # i.e. positive
+    earlier = [(l, h) for l, h in prev_heads if l < layer]
+    if composition is None or not earlier:
+        # Nothing to compose with: a check that fails (scores are at most 1), kept so the reason shows.
+        evidence.append(Evidence("K-composition with an earlier previous-token head (none found)", 0.0,
+                                 composition.threshold if composition is not None else 1.0))
+    else:
+        best = max(earlier, key=lambda lh: float(composition.k[lh[0], lh[1], layer, head]))
+        evidence.append(Evidence(f"K-composition with previous-token head L{best[0]}H{best[1]}",
+                                 float(composition.k[best[0], best[1], layer, head]), composition.threshold))
+    return HeadLabel(layer, head, "induction", evidence)
+
+
+# ---------------------------------------------------------------------------- in-context learning
+
+
+@dataclass
+class ICLScore:
+    """In-context learning score: mean loss at a late position minus at an early one (nats).
+
+    Negative means later tokens are predicted better thanks to the context."""
+
+    score: float
+    early_pos: int
+    late_pos: int
+    early_loss: float
+    late_loss: float
+    loss_by_pos: torch.Tensor  # [pos]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"score": round(self.score, 6), "early_pos": self.early_pos, "late_pos": self.late_pos,
+                "early_loss": round(self.early_loss, 6), "late_loss": round(self.late_loss, 6),
+                "loss_by_pos": [round(float(x), 6) for x in self.loss_by_pos]}
+
+
+@torch.no_grad()
+def in_context_learning_score(model, tokens: torch.Tensor, early: int | None = None, late: int | None = None,
+                              batch_size: int = 16) -> ICLScore:
+    """Loss of predicting token late+1 minus loss of predicting token early+1, averaged over sequences.
+
+    tokens [n_seq, pos + 1] (inputs tokens[:, :-1], targets tokens[:, 1:]), run in batches.
+    early defaults to position pos // 10, late to the last position (the Framework paper uses the
+    500th minus the 50th token of 512).
+    """
+    if tokens.dim() != 2 or tokens.shape[1] < 3:
+        raise CircuitlabError(f"in_context_learning_score needs tokens [n_seq, pos + 1] with pos >= 2, "
+                              f"got shape {tuple(tokens.shape)}")
+    T = tokens.shape[1] - 1
+    early = T // 10 if early is None else early
+    late = T - 1 if late is None else late
+    if not 0 <= early < late < T:
+        raise CircuitlabError(f"need 0 <= early < late < {T} (positions in the sequence), "
+                              f"got early={early}, late={late}")
+    device = next(model.parameters()).device
+    total = torch.zeros(T)
+    for start in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[start:start + batch_size].to(device)
+        total += model.loss(chunk, per_token=True).sum(dim=0).float().cpu()
+    loss_by_pos = total / tokens.shape[0]
+    e, l_ = float(loss_by_pos[early]), float(loss_by_pos[late])
+    return ICLScore(l_ - e, early, late, e, l_, loss_by_pos)

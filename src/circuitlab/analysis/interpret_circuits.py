@@ -1,0 +1,232 @@
+"""Ready-made experiments for `circuitlab interpret` and the demo report.
+
+EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, prompt) -> dict. Each runs its analysis on
+sensible defaults, writes PNG figures into out_dir and returns JSON-able findings with "summary"
+(readable lines) and "figures" (file names in out_dir). The tokenizer needs encode(str) -> list[int]
+and decode(list[int]) -> str.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitlab.analysis.attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
+from circuitlab.analysis.circuits import (composition_scores, copying_scores, direct_path, k_composition_qk_circuit,
+                                          ov_circuit, pos_qk_circuit, top_token_pairs)
+from circuitlab.analysis.folding import fold_layer_norm
+from circuitlab.analysis.heads import classify_heads, in_context_learning_score, induction_test_tokens
+from circuitlab.analysis.lens import logit_lens
+from circuitlab.errors import CircuitlabError
+
+DEFAULT_PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+                  "One day, Lily saw a big dog in the park.")
+SEED = 0
+
+
+def _prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
+    """The prompt's tokens [pos], keeping the last n_ctx."""
+    ids = tokenizer.encode(prompt or DEFAULT_PROMPT)
+    if not ids:
+        raise CircuitlabError("the prompt encodes to no tokens; give a non-empty --prompt")
+    return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
+
+
+def _weights_model(model):
+    """Norm gains folded into the weights, so weight-based circuits see what the model computes."""
+    return fold_layer_norm(model) if model.cfg.norm != "none" else model
+
+
+def _head_tokens(model) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(SEED)
+    return induction_test_tokens(16, min(model.cfg.n_ctx, 64), model.cfg.d_vocab, gen)
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _name(head: tuple[int, int]) -> str:
+    return f"L{head[0]}H{head[1]}"
+
+
+# ---------------------------------------------------------------------------- circuits
+
+
+def _induction_pair(classes) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The labelled (or, failing that, best-scoring) induction head and the previous-token head in an
+    earlier layer that K-composes with it most. Needs two layers or more."""
+    comp = classes.composition
+    induction = classes.scores["induction"].clone()
+    induction[0] = float("-inf")  # layer 0 cannot compose with anything
+    labelled = classes.heads_with("induction")
+    head = labelled[0] if labelled else tuple(divmod(int(induction.argmax()), induction.shape[1]))
+    prev = classes.scores["previous_token"][: head[0]]
+    k_comp = comp.k[: head[0], :, head[0], head[1]]
+    # Prefer heads that both behave as previous-token heads and compose with the reader.
+    best = (prev * k_comp).flatten().argmax()
+    return head, tuple(divmod(int(best), prev.shape[1]))
+
+
+@torch.no_grad()
+def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+    """The direct path, copying and composition scores, the induction head's QK (through the
+    previous-token head) and OV circuits on the prompt's tokens, the previous-token head's positional
+    QK circuit. Norms are folded into the weights first."""
+    from circuitlab.viz.circuits import plot_circuit, plot_composition_scores, plot_copying_scores
+
+    out_dir = Path(out_dir)
+    wm = _weights_model(model)
+    ids = list(dict.fromkeys(_prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
+    strs = [tokenizer.decode([i]) for i in ids]
+    bigrams = direct_path(wm)
+    figures = [plot_circuit(bigrams.submatrix(ids, ids), out_dir / "direct_path.png", strs, strs,
+                            "direct path W_E W_U", xlabel="output logit", ylabel="input token").name]
+    top_bigrams = top_token_pairs(bigrams, k=10, tokenizer=tokenizer)
+    found: dict[str, Any] = {"folded_norms": model.cfg.norm != "none",
+                             "direct_path_top_pairs": top_bigrams.to_dict()["pairs"]}
+    summary = []
+    if model.cfg.n_layers > 0:
+        copying = copying_scores(wm)
+        figures.append(plot_copying_scores(copying, out_dir / "copying_scores.png").name)
+        found["copying"] = copying.to_dict()
+        summary.append(f"copying heads (score >= {copying.threshold}): "
+                       f"{', '.join(_name(h) for h in copying.copying_heads()) or 'none'}")
+    else:
+        summary.append("a 0-layer model: its logits are the direct path (bigram table) alone")
+    if model.cfg.n_layers > 1:
+        comp = composition_scores(wm)
+        found["composition"] = comp.to_dict()
+        figures.append(plot_composition_scores(comp, out_dir / "composition_scores.png").name)
+        for mode in ("k", "q", "v"):
+            best = comp.top(mode, 1)
+            if best:
+                w, r, s = best[0]
+                summary.append(f"strongest {mode.upper()}-composition: {_name(w)} -> {_name(r)} {s:.3f} "
+                               f"(random baseline {comp.baseline_mean:.3f} ± {comp.baseline_std:.3f})")
+        classes = classify_heads(model, _head_tokens(model).to(_device(model)))
+        head, prev = _induction_pair(classes)
+        labelled = head in classes.heads_with("induction")
+        qk = k_composition_qk_circuit(wm, head, prev)
+        ov = ov_circuit(wm, head[0])[head[1]]
+        figures.append(plot_circuit(qk.submatrix(ids, ids), out_dir / "induction_qk.png", strs, strs,
+                                    f"{_name(head)} QK via {_name(prev)}: query token vs token before the key",
+                                    xlabel="token before the key", ylabel="query token").name)
+        figures.append(plot_circuit(ov.submatrix(ids, ids), out_dir / "induction_ov.png", strs, strs,
+                                    f"{_name(head)} full OV circuit", xlabel="output logit",
+                                    ylabel="attended token").name)
+        if model.cfg.positional == "learned":
+            n = min(24, model.cfg.n_ctx)
+            pos_qk = pos_qk_circuit(wm, prev[0])[prev[1]].submatrix(list(range(n)), list(range(n)))
+            figures.append(plot_circuit(pos_qk, out_dir / "prev_token_pos_qk.png", title=f"{_name(prev)} positional QK",
+                                        xlabel="key position", ylabel="query position").name)
+        found["induction"] = {
+            "head": _name(head), "labelled": labelled, "prev_token_head": _name(prev),
+            "k_composition": round(float(comp.k[prev[0], prev[1], head[0], head[1]]), 6),
+            "copying_score": round(float(copying.scores[head]), 6),
+            "ov_top_pairs": top_token_pairs(ov, k=10, tokenizer=tokenizer).to_dict()["pairs"],
+            "qk_top_pairs": top_token_pairs(qk, k=10, tokenizer=tokenizer).to_dict()["pairs"],
+        }
+        what = "induction head" if labelled else "best induction candidate (not confirmed)"
+        ind = found["induction"]
+        summary.append(f"{what} {_name(head)}: K-composition with {_name(prev)} {ind['k_composition']:.3f}, "
+                       f"copying score {ind['copying_score']:.3f}")
+    found.update(summary=summary, figures=figures)
+    return found
+
+
+# ---------------------------------------------------------------------------- heads
+
+
+@torch.no_grad()
+def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+    """Detectors and labels on tiled random tokens, attention patterns of the labelled heads,
+    and the in-context-learning score on the same sequences."""
+    from circuitlab.viz.heads import plot_attention_patterns, plot_head_scores
+
+    if model.cfg.n_layers == 0:
+        return {"summary": ["a 0-layer model has no attention heads"], "figures": []}
+    out_dir = Path(out_dir)
+    tokens = _head_tokens(model).to(_device(model))
+    classes = classify_heads(model, tokens)
+    figures = [plot_head_scores(classes.scores, out_dir / "head_scores.png", classes).name]
+    shown = list(dict.fromkeys(classes.heads_with("previous-token")[:2] + classes.heads_with("induction")[:2]))
+    if shown:
+        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n.endswith("hook_pattern"))
+        patterns = {f"{_name(h)} ({', '.join(classes.labels_of(*h))})": cache["pattern", h[0]][0, h[1]] for h in shown}
+        figures.append(plot_attention_patterns(patterns, out_dir / "head_patterns.png",
+                                               "Attention on a random segment tiled to fill the sequence").name)
+    icl = in_context_learning_score(model, tokens)
+    summary = [str(label) for label in classes.labels if label.label not in ("low-entropy", "diffuse")]
+    summary += [f"not assigned: {label}" for label in classes.rejected]
+    summary.append(f"in-context learning score on tiled random tokens: {icl.score:.3f} nats "
+                   f"(loss at position {icl.late_pos} minus at {icl.early_pos})")
+    found = classes.to_dict()
+    found.update(icl=icl.to_dict(), summary=summary, figures=figures,
+                 labels_by_head={_name((l, h)): classes.labels_of(l, h)
+                                 for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)})
+    return found
+
+
+# ---------------------------------------------------------------------------- logit lens
+
+
+@torch.no_grad()
+def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+    """Logit lens on the prompt (default: a short story)."""
+    from circuitlab.viz.lens import plot_logit_lens
+
+    tokens = _prompt_tokens(model, tokenizer, prompt)
+    lens = logit_lens(model, tokens.to(_device(model)), k=5, tokenizer=tokenizer)
+    figure = plot_logit_lens(lens, Path(out_dir) / "logit_lens.png").name
+    # Where did the final answer firm up the most between the embeddings and the output?
+    rise = lens.final_top_probs[-1] - lens.final_top_probs[0]
+    summary = []
+    for p in rise.argsort(descending=True)[:3].tolist():
+        traj = " -> ".join(f"{float(x):.2f}" for x in lens.final_top_probs[:, p])
+        summary.append(f"{lens.token_strs[p]!r} -> {lens.top_strs[-1][p][0]!r}: probability by layer {traj}")
+    return {**lens.to_dict(), "prompt": prompt or DEFAULT_PROMPT, "summary": summary, "figures": [figure]}
+
+
+# ---------------------------------------------------------------------------- attribution
+
+
+@torch.no_grad()
+def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+    """Direct logit attribution at the prompt's last position, to the logit difference between the
+    model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
+    from circuitlab.viz.lens import plot_logit_attribution
+
+    tokens = _prompt_tokens(model, tokenizer, prompt).to(_device(model))[None]
+    logits, cache = model.run_with_cache(tokens)
+    top2 = logits[0, -1].topk(2).indices.tolist()
+    parts = residual_decomposition(model, cache)
+    dla = direct_logit_attribution(model, cache, answer=top2[0], wrong=top2[1], pos=-1, decomposition=parts)
+    figure = plot_logit_attribution(dla, Path(out_dir) / "logit_attribution.png").name
+    a, b = tokenizer.decode([top2[0]]), tokenizer.decode([top2[1]])
+    summary = [f"logit({a!r}) - logit({b!r}) = {float(dla.logit[0]):.3f} at the last position; largest direct parts: "
+               + ", ".join(f"{c} {v:+.3f}" for c, v in dla.top(5))]
+    found: dict[str, Any] = {"prompt": prompt or DEFAULT_PROMPT, "answer": a, "wrong": b,
+                             "attribution": dla.to_dict(), "decomposition": parts.to_dict()}
+    if model.cfg.has_mlp:
+        mlp_labels = [i for i, lab in enumerate(dla.labels) if lab.endswith("MLP")]
+        best = max(mlp_labels, key=lambda i: abs(float(dla.mean()[i])))
+        layer = int(dla.labels[best].split()[0][1:])
+        active = cache["post", layer][0, -1].topk(5).indices.tolist()
+        neurons = neuron_output_tokens(model, layer, active, k=5, tokenizer=tokenizer)
+        found["neurons"] = neurons.to_dict()
+        summary.append(f"L{layer} MLP's most active neurons at the last position promote: "
+                       + "; ".join(f"n{n}: {', '.join(repr(s) for s in strs[:3])}"
+                                   for n, strs in zip(neurons.neurons, neurons.top_strs)))
+    found.update(summary=summary, figures=[figure])
+    return found
+
+
+EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
+    "circuits": run_circuits,
+    "heads": run_heads,
+    "logit_lens": run_logit_lens,
+    "attribution": run_attribution,
+}

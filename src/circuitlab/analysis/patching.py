@@ -1,0 +1,492 @@
+"""Activation patching: run the model on one prompt with an activation taken from another.
+
+    clean, corrupt = tokens_a, tokens_b                     # [batch, pos], same shape
+    metric = logit_diff(answer=12, wrong=7)                 # any fn(logits [batch, pos, d_vocab]) -> scalar
+    res = activation_patching(model, clean, corrupt, metric, "head_out_by_pos")
+    res.values        # [layer, pos, head]: the metric of the corrupted run with that one piece clean
+    res.recovery()    # (patched - corrupted) / (clean - corrupted)
+
+Directions: "denoise" (default) runs the corrupted prompt and patches in clean activations, so a
+high value means "this piece is enough to restore the answer"; "noise" runs the clean prompt with
+corrupted activations, so a low value means "the answer needs this piece".
+
+Speed. Patches go in the batch dimension: a chunk of C patches is one forward pass over C copies
+of the batch, each copy with its own patch (a boolean mask picks the source values). A patch at
+layer l cannot change anything before layer l, so each chunk starts from the cached residual stream
+entering layer l. Results equal patching one at a time (tested), up to float rounding.
+
+Targets (TARGETS) say which hook is patched and which axes are swept, after `layer`:
+resid_pre / resid_mid / resid_post / attn_out / mlp_out by pos; head_out (all positions) by head,
+head_out_by_pos by (pos, head); q, k, v by head and q_by_pos, k_by_pos, v_by_pos by (pos, head)
+(k and v have n_kv_heads heads under grouped-query attention); pattern by head and pattern_by_pos
+by (head, dest_pos). A head's output is patched through its z ([batch, pos, head, d_head]): its
+result is z @ W_O of that head alone, so patching one patches the other.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from circuitlab.errors import CircuitlabError
+from circuitlab.model.hooks import act_name
+
+Metric = Callable[[torch.Tensor], torch.Tensor | float]
+DIRECTIONS = ("denoise", "noise")
+# Float elements one chunk may hold in its largest activations (about 256 MB in fp32).
+CHUNK_BUDGET = 2 ** 26
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def _named(fn: Callable, name: str) -> Callable:
+    fn.__name__ = name
+    return fn
+
+
+def _per_row(value: int | Sequence[int] | torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
+    t = torch.as_tensor(value, device=device).long()
+    return t.expand(batch) if t.dim() == 0 else t
+
+
+def _at_pos(logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """logits [batch, pos, d_vocab] -> [batch, d_vocab] at one position per row."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    return logits[rows, _per_row(pos, logits.shape[0], logits.device)]
+
+
+def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence[int] | torch.Tensor,
+               pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+    """Metric: logit[answer] - logit[wrong] at `pos`, averaged over the batch.
+
+    answer, wrong, pos: an int for every row, or one per row ([batch]).
+    """
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        at = _at_pos(logits, pos)  # [batch, d_vocab]
+        a = _per_row(answer, at.shape[0], at.device)
+        w = _per_row(wrong, at.shape[0], at.device)
+        return (at.gather(1, a[:, None]) - at.gather(1, w[:, None])).mean()
+    return _named(metric, "logit_diff")
+
+
+def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+    """Metric: log-probability of `answer` at `pos`, averaged over the batch."""
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        at = _at_pos(logits, pos).float().log_softmax(-1)
+        return at.gather(1, _per_row(answer, at.shape[0], at.device)[:, None]).mean()
+    return _named(metric, "logprob")
+
+
+def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+    """Metric: KL(clean || patched) of the next-token distributions at `pos`, averaged over the batch.
+
+    clean_logits [batch, pos, d_vocab] from the clean run. 0 means the clean distribution is back.
+    """
+    clean = _at_pos(clean_logits, pos).detach().float().log_softmax(-1)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        patched = _at_pos(logits, pos).float().log_softmax(-1)
+        return F.kl_div(patched, clean.to(patched.device), log_target=True, reduction="batchmean")
+    return _named(metric, "kl_to_clean")
+
+
+def next_token_loss(tokens: torch.Tensor, mask: torch.Tensor | None = None) -> Metric:
+    """Metric: mean next-token cross-entropy of `tokens` [batch, pos] (the run's own input).
+
+    mask [batch, pos] (bool) keeps the predictions made at the marked positions (the last position
+    has no target and is always left out).
+    """
+    targets = tokens[:, 1:]
+    keep = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask[:, :-1].bool()
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        losses = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten().to(logits.device),
+                                 reduction="none").view(targets.shape)
+        k = keep.to(logits.device)
+        return (losses * k).sum() / k.sum().clamp(min=1)
+    return _named(metric, "next_token_loss")
+
+
+def normalized(metric: Metric, clean_value: float, corrupt_value: float) -> Metric:
+    """Metric: normalised recovery (metric - corrupt_value) / (clean_value - corrupt_value).
+
+    1 = as on the clean prompt, 0 = as on the corrupted one.
+    """
+    if clean_value == corrupt_value:
+        raise CircuitlabError("normalized(): the metric is the same on the clean and corrupted prompts "
+                              f"({clean_value}), so there is nothing to recover; choose prompts it tells apart")
+
+    def norm(logits: torch.Tensor) -> torch.Tensor:
+        return (metric(logits) - corrupt_value) / (clean_value - corrupt_value)
+    return _named(norm, f"normalized_{getattr(metric, '__name__', 'metric')}")
+
+
+# ---------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a patching sweep patches: the hook (short name, per layer), the axes swept after `layer`,
+    and the activation dim (batch excluded) each axis indexes."""
+
+    name: str
+    hook: str
+    axes: tuple[str, ...]
+    dims: tuple[int, ...]
+
+
+def _targets() -> dict[str, Target]:
+    table = {n: Target(n, n, ("pos",), (0,)) for n in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")}
+    table["head_out"] = Target("head_out", "z", ("head",), (1,))
+    table["head_out_by_pos"] = Target("head_out_by_pos", "z", ("pos", "head"), (0, 1))
+    for x in ("q", "k", "v"):
+        table[x] = Target(x, x, ("head",), (1,))
+        table[f"{x}_by_pos"] = Target(f"{x}_by_pos", x, ("pos", "head"), (0, 1))
+    table["pattern"] = Target("pattern", "pattern", ("head",), (0,))
+    table["pattern_by_pos"] = Target("pattern_by_pos", "pattern", ("head", "dest_pos"), (0, 1))
+    return table
+
+
+TARGETS = _targets()
+DEFAULT_TARGETS = ("resid_pre", "attn_out", "mlp_out", "head_out", "head_out_by_pos")
+
+
+def get_target(model, name: str) -> Target:
+    """The Target called `name`, checked against the model's hooks (an attention-only model has no mlp_out)."""
+    if name not in TARGETS:
+        import difflib
+
+        close = difflib.get_close_matches(name, TARGETS, n=3)
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        raise CircuitlabError(f"unknown patching target {name!r}{hint}; valid targets: {', '.join(TARGETS)}")
+    target = TARGETS[name]
+    if model.cfg.n_layers == 0:
+        raise CircuitlabError("this model has no layers, so there is nothing to patch")
+    hook = act_name(target.hook, 0)
+    if hook not in model.hook_points():
+        why = "it is attention-only" if model.cfg.attn_only else "its attention and MLP run in parallel"
+        raise CircuitlabError(f"target {name!r} patches {hook.replace('.0.', '.{l}.')}, which this model "
+                              f"does not have ({why}); available targets: {', '.join(available_targets(model))}")
+    return target
+
+
+def available_targets(model) -> list[str]:
+    """Names of the targets this model has hooks for."""
+    points = model.hook_points()
+    return [n for n, t in TARGETS.items() if model.cfg.n_layers and act_name(t.hook, 0) in points]
+
+
+# ---------------------------------------------------------------------------- input checks
+
+
+def as_tokens(model, tokens: torch.Tensor | Sequence, what: str = "tokens") -> torch.Tensor:
+    """tokens [batch, pos] or [pos] -> LongTensor [batch, pos] on the model's device, checked."""
+    t = torch.as_tensor(tokens)
+    if t.dim() == 1:
+        t = t[None]
+    if t.dim() != 2 or t.shape[1] == 0 or t.shape[0] == 0:
+        raise CircuitlabError(f"{what} must be token ids shaped [batch, pos] or [pos], got shape {tuple(t.shape)}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise CircuitlabError(f"{what} must be integer token ids, got {t.dtype}")
+    if int(t.min()) < 0 or int(t.max()) >= model.cfg.d_vocab:
+        raise CircuitlabError(f"{what} hold ids outside the vocabulary [0, {model.cfg.d_vocab}): "
+                              f"min {int(t.min())}, max {int(t.max())}")
+    if t.shape[1] > model.cfg.n_ctx:
+        raise CircuitlabError(f"{what} have {t.shape[1]} positions, more than the model's context n_ctx="
+                              f"{model.cfg.n_ctx}")
+    return t.long().to(model_device(model))
+
+
+def check_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both prompts as token tensors [batch, pos] of the same shape, or a CircuitlabError."""
+    clean, corrupt = as_tokens(model, clean, "clean tokens"), as_tokens(model, corrupt, "corrupted tokens")
+    if clean.shape != corrupt.shape:
+        raise CircuitlabError(
+            f"clean and corrupted prompts must have the same shape [batch, pos] so that positions line up; got "
+            f"clean {list(clean.shape)} and corrupted {list(corrupt.shape)} tokens (reword one prompt to match)")
+    return clean, corrupt
+
+
+def check_metric(model, metric: Metric, shape: tuple[int, int]) -> None:
+    """Call the metric on zero logits [batch, pos, d_vocab]: it must return one number. Costs no forward pass."""
+    if not callable(metric):
+        raise CircuitlabError(f"the metric must be a function of the logits, got {type(metric).__name__}")
+    dummy = torch.zeros(*shape, model.cfg.d_vocab, device=model_device(model))
+    try:
+        out = metric(dummy)
+    except CircuitlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure here is in the user's metric
+        raise CircuitlabError(f"the metric failed on logits of shape {list(dummy.shape)}: "
+                              f"{type(e).__name__}: {e}") from None
+    numel = out.numel() if isinstance(out, torch.Tensor) else (1 if isinstance(out, (int, float)) else 0)
+    if numel != 1:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise CircuitlabError(f"the metric must return a scalar (one number) but returned {got} for logits "
+                              f"{list(dummy.shape)}; reduce it, e.g. with .mean()")
+
+
+def check_layers(model, layers: Sequence[int] | None) -> list[int]:
+    n = model.cfg.n_layers
+    if layers is None:
+        return list(range(n))
+    layers = [int(l) for l in layers]
+    bad = [l for l in layers if not 0 <= l < n]
+    if bad:
+        raise CircuitlabError(f"layer(s) {bad} out of range: the model has {n} layers (0..{n - 1})")
+    return layers
+
+
+def check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise CircuitlabError(f"direction must be 'denoise' (clean into the corrupted run) or 'noise' "
+                              f"(corrupted into the clean run), got {direction!r}")
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def metric_value(metric: Metric, logits: torch.Tensor) -> float:
+    out = metric(logits)
+    return float(out.item() if isinstance(out, torch.Tensor) else out)
+
+
+# ---------------------------------------------------------------------------- the batched engine
+
+
+def run_from(model, layer: int, resid: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, pos, d_vocab] from the residual stream entering block `layer` [batch, pos, d_model].
+
+    The tail of Transformer.forward: blocks[layer:], final norm, unembedding. Hooks inside fire as usual.
+    """
+    x = resid
+    for block in model.blocks[layer:]:
+        x = block(x)
+    return model.unembed(model.ln_final(x))
+
+
+@dataclass
+class Site:
+    """One hook of a batched sweep: patch n sets act[:, index[n]] (over `dims`) to the source.
+
+    source: [batch, ...] shared by all patches, or [n_patch, batch, ...] when per_patch (each
+    broadcastable to the activation); dims: the activation dims (batch excluded) the columns of
+    index [n_patch, len(dims)] address. Empty dims patch the whole activation.
+    """
+
+    hook: str
+    source: torch.Tensor
+    dims: tuple[int, ...]
+    index: torch.Tensor
+    per_patch: bool = False
+
+    def apply(self, act: torch.Tensor, rows: slice) -> torch.Tensor:
+        """act [chunk * batch, ...] with patch c of the chunk applied to rows c*batch .. c*batch + batch - 1."""
+        idx = self.index[rows]
+        C = len(idx)
+        grouped = act.view(C, -1, *act.shape[1:])  # [chunk, batch, ...]
+        shape = [act.shape[1 + d] if d in self.dims else 1 for d in range(act.dim() - 1)]
+        mask = torch.zeros(C, *shape, dtype=torch.bool, device=act.device)
+        where = [torch.arange(C)]
+        for d in range(act.dim() - 1):
+            where.append(idx[:, self.dims.index(d)] if d in self.dims else torch.zeros(C, dtype=torch.long))
+        mask[tuple(w.to(act.device) for w in where)] = True
+        src = (self.source[rows] if self.per_patch else self.source).to(act.device, act.dtype)
+        return torch.where(mask[:, None], src, grouped).view_as(act)
+
+
+def chunk_size(model, batch: int, pos: int, eager: bool = False) -> int:
+    """Patches per forward pass so that a chunk's largest activations stay within CHUNK_BUDGET floats."""
+    cfg = model.cfg
+    per_row = pos * (4 * cfg.d_model + cfg.d_vocab + (0 if cfg.attn_only else 2 * cfg.mlp_dim))
+    if eager:  # scores and pattern are materialised
+        per_row += 2 * cfg.n_heads * pos * pos
+    return max(1, CHUNK_BUDGET // (per_row * batch))
+
+
+def patched_run(model, start_resid: torch.Tensor, layer: int, sites: Sequence[Site], rows: slice,
+                stop: int | None = None, extra_hooks: Sequence = ()) -> torch.Tensor:
+    """One chunk of patches in one forward pass.
+
+    start_resid [batch, pos, d_model]: the base run's residual stream entering `layer`; rows: which
+    patches (of every site's index) form the chunk. Returns logits [chunk, batch, pos, d_vocab], or,
+    with `stop`, the residual stream leaving block stop - 1 [chunk, batch, pos, d_model].
+    """
+    B = start_resid.shape[0]
+    C = rows.stop - rows.start
+    hooks = [(s.hook, lambda act, hook, s=s: s.apply(act, rows)) for s in sites] + list(extra_hooks)
+    x = start_resid.repeat(C, 1, 1)  # [chunk * batch, pos, d_model]
+    with model.hooks(fwd_hooks=hooks):
+        if stop is None:
+            out = run_from(model, layer, x)
+        else:
+            for block in model.blocks[layer:stop]:
+                x = block(x)
+            out = x
+    return out.view(C, B, *out.shape[1:])
+
+
+@torch.no_grad()
+def sweep(model, start_resid: torch.Tensor, layer: int, sites: Sequence[Site], metric: Metric,
+          batch_size: int | None = None, progress: bool = True, desc: str = "patching") -> torch.Tensor:
+    """The metric after each of n_patch patches; patch n applies every site's n-th index at once.
+
+    start_resid [batch, pos, d_model]: the base run's residual stream entering `layer`, the earliest
+    layer any site touches. batch_size: patches per forward pass (default: chunk_size()).
+    Returns [n_patch].
+    """
+    B, T, _ = start_resid.shape
+    n = len(sites[0].index)
+    eager = any(s.hook.endswith(("hook_pattern", "hook_attn_scores")) for s in sites)
+    per_chunk = batch_size or chunk_size(model, B, T, eager)
+    out = torch.empty(n)
+    with tqdm(total=n, desc=desc, unit="patch", delay=2.0, disable=not progress) as bar:
+        for lo in range(0, n, per_chunk):
+            rows = slice(lo, min(n, lo + per_chunk))
+            logits = patched_run(model, start_resid, layer, sites, rows)
+            out[rows] = torch.tensor([metric_value(metric, chunk) for chunk in logits])
+            bar.update(len(logits))
+    return out
+
+
+def grid_index(sizes: Sequence[int]) -> torch.Tensor:
+    """Every combination of indices, last axis fastest: [prod(sizes), len(sizes)]."""
+    return torch.tensor(list(itertools.product(*(range(s) for s in sizes))), dtype=torch.long).view(-1, len(sizes))
+
+
+# ---------------------------------------------------------------------------- results
+
+
+def rounded(t: torch.Tensor, digits: int = 6) -> Any:
+    """A tensor as nested lists of rounded floats for JSON (NaN becomes None)."""
+    def r(x):
+        return [r(v) for v in x] if isinstance(x, list) else (round(x, digits) if x == x else None)
+    return r(t.tolist())
+
+
+@dataclass
+class PatchResult:
+    """Metric after each patch of one target.
+
+    values [layer, *axes]: e.g. [layer, pos, head] for head_out_by_pos (layers as in `layers`);
+    clean_value / corrupt_value: the metric on the unpatched clean and corrupted runs;
+    method: "activation" (real patching) or "attribution" (its linear approximation).
+    """
+
+    target: str
+    axes: tuple[str, ...]
+    layers: list[int]
+    values: torch.Tensor
+    clean_value: float
+    corrupt_value: float
+    direction: str = "denoise"
+    method: str = "activation"
+    metric: str = "metric"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_value(self) -> float:
+        """The metric of the run being patched (corrupted when denoising, clean when noising)."""
+        return self.corrupt_value if self.direction == "denoise" else self.clean_value
+
+    def effect(self) -> torch.Tensor:
+        """values - base_value [layer, *axes]: how much each patch moved the metric."""
+        return self.values - self.base_value
+
+    def recovery(self) -> torch.Tensor:
+        """(values - corrupt) / (clean - corrupt) [layer, *axes]: 1 = clean behaviour, 0 = corrupted."""
+        gap = self.clean_value - self.corrupt_value
+        if gap == 0:
+            return torch.full_like(self.values, float("nan"))
+        return (self.values - self.corrupt_value) / gap
+
+    def top(self, k: int = 5) -> list[tuple[dict[str, int], float]]:
+        """The k patches that moved the metric most: ({axis: index}, effect)."""
+        eff = self.effect()
+        order = eff.abs().nan_to_num(-1.0).flatten().argsort(descending=True)[:k]
+        out = []
+        for i in order.tolist():
+            idx = torch.unravel_index(torch.tensor(i), eff.shape)
+            where = {"layer": self.layers[int(idx[0])], **{a: int(j) for a, j in zip(self.axes, idx[1:])}}
+            out.append((where, float(eff.flatten()[i])))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "axes": ["layer", *self.axes], "layers": self.layers,
+                "values": rounded(self.values), "clean_value": round(self.clean_value, 6),
+                "corrupt_value": round(self.corrupt_value, 6), "direction": self.direction, "method": self.method,
+                "metric": self.metric, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()], **self.extra}
+
+
+# ---------------------------------------------------------------------------- activation patching
+
+
+def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+             layers: Sequence[int] | None):
+    """Every check (before any compute), then the two cached runs shared by all targets."""
+    check_direction(direction)
+    clean, corrupt = check_pair(model, clean, corrupt)
+    check_metric(model, metric, tuple(clean.shape))
+    chosen = [get_target(model, t) for t in targets]
+    layers = check_layers(model, layers)
+    base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
+    hooks = sorted({act_name(t.hook, l) for t in chosen for l in layers})
+    resid = [act_name("resid_pre", l) for l in range(model.cfg.n_layers)]
+    base_logits, base_cache = model.run_with_cache(base, names_filter=resid)
+    source_logits, source_cache = model.run_with_cache(source, names_filter=hooks)
+    clean_logits, corrupt_logits = (source_logits, base_logits) if direction == "denoise" else (base_logits, source_logits)
+    values = (metric_value(metric, clean_logits), metric_value(metric, corrupt_logits))
+    return chosen, layers, base_cache, source_cache, values
+
+
+def _patch_target(model, target: Target, layers: list[int], base_cache, source_cache, metric: Metric,
+                  values: tuple[float, float], direction: str, batch_size: int | None, progress: bool
+                  ) -> PatchResult:
+    per_layer = []
+    for l in layers:
+        hook = act_name(target.hook, l)
+        src = source_cache[hook]
+        sizes = [src.shape[1 + d] for d in target.dims]
+        site = Site(hook, src, target.dims, grid_index(sizes))
+        per_layer.append(sweep(model, base_cache["resid_pre", l], l, [site], metric, batch_size, progress,
+                               desc=f"patching {target.name} L{l}").view(sizes))
+    return PatchResult(target.name, target.axes, layers, torch.stack(per_layer), values[0], values[1], direction,
+                       metric=getattr(metric, "__name__", "metric"))
+
+
+def activation_patching(model, clean_tokens, corrupt_tokens, metric: Metric, target: str = "resid_pre", *,
+                        direction: str = "denoise", layers: Sequence[int] | None = None,
+                        batch_size: int | None = None, progress: bool = True) -> PatchResult:
+    """Patch every piece of `target` one at a time (batched) and record the metric.
+
+    clean_tokens, corrupt_tokens [batch, pos] (same shape; [pos] is one prompt).
+    metric: fn(logits [batch, pos, d_vocab]) -> scalar, e.g. logit_diff(...).
+    target: a name in TARGETS. layers: which layers to sweep (default all).
+    batch_size: patches per forward pass (default: as many as fit a memory budget); 1 is one at a time.
+    Returns PatchResult with values [layer, *target axes], e.g. [layer, pos, head] for head_out_by_pos.
+    """
+    return patching_sweep(model, clean_tokens, corrupt_tokens, metric, [target], direction=direction,
+                          layers=layers, batch_size=batch_size, progress=progress)[target]
+
+
+def patching_sweep(model, clean_tokens, corrupt_tokens, metric: Metric, targets: Sequence[str] = DEFAULT_TARGETS,
+                   *, direction: str = "denoise", layers: Sequence[int] | None = None,
+                   batch_size: int | None = None, progress: bool = True) -> dict[str, PatchResult]:
+    """activation_patching for several targets, sharing the clean and corrupted runs.
+
+    Targets the model lacks (mlp_out on an attention-only model) are an error; pass
+    available_targets(model) to sweep all it has. Returns {target: PatchResult}.
+    """
+    if isinstance(targets, str):
+        targets = [targets]
+    chosen, layers, base_cache, source_cache, values = _prepare(model, clean_tokens, corrupt_tokens, metric,
+                                                                targets, direction, layers)
+    return {t.name: _patch_target(model, t, layers, base_cache, source_cache, metric, values, direction,
+                                  batch_size, progress) for t in chosen}

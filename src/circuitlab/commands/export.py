@@ -1,0 +1,25 @@
+"""circuitlab export: a circuitlab model folder as a Hugging Face checkpoint folder."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "export a LLaMA-, GPT-2- or GPT-NeoX-style model to a Hugging Face folder transformers can load"
+EXAMPLE = "circuitlab export --checkpoint runs/demo/2l --out exports/demo-hf"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
+                   help="a circuitlab model folder (from `circuitlab import` or training) or a run folder")
+    p.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuitlab.pretrained import export_hf, export_style, load_model_dir
+
+    model, tokenizer, _ = load_model_dir(args.checkpoint)
+    out = export_hf(model, args.out, tokenizer)
+    arch = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
+    print(f"wrote a {arch[export_style(model.cfg)]} folder to {out}/"
+          f"{'' if tokenizer is not None else ' (no tokenizer: the checkpoint has none in Hugging Face form)'}")
+    print(f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0

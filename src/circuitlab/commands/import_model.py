@@ -1,0 +1,41 @@
+"""circuitlab import: a Hugging Face checkpoint (local folder or hub name) into a circuitlab model folder."""
+from __future__ import annotations
+
+import argparse
+
+NAME = "import"
+HELP = "import a Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint"
+EXAMPLE = "circuitlab import gpt2 --out models/gpt2"
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="NAME_OR_PATH",
+                   help="a local Hugging Face checkpoint folder, or a hub name (local cache first, then the network)")
+    p.add_argument("--out", required=True, help="folder to write (model.safetensors, config.json, tokenizer/)")
+    p.add_argument("--dtype", choices=_DTYPES, default="float32", help="parameter dtype (default float32)")
+    p.add_argument("--n-ctx", type=int, default=None, help="keep a shorter context than the checkpoint's")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not import the tokenizer")
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
+    p.add_argument("--cache-dir", default=None, help="Hugging Face cache folder (default: the usual one)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from circuitlab.pretrained import load_pretrained, save_model_dir
+
+    model, tokenizer = load_pretrained(args.source, dtype=getattr(torch, args.dtype), n_ctx=args.n_ctx,
+                                       tokenizer=not args.no_tokenizer, cache_dir=args.cache_dir,
+                                       revision=args.revision)
+    cfg = model.cfg
+    source = {"name_or_path": str(args.source), "revision": args.revision, "dtype": args.dtype}
+    out = save_model_dir(model, args.out, extra={"source": source}, tokenizer=tokenizer)
+    print(f"imported {args.source}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads"
+          f"{f' ({cfg.kv_heads} kv)' if cfg.kv_heads != cfg.n_heads else ''}, "
+          f"{model.num_params():,} parameters, {args.dtype}")
+    print(f"wrote {out}/ (model.safetensors, config.json{', tokenizer/' if tokenizer is not None else ''})")
+    if tokenizer is None and not args.no_tokenizer:
+        print("note: the checkpoint has no tokenizer; `generate` and `interpret` need one")
+    return 0

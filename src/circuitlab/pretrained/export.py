@@ -1,0 +1,258 @@
+"""Export a circuitlab Transformer to a Hugging Face folder that `transformers` loads and generates with.
+
+    export_hf(model, "out/hf", tokenizer)
+    hf = transformers.AutoModelForCausalLM.from_pretrained("out/hf")   # same logits as model
+
+Three styles, chosen from the config:
+- LLaMA (LlamaForCausalLM): rmsnorm, rotary over the whole head, SwiGLU, sequential blocks;
+- GPT-2 (GPT2LMHeadModel): layernorm, learned positions, gelu_new / gelu / relu, d_head * n_heads == d_model;
+- GPT-NeoX (GPTNeoXForCausalLM): layernorm, (partial) rotary, gelu / gelu_new / relu, parallel or not.
+None of them has an unembedding bias, so ours must be absent or zero. load_pretrained(export_hf(m))
+gives back m's weights exactly.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from circuitlab.config import ModelConfig
+from circuitlab.errors import CircuitlabError
+from circuitlab.model import Transformer
+
+_HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}
+
+
+# ---------------------------------------------------------------------------------------- which style
+def _style_problems(cfg: ModelConfig) -> dict[str, list[str]]:
+    """For each export style, the config fields that rule it out (empty list: it fits)."""
+    common = []
+    if cfg.attn_only:
+        common.append("attn_only=True (HF models all have MLPs)")
+    if not cfg.use_attn_out:
+        common.append("use_attn_out=False (V-only heads)")
+    sequential = ["parallel_attn_mlp=True"] if cfg.parallel_attn_mlp else []
+    scaled = [] if cfg.scale_scores else ["scale_scores=False"]
+    mha = [] if cfg.kv_heads == cfg.n_heads else [f"n_kv_heads={cfg.kv_heads} (grouped-query attention)"]
+    square = [] if cfg.head_dim * cfg.n_heads == cfg.d_model else ["d_head * n_heads != d_model"]
+    activation = [] if cfg.mlp in _HF_ACTIVATION else [f"mlp={cfg.mlp!r} (needs gelu_new, gelu or relu)"]
+    layernorm = [] if cfg.norm == "layernorm" else [f"norm={cfg.norm!r} (needs layernorm)"]
+
+    llama = common + sequential + scaled
+    if cfg.norm != "rmsnorm":
+        llama.append(f"norm={cfg.norm!r} (needs rmsnorm)")
+    if cfg.positional != "rotary" or cfg.rot_dim != cfg.head_dim:
+        llama.append("positions must be rotary over the whole head")
+    if cfg.mlp != "swiglu":
+        llama.append(f"mlp={cfg.mlp!r} (needs swiglu)")
+    # GPT-2 can leave the scores unscaled (scale_attn_weights=False)
+    gpt2 = common + sequential + mha + square + activation + layernorm
+    if cfg.positional != "learned":
+        gpt2.append(f"positional={cfg.positional!r} (needs learned)")
+    # GPT-NeoX blocks may be parallel or sequential
+    neox = common + scaled + mha + square + activation + layernorm
+    if cfg.positional != "rotary":
+        neox.append(f"positional={cfg.positional!r} (needs rotary)")
+    return {"llama": llama, "gpt2": gpt2, "gpt_neox": neox}
+
+
+def export_style(cfg: ModelConfig) -> str:
+    """'llama', 'gpt2' or 'gpt_neox': the HF architecture this config exports to."""
+    problems = _style_problems(cfg)
+    for style, found in problems.items():
+        if not found:
+            return style
+    closest = min(problems, key=lambda s: len(problems[s]))
+    raise CircuitlabError(f"this model cannot be exported to Hugging Face: it is neither LLaMA-, GPT-2- nor "
+                          f"GPT-NeoX-style; closest is {closest}, which it misses by {'; '.join(problems[closest])}")
+
+
+# ---------------------------------------------------------------------------------------- tensors
+def _state(model: Transformer) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _bias(state: dict[str, torch.Tensor], name: str, size: int, like: torch.Tensor) -> torch.Tensor:
+    """Our bias, or zeros when the config has none."""
+    return state[name] if name in state else torch.zeros(size, dtype=like.dtype, device=like.device)
+
+
+def _llama_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    cfg, s = model.cfg, _state(model)
+    H, K, D, M = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_dim
+    out = {"model.embed_tokens.weight": s["embed.weight"], "model.norm.weight": s["ln_final.w"]}
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        out[theirs + "input_layernorm.weight"] = s[ours + "ln1.w"]
+        out[theirs + "post_attention_layernorm.weight"] = s[ours + "ln2.w"]
+        for part in ("weight", "bias") if cfg.bias else ("weight",):
+            q, k, v = s[ours + f"attn.qkv.{part}"].split([H * D, K * D, K * D])
+            out.update({theirs + f"self_attn.q_proj.{part}": q, theirs + f"self_attn.k_proj.{part}": k,
+                        theirs + f"self_attn.v_proj.{part}": v,
+                        theirs + f"self_attn.o_proj.{part}": s[ours + f"attn.out.{part}"]})
+            gate, up = s[ours + f"mlp.fc_in.{part}"].split(M)
+            out.update({theirs + f"mlp.gate_proj.{part}": gate, theirs + f"mlp.up_proj.{part}": up,
+                        theirs + f"mlp.down_proj.{part}": s[ours + f"mlp.fc_out.{part}"]})
+    if not cfg.tied_embeddings:
+        out["lm_head.weight"] = s["unembed.weight"]
+    return out
+
+
+def _gpt2_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    cfg, s = model.cfg, _state(model)
+    d, M, w = cfg.d_model, cfg.mlp_dim, s["embed.weight"]
+    out = {"transformer.wte.weight": w, "transformer.wpe.weight": s["pos_embed.weight"],
+           "transformer.ln_f.weight": s["ln_final.w"], "transformer.ln_f.bias": _bias(s, "ln_final.b", d, w)}
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
+        for n in (1, 2):
+            out[theirs + f"ln_{n}.weight"] = s[ours + f"ln{n}.w"]
+            out[theirs + f"ln_{n}.bias"] = _bias(s, ours + f"ln{n}.b", d, w)
+        # Conv1D weights are [in, out]
+        for ours_name, theirs_name, width in (("attn.qkv", "attn.c_attn", 3 * d), ("attn.out", "attn.c_proj", d),
+                                              ("mlp.fc_in", "mlp.c_fc", M), ("mlp.fc_out", "mlp.c_proj", d)):
+            out[theirs + theirs_name + ".weight"] = s[ours + ours_name + ".weight"].t()
+            out[theirs + theirs_name + ".bias"] = _bias(s, ours + ours_name + ".bias", width, w)
+    if not cfg.tied_embeddings:
+        out["lm_head.weight"] = s["unembed.weight"]
+    return out
+
+
+def _neox_tensors(model: Transformer) -> dict[str, torch.Tensor]:
+    cfg, s = model.cfg, _state(model)
+    d, M, H, D, w = cfg.d_model, cfg.mlp_dim, cfg.n_heads, cfg.head_dim, s["embed.weight"]
+    out = {"gpt_neox.embed_in.weight": w, "gpt_neox.final_layer_norm.weight": s["ln_final.w"],
+           "gpt_neox.final_layer_norm.bias": _bias(s, "ln_final.b", d, w)}
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"gpt_neox.layers.{i}."
+        for n, name in ((1, "input_layernorm"), (2, "post_attention_layernorm")):
+            out[theirs + f"{name}.weight"] = s[ours + f"ln{n}.w"]
+            out[theirs + f"{name}.bias"] = _bias(s, ours + f"ln{n}.b", d, w)
+        # ours: rows [(q|k|v), head, d_head]; NeoX: [head, (q|k|v), d_head]
+        qkv_w = s[ours + "attn.qkv.weight"]
+        qkv_b = _bias(s, ours + "attn.qkv.bias", 3 * d, w)
+        out[theirs + "attention.query_key_value.weight"] = qkv_w.unflatten(0, (3, H, D)).transpose(0, 1).flatten(0, 2)
+        out[theirs + "attention.query_key_value.bias"] = qkv_b.unflatten(0, (3, H, D)).transpose(0, 1).flatten(0, 2)
+        for ours_name, theirs_name, width in (("attn.out", "attention.dense", d), ("mlp.fc_in", "mlp.dense_h_to_4h", M),
+                                              ("mlp.fc_out", "mlp.dense_4h_to_h", d)):
+            out[theirs + theirs_name + ".weight"] = s[ours + ours_name + ".weight"]
+            out[theirs + theirs_name + ".bias"] = _bias(s, ours + ours_name + ".bias", width, w)
+    if not cfg.tied_embeddings:
+        out["embed_out.weight"] = s["unembed.weight"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------- configs
+def _special_ids(tokenizer) -> dict[str, int | None]:
+    """bos/eos ids from the tokenizer; None without one (rather than the HF classes' defaults,
+    which name tokens of their original vocabularies)."""
+    hf = _as_hf_tokenizer(tokenizer)
+    if hf is None:
+        return {"bos_token_id": None, "eos_token_id": None}
+    return {"bos_token_id": hf.bos_token_id, "eos_token_id": hf.eos_token_id}
+
+
+def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> dict:
+    common = {"vocab_size": cfg.d_vocab, "tie_word_embeddings": cfg.tied_embeddings,
+              "dtype": str(dtype).removeprefix("torch."), "torch_dtype": str(dtype).removeprefix("torch."),
+              "use_cache": True, **_special_ids(tokenizer)}
+    if style == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
+                "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,
+                "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
+                "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+                "rope_theta": cfg.rotary_base, "rope_scaling": None,
+                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
+                "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": 0.0, "pretraining_tp": 1}
+    if style == "gpt2":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **common,
+                "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.mlp_dim,
+                "n_positions": cfg.n_ctx, "activation_function": _HF_ACTIVATION[cfg.mlp],
+                "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": cfg.scale_scores,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    partial = cfg.rot_dim / cfg.head_dim
+    if int(cfg.head_dim * partial) != cfg.rot_dim:  # transformers rounds head_dim * partial down
+        partial = math.nextafter(partial, 1.0)
+    return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", **common,
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.n_ctx, "layer_norm_eps": cfg.norm_eps,
+            "hidden_act": _HF_ACTIVATION[cfg.mlp], "use_parallel_residual": cfg.parallel_attn_mlp,
+            "rotary_pct": partial, "rotary_emb_base": cfg.rotary_base,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base,
+                                "partial_rotary_factor": partial},
+            "attention_bias": True, "attention_dropout": 0.0, "hidden_dropout": 0.0}
+
+
+# ---------------------------------------------------------------------------------------- tokenizer
+def _as_hf_tokenizer(tokenizer):
+    """A transformers tokenizer for `tokenizer`: itself, the one a circuitlab wrapper holds, or a
+    PreTrainedTokenizerFast around a circuitlab BPE tokenizer; None for anything else."""
+    if tokenizer is None:
+        return None
+    if hasattr(tokenizer, "save_pretrained"):
+        return tokenizer
+    inner = getattr(tokenizer, "hf", None)
+    if hasattr(inner, "save_pretrained"):
+        return inner
+    try:
+        from tokenizers import Tokenizer as RawTokenizer
+    except ImportError:
+        return None
+    if isinstance(inner, RawTokenizer):
+        from transformers import PreTrainedTokenizerFast
+
+        eos = inner.id_to_token(tokenizer.eos_id) if hasattr(tokenizer, "eos_id") else None
+        return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=eos, bos_token=eos)
+    return None
+
+
+# ---------------------------------------------------------------------------------------- export
+def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None) -> Path:
+    """Write `model` as a Hugging Face checkpoint folder (config.json, model.safetensors and, when
+    given and convertible, the tokenizer's files). Returns the folder.
+
+    Raises CircuitlabError when the config fits no HF architecture, or the unembedding has a
+    non-zero bias (none of the HF architectures has one).
+    """
+    from safetensors.torch import save_file
+
+    cfg = model.cfg
+    style = export_style(cfg)
+    b_U = model.unembed.bias
+    if b_U is not None and bool((b_U != 0).any()):
+        raise CircuitlabError("this model's unembedding has a non-zero bias, which no Hugging Face architecture "
+                              "we export to can hold; the export would change its logits")
+    tensors = {"llama": _llama_tensors, "gpt2": _gpt2_tensors, "gpt_neox": _neox_tensors}[style](model)
+    # safetensors refuses tensors that share memory (our fused matrices' slices): copy each one
+    tensors = {k: v.to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.safetensors.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, out_dir / "model.safetensors")
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    config = _hf_config(cfg, style, model.embed.weight.dtype, tokenizer)
+    _write_json(out_dir / "config.json", config)
+    hf_tokenizer = _as_hf_tokenizer(tokenizer)
+    if hf_tokenizer is not None:
+        hf_tokenizer.save_pretrained(str(out_dir))
+    elif tokenizer is not None:
+        warnings.warn(f"the tokenizer {tokenizer!r} has no Hugging Face form; the export has no tokenizer files",
+                      stacklevel=2)
+    return out_dir
+
+
+def _write_json(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,362 @@
+"""How each Hugging Face architecture maps onto circuitlab's Transformer.
+
+A family answers three questions about a checkpoint:
+
+- config(hf):      its config.json (a dict) as a ModelConfig;
+- pieces(key):     where the checkpoint tensor `key` goes in our state dict (a list of Piece:
+                   target parameter, first row, transform), [] for tensors we skip (causal-mask
+                   buffers, rotary tables), or None for a key the family does not know;
+- zero_targets():  which of our parameters the architecture does not have (e.g. Qwen2's
+                   attention output bias when we keep biases for its q/k/v): they are set to 0.
+
+Our fused layout: attn.qkv.weight [(n_heads + 2 n_kv_heads) d_head, d_model] is q heads then
+k heads then v heads; mlp.fc_in.weight is [d_mlp, d_model] (SwiGLU: gate rows then up rows);
+Linear weights are [out, in].
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from circuitlab.config import ModelConfig
+from circuitlab.errors import CircuitlabError
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Checkpoint tensor -> rows [start, start + len(transform(t))) of our parameter `target`.
+
+    start None means the whole parameter; transform None means the tensor as it is.
+    """
+
+    target: str
+    start: int | None = None
+    transform: Transform | None = None
+
+
+def _transpose(t: torch.Tensor) -> torch.Tensor:
+    """GPT-2's Conv1D stores weights [in, out]; ours are [out, in]."""
+    return t.t()
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _get(hf: dict, key: str, default=None):
+    value = hf.get(key)
+    return default if value is None else value
+
+
+def _rope(hf: dict, default_partial: float) -> tuple[float, float]:
+    """(theta, partial rotary factor) from either transformers 5's rope_parameters or the older
+    rope_theta / rotary_emb_base / rotary_pct / rope_scaling keys."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    if any(k in params for k in ("full_attention", "sliding_attention")):
+        raise CircuitlabError("this checkpoint uses different rotary settings per layer type, which circuitlab's "
+                              "Transformer cannot express")
+    kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type") \
+        or "default"
+    if kind != "default":
+        raise CircuitlabError(f"this checkpoint uses {kind!r} rotary scaling, which circuitlab's Transformer does "
+                              "not implement; checkpoints with plain rotary embeddings (rope type 'default') "
+                              "import exactly")
+    theta = params.get("rope_theta") or hf.get("rope_theta") or hf.get("rotary_emb_base") or 10000.0
+    partial = params.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or hf.get("rotary_pct") \
+        or default_partial
+    return float(theta), float(partial)
+
+
+def _rotary_dim(head_dim: int, partial: float) -> int | None:
+    """Rotated dims per head, as transformers computes them; None when the whole head rotates."""
+    dim = int(head_dim * partial)
+    if dim == head_dim:
+        return None
+    if dim <= 0 or dim % 2:
+        raise CircuitlabError(f"rotary embedding over {dim} of {head_dim} head dims: circuitlab needs an even, "
+                              "positive number of rotated dims")
+    return dim
+
+
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": "gelu_new",
+                "relu": "relu"}
+
+
+def _activation(name: str) -> str:
+    if name not in _ACTIVATIONS:
+        raise CircuitlabError(f"MLP activation {name!r} is not supported (circuitlab has "
+                              f"{', '.join(sorted(_ACTIVATIONS))} and SwiGLU)")
+    return _ACTIVATIONS[name]
+
+
+def _n_ctx(hf_positions: int, n_ctx: int | None, learned: bool) -> int:
+    """The context to build: the checkpoint's, or a requested one (no longer than learned positions)."""
+    if n_ctx is None:
+        return hf_positions
+    if n_ctx <= 0:
+        raise CircuitlabError(f"n_ctx must be positive, got {n_ctx}")
+    if learned and n_ctx > hf_positions:
+        raise CircuitlabError(f"n_ctx={n_ctx} is too long: this checkpoint has learned positions for "
+                              f"{hf_positions} tokens")
+    return n_ctx
+
+
+_NORM = {"weight": "w", "bias": "b"}  # our Norm's parameter names
+
+
+def _rows(cfg: ModelConfig) -> dict[str, int]:
+    """Where q, k and v start in our fused qkv rows."""
+    H, K, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    return {"q": 0, "k": H * D, "v": (H + K) * D}
+
+
+# ---------------------------------------------------------------------------------------- families
+class Family(ABC):
+    name = ""
+    model_types: tuple[str, ...] = ()
+    ignore = re.compile(r"$^")  # checkpoint keys that hold buffers, not weights
+
+    @abstractmethod
+    def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
+        """config.json as a ModelConfig (n_ctx: a shorter context, see model_config_from_hf)."""
+
+    @abstractmethod
+    def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
+        """Where checkpoint tensor `key` goes; [] to skip it; None if the key is unknown."""
+
+    def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
+        """Regexes of our parameter names that this architecture lacks (filled with zeros)."""
+        return []
+
+    def _match(self, table: dict[str, Callable[..., list[Piece]]], key: str) -> list[Piece] | None:
+        if self.ignore.search(key):
+            return []
+        for pattern, make in table.items():
+            m = re.fullmatch(pattern, key)
+            if m:
+                return make(*m.groups())
+        return None
+
+
+class GPT2(Family):
+    """GPT-2: Conv1D weights [in, out], fused c_attn (q, k, v blocks), learned positions, tied unembedding."""
+
+    name = "GPT-2"
+    model_types = ("gpt2",)
+    ignore = re.compile(r"(^|\.)attn\.(masked_)?bias$")
+
+    def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
+        if hf.get("scale_attn_by_inverse_layer_idx"):
+            raise CircuitlabError("GPT-2 with scale_attn_by_inverse_layer_idx=True cannot be expressed by "
+                                  "circuitlab's Transformer")
+        d_model = hf["n_embd"]
+        return ModelConfig(
+            n_layers=hf["n_layer"], d_model=d_model, n_heads=hf["n_head"], d_vocab=hf["vocab_size"],
+            n_ctx=_n_ctx(hf["n_positions"], n_ctx, learned=True), d_mlp=_get(hf, "n_inner", 4 * d_model),
+            norm="layernorm", norm_eps=float(_get(hf, "layer_norm_epsilon", 1e-5)), positional="learned",
+            mlp=_activation(_get(hf, "activation_function", "gelu_new")), bias=True,
+            tied_embeddings=bool(_get(hf, "tie_word_embeddings", True)),
+            scale_scores=bool(_get(hf, "scale_attn_weights", True)),
+        )
+
+    def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
+        key = key.removeprefix("transformer.")
+        n_ctx = cfg.n_ctx
+        table: dict[str, Callable[..., list[Piece]]] = {
+            r"wte\.weight": lambda: [Piece("embed.weight")],
+            r"wpe\.weight": lambda: [Piece("pos_embed.weight", 0, lambda t: t[:n_ctx])],
+            r"ln_f\.weight": lambda: [Piece("ln_final.w")],
+            r"ln_f\.bias": lambda: [Piece("ln_final.b")],
+            r"lm_head\.weight": lambda: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
+            r"h\.(\d+)\.ln_([12])\.weight": lambda i, n: [Piece(f"blocks.{i}.ln{n}.w")],
+            r"h\.(\d+)\.ln_([12])\.bias": lambda i, n: [Piece(f"blocks.{i}.ln{n}.b")],
+            r"h\.(\d+)\.attn\.c_attn\.weight": lambda i: [Piece(f"blocks.{i}.attn.qkv.weight", None, _transpose)],
+            r"h\.(\d+)\.attn\.c_attn\.bias": lambda i: [Piece(f"blocks.{i}.attn.qkv.bias")],
+            r"h\.(\d+)\.attn\.c_proj\.weight": lambda i: [Piece(f"blocks.{i}.attn.out.weight", None, _transpose)],
+            r"h\.(\d+)\.attn\.c_proj\.bias": lambda i: [Piece(f"blocks.{i}.attn.out.bias")],
+            r"h\.(\d+)\.mlp\.c_fc\.weight": lambda i: [Piece(f"blocks.{i}.mlp.fc_in.weight", None, _transpose)],
+            r"h\.(\d+)\.mlp\.c_fc\.bias": lambda i: [Piece(f"blocks.{i}.mlp.fc_in.bias")],
+            r"h\.(\d+)\.mlp\.c_proj\.weight": lambda i: [Piece(f"blocks.{i}.mlp.fc_out.weight", None, _transpose)],
+            r"h\.(\d+)\.mlp\.c_proj\.bias": lambda i: [Piece(f"blocks.{i}.mlp.fc_out.bias")],
+        }
+        return self._match(table, key)
+
+    def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
+        return [r"unembed\.bias"]
+
+
+class GPTNeoX(Family):
+    """GPT-NeoX / Pythia: parallel attention and MLP, partial rotary, and a fused query_key_value
+    whose rows are grouped per head: [head 0: q, k, v][head 1: q, k, v]..."""
+
+    name = "GPT-NeoX"
+    model_types = ("gpt_neox",)
+    ignore = re.compile(r"(^|\.)attention\.(masked_)?bias$|rotary_emb\.inv_freq$")
+
+    def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
+        d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
+        head_dim = d_model // n_heads
+        theta, partial = _rope(hf, default_partial=0.25)
+        return ModelConfig(
+            n_layers=hf["num_hidden_layers"], d_model=d_model, n_heads=n_heads, d_vocab=hf["vocab_size"],
+            n_ctx=_n_ctx(hf["max_position_embeddings"], n_ctx, learned=False), d_mlp=hf["intermediate_size"],
+            norm="layernorm", norm_eps=float(_get(hf, "layer_norm_eps", 1e-5)), positional="rotary",
+            rotary_base=theta, rotary_dim=_rotary_dim(head_dim, partial),
+            mlp=_activation(_get(hf, "hidden_act", "gelu")),
+            bias=True, tied_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
+            parallel_attn_mlp=bool(_get(hf, "use_parallel_residual", True)),
+        )
+
+    def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
+        key = key.removeprefix("gpt_neox.")
+        H, D = cfg.n_heads, cfg.head_dim
+
+        def per_head_to_blocks(t: torch.Tensor) -> torch.Tensor:
+            # rows [head, (q|k|v), d_head] -> [(q|k|v), head, d_head]; works for weights and biases
+            return t.unflatten(0, (H, 3, D)).transpose(0, 1).flatten(0, 2)
+
+        table: dict[str, Callable[..., list[Piece]]] = {
+            r"embed_in\.weight": lambda: [Piece("embed.weight")],
+            # embed_out in checkpoints; transformers 5 names the module lm_head
+            r"(embed_out|lm_head)\.weight": lambda _: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
+            r"final_layer_norm\.weight": lambda: [Piece("ln_final.w")],
+            r"final_layer_norm\.bias": lambda: [Piece("ln_final.b")],
+            r"layers\.(\d+)\.input_layernorm\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.ln1.{_NORM[p]}")],
+            r"layers\.(\d+)\.post_attention_layernorm\.(weight|bias)":
+                lambda i, p: [Piece(f"blocks.{i}.ln2.{_NORM[p]}")],
+            r"layers\.(\d+)\.attention\.query_key_value\.(weight|bias)":
+                lambda i, p: [Piece(f"blocks.{i}.attn.qkv.{p}", None, per_head_to_blocks)],
+            r"layers\.(\d+)\.attention\.dense\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.attn.out.{p}")],
+            r"layers\.(\d+)\.mlp\.dense_h_to_4h\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.mlp.fc_in.{p}")],
+            r"layers\.(\d+)\.mlp\.dense_4h_to_h\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.mlp.fc_out.{p}")],
+        }
+        return self._match(table, key)
+
+    def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
+        zeros = [r"unembed\.bias"]
+        if not _get(hf, "attention_bias", True):
+            zeros.append(r"blocks\.\d+\.attn\.(qkv|out)\.bias")
+        return zeros
+
+
+class Llama(Family):
+    """LLaMA, Mistral and Qwen2: RMSNorm, rotary, SwiGLU, grouped-query attention with separate
+    q/k/v projections; Qwen2 (and LLaMA with attention_bias) have q/k/v biases."""
+
+    name = "LLaMA"
+    model_types = ("llama", "mistral", "qwen2")
+    ignore = re.compile(r"rotary_emb\.inv_freq$")
+
+    def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
+        if _get(hf, "hidden_act", "silu") not in ("silu", "swish"):
+            raise CircuitlabError(f"a LLaMA-style MLP with activation {hf['hidden_act']!r} is not supported "
+                                  "(circuitlab's gated MLP is SwiGLU)")
+        d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
+        head_dim = _get(hf, "head_dim", d_model // n_heads)
+        theta, partial = _rope(hf, default_partial=1.0)
+        positions = hf["max_position_embeddings"]
+        window = self._sliding_window(hf)
+        if window is not None and window < positions:
+            positions = window  # within the window, sliding-window attention is full causal attention
+        return ModelConfig(
+            n_layers=hf["num_hidden_layers"], d_model=d_model, n_heads=n_heads,
+            n_kv_heads=_get(hf, "num_key_value_heads", n_heads), d_vocab=hf["vocab_size"],
+            d_head=None if head_dim * n_heads == d_model else head_dim,
+            n_ctx=_n_ctx(positions, n_ctx, learned=False), d_mlp=hf["intermediate_size"], norm="rmsnorm",
+            norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), positional="rotary", rotary_base=theta,
+            rotary_dim=_rotary_dim(head_dim, partial), mlp="swiglu", bias=bool(self._biases(hf)),
+            tied_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
+        )
+
+    @staticmethod
+    def _sliding_window(hf: dict) -> int | None:
+        window = hf.get("sliding_window")
+        if window is None:
+            return None
+        if model_type(hf) == "qwen2" and not (hf.get("use_sliding_window")
+                                                or "sliding_attention" in (hf.get("layer_types") or [])):
+            return None
+        return int(window)
+
+    @staticmethod
+    def _biases(hf: dict) -> set[str]:
+        """Which of our biased parameters the checkpoint actually has."""
+        if model_type(hf) == "qwen2":
+            return {"qkv"}
+        found = set()
+        if hf.get("attention_bias"):
+            found |= {"qkv", "out"}
+        if hf.get("mlp_bias"):
+            found |= {"fc_in", "fc_out"}
+        return found
+
+    def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
+        key = key.removeprefix("model.")
+        rows = _rows(cfg)
+        d_mlp = cfg.mlp_dim
+        table: dict[str, Callable[..., list[Piece]]] = {
+            r"embed_tokens\.weight": lambda: [Piece("embed.weight")],
+            r"lm_head\.weight": lambda: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
+            r"norm\.weight": lambda: [Piece("ln_final.w")],
+            r"layers\.(\d+)\.input_layernorm\.weight": lambda i: [Piece(f"blocks.{i}.ln1.w")],
+            r"layers\.(\d+)\.post_attention_layernorm\.weight": lambda i: [Piece(f"blocks.{i}.ln2.w")],
+            r"layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)":
+                lambda i, qkv, p: [Piece(f"blocks.{i}.attn.qkv.{p}", rows[qkv])],
+            r"layers\.(\d+)\.self_attn\.o_proj\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.attn.out.{p}")],
+            r"layers\.(\d+)\.mlp\.gate_proj\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.mlp.fc_in.{p}", 0)],
+            r"layers\.(\d+)\.mlp\.up_proj\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.mlp.fc_in.{p}", d_mlp)],
+            r"layers\.(\d+)\.mlp\.down_proj\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.mlp.fc_out.{p}")],
+        }
+        return self._match(table, key)
+
+    def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
+        present = self._biases(hf)
+        return [r"unembed\.bias"] + [rf"blocks\.\d+\.(attn|mlp)\.{name}\.bias"
+                                     for name in ("qkv", "out", "fc_in", "fc_out") if name not in present]
+
+
+FAMILIES: tuple[Family, ...] = (GPT2(), GPTNeoX(), Llama())
+SUPPORTED = "GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral and Qwen2"
+
+
+_BY_ARCHITECTURE = {"GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox", "LlamaForCausalLM": "llama",
+                    "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+
+def model_type(hf: dict) -> str | None:
+    """config.json's model_type, or the one its architectures list implies."""
+    if hf.get("model_type"):
+        return hf["model_type"]
+    for arch in hf.get("architectures") or []:
+        if arch in _BY_ARCHITECTURE:
+            return _BY_ARCHITECTURE[arch]
+    return None
+
+
+def family_for(hf: dict) -> Family:
+    """The family of a checkpoint's config.json."""
+    kind = model_type(hf)
+    for family in FAMILIES:
+        if kind in family.model_types:
+            return family
+    what = f"model_type {kind!r}" if kind else f"architectures {hf.get('architectures')}"
+    raise CircuitlabError(f"this checkpoint's architecture ({what}) is not supported; circuitlab imports "
+                          f"{SUPPORTED} checkpoints")
+
+
+def model_config_from_hf(hf: dict, n_ctx: int | None = None) -> ModelConfig:
+    """The ModelConfig equivalent to a Hugging Face config.json (a dict).
+
+    n_ctx shortens the context (for rotary models any length works; learned positions keep
+    their first n_ctx rows).
+    """
+    family = family_for(hf)
+    try:
+        return family.config(hf, n_ctx)
+    except KeyError as e:
+        raise CircuitlabError(f"this {family.name} config.json lacks the field {e.args[0]!r}; "
+                              "is it complete?") from None

@@ -1,0 +1,188 @@
+"""Load a Hugging Face checkpoint into circuitlab's Transformer, streaming its tensors.
+
+    model, tokenizer = load_pretrained("path/to/gpt2")          # or a hub name, cache first
+    logits = model(torch.tensor([tokenizer.encode("Hello")]))   # [1, pos, d_vocab], HF's own logits
+
+The HF model is never built. Our model is built with its weights allocated but not initialised,
+then each checkpoint tensor is read, one at a time, straight into its place (its rows of a fused
+matrix; tensors that need a transpose or a reordering go through one temporary copy). Peak memory
+is the model plus at most one transformed tensor.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from unittest import mock
+
+import torch
+from torch import nn
+
+from circuitlab.config import ModelConfig
+from circuitlab.errors import CircuitlabError
+from circuitlab.model import Transformer
+from circuitlab.pretrained.families import Family, Piece, family_for, model_config_from_hf
+from circuitlab.pretrained.source import (TensorReader, read_hf_config, resolve_checkpoint, stream_tensors,
+                                          weight_files)
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def load_pretrained(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
+                    n_ctx: int | None = None, tokenizer: bool = True, device: str | torch.device = "cpu",
+                    cache_dir: str | os.PathLike | None = None, revision: str | None = None):
+    """A Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint as (Transformer, tokenizer).
+
+    name_or_path: a local folder (config.json + model.safetensors, sharded safetensors or
+        pytorch_model.bin), or a hub name, looked up in the local HF cache first, then online.
+    dtype: the parameters' dtype (the checkpoint's tensors are converted while copying).
+    n_ctx: a shorter context than the checkpoint's (smaller rotary tables / position embedding).
+    tokenizer: also load the checkpoint's tokenizer with transformers.AutoTokenizer (None if the
+        checkpoint has none).
+    No weight processing is applied: model(tokens) gives the HF model's logits.
+    Returns (model in eval mode, tokenizer or None).
+    """
+    folder = resolve_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision)
+    hf = read_hf_config(folder)
+    family = family_for(hf)
+    cfg = model_config_from_hf(hf, n_ctx).replace(name=_display_name(name_or_path, folder))
+    model = assemble(cfg, family, hf, stream_tensors(weight_files(folder)), dtype=dtype, device=device)
+    return model, (load_hf_tokenizer(folder) if tokenizer else None)
+
+
+def _display_name(name_or_path: str | os.PathLike, folder: Path) -> str:
+    return folder.name if Path(name_or_path).expanduser().exists() else str(name_or_path)
+
+
+def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple[str, TensorReader]],
+             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
+    """Build a Transformer from (checkpoint key, reader) pairs, placing each tensor as `family` says."""
+    model = uninitialised_model(cfg, dtype, device)
+    params = dict(model.named_parameters())  # a tied unembedding appears once, as embed.weight
+    rows_written = dict.fromkeys(params, 0)
+    unknown = []
+    for key, reader in tensors:
+        pieces = family.pieces(key, cfg)
+        if pieces is None:
+            unknown.append(key)
+            continue
+        for piece in pieces:
+            rows_written[piece.target] = rows_written.get(piece.target, 0) + _place(params, piece, reader, key)
+    if unknown:
+        listed = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise CircuitlabError(f"this {family.name} checkpoint has tensors circuitlab does not know ({listed}); "
+                              "it is probably a variant of the architecture that cannot be imported")
+    _check_complete(params, rows_written, family.zero_targets(hf, cfg), family)
+    return model.eval()
+
+
+@contextlib.contextmanager
+def _skip_init():
+    """Build modules without initialising their weights (they are about to be overwritten): the
+    parameters are allocated but never written, which costs neither time nor resident memory."""
+    with contextlib.ExitStack() as stack:
+        for owner in (Transformer, nn.Linear, nn.Embedding):
+            stack.enter_context(mock.patch.object(owner, "reset_parameters", lambda self, *a, **k: None))
+        yield
+
+
+def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> Transformer:
+    """A Transformer whose parameters hold garbage, to be filled from a checkpoint; buffers are computed."""
+    with _skip_init(), torch.device(device):
+        model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dtype != dtype:
+                p.data = torch.empty(p.shape, dtype=dtype, device=p.device)
+    _share_identical_buffers(model)
+    _return_freed_memory()
+    return model
+
+
+def _share_identical_buffers(model: Transformer) -> None:
+    """Every layer computes the same rotary cos/sin tables [n_ctx, rot_dim]; keep one copy of each.
+    (For a long-context model, e.g. n_ctx 131072, each layer's pair would take 128 MB.)"""
+    from circuitlab.model.components import Rotary
+
+    first: dict[str, torch.Tensor] = {}
+    for module in model.modules():
+        if not isinstance(module, Rotary):
+            continue
+        for name, buf in list(module.named_buffers(recurse=False)):
+            ref = first.setdefault(name, buf)
+            if ref is not buf and ref.shape == buf.shape and torch.equal(ref, buf):
+                setattr(module, name, ref)
+
+
+def _return_freed_memory() -> None:
+    """Hand the memory freed while building (the per-layer tables just dropped) back to the OS:
+    glibc keeps freed mid-sized blocks in its heap, where they would count against us until the
+    end. Elsewhere than glibc this does nothing."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _place(params: dict[str, torch.Tensor], piece: Piece, reader: TensorReader, key: str) -> int:
+    """Copy one checkpoint tensor into its rows of our parameter; returns the number of rows written."""
+    if piece.target not in params:
+        raise CircuitlabError(f"checkpoint tensor {key} has no place in a model of this config.json "
+                              f"(no parameter {piece.target}); the checkpoint and its config disagree")
+    dest = params[piece.target].data
+    if piece.transform is None:
+        shape = reader.shape
+        if piece.start is not None:
+            dest = dest[piece.start: piece.start + (shape[0] if shape else 1)]
+        _check_shape(dest, shape, key, piece)
+        reader.read_into(dest)
+        return dest.shape[0]
+    value = piece.transform(reader.read())
+    if piece.start is not None:
+        dest = dest[piece.start: piece.start + value.shape[0]]
+    _check_shape(dest, tuple(value.shape), key, piece)
+    dest.copy_(value)
+    return value.shape[0]
+
+
+def _check_shape(dest: torch.Tensor, shape: tuple[int, ...], key: str, piece: Piece) -> None:
+    if tuple(dest.shape) != tuple(shape):
+        raise CircuitlabError(f"checkpoint tensor {key} has shape {tuple(shape)}, but its config.json implies "
+                              f"{tuple(dest.shape)} for {piece.target}; the checkpoint and its config disagree")
+
+
+def _check_complete(params: dict[str, torch.Tensor], rows_written: dict[str, int], zero_patterns: list[str],
+                    family: Family) -> None:
+    """Every parameter filled exactly once; the ones the architecture lacks are set to zero."""
+    missing = []
+    for name, dest in params.items():
+        if rows_written[name] == dest.shape[0]:
+            continue
+        if rows_written[name] == 0 and any(re.fullmatch(p, name) for p in zero_patterns):
+            with torch.no_grad():
+                dest.zero_()
+            continue
+        missing.append(name)
+    if missing:
+        raise CircuitlabError(f"this {family.name} checkpoint lacks weights for {', '.join(missing[:5])}"
+                              f"{' ...' if len(missing) > 5 else ''}; the download may be incomplete")
+
+
+def load_hf_tokenizer(folder: str | os.PathLike):
+    """transformers.AutoTokenizer from a checkpoint folder, or None when it holds no tokenizer files."""
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # noqa: BLE001 - the weights are still usable without it
+        warnings.warn(f"the tokenizer in {folder} could not be loaded ({type(e).__name__}: {e}); "
+                      "continuing without a tokenizer", stacklevel=2)
+        return None
