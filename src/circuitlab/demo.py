@@ -18,15 +18,12 @@ from circuitlab.training import RunConfig, read_metrics, train
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.tracking import head_scores, induction_batch
 
-INDUCTION_THRESHOLD = 0.3  # mean attention to the induction target; chance is ~1/position
-PREV_TOKEN_THRESHOLD = 0.3
-
 
 @dataclass
 class DemoOptions:
     out: Path = Path("runs/demo")
     steps_2l: int | None = None   # default: from configs/demo.yaml
-    steps_1l: int = 600
+    steps_1l: int = 500
     progress: bool = True
 
 
@@ -56,49 +53,55 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 
 
 def analyse(runs: dict, out: Path) -> dict[str, Any]:
+    """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
+    from circuitlab.analysis.heads import classify_heads
+    from circuitlab.analysis.interpret_circuits import EXPERIMENTS
     from circuitlab.viz.training import plot_attention_heads, plot_training_curves
 
     results: dict[str, Any] = {"models": {}}
     curves = {name: read_metrics(r.out_dir) for name, r in runs.items()}
     for name, r in runs.items():
         model = r.model
-        rep = induction_batch(r.tokenizer.vocab_size, 40, batch=32, seed=99)
-        induction, prev, repeat_loss = head_scores(model, rep)
+        classes = classify_heads(model)
+        _, _, repeat_loss = head_scores(model, induction_batch(r.tokenizer.vocab_size, 64, batch=32, seed=99))
         heads = []
         for layer in range(model.cfg.n_layers):
             for head in range(model.cfg.n_heads):
-                labels = []
-                if prev[layer, head] > PREV_TOKEN_THRESHOLD:
-                    labels.append("previous-token")
-                if induction[layer, head] > INDUCTION_THRESHOLD:
-                    labels.append("induction")
-                heads.append({"head": f"{layer}.{head}", "layer": layer, "index": head,
-                              "induction_score": round(float(induction[layer, head]), 4),
-                              "prev_token_score": round(float(prev[layer, head]), 4), "labels": labels})
-        induction_heads = [h["head"] for h in heads if "induction" in h["labels"]]
-        # An induction head needs a previous-token head in an earlier layer to compose with (K-composition).
-        first_induction_layer = min((h["layer"] for h in heads if "induction" in h["labels"]), default=None)
-        prev_heads = [h["head"] for h in heads if "previous-token" in h["labels"]
-                      and first_induction_layer is not None and h["layer"] < first_induction_layer]
+                heads.append({"head": f"L{layer}H{head}", "layer": layer, "index": head,
+                              "induction_score": round(float(classes.scores["induction"][layer, head]), 4),
+                              "prev_token_score": round(float(classes.scores["previous_token"][layer, head]), 4),
+                              "copying_score": round(float(classes.copying.scores[layer, head]), 4),
+                              "labels": classes.labels_of(layer, head)})
+        induction = [lab for lab in classes.labels if lab.label == "induction"]
         results["models"][name] = {
             "n_layers": model.cfg.n_layers, "steps": r.steps, "tokens_seen": r.tokens_seen,
             "final_train_loss": round(r.final_loss, 4), "best_val_loss": round(r.best_val_loss, 4),
-            "repeat_loss": round(repeat_loss, 4), "heads": heads, "induction_heads": induction_heads,
-            "previous_token_heads": prev_heads, "phase_change": phase_change(curves[name]),
-            "train_seconds": round(r.seconds, 1),
+            "repeat_loss": round(repeat_loss, 4), "heads": heads,
+            "induction_heads": [lab.name for lab in induction],
+            "induction_evidence": [str(lab) for lab in induction],
+            "rejected": [str(lab) for lab in classes.rejected],
+            "previous_token_heads": [f"L{l}H{h}" for l, h in classes.heads_with("previous-token")],
+            "phase_change": phase_change(curves[name]), "train_seconds": round(r.seconds, 1),
         }
     figures = {"training_curves": "training_curves.png"}
     plot_training_curves(curves, out / figures["training_curves"])
+    results["analysis"] = {}
     two = runs.get("2l")
     if two is not None:
         found = results["models"]["2l"]
         show = found["previous_token_heads"][:1] + found["induction_heads"][:3]
         if show:
-            rep = induction_batch(two.tokenizer.vocab_size, 20, batch=1, seed=7)
-            plot_attention_heads(two.model, rep[0], show, out / "induction_patterns.png")
+            gen = torch.Generator().manual_seed(7)
+            segment = torch.randint(0, two.tokenizer.vocab_size, (12,), generator=gen)
+            plot_attention_heads(two.model, segment.repeat(3), show, out / "induction_patterns.png")
             figures["attention_patterns"] = "induction_patterns.png"
+        # QK/OV circuits of the induction head, K-composition, copying; a logit lens on a story.
+        for experiment in ("circuits", "logit_lens"):
+            found_exp = EXPERIMENTS[experiment](two.model, two.tokenizer, out, None)
+            results["analysis"][experiment] = found_exp
+            for fig in found_exp.get("figures", []):
+                figures[f"{experiment}: {fig}"] = fig
     results["figures"] = figures
-    results["thresholds"] = {"induction": INDUCTION_THRESHOLD, "previous_token": PREV_TOKEN_THRESHOLD}
     return results
 
 
@@ -136,12 +139,15 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
         else:
             lines += ["**No clear phase change** was seen in the induction score during training.", ""]
         if two["induction_heads"]:
-            lines += [f"**Induction heads:** {', '.join(two['induction_heads'])} "
-                      f"(induction score > {results['thresholds']['induction']}).",
-                      f"**Previous-token heads they can build on:** "
-                      f"{', '.join(two['previous_token_heads']) or 'none found'}.", ""]
+            lines += [f"**Induction heads:** {', '.join(two['induction_heads'])}; "
+                      f"**previous-token heads:** {', '.join(two['previous_token_heads']) or 'none'}. "
+                      "Each induction label needs behaviour and weights to agree:", ""]
+            lines += [f"- {e}" for e in two["induction_evidence"]] + [""]
         else:
-            lines += ["**No induction head** passed the threshold in the 2-layer model.", ""]
+            lines += ["**No induction head** was found in the 2-layer model.", ""]
+        if two["rejected"]:
+            lines += ["Heads that attend like induction heads but lack the weight evidence:", ""]
+            lines += [f"- {e}" for e in two["rejected"]] + [""]
     if one:
         best = max((h["induction_score"] for h in one["heads"]), default=0.0)
         lines += [f"**Contrast.** The 1-layer model ({one['steps']} steps) has "
@@ -149,11 +155,15 @@ def write_report(results: dict[str, Any], out: Path) -> Path:
                   f" (best induction score {best:.2f}); its loss on repeated random tokens stays at "
                   f"{one['repeat_loss']:.2f} against {two['repeat_loss']:.2f} for the 2-layer model. "
                   "One layer cannot compose a previous-token head with a copying head.", ""]
-    lines += ["## Heads", "", "| model | head | induction | previous-token | labels |", "|---|---|---|---|---|"]
+    for experiment, found in results.get("analysis", {}).items():
+        lines += [f"## {experiment.replace('_', ' ').capitalize()}", ""]
+        lines += [f"- {line}" for line in found.get("summary", [])] + [""]
+    lines += ["## Heads", "", "| model | head | induction | previous-token | copying | labels |",
+              "|---|---|---|---|---|---|"]
     for name, m in results["models"].items():
         for h in m["heads"]:
             lines.append(f"| {name} | {h['head']} | {h['induction_score']:.3f} | {h['prev_token_score']:.3f} | "
-                         f"{', '.join(h['labels']) or '-'} |")
+                         f"{h['copying_score']:.2f} | {', '.join(h['labels']) or '-'} |")
     lines += ["", "## Figures", ""]
     for title, fname in results["figures"].items():
         lines.append(f"![{title}]({fname})")

@@ -89,7 +89,7 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
             est = contrib.sum(dim=[0, *summed])  # the indexed dims, in activation order
             order = sorted(t.dims)
             per_layer.append(est.permute([order.index(d) for d in t.dims]))  # into the target's axis order
-        values = base_value + torch.stack(per_layer).cpu()
+        values = base_value + torch.stack(per_layer).cpu().double()
         results[t.name] = PatchResult(t.name, t.axes, layers, values, clean_value, corrupt_value, direction,
                                       method="attribution", metric=getattr(metric, "__name__", "metric"))
     return results
@@ -124,14 +124,24 @@ class AttributionCheck:
 def attribution_vs_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
                             targets: Sequence[str] | str = DEFAULT_TARGETS, *, direction: str = "denoise",
                             layers: Sequence[int] | None = None, batch_size: int | None = None,
-                            progress: bool = True) -> AttributionCheck:
+                            progress: bool = True, patching: dict[str, PatchResult] | None = None
+                            ) -> AttributionCheck:
     """Run both attribution patching and activation patching and correlate their effects per target.
 
-    Inputs as in attribution_patching. Returns AttributionCheck.
+    Inputs as in attribution_patching; `patching`: results of patching_sweep on the same inputs, to
+    reuse instead of recomputing (only the targets missing from it are patched). Returns AttributionCheck.
     """
     attribution = attribution_patching(model, clean_tokens, corrupt_tokens, metric, targets, direction=direction,
                                        layers=layers)
-    patching = patching_sweep(model, clean_tokens, corrupt_tokens, metric, list(attribution), direction=direction,
-                              layers=layers, batch_size=batch_size, progress=progress)
+    patching = dict(patching or {})
+    missing = [t for t in attribution if t not in patching]
+    if missing:
+        patching.update(patching_sweep(model, clean_tokens, corrupt_tokens, metric, missing, direction=direction,
+                                       layers=layers, batch_size=batch_size, progress=progress))
+    for t, res in patching.items():
+        if t in attribution and res.values.shape != attribution[t].values.shape:
+            raise CircuitlabError(f"the given patching result for {t!r} has shape {list(res.values.shape)}, not "
+                                  f"{list(attribution[t].values.shape)}: was it run on the same inputs and layers?")
+    patching = {t: patching[t] for t in attribution}
     corr = {t: pearson(attribution[t].effect(), patching[t].effect()) for t in attribution}
     return AttributionCheck(corr, attribution, patching)

@@ -26,6 +26,7 @@ class DataConfig:
 
     random_segment_frac: fraction of each batch's rows replaced by tiled random
     segments (periodic random tokens that teach induction heads).
+    segment_len: [min, max] period of those segments (short periods give the most copying signal).
     cache_dir: token cache folder; None means $CIRCUITLAB_CACHE or ~/.cache/circuitlab/tokens.
     """
 
@@ -36,6 +37,7 @@ class DataConfig:
     val_frac: float = 0.05
     seed: int = 0
     random_segment_frac: float = 0.0
+    segment_len: tuple[int, int] | list[int] = (4, 16)  # period range of the tiled random segments
     cache_dir: str | None = None
 
     def __post_init__(self):
@@ -71,6 +73,11 @@ class DataConfig:
             bad("seed", "an int")
         if not is_num(self.random_segment_frac) or not 0 <= self.random_segment_frac <= 1:
             bad("random_segment_frac", "a number in [0, 1]")
+        seg = self.segment_len
+        if not (isinstance(seg, (list, tuple)) and len(seg) == 2 and all(is_int(x) for x in seg)
+                and 1 <= seg[0] <= seg[1]):
+            bad("segment_len", "[min, max] periods with 1 <= min <= max")
+        self.segment_len = [int(seg[0]), int(seg[1])]  # a list, so YAML and JSON can write it
         if isinstance(self.cache_dir, os.PathLike):
             self.cache_dir = os.fspath(self.cache_dir)
         if self.cache_dir is not None and not isinstance(self.cache_dir, str):
@@ -101,6 +108,7 @@ class TokenData:
         val: np.ndarray,
         seed: int = 0,
         random_segment_frac: float = 0.0,
+        segment_len: tuple[int, int] = (4, 16),
         cache_path: Path | None = None,
     ):
         self.tokenizer = tokenizer
@@ -108,6 +116,7 @@ class TokenData:
         self.val = val
         self.seed = seed
         self.random_segment_frac = random_segment_frac
+        self.segment_len = segment_len
         self.cache_path = cache_path
 
     def __repr__(self) -> str:
@@ -146,7 +155,7 @@ class TokenData:
         if n_random:
             eos, vocab = self.tokenizer.eos_id, self.tokenizer.vocab_size
             rows = torch.randperm(batch_size, generator=g)[:n_random]
-            seg = tiled_random_segments(n_random, n, vocab - 1, g)
+            seg = tiled_random_segments(n_random, n, vocab - 1, g, *self.segment_len)
             x[rows] = seg + (seg >= eos).long()  # every token id except EOS
         per_rank = batch_size // world_size
         return x[rank * per_rank : (rank + 1) * per_rank]
@@ -200,4 +209,5 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> TokenData
     if cfg.random_segment_frac > 0 and tokenizer.vocab_size < 3:
         raise ConfigError("random_segment_frac needs a tokenizer with at least 2 non-EOS tokens; set it to 0.")
     train, val, entry = load_or_pack(corpus, make_texts, tokenizer, cfg.val_frac, root)
-    return TokenData(tokenizer, train, val, seed=cfg.seed, random_segment_frac=cfg.random_segment_frac, cache_path=entry)
+    return TokenData(tokenizer, train, val, seed=cfg.seed, random_segment_frac=cfg.random_segment_frac,
+                     segment_len=cfg.segment_len, cache_path=entry)

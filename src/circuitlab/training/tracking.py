@@ -1,10 +1,10 @@
 """Interpretability metrics tracked while training: they make the induction-head phase change
 visible against tokens seen.
 
-- induction score of each head: on repeated random tokens [r, r], the mean attention from each
-  token in the second repeat to the token right after its first occurrence;
+- induction score of each head: on random segments tiled with varying periods, the mean attention
+  from each repeated token to the token right after its previous occurrence;
 - previous-token score of each head: mean attention to position i-1 (on the same sequences);
-- loss on the repeated half of those sequences (falls sharply when induction heads form);
+- loss on the second half of those sequences (falls sharply when induction heads form);
 - in-context-learning score on val data: loss at late positions minus loss at early ones.
 """
 from __future__ import annotations
@@ -32,30 +32,31 @@ class TrackedMetrics:
         return max((s for layer in self.induction for s in layer), default=0.0)
 
 
-def induction_batch(vocab_size: int, half_len: int, batch: int = 16, seed: int = 1234) -> torch.Tensor:
-    """Repeated random tokens [batch, 2 * half_len], fixed by seed (so scores compare over steps)."""
-    from circuitlab.data import repeated_random_tokens
+def induction_batch(vocab_size: int, seq_len: int, batch: int = 16, seed: int = 1234) -> torch.Tensor:
+    """Random segments tiled with varying periods [batch, seq_len], fixed by seed (so scores compare
+    over steps). Varying periods keep a positional "k back" head from passing as induction."""
+    from circuitlab.analysis.heads import induction_test_tokens
 
-    gen = torch.Generator().manual_seed(seed)
-    return repeated_random_tokens(batch, half_len, vocab_size, generator=gen)
+    return induction_test_tokens(batch, seq_len, vocab_size, torch.Generator().manual_seed(seed))
 
 
 @torch.no_grad()
-def head_scores(model: Transformer, rep_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """rep_tokens [batch, 2L] -> (induction [layer, head], prev_token [layer, head], repeat loss)."""
-    L = rep_tokens.shape[1] // 2
-    logits, cache = model.run_with_cache(rep_tokens, names_filter=lambda n: n.endswith("hook_pattern"))
-    induction, prev = [], []
-    q = torch.arange(L, 2 * L)
-    p = torch.arange(1, 2 * L)
-    for layer in range(model.cfg.n_layers):
-        pattern = cache["pattern", layer]  # [batch, head, query_pos, key_pos]
-        induction.append(pattern[:, :, q, q - L + 1].mean(dim=(0, 2)))
-        prev.append(pattern[:, :, p, p - 1].mean(dim=(0, 2)))
-    losses = lm_loss(logits[:, :-1], rep_tokens[:, 1:], per_token=True)
-    repeat_loss = losses[:, L:].mean().item()
-    empty = torch.zeros(0, model.cfg.n_heads)
-    return (torch.stack(induction) if induction else empty, torch.stack(prev) if prev else empty, repeat_loss)
+def head_scores(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """tokens [batch, pos] -> (induction [layer, head], prev_token [layer, head], repeat loss).
+
+    Scores are circuitlab.analysis.heads.detect_heads's; the repeat loss is the mean loss over the
+    second half of the positions, where every token repeats one a period earlier."""
+    from circuitlab.analysis.heads import detect_heads
+
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    losses = lm_loss(logits[:, :-1], tokens[:, 1:], per_token=True)
+    repeat_loss = losses[:, tokens.shape[1] // 2:].mean().item()
+    if model.cfg.n_layers == 0:
+        empty = torch.zeros(0, model.cfg.n_heads)
+        return empty, empty, repeat_loss
+    scores = detect_heads(cache, tokens)
+    return (torch.nan_to_num(scores["induction"]).cpu(), torch.nan_to_num(scores["previous_token"]).cpu(),
+            repeat_loss)
 
 
 @torch.no_grad()

@@ -89,7 +89,7 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         _truncate_metrics(out_dir / "metrics.jsonl", after_step=start)
     ddp_model = D.wrap(model, device)
 
-    rep_tokens = induction_batch(tokenizer.vocab_size, min(64, model.cfg.n_ctx // 2)).to(device)
+    rep_tokens = induction_batch(tokenizer.vocab_size, min(64, model.cfg.n_ctx)).to(device)
     val_probe = data.get_batch("val", 0, min(16, t.batch_size), t.seq_len).to(device)
     tokens_per_step = t.batch_size * t.seq_len
     micro = t.batch_size // world // t.grad_accum

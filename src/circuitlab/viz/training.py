@@ -47,7 +47,7 @@ def plot_attention_heads(model, tokens: torch.Tensor, heads: list[str], path: st
         layer, head = (int(x) for x in name.split("."))
         ax.imshow(cache["pattern", layer][0, head].numpy(), cmap="Blues", vmin=0, vmax=1)
         ax.set(title=f"head {name}", xlabel="key position", ylabel="query position")
-    fig.suptitle("Attention on a repeated random sequence (second half repeats the first)", fontsize=9)
+    fig.suptitle("Attention on a random 12-token segment repeated 3 times", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

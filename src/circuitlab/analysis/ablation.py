@@ -1,0 +1,222 @@
+"""Ablations: remove a component and see what breaks.
+
+A component is named by a short string:
+
+    "L1H3"     attention head 3 of layer 1 (its output, through hook_z)
+    "L1.attn"  the whole attention layer 1 (hook_attn_out, biases included)
+    "L1.mlp"   MLP layer 1 (hook_mlp_out)
+    "L1"       block 1: its attention and its MLP
+    "L1N42"    MLP neuron 42 of layer 1 (hook_post[..., 42])
+
+Methods: "zero" sets the activation to 0; "mean" sets it to its mean over a reference dataset
+(over sequences and positions, so any prompt length works); "resample" sets it to its value on
+another input: row b of the ablated batch takes row b of the reference batch, which must then have
+the same number of positions (shuffle the reference to resample at random).
+
+    logits = run_ablated(model, tokens, ["L1H0", "L1H3"], "mean", reference=ref)
+    res = ablate_and_measure(model, tokens, next_token_loss(tokens), "head", "mean", reference=ref)
+    res.change()   # [layer, head]: loss with that head ablated minus the loss without ablation
+
+ablate_and_measure puts the ablations in the batch dimension, like activation patching.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from circuitlab.analysis.patching import (BaseRun, Metric, Site, as_tokens, check_layers, check_metric,
+                                          grid_index, metric_value, rounded, sweep)
+from circuitlab.errors import CircuitlabError
+from circuitlab.model.hooks import act_name
+
+METHODS = ("zero", "mean", "resample")
+KINDS = ("head", "attn", "mlp", "layer", "neuron")
+_SPEC = re.compile(r"^L(\d+)(?:H(\d+)|N(\d+)|\.(attn|mlp))?$")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One ablatable component: kind in KINDS, its layer, and the head or neuron index (else None)."""
+
+    kind: str
+    layer: int
+    index: int | None = None
+
+    def __str__(self) -> str:
+        suffix = {"head": f"H{self.index}", "neuron": f"N{self.index}", "attn": ".attn", "mlp": ".mlp",
+                  "layer": ""}[self.kind]
+        return f"L{self.layer}{suffix}"
+
+    def sites(self) -> list[tuple[str, int | None]]:
+        """(short hook name, index along the hook's last-but-one or last axis)."""
+        return {"head": [("z", self.index)], "neuron": [("post", self.index)], "attn": [("attn_out", None)],
+                "mlp": [("mlp_out", None)], "layer": [("attn_out", None), ("mlp_out", None)]}[self.kind]
+
+
+def parse_component(model, spec: str | Component) -> Component:
+    """A Component from "L1H3", "L1.attn", "L1.mlp", "L1" or "L1N42", checked against the model."""
+    if isinstance(spec, Component):
+        comp = spec
+    else:
+        m = _SPEC.match(str(spec).strip())
+        if not m:
+            raise CircuitlabError(f"cannot read component {spec!r}: write L<layer>H<head>, L<layer>.attn, "
+                                  "L<layer>.mlp, L<layer> or L<layer>N<neuron>, e.g. L1H3")
+        layer, head, neuron, part = m.groups()
+        kind = "head" if head else "neuron" if neuron else part or "layer"
+        comp = Component(kind, int(layer), int(head or neuron) if (head or neuron) else None)
+    cfg = model.cfg
+    if not 0 <= comp.layer < cfg.n_layers:
+        raise CircuitlabError(f"component {comp}: layer {comp.layer} out of range (the model has {cfg.n_layers})")
+    if comp.kind in ("mlp", "neuron") and not cfg.has_mlp:
+        raise CircuitlabError(f"component {comp}: this model is attention-only, it has no MLP")
+    limit = {"head": cfg.n_heads, "neuron": cfg.mlp_dim}.get(comp.kind)
+    if limit is not None and not 0 <= comp.index < limit:
+        raise CircuitlabError(f"component {comp}: index {comp.index} out of range (0..{limit - 1})")
+    return comp
+
+
+def _check_method(method: str, reference) -> None:
+    if method not in METHODS:
+        raise CircuitlabError(f"ablation method must be one of {', '.join(METHODS)}; got {method!r}")
+    if method != "zero" and reference is None:
+        raise CircuitlabError(f"{method} ablation needs reference tokens [batch, pos] to take activations from")
+
+
+def _replacements(model, hooks: list[str], method: str, reference, shape: tuple[int, int]
+                  ) -> dict[str, torch.Tensor]:
+    """What each hook is set to: zeros, the reference mean, or the reference activations, broadcastable
+    to the activation [batch, pos, ...]. Zero needs no forward pass."""
+    if method == "zero":
+        return {h: torch.zeros(()) for h in hooks}
+    ref = as_tokens(model, reference, "reference tokens")
+    if method == "resample" and (ref.shape[1] != shape[1] or ref.shape[0] < shape[0]):
+        raise CircuitlabError(f"resample ablation takes row b of the reference for row b of the input, so the "
+                              f"reference needs {shape[1]} positions and at least {shape[0]} rows; got "
+                              f"{list(ref.shape)}")
+    _, cache = model.run_with_cache(ref, names_filter=hooks)
+    if method == "mean":
+        return {h: cache[h].mean(dim=(0, 1)) for h in hooks}  # over sequences and positions
+    return {h: cache[h][: shape[0]] for h in hooks}
+
+
+def ablation_hooks(model, components: Sequence[str | Component], method: str = "zero", reference=None,
+                   shape: tuple[int, int] | None = None) -> list[tuple[str, Any]]:
+    """Forward hooks that ablate all `components` together, for model.hooks / run_with_hooks.
+
+    reference: tokens [batch, pos] for mean / resample ablation; shape: (batch, pos) of the input the
+    hooks will see (needed for resample). Returns [(hook name, fn)].
+    """
+    _check_method(method, reference)
+    comps = [parse_component(model, c) for c in components]
+    if method == "resample" and shape is None:
+        raise CircuitlabError("resample ablation hooks need the (batch, pos) shape of the input they will see")
+    targets = [(act_name(name, c.layer), idx) for c in comps for name, idx in c.sites()]
+    repl = _replacements(model, sorted({h for h, _ in targets}), method, reference, shape or (1, 1))
+
+    def make(hook_name: str, idx: int | None):
+        def fn(act: torch.Tensor, hook) -> torch.Tensor:
+            new = repl[hook_name].to(act.device, act.dtype)
+            if idx is None:
+                return new.expand_as(act).clone()
+            act = act.clone()
+            # heads: act [batch, pos, head, d_head]; neurons: act [batch, pos, d_mlp]
+            if hook_name.endswith("hook_z"):
+                act[:, :, idx] = new[..., idx, :] if new.dim() else new
+            else:
+                act[..., idx] = new[..., idx] if new.dim() else new
+            return act
+        return fn
+
+    return [(h, make(h, idx)) for h, idx in targets]
+
+
+@torch.no_grad()
+def run_ablated(model, tokens, components: Sequence[str | Component], method: str = "zero",
+                reference=None) -> torch.Tensor:
+    """Logits [batch, pos, d_vocab] of `tokens` [batch, pos] with all `components` ablated together."""
+    tokens = as_tokens(model, tokens)
+    hooks = ablation_hooks(model, components, method, reference, tuple(tokens.shape))
+    return model.run_with_hooks(tokens, fwd_hooks=hooks)
+
+
+@dataclass
+class AblationResult:
+    """The metric with each component ablated on its own.
+
+    values [layer] (attn, mlp, layer), [layer, head] or [layer, neuron]; baseline: the metric
+    without ablation.
+    """
+
+    kind: str
+    method: str
+    layers: list[int]
+    values: torch.Tensor
+    baseline: float
+    metric: str = "metric"
+
+    def change(self) -> torch.Tensor:
+        """values - baseline, same shape as values."""
+        return self.values - self.baseline
+
+    def top(self, k: int = 5) -> list[tuple[str, float]]:
+        """The k components whose ablation moved the metric most: (name, change)."""
+        ch = self.change()
+        order = ch.abs().flatten().argsort(descending=True)[:k].tolist()
+        out = []
+        for i in order:
+            if ch.dim() == 1:
+                comp = Component(self.kind, self.layers[i])
+            else:
+                comp = Component(self.kind, self.layers[i // ch.shape[1]], i % ch.shape[1])
+            out.append((str(comp), float(ch.flatten()[i])))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "method": self.method, "layers": self.layers, "values": rounded(self.values),
+                "baseline": round(self.baseline, 6), "metric": self.metric,
+                "top": [{"component": c, "change": round(v, 6)} for c, v in self.top()]}
+
+
+def ablate_and_measure(model, tokens, metric: Metric, kind: str = "head", method: str = "zero", reference=None,
+                       *, layers: Sequence[int] | None = None, batch_size: int | None = None,
+                       progress: bool = True) -> AblationResult:
+    """Ablate each component of one kind on its own (batched) and record the metric.
+
+    tokens [batch, pos]; metric: fn(logits [batch, pos, d_vocab]) -> scalar (e.g. next_token_loss(tokens));
+    kind: "head", "attn", "mlp", "layer" or "neuron"; method: "zero", "mean" or "resample" (reference
+    tokens [batch, pos] for the last two). Returns AblationResult with values [layer] or
+    [layer, head] or [layer, neuron].
+    """
+    if kind not in KINDS:
+        raise CircuitlabError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    _check_method(method, reference)
+    tokens = as_tokens(model, tokens)
+    check_metric(model, metric, tuple(tokens.shape))
+    layers = check_layers(model, layers)
+    probe = Component(kind, 0, 0 if kind in ("head", "neuron") else None)
+    parse_component(model, probe)  # the model has this kind of component (no MLP in attention-only models)
+    names = [act_name(n, l) for l in layers for n, _ in probe.sites()]
+    repl = _replacements(model, names, method, reference, tuple(tokens.shape))
+
+    base, _ = BaseRun.of(model, tokens)
+    baseline = metric_value(metric, base.logits)
+    count = {"head": model.cfg.n_heads, "neuron": model.cfg.mlp_dim}.get(kind)
+    per_layer = []
+    for l in layers:
+        if count is None:  # one patch: the whole activation(s) of this layer
+            sites = [Site(act_name(n, l), repl[act_name(n, l)], (), torch.zeros(1, 0, dtype=torch.long))
+                     for n, _ in probe.sites()]
+        else:
+            name = act_name(probe.sites()[0][0], l)
+            # dim 1 (batch excluded) is the head of z [pos, head, d_head] and the neuron of post [pos, d_mlp]
+            sites = [Site(name, repl[name], (1,), grid_index([count]))]
+        per_layer.append(sweep(model, base, l, sites, metric, batch_size, progress,
+                               desc=f"ablating {kind}s L{l}"))
+    values = torch.stack(per_layer)
+    return AblationResult(kind, method, layers, values[:, 0] if count is None else values, baseline,
+                          getattr(metric, "__name__", "metric"))

@@ -1,0 +1,157 @@
+"""Path patching: the effect of one head on another head's query, key or value input.
+
+Activation patching says a head matters; path patching says through which path. For a sender
+head S and a receiver head R (in a later layer) reading input x in {q, k, v}:
+
+1. run the clean prompt with S's output taken from the corrupted run and every other head's
+   output and every MLP output up to R's layer frozen at their clean values, so the only change
+   reaching R is S's direct contribution; record R's x (R's slice of hook_q / hook_k / hook_v);
+2. run the clean prompt again with only R's x replaced by the recorded one, and measure.
+
+If the metric moves, S's output reaches the logits through R's x (Wang et al., 2022). For an
+induction head this separates K-composition with a previous-token head (the key path moves the
+metric) from Q- and V-composition (they do not).
+
+    res = path_patching(model, clean, corrupt, metric, receiver=(1, 4), receiver_input="k")
+    res.values[0, 2]   # the metric when L0H2's corrupted output reaches L1H4's keys and nothing else
+
+Senders are batched like activation patching: one forward pass per chunk of senders for step 1 and
+one for step 2, each starting at the first layer it changes. A head's output is patched through
+its z, as in activation patching. Under grouped-query attention a receiver's k and v are shared by
+its kv group, so patching them affects every query head in the group.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
+                                          metric_value, patched_run, rounded)
+from circuitlab.errors import CircuitlabError
+from circuitlab.model.hooks import act_name
+
+INPUTS = ("q", "k", "v")
+
+
+@dataclass
+class PathPatchResult:
+    """Path patching from sender heads to one receiver head's input.
+
+    values [layer, head]: the metric with that sender's path patched (NaN for heads not tried:
+    those in the receiver's layer or later); clean_value / corrupt_value: the unpatched runs.
+    """
+
+    receiver: tuple[int, int]
+    receiver_input: str
+    values: torch.Tensor
+    clean_value: float
+    corrupt_value: float
+    metric: str = "metric"
+
+    def effect(self) -> torch.Tensor:
+        """values - clean_value [layer, head]: how far each path moved the clean metric."""
+        return self.values - self.clean_value
+
+    def recovery(self) -> torch.Tensor:
+        """(values - corrupt) / (clean - corrupt) [layer, head]: 1 = path unused, 0 = the whole corruption."""
+        gap = self.clean_value - self.corrupt_value
+        return (self.values - self.corrupt_value) / gap if gap else torch.full_like(self.values, float("nan"))
+
+    def top(self, k: int = 3) -> list[tuple[tuple[int, int], float]]:
+        """The k senders whose path moved the metric most: ((layer, head), effect)."""
+        eff = self.effect().nan_to_num(0.0)
+        order = eff.abs().flatten().argsort(descending=True)[:k].tolist()
+        H = eff.shape[1]
+        return [((i // H, i % H), float(eff.flatten()[i])) for i in order]
+
+    def to_dict(self) -> dict[str, Any]:
+        l, h = self.receiver
+        return {"receiver": f"L{l}H{h}", "receiver_input": self.receiver_input, "values": rounded(self.values),
+                "clean_value": round(self.clean_value, 6), "corrupt_value": round(self.corrupt_value, 6),
+                "metric": self.metric,
+                "top": [{"sender": f"L{s[0]}H{s[1]}", "effect": round(e, 6)} for s, e in self.top()]}
+
+
+def _check_heads(model, receiver, receiver_input: str, senders) -> list[tuple[int, int]]:
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    if receiver_input not in INPUTS:
+        raise CircuitlabError(f"receiver_input must be one of q, k, v; got {receiver_input!r}")
+    try:
+        rl, rh = (int(x) for x in receiver)
+    except (TypeError, ValueError):
+        raise CircuitlabError(f"receiver must be a (layer, head) pair, got {receiver!r}") from None
+    if not (1 <= rl < L and 0 <= rh < H):
+        raise CircuitlabError(f"receiver L{rl}H{rh} does not exist or has no earlier heads: it must be in layers "
+                              f"1..{L - 1} and heads 0..{H - 1}")
+    if senders is None:
+        return [(l, h) for l in range(rl) for h in range(H)]
+    out = []
+    for s in senders:
+        sl, sh = (int(x) for x in s)
+        if not (0 <= sl < rl and 0 <= sh < H):
+            raise CircuitlabError(f"sender L{sl}H{sh} must be a head in a layer before the receiver's "
+                                  f"(layers 0..{rl - 1}, heads 0..{H - 1})")
+        out.append((sl, sh))
+    return out
+
+
+@torch.no_grad()
+def path_patching(model, clean_tokens, corrupt_tokens, metric: Metric, receiver: tuple[int, int],
+                  receiver_input: str = "k", senders: Sequence[tuple[int, int]] | None = None, *,
+                  batch_size: int | None = None, progress: bool = True) -> PathPatchResult:
+    """Effect of each sender head's corrupted output on the metric, through the receiver head's input only.
+
+    clean_tokens, corrupt_tokens [batch, pos] (same shape). metric: fn(logits [batch, pos, d_vocab]) -> scalar.
+    receiver: (layer, head); receiver_input: "q", "k" or "v"; senders: (layer, head) pairs in earlier
+    layers (default: all of them). batch_size: senders per forward pass.
+    Returns PathPatchResult with values [layer, head].
+    """
+    senders = _check_heads(model, receiver, receiver_input, senders)
+    clean, corrupt = check_pair(model, clean_tokens, corrupt_tokens)
+    check_metric(model, metric, tuple(clean.shape))
+    rl, rh = receiver
+    cfg = model.cfg
+    slot = rh // (cfg.n_heads // cfg.kv_heads) if receiver_input != "q" else rh  # the receiver's k/v head
+    receiver_hook = act_name(receiver_input, rl)
+
+    z = [act_name("z", l) for l in range(rl)]
+    mlp = [act_name("mlp_out", l) for l in range(rl)] if cfg.has_mlp else []
+    base, clean_cache = BaseRun.of(model, clean, z + mlp)
+    corrupt_logits, corrupt_cache = model.run_with_cache(corrupt, names_filter=z)
+    clean_value, corrupt_value = metric_value(metric, base.logits), metric_value(metric, corrupt_logits)
+
+    B, T = clean.shape
+    per_chunk = batch_size or chunk_size(model, B, T)
+    values = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=torch.float64)
+    by_layer: dict[int, list[int]] = {}
+    for l, h in senders:
+        by_layer.setdefault(l, []).append(h)
+    with tqdm(total=len(senders), desc=f"path patching -> L{rl}H{rh}.{receiver_input}", unit="sender",
+              delay=2.0, disable=not progress) as bar:
+        for sl, heads in sorted(by_layer.items()):
+            n = len(heads)
+            everything = torch.zeros(n, 0, dtype=torch.long)  # a site with no dims patches the whole activation
+            # Step 1: the sender's z from the corrupted run; everything after it, up to the receiver, frozen clean.
+            sites = [Site(act_name("z", sl), corrupt_cache[act_name("z", sl)], (1,), torch.tensor(heads)[:, None])]
+            sites += [Site(name, clean_cache[name], (), everything) for name in z[sl + 1:] + mlp[sl:]]
+            recorded = []
+            for lo in range(0, n, per_chunk):
+                rows = slice(lo, min(n, lo + per_chunk))
+                seen: list[torch.Tensor] = []
+                record = (receiver_hook, lambda act, hook: seen.append(act[:, :, slot:slot + 1].clone()))
+                patched_run(model, base, sl, sites, rows, stop=rl + 1, extra_hooks=[record])
+                recorded.append(seen[0].view(rows.stop - rows.start, B, T, 1, -1))
+            # Step 2: a clean run from the receiver's layer with only the receiver's input replaced.
+            site = Site(receiver_hook, torch.cat(recorded), (1,), torch.full((n, 1), slot), per_patch=True)
+            for lo in range(0, n, per_chunk):
+                rows = slice(lo, min(n, lo + per_chunk))
+                logits = patched_run(model, base, rl, [site], rows)
+                values[sl, heads[rows]] = torch.tensor([metric_value(metric, chunk) for chunk in logits],
+                                                       dtype=torch.float64)
+                bar.update(rows.stop - rows.start)
+    return PathPatchResult((rl, rh), receiver_input, values, clean_value, corrupt_value,
+                           getattr(metric, "__name__", "metric"))
