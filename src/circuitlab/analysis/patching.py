@@ -72,15 +72,19 @@ def read_positions(metric: Metric, n_pos: int) -> list[int] | None:
     return sorted({int(p) % n_pos for p in torch.as_tensor(pos).flatten().tolist()})
 
 
-def _per_row(value: int | Sequence[int] | torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
-    t = torch.as_tensor(value, device=device).long()
-    return t.expand(batch) if t.dim() == 0 else t
+def _index(value: int | Sequence[int] | torch.Tensor) -> int | torch.Tensor:
+    """An int stays an int (plain indexing is cheapest); anything else becomes a LongTensor [batch]."""
+    if isinstance(value, int):
+        return value
+    t = torch.as_tensor(value).long()
+    return int(t) if t.dim() == 0 else t
 
 
-def _at_pos(logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """logits [batch, pos, d_vocab] -> [batch, d_vocab] at one position per row."""
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    return logits[rows, _per_row(pos, logits.shape[0], logits.device)]
+def _pick(x: torch.Tensor, index: int | torch.Tensor) -> torch.Tensor:
+    """x [batch, n, ...] -> [batch, ...]: entry `index` of dim 1 in every row, or index[b] in row b."""
+    if isinstance(index, int):
+        return x[:, index]
+    return x[torch.arange(x.shape[0], device=x.device), index.to(x.device)]
 
 
 def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence[int] | torch.Tensor,
@@ -89,19 +93,20 @@ def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence
 
     answer, wrong, pos: an int for every row, or one per row ([batch]).
     """
+    answer, wrong, pos = _index(answer), _index(wrong), _index(pos)
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        at = _at_pos(logits, pos)  # [batch, d_vocab]
-        a = _per_row(answer, at.shape[0], at.device)
-        w = _per_row(wrong, at.shape[0], at.device)
-        return (at.gather(1, a[:, None]) - at.gather(1, w[:, None])).mean()
+        at = _pick(logits, pos)  # [batch, d_vocab]
+        return (_pick(at, answer) - _pick(at, wrong)).mean()
     return _named(metric, "logit_diff", pos)
 
 
 def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
     """Metric: log-probability of `answer` at `pos`, averaged over the batch."""
+    answer, pos = _index(answer), _index(pos)
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        at = _at_pos(logits, pos).float().log_softmax(-1)
-        return at.gather(1, _per_row(answer, at.shape[0], at.device)[:, None]).mean()
+        return _pick(_pick(logits, pos).float().log_softmax(-1), answer).mean()
     return _named(metric, "logprob", pos)
 
 
@@ -110,10 +115,11 @@ def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Ten
 
     clean_logits [batch, pos, d_vocab] from the clean run. 0 means the clean distribution is back.
     """
-    clean = _at_pos(clean_logits, pos).detach().float().log_softmax(-1)
+    pos = _index(pos)
+    clean = _pick(clean_logits, pos).detach().float().log_softmax(-1)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        patched = _at_pos(logits, pos).float().log_softmax(-1)
+        patched = _pick(logits, pos).float().log_softmax(-1)
         return F.kl_div(patched, clean.to(patched.device), log_target=True, reduction="batchmean")
     return _named(metric, "kl_to_clean", pos)
 
@@ -380,11 +386,11 @@ def chunk_size(model, batch: int, pos: int, eager: bool = False) -> int:
 
 def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: slice, start: int = 0,
                 width: int | None = None, reads: Sequence[int] | None = None, stop: int | None = None,
-                extra_hooks: Sequence = ()) -> torch.Tensor:
+                extra_hooks: Sequence = ()) -> tuple[torch.Tensor, list[int]]:
     """One chunk of patches in one forward pass, from the base run's residual stream entering `layer`.
 
-    rows: which patches (of every site's index) form the chunk. Three shortcuts skip work whose
-    result is known, or not needed:
+    rows: which patches (of every site's index) form the chunk. The shortcuts skip work whose
+    result is the base run's, or that nothing reads:
     start: patches at position >= start change nothing before it (attention is causal), so those
         positions are not recomputed; their keys and values come from the base run, as in
         incremental decoding.
@@ -392,37 +398,71 @@ def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: s
         attn_out, mlp_out, ...) change block `layer`'s output only at their own position, so that
         block runs on positions start .. start + width - 1 only, and the next block takes the base
         run's residual stream beyond them.
-    reads: the only positions whose logits the metric reads (see read_positions); the other
-        recomputed positions get NaN logits instead of an unembedding.
-    Returns logits [chunk, batch, pos, d_vocab] (all positions), or, with `stop`, the residual
-    stream leaving block stop - 1 [chunk, batch, pos - start, d_model].
+    reads: the only positions whose final output is used (the metric's, see read_positions). If
+        the last block's input changed on that window only, it runs there (for the window's new
+        keys and values) and at each read position after it, not at every position.
+    Returns the residual stream leaving block stop - 1 (default: the last block) at the positions
+    computed, [chunk, batch, n, d_model], and those n positions.
     """
     B, T = base.logits.shape[:2]
     C = rows.stop - rows.start
-    hooks = [(s.hook, lambda act, hook, s=s: s.apply(act, rows, start)) for s in sites] + list(extra_hooks)
     end = model.cfg.n_layers if stop is None else stop
+    hooks = [(s.hook, lambda act, hook, s=s: s.apply(act, rows, start)) for s in sites] + list(extra_hooks)
     x = base.resid[layer][:, start:T if width is None else start + width].repeat(C, 1, 1)
+    positions = list(range(start, start + x.shape[1]))
     with model.hooks(fwd_hooks=hooks):
         for l in range(layer, end):
+            kv = LayerKV()
+            if start:
+                kv.append(base.keys[l][:, :start].repeat(C, 1, 1, 1), base.values[l][:, :start].repeat(C, 1, 1, 1))
             done = start + x.shape[1]
+            if l > layer and done < T and l == end - 1 and reads is not None and stop is None:
+                outputs = [model.blocks[l](x, kv)]
+                for r in (p for p in reads if p >= done):  # unchanged keys and values up to r, then r itself
+                    gap = slice(kv.length, r)
+                    kv.append(base.keys[l][:, gap].repeat(C, 1, 1, 1), base.values[l][:, gap].repeat(C, 1, 1, 1))
+                    outputs.append(model.blocks[l](base.resid[l][:, r:r + 1].repeat(C, 1, 1), kv))
+                    positions.append(r)
+                x = torch.cat(outputs, dim=1)
+                break
             if l > layer and done < T:  # beyond the window the previous block's output is the base run's
                 x = torch.cat([x, base.resid[l][:, done:].repeat(C, 1, 1)], dim=1)
-            kv = None
-            if start:
-                kv = LayerKV()
-                kv.append(base.keys[l][:, :start].repeat(C, 1, 1, 1), base.values[l][:, :start].repeat(C, 1, 1, 1))
+                positions = list(range(start, T))
             x = model.blocks[l](x, kv)
-        if stop is not None:
-            return x.view(C, B, *x.shape[1:])
-        done = start + x.shape[1]
-        logits = base.logits[None].repeat(C, 1, 1, 1)  # right where nothing was recomputed
-        wanted = list(range(start, done)) if reads is None else [p for p in reads if start <= p < done]
-        if reads is not None:
-            logits[:, :, start:done] = float("nan")
-        if wanted:
-            new = model.unembed(model.ln_final(x[:, [p - start for p in wanted]]))
-            logits[:, :, wanted] = new.view(C, B, len(wanted), -1).to(logits.dtype)
-    return logits
+    return x.view(C, B, *x.shape[1:]), positions
+
+
+def patched_logits(model, base: BaseRun, resid: torch.Tensor, positions: Sequence[int],
+                   reads: Sequence[int] | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [chunk, batch, pos, d_vocab] of a chunk, for the metric.
+
+    resid [chunk, batch, n, d_model]: the final residual stream at `positions` (from patched_run);
+    every other position is the base run's. reads: the only positions the metric reads
+    (read_positions); then only those are filled, in `buffer` [>= chunk, batch, pos, d_vocab],
+    which must hold NaN elsewhere (so a metric reading more than it declares gives NaN), and a view
+    of it is returned.
+    """
+    C = resid.shape[0]
+    base_logits = base.logits[None].expand(C, -1, -1, -1)
+    if reads is None:  # positions are then one run, start .. done - 1
+        start, done = positions[0], positions[-1] + 1
+        logits = model.unembed(model.ln_final(resid))
+        return torch.cat([base_logits[:, :, :start], logits, base_logits[:, :, done:]], dim=2)
+    out = buffer[:C]
+    where = {p: i for i, p in enumerate(positions)}
+    inside = [p for p in reads if p in where]
+    outside = [p for p in reads if p not in where]
+    if inside:
+        out[:, :, inside] = model.unembed(model.ln_final(resid[:, :, [where[p] for p in inside]])).to(out.dtype)
+    if outside:
+        out[:, :, outside] = base_logits[:, :, outside]
+    return out
+
+
+def logits_buffer(base: BaseRun, chunk: int, reads: Sequence[int] | None) -> torch.Tensor | None:
+    """The NaN-filled buffer patched_logits needs when the metric declares its positions, else None."""
+    return None if reads is None else torch.full((chunk, *base.logits.shape), float("nan"),
+                                                 dtype=base.logits.dtype, device=base.logits.device)
 
 
 def _chunks(positions: torch.Tensor | None, n: int, per_chunk: int, span: int) -> list[tuple[int, int, int]]:
@@ -465,12 +505,15 @@ def sweep(model, base: BaseRun, layer: int, sites: Sequence[Site], metric: Metri
         sites = [dataclasses.replace(s, index=s.index[order], source=s.source[order] if s.per_patch else s.source)
                  for s in sites]
         positions = positions[order]
+    chunks = _chunks(positions, n, per_chunk, span)
     reads = read_positions(metric, T)
+    buffer = logits_buffer(base, max(hi - lo for lo, hi, _ in chunks), reads)
     out = torch.empty(n, dtype=torch.float64)  # metric values are Python floats; keep their precision
     with tqdm(total=n, desc=desc, unit="patch", delay=2.0, disable=not progress) as bar:
-        for lo, hi, start in _chunks(positions, n, per_chunk, span):
+        for lo, hi, start in chunks:
             width = span if local and positions is not None else None
-            logits = patched_run(model, base, layer, sites, slice(lo, hi), start, width, reads)
+            resid, computed = patched_run(model, base, layer, sites, slice(lo, hi), start, width, reads)
+            logits = patched_logits(model, base, resid, computed, reads, buffer)
             out[lo:hi] = torch.tensor([metric_value(metric, chunk) for chunk in logits], dtype=torch.float64)
             bar.update(hi - lo)
     return out[order.argsort()]

@@ -30,7 +30,8 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
-                                          metric_value, patched_run, rounded)
+                                          logits_buffer, metric_value, patched_logits, patched_run, read_positions,
+                                          rounded)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 
@@ -126,6 +127,8 @@ def path_patching(model, clean_tokens, corrupt_tokens, metric: Metric, receiver:
 
     B, T = clean.shape
     per_chunk = batch_size or chunk_size(model, B, T)
+    reads = read_positions(metric, T)
+    buffer = logits_buffer(base, min(per_chunk, len(senders)), reads)
     values = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=torch.float64)
     by_layer: dict[int, list[int]] = {}
     for l, h in senders:
@@ -149,7 +152,8 @@ def path_patching(model, clean_tokens, corrupt_tokens, metric: Metric, receiver:
             site = Site(receiver_hook, torch.cat(recorded), (1,), torch.full((n, 1), slot), per_patch=True)
             for lo in range(0, n, per_chunk):
                 rows = slice(lo, min(n, lo + per_chunk))
-                logits = patched_run(model, base, rl, [site], rows)
+                resid, computed = patched_run(model, base, rl, [site], rows, reads=reads)
+                logits = patched_logits(model, base, resid, computed, reads, buffer)
                 values[sl, heads[rows]] = torch.tensor([metric_value(metric, chunk) for chunk in logits],
                                                        dtype=torch.float64)
                 bar.update(rows.stop - rows.start)

@@ -40,11 +40,11 @@ def _best(per_layer: list[list[float]]) -> float:
 
 
 def plot_attention_heads(model, tokens: torch.Tensor, heads: list[str], path: str | Path) -> Path:
-    """Attention patterns [query, key] of the heads named "layer.head" on tokens [pos]."""
+    """Attention patterns [query, key] of the heads named "L{layer}H{head}" on tokens [pos]."""
     _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n.endswith("hook_pattern"))
     fig, axes = plt.subplots(1, len(heads), figsize=(3.6 * len(heads), 3.6), squeeze=False)
     for ax, name in zip(axes[0], heads):
-        layer, head = (int(x) for x in name.split("."))
+        layer, head = (int(x) for x in name[1:].split("H"))
         ax.imshow(cache["pattern", layer][0, head].numpy(), cmap="Blues", vmin=0, vmax=1)
         ax.set(title=f"head {name}", xlabel="key position", ylabel="query position")
     fig.suptitle("Attention on a random 12-token segment repeated 3 times", fontsize=9)
