@@ -232,6 +232,15 @@ def test_ablate_and_measure_equals_one_ablation_at_a_time(kind, method):
     json.dumps(res.to_dict())
 
 
+def test_a_block_without_mlp_is_its_attention():
+    model = random_model("attn-only")
+    tokens, _ = prompts()
+    metric = next_token_loss(tokens)
+    block = ablate_and_measure(model, tokens, metric, "layer", progress=False)
+    attn = ablate_and_measure(model, tokens, metric, "attn", progress=False)
+    torch.testing.assert_close(block.values, attn.values)
+
+
 def test_mean_ablation_uses_the_reference_mean():
     model = random_model("gpt2")
     tokens, reference = prompts()

@@ -51,10 +51,12 @@ class Component:
                   "layer": ""}[self.kind]
         return f"L{self.layer}{suffix}"
 
-    def sites(self) -> list[tuple[str, int | None]]:
-        """(short hook name, index along the hook's last-but-one or last axis)."""
+    def sites(self, has_mlp: bool = True) -> list[tuple[str, int | None]]:
+        """(short hook name, head index into z [batch, pos, head, d_head] or neuron index into
+        post [batch, pos, d_mlp], or None for the whole activation). A block without an MLP is its attention."""
+        block = [("attn_out", None)] + ([("mlp_out", None)] if has_mlp else [])
         return {"head": [("z", self.index)], "neuron": [("post", self.index)], "attn": [("attn_out", None)],
-                "mlp": [("mlp_out", None)], "layer": [("attn_out", None), ("mlp_out", None)]}[self.kind]
+                "mlp": [("mlp_out", None)], "layer": block}[self.kind]
 
 
 def parse_component(model, spec: str | Component) -> Component:
@@ -115,7 +117,7 @@ def ablation_hooks(model, components: Sequence[str | Component], method: str = "
     comps = [parse_component(model, c) for c in components]
     if method == "resample" and shape is None:
         raise CircuitlabError("resample ablation hooks need the (batch, pos) shape of the input they will see")
-    targets = [(act_name(name, c.layer), idx) for c in comps for name, idx in c.sites()]
+    targets = [(act_name(name, c.layer), idx) for c in comps for name, idx in c.sites(model.cfg.has_mlp)]
     repl = _replacements(model, sorted({h for h, _ in targets}), method, reference, shape or (1, 1))
 
     def make(hook_name: str, idx: int | None):
@@ -200,21 +202,20 @@ def ablate_and_measure(model, tokens, metric: Metric, kind: str = "head", method
     layers = check_layers(model, layers)
     probe = Component(kind, 0, 0 if kind in ("head", "neuron") else None)
     parse_component(model, probe)  # the model has this kind of component (no MLP in attention-only models)
-    names = [act_name(n, l) for l in layers for n, _ in probe.sites()]
-    repl = _replacements(model, names, method, reference, tuple(tokens.shape))
+    hooks = [name for name, _ in probe.sites(model.cfg.has_mlp)]  # short names, e.g. ["attn_out", "mlp_out"]
+    repl = _replacements(model, [act_name(n, l) for l in layers for n in hooks], method, reference,
+                         tuple(tokens.shape))
 
     base, _ = BaseRun.of(model, tokens)
     baseline = metric_value(metric, base.logits)
     count = {"head": model.cfg.n_heads, "neuron": model.cfg.mlp_dim}.get(kind)
     per_layer = []
     for l in layers:
+        names = [act_name(n, l) for n in hooks]
         if count is None:  # one patch: the whole activation(s) of this layer
-            sites = [Site(act_name(n, l), repl[act_name(n, l)], (), torch.zeros(1, 0, dtype=torch.long))
-                     for n, _ in probe.sites()]
-        else:
-            name = act_name(probe.sites()[0][0], l)
-            # dim 1 (batch excluded) is the head of z [pos, head, d_head] and the neuron of post [pos, d_mlp]
-            sites = [Site(name, repl[name], (1,), grid_index([count]))]
+            sites = [Site(h, repl[h], (), torch.zeros(1, 0, dtype=torch.long)) for h in names]
+        else:  # dim 1 (batch excluded) is the head of z [pos, head, d_head] and the neuron of post [pos, d_mlp]
+            sites = [Site(names[0], repl[names[0]], (1,), grid_index([count]))]
         per_layer.append(sweep(model, base, l, sites, metric, batch_size, progress,
                                desc=f"ablating {kind}s L{l}"))
     values = torch.stack(per_layer)

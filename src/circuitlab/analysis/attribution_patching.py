@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.patching import (DEFAULT_TARGETS, Metric, PatchResult, check_direction, check_layers,
-                                          check_metric, check_pair, get_target, metric_value, patching_sweep)
+from circuitlab.analysis.patching import (Metric, PatchResult, check_direction, check_layers, check_metric,
+                                          check_pair, default_targets, get_target, metric_value, patching_sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 
@@ -54,17 +54,16 @@ def _run_with_grads(model, tokens: torch.Tensor, hooks: list[str], metric: Metri
 
 
 def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
-                         targets: Sequence[str] | str = DEFAULT_TARGETS, *, direction: str = "denoise",
+                         targets: Sequence[str] | str | None = None, *, direction: str = "denoise",
                          layers: Sequence[int] | None = None) -> dict[str, PatchResult]:
     """Estimated activation patching for every target with 2 forward passes and 1 backward pass.
 
     clean_tokens, corrupt_tokens [batch, pos] (same shape). metric: fn(logits [batch, pos, d_vocab])
-    -> scalar, differentiable. targets: names in patching.TARGETS.
+    -> scalar, differentiable. targets: names in patching.TARGETS (default: default_targets(model)).
     Returns {target: PatchResult(method="attribution")} with values [layer, *axes] laid out as in
     activation_patching: base metric + estimated change.
     """
-    if isinstance(targets, str):
-        targets = [targets]
+    targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
     check_direction(direction)
     clean, corrupt = check_pair(model, clean_tokens, corrupt_tokens)
     check_metric(model, metric, tuple(clean.shape))
@@ -122,7 +121,7 @@ class AttributionCheck:
 
 
 def attribution_vs_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
-                            targets: Sequence[str] | str = DEFAULT_TARGETS, *, direction: str = "denoise",
+                            targets: Sequence[str] | str | None = None, *, direction: str = "denoise",
                             layers: Sequence[int] | None = None, batch_size: int | None = None,
                             progress: bool = True, patching: dict[str, PatchResult] | None = None
                             ) -> AttributionCheck:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -219,6 +219,11 @@ def get_target(model, name: str) -> Target:
         raise CircuitlabError(f"target {name!r} patches {hook.replace('.0.', '.{l}.')}, which this model "
                               f"does not have ({why}); available targets: {', '.join(available_targets(model))}")
     return target
+
+
+def default_targets(model) -> list[str]:
+    """DEFAULT_TARGETS that the model has hooks for."""
+    return [t for t in DEFAULT_TARGETS if t in available_targets(model)]
 
 
 def available_targets(model) -> list[str]:
@@ -552,7 +557,6 @@ class PatchResult:
     direction: str = "denoise"
     method: str = "activation"
     metric: str = "metric"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def base_value(self) -> float:
@@ -585,7 +589,7 @@ class PatchResult:
         return {"target": self.target, "axes": ["layer", *self.axes], "layers": self.layers,
                 "values": rounded(self.values), "clean_value": round(self.clean_value, 6),
                 "corrupt_value": round(self.corrupt_value, 6), "direction": self.direction, "method": self.method,
-                "metric": self.metric, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()], **self.extra}
+                "metric": self.metric, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()]}
 
 
 # ---------------------------------------------------------------------------- activation patching
@@ -643,16 +647,16 @@ def activation_patching(model, clean_tokens, corrupt_tokens, metric: Metric, tar
                           layers=layers, batch_size=batch_size, progress=progress)[target]
 
 
-def patching_sweep(model, clean_tokens, corrupt_tokens, metric: Metric, targets: Sequence[str] = DEFAULT_TARGETS,
+def patching_sweep(model, clean_tokens, corrupt_tokens, metric: Metric, targets: Sequence[str] | None = None,
                    *, direction: str = "denoise", layers: Sequence[int] | None = None,
                    batch_size: int | None = None, progress: bool = True) -> dict[str, PatchResult]:
     """activation_patching for several targets, sharing the clean and corrupted runs.
 
-    Targets the model lacks (mlp_out on an attention-only model) are an error; pass
-    available_targets(model) to sweep all it has. Returns {target: PatchResult}.
+    targets: default DEFAULT_TARGETS that the model has; naming one it lacks (mlp_out on an
+    attention-only model) is an error; available_targets(model) lists all it has.
+    Returns {target: PatchResult}.
     """
-    if isinstance(targets, str):
-        targets = [targets]
+    targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
     chosen, layers, base, source_cache, values = _prepare(model, clean_tokens, corrupt_tokens, metric, targets,
                                                           direction, layers)
     return {t.name: _patch_target(model, t, layers, base, source_cache, metric, values, direction, batch_size,

@@ -254,10 +254,13 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
         for split, rows in (("train", slice(0, n_train)), ("val", slice(n_train, None))):
             keep = valid[rows]
             x, y, yc = acts[:, rows][:, keep], labels[rows][keep], control_labels[rows][keep]
-            if "mean" not in s and split == "train":  # normalise with the first training batch's statistics
+            if "mean" not in s and len(y):  # normalise with the first labelled (training) examples' statistics
                 s["mean"], s["std"] = x.mean(dim=1, keepdim=True), x.std(dim=1, keepdim=True).clamp(min=1e-5)
                 y_float = y.float()
                 s["y_mean"], s["y_std"] = y_float.mean(), y_float.std().nan_to_num(1.0).clamp(min=1e-5)
+            if not len(y):
+                out[split] = (x, y, yc)
+                continue
             if not task.n_classes:
                 y, yc = (y.float() - s["y_mean"]) / s["y_std"], (yc.float() - s["y_mean"]) / s["y_std"]
             out[split] = ((x - s["mean"]) / s["std"], y, yc)
