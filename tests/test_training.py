@@ -138,3 +138,9 @@ def test_cli_train_generate_and_bad_input(tmp_path, capsys):
     assert main(["generate", "--checkpoint", out, "--prompt", "x" * 40]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("error:") == 5
+
+
+def test_bf16_autocast_trains(tmp_path):
+    train(tiny(tmp_path, steps=4, bf16=True), tmp_path / "bf16", progress=False)
+    curve = losses(tmp_path / "bf16")
+    assert len(curve) == 4 and all(math.isfinite(x) for x in curve)

@@ -99,6 +99,10 @@ def _prompts(model, tokenizer, clean: str | None, corrupt: str | None):
     return c, x, metric, what, [tokenizer.decode([int(t)]) for t in c[0]]
 
 
+def _percent(x: float) -> str:
+    return f"{x if abs(x) >= 0.005 else 0.0:.0%}"  # no "-0%"
+
+
 def _where(w: dict[str, int]) -> str:
     """{"layer": 1, "pos": 5, "head": 0} -> "L1H0 pos 5"."""
     pos = w.get("pos", w.get("dest_pos"))
@@ -146,7 +150,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         # Each input's strongest sender, and the fraction of the clean - corrupted gap its path removes.
         best = {p.receiver_input: (p.top(1)[0][0], -p.top(1)[0][1] / gap) for p in paths}
         summary.append(f"path patching into {_name(*receiver)} (the later head whose output recovers most): "
-                       + "; ".join(f"{inp.upper()} input: {_name(*s)} -> {frac:.0%} of the gap"
+                       + "; ".join(f"{inp.upper()} input: {_name(*s)} -> {_percent(frac)} of the gap"
                                    for inp, (s, frac) in best.items()))
         inp, (sender, frac) = max(best.items(), key=lambda kv: abs(kv[1][1]))
         found["composition"] = {"receiver": _name(*receiver), "sender": _name(*sender), "input": inp,
@@ -202,7 +206,8 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         after = (float(repeated_loss(ablated)), float(first_loss(ablated)))
         found["group"] = {"heads": group, "repeated_loss": [round(before[0], 6), round(after[0], 6)],
                           "first_half_loss": [round(before[1], 6), round(after[1], 6)]}
-        summary.append(f"mean-ablating {' and '.join(group)}: loss on the repeated half {before[0]:.3f} -> "
+        summary.append(f"mean-ablating {' and '.join(group)} (the heads after layer 0 that hurt most, where "
+                       f"induction heads can be): loss on the repeated half {before[0]:.3f} -> "
                        f"{after[0]:.3f}, on the first half {before[1]:.3f} -> {after[1]:.3f}")
     if clean is not None:
         prompt = torch.tensor(tokenizer.encode(clean), device=device)[None, -model.cfg.n_ctx:]
