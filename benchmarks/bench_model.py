@@ -37,7 +37,6 @@ import torch.nn.functional as F
 
 from circuitlab.config import ModelConfig
 from circuitlab.model import Transformer
-from circuitlab.model.transformer import lm_loss
 
 TARGETS = {"train_vs_hf": 1.0, "train_vs_tl": 1.5, "cache_vs_tl": 2.0}
 

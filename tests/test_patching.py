@@ -12,6 +12,17 @@ from circuitlab.analysis.patching import (TARGETS, activation_patching, availabl
                                           logprob, next_token_loss, normalized, patching_sweep)
 from circuitlab.model.hooks import act_name
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: torch's intra-op threads cost more than they save here, and stall badly when another
+    process holds a core (9x slower on a busy 2-core machine), so these tests run on one, then restore it."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 SMALL = dict(d_vocab=40, n_ctx=16)
 CONFIGS = {
     "gpt2": ModelConfig.from_preset("gpt2-tiny", d_model=32, n_heads=4, d_mlp=64, **SMALL),

@@ -10,6 +10,18 @@ import transformer_lens.patching as tl_patching  # noqa: E402
 from transformer_lens import HookedTransformer, HookedTransformerConfig  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: torch's intra-op threads cost more than they save here, and stall badly when another
+    process holds a core (9x slower on a busy 2-core machine), so these tests run on one, then restore it."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 CONFIGS = {
     "attn-only": ModelConfig.from_preset("attn-only-2l", d_model=32, n_heads=4, d_vocab=40, n_ctx=16),
     "gpt2": ModelConfig.from_preset("gpt2-tiny", d_model=32, n_heads=4, d_mlp=64, d_vocab=40, n_ctx=16),
