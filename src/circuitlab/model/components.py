@@ -136,9 +136,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         T, S = q.shape[2], k.shape[2]
-        # Scale q (small) rather than the scores (large), and mask in place: two fewer full-size copies.
-        scores = (q * self.scale if self.scale != 1.0 else q) @ k.transpose(-1, -2)
-        scores.masked_fill_(~_causal_mask(T, S, offset, q.device), float("-inf"))
+        scores = (q @ k.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(~_causal_mask(T, S, offset, q.device), float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         return pattern @ v
