@@ -159,10 +159,11 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     return found
 
 
-def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
-                 ) -> dict[str, Any]:
+def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None,
+                 group: list[str] | None = None) -> dict[str, Any]:
     """Mean-ablate every head (and MLP) on repeated random sequences and measure the loss on the repeated
-    half; then ablate the heads that matter most together, and compare the loss on the first half."""
+    half; then ablate a group of heads together (default: the two after layer 0 that matter most), and
+    compare the loss on the first half."""
     from circuitlab.viz.patching import plot_ablation
 
     out_dir = Path(out_dir)
@@ -192,12 +193,15 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         found["mlps"] = mlps.to_dict()
         summary.append("MLP layers: " + ", ".join(f"{c} {v:+.3f}" for c, v in mlps.top(3)))
 
-    # The heads whose ablation hurts most (beyond layer 0, where induction heads cannot be), together.
-    change = heads.change()
-    later = change[1:] if change.shape[0] > 1 else change
-    order = later.flatten().argsort(descending=True)[:2].tolist()
-    offset = 1 if change.shape[0] > 1 else 0
-    group = [_name(i // later.shape[1] + offset, i % later.shape[1]) for i in order if later.flatten()[i] > 0]
+    chosen = "the given heads"
+    if group is None:
+        # The heads whose ablation hurts most (beyond layer 0, where induction heads cannot be), together.
+        change = heads.change()
+        later = change[1:] if change.shape[0] > 1 else change
+        order = later.flatten().argsort(descending=True)[:2].tolist()
+        offset = 1 if change.shape[0] > 1 else 0
+        group = [_name(i // later.shape[1] + offset, i % later.shape[1]) for i in order if later.flatten()[i] > 0]
+        chosen = "the heads after layer 0 that hurt most, where induction heads can be"
     if group:
         with torch.no_grad():
             logits = model(tokens)
@@ -206,9 +210,8 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         after = (float(repeated_loss(ablated)), float(first_loss(ablated)))
         found["group"] = {"heads": group, "repeated_loss": [round(before[0], 6), round(after[0], 6)],
                           "first_half_loss": [round(before[1], 6), round(after[1], 6)]}
-        summary.append(f"mean-ablating {' and '.join(group)} (the heads after layer 0 that hurt most, where "
-                       f"induction heads can be): loss on the repeated half {before[0]:.3f} -> "
-                       f"{after[0]:.3f}, on the first half {before[1]:.3f} -> {after[1]:.3f}")
+        summary.append(f"mean-ablating {' and '.join(group)} ({chosen}) together: loss on the repeated half "
+                       f"{before[0]:.3f} -> {after[0]:.3f}, on the first half {before[1]:.3f} -> {after[1]:.3f}")
     if clean is not None:
         prompt = torch.tensor(tokenizer.encode(clean), device=device)[None, -model.cfg.n_ctx:]
         if prompt.shape[1] > 1 and group:
