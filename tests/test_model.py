@@ -1,5 +1,7 @@
 """Core Transformer: config validation, hooks, cache, fast/eager agreement, per-head views."""
 import json
+import math
+import re
 
 import pytest
 import torch
@@ -228,3 +230,41 @@ def test_kv_cache_generation_equals_uncached_greedy(arch):
     uncached = model.generate(prompt, 40, temperature=0, use_cache=False)
     assert cached.shape == (2, 45)
     assert torch.equal(cached, uncached)
+
+
+def test_rotary_table_is_shared_by_all_layers_and_scaling_changes_frequencies():
+    from circuitlab.model.components import rotary_frequencies
+
+    cfg = ModelConfig.from_preset("llama-tiny", n_layers=3)
+    model = Transformer(cfg)
+    tables = {id(block.attn.rotary.cos) for block in model.blocks}
+    assert len(tables) == 1 and len(list(model.buffers())) == 2  # one cos and one sin for the whole model
+    plain = rotary_frequencies(cfg)
+    linear = rotary_frequencies(cfg.replace(rope_scaling={"type": "linear", "factor": 4.0}))
+    assert torch.allclose(linear, plain / 4)
+    llama3 = rotary_frequencies(cfg.replace(rope_scaling={
+        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}))
+    wavelength = 2 * math.pi / plain
+    assert torch.equal(llama3[wavelength < 16], plain[wavelength < 16])            # short: kept
+    assert torch.allclose(llama3[wavelength > 64], plain[wavelength > 64] / 8)     # long: slowed by factor
+    middle = (wavelength > 16) & (wavelength < 64)
+    assert middle.any() and ((llama3[middle] < plain[middle]) & (llama3[middle] > plain[middle] / 8)).all()
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({"type": "yarn", "factor": 2.0}, "rope_scaling['type'] must be one of"),
+    ({"type": "linear"}, "needs exactly the keys"),
+    ({"type": "linear", "factor": -1.0}, "must be a positive number"),
+    ({"type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+      "original_max_position_embeddings": 64}, "high_freq_factor must be above"),
+])
+def test_bad_rope_scaling_names_the_rule(scaling, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ModelConfig.from_preset("llama-tiny", rope_scaling=scaling)
+
+
+def test_rope_scaling_round_trips_through_yaml(tmp_path):
+    cfg = ModelConfig.from_preset("llama-tiny", rope_scaling={"type": "linear", "factor": 2.0})
+    cfg.save(tmp_path / "c.yaml")
+    assert ModelConfig.load(tmp_path / "c.yaml") == cfg

@@ -43,6 +43,14 @@ CASES = {
     "llama-mha": ("LlamaConfig", "LlamaForCausalLM",
                   dict(num_hidden_layers=1, hidden_size=24, num_attention_heads=3, num_key_value_heads=3,
                        intermediate_size=40, max_position_embeddings=40, rms_norm_eps=1e-5)),
+    # LLaMA 3 rotary scaling: with head_dim 16 and original context 32 the frequencies fall in all three
+    # bands (kept, interpolated, slowed by the factor).
+    "llama3-rope-scaling": ("LlamaConfig", "LlamaForCausalLM",
+                            dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                 intermediate_size=40, max_position_embeddings=64,
+                                 rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 32})),
     "mistral-window": ("MistralConfig", "MistralForCausalLM",
                        dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=44, max_position_embeddings=64, sliding_window=16)),

@@ -19,6 +19,12 @@ CONFIGS = {
     "gpt2-untied-relu": ModelConfig.from_preset("gpt2-tiny", tied_embeddings=False, mlp="relu", **SMALL),
     "neox": ModelConfig.from_preset("gpt2-tiny", positional="rotary", rotary_dim=16, parallel_attn_mlp=True,
                                     tied_embeddings=False, **SMALL),
+    "llama-linear-rope": ModelConfig.from_preset("llama-tiny", rope_scaling={"type": "linear", "factor": 4.0},
+                                                 **SMALL),
+    "neox-llama3-rope": ModelConfig.from_preset(
+        "gpt2-tiny", positional="rotary", rotary_dim=16, tied_embeddings=False, **SMALL,
+        rope_scaling={"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 16}),
 }
 
 

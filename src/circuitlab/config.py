@@ -42,6 +42,9 @@ class ModelConfig:
     positional: str = "learned"      # learned | rotary | none
     rotary_base: float = 10000.0
     rotary_dim: int | None = None    # rotate only the first rotary_dim dims of each head (None = all)
+    # Rotary frequency scaling as in HF configs: {"type": "linear", "factor": f} or {"type": "llama3",
+    # "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; None = plain.
+    rope_scaling: dict | None = None
     mlp: str = "gelu"                # gelu | gelu_new (tanh approx., GPT-2) | relu | swiglu
     bias: bool = True
     tied_embeddings: bool = False
@@ -116,6 +119,8 @@ class ModelConfig:
             raise ConfigError(
                 f"ModelConfig.rotary_dim ({self.rot_dim}) must be even and at most d_head ({self.head_dim})"
             )
+        if self.rope_scaling is not None:
+            _check_rope_scaling(self.rope_scaling)
         if not self.use_attn_out and self.head_dim != self.d_model:
             raise ConfigError(
                 f"ModelConfig.use_attn_out=False (V-only heads) needs d_head == d_model, "
@@ -191,7 +196,28 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"ModelConfig.{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+ROPE_SCALING_KEYS = {"linear": ("factor",),
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _check_rope_scaling(scaling: dict) -> None:
+    kind = scaling.get("type")
+    if kind not in ROPE_SCALING_KEYS:
+        raise ConfigError(f"ModelConfig.rope_scaling['type'] must be one of {', '.join(ROPE_SCALING_KEYS)}; "
+                          f"got {kind!r}")
+    wanted = set(ROPE_SCALING_KEYS[kind])
+    if set(scaling) - {"type"} != wanted:
+        raise ConfigError(f"ModelConfig.rope_scaling of type {kind!r} needs exactly the keys type, "
+                          f"{', '.join(sorted(wanted))}; got {', '.join(sorted(scaling))}")
+    for key in wanted:
+        value = scaling[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"ModelConfig.rope_scaling[{key!r}] must be a positive number, got {value!r}")
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ConfigError("ModelConfig.rope_scaling: high_freq_factor must be above low_freq_factor")
+
+
+_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
 _FIELD_TYPES: dict[str, type] = {f.name: _TYPE_NAMES[f.type.split(" |")[0]] for f in fields(ModelConfig)}
 
 

@@ -48,13 +48,36 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return Norm(cfg) if cfg.norm != "none" else nn.Identity()
 
 
+def rotary_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Angular frequency of each rotated pair [rot_dim / 2] (float64), after cfg.rope_scaling."""
+    d = cfg.rot_dim
+    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["type"] == "linear":  # positions divided by factor
+        return inv_freq / factor
+    # llama3: wavelengths longer than the original context / low_freq_factor are slowed by `factor`,
+    # those shorter than original / high_freq_factor kept, and the band between interpolated.
+    original = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
 class Rotary(nn.Module):
-    """Rotary position embedding on the first rot_dim dims of each head (rotate-half layout, as LLaMA/NeoX)."""
+    """Rotary position embedding on the first rot_dim dims of each head (rotate-half layout, as LLaMA/NeoX).
+
+    One instance serves every layer (the Transformer passes it to each Attention): its cos/sin tables
+    are [n_ctx, rot_dim] each, which for long-context checkpoints is too much to repeat per layer.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.rot_dim = cfg.rot_dim
-        inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, self.rot_dim, 2, dtype=torch.float64) / self.rot_dim))
+        inv_freq = rotary_frequencies(cfg)
         angles = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), inv_freq)  # [n_ctx, rot_dim/2]
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
@@ -78,13 +101,16 @@ class Attention(nn.Module):
     out.weight [d_model, n_heads * d_head] (absent for V-only heads).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.bias)
         self.out = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.bias) if cfg.use_attn_out else None
-        self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
+        if cfg.positional == "rotary":
+            self.rotary = rotary if rotary is not None else Rotary(cfg)  # shared across layers when given
+        else:
+            self.rotary = None
         self.scale = 1.0 / math.sqrt(self.d_head) if cfg.scale_scores else 1.0
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         if self.rotary is not None:
@@ -201,13 +227,13 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(...))."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         # Registration order is forward order, so model.hook_names() reads top to bottom.
         self.hook_resid_pre = HookPoint()
         self.ln1 = make_norm(cfg)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, rotary)
         self.hook_attn_out = HookPoint()
         if cfg.has_mlp:
             if not cfg.parallel_attn_mlp:

@@ -19,7 +19,7 @@ from torch import nn
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
-from circuitlab.model.components import Block, LayerKV, make_norm
+from circuitlab.model.components import Block, LayerKV, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.weights import WeightViews
 
@@ -33,7 +33,8 @@ class Transformer(WeightViews, nn.Module):
         if cfg.positional == "learned":
             self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        rotary = Rotary(cfg) if cfg.positional == "rotary" else None  # one cos/sin table for all layers
+        self.blocks = nn.ModuleList(Block(cfg, rotary) for _ in range(cfg.n_layers))
         self.ln_final = make_norm(cfg)
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.bias)
         if cfg.tied_embeddings:

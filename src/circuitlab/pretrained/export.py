@@ -157,6 +157,13 @@ def _special_ids(tokenizer) -> dict[str, int | None]:
     return {"bos_token_id": hf.bos_token_id, "eos_token_id": hf.eos_token_id}
 
 
+def _hf_rope_scaling(cfg: ModelConfig) -> dict | None:
+    """ModelConfig.rope_scaling in HF's spelling (rope_type instead of type)."""
+    if cfg.rope_scaling is None:
+        return None
+    return {"rope_type": cfg.rope_scaling["type"], **{k: v for k, v in cfg.rope_scaling.items() if k != "type"}}
+
+
 def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> dict:
     common = {"vocab_size": cfg.d_vocab, "tie_word_embeddings": cfg.tied_embeddings,
               "dtype": str(dtype).removeprefix("torch."), "torch_dtype": str(dtype).removeprefix("torch."),
@@ -166,8 +173,9 @@ def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> d
                 "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,
                 "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
                 "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
-                "rope_theta": cfg.rotary_base, "rope_scaling": None,
-                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base},
+                "rope_theta": cfg.rotary_base, "rope_scaling": _hf_rope_scaling(cfg),
+                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base,
+                                    **(_hf_rope_scaling(cfg) or {})},
                 "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": 0.0, "pretraining_tp": 1}
     if style == "gpt2":
         return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", **common,
@@ -183,8 +191,9 @@ def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> d
             "num_attention_heads": cfg.n_heads, "max_position_embeddings": cfg.n_ctx, "layer_norm_eps": cfg.norm_eps,
             "hidden_act": _HF_ACTIVATION[cfg.mlp], "use_parallel_residual": cfg.parallel_attn_mlp,
             "rotary_pct": partial, "rotary_emb_base": cfg.rotary_base,
+            "rope_scaling": _hf_rope_scaling(cfg),
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rotary_base,
-                                "partial_rotary_factor": partial},
+                                "partial_rotary_factor": partial, **(_hf_rope_scaling(cfg) or {})},
             "attention_bias": True, "attention_dropout": 0.0, "hidden_dropout": 0.0}
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuitlab.config import ModelConfig
+from circuitlab.config import ROPE_SCALING_KEYS, ModelConfig
 from circuitlab.errors import CircuitlabError
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -51,9 +51,9 @@ def _get(hf: dict, key: str, default=None):
     return default if value is None else value
 
 
-def _rope(hf: dict, default_partial: float) -> tuple[float, float]:
-    """(theta, partial rotary factor) from either transformers 5's rope_parameters or the older
-    rope_theta / rotary_emb_base / rotary_pct / rope_scaling keys."""
+def _rope(hf: dict, default_partial: float) -> tuple[float, float, dict | None]:
+    """(theta, partial rotary factor, scaling for ModelConfig.rope_scaling) from either transformers 5's
+    rope_parameters or the older rope_theta / rotary_emb_base / rotary_pct / rope_scaling keys."""
     params = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or {}
     if any(k in params for k in ("full_attention", "sliding_attention")):
@@ -61,14 +61,20 @@ def _rope(hf: dict, default_partial: float) -> tuple[float, float]:
                               "Transformer cannot express")
     kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type") \
         or "default"
-    if kind != "default":
+    if kind not in ("default", *ROPE_SCALING_KEYS):
         raise CircuitlabError(f"this checkpoint uses {kind!r} rotary scaling, which circuitlab's Transformer does "
-                              "not implement; checkpoints with plain rotary embeddings (rope type 'default') "
-                              "import exactly")
+                              f"not implement (supported: default, {', '.join(ROPE_SCALING_KEYS)})")
     theta = params.get("rope_theta") or hf.get("rope_theta") or hf.get("rotary_emb_base") or 10000.0
     partial = params.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or hf.get("rotary_pct") \
         or default_partial
-    return float(theta), float(partial)
+    ours = None
+    if kind != "default":
+        source = {**scaling, **params}
+        missing = [k for k in ROPE_SCALING_KEYS[kind] if source.get(k) is None]
+        if missing:
+            raise CircuitlabError(f"the checkpoint's {kind!r} rotary scaling lacks {', '.join(missing)}")
+        ours = {"type": kind, **{k: source[k] for k in ROPE_SCALING_KEYS[kind]}}
+    return float(theta), float(partial), ours
 
 
 def _rotary_dim(head_dim: int, partial: float) -> int | None:
@@ -200,12 +206,12 @@ class GPTNeoX(Family):
     def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
         d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         head_dim = d_model // n_heads
-        theta, partial = _rope(hf, default_partial=0.25)
+        theta, partial, scaling = _rope(hf, default_partial=0.25)
         return ModelConfig(
             n_layers=hf["num_hidden_layers"], d_model=d_model, n_heads=n_heads, d_vocab=hf["vocab_size"],
             n_ctx=_n_ctx(hf["max_position_embeddings"], n_ctx, learned=False), d_mlp=hf["intermediate_size"],
             norm="layernorm", norm_eps=float(_get(hf, "layer_norm_eps", 1e-5)), positional="rotary",
-            rotary_base=theta, rotary_dim=_rotary_dim(head_dim, partial),
+            rotary_base=theta, rotary_dim=_rotary_dim(head_dim, partial), rope_scaling=scaling,
             mlp=_activation(_get(hf, "hidden_act", "gelu")),
             bias=True, tied_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
             parallel_attn_mlp=bool(_get(hf, "use_parallel_residual", True)),
@@ -257,7 +263,7 @@ class Llama(Family):
                                   "(circuitlab's gated MLP is SwiGLU)")
         d_model, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         head_dim = _get(hf, "head_dim", d_model // n_heads)
-        theta, partial = _rope(hf, default_partial=1.0)
+        theta, partial, scaling = _rope(hf, default_partial=1.0)
         positions = hf["max_position_embeddings"]
         window = self._sliding_window(hf)
         if window is not None and window < positions:
@@ -268,7 +274,8 @@ class Llama(Family):
             d_head=None if head_dim * n_heads == d_model else head_dim,
             n_ctx=_n_ctx(positions, n_ctx, learned=False), d_mlp=hf["intermediate_size"], norm="rmsnorm",
             norm_eps=float(_get(hf, "rms_norm_eps", 1e-6)), positional="rotary", rotary_base=theta,
-            rotary_dim=_rotary_dim(head_dim, partial), mlp="swiglu", bias=bool(self._biases(hf)),
+            rotary_dim=_rotary_dim(head_dim, partial), rope_scaling=scaling, mlp="swiglu",
+            bias=bool(self._biases(hf)),
             tied_embeddings=bool(_get(hf, "tie_word_embeddings", False)),
         )
 
