@@ -67,9 +67,11 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
 
 def test_ddp_two_processes_match_one(tmp_path):
     cfg = tiny(tmp_path, steps=6, eval_every=3, track_every=3, ckpt_every=6)
-    path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(cfg.to_dict()))
     train(cfg, tmp_path / "single", progress=False)
+    # A cold cache for the DDP run: rank 0 builds the tokenizer and token files while rank 1 waits.
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**cfg.to_dict(), "data": {**cfg.to_dict()["data"],
+                                                              "cache_dir": str(tmp_path / "ddp-cache")}}))
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([str(torchrun), "--nproc_per_node=2", "--master_port=29517", "-m", "circuitlab.cli",

@@ -27,6 +27,18 @@ def setup(device: str = "auto") -> tuple[int, int, str]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
+@contextlib.contextmanager
+def rank_zero_first():
+    """Rank 0 runs the block (e.g. tokenizes and caches the corpus) before the other ranks, which then
+    find the cache instead of all doing the same work at once. Alone, just runs the block."""
+    distributed = dist.is_initialized()
+    if distributed and dist.get_rank() != 0:
+        dist.barrier()
+    yield
+    if distributed and dist.get_rank() == 0:
+        dist.barrier()
+
+
 def wrap(model: torch.nn.Module, device: str) -> torch.nn.Module:
     if not dist.is_initialized():
         return model

@@ -69,9 +69,11 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     if resume:
         ckpt = find_checkpoint(out_dir / "checkpoint")
         model, tokenizer, _ = load_checkpoint(ckpt, device)
-        data = build_data(run.data, tokenizer=tokenizer)
+        with D.rank_zero_first():
+            data = build_data(run.data, tokenizer=tokenizer)
     else:
-        data = build_data(run.data)
+        with D.rank_zero_first():
+            data = build_data(run.data)
         tokenizer = data.tokenizer
         torch.manual_seed(t.seed)
         model = Transformer(run.model_config(tokenizer.vocab_size)).to(device)
