@@ -171,11 +171,17 @@ def bench_cache(a: argparse.Namespace, ours, tl, batch: int, seq: int, repeats: 
 
 
 def bench_training_configs(a: argparse.Namespace) -> dict:
-    """Our model only: the training step of the demo config and the quick preset."""
-    setups = {
-        "demo (attn-only-2l)": (ModelConfig.from_preset("attn-only-2l", d_vocab=512), 32, 128),
-        "quick": (ModelConfig.from_preset("quick"), 8, 256),
-    }
+    """Our model only: the training step of configs/demo.yaml and configs/quick.yaml, with their model,
+    vocabulary size, batch and context (quick: batch 8 of its 32, to keep the run short)."""
+    from circuitlab.training import RunConfig
+    from circuitlab.training.configs import resolve_config
+
+    setups = {}
+    for name, batch in (("demo", None), ("quick", 8)):
+        run = RunConfig.load(resolve_config(name))
+        cfg = run.model_config(run.data.vocab_size)
+        setups[f"{name} ({run.model.get('preset', 'custom')})"] = (cfg, batch or run.train.batch_size,
+                                                                   run.train.seq_len)
     out = {}
     for name, (cfg, batch, seq) in setups.items():
         torch.manual_seed(0)
