@@ -9,8 +9,9 @@ biases, tied embeddings where the library has them):
   2. run-with-cache of every hook: ours `run_with_cache(tokens)` vs TL `run_with_cache(tokens)`
      (target >= 2x TL), on the training batch and on one short prompt (batch 1 x --prompt-seq);
      TL is timed both as called (grad enabled: TL does not turn it off) and inside torch.no_grad();
+     each library's plain forward is timed too, so the caching overhead (cache - forward) is shown;
   3. --training-configs (on by default): training tokens/s of our `demo` model (attn-only-2l,
-     batch 32 x seq 128, vocab 512) and the `quick` preset (batch 8 x seq 256).
+     configs/demo.yaml's batch, context and vocab) and `quick` (batch 8 x seq 256).
 
 The three libraries are timed round-robin (one repeat of each in turn) so that a change in
 machine load hits all of them alike; the figure is the median over repeats.
@@ -161,12 +162,19 @@ def bench_cache(a: argparse.Namespace, ours, tl, batch: int, seq: int, repeats: 
         with torch.no_grad():
             return tl.run_with_cache(tokens)
 
+    @torch.no_grad()
+    def forward(model):
+        return model(tokens)
+
+    # The plain forwards show how much of each run_with_cache is the model itself (mostly matmuls,
+    # the same for both) and how much is hooking and caching (the overhead lines).
     fns = {"ours": lambda: ours.run_with_cache(tokens), "tl": lambda: tl.run_with_cache(tokens),
-           "tl_no_grad": tl_no_grad}
+           "tl_no_grad": tl_no_grad, "ours_forward": lambda: forward(ours), "tl_forward": lambda: forward(tl)}
     times = timed_round_robin(fns, a.warmup, repeats, iters, a.device)
     out = {k: summary(v, batch * seq) for k, v in times.items()}
     out["ours"]["n_cached"] = n_ours
     out["tl"]["n_cached"] = out["tl_no_grad"]["n_cached"] = n_tl
+    out["ours_forward"]["n_cached"] = out["tl_forward"]["n_cached"] = 0
     return out
 
 
@@ -286,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         workloads["prompt"] = (1, a.prompt_seq, a.repeats * 3, a.iters * 5)
     cache: dict[str, dict] = {}
     names = {"ours": "circuitlab run_with_cache", "tl": "TL run_with_cache",
-             "tl_no_grad": "TL run_with_cache in no_grad"}
+             "tl_no_grad": "TL run_with_cache in no_grad", "ours_forward": "circuitlab forward (no hooks)",
+             "tl_forward": "TL forward (no hooks)"}
     for w, (batch, seq, repeats, iters) in workloads.items():
         cache[w] = r_w = bench_cache(a, models["ours"], models["tl"], batch, seq, repeats, iters)
         print(f"\n## run_with_cache, every hook, batch {batch} x seq {seq} (forward only)")
@@ -294,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         for k, r in r_w.items():
             ratio = r_w["ours"]["tok_s"] / r["tok_s"]
             print(f"{names[k]:34s} {r['n_cached']:>10d} {r['ms']:9.2f} {r['tok_s']:10,.0f} {ratio:6.2f}x")
+        over_ours = r_w["ours"]["ms"] - r_w["ours_forward"]["ms"]
+        over_tl = r_w["tl_no_grad"]["ms"] - r_w["tl_forward"]["ms"]
+        r_w["overhead_ms"] = {"ours": over_ours, "tl_no_grad": over_tl}
+        print(f"caching overhead (run_with_cache - forward): ours {over_ours:.2f} ms, TL no_grad {over_tl:.2f} ms"
+              + (f" ({over_tl / over_ours:.1f}x)" if over_ours > 0 else ""))
     del models
     gc.collect()
 

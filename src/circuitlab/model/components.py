@@ -162,8 +162,9 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         T, S = q.shape[2], k.shape[2]
-        scores = (q @ k.transpose(-1, -2)) * self.scale
-        scores = scores.masked_fill(~_causal_mask(T, S, offset, q.device), float("-inf"))
+        # In place on the fresh product: the same numbers as (q @ k^T) * scale, two [b, H, T, S] copies fewer.
+        scores = (q @ k.transpose(-1, -2)).mul_(self.scale)
+        scores.masked_fill_(~_causal_mask(T, S, offset, q.device), float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         return pattern @ v
