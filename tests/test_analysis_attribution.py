@@ -4,6 +4,8 @@ import json
 import pytest
 import torch
 
+import helpers
+
 from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.analysis.attribution import (
     direct_logit_attribution,
@@ -24,15 +26,7 @@ ARCHS = {
 
 
 def random_model(cfg: ModelConfig) -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith((".w", ".b", ".bias")):
-                p.add_(0.5 * torch.randn_like(p))
-            else:
-                p.mul_(10.0)
-    return model
+    return helpers.random_model(cfg, scale=10.0, noise=0.5)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import helpers
+
 from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.analysis.folding import fold_layer_norm
 
@@ -19,15 +21,7 @@ ARCHS = {
 
 
 def random_model(cfg: ModelConfig) -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith((".w", ".b", ".bias")):  # gains and biases away from their 1 / 0 init
-                p.add_(0.5 * torch.randn_like(p))
-            else:
-                p.mul_(10.0)
-    return model
+    return helpers.random_model(cfg, scale=10.0, noise=0.5)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import helpers
+
 from circuitlab import ModelConfig, Transformer
 from circuitlab.pretrained.tl_reference import to_transformer_lens as _to_tl
 from circuitlab.analysis.attribution import direct_logit_attribution
@@ -29,16 +31,7 @@ CONFIGS = {
 
 
 def random_model(name: str, seed: int = 0) -> Transformer:
-    """Random weights, with norm gains and all biases random too (the default init leaves them 1 / 0)."""
-    torch.manual_seed(seed)
-    model = Transformer(CONFIGS[name])
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith((".w", ".b", ".bias")):
-                p.copy_((1.0 if pname.endswith(".w") else 0.0) + 0.3 * torch.randn_like(p))
-            else:
-                p.mul_(8.0)  # sharper attention than the 0.02 init, so patterns differ between heads
-    return model
+    return helpers.random_model(CONFIGS[name], seed)
 
 
 def to_transformer_lens(model: Transformer) -> HookedTransformer:

@@ -5,6 +5,8 @@ import json
 import pytest
 import torch
 
+import helpers
+
 from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.analysis.ablation import ablate_and_measure, ablation_hooks, parse_component, run_ablated
 from circuitlab.analysis.attribution_patching import attribution_patching, attribution_vs_patching
@@ -13,14 +15,7 @@ from circuitlab.analysis.patching import (TARGETS, activation_patching, availabl
 from circuitlab.model.hooks import act_name
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: torch's intra-op threads cost more than they save here, and stall badly when another
-    process holds a core (9x slower on a busy 2-core machine), so these tests run on one, then restore it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SMALL = dict(d_vocab=40, n_ctx=16)
@@ -32,16 +27,7 @@ CONFIGS = {
 
 
 def random_model(name: str, seed: int = 0, dtype=torch.float32) -> Transformer:
-    """Random weights scaled up so that attention is sharp and patches matter."""
-    torch.manual_seed(seed)
-    model = Transformer(CONFIGS[name])
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith((".w", ".b", ".bias")):
-                p.copy_((1.0 if pname.endswith(".w") else 0.0) + 0.3 * torch.randn_like(p))
-            else:
-                p.mul_(8.0)
-    return model.to(dtype)
+    return helpers.random_model(CONFIGS[name], seed).to(dtype)
 
 
 def prompts(batch=2, pos=6, seed=1):

@@ -10,14 +10,7 @@ from circuitlab.analysis.patching import activation_patching, next_token_loss
 from circuitlab.analysis.path_patching import path_patching
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: torch's intra-op threads cost more than they save here, and stall badly when another
-    process holds a core (9x slower on a busy 2-core machine), so these tests run on one, then restore it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 V, N = 10, 16  # vocabulary, context

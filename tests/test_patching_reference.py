@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+import helpers
+
 from circuitlab import ModelConfig, Transformer
 from circuitlab.pretrained.tl_reference import to_transformer_lens as _to_tl
 from circuitlab.analysis.patching import logit_diff, patching_sweep
@@ -10,17 +12,7 @@ pytest.importorskip("transformer_lens")
 import transformer_lens.patching as tl_patching  # noqa: E402
 from transformer_lens import HookedTransformer, HookedTransformerConfig  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: torch's intra-op threads cost more than they save here, and stall badly when another
-    process holds a core (9x slower on a busy 2-core machine), so these tests run on one, then restore it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("one_thread")]
 
 
 CONFIGS = {
@@ -38,15 +30,7 @@ TL_FUNCTIONS = {
 
 
 def random_model(name: str) -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(CONFIGS[name])
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if pname.endswith((".w", ".b", ".bias")):
-                p.copy_((1.0 if pname.endswith(".w") else 0.0) + 0.3 * torch.randn_like(p))
-            else:
-                p.mul_(12.0)  # sharp attention, so that patches move the metric well beyond the tolerance
-    return model
+    return helpers.random_model(CONFIGS[name], scale=12.0)  # patches move the metric well beyond the tolerance
 
 
 to_transformer_lens = _to_tl

@@ -11,14 +11,7 @@ from circuitlab.viz.probing import plot_probe_accuracy
 from test_patching_path import V, induction_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: torch's intra-op threads cost more than they save here, and stall badly when another
-    process holds a core (9x slower on a busy 2-core machine), so these tests run on one, then restore it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_tasks_label_what_they_say():
