@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.patching import (Metric, PatchResult, check_direction, check_layers, check_metric,
-                                          check_pair, default_targets, get_target, metric_value, patching_sweep)
+from circuitlab.analysis.patching import (Metric, PatchResult, check_request, default_targets, metric_value,
+                                          patching_sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 
@@ -64,13 +64,8 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
     activation_patching: base metric + estimated change.
     """
     targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
-    check_direction(direction)
-    clean, corrupt = check_pair(model, clean_tokens, corrupt_tokens)
-    check_metric(model, metric, tuple(clean.shape))
-    chosen = [get_target(model, t) for t in targets]
-    layers = check_layers(model, layers)
-    base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
-    hooks = sorted({act_name(t.hook, l) for t in chosen for l in layers})
+    chosen, layers, base, source, hooks = check_request(model, clean_tokens, corrupt_tokens, metric, targets,
+                                                        direction, layers)
 
     source_logits, source_cache = model.run_with_cache(source, names_filter=hooks)
     base_logits, base_acts, grads = _run_with_grads(model, base, hooks, metric)

@@ -595,9 +595,11 @@ class PatchResult:
 # ---------------------------------------------------------------------------- activation patching
 
 
-def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
-             layers: Sequence[int] | None):
-    """Every check (before any compute), then the two cached runs shared by all targets."""
+def check_request(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+                  layers: Sequence[int] | None):
+    """Every check of a patching request, before any compute. Returns (targets, layers, base tokens,
+    source tokens, the hook names to cache): denoising runs the corrupted prompt and takes
+    activations from the clean one, noising the other way round."""
     check_direction(direction)
     clean, corrupt = check_pair(model, clean, corrupt)
     check_metric(model, metric, tuple(clean.shape))
@@ -605,6 +607,14 @@ def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], dire
     layers = check_layers(model, layers)
     base_tokens, source_tokens = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
     hooks = sorted({act_name(t.hook, l) for t in chosen for l in layers})
+    return chosen, layers, base_tokens, source_tokens, hooks
+
+
+def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+             layers: Sequence[int] | None):
+    """Every check (before any compute), then the two cached runs shared by all targets."""
+    chosen, layers, base_tokens, source_tokens, hooks = check_request(model, clean, corrupt, metric, targets,
+                                                                      direction, layers)
     base, _ = BaseRun.of(model, base_tokens)
     source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=hooks)
     if direction == "denoise":
