@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-slow bench clean
+.PHONY: setup demo test test-slow test-e2e bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,16 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -m slow
+
+# End-to-end test of `circuitlab serve` in a real headless browser: Debian's chromium and
+# chromium-driver (apt, needs root or sudo) and Selenium, then the e2e tests.
+test-e2e: setup
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends chromium chromium-driver; \
+	fi
+	$(PY) -m pip install --quiet 'selenium>=4.10'
+	$(PY) -m pytest -m e2e
 
 bench: setup
 	$(PY) benchmarks/bench_model.py

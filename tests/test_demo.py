@@ -27,6 +27,8 @@ def test_demo_writes_checkpoints_results_figures_and_report(demo_dir):
         assert (demo_dir / fname).is_file(), fname
     report = (demo_dir / "report.md").read_text()
     assert "## Heads" in report and "**Contrast.**" in report
+    html = (demo_dir / "report.html").read_text()
+    assert "Plotly" in html and "L1H0" in html and "<script src" not in html
 
 
 def test_causal_evidence_reads_recovery_paths_and_ablation():

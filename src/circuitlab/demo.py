@@ -50,6 +50,9 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     results["wall_seconds"] = {"training": round(train_seconds, 1), "total": round(time.time() - t0, 1)}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     write_report(results, out)
+    from circuitlab.report import write_demo_report
+
+    write_demo_report(out, results, runs)  # out/report.html: interactive, self-contained
     return results
 
 

@@ -26,7 +26,8 @@ def available_experiments() -> dict[str, Callable[..., dict]]:
 
 def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str] | None = None,
                   **opts: Any) -> dict[str, Any]:
-    """Run experiments (default: all) on a checkpoint; writes out/results.json and out/report.md."""
+    """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
+    out/report.html (interactive, self-contained)."""
     from circuitlab.training import load_checkpoint
 
     table = available_experiments()
@@ -46,6 +47,9 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         results[name] = table[name](model, tokenizer, out, opts)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (out / "report.md").write_text(_report(results))
+    from circuitlab.report import write_interpret_report
+
+    write_interpret_report(out, results, model, tokenizer)  # out/report.html
     return results
 
 

@@ -125,6 +125,11 @@ class LogitAttribution:
                 "answer": self.answer, "wrong": self.wrong, "pos": self.pos,
                 "top": [{"component": c, "attribution": round(v, 6)} for c, v in self.top(8)]}
 
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.interactive import logit_attribution_figure, notebook_html
+
+        return notebook_html(logit_attribution_figure(self))
+
 
 def _token_ids(x: int | torch.Tensor | list[int], batch: int, what: str, d_vocab: int) -> torch.Tensor:
     ids = torch.as_tensor(x, dtype=torch.long).flatten()

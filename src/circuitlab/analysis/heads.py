@@ -4,6 +4,7 @@
     classes = classify_heads(model)                 # behaviour + weights -> labels with evidence
     classes.heads_with("induction")                 # [(1, 2)]
     in_context_learning_score(model, val_tokens)
+    attention_view(model, tokens, tok, classes)     # every head's pattern, interactive in Jupyter
 
 Every detector is "the share of a head's attention that lands on the positions the pattern
 predicts", averaged over the query rows where such positions exist (so a perfect head scores 1
@@ -377,3 +378,64 @@ def in_context_learning_score(model, tokens: torch.Tensor, early: int | None = N
     loss_by_pos = total / tokens.shape[0]
     e, l_ = float(loss_by_pos[early]), float(loss_by_pos[late])
     return ICLScore(l_ - e, early, late, e, l_, loss_by_pos)
+
+
+# ---------------------------------------------------------------------------- interactive view
+
+
+@dataclass
+class AttentionPatterns:
+    """Every head's attention on one sequence: patterns [layer, head, query_pos, key_pos], the token
+    strings [pos] and optional labels (head name "L{l}H{h}" -> label). In Jupyter it displays as the
+    interactive viewer of the HTML report (choose the head; hover shows query, key and weight)."""
+
+    tokens: list[str]
+    patterns: torch.Tensor
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def head_names(self) -> list[str]:
+        return [f"L{l}H{h}" for l in range(self.patterns.shape[0]) for h in range(self.patterns.shape[1])]
+
+    def figure(self, title: str = "Attention pattern", active: str | None = None):
+        """The plotly figure (circuitlab.viz.interactive.attention_figure), opening on head `active`
+        (default: the first induction head, if labelled, else L0H0)."""
+        from circuitlab.viz.interactive import attention_figure
+
+        if active is None:
+            active = next((h for h in self.head_names if "induction" in self.labels.get(h, "")), None)
+        return attention_figure(self.tokens, self.patterns, self.head_names, self.labels, title, active)
+
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.interactive import notebook_html
+
+        return notebook_html(self.figure())
+
+
+@torch.no_grad()
+def attention_view(model, tokens: torch.Tensor | list[int] | str, tokenizer=None,
+                   labels: dict[str, str] | HeadClasses | None = None) -> AttentionPatterns:
+    """All attention patterns of model on one sequence, ready to display.
+
+    tokens: [pos] or [1, pos] ids, or text (needs tokenizer, anything with encode/decode); tokenizer
+    also names the tokens (else their ids). labels: head name -> label, or a HeadClasses.
+    """
+    if isinstance(tokens, str):
+        if tokenizer is None:
+            raise CircuitlabError("attention_view needs a tokenizer to read text")
+        tokens = tokenizer.encode(tokens)
+    tokens = torch.as_tensor(tokens, dtype=torch.long)
+    if tokens.dim() == 2 and tokens.shape[0] == 1:
+        tokens = tokens[0]
+    if tokens.dim() != 1 or tokens.numel() == 0:
+        raise CircuitlabError(f"attention_view reads one sequence [pos], got shape {tuple(tokens.shape)}")
+    tokens = tokens[-model.cfg.n_ctx:]
+    device = next(model.parameters()).device
+    _, cache = model.run_with_cache(tokens[None].to(device), names_filter=lambda n: n.endswith("hook_pattern"))
+    patterns = attention_patterns(cache)[:, 0].float().cpu()  # [layer, head, q, k]
+    if isinstance(labels, HeadClasses):
+        labels = {f"L{l}H{h}": ", ".join(labels.labels_of(l, h))
+                  for l in range(patterns.shape[0]) for h in range(patterns.shape[1]) if labels.labels_of(l, h)}
+    ids = tokens.tolist()
+    strs = [tokenizer.decode([t]) for t in ids] if tokenizer is not None else [str(t) for t in ids]
+    return AttentionPatterns(strs, patterns, dict(labels or {}))

@@ -46,6 +46,11 @@ class LogitLens:
             d["top_strs"] = self.top_strs
         return d
 
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.interactive import logit_lens_figure, notebook_html
+
+        return notebook_html(logit_lens_figure(self))
+
 
 def residual_points(model, cache) -> tuple[list[str], torch.Tensor]:
     """The residual stream after the embeddings and after each block: (labels, [point, batch, pos, d_model])."""

@@ -591,6 +591,11 @@ class PatchResult:
                 "corrupt_value": round(self.corrupt_value, 6), "direction": self.direction, "method": self.method,
                 "metric": self.metric, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()]}
 
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.interactive import notebook_html, patching_figure
+
+        return notebook_html(patching_figure(self))
+
 
 # ---------------------------------------------------------------------------- activation patching
 

@@ -173,6 +173,11 @@ class ProbeResult:
                 "control_score": rounded(self.control_score), "selectivity": rounded(self.selectivity()),
                 "chance": round(self.chance, 6), "n_train": self.n_train, "n_val": self.n_val}
 
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.interactive import notebook_html, probe_figure
+
+        return notebook_html(probe_figure(self))
+
 
 def residual_points(model) -> list[str]:
     """Hook names of the residual stream before each layer and after the last: n_layers + 1 points."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 HELP = "train a model from a run config (configs/*.yaml), with checkpoints and tracked metrics"
 EXAMPLE = "circuitlab train --config configs/demo.yaml --set train.steps=300 --out runs/mine"
@@ -25,4 +26,8 @@ def run(args: argparse.Namespace) -> int:
     result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     print(f"trained {result.steps} steps ({result.tokens_seen:,} tokens) in {result.seconds:.0f}s: "
           f"loss {result.final_loss:.3f}, best val loss {result.best_val_loss:.3f} -> {out}")
+    if os.environ.get("RANK", "0") == "0":  # one report per run, also under torchrun
+        from circuitlab.report import report_for_run
+
+        print(f"report: {report_for_run(out)}")
     return 0

@@ -1,0 +1,70 @@
+"""circuitlab serve: the local web explorer (FastAPI on uvicorn)."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "local web explorer: attention of every head, logit lens, attribution, and the hand-built adder"
+EXAMPLE = "circuitlab serve --checkpoint runs/demo/2l --port 8000   (then open http://127.0.0.1:8000)"
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,
+                   help="a run or checkpoint directory for the explorer page (without one, only the adder "
+                        "page works)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; anything else exposes the "
+                        "explorer to your network)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-tokens", type=int, default=128,
+                   help="longest prompt in tokens (default 128; also capped by the model's context)")
+    p.add_argument("--max-prompt-chars", type=int, default=2000, help="longest prompt in characters (default 2000)")
+    p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A CircuitlabError when host:port cannot be bound (in use, or not an address of this machine)."""
+    import socket
+
+    from circuitlab.errors import CircuitlabError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise CircuitlabError(f"cannot resolve --host {host!r}: {e}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise CircuitlabError(f"cannot listen on {host}:{port} ({e.strerror or e}); "
+                                  "choose another --port") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from circuitlab.serve import create_app
+
+    from circuitlab.errors import CircuitlabError
+
+    if not 0 < args.port < 65536:
+        raise CircuitlabError(f"--port must be from 1 to 65535, got {args.port}")
+    loopback = args.host in LOOPBACK
+    # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
+    app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
+                     allowed_hosts=list(LOOPBACK) if loopback else None, device=args.device)
+    check_port_free(args.host, args.port)
+    import uvicorn
+
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder; Ctrl-C stops)")
+    if not args.checkpoint:
+        print("no --checkpoint: the explorer page has no model; the adder page works", file=sys.stderr)
+    if not loopback:
+        print(f"warning: bound to {args.host}: anyone who can reach this machine can use the explorer",
+              file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", server_header=False)
+    return 0

@@ -1,0 +1,593 @@
+"""Report sections from what a run has.
+
+A run contributes a RunData (model, tokenizer, configs, metrics, head labels); an analysis contributes
+the findings dicts of circuitlab.analysis.interpret_circuits / interpret_causal experiments (as in
+results.json). build_sections turns them into sections, in this order, each only when there is data:
+
+    model card · summary · training curves · heads · attention viewer · QK/OV circuits · logit lens ·
+    direct logit attribution · patching · ablation · probes
+
+Entry points: report_for_run(dir) (a training run, an interpret output or a demo directory),
+write_demo_report, write_interpret_report.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitlab.errors import CircuitlabError
+from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
+                                    markdown_lite, paragraph, table_html, write_html_report)
+
+SCORE_COLUMNS = ("induction", "previous-token", "duplicate-token", "first-token", "current-token", "copying",
+                 "entropy")
+
+
+@dataclass
+class RunData:
+    """What one model contributes to a report; everything but name is optional.
+
+    heads: rows {"head": "L1H0", "labels": [...], "scores": {column: value}, "evidence": [str]};
+    head_scores: detector -> [layer][head] (for the heatmap).
+    """
+
+    name: str
+    model: Any = None
+    tokenizer: Any = None
+    model_config: dict | None = None
+    run_config: dict | None = None
+    metrics: list[dict] = field(default_factory=list)
+    phase_change: dict | None = None
+    tokens_seen: int | None = None
+    steps: int | None = None
+    checkpoint: str | None = None
+    heads: list[dict] | None = None
+    head_scores: dict[str, Any] | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # more model-card rows
+
+
+def load_run(run_dir: str | Path, name: str | None = None, model=None, tokenizer=None,
+             load_model: bool = True) -> RunData:
+    """A run directory (or checkpoint directory) as RunData: metrics.jsonl, the checkpoint's config and
+    training state, and (unless model is given or load_model is False) the model and tokenizer."""
+    from circuitlab.training import find_checkpoint, load_checkpoint, read_metrics
+
+    run_dir = Path(run_dir)
+    metrics = read_metrics(run_dir)
+    if not metrics and (run_dir.parent / "metrics.jsonl").is_file() and run_dir.name in ("checkpoint", "best"):
+        metrics = read_metrics(run_dir.parent)
+    run = RunData(name or run_dir.name, model=model, tokenizer=tokenizer, metrics=metrics)
+    try:
+        ckpt = find_checkpoint(run_dir)
+    except CircuitlabError:
+        ckpt = None
+    if ckpt is not None:
+        run.checkpoint = str(ckpt)
+        meta = json.loads((ckpt / "config.json").read_text())
+        run.model_config, run.run_config = meta.get("model"), meta.get("run") or None
+        state = ckpt / "trainer_state.json"
+        if state.is_file():
+            st = json.loads(state.read_text())
+            run.steps, run.tokens_seen = st.get("step"), st.get("tokens_seen")
+        if model is None and load_model:
+            run.model, loaded_tok, _ = load_checkpoint(ckpt)
+            run.tokenizer = tokenizer if tokenizer is not None else loaded_tok
+    if run.model is not None and run.model_config is None:
+        run.model_config = run.model.cfg.to_dict()
+    if metrics:
+        last = metrics[-1]
+        run.steps = run.steps if run.steps is not None else last.get("step")
+        run.tokens_seen = run.tokens_seen if run.tokens_seen is not None else last.get("tokens")
+    return run
+
+
+# ---------------------------------------------------------------------------- head rows
+
+
+def _evidence_text(e: Mapping[str, Any]) -> str:
+    mark = "ok" if e.get("passed") else "fails"
+    return f"{e['check']} {e['value']:.3f} (threshold {e['threshold']:.3f}: {mark})"
+
+
+def head_rows_from_classes(classes: Any) -> tuple[list[dict], dict[str, Any]]:
+    """Rows and detector scores from a HeadClasses (or its to_dict(), as the interpret "heads" experiment
+    stores it)."""
+    d = classes if isinstance(classes, Mapping) else classes.to_dict()
+    scores = d["scores"]["scores"]
+    copying = (d.get("copying") or {}).get("scores")
+    first = next(iter(scores.values()))
+    n_layers, n_heads = len(first), len(first[0]) if first else 0
+    rows = []
+    for l in range(n_layers):
+        for h in range(n_heads):
+            name = f"L{l}H{h}"
+            row_scores = {k.replace("_", "-"): scores[k][l][h] for k in scores}
+            if copying is not None:
+                row_scores["copying"] = copying[l][h]
+            labels = [lab for lab in d.get("labels", []) if lab["head"] == name]
+            rejected = [lab for lab in d.get("rejected", []) if lab["head"] == name]
+            evidence = [f"{lab['label']}: " + "; ".join(_evidence_text(e) for e in lab["evidence"])
+                        for lab in labels if lab["label"] not in ("low-entropy", "diffuse")]
+            evidence += [f"not {lab['label']}: " + "; ".join(_evidence_text(e) for e in lab["evidence"])
+                         for lab in rejected]
+            rows.append({"head": name, "labels": [lab["label"] for lab in labels], "scores": row_scores,
+                         "evidence": evidence})
+    return rows, scores
+
+
+def head_rows_from_demo(found: Mapping[str, Any]) -> list[dict]:
+    """Rows from one model of the demo's results.json ("heads", "induction_evidence", "rejected")."""
+    notes = [(s, "") for s in found.get("induction_evidence", [])] + [(s, "not assigned: ")
+                                                                       for s in found.get("rejected", [])]
+    rows = []
+    for h in found.get("heads", []):
+        rows.append({"head": h["head"], "labels": list(h.get("labels", [])),
+                     "scores": {"induction": h.get("induction_score"), "previous-token": h.get("prev_token_score"),
+                                "copying": h.get("copying_score")},
+                     "evidence": [prefix + s.split(" ", 1)[1] for s, prefix in notes if s.startswith(h["head"] + " ")]})
+    return rows
+
+
+def compute_heads(run: RunData) -> None:
+    """Label run.model's heads (classify_heads on tiled random tokens) into run.heads / run.head_scores."""
+    from circuitlab.analysis.heads import classify_heads
+
+    if run.model is None or run.model.cfg.n_layers == 0:
+        return
+    run.heads, run.head_scores = head_rows_from_classes(classify_heads(run.model))
+
+
+def _labels_by_head(run: RunData) -> dict[str, str]:
+    return {r["head"]: ", ".join(r["labels"]) for r in run.heads or [] if r["labels"]}
+
+
+# ---------------------------------------------------------------------------- sections
+
+
+def _param_counts(model) -> dict[str, int]:
+    total = sum(p.numel() for p in model.parameters())
+    embed = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("embed", "unembed", "pos_embed")))
+    return {"parameters": total, "non-embedding parameters": total - embed}
+
+
+def _flat(d: Mapping[str, Any] | None) -> str:
+    if not d:
+        return ""
+    return ", ".join(f"{k} {v}" for k, v in d.items() if v not in (None, "", [], {}))
+
+
+def model_card_section(runs: Sequence[RunData]) -> Section:
+    parts = []
+    for run in runs:
+        cfg = dict(run.model_config or {})
+        if run.model is not None:
+            cfg = {**cfg, **{k: getattr(run.model.cfg, k) for k in ("d_head", "d_mlp") if hasattr(run.model.cfg, k)}}
+        rc = run.run_config or {}
+        train = rc.get("train") or {}
+        facts: dict[str, Any] = {"run": rc.get("name") or run.name, "description": rc.get("description")}
+        if cfg:
+            arch = (f"{cfg.get('n_layers')} layers, d_model {cfg.get('d_model')}, {cfg.get('n_heads')} heads"
+                    + (f" of {cfg['d_head']}" if cfg.get("d_head") else "")
+                    + (", attention only" if cfg.get("attn_only") else
+                       (f", MLP {cfg.get('d_mlp')} ({cfg.get('mlp')})" if cfg.get("d_mlp") else ""))
+                    + f", context {cfg.get('n_ctx')}, vocabulary {cfg.get('d_vocab')}"
+                    + f", norm {cfg.get('norm')}, positions {cfg.get('positional')}")
+            facts["model"] = f"{cfg.get('name') or 'custom'}: {arch}"
+        if run.model is not None:
+            facts.update(_param_counts(run.model))
+        facts["data"] = _flat(rc.get("data"))
+        if train:
+            facts["training"] = _flat({k: train.get(k) for k in ("steps", "batch_size", "seq_len", "lr", "warmup_steps",
+                                                                  "weight_decay", "seed")})
+        facts["steps done"] = run.steps
+        facts["tokens seen"] = run.tokens_seen
+        facts.update(run.facts)
+        facts["checkpoint"] = run.checkpoint
+        if len(runs) > 1:
+            parts.append(heading(run.name))
+        parts.append(key_value_table(facts))
+        if cfg or rc:
+            parts.append(details("full configuration", json_block({"model": run.model_config, "run": rc or None})))
+    return Section("model-card", "Model card", parts)
+
+
+def training_section(runs: Sequence[RunData]) -> Section | None:
+    from circuitlab.viz.interactive import training_curves_figure
+
+    with_metrics = [r for r in runs if r.metrics]
+    if not with_metrics:
+        return None
+    curves = {r.name: r.metrics for r in with_metrics}
+    phases, lines = {}, []
+    for r in with_metrics:
+        pc = r.phase_change if r.phase_change is not None else _phase_change(r.metrics)
+        if pc:
+            phases[r.name] = pc
+            text = (f"{r.name}: phase change around step {pc['step']} ({pc['tokens']:,} tokens): the best induction "
+                    f"score went from {pc['induction_before']:.2f} to {pc['induction_after']:.2f}")
+            if pc.get("repeat_loss_before") is not None and pc.get("repeat_loss_after") is not None:
+                text += (f", the loss on repeated tokens from {pc['repeat_loss_before']:.2f} to "
+                         f"{pc['repeat_loss_after']:.2f}")
+            lines.append(text + ".")
+        elif any("induction" in m for m in r.metrics):
+            lines.append(f"{r.name}: no clear phase change in the induction score.")
+    fig = training_curves_figure(curves, phases)
+    return Section("training", "Training curves", [bullet_list(lines), fig],
+                   "Loss and the best head's induction and previous-token scores against tokens seen; the dashed "
+                   "line marks the phase change, the band the induction score's rise (from the last point below 20% of "
+                   "it to the first at 80%).")
+
+
+def _phase_change(records: list[dict]) -> dict | None:
+    from circuitlab.demo import phase_change
+
+    return phase_change(records)
+
+
+def heads_section(runs: Sequence[RunData]) -> Section | None:
+    from circuitlab.viz.interactive import head_scores_figure
+
+    with_heads = [r for r in runs if r.heads]
+    if not with_heads:
+        return None
+    parts = []
+    for run in with_heads:
+        present = {k for row in run.heads for k, v in row["scores"].items() if v is not None}
+        columns = [c for c in SCORE_COLUMNS if c in present]
+        rows = []
+        for row in run.heads:
+            chips = "".join(f'<span class="label">{esc(lab)}</span>' for lab in row["labels"]) or "-"
+            ev = "".join(f"<div>{esc(e)}</div>" for e in row["evidence"])
+            rows.append({"head": row["head"], "labels": chips,
+                         **{c: (float(row["scores"][c]) if row["scores"].get(c) is not None else float("nan"))
+                            for c in columns},
+                         "evidence": f'<div class="evidence">{ev}</div>'})
+        if len(with_heads) > 1:
+            parts.append(heading(run.name))
+        parts.append(table_html(rows, ["head", "labels", *columns, "evidence"], raw=("labels", "evidence")))
+        if run.head_scores:
+            parts.append(head_scores_figure(run.head_scores, title=f"{run.name} head scores"))
+    return Section("heads", "Heads", parts,
+                   "Labels need behaviour and weights to agree (induction: an induction pattern, a copying OV circuit "
+                   "and K-composition with an earlier previous-token head); scores are the share of attention on the "
+                   "positions each detector predicts, copying is the OV circuit's eigenvalue score.")
+
+
+def attention_tokens(model, seed: int = 7, segment: int = 12, repeats: int = 3) -> torch.Tensor:
+    """A random segment repeated: [segment * repeats] ids (cropped to the context)."""
+    gen = torch.Generator().manual_seed(seed)
+    seg = torch.randint(0, model.cfg.d_vocab, (segment,), generator=gen)
+    return seg.repeat(repeats)[: model.cfg.n_ctx]
+
+
+def attention_section(run: RunData, tokens: torch.Tensor | None = None) -> Section | None:
+    from circuitlab.analysis.heads import attention_view
+
+    if run.model is None or run.model.cfg.n_layers == 0:
+        return None
+    tokens = attention_tokens(run.model) if tokens is None else tokens
+    view = attention_view(run.model, tokens, run.tokenizer, _labels_by_head(run))
+    return Section("attention", "Attention patterns", [view.figure(f"{run.name} attention")],
+                   f"Every head of {run.name} on a random segment of 12 tokens repeated; choose the head in the menu, "
+                   "hover a cell for the query token, the key token and the weight. Induction heads attend to the "
+                   "token after the previous copy of the current one (an off-diagonal stripe).")
+
+
+def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """The induction head (from the circuits experiment, else the best-scoring head after layer 0) and
+    the previous-token head in an earlier layer that scores best."""
+    cfg = run.model.cfg
+    ind = (found or {}).get("induction")
+    if ind:
+        return _parse_head(ind["head"]), _parse_head(ind["prev_token_head"])
+    rows = {r["head"]: r["scores"] for r in run.heads or []}
+
+    def score(l: int, h: int, key: str) -> float:
+        v = rows.get(f"L{l}H{h}", {}).get(key)
+        return -1.0 if v is None else float(v)
+
+    later = range(1 if cfg.n_layers > 1 else 0, cfg.n_layers)
+    head = max(((l, h) for l in later for h in range(cfg.n_heads)), key=lambda lh: score(*lh, "induction"))
+    if head[0] == 0:
+        return head, None
+    prev = max(((l, h) for l in range(head[0]) for h in range(cfg.n_heads)),
+               key=lambda lh: score(*lh, "previous-token"))
+    return head, prev
+
+
+def _parse_head(name: str) -> tuple[int, int]:
+    layer, head = name[1:].split("H")
+    return int(layer), int(head)
+
+
+@torch.no_grad()
+def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, prompt: str | None = None
+                     ) -> Section | None:
+    """QK (through the previous-token head when there is one) and OV circuits of the induction head on the
+    prompt's tokens, copying scores of every head, K-composition between heads. Norms folded first."""
+    from circuitlab.analysis.circuits import (composition_scores, copying_scores, k_composition_qk_circuit,
+                                              ov_circuit, qk_circuit)
+    from circuitlab.analysis.folding import fold_layer_norm
+    from circuitlab.analysis.interpret_circuits import DEFAULT_PROMPT
+    from circuitlab.viz.interactive import heatmap_figure, token_label
+
+    model = run.model
+    if model is None or model.cfg.n_layers == 0:
+        return None
+    wm = fold_layer_norm(model) if model.cfg.norm != "none" else model
+    if run.tokenizer is not None:
+        ids = [i for i in run.tokenizer.encode(prompt or DEFAULT_PROMPT) if 0 <= i < model.cfg.d_vocab]
+        ids = list(dict.fromkeys(ids))[:24]
+    else:
+        ids = []
+    if not ids:
+        ids = list(range(min(24, model.cfg.d_vocab)))
+    strs = [token_label(run.tokenizer.decode([i]), 12) if run.tokenizer is not None else str(i) for i in ids]
+    head, prev = _pick_heads(run, found)
+    name = f"L{head[0]}H{head[1]}"
+    parts: list[Any] = [bullet_list((found or {}).get("summary", []))]
+    if prev is not None:
+        qk = k_composition_qk_circuit(wm, head, prev).submatrix(ids, ids)
+        parts.append(heatmap_figure(qk, strs, strs, f"{name} QK circuit via L{prev[0]}H{prev[1]}: query token vs "
+                                    "the token before the key", x_title="token before the key",
+                                    y_title="query token", value_name="score"))
+    else:
+        qk = qk_circuit(wm, head[0])[head[1]].submatrix(ids, ids)
+        parts.append(heatmap_figure(qk, strs, strs, f"{name} QK circuit", x_title="key token", y_title="query token",
+                                    value_name="score"))
+    ov = ov_circuit(wm, head[0])[head[1]].submatrix(ids, ids)
+    parts.append(heatmap_figure(ov, strs, strs, f"{name} full OV circuit: attending to a token, the logits it "
+                                "raises", x_title="output logit", y_title="attended token", value_name="logit"))
+    copying = (found or {}).get("copying", {}).get("scores")
+    if copying is None:
+        copying = copying_scores(wm).scores
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    parts.append(heatmap_figure(copying, [f"L{l}" for l in range(L)], [f"H{h}" for h in range(H)],
+                                "OV copying score per head (1 = copies the attended token)", x_title="head",
+                                y_title="layer", zmin=-1.0, zmax=1.0, value_name="copying"))
+    if L > 1 and L * H <= 64:
+        comp = (found or {}).get("composition")
+        if comp is None:
+            c = composition_scores(wm)
+            k, base = c.k, c.baseline_mean
+        else:
+            k, base = comp["k"], comp["baseline_mean"]
+        k = torch.tensor([[float("nan") if v is None else v for v in row] for row in _reshape(k, L * H)])
+        names = [f"L{i // H}H{i % H}" for i in range(L * H)]
+        parts.append(heatmap_figure(k, names, names, f"K-composition (random baseline {base:.3f})",
+                                    x_title="reader head", y_title="writer head", zmid=None, zmin=base,
+                                    colorscale="Viridis", value_name="K-composition"))
+    return Section("circuits", "QK and OV circuits", parts,
+                   f"Weight-based circuits of {run.name}'s {'induction head' if prev is not None else 'head'} {name}, "
+                   "restricted to the tokens of a short prompt.")
+
+
+def _reshape(x: Any, n: int) -> list[list[Any]]:
+    """[L, H, L, H] (tensor or nested lists) -> n x n nested lists."""
+    if hasattr(x, "reshape"):
+        return x.reshape(n, n).tolist()
+    flat = [v for a in x for b in a for c in b for v in c]
+    return [flat[i * n:(i + 1) * n] for i in range(n)]
+
+
+def logit_lens_section(found: Mapping[str, Any]) -> Section:
+    from circuitlab.viz.interactive import logit_lens_figure
+
+    parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
+             bullet_list(found.get("summary", [])), logit_lens_figure(found)]
+    return Section("logit-lens", "Logit lens", parts,
+                   "The residual stream after the embeddings and after each layer, read through the final norm and "
+                   "the unembedding: the top next token at each point, and how sure the model already is.")
+
+
+def attribution_section(found: Mapping[str, Any]) -> Section:
+    from circuitlab.viz.interactive import logit_attribution_figure
+
+    dla = found["attribution"]
+    title = (f"Direct logit attribution: logit({found['answer']!r}) - logit({found['wrong']!r})"
+             if "answer" in found else None)
+    parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
+             bullet_list(found.get("summary", [])), logit_attribution_figure(dla, title=title)]
+    return Section("attribution", "Direct logit attribution", parts,
+                   "Each component's direct contribution (through the final norm's scale) to the logit difference "
+                   "between the model's top two predictions at the last position.")
+
+
+def patching_section(found: Mapping[str, Any]) -> Section:
+    from circuitlab.viz.interactive import heatmap_figure, patching_figure
+
+    tokens = found.get("tokens")
+    parts: list[Any] = [bullet_list(found.get("summary", []))]
+    for target, res in (found.get("patching") or {}).items():
+        parts.append(patching_figure(res, tokens))
+    corr = found.get("attribution_correlation")
+    if corr:
+        parts.append(heading("Attribution patching against activation patching"))
+        parts.append(table_html([{"target": t, "Pearson r": float("nan") if r is None else float(r)}
+                                 for t, r in corr.items()]))
+    for inp, p in (found.get("path_patching") or {}).items():
+        layer = _parse_head(p["receiver"])[0]
+        gap = p["clean_value"] - p["corrupt_value"]
+        values = torch.tensor([[float("nan") if v is None else v for v in row] for row in p["values"][:layer]])
+        grid = (values - p["corrupt_value"]) / gap - 1 if gap else torch.full_like(values, float("nan"))
+        parts.append(heatmap_figure(grid, [f"L{l}" for l in range(layer)], [f"H{h}" for h in range(grid.shape[1])],
+                                    f"path patching: sender -> {p['receiver']} {inp.upper()} input "
+                                    "(change in normalised metric; -1 = the whole corruption)",
+                                    x_title="sender head", y_title="sender layer", zmin=-1.0, zmax=1.0,
+                                    colorscale="RdBu", value_name="change"))
+    return Section("patching", "Activation patching", parts,
+                   "Denoising: each activation of the clean run patched into the corrupted run; recovery 1 = the clean "
+                   "behaviour is back, 0 = still corrupted.")
+
+
+def ablation_section(found: Mapping[str, Any]) -> Section:
+    from circuitlab.viz.interactive import heatmap_figure
+
+    parts: list[Any] = [paragraph(f"Tokens: {found['tokens']}") if found.get("tokens") else "",
+                        bullet_list(found.get("summary", []))]
+    for key in ("heads", "mlps"):
+        res = found.get(key)
+        if not res:
+            continue
+        values = torch.tensor([[float("nan") if v is None else v for v in (row if isinstance(row, list) else [row])]
+                               for row in res["values"]])
+        change = values - res["baseline"]
+        kind = res.get("kind", key)
+        cols = [f"H{h}" for h in range(change.shape[1])] if kind == "head" else [kind] * change.shape[1]
+        parts.append(heatmap_figure(change, [f"L{l}" for l in res["layers"]], cols,
+                                    f"{res.get('method', '')} ablation of each {kind}: "
+                                    f"change in {res.get('metric', '')}",
+                                    x_title=kind, y_title="layer", colorscale="RdBu_r", value_name="change"))
+    return Section("ablation", "Ablation", parts)
+
+
+def probing_section(found: Mapping[str, Any]) -> Section:
+    from circuitlab.viz.interactive import probe_figure
+
+    parts = [paragraph(f"Data: {found['data']}") if found.get("data") else "",
+             bullet_list(found.get("summary", [])), probe_figure(found["probes"])]
+    return Section("probes", "Probe accuracy by layer", parts,
+                   "Linear probes on the residual stream before each layer and after the last (solid); dashed: the "
+                   "same probe on random labels (control); dotted: chance.")
+
+
+def summary_section(lines: Sequence[str] | str, title: str = "Summary") -> Section | None:
+    """Lines as a list, or a string of simple Markdown (paragraphs, "- " lists, **bold**)."""
+    if isinstance(lines, str):
+        return Section("summary", title, [markdown_lite(lines)]) if lines.strip() else None
+    lines = [s for s in lines if s]
+    return Section("summary", title, [bullet_list(lines)]) if lines else None
+
+
+def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None = None, *, analyse: bool = True,
+                   view: str | None = None, summary: Sequence[str] | str = ()) -> list[Section]:
+    """Sections for the runs and the analysis findings (experiment name -> findings dict).
+
+    analyse: label the heads of runs that have a model but no head rows (classify_heads, about a second
+    for small models). view: the run whose attention patterns and circuits are shown (default: the first
+    with a model, preferring the deepest).
+    """
+    analysis = dict(analysis or {})
+    runs = list(runs)
+    heads_found = analysis.get("heads")
+    for run in runs:
+        if run.heads is None and isinstance(heads_found, Mapping) and "labels" in heads_found and len(runs) == 1:
+            run.heads, run.head_scores = head_rows_from_classes(heads_found)
+        if run.heads is None and analyse:
+            compute_heads(run)
+    with_model = [r for r in runs if r.model is not None]
+    shown = next((r for r in runs if r.name == view), None) if view else None
+    if shown is None and with_model:
+        shown = max(with_model, key=lambda r: r.model.cfg.n_layers)
+    lens = analysis.get("logit_lens")
+    prompt = lens.get("prompt") if isinstance(lens, Mapping) else None
+    sections = [model_card_section(runs), summary_section(summary), training_section(runs), heads_section(runs)]
+    if isinstance(heads_found, Mapping) and heads_found.get("summary"):
+        sections.append(Section("head-findings", "Head findings", [bullet_list(heads_found["summary"])]))
+    if shown is not None:
+        sections.append(attention_section(shown))
+        sections.append(circuits_section(shown, analysis.get("circuits"), prompt))
+    builders = {"logit_lens": logit_lens_section, "attribution": attribution_section,
+                "patching": patching_section, "ablation": ablation_section, "probing": probing_section}
+    for name, builder in builders.items():
+        found = analysis.get(name)
+        if isinstance(found, Mapping) and found:
+            try:
+                sections.append(builder(found))
+            except (KeyError, TypeError, IndexError, ValueError) as e:  # an older or partial results.json
+                sections.append(Section(name.replace("_", "-"), name.replace("_", " ").capitalize(),
+                                        [bullet_list(found.get("summary", [])),
+                                         paragraph(f"(figure unavailable: {type(e).__name__}: {e})")]))
+    return [s for s in sections if s is not None]
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping[str, Any] | None = None,
+                      run_dir: str | Path | None = None) -> Path:
+    """out/report.html for the demo: both models' cards and curves, head tables, the 2-layer model's
+    attention viewer and circuits, and the analyses in results["analysis"].
+
+    runs: name -> TrainResult (or RunData); default: loaded from run_dir/<name> (run_dir defaults to out).
+    """
+    from circuitlab.demo import causal_paragraph
+
+    out = Path(out)
+    run_dir = Path(run_dir) if run_dir is not None else out
+    data = []
+    for name, found in results.get("models", {}).items():
+        r = (runs or {}).get(name)
+        if isinstance(r, RunData):
+            run = r
+        elif r is not None:
+            run = load_run(r.out_dir, name, model=r.model, tokenizer=r.tokenizer)
+        else:
+            run = load_run(run_dir / name, name)
+        run.name = name
+        run.phase_change = found.get("phase_change") or None
+        run.heads = head_rows_from_demo(found)
+        run.steps, run.tokens_seen = found.get("steps", run.steps), found.get("tokens_seen", run.tokens_seen)
+        run.facts.update({"final train loss": found.get("final_train_loss"),
+                          "best val loss": found.get("best_val_loss"),
+                          "loss on repeated random tokens": found.get("repeat_loss"),
+                          "induction heads": ", ".join(found.get("induction_heads", [])) or "none",
+                          "previous-token heads": ", ".join(found.get("previous_token_heads", [])) or "none",
+                          "training time (s)": found.get("train_seconds")})
+        data.append(run)
+    # The narrative of the demo's report.md (before its first "## " section), else the causal evidence.
+    md = run_dir / "report.md"
+    text = md.read_text().split("\n## ")[0] if md.is_file() else ""
+    summary = "\n".join(line for line in text.splitlines() if not line.startswith("# "))
+    if not summary.strip():
+        summary = "\n".join(causal_paragraph(results.get("causal_evidence", {})))
+    sections = build_sections(data, results.get("analysis"), analyse=False, view="2l", summary=summary)
+    return write_html_report(out, sections, "circuitlab demo: induction heads",
+                             "a 2-layer and a 1-layer attention-only transformer")
+
+
+def write_interpret_report(out: str | Path, results: Mapping[str, Any], model=None, tokenizer=None) -> Path:
+    """out/report.html for `circuitlab interpret`: the checkpoint's card (and its run's training curves,
+    when the checkpoint sits in a run directory) and a section per experiment."""
+    ckpt = Path(str(results.get("checkpoint", "")))
+    name = ckpt.parent.name if ckpt.name in ("checkpoint", "best") else ckpt.name
+    if ckpt.exists():
+        run = load_run(ckpt, name, model=model, tokenizer=tokenizer, load_model=model is None)
+    else:
+        run = RunData(name or "model", model=model, tokenizer=tokenizer,
+                      model_config=model.cfg.to_dict() if model is not None else results.get("model"))
+    analysis = {k: results[k] for k in results.get("experiments", []) if isinstance(results.get(k), Mapping)}
+    sections = build_sections([run], analysis, analyse="heads" not in analysis)
+    return write_html_report(out, sections, f"circuitlab interpret: {name or 'model'}",
+                             f"experiments: {', '.join(results.get('experiments', []))}")
+
+
+def report_for_run(run_dir: str | Path, out: str | Path | None = None, *, analyse: bool = True,
+                   title: str | None = None) -> Path:
+    """Write report.html for a directory: a training run (checkpoint, metrics.jsonl), the output of
+    `circuitlab interpret` or of the demo (results.json). out: a directory or .html path (default run_dir).
+
+    analyse: for a training run, label the heads and show attention and circuits from the checkpoint
+    (a few seconds for small models); False keeps to what the directory holds.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CircuitlabError(f"no such run directory: {run_dir}")
+    out = Path(out) if out is not None else run_dir
+    results = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").is_file() else {}
+    if "models" in results and "analysis" in results:
+        return write_demo_report(out, results, run_dir=run_dir)
+    if "experiments" in results and "checkpoint" in results:
+        return write_interpret_report(out, results)
+    run = load_run(run_dir, load_model=analyse)
+    if run.model_config is None and not run.metrics:
+        raise CircuitlabError(f"{run_dir} holds no checkpoint, metrics.jsonl or results.json to report on")
+    sections = build_sections([run], results if results else None, analyse=analyse)
+    rc = run.run_config or {}
+    return write_html_report(out, sections, title or f"circuitlab run: {rc.get('name') or run.name}",
+                             rc.get("description") or "")

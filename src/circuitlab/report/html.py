@@ -1,0 +1,223 @@
+"""One self-contained HTML file from report sections: plotly.js inlined once (from the installed plotly
+package), every figure as its JSON plus a Plotly.newPlot call, plain CSS, no network access at all.
+
+    sections = [Section("card", "Model card", [table_html(rows)]), Section("curves", "Training", [fig])]
+    write_html_report("runs/x", sections, title="my run")     # -> runs/x/report.html
+"""
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPORT_FILE = "report.html"
+
+
+@dataclass
+class Section:
+    """A titled part of the report. parts: HTML fragments (str) and plotly figures, in order;
+    intro: a sentence or two of plain text shown under the title."""
+
+    id: str
+    title: str
+    parts: list[Any] = field(default_factory=list)
+    intro: str = ""
+
+
+CSS = """
+:root { --fg: #1d2330; --muted: #5b6475; --line: #d9dee7; --bg: #ffffff; --soft: #f5f7fa; --accent: #2a5db0; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; color: var(--fg);
+       background: var(--bg); }
+header { padding: 1.5rem 2rem 1rem; border-bottom: 1px solid var(--line); background: var(--soft); }
+header h1 { margin: 0 0 .25rem; font-size: 1.6rem; }
+header p { margin: 0; color: var(--muted); }
+.layout { display: flex; align-items: flex-start; }
+nav { position: sticky; top: 0; flex: 0 0 14rem; padding: 1rem 1rem 1rem 2rem; max-height: 100vh; overflow-y: auto; }
+nav h2 { font-size: .8rem; text-transform: uppercase; letter-spacing: .06em; color: var(--muted); margin: 0 0 .5rem; }
+nav ol { margin: 0; padding-left: 1.2rem; }
+nav li { margin: .2rem 0; }
+nav a { color: var(--accent); text-decoration: none; }
+nav a:hover { text-decoration: underline; }
+main { flex: 1 1 auto; min-width: 0; padding: 0 2rem 4rem 1rem; max-width: 72rem; }
+section { padding-top: 1rem; border-bottom: 1px solid var(--line); padding-bottom: 1.5rem; }
+section h2 { font-size: 1.3rem; margin: .8rem 0 .4rem; }
+h3 { font-size: 1.05rem; margin: 1.2rem 0 .4rem; }
+.intro { color: var(--muted); margin: 0 0 .8rem; }
+table { border-collapse: collapse; margin: .5rem 0 1rem; font-size: .9rem; }
+th, td { border: 1px solid var(--line); padding: .25rem .6rem; text-align: left; vertical-align: top; }
+th { background: var(--soft); font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.ok { color: #1b7f3a; } td.fail { color: #b3261e; }
+.label { display: inline-block; padding: 0 .4rem; margin: 0 .2rem .1rem 0; border-radius: .6rem; background: #e3ecfa;
+         color: #1f4a8f; font-size: .8rem; white-space: nowrap; }
+.evidence { font-size: .8rem; color: var(--muted); }
+.figure { margin: .5rem 0 1.2rem; overflow-x: auto; }
+ul.summary { margin: .3rem 0 1rem; padding-left: 1.3rem; }
+details { margin: .4rem 0 1rem; } summary { cursor: pointer; color: var(--accent); }
+pre { background: var(--soft); padding: .6rem; overflow-x: auto; font-size: .8rem; }
+@media (max-width: 900px) { .layout { display: block; } nav { position: static; max-height: none; } }
+"""
+
+
+# ---------------------------------------------------------------------------- fragments
+
+
+def esc(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def paragraph(text: str) -> str:
+    return f"<p>{esc(text)}</p>"
+
+
+def heading(text: str) -> str:
+    return f"<h3>{esc(text)}</h3>"
+
+
+def bullet_list(lines: Iterable[str], cls: str = "summary") -> str:
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return f'<ul class="{cls}">{items}</ul>' if items else ""
+
+
+def table_html(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
+               raw: Sequence[str] = ()) -> str:
+    """A table from dict rows; columns default to the first row's keys. Floats get 4 significant
+    digits and right alignment; columns named in raw hold HTML already (not escaped)."""
+    if not rows:
+        return ""
+    columns = list(columns or rows[0].keys())
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = []
+    for row in rows:
+        cells = []
+        for c in columns:
+            v = row.get(c, "")
+            if c in raw:
+                cells.append(f"<td>{v}</td>")
+            elif isinstance(v, float):
+                cells.append(f'<td class="num">{"" if v != v else f"{v:.4g}"}</td>')
+            elif isinstance(v, int) and not isinstance(v, bool):
+                cells.append(f'<td class="num">{v:,}</td>')
+            else:
+                cells.append(f"<td>{esc(v)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def key_value_table(items: Mapping[str, Any]) -> str:
+    def fmt(v: Any) -> Any:
+        if isinstance(v, bool):
+            return str(v)
+        return f"{v:,}" if isinstance(v, int) else f"{v:.4g}" if isinstance(v, float) else v
+
+    rows = [{"field": k, "value": fmt(v)} for k, v in items.items() if v is not None and v != ""]
+    return table_html(rows).replace("<thead><tr><th>field</th><th>value</th></tr></thead>", "")
+
+
+def markdown_lite(text: str) -> str:
+    """The little Markdown circuitlab's own reports use: paragraphs, "- " lists, **bold**, `code`."""
+    import re
+
+    def inline(s: str) -> str:
+        s = esc(s)
+        s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
+        return re.sub(r"`(.+?)`", r"<code>\1</code>", s)
+
+    out, items, para = [], [], []
+
+    def flush() -> None:
+        if para:
+            out.append("<p>" + inline(" ".join(para)) + "</p>")
+            para.clear()
+        if items:
+            out.append('<ul class="summary">' + "".join(f"<li>{inline(i)}</li>" for i in items) + "</ul>")
+            items.clear()
+
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(("- ", "* ")):
+            if para:
+                flush()
+            items.append(line[2:])
+        elif not line:
+            flush()
+        else:
+            if items:
+                flush()
+            para.append(line.lstrip("#").strip() if line.startswith("#") else line)
+    flush()
+    return "\n".join(out)
+
+
+def details(summary: str, body_html: str) -> str:
+    return f"<details><summary>{esc(summary)}</summary>{body_html}</details>"
+
+
+def json_block(data: Any) -> str:
+    return f"<pre>{esc(json.dumps(data, indent=2, default=str))}</pre>"
+
+
+# ---------------------------------------------------------------------------- figures and pages
+
+
+def figure_html(fig, div_id: str) -> str:
+    """A plotly figure as a div plus the script that draws it (plotly.js must be on the page)."""
+    data = fig.to_json()  # {"data", "layout"}; numeric arrays as compact base64 typed arrays
+    config = json.dumps({"responsive": True, "displaylogo": False})
+    # "</" inside JSON would end the script element early.
+    data = data.replace("</", "<\\/")
+    return (f'<div class="figure"><div id="{div_id}"></div></div>\n'
+            f'<script>(function () {{ var f = {data}; Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
+            "</script>")
+
+
+def plotly_js() -> str:
+    """plotly.js as shipped inside the plotly package (no network)."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().replace("</script", "<\\/script")
+
+
+def render_html(sections: Sequence[Section], title: str = "circuitlab report", subtitle: str = "") -> str:
+    """The whole page as a string; sections without parts are left out."""
+    sections = [s for s in sections if s is not None and s.parts]
+    toc = "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
+    body, n_fig = [], 0
+    for s in sections:
+        out = [f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>']
+        if s.intro:
+            out.append(f'<p class="intro">{esc(s.intro)}</p>')
+        for part in s.parts:
+            if isinstance(part, str):
+                out.append(part)
+            else:
+                n_fig += 1
+                out.append(figure_html(part, f"fig-{n_fig}"))
+        out.append("</section>")
+        body.append("\n".join(out))
+    generated = time.strftime("%Y-%m-%d %H:%M")
+    sub = f"{esc(subtitle)} · " if subtitle else ""
+    scripts = f"<script>{plotly_js()}</script>" if n_fig else ""
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n{scripts}\n</head>\n<body>\n"
+            f"<header><h1>{esc(title)}</h1><p>{sub}generated by circuitlab on {generated}</p></header>\n"
+            f'<div class="layout"><nav><h2>Contents</h2><ol>{toc}</ol></nav>\n<main>\n'
+            + "\n".join(body) + "\n</main></div>\n</body>\n</html>\n")
+
+
+def write_html_report(out: str | Path, sections: Sequence[Section], title: str = "circuitlab report",
+                      subtitle: str = "") -> Path:
+    """Write the report; out is a directory (-> out/report.html) or a file path ending in .html."""
+    out = Path(out)
+    path = out if out.suffix == ".html" else out / REPORT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(render_html(sections, title, subtitle), encoding="utf-8")
+    tmp.replace(path)
+    return path
