@@ -1,4 +1,7 @@
-"""DataConfig -> TokenData: a tokenizer plus train/val token streams with deterministic batches."""
+"""DataConfig -> TokenData: a tokenizer plus train/val token streams with deterministic batches.
+
+source "addition[:N[:M]]" gives AdditionData instead: one N-digit + M-digit problem per row.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +15,9 @@ import numpy as np
 import torch
 
 from circuitlab.data.packing import cache_key, default_cache_dir, load_or_pack
-from circuitlab.data.sources import load_texts, source_fingerprint
-from circuitlab.data.synthetic import tiled_random_segments
-from circuitlab.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer, save_tokenizer
+from circuitlab.data.sources import load_texts, parse_addition_source, source_fingerprint
+from circuitlab.data.synthetic import AdditionTask, tiled_random_segments
+from circuitlab.data.tokenizers import CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer, save_tokenizer
 from circuitlab.errors import CircuitlabError, ConfigError
 
 SPLITS = ("train", "val")
@@ -23,6 +26,10 @@ SPLITS = ("train", "val")
 @dataclass
 class DataConfig:
     """What text to train on and how to tokenize it.
+
+    source: "stories", "file:PATH", "folder:PATH", "hf:NAME[:SPLIT][:FIELD]" (see data.sources), or
+    "addition[:N[:M]]", the synthetic addition task (its own 11 tokens: tokenizer, vocab_size,
+    n_stories, random_segment_frac and cache_dir do not apply; val_frac of the pairs are held out).
 
     random_segment_frac: fraction of each batch's rows replaced by tiled random
     segments (periodic random tokens that teach induction heads).
@@ -56,7 +63,8 @@ class DataConfig:
             return isinstance(x, (int, float)) and not isinstance(x, bool)
 
         if not isinstance(self.source, str) or not self.source:
-            bad("source", 'a non-empty string such as "stories", "file:PATH", "folder:PATH" or "hf:NAME"')
+            bad("source", 'a non-empty string such as "stories", "file:PATH", "folder:PATH", "hf:NAME" or "addition:N:M"')
+        parse_addition_source(self.source)  # a malformed addition spec fails here, not at build time
         if not is_int(self.n_stories) or self.n_stories < 1:
             bad("n_stories", "an int >= 1")
         if self.tokenizer not in ("char", "byte", "bpe", "gpt2") and not (
@@ -131,15 +139,7 @@ class TokenData:
         b = batch_size // world_size, so the ranks' shares in rank order are the
         single-process batch.
         """
-        if split not in SPLITS:
-            raise ConfigError(f"split must be 'train' or 'val', got {split!r}.")
-        for name, value, low in (("step", step, 0), ("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("world_size", world_size, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name} must be an int >= {low}, got {value!r}.")
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ConfigError(f"rank must be an int in [0, {world_size - 1}], got {rank!r}.")
-        if batch_size % world_size:
-            raise ConfigError(f"batch_size ({batch_size}) must be divisible by world_size ({world_size}); change one of them.")
+        _check_batch_args(split, step, batch_size, seq_len, rank, world_size)
         data = self.train if split == "train" else self.val
         n = seq_len + 1
         if len(data) < n:
@@ -159,6 +159,96 @@ class TokenData:
             x[rows] = seg + (seg >= eos).long()  # every token id except EOS
         per_rank = batch_size // world_size
         return x[rank * per_rank : (rank + 1) * per_rank]
+
+
+def _check_batch_args(split: str, step: int, batch_size: int, seq_len: int, rank: int, world_size: int) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"split must be 'train' or 'val', got {split!r}.")
+    for name, value, low in (("step", step, 0), ("batch_size", batch_size, 1), ("seq_len", seq_len, 1), ("world_size", world_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name} must be an int >= {low}, got {value!r}.")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ConfigError(f"rank must be an int in [0, {world_size - 1}], got {rank!r}.")
+    if batch_size % world_size:
+        raise ConfigError(f"batch_size ({batch_size}) must be divisible by world_size ({world_size}); change one of them.")
+
+
+def addition_tokenizer() -> CharTokenizer:
+    """The addition task's tokens: digits 0..9 are ids 0..9 and EOS is 10 (AdditionTask's format)."""
+    return CharTokenizer("0123456789")
+
+
+ENUMERATE_LIMIT = 1_000_000  # up to this many pairs, each split's pairs are listed once and drawn from
+
+
+class AdditionData(TokenData):
+    """The addition task as training batches: every row is one problem, [a, b, EOS, answer] tokens
+    (AdditionTask's format), so train.seq_len must be task.seq_len - 1.
+
+    The pairs (a, b) are split by a seeded hash: a val_frac share of them is held out for "val" and
+    never drawn for "train" (val_frac 0: both splits draw from every pair). Batches depend only on
+    (seed, split, step), like TokenData's. The next-token loss covers every position, so it includes
+    the unpredictable digits of a and b; only the positions from EOS on are the answer.
+    """
+
+    def __init__(self, task: AdditionTask, seed: int = 0, val_frac: float = 0.05):
+        empty = np.zeros(0, dtype=np.uint16)
+        super().__init__(addition_tokenizer(), empty, empty, seed=seed)
+        self.task, self.val_frac = task, float(val_frac)
+        self.n_pairs = 10 ** (task.n_digits_a + task.n_digits_b)
+        self._listed: dict[str, torch.Tensor] = {}
+        if self.n_pairs <= ENUMERATE_LIMIT:
+            held_out = self.is_val_index(torch.arange(self.n_pairs))
+            self._listed = {"train": torch.nonzero(~held_out).flatten(), "val": torch.nonzero(held_out).flatten()}
+            if self.val_frac > 0 and not (len(self._listed["train"]) and len(self._listed["val"])):
+                raise ConfigError(f"val_frac {val_frac} leaves no {'val' if not len(self._listed['val']) else 'train'} "
+                                  f"pairs among the {self.n_pairs} problems; change val_frac.")
+
+    def __repr__(self) -> str:
+        return (f"AdditionData({self.task.n_digits_a}+{self.task.n_digits_b} digits, {self.n_pairs:,} pairs, "
+                f"val_frac={self.val_frac})")
+
+    def is_val_index(self, index: torch.Tensor) -> torch.Tensor:
+        """index = a·10^M + b [k] (int64) -> [k] bool: the pair is held out for val."""
+        if self.val_frac <= 0:
+            return torch.zeros(index.shape, dtype=torch.bool)
+        mask = 2**47 - 1  # x stays under 2^47, so x · 0x6F4B (< 2^15) stays inside int64
+        x = index.long() ^ ((self.seed * 0x5BD1E995 + 0x2545F4914F6C) & mask)
+        x = (x & mask) ^ (x >> 47)
+        for _ in range(3):  # xorshift-multiply rounds
+            x = ((x ^ (x >> 17)) * 0x6F4B & mask) ^ (x >> 29)
+        return (x % 1_000_003).double() / 1_000_003 < self.val_frac
+
+    def is_val(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a, b [k] -> [k] bool: the pair is held out for val."""
+        return self.is_val_index(a.long() * 10 ** self.task.n_digits_b + b.long())
+
+    def _indices(self, split: str, k: int, g: torch.Generator) -> torch.Tensor:
+        listed = self._listed.get(split) if self.val_frac > 0 else None
+        if listed is not None:
+            return listed[torch.randint(0, len(listed), (k,), generator=g)]
+        want_val, found, have = split == "val", [], 0
+        while have < k:  # rejection sampling: draw pairs, keep those of this split
+            idx = torch.randint(0, self.n_pairs, (4 * k,), generator=g)
+            if self.val_frac > 0:
+                idx = idx[self.is_val_index(idx) == want_val]
+            found.append(idx)
+            have += len(idx)
+        return torch.cat(found)[:k]
+
+    def get_batch(self, split: str, step: int, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1) -> torch.Tensor:
+        """Problems of this split: LongTensor [batch_size // world_size, task.seq_len]; see TokenData.get_batch."""
+        _check_batch_args(split, step, batch_size, seq_len, rank, world_size)
+        if seq_len != self.task.seq_len - 1:
+            raise ConfigError(f"the {self.task.n_digits_a}+{self.task.n_digits_b}-digit addition task has rows of "
+                              f"{self.task.seq_len} tokens: set train.seq_len to {self.task.seq_len - 1}, got {seq_len}.")
+        g = torch.Generator().manual_seed(_batch_seed(self.seed, split, step))
+        idx = self._indices(split, batch_size, g)
+        m = self.task.n_digits_b
+        pairs = list(zip((idx // 10**m).tolist(), (idx % 10**m).tolist()))
+        tokens, _ = self.task.batch(pairs)
+        per_rank = batch_size // world_size
+        return tokens[rank * per_rank : (rank + 1) * per_rank]
 
 
 def _corpus_key(cfg: DataConfig) -> dict:
@@ -193,6 +283,13 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> TokenData
     if not isinstance(cfg, DataConfig):
         raise ConfigError(f"build_data needs a DataConfig, got {type(cfg).__name__}.")
     cfg.validate()
+    digits = parse_addition_source(cfg.source)
+    if digits is not None:
+        if cfg.random_segment_frac > 0:
+            raise ConfigError("random_segment_frac does not apply to the addition task; set it to 0.")
+        if tokenizer is not None and tokenizer.identity() != addition_tokenizer().identity():
+            raise ConfigError(f"the addition task has its own tokens (digits 0..9, EOS = 10); got {tokenizer!r}.")
+        return AdditionData(AdditionTask(*digits), seed=cfg.seed, val_frac=cfg.val_frac)
     root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir is not None else default_cache_dir()
     corpus = _corpus_key(cfg)
 

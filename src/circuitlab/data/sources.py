@@ -6,6 +6,8 @@ Source specs:
   "folder:PATH"                 every .txt/.md file under PATH (sorted); each file is a document
   "hf:NAME[:SPLIT][:FIELD]"     datasets.load_dataset(NAME), split "train", field "text" by default;
                                 NAME may also be a local .txt/.json/.jsonl/.csv/.parquet file
+  "addition[:N[:M]]"            not text: the synthetic N-digit + M-digit addition task (default 2, and
+                                M = N), one problem per row (circuitlab.data.dataset.AdditionData)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from circuitlab.data.stories import generate_stories
 from circuitlab.errors import CircuitlabError, ConfigError
 
 VALID_SOURCES = '"stories", "file:PATH", a .txt path, "folder:PATH", "hf:NAME[:SPLIT][:FIELD]"'
+ADDITION_MAX_DIGITS = 9  # a and b stay far inside int64, and a pair's index a·10^M + b too
 TEXT_SUFFIXES = (".txt", ".md")
 _HF_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -30,6 +33,8 @@ def load_texts(source: str, n_stories: int = 20000, seed: int = 0) -> Iterator[s
     """
     if not isinstance(source, str) or not source:
         raise ConfigError(f"source must be a non-empty string: one of {VALID_SOURCES}; got {source!r}.")
+    if parse_addition_source(source) is not None:
+        raise ConfigError(f"{source!r} is a synthetic token task, not text; build it with build_data(DataConfig(source=...)).")
     if source == "stories":
         docs: Iterable[str] = generate_stories(n_stories, seed)
     elif source.startswith("hf:"):
@@ -42,6 +47,19 @@ def load_texts(source: str, n_stories: int = 20000, seed: int = 0) -> Iterator[s
             raise ConfigError(f"Unknown data source {source!r}; use one of {VALID_SOURCES}.")
         docs = _file_texts(_existing(path, folder=False))
     return _nonempty(docs, source)
+
+
+def parse_addition_source(source: str) -> tuple[int, int] | None:
+    """"addition", "addition:N" or "addition:N:M" -> (N, M) digits of a and b (defaults 2 and N);
+    None for any other source. A malformed addition spec raises ConfigError."""
+    if not isinstance(source, str) or (source != "addition" and not source.startswith("addition:")):
+        return None
+    parts = source.split(":")[1:]
+    if len(parts) > 2 or not all(p.isdigit() and 1 <= int(p) <= ADDITION_MAX_DIGITS for p in parts):
+        raise ConfigError(f"Bad addition source {source!r}; write addition, addition:N or addition:N:M with digit "
+                          f"counts from 1 to {ADDITION_MAX_DIGITS}.")
+    n = int(parts[0]) if parts else 2
+    return n, int(parts[1]) if len(parts) > 1 else n
 
 
 def _nonempty(docs: Iterable[str], source: str) -> Iterator[str]:
