@@ -39,7 +39,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     t0 = time.time()
     runs = {}
     for name, layers, steps in (("2l", 2, opts.steps_2l or base.train.steps), ("1l", 1, opts.steps_1l)):
-        cfg = RunConfig.from_dict({**base.to_dict(), "name": f"demo-{name}",
+        description = base.description if layers == 2 else "1-layer attention-only model, the demo's contrast"
+        cfg = RunConfig.from_dict({**base.to_dict(), "name": f"demo-{name}", "description": description,
                                    "model": {**base.model, "preset": f"attn-only-{layers}l"}})
         cfg.train.steps = steps
         cfg.train.ckpt_every = steps

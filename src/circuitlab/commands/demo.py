@@ -23,6 +23,6 @@ def run(args: argparse.Namespace) -> int:
                                    progress=not args.no_progress))
     print()
     print((out / "report.md").read_text())
-    print(f"wrote {out}/: report.md, results.json, figures, checkpoints (2l/, 1l/) "
+    print(f"wrote {out}/: report.html, report.md, results.json, figures, checkpoints (2l/, 1l/) "
           f"in {results['wall_seconds']['total']:.0f}s")
     return 0
