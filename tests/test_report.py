@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+import helpers
+
 from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.analysis.attribution import direct_logit_attribution
 from circuitlab.analysis.heads import AttentionPatterns, attention_view
@@ -223,29 +225,9 @@ def test_demo_report_from_results(model, tmp_path):
 def test_report_renders_offline_in_a_browser(run_dir):
     """Headless Chromium (skipped without selenium / chromium / chromedriver): every figure draws from
     the file alone, the dropdown switches heads, hovering a cell shows query, key and weight."""
-    import shutil
+    driver = helpers.headless_chromium()  # skips, saying why, without selenium or a browser
+    from selenium.webdriver.support.ui import WebDriverWait
 
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-        from selenium.webdriver.support.ui import WebDriverWait
-    except ImportError:
-        pytest.skip("selenium is not installed")
-    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                   None)
-    driver_path = shutil.which("chromedriver")
-    if browser is None or driver_path is None:
-        pytest.skip("no chromium / chromedriver on PATH")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    try:
-        driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    except Exception as e:  # noqa: BLE001 - a browser that cannot start is an environment problem
-        pytest.skip(f"headless Chromium did not start: {type(e).__name__}")
     try:
         driver.get((run_dir / "report.html").as_uri())
         n_figs = driver.execute_script("return document.querySelectorAll('.figure > div').length")

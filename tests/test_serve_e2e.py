@@ -1,7 +1,6 @@
 """End to end: `circuitlab serve`'s app on a real uvicorn server, driven by a headless Chromium
 through Selenium. Skipped (saying why) when selenium, chromium or chromedriver is missing;
 `make test-e2e` installs them (Debian's chromium and chromium-driver) and runs this file."""
-import shutil
 import socket
 import threading
 import time
@@ -9,26 +8,13 @@ import time
 import pytest
 import torch
 
+import helpers
+
 pytestmark = pytest.mark.e2e
 
-BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 PROMPT = "the dog sat on the mat"
 TEXT = "the cat sat on the mat. a dog ran to the park, then the dog sat."
 N_LAYERS, N_HEADS = 2, 3
-
-
-def _browser_or_skip() -> tuple[str, str]:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install selenium, or run `make test-e2e`)")
-    browser = next((path for path in map(shutil.which, BROWSERS) if path), None)
-    if browser is None:
-        pytest.skip("no Chromium browser found on PATH (apt-get install chromium, or run `make test-e2e`)")
-    driver = shutil.which("chromedriver")
-    if driver is None:
-        pytest.skip("chromedriver not found on PATH (apt-get install chromium-driver, or run `make test-e2e`)")
-    return browser, driver
 
 
 def _free_port() -> int:
@@ -40,7 +26,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A uvicorn server in a thread, serving a tiny 2-layer, 3-head model; yields its base URL."""
-    browser_paths = _browser_or_skip()
+    driver = helpers.headless_chromium()  # skips, saying why, without selenium or a browser
     import uvicorn
 
     from circuitlab import ModelConfig, Transformer
@@ -63,28 +49,14 @@ def server(tmp_path_factory):
         if time.time() > deadline or not thread.is_alive():
             pytest.fail("the uvicorn server did not start")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", tokenizer, browser_paths
+    yield f"http://127.0.0.1:{port}", tokenizer, driver
     server.should_exit = True
     thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def browser(server):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    _, _, (browser_path, driver_path) = server
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser_path
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    try:
-        driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-    except Exception as e:  # noqa: BLE001 - a browser that cannot start is an environment problem
-        pytest.skip(f"headless Chromium did not start: {type(e).__name__}: {str(e).splitlines()[0]}")
-    driver.set_page_load_timeout(30)
+    driver = server[2]
     yield driver
     driver.quit()
 
