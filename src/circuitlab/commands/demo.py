@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "train a 2-layer (and a 1-layer) attention-only model and find its induction heads (~3 min on CPU)"
+HELP = "train a 2-layer (and a 1-layer) attention-only model and find its induction heads (~2 min on 2 CPU cores)"
 EXAMPLE = "circuitlab demo --out runs/demo"
 
 
