@@ -8,15 +8,8 @@ async function compute(event) {
   if (event) event.preventDefault();
   const params = new URLSearchParams({ a: $("a").value.trim(), b: $("b").value.trim(), design: $("design").value });
   if ($("design").value === "carry") params.set("digits", $("digits").value);
-  $("add").disabled = true;
-  cl.status($("status"), "computing…", "busy");
-  const { ok, data } = await cl.api("/api/adder?" + params.toString());
-  $("add").disabled = false;
-  if (!ok) {
-    cl.status($("status"), data.detail || "the request failed", "error");
-    return;
-  }
-  cl.status($("status"), "");
+  const data = await cl.submit($("add"), $("status"), "computing…", "/api/adder?" + params.toString());
+  if (data === null) return;
   adder.data = data;
   adder.stage = data.stages.length - 1;
   render();

@@ -60,6 +60,21 @@ const cl = {
     return "rgb(" + r + "," + g + "," + b + ")";
   },
 
+  // One API call from a form: its button disabled and `busy` shown meanwhile. Resolves to the data,
+  // or to null after showing the server's message.
+  async submit(button, statusNode, busy, path, body) {
+    button.disabled = true;
+    cl.status(statusNode, busy, "busy");
+    const { ok, data } = await cl.api(path, body);
+    button.disabled = false;
+    if (!ok) {
+      cl.status(statusNode, data.detail || "the request failed", "error");
+      return null;
+    }
+    cl.status(statusNode, "");
+    return data;
+  },
+
   status(node, message, kind) {
     node.textContent = message || "";
     node.className = "status" + (kind ? " " + kind : "");

@@ -32,15 +32,8 @@ async function analyse(event) {
   const targetText = $("target").value;
   if (state.targetId !== null) body.target = state.targetId;
   else if (targetText !== "") body.target = targetText;
-  $("analyse").disabled = true;
-  cl.status($("status"), "analysing…", "busy");
-  const { ok, data } = await cl.api("/api/analyse", body);
-  $("analyse").disabled = false;
-  if (!ok) {
-    cl.status($("status"), data.detail || "the analysis failed", "error");
-    return;
-  }
-  cl.status($("status"), "");
+  const data = await cl.submit($("analyse"), $("status"), "analysing…", "/api/analyse", body);
+  if (data === null) return;
   state.result = data;
   render(data);
 }
