@@ -168,7 +168,14 @@ def test_interpret_experiments(name, tmp_path):
 
 def test_interpret_patching_with_prompts(tmp_path):
     model = induction_model()
+    # Replacing the earlier "c" changes the prediction ('d' -> 'b'): the metric is the logit difference,
+    # and the replaced position carries the whole gap.
+    found = EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abhdefabc")
+    assert found["prompts"] == "logit('d') - logit('b') at the last position"
+    assert found["summary"][2].startswith("resid_pre: largest recovery at L0 pos 2 (+1.00)")
+    # Replacing "e" leaves the prediction alone: log-prob of 'd', equal on both, nothing to localise.
     found = EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abcdhfabc")
-    assert "logit" in found["prompts"] or "log-prob" in found["prompts"]
+    assert found["prompts"] == "log-prob of 'd' at the last position (both prompts predict it)"
+    assert found["summary"][-1] == "the metric is the same on both prompts, so there is nothing to localise"
     with pytest.raises(CircuitlabError, match="same shape"):
         EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abcdefab")

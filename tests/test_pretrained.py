@@ -326,7 +326,9 @@ def test_unsupported_architectures_are_named():
         model_config_from_hf({"model_type": "bert"})
     llama = dict(model_type="llama", hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
                  intermediate_size=8, vocab_size=10, max_position_embeddings=8)
-    with pytest.raises(CircuitlabError, match="'llama3' rotary scaling"):
+    with pytest.raises(CircuitlabError, match="'yarn' rotary scaling, which circuitlab's Transformer does not"):
+        model_config_from_hf({**llama, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    with pytest.raises(CircuitlabError, match="'llama3' rotary scaling lacks low_freq_factor"):
         model_config_from_hf({**llama, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(CircuitlabError, match="activation 'gelu'"):
         model_config_from_hf({**llama, "hidden_act": "gelu"})

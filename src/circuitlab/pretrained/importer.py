@@ -11,7 +11,6 @@ is the model plus at most one transformed tensor.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
 import warnings
@@ -99,34 +98,7 @@ def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
         for p in model.parameters():
             if p.dtype != dtype:
                 p.data = torch.empty(p.shape, dtype=dtype, device=p.device)
-    _share_identical_buffers(model)
-    _return_freed_memory()
     return model
-
-
-def _share_identical_buffers(model: Transformer) -> None:
-    """Every layer computes the same rotary cos/sin tables [n_ctx, rot_dim]; keep one copy of each.
-    (For a long-context model, e.g. n_ctx 131072, each layer's pair would take 128 MB.)"""
-    from circuitlab.model.components import Rotary
-
-    first: dict[str, torch.Tensor] = {}
-    for module in model.modules():
-        if not isinstance(module, Rotary):
-            continue
-        for name, buf in list(module.named_buffers(recurse=False)):
-            ref = first.setdefault(name, buf)
-            if ref is not buf and ref.shape == buf.shape and torch.equal(ref, buf):
-                setattr(module, name, ref)
-
-
-def _return_freed_memory() -> None:
-    """Hand the memory freed while building (the per-layer tables just dropped) back to the OS:
-    glibc keeps freed mid-sized blocks in its heap, where they would count against us until the
-    end. Elsewhere than glibc this does nothing."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _place(params: dict[str, torch.Tensor], piece: Piece, reader: TensorReader, key: str) -> int:
