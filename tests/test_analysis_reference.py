@@ -12,8 +12,8 @@ from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.analysis.heads import detect_heads, induction_test_tokens
 from circuitlab.analysis.lens import logit_lens
 
-tl = pytest.importorskip("transformer_lens")
-from transformer_lens import HookedTransformer, HookedTransformerConfig  # noqa: E402
+pytest.importorskip("transformer_lens")
+from transformer_lens import HookedTransformer  # noqa: E402
 from transformer_lens.head_detector import (  # noqa: E402
     compute_head_attention_similarity_score,
     get_duplicate_token_head_detection_pattern,

@@ -209,8 +209,9 @@ def test_carry_adder_carries_live_in_the_model():
 
 
 def test_adder_token_format_matches_the_addition_task():
-    synthetic = pytest.importorskip("circuitlab.data.synthetic")
-    task = synthetic.AdditionTask(3, 2)
+    from circuitlab.data.synthetic import AdditionTask
+
+    task = AdditionTask(3, 2)
     adder = build_carry_adder(3, 2)
     assert adder.prompt(507, 98).tolist() == task.encode(507, 98)[: task.prompt_len]
     assert task.seq_len - 1 <= adder.model.cfg.n_ctx and EOS == task.EOS

@@ -5,12 +5,11 @@ import torch
 import helpers
 
 from circuitlab import ModelConfig, Transformer
-from circuitlab.pretrained.tl_reference import to_transformer_lens as _to_tl
+from circuitlab.pretrained.tl_reference import to_transformer_lens
 from circuitlab.analysis.patching import logit_diff, patching_sweep
 
 pytest.importorskip("transformer_lens")
 import transformer_lens.patching as tl_patching  # noqa: E402
-from transformer_lens import HookedTransformer, HookedTransformerConfig  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), pytest.mark.usefixtures("one_thread")]
 
@@ -32,8 +31,6 @@ TL_FUNCTIONS = {
 def random_model(name: str) -> Transformer:
     return helpers.random_model(CONFIGS[name], scale=12.0)  # patches move the metric well beyond the tolerance
 
-
-to_transformer_lens = _to_tl
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))

@@ -383,10 +383,8 @@ def test_cli_import_bad_source_is_one_clear_line(tmp_path, capsys):
 
 def test_imported_folder_loads_as_a_training_checkpoint(tmp_path, imported):
     """`generate --model` and `interpret --model` read folders with circuitlab.training.load_checkpoint."""
-    try:
-        from circuitlab.training import load_checkpoint
-    except ImportError as e:
-        pytest.skip(f"circuitlab.training is not importable yet: {e}")
+    from circuitlab.training import load_checkpoint
+
     _, reference, tokenizer, folder = imported["gpt2-tied"]
     out = tmp_path / "m"
     assert main(["import", str(folder), "--out", str(out)]) == 0

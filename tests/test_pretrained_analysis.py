@@ -7,9 +7,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-heads = pytest.importorskip("circuitlab.analysis.heads")
-lens = pytest.importorskip("circuitlab.analysis.lens")
-folding = pytest.importorskip("circuitlab.analysis.folding")
+from circuitlab.analysis import folding, heads, lens  # noqa: E402
 
 from test_pretrained import VOCAB, hf_logits, make_hf  # noqa: E402
 

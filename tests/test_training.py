@@ -143,6 +143,11 @@ def test_cli_train_generate_and_bad_input(tmp_path, capsys):
 
 
 def test_bf16_autocast_trains(tmp_path):
-    train(tiny(tmp_path, steps=4, bf16=True), tmp_path / "bf16", progress=False)
+    half = train(tiny(tmp_path, steps=4, bf16=True), tmp_path / "bf16", progress=False).model
+    full = train(tiny(tmp_path, steps=4), tmp_path / "fp32", progress=False).model
     curve = losses(tmp_path / "bf16")
     assert len(curve) == 4 and all(math.isfinite(x) for x in curve)
+    # Autocast really ran: bf16 matmuls give other gradients, so other (but close, fp32) weights.
+    w_half, w_full = half.W_E.detach(), full.W_E.detach()
+    assert w_half.dtype == torch.float32 and not torch.equal(w_half, w_full)
+    torch.testing.assert_close(w_half, w_full, atol=1e-2, rtol=0)

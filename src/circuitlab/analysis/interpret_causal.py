@@ -25,14 +25,13 @@ import torch
 from circuitlab.analysis.ablation import ablate_and_measure, run_ablated
 from circuitlab.analysis.attribution_patching import attribution_vs_patching
 from circuitlab.analysis.path_patching import INPUTS, path_patching
-from circuitlab.analysis.patching import (available_targets, check_pair, logit_diff, logprob, model_device,
+from circuitlab.analysis.patching import (check_pair, default_targets, logit_diff, logprob, model_device,
                                           next_token_loss, patching_sweep)
 from circuitlab.analysis.probing import random_sequences, train_probes
 from circuitlab.errors import CircuitlabError
 
 SEED = 0
 BATCH = 8
-PATCH_TARGETS = ("resid_pre", "attn_out", "mlp_out", "head_out", "head_out_by_pos")
 
 
 def _name(layer: int, head: int) -> str:
@@ -117,7 +116,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
 
     out_dir = Path(out_dir)
     c, x, metric, what, strs = _prompts(model, tokenizer, clean, corrupt)
-    targets = [t for t in PATCH_TARGETS if t in available_targets(model)]
+    targets = default_targets(model)
     results = patching_sweep(model, c, x, metric, targets)
     any_result = next(iter(results.values()))
     summary = [f"prompts: {what}",

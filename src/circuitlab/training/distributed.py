@@ -34,9 +34,11 @@ def rank_zero_first():
     distributed = dist.is_initialized()
     if distributed and dist.get_rank() != 0:
         dist.barrier()
-    yield
-    if distributed and dist.get_rank() == 0:
-        dist.barrier()
+    try:
+        yield
+    finally:  # also when rank 0 fails, so the others go on (and fail fast) instead of waiting
+        if distributed and dist.get_rank() == 0:
+            dist.barrier()
 
 
 def wrap(model: torch.nn.Module, device: str) -> torch.nn.Module:

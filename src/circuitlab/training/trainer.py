@@ -66,14 +66,13 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     if not resume and (out_dir / "checkpoint").exists():
         raise CircuitlabError(f"{out_dir} already holds a checkpoint; pass --resume to continue it, "
                               "or choose another --out")
+    model = tokenizer = None
     if resume:
         ckpt = find_checkpoint(out_dir / "checkpoint")
         model, tokenizer, _ = load_checkpoint(ckpt, device)
-        with D.rank_zero_first():
-            data = build_data(run.data, tokenizer=tokenizer)
-    else:
-        with D.rank_zero_first():
-            data = build_data(run.data)
+    with D.rank_zero_first():
+        data = build_data(run.data, tokenizer=tokenizer)  # a resumed run keeps its saved tokenizer
+    if model is None:
         tokenizer = data.tokenizer
         torch.manual_seed(t.seed)
         model = Transformer(run.model_config(tokenizer.vocab_size)).to(device)
