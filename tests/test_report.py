@@ -257,3 +257,13 @@ def test_report_renders_offline_in_a_browser(run_dir):
         assert re.search(r"L1H1.*query: .* \(pos 5\)key: .* \(pos 2\)weight: \d\.\d{3}", text), text
     finally:
         driver.quit()
+
+
+def test_model_card_gives_resolved_head_and_mlp_sizes():
+    from circuitlab.report.build import model_card_section
+
+    model = Transformer(ModelConfig.from_preset("gpt2-tiny", d_vocab=40, n_ctx=16))  # d_head, d_mlp left None
+    card = "".join(p for p in model_card_section([RunData("m", model=model,
+                                                          model_config=model.cfg.to_dict())]).parts
+                   if isinstance(p, str))
+    assert "4 heads of 32" in card and "MLP 512 (gelu_new)" in card

@@ -29,5 +29,5 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") == "0":  # one report per run, also under torchrun
         from circuitlab.report import report_for_run
 
-        print(f"report: {report_for_run(out)}")
+        print(f"report: {report_for_run(out, model=result.model, tokenizer=result.tokenizer)}")
     return 0

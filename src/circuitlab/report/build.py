@@ -165,8 +165,9 @@ def model_card_section(runs: Sequence[RunData]) -> Section:
     parts = []
     for run in runs:
         cfg = dict(run.model_config or {})
-        if run.model is not None:
-            cfg = {**cfg, **{k: getattr(run.model.cfg, k) for k in ("d_head", "d_mlp") if hasattr(run.model.cfg, k)}}
+        if run.model is not None:  # the resolved sizes (the config's d_head / d_mlp are often None)
+            mc = run.model.cfg
+            cfg = {**cfg, "d_head": mc.head_dim, "d_mlp": mc.mlp_dim if mc.has_mlp else None}
         rc = run.run_config or {}
         train = rc.get("train") or {}
         facts: dict[str, Any] = {"run": rc.get("name") or run.name, "description": rc.get("description")}
@@ -568,12 +569,13 @@ def write_interpret_report(out: str | Path, results: Mapping[str, Any], model=No
 
 
 def report_for_run(run_dir: str | Path, out: str | Path | None = None, *, analyse: bool = True,
-                   title: str | None = None) -> Path:
+                   title: str | None = None, model=None, tokenizer=None) -> Path:
     """Write report.html for a directory: a training run (checkpoint, metrics.jsonl), the output of
     `circuitlab interpret` or of the demo (results.json). out: a directory or .html path (default run_dir).
 
     analyse: for a training run, label the heads and show attention and circuits from the checkpoint
-    (a few seconds for small models); False keeps to what the directory holds.
+    (a few seconds for small models); False keeps to what the directory holds. model, tokenizer: the
+    run's, when the caller holds them already (saves loading the checkpoint again).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -584,7 +586,7 @@ def report_for_run(run_dir: str | Path, out: str | Path | None = None, *, analys
         return write_demo_report(out, results, run_dir=run_dir)
     if "experiments" in results and "checkpoint" in results:
         return write_interpret_report(out, results)
-    run = load_run(run_dir, load_model=analyse)
+    run = load_run(run_dir, model=model, tokenizer=tokenizer, load_model=analyse)
     if run.model_config is None and not run.metrics:
         raise CircuitlabError(f"{run_dir} holds no checkpoint, metrics.jsonl or results.json to report on")
     sections = build_sections([run], results if results else None, analyse=analyse)
