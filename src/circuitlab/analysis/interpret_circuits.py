@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
-from circuitlab.analysis.circuits import (composition_scores, copying_scores, direct_path, k_composition_qk_circuit,
-                                          ov_circuit, pos_qk_circuit, top_token_pairs)
+from circuitlab.analysis.circuits import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
+                                          top_token_pairs)
 from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.analysis.heads import classify_heads, in_context_learning_score, induction_test_tokens
 from circuitlab.analysis.lens import logit_lens
+from circuitlab.analysis.patching import model_device
 from circuitlab.errors import CircuitlabError
 
 DEFAULT_PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
@@ -42,10 +43,6 @@ def _weights_model(model):
 def _head_tokens(model) -> torch.Tensor:
     gen = torch.Generator().manual_seed(SEED)
     return induction_test_tokens(16, min(model.cfg.n_ctx, 64), model.cfg.d_vocab, gen)
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _name(head: tuple[int, int]) -> str:
@@ -89,7 +86,9 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[st
                              "direct_path_top_pairs": top_bigrams.to_dict()["pairs"]}
     summary = []
     if model.cfg.n_layers > 0:
-        copying = copying_scores(wm)
+        # The labels' weight evidence is these circuits' scores: compute them once, in classify_heads.
+        classes = classify_heads(model, _head_tokens(model).to(model_device(model)))
+        copying = classes.copying
         figures.append(plot_copying_scores(copying, out_dir / "copying_scores.png").name)
         found["copying"] = copying.to_dict()
         summary.append(f"copying heads (score >= {copying.threshold}): "
@@ -97,7 +96,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[st
     else:
         summary.append("a 0-layer model: its logits are the direct path (bigram table) alone")
     if model.cfg.n_layers > 1:
-        comp = composition_scores(wm)
+        comp = classes.composition
         found["composition"] = comp.to_dict()
         figures.append(plot_composition_scores(comp, out_dir / "composition_scores.png").name)
         for mode in ("k", "q", "v"):
@@ -106,7 +105,6 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[st
                 w, r, s = best[0]
                 summary.append(f"strongest {mode.upper()}-composition: {_name(w)} -> {_name(r)} {s:.3f} "
                                f"(random baseline {comp.baseline_mean:.3f} ± {comp.baseline_std:.3f})")
-        classes = classify_heads(model, _head_tokens(model).to(_device(model)))
         head, prev = _induction_pair(classes)
         labelled = head in classes.heads_with("induction")
         qk = k_composition_qk_circuit(wm, head, prev)
@@ -149,7 +147,7 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, 
     if model.cfg.n_layers == 0:
         return {"summary": ["a 0-layer model has no attention heads"], "figures": []}
     out_dir = Path(out_dir)
-    tokens = _head_tokens(model).to(_device(model))
+    tokens = _head_tokens(model).to(model_device(model))
     classes = classify_heads(model, tokens)
     figures = [plot_head_scores(classes.scores, out_dir / "head_scores.png", classes).name]
     shown = list(dict.fromkeys(classes.heads_with("previous-token")[:2] + classes.heads_with("induction")[:2]))
@@ -179,7 +177,7 @@ def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[
     from circuitlab.viz.lens import plot_logit_lens
 
     tokens = _prompt_tokens(model, tokenizer, prompt)
-    lens = logit_lens(model, tokens.to(_device(model)), k=5, tokenizer=tokenizer)
+    lens = logit_lens(model, tokens.to(model_device(model)), k=5, tokenizer=tokenizer)
     figure = plot_logit_lens(lens, Path(out_dir) / "logit_lens.png").name
     # Where did the final answer firm up the most between the embeddings and the output?
     rise = lens.final_top_probs[-1] - lens.final_top_probs[0]
@@ -199,7 +197,7 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> dict
     model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
     from circuitlab.viz.lens import plot_logit_attribution
 
-    tokens = _prompt_tokens(model, tokenizer, prompt).to(_device(model))[None]
+    tokens = _prompt_tokens(model, tokenizer, prompt).to(model_device(model))[None]
     logits, cache = model.run_with_cache(tokens)
     top2 = logits[0, -1].topk(2).indices.tolist()
     parts = residual_decomposition(model, cache)
