@@ -52,7 +52,7 @@ def _name(head: tuple[int, int]) -> str:
 # ---------------------------------------------------------------------------- circuits
 
 
-def _induction_pair(classes) -> tuple[tuple[int, int], tuple[int, int]]:
+def induction_and_previous_head(classes) -> tuple[tuple[int, int], tuple[int, int]]:
     """The labelled (or, failing that, best-scoring) induction head and the previous-token head in an
     earlier layer that K-composes with it most. Needs two layers or more."""
     comp = classes.composition
@@ -105,7 +105,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[st
                 w, r, s = best[0]
                 summary.append(f"strongest {mode.upper()}-composition: {_name(w)} -> {_name(r)} {s:.3f} "
                                f"(random baseline {comp.baseline_mean:.3f} ± {comp.baseline_std:.3f})")
-        head, prev = _induction_pair(classes)
+        head, prev = induction_and_previous_head(classes)
         labelled = head in classes.heads_with("induction")
         qk = k_composition_qk_circuit(wm, head, prev)
         ov = ov_circuit(wm, head[0])[head[1]]

@@ -33,7 +33,8 @@ class RunData:
     """What one model contributes to a report; everything but name is optional.
 
     heads: rows {"head": "L1H0", "labels": [...], "scores": {column: value}, "evidence": [str]};
-    head_scores: detector -> [layer][head] (for the heatmap).
+    head_scores: detector -> [layer][head] (for the heatmap); classes: the HeadClasses when the
+    report labelled the heads itself (their copying and composition scores feed the circuits section).
     """
 
     name: str
@@ -48,6 +49,7 @@ class RunData:
     checkpoint: str | None = None
     heads: list[dict] | None = None
     head_scores: dict[str, Any] | None = None
+    classes: Any = None
     facts: dict[str, Any] = field(default_factory=dict)  # more model-card rows
 
 
@@ -139,7 +141,8 @@ def compute_heads(run: RunData) -> None:
 
     if run.model is None or run.model.cfg.n_layers == 0:
         return
-    run.heads, run.head_scores = head_rows_from_classes(classify_heads(run.model))
+    run.classes = classify_heads(run.model)
+    run.heads, run.head_scores = head_rows_from_classes(run.classes)
 
 
 def _labels_by_head(run: RunData) -> dict[str, str]:
@@ -280,12 +283,17 @@ def attention_section(run: RunData, tokens: torch.Tensor | None = None) -> Secti
 
 
 def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
-    """The induction head (from the circuits experiment, else the best-scoring head after layer 0) and
-    the previous-token head in an earlier layer that scores best."""
+    """The induction head and its previous-token head as the circuits experiment picks them (from its
+    results, else from the labels computed here), else the best-scoring head after layer 0 and the
+    best previous-token head before it."""
+    from circuitlab.analysis.interpret_circuits import induction_and_previous_head
+
     cfg = run.model.cfg
     ind = (found or {}).get("induction")
     if ind:
         return _parse_head(ind["head"]), _parse_head(ind["prev_token_head"])
+    if run.classes is not None and cfg.n_layers > 1:
+        return induction_and_previous_head(run.classes)
     rows = {r["head"]: r["scores"] for r in run.heads or []}
 
     def score(l: int, h: int, key: str) -> float:
@@ -346,7 +354,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
                                 "raises", x_title="output logit", y_title="attended token", value_name="logit"))
     copying = (found or {}).get("copying", {}).get("scores")
     if copying is None:
-        copying = copying_scores(wm).scores
+        copying = (run.classes.copying if run.classes is not None else copying_scores(wm)).scores
     L, H = model.cfg.n_layers, model.cfg.n_heads
     parts.append(heatmap_figure(copying, [f"L{l}" for l in range(L)], [f"H{h}" for h in range(H)],
                                 "OV copying score per head (1 = copies the attended token)", x_title="head",
@@ -354,7 +362,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     if L > 1 and L * H <= 64:
         comp = (found or {}).get("composition")
         if comp is None:
-            c = composition_scores(wm)
+            c = run.classes.composition if run.classes is not None else composition_scores(wm)
             k, base = c.k, c.baseline_mean
         else:
             k, base = comp["k"], comp["baseline_mean"]
