@@ -233,22 +233,32 @@ def used_heads(model: Transformer) -> list[Head]:
     return [(l, h) for l, h in _all_heads(model) if qk[l, h] > 0 or ov[l, h] > 0]
 
 
+def check_token_adder(hand: Adder) -> None:
+    """Comparisons need an adder that writes its answer as tokens."""
+    if isinstance(hand, PostAdder):
+        raise CircuitlabError("the post's adder reads its answer off the residual in Python, not as tokens; "
+                              "compare the carry adder (build_carry_adder) instead")
+
+
+def answer_agreement(hand: Adder, other: Transformer, tokens: torch.Tensor) -> AttentionAgreement:
+    """Attention agreement of the hand-built adder's used heads with every head of other, at the answer
+    positions of problems tokens [batch, pos] (the task format without its last token)."""
+    return attention_agreement(hand.model, other, tokens, range(hand.prompt_len - 1, tokens.shape[1]),
+                               heads_a=used_heads(hand.model))
+
+
 def compare_adders(hand: Adder, other: Transformer, samples: int = 1000, seed: int = 0,
                    basis: str = "token") -> AdderComparison:
     """Accuracy, per-head attention agreement (at the answer positions) and OV alignment of each
     used hand-built head with its best-agreeing head in `other`. Both models must read the task
     format and write the answer as tokens (the carry adder does; the post's design reads out in Python)."""
-    if isinstance(hand, PostAdder):
-        raise CircuitlabError("the post's adder reads its answer off the residual in Python, not as tokens; "
-                              "compare the carry adder (build_carry_adder) instead")
+    check_token_adder(hand)
     n, m = hand.n_digits_a, hand.n_digits_b
     hand_tokens = TokenAdder(hand.model, n, m, hand.layout, hand.design)
     other_tokens = TokenAdder(other, n, m, design="other")
     acc_hand = hand_tokens.check(samples=samples, seed=seed, exhaustive=False, progress=False)
     acc_other = other_tokens.check(samples=samples, seed=seed, exhaustive=False, progress=False)
-    tokens = addition_problems(n, m, samples, seed)[:, :-1]
-    answer_positions = range(hand.prompt_len - 1, tokens.shape[1])
-    agreement = attention_agreement(hand.model, other, tokens, answer_positions, heads_a=used_heads(hand.model))
+    agreement = answer_agreement(hand, other, addition_problems(n, m, samples, seed)[:, :-1])
     matches = []
     for head_a, (head_b, value) in agreement.best_match().items():
         ov_in = ov_alignment(hand.model, head_a, other, head_b, "input", basis)

@@ -28,16 +28,16 @@ from typing import Any
 
 import torch
 
+from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
 from circuitlab.forge.adder import EOS, Adder, TokenAdder, add_digits, build_carry_adder, digits_of
-from circuitlab.forge.compare import (_all_heads, _label, addition_problems, attention_patterns, compare_adders,
-                                      ov_alignment, ov_subspace)
+from circuitlab.forge.compare import (_all_heads, _label, addition_problems, answer_agreement, attention_patterns,
+                                      check_token_adder, ov_alignment, ov_subspace)
 from circuitlab.model.transformer import Transformer
 
 Head = tuple[int, int]
 
 DEFAULT_STEPS = 2000     # 2+2 digits: every answer right for seeds 0..3, ~20 s on one CPU core (docs/forge.md)
-MAX_DIGITS = 9           # the addition data source's limit (circuitlab.data.sources.ADDITION_MAX_DIGITS)
 EXHAUSTIVE_PAIRS = 100_000  # accuracy on every pair up to this many, else on 10,000 random pairs
 CATEGORIES = ("a, same column", "b, same column", "lower columns", "higher columns", "EOS", "answer digits")
 MATCH, PARTLY = 0.8, 0.5  # agreement thresholds of "attends like" and "partly like"
@@ -77,8 +77,8 @@ def addition_run_config(n_digits_a: int = 2, n_digits_b: int | None = None, step
 def _check_digits(n: Any, m: Any) -> tuple[int, int]:
     m = n if m is None else m
     for name, v in (("digits", n), ("digits of b", m)):
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DIGITS:
-            raise CircuitlabError(f"{name} must be a whole number from 1 to {MAX_DIGITS} (the addition data's "
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= ADDITION_MAX_DIGITS:
+            raise CircuitlabError(f"{name} must be a whole number from 1 to {ADDITION_MAX_DIGITS} (the addition data's "
                                   f"limit), got {v!r}")
     return n, m
 
@@ -243,12 +243,13 @@ def summarize_comparison(hand: Adder, other: Transformer, samples: int = 1000, s
     attention profiles of both models and the findings in words."""
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise CircuitlabError(f"samples must be a positive whole number, got {samples!r}")
+    check_token_adder(hand)
     n, m = hand.n_digits_a, hand.n_digits_b
     other = _fold(other.cpu().eval())
-    cmp = compare_adders(hand, other, samples=samples, seed=seed)
     other_adder = TokenAdder(other, n, m, design="trained")
     tokens = addition_problems(n, m, samples, seed)[:, :-1]
-    heads_hand, heads_other = cmp.agreement.heads_a, cmp.agreement.heads_b
+    agreement = answer_agreement(hand, other, tokens)
+    heads_hand, heads_other = agreement.heads_a, agreement.heads_b
     ov = {}
     for side in ("input", "output"):
         rows = []
@@ -285,7 +286,7 @@ def summarize_comparison(hand: Adder, other: Transformer, samples: int = 1000, s
         "categories": list(CATEGORIES),
         "accuracy": {"hand": _accuracy(hand, seed), "trained": _accuracy(other_adder, seed),
                      "trained_heldout": heldout_accuracy(other, data)},
-        "agreement": {**cmp.agreement.to_dict(), "query_positions": position_labels(n, m)[n + m:]},
+        "agreement": {**agreement.to_dict(), "query_positions": position_labels(n, m)[n + m:]},
         "merged_agreement": merged,
         "ov": {"hand_heads": [_label(h) for h in heads_hand], "other_heads": [_label(h) for h in heads_other],
                "basis": "token", "d_vocab": other.cfg.d_vocab, **ov,
