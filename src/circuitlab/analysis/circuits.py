@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.analysis._json import rounded
 from circuitlab.analysis.factored import FactoredMatrix
 from circuitlab.errors import CircuitlabError
 
@@ -164,7 +165,7 @@ class CopyingScores:
         return sorted(heads, key=lambda lh: -float(self.scores[lh]))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scores": _rounded(self.scores), "threshold": self.threshold,
+        return {"scores": rounded(self.scores), "threshold": self.threshold,
                 "copying_heads": [f"L{l}H{h}" for l, h in self.copying_heads()]}
 
 
@@ -237,7 +238,7 @@ class CompositionScores:
                 for a, b, c, d in zip(l1.tolist(), h1.tolist(), l2.tolist(), h2.tolist())]
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {m: _rounded(self.scores(m)) for m in MODES}
+        d: dict[str, Any] = {m: rounded(self.scores(m)) for m in MODES}
         d.update(baseline_mean=round(self.baseline_mean, 6), baseline_std=round(self.baseline_std, 6),
                  n_baseline=self.n_baseline, threshold=round(self.threshold, 6))
         d["top"] = {m: [{"writer": f"L{a[0]}H{a[1]}", "reader": f"L{b[0]}H{b[1]}", "score": round(s, 6)}
@@ -294,11 +295,3 @@ def composition_baseline(d_model: int, d_head: int, n_samples: int = 200, seed: 
 
     scores = composition_score(draw(), draw())
     return float(scores.mean()), float(scores.std())
-
-
-def _rounded(t: torch.Tensor, digits: int = 6) -> Any:
-    """A tensor as nested lists of rounded floats; NaN becomes None (valid JSON)."""
-    if t.dim() == 0:
-        v = float(t)
-        return None if v != v else round(v, digits)
-    return [_rounded(x, digits) for x in t]

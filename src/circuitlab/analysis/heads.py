@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, _rounded, composition_scores,
+from circuitlab.analysis._json import rounded
+from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
 from circuitlab.errors import CircuitlabError
 
@@ -130,7 +131,7 @@ class HeadScores:
         return [(i // H, i % H, float(s.flatten()[i])) for i in order]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scores": {k: _rounded(v) for k, v in self.scores.items()}, "n_rows": dict(self.n_rows)}
+        return {"scores": {k: rounded(v) for k, v in self.scores.items()}, "n_rows": dict(self.n_rows)}
 
 
 def detect_heads(cache, tokens: torch.Tensor) -> HeadScores:

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from circuitlab.analysis._json import rounded  # noqa: F401 (also imported from here)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name
@@ -530,13 +531,6 @@ def grid_index(sizes: Sequence[int]) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- results
-
-
-def rounded(t: torch.Tensor, digits: int = 6) -> Any:
-    """A tensor as nested lists of rounded floats for JSON (NaN becomes None)."""
-    def r(x):
-        return [r(v) for v in x] if isinstance(x, list) else (round(x, digits) if x == x else None)
-    return r(t.tolist())
 
 
 @dataclass

@@ -323,7 +323,8 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
                                               ov_circuit, qk_circuit)
     from circuitlab.analysis.folding import fold_layer_norm
     from circuitlab.analysis.interpret_circuits import DEFAULT_PROMPT
-    from circuitlab.viz.interactive import heatmap_figure, token_label
+    from circuitlab.viz import token_label
+    from circuitlab.viz.interactive import heatmap_figure
 
     model = run.model
     if model is None or model.cfg.n_layers == 0:

@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from circuitlab.analysis.circuits import MODES, CompositionScores, CopyingScores
+from circuitlab.viz import token_label
 
 
 def plot_circuit(matrix: torch.Tensor, path: str | Path, row_labels: list[str] | None = None,
@@ -63,12 +64,6 @@ def plot_composition_scores(comp: CompositionScores, path: str | Path) -> Path:
     fig.suptitle(f"composition scores (random baseline {comp.baseline_mean:.3f} ± {comp.baseline_std:.3f})",
                  fontsize=9)
     return _save(fig, path, tight=False)
-
-
-def token_label(s: str, n: int | None = None) -> str:
-    """A token string made visible: escapes for control characters, ␣ for spaces, cut to n characters."""
-    s = repr(s)[1:-1].replace(" ", "␣")
-    return s if n is None or len(s) <= n else s[: n - 1] + "…"
 
 
 def _annotate(ax, grid: torch.Tensor) -> None:

@@ -48,6 +48,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitlab.viz import token_label
+
 TEMPLATE = "plotly_white"
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
@@ -75,12 +77,6 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name, default)
     return getattr(obj, name, default)
-
-
-def token_label(s: str, n: int | None = None) -> str:
-    """A token made visible: control characters escaped, ␣ for spaces, cut to n characters."""
-    s = repr(s)[1:-1].replace(" ", "␣")
-    return s if n is None or len(s) <= n else s[: n - 1] + "…"
 
 
 def _esc(s: str) -> str:

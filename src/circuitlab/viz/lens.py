@@ -7,7 +7,8 @@ import matplotlib.pyplot as plt
 
 from circuitlab.analysis.attribution import LogitAttribution
 from circuitlab.analysis.lens import LogitLens
-from circuitlab.viz.circuits import _save, token_label
+from circuitlab.viz import token_label
+from circuitlab.viz.circuits import _save
 
 
 def plot_logit_lens(lens: LogitLens, path: str | Path, max_positions: int = 24) -> Path:
