@@ -1,5 +1,6 @@
 """The demo end to end on a tiny budget, and the causal-evidence summary it writes."""
 import json
+import re
 
 import pytest
 
@@ -28,7 +29,10 @@ def test_demo_writes_checkpoints_results_figures_and_report(demo_dir):
     report = (demo_dir / "report.md").read_text()
     assert "## Heads" in report and "**Contrast.**" in report
     html = (demo_dir / "report.html").read_text()
-    assert "Plotly" in html and "L1H0" in html and "<script src" not in html
+    sections = re.findall(r'<section id="([^"]+)"', html)
+    assert sections == ["model-card", "summary", "training", "heads", "attention", "circuits", "logit-lens",
+                        "patching", "ablation"]
+    assert "<script src" not in html and html.count("Plotly.newPlot") >= 5
 
 
 def test_causal_evidence_reads_recovery_paths_and_ablation():

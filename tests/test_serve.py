@@ -127,10 +127,10 @@ BAD_REQUESTS = [
     ("post", "/api/analyse", {"json": {"prompt": "the cat", "target": "Q"}}, 422, "unknown target token"),
     ("post", "/api/analyse", {"json": {"prompt": "the cat", "target": ""}}, 422, "target token is empty"),
     ("post", "/api/analyse", {"json": {"prompt": "the cat", "target": 10_000}}, 422, "outside the vocabulary"),
-    ("post", "/api/analyse", {"json": {"prompt": "the cat", "target": True}}, 422, "target"),
+    ("post", "/api/analyse", {"json": {"prompt": "the cat", "target": True}}, 422, "target: should be a valid integer or a valid string"),
     ("post", "/api/analyse", {"json": {"prompt": "the cat", "position": 7}}, 422, "outside the prompt"),
     ("post", "/api/analyse", {"json": {"prompt": "ZZZ"}}, 422, "not in the char tokenizer"),
-    ("post", "/api/analyse", {"json": {"prompt": 5}}, 422, "prompt"),
+    ("post", "/api/analyse", {"json": {"prompt": 5}}, 422, "prompt: Input should be a valid string"),
     ("post", "/api/analyse", {"json": ["the cat"]}, 422, "JSON object"),
     ("post", "/api/analyse", {"json": {}}, 422, "prompt: Field required"),
     ("post", "/api/analyse", {"json": {"prompt": "the", "extra": 1}}, 422, "extra"),
@@ -176,7 +176,7 @@ def test_static_route_serves_only_its_named_files(client, path):
 
 def test_pages_and_static_files(client):
     for path, marker in [("/", 'id="prompt"'), ("/adder", 'id="adder-form"'), ("/static/explorer.js", "data-head"),
-                         ("/static/style.css", ".token"), ("/static/common.js", "cl")]:
+                         ("/static/style.css", ".token"), ("/static/common.js", "const cl =")]:
         r = client.get(path)
         assert r.status_code == 200 and marker in r.text, path
         assert r.headers["x-content-type-options"] == "nosniff"

@@ -6,8 +6,6 @@ import argparse
 HELP = "local web explorer: attention of every head, logit lens, attribution, and the hand-built adder"
 EXAMPLE = "circuitlab serve --checkpoint runs/demo/2l --port 8000   (then open http://127.0.0.1:8000)"
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,
@@ -46,16 +44,16 @@ def check_port_free(host: str, port: int) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from circuitlab.serve import create_app
-
     from circuitlab.errors import CircuitlabError
+    from circuitlab.serve import create_app
+    from circuitlab.serve.app import LOOPBACK_HOSTS
 
     if not 0 < args.port < 65536:
         raise CircuitlabError(f"--port must be from 1 to 65535, got {args.port}")
-    loopback = args.host in LOOPBACK
+    loopback = args.host in LOOPBACK_HOSTS
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
     app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
-                     allowed_hosts=list(LOOPBACK) if loopback else None, device=args.device)
+                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device)
     check_port_free(args.host, args.port)
     import uvicorn
 

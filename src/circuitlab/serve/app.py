@@ -321,7 +321,6 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
             return analysis.adder_walkthrough(req.a, req.b, req.design, req.digits)
 
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
-    app.state.model, app.state.tokenizer, app.state.limits = model, tokenizer, limits
     return app
 
 
