@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from circuitlab.data._atomic import atomic_write_array, atomic_write_text
+from circuitlab.atomic import atomic_write_array, atomic_write_text
 from circuitlab.data.tokenizers import Tokenizer, iter_batches
 from circuitlab.errors import CircuitlabError
 

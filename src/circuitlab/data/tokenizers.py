@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Iterable
 
-from circuitlab.data._atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text
 from circuitlab.errors import CircuitlabError, ConfigError
 
 EOS_TEXT = "<|endoftext|>"

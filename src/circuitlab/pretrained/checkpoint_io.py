@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
@@ -47,24 +48,12 @@ def save_model_dir(model: Transformer, out_dir: str | os.PathLike, extra: dict[s
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.cfg.tied_embeddings:
         tensors.pop("unembed.weight")  # safetensors stores each tensor once
-    _atomic(out_dir / MODEL_FILE, lambda path: save_file(tensors, path, metadata={"format": "pt"}))
+    atomic_write_file(out_dir / MODEL_FILE, lambda path: save_file(tensors, path, metadata={"format": "pt"}))
     if tokenizer is not None:
         _save_tokenizer(tokenizer, out_dir / TOKENIZER_DIR)
     meta = {**(extra or {}), "model": model.cfg.to_dict(), "format": FORMAT}
-    _atomic(out_dir / CONFIG_FILE, lambda path: Path(path).write_text(json.dumps(meta, indent=2)))
+    atomic_write_text(out_dir / CONFIG_FILE, json.dumps(meta, indent=2))
     return out_dir
-
-
-def _atomic(path: Path, write) -> None:
-    """write(temp_path) then rename over path."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _save_tokenizer(tokenizer, directory: Path) -> None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
+from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
@@ -241,16 +241,9 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None) ->
     tensors = {k: v.to("cpu", copy=True).contiguous() for k, v in tensors.items()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.safetensors.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt"})
-        os.replace(tmp, out_dir / "model.safetensors")
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write_file(out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     config = _hf_config(cfg, style, model.embed.weight.dtype, tokenizer)
-    _write_json(out_dir / "config.json", config)
+    atomic_write_text(out_dir / "config.json", json.dumps(config, indent=2))
     hf_tokenizer = _as_hf_tokenizer(tokenizer)
     if hf_tokenizer is not None:
         hf_tokenizer.save_pretrained(str(out_dir))
@@ -259,9 +252,3 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None) ->
                       stacklevel=2)
     return out_dir
 
-
-def _write_json(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)

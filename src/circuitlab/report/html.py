@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import atomic_write_text
+
 REPORT_FILE = "report.html"
 
 
@@ -216,8 +218,5 @@ def write_html_report(out: str | Path, sections: Sequence[Section], title: str =
     """Write the report; out is a directory (-> out/report.html) or a file path ending in .html."""
     out = Path(out)
     path = out if out.suffix == ".html" else out / REPORT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render_html(sections, title, subtitle), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, render_html(sections, title, subtitle))
     return path

@@ -1,4 +1,5 @@
-"""Atomic file writes: write to a temp file in the same folder, then os.replace.
+"""Atomic file writes: write to a temp file in the same folder, then os.replace, so a file is
+either absent, old, or complete (caches, checkpoints, exports, reports).
 
 Several processes (e.g. DDP ranks) may build the same cache entry at once; each
 writes identical bytes and the last os.replace wins, so readers never see a
@@ -26,6 +27,19 @@ def _replace_from_temp(path: Path, write) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def atomic_write_file(path: Path, write) -> None:
+    """write(temp_path: str) for writers that take a path (e.g. safetensors' save_file), then rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
