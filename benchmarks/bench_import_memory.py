@@ -6,7 +6,8 @@ unembedding), saves it with save_pretrained (sharded safetensors), then imports 
 subprocess with circuitlab.pretrained.load_pretrained and reads the peak resident set size
 (resource.getrusage ru_maxrss; /proc VmHWM alongside as a cross-check).
 
-Target: the import's peak at most 1.5x the checkpoint's size. Printed for each loader:
+Target: what the import adds to the process's peak (growth, below) at most 1.5x the checkpoint's
+size; the whole process's peak is printed too. Printed for each loader:
 - import peak: the whole process (Python, torch and all) at the end of the import, / checkpoint;
 - growth: that peak minus the resident size just before the import (torch imported and warmed
   up, the floor of any process that runs a model), / checkpoint: what the import itself costs;
@@ -148,7 +149,7 @@ def main() -> int:
                   f"(VmHWM {r['vmhwm_mb']:.0f}); {r['n_params'] / 1e6:.1f}M parameters in {r['seconds']:.1f} s")
     ours = results["circuitlab"]
     ok = ours["import_growth_ratio"] <= 1.5
-    print(f"target: the import's peak memory <= 1.5x the checkpoint: {'met' if ok else 'NOT met'} "
+    print(f"target: the import's added peak memory <= 1.5x the checkpoint: {'met' if ok else 'NOT met'} "
           f"({ours['import_growth_ratio']:.2f}x growth; {ours['import_peak_ratio']:.2f}x with the interpreter's "
           f"own {ours['before_mb']:.0f} MiB)")
     if args.json:
