@@ -162,3 +162,48 @@ def test_run_config_is_the_trainers():
     run = addition_run_config(3, 1, steps=10, seed=4)
     assert run.data.source == "addition:3:1" and run.train.seq_len == 3 + 1 + 1 + 4 - 1
     assert run.model_config(11).n_ctx == run.train.seq_len and run.train.threads == 1
+
+
+def _profile(mass: dict[str, float], top_weight: float, variability: float) -> dict:
+    cats = ("a, same column", "b, same column", "lower columns", "higher columns", "EOS", "answer digits")
+    return {"mass": {c: mass.get(c, 0.0) for c in cats}, "top_weight": top_weight, "variability": variability}
+
+
+def test_findings_state_what_the_numbers_say():
+    """findings() on a made-up comparison: each rule fires on the numbers built to trigger it."""
+    from circuitlab.forge.trained import findings
+
+    hand = {"L0H0": _profile({"a, same column": 1.0}, 1.0, 0.0), "L0H1": _profile({"b, same column": 1.0}, 1.0, 0.0),
+            "L1H0": _profile({"lower columns": 1.0}, 1.0, 0.1)}
+    trained = {"L0H0": _profile({"a, same column": 0.5, "b, same column": 0.5}, 0.4, 0.02),  # reads both
+               "L0H1": _profile({"lower columns": 0.6, "higher columns": 0.4}, 0.4, 0.03),
+               "L1H0": _profile({"EOS": 0.3, "answer digits": 0.3, "lower columns": 0.4}, 0.3, 0.5),
+               "L1H1": _profile({"higher columns": 1.0}, 0.5, 0.01)}
+    ov_cell = {"rank_hand": 1, "top_similarity": 0.1, "top_chance": 0.09, "digits_vs_eos_baseline": 0.7}
+    results = {
+        "accuracy": {"hand": {"correct": 100, "total": 100, "accuracy": 1.0, "exhaustive": True},
+                     "trained": {"correct": 90, "total": 100, "accuracy": 0.9, "exhaustive": True},
+                     "trained_heldout": {"correct": 5, "total": 10, "accuracy": 0.5}},
+        "agreement": {"heads_a": list(hand), "heads_b": list(trained),
+                      "agreement": [[0.3, 0.1, 0.1, 0.1], [0.3, 0.1, 0.1, 0.1], [0.1, 0.2, 0.9, 0.1]]},
+        "merged_agreement": {"L0H0+L0H1": {"L0H0": 0.7, "L0H1": 0.1, "L1H0": 0.1, "L1H1": 0.1}},
+        "attention": {"hand": hand, "trained": trained},
+        "ov": {"input": [[ov_cell] * 4] * 3, "output": [[{"top_similarity": 0.1, "top_chance": 0.09}] * 4] * 3,
+               "digit_value_share": {"hand": {"L0H0": 1.0, "L0H1": 1.0, "L1H0": None},
+                                     "trained": {"L0H0": 0.95, "L0H1": 0.2, "L1H0": 0.1, "L1H1": None}}},
+        "roles": {},
+    }
+    text = "\n".join(findings(results))
+    assert "answers 90 of all 100 problems exactly (90.0%)" in text
+    assert "part of what it learned is memorised pairs" in text                # held out 50% < 90%
+    assert "Hand-built L1H0 is matched by trained L1H0: attention agreement 0.90" in text
+    assert "No trained head attends like hand-built L0H0" in text
+    assert "Trained L0H0 agrees 0.70 with the average of hand-built L0H0 and L0H1" in text
+    assert "Trained L0H0 reads both digits of the answer's column in one head (a 0.50, b 0.50)" in text
+    assert "layer 0 already attends to the digits of lower columns (attention mass 0.60" in text
+    assert "largest weight averages 0.40, against 1.00" in text
+    assert "Trained L1H0 change where they look" in text                        # variability 0.5 >= 0.1 + 0.1
+    assert "Trained L1H1 matches no hand-built head" in text
+    assert "and this one does not beat that" in text                            # 0.1 <= digits-vs-EOS 0.7
+    assert "trained L0H0 reads the value much like the hand-built ones" in text
+    assert "output similarity at most 0.10" in text
