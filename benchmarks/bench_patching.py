@@ -32,7 +32,7 @@ import torch
 from circuitlab.analysis.patching import activation_patching, logit_diff
 from circuitlab.config import ModelConfig
 from circuitlab.model import Transformer
-from circuitlab.pretrained.tl_reference import to_transformer_lens
+from circuitlab.pretrained import to_transformer_lens
 
 TARGETS = {"max_abs_diff": 1e-5, "speedup": 10.0}
 

@@ -5,7 +5,7 @@ import torch
 import helpers
 
 from circuitlab import ModelConfig, Transformer
-from circuitlab.pretrained.tl_reference import to_transformer_lens as _to_tl
+from circuitlab.pretrained import to_transformer_lens as _to_tl
 from circuitlab.analysis.attribution import direct_logit_attribution
 from circuitlab.analysis.circuits import composition_scores, copying_scores
 from circuitlab.analysis.folding import fold_layer_norm

@@ -5,7 +5,7 @@ import torch
 import helpers
 
 from circuitlab import ModelConfig, Transformer
-from circuitlab.pretrained.tl_reference import to_transformer_lens
+from circuitlab.pretrained import to_transformer_lens
 from circuitlab.analysis.patching import logit_diff, patching_sweep
 
 pytest.importorskip("transformer_lens")

@@ -1,0 +1,185 @@
+"""Bridges to the other libraries researchers use: TransformerLens and nnsight.
+
+    from circuitlab.pretrained import to_transformer_lens, to_nnsight
+    tl_model = to_transformer_lens(model)        # a HookedTransformer: same weights, same logits (≤ 1e-4)
+    nn_model = to_nnsight(model)                 # nnsight.NNsight over the model itself (not a copy)
+
+TransformerLens (3.x) gets our weights through plain ``load_state_dict``: nothing is folded or
+centred (TransformerLens does that only in ``from_pretrained``), so the two models compute the same
+function and hook names match. Every architecture circuitlab builds has a TransformerLens
+counterpart except SwiGLU with biases (TransformerLens's gated MLP adds its input bias after the
+gate, a different function); the mapping of the others is:
+
+- V-only heads (``use_attn_out=False``) → ``W_O`` = identity per head (d_head == d_model);
+- unscaled scores (``scale_scores=False``) → ``use_attn_scale=False``;
+- no positions (``positional="none"``) → learned positions of zero;
+- missing biases → zero biases; GQA → ``n_key_value_heads``; rotary scaling ``linear`` →
+  ``rotary_scaling_factor``, ``llama3`` → NTK-by-parts.
+
+nnsight wraps any ``torch.nn.Module``; each circuitlab hook point is a module, so
+``nn_model.blocks[1].attn.hook_z.output`` is the activation our cache calls
+``blocks.1.attn.hook_z``. Some hook points run only when something is attached to them (the
+attention scores and pattern, the norms' scale, ``hook_result``: without them the model takes its
+fused fast path); open ``every_hook_point(model)`` around the trace to keep every hook point running.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from circuitlab.errors import CircuitlabError
+
+
+class BridgeError(CircuitlabError):
+    """The model has a feature the other library cannot express, or the library is missing."""
+
+
+_ACT_FN = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "swiglu": "silu"}
+
+
+def to_transformer_lens(model, use_attn_result: bool = False, device: str | torch.device | None = None):
+    """A TransformerLens ``HookedTransformer`` computing the same function as ``model``.
+
+    model: a circuitlab Transformer of any architecture circuitlab builds except SwiGLU MLPs with
+    biases (a BridgeError says so). The weights are copied (the two models do not share storage);
+    dtype and device follow the model unless ``device`` is given. ``use_attn_result`` is passed on
+    to TransformerLens (it computes ``hook_result`` [batch, pos, head, d_model] on every call).
+    Logits agree within 1e-4 in float32 (tested on every preset).
+    """
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        raise BridgeError("to_transformer_lens needs TransformerLens 3.x: pip install 'transformer-lens>=3,<4'"
+                          ) from None
+    cfg = model.cfg
+    if cfg.mlp == "swiglu" and cfg.bias and cfg.has_mlp:
+        raise BridgeError("TransformerLens cannot express a SwiGLU MLP with biases (its gated MLP adds the bias "
+                          "after the gate); use bias=False for a model you want to bring to TransformerLens")
+    param = next(model.parameters())
+    device = param.device if device is None else torch.device(device)
+    options: dict[str, Any] = dict(
+        n_layers=cfg.n_layers, d_model=cfg.d_model, n_ctx=cfg.n_ctx, d_head=cfg.head_dim, n_heads=cfg.n_heads,
+        d_vocab=cfg.d_vocab, attn_only=cfg.attn_only, eps=cfg.norm_eps, use_attn_result=use_attn_result,
+        normalization_type={"layernorm": "LN", "rmsnorm": "RMS", "none": None}[cfg.norm],
+        use_attn_scale=cfg.scale_scores, parallel_attn_mlp=cfg.parallel_attn_mlp,
+        dtype=param.dtype, device=str(device), seed=0, default_prepend_bos=False)
+    if cfg.has_mlp:
+        options.update(d_mlp=cfg.mlp_dim, act_fn=_ACT_FN[cfg.mlp], gated_mlp=cfg.mlp == "swiglu")
+    if cfg.kv_heads != cfg.n_heads:
+        options["n_key_value_heads"] = cfg.kv_heads
+    if cfg.positional == "rotary":
+        options.update(positional_embedding_type="rotary", rotary_dim=cfg.rot_dim, rotary_base=cfg.rotary_base,
+                       rotary_adjacent_pairs=False)  # our rotary is rotate-half, as GPT-NeoX / LLaMA
+        options.update(_rope_scaling_options(cfg.rope_scaling))
+    else:
+        options["positional_embedding_type"] = "standard"
+    with _quiet():
+        ref = HookedTransformer(HookedTransformerConfig(**options))
+    ref.load_state_dict(_tl_state(model, ref.state_dict()), strict=True)
+    return ref.eval()
+
+
+def _rope_scaling_options(scaling: dict | None) -> dict[str, Any]:
+    if scaling is None:
+        return {}
+    if scaling["type"] == "linear":
+        return {"rotary_scaling_factor": float(scaling["factor"])}
+    return {"use_NTK_by_parts_rope": True, "NTK_by_parts_factor": float(scaling["factor"]),
+            "NTK_by_parts_low_freq_factor": float(scaling["low_freq_factor"]),
+            "NTK_by_parts_high_freq_factor": float(scaling["high_freq_factor"]),
+            "NTK_original_ctx_len": int(scaling["original_max_position_embeddings"])}
+
+
+def _tl_state(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """TransformerLens's state dict (its buffers kept) with our weights in TransformerLens's layout."""
+    cfg = model.cfg
+    H, K, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    new: dict[str, torch.Tensor] = {"embed.W_E": model.W_E, "unembed.W_U": model.W_U, "unembed.b_U": model.b_U}
+    if cfg.positional == "learned":
+        new["pos_embed.W_pos"] = model.W_pos
+    elif cfg.positional == "none":
+        new["pos_embed.W_pos"] = torch.zeros_like(state["pos_embed.W_pos"])
+    gqa = K != H
+    for l, block in enumerate(model.blocks):
+        p = f"blocks.{l}."
+        new[p + "attn.W_Q"], new[p + "attn.b_Q"] = model.W_Q[l], model.b_Q[l]
+        new[p + "attn.W_O"], new[p + "attn.b_O"] = model.W_O[l], model.b_O[l]
+        qkv = block.attn.qkv
+        bias = qkv.bias if qkv.bias is not None else torch.zeros(qkv.out_features, device=qkv.weight.device)
+        for name, start in (("K", H), ("V", H + K)):  # the stored kv heads, unrepeated, for TL's GQA
+            rows = slice(start * D, (start + K) * D)
+            w, b = qkv.weight[rows].view(K, D, -1).transpose(1, 2), bias[rows].view(K, D)
+            if not gqa:
+                new[p + f"attn.W_{name}"], new[p + f"attn.b_{name}"] = w, b
+            else:
+                new[p + f"attn._W_{name}"], new[p + f"attn._b_{name}"] = w, b
+        norms = [("ln1", block.ln1)] + ([("ln2", block.ln2)] if cfg.has_mlp else [])
+        for name, norm in norms:
+            new.update(_norm_state(cfg, p + name, norm))
+        if cfg.has_mlp:
+            new.update({p + "mlp.W_in": model.W_in[l], p + "mlp.W_out": model.W_out[l],
+                        p + "mlp.b_in": model.b_in[l], p + "mlp.b_out": model.b_out[l]})
+            if cfg.mlp == "swiglu":
+                new[p + "mlp.W_gate"] = model.W_gate[l]
+    new.update(_norm_state(cfg, "ln_final", model.ln_final))
+    unknown = set(new) - set(state)
+    if unknown:  # a TransformerLens version with other parameter names
+        raise BridgeError(f"this TransformerLens has no parameters named {', '.join(sorted(unknown))}; "
+                          "to_transformer_lens supports TransformerLens 3.x")
+    for key, value in new.items():
+        if state[key].shape != value.shape:
+            raise BridgeError(f"TransformerLens expects {key} of shape {tuple(state[key].shape)}, "
+                              f"circuitlab gives {tuple(value.shape)}")
+        state[key] = value.detach().clone().to(state[key])
+    return state
+
+
+def _norm_state(cfg, prefix: str, norm) -> dict[str, torch.Tensor]:
+    if cfg.norm == "none":
+        return {}
+    out = {prefix + ".w": norm.w}
+    if cfg.norm == "layernorm":
+        out[prefix + ".b"] = norm.b if norm.b is not None else torch.zeros_like(norm.w)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet():
+    """TransformerLens logs a line per model it builds from a config; keep the user's output clean."""
+    import logging
+
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _noop(x: torch.Tensor, hook) -> None:
+    return None
+
+
+def every_hook_point(model):
+    """Context manager: every hook point of ``model`` runs while it is open, including those the fast
+    path skips (attention scores and pattern, the norms' scale, ``hook_result``), so a tracer that
+    reads module outputs (nnsight) sees them. The function computed is unchanged."""
+    return model.hooks(fwd_hooks=[(lambda name: True, _noop)])
+
+
+def to_nnsight(model):
+    """``nnsight.NNsight(model)``: nnsight's tracing over the circuitlab model itself (not a copy).
+
+    Inside ``with nn_model.trace(tokens):``, ``nn_model.blocks[l].hook_resid_post.output`` is the
+    activation our cache names ``blocks.{l}.hook_resid_post`` (``.save()`` it to read it after the
+    block; assign to it to patch; nnsight 0.8 wants the modules in the order the forward pass runs them). To read the hook points that run only when hooked (attention
+    pattern and scores, norm scale, ``hook_result``), open ``every_hook_point(model)`` around the trace.
+    """
+    try:
+        from nnsight import NNsight
+    except ImportError:
+        raise BridgeError("to_nnsight needs nnsight: pip install 'nnsight>=0.5'") from None
+    return NNsight(model)
