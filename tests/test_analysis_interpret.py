@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.interpret_circuits import EXPERIMENTS
+from circuitlab.experiments.interpret_circuits import EXPERIMENTS
 
 
 class CharTokenizer:

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from circuitlab.demo import DemoOptions, causal_evidence, causal_paragraph, run_demo
+from circuitlab.experiments.demo import DemoOptions, causal_evidence, causal_paragraph, run_demo
 
 
 @pytest.fixture(scope="module")

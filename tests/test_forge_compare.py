@@ -10,7 +10,7 @@ from circuitlab.data import AdditionTask, DataConfig, build_data, load_texts
 from circuitlab.data.dataset import AdditionData
 from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.forge import build_carry_adder
-from circuitlab.forge.trained import (CATEGORIES, addition_run_config, key_categories, position_labels,
+from circuitlab.experiments.forge_compare import (CATEGORIES, addition_run_config, key_categories, position_labels,
                                       run_forge_compare, summarize_comparison)
 from circuitlab.model import Transformer
 
@@ -171,7 +171,7 @@ def _profile(mass: dict[str, float], top_weight: float, variability: float) -> d
 
 def test_findings_state_what_the_numbers_say():
     """findings() on a made-up comparison: each rule fires on the numbers built to trigger it."""
-    from circuitlab.forge.trained import findings
+    from circuitlab.experiments.forge_compare import findings
 
     hand = {"L0H0": _profile({"a, same column": 1.0}, 1.0, 0.0), "L0H1": _profile({"b, same column": 1.0}, 1.0, 0.0),
             "L1H0": _profile({"lower columns": 1.0}, 1.0, 0.1)}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.interpret_causal import EXPERIMENTS, induction_pair
+from circuitlab.experiments.interpret_causal import EXPERIMENTS, induction_pair
 from circuitlab.analysis.patching import activation_patching, next_token_loss
 from circuitlab.analysis.path_patching import path_patching
 

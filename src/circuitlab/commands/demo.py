@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuitlab.demo import DemoOptions, run_demo
+    from circuitlab.experiments.demo import DemoOptions, run_demo
 
     out = Path(args.out)
     results = run_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,

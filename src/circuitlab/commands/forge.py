@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from circuitlab.forge.trained import DEFAULT_STEPS, run_forge_compare
+    from circuitlab.experiments.forge_compare import DEFAULT_STEPS, run_forge_compare
 
     out = Path(args.out)
     results = run_forge_compare(out, digits=args.digits, digits_b=args.digits_b,

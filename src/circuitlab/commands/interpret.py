@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from circuitlab.interpret import run_interpret
+    from circuitlab.experiments.interpret import run_interpret
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,

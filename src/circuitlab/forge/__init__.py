@@ -5,8 +5,9 @@ builder    ResidualLayout (named subspaces of the residual stream) and Forge (se
 examples   hand-built previous-token and induction heads, with each head's role (test fixtures)
 adder      the reference post's 2-digit adder, and an exact n-digit + m-digit adder
 compare    two models on the same inputs: accuracy, attention agreement, OV principal angles
-trained    a model trained on the addition task against the hand-built adder (`circuitlab forge compare`):
-           run_forge_compare, summarize_comparison; imported on use (it pulls in the trainer and matplotlib)
+
+A trained adder compared with the hand-built one (`circuitlab forge compare`) is an experiment:
+circuitlab.experiments.forge_compare.
 """
 from circuitlab.forge.adder import (EOS, Adder, AdderCheck, CarryAdder, PostAdder, TokenAdder, build_adder,
                                     build_carry_adder, build_post_adder)

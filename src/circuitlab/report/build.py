@@ -1,7 +1,7 @@
 """Report sections from what a run has.
 
 A run contributes a RunData (model, tokenizer, configs, metrics, head labels); an analysis contributes
-the findings dicts of circuitlab.analysis.interpret_circuits / interpret_causal experiments (as in
+the findings dicts of circuitlab.experiments.interpret_circuits / interpret_causal experiments (as in
 results.json). build_sections turns them into sections, in this order, each only when there is data:
 
     model card · summary · training curves · heads · attention viewer · QK/OV circuits · logit lens ·
@@ -228,7 +228,7 @@ def training_section(runs: Sequence[RunData]) -> Section | None:
 
 
 def _phase_change(records: list[dict]) -> dict | None:
-    from circuitlab.demo import phase_change
+    from circuitlab.experiments.demo import phase_change
 
     return phase_change(records)
 
@@ -286,7 +286,7 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
     """The induction head and its previous-token head as the circuits experiment picks them (from its
     results, else from the labels computed here), else the best-scoring head after layer 0 and the
     best previous-token head before it."""
-    from circuitlab.analysis.interpret_circuits import induction_and_previous_head
+    from circuitlab.experiments.interpret_circuits import induction_and_previous_head
 
     cfg = run.model.cfg
     ind = (found or {}).get("induction")
@@ -322,7 +322,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     from circuitlab.analysis.circuits import (composition_scores, copying_scores, k_composition_qk_circuit,
                                               ov_circuit, qk_circuit)
     from circuitlab.analysis.folding import fold_layer_norm
-    from circuitlab.analysis.interpret_circuits import DEFAULT_PROMPT
+    from circuitlab.experiments.interpret_circuits import DEFAULT_PROMPT
     from circuitlab.viz import token_label
     from circuitlab.viz.interactive import heatmap_figure
 
@@ -526,7 +526,7 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
 
     runs: name -> TrainResult (or RunData); default: loaded from run_dir/<name> (run_dir defaults to out).
     """
-    from circuitlab.demo import causal_paragraph
+    from circuitlab.experiments.demo import causal_paragraph
 
     out = Path(out)
     run_dir = Path(run_dir) if run_dir is not None else out

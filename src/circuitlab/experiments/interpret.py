@@ -1,7 +1,7 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret` and the demo report.
 
-Experiments come from circuitlab.analysis.interpret_circuits (circuits, heads, logit_lens,
-attribution) and circuitlab.analysis.interpret_causal (patching, ablation, probing).
+Experiments come from circuitlab.experiments.interpret_circuits (circuits, heads, logit_lens,
+attribution) and circuitlab.experiments.interpret_causal (patching, ablation, probing).
 """
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 def analyse(runs: dict, out: Path) -> dict[str, Any]:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
     from circuitlab.analysis.heads import classify_heads
-    from circuitlab.analysis.interpret_causal import EXPERIMENTS as CAUSAL
-    from circuitlab.analysis.interpret_circuits import EXPERIMENTS
+    from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
+    from circuitlab.experiments.interpret_circuits import EXPERIMENTS
     from circuitlab.viz.training import plot_attention_heads, plot_training_curves
 
     results: dict[str, Any] = {"models": {}}

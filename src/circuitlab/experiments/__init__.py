@@ -1,0 +1,12 @@
+"""Ready-made experiments: pipelines that train or load models, run analyses and return results that
+report/ renders. They sit above the library (model, data, training, analysis, viz, report) and below
+the commands; nothing in the library imports them.
+
+demo               `circuitlab demo`: a 2-layer and a 1-layer attention-only model, their induction heads
+interpret          `circuitlab interpret`: named experiments on a checkpoint
+interpret_circuits weight-based experiments: circuits, heads, logit lens, attribution
+interpret_causal   interventions: patching, ablation, probing
+forge_compare      `circuitlab forge compare`: an adder trained on the addition task against the hand-built one
+
+Import from the submodules (they pull in the trainer and matplotlib).
+"""
