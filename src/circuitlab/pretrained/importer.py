@@ -13,10 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from unittest import mock
 
 import torch
 from torch import nn
@@ -79,14 +79,28 @@ def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple
     return model.eval()
 
 
+_INIT_SWAP = threading.Lock()  # the swap below is process-wide: one model build at a time
+
+
 @contextlib.contextmanager
 def _skip_init():
     """Build modules without initialising their weights (they are about to be overwritten): the
-    parameters are allocated but never written, which costs neither time nor resident memory."""
-    with contextlib.ExitStack() as stack:
-        for owner in (Transformer, nn.Linear, nn.Embedding):
-            stack.enter_context(mock.patch.object(owner, "reset_parameters", lambda self, *a, **k: None))
-        yield
+    parameters are allocated but never written, which costs neither time nor resident memory.
+    reset_parameters of the three classes that initialise is swapped for a no-op, and put back."""
+    owners = (Transformer, nn.Linear, nn.Embedding)
+    with _INIT_SWAP:
+        saved = [(owner, owner.__dict__["reset_parameters"]) for owner in owners]
+        try:
+            for owner in owners:
+                owner.reset_parameters = _no_init
+            yield
+        finally:
+            for owner, method in saved:
+                owner.reset_parameters = method
+
+
+def _no_init(self, *args, **kwargs) -> None:
+    return None
 
 
 def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,

@@ -1,8 +1,6 @@
-"""Figures of analysis results, static (matplotlib, Agg backend) and interactive (interactive.py, plotly);
-import from the submodules."""
-import matplotlib
-
-matplotlib.use("Agg")
+"""Figures of analysis results, static (PNG through matplotlib's Agg canvas, png.py) and interactive
+(interactive.py, plotly); import from the submodules. Nothing here changes matplotlib's backend: a
+notebook that displays our results keeps its own."""
 
 
 def token_label(s: str, n: int | None = None) -> str:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
 
 from circuitlab.analysis.circuits import MODES, CompositionScores, CopyingScores
 from circuitlab.viz import token_label
+from circuitlab.viz.png import save_png, subplots
 
 
 def plot_circuit(matrix: torch.Tensor, path: str | Path, row_labels: list[str] | None = None,
@@ -18,7 +18,7 @@ def plot_circuit(matrix: torch.Tensor, path: str | Path, row_labels: list[str] |
     m = matrix.detach().float().cpu()
     lim = float(m.abs().max()) or 1.0
     size = min(12.0, 3.0 + 0.22 * max(m.shape))
-    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    fig, ax = subplots(figsize=(size + 1.2, size))
     im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
     for labels, set_ticks, set_labels, rotation in ((col_labels, ax.set_xticks, ax.set_xticklabels, 90),
                                                     (row_labels, ax.set_yticks, ax.set_yticklabels, 0)):
@@ -27,19 +27,19 @@ def plot_circuit(matrix: torch.Tensor, path: str | Path, row_labels: list[str] |
             set_labels([token_label(s) for s in labels], fontsize=7, rotation=rotation)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     fig.colorbar(im, ax=ax, fraction=0.046)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_copying_scores(copying: CopyingScores, path: str | Path) -> Path:
     """Copying score of every head, [layer, head], annotated (1 = pure copying, -1 = anti-copying)."""
     scores = copying.scores.float()
-    fig, ax = plt.subplots(figsize=(1.2 + 0.7 * scores.shape[1], 1.2 + 0.6 * scores.shape[0]))
+    fig, ax = subplots(figsize=(1.2 + 0.7 * scores.shape[1], 1.2 + 0.6 * scores.shape[0]))
     im = ax.imshow(scores.numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
     _annotate(ax, scores)
     ax.set(title="OV copying score (Σλ / Σ|λ|)", xlabel="head", ylabel="layer",
            xticks=range(scores.shape[1]), yticks=range(scores.shape[0]))
     fig.colorbar(im, ax=ax, fraction=0.046)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_composition_scores(comp: CompositionScores, path: str | Path) -> Path:
@@ -52,7 +52,7 @@ def plot_composition_scores(comp: CompositionScores, path: str | Path) -> Path:
     labels = [f"L{i // H}H{i % H}" if n <= 48 else f"L{i // H}" for i in ticks]
     vmax = max(float(torch.nan_to_num(comp.scores(m), nan=0).max()) for m in MODES)
     side = min(6.0, 1.5 + 0.3 * n)
-    fig, axes = plt.subplots(1, 3, figsize=(3 * side + 1.5, side + 0.5), squeeze=False)
+    fig, axes = subplots(1, 3, figsize=(3 * side + 1.5, side + 0.5), squeeze=False)
     for ax, mode in zip(axes[0], MODES):
         grid = comp.scores(mode).reshape(n, n).float()
         im = ax.imshow(grid.numpy(), cmap="viridis", vmin=comp.baseline_mean,
@@ -63,7 +63,7 @@ def plot_composition_scores(comp: CompositionScores, path: str | Path) -> Path:
     fig.colorbar(im, ax=list(axes[0]), fraction=0.02)
     fig.suptitle(f"composition scores (random baseline {comp.baseline_mean:.3f} ± {comp.baseline_std:.3f})",
                  fontsize=9)
-    return _save(fig, path, tight=False)
+    return save_png(fig, path, tight=False)
 
 
 def _annotate(ax, grid: torch.Tensor) -> None:
@@ -73,9 +73,3 @@ def _annotate(ax, grid: torch.Tensor) -> None:
                     color="white" if abs(float(v)) > 0.6 else "black")
 
 
-def _save(fig, path: str | Path, tight: bool = True) -> Path:
-    if tight:
-        fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return Path(path)

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 
 from circuitlab.analysis.probing import ProbeResult
-from circuitlab.viz.patching import save
+from circuitlab.viz.png import save_png, subplots
 
 
 def plot_probe_accuracy(results: dict[str, ProbeResult] | ProbeResult, path: str | Path) -> Path:
@@ -15,7 +14,7 @@ def plot_probe_accuracy(results: dict[str, ProbeResult] | ProbeResult, path: str
     if isinstance(results, ProbeResult):
         results = {results.task: results}
     points = next(iter(results.values())).points
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(points) + 3.0), 3.8))
+    fig, ax = subplots(figsize=(max(6.0, 0.7 * len(points) + 3.0), 3.8))
     x = range(len(points))
     for i, (name, res) in enumerate(results.items()):
         color = f"C{i}"
@@ -28,4 +27,4 @@ def plot_probe_accuracy(results: dict[str, ProbeResult] | ProbeResult, path: str
            title="Linear probes by layer (dashed: random-label control, dotted: chance)")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return save(fig, path)
+    return save_png(fig, path, crop=False)

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import torch
+
+from circuitlab.viz.png import save_png, subplots
 
 
 def plot_training_curves(curves: dict[str, list[dict]], path: str | Path) -> Path:
     """curves: run name -> metrics.jsonl records. Left: train loss and loss on the repeated half of
     random sequences; right: best induction and previous-token head scores; x: tokens seen."""
-    fig, (ax_loss, ax_score) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_loss, ax_score) = subplots(1, 2, figsize=(11, 4))
     for i, (name, records) in enumerate(curves.items()):
         color = f"C{i}"
         logged = [r for r in records if "loss" in r]
@@ -29,10 +30,7 @@ def plot_training_curves(curves: dict[str, list[dict]], path: str | Path) -> Pat
     for ax in (ax_loss, ax_score):
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_png(fig, path, crop=False)
 
 
 def _best(per_layer: list[list[float]]) -> float:
@@ -42,13 +40,10 @@ def _best(per_layer: list[list[float]]) -> float:
 def plot_attention_heads(model, tokens: torch.Tensor, heads: list[str], path: str | Path) -> Path:
     """Attention patterns [query, key] of the heads named "L{layer}H{head}" on tokens [pos]."""
     _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n.endswith("hook_pattern"))
-    fig, axes = plt.subplots(1, len(heads), figsize=(3.6 * len(heads), 3.6), squeeze=False)
+    fig, axes = subplots(1, len(heads), figsize=(3.6 * len(heads), 3.6), squeeze=False)
     for ax, name in zip(axes[0], heads):
         layer, head = (int(x) for x in name[1:].split("H"))
         ax.imshow(cache["pattern", layer][0, head].numpy(), cmap="Blues", vmin=0, vmax=1)
         ax.set(title=f"head {name}", xlabel="key position", ylabel="query position")
     fig.suptitle("Attention on a random 12-token segment repeated 3 times", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return save_png(fig, path, crop=False)
