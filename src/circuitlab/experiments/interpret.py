@@ -14,7 +14,7 @@ from circuitlab.errors import CircuitlabError
 
 
 def available_experiments() -> dict[str, Callable[..., dict]]:
-    from circuitlab.analysis import interpret_causal, interpret_circuits
+    from circuitlab.experiments import interpret_causal, interpret_circuits
 
     table: dict[str, Callable[..., dict]] = {}
     for name, fn in interpret_circuits.EXPERIMENTS.items():
