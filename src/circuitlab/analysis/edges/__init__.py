@@ -1,0 +1,19 @@
+"""Automatic circuit discovery on the edge graph: scores for every edge, circuits, faithfulness.
+
+graph         EdgeGraph: writers (input, heads, MLPs), reader inputs (q/k/v per head, MLP in, logits), edges
+forward       graph_forward: the model's forward pass with a patch weight on every edge, batched over copies
+scoring       edge_scores: EAP, EAP-IG (inputs or edges path), exact batched edge patching; interventions
+circuit       select_circuit (top-n, threshold, greedy; pruned), refine_circuit (ACDC-style), circuit_metric,
+              edge_auc against a known edge set
+faithfulness  faithfulness_curve: f at 0.1 ... 100 % of the edges, CPR, CMD, sizes for 80 / 90 %
+io            JSON save/load of scores and circuits, and the MIB / EAP-IG edge-score layout
+"""
+from circuitlab.analysis.edges.circuit import Circuit, circuit_metric, edge_auc, prune, refine_circuit, select_circuit
+from circuitlab.analysis.edges.faithfulness import FRACTIONS, Faithfulness, faithfulness_curve
+from circuitlab.analysis.edges.forward import GraphRun, graph_forward
+from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.scoring import INTERVENTIONS, METHODS, EdgeScores, edge_scores
+
+__all__ = ["Circuit", "EdgeGraph", "EdgeScores", "FRACTIONS", "Faithfulness", "GraphRun", "INTERVENTIONS",
+           "METHODS", "circuit_metric", "edge_auc", "edge_scores", "faithfulness_curve", "graph_forward", "prune",
+           "refine_circuit", "select_circuit"]

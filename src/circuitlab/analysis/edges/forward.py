@@ -1,0 +1,150 @@
+"""The model's forward pass written over the edge graph, so that each edge can be patched on its own.
+
+    run = graph_forward(model, graph, tokens)                       # same logits as model(tokens)
+    run = graph_forward(model, graph, tokens, ref=ref, mask=mask)   # mask [copies, n_sources, n_readers]
+
+Every reader input gets its own copy of the residual stream: the input of reader r is
+    Σ_s out_s + b_O constants + Σ_s mask[c, s, r] · (ref_s − out_s)
+where out_s is writer s's output in this run (so effects propagate) and ref_s its reference output
+(the corrupted run's, zero, or a mean). mask 0 keeps an edge, 1 patches it fully, values between
+interpolate (EAP-IG over edges). The reader then applies its own norm to its input. Each head gets
+its own query, key and value inputs (TransformerLens's use_split_qkv_input), computed here from the
+model's fused weights, so the model itself carries no extra cost. Copies run in one batch:
+tensors are [copies, batch, pos, ...].
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from circuitlab.analysis.edges.graph import EdgeGraph
+
+
+@dataclass
+class GraphRun:
+    """One (batched) run over the graph.
+
+    logits [copies, batch, pos, d_vocab]; outputs: per group of writers (input, each layer's heads, each
+    MLP) the writers' indices and their outputs [copies, batch, pos, n_group, d_model]; inputs: per group
+    of readers (each layer's q/k/v, each MLP, logits) the reader indices and their inputs
+    [copies, batch, pos, n_group, d_model] (before the reader's norm); resid[l]: the residual stream
+    entering layer l [copies, batch, pos, d_model] (constants included).
+    """
+
+    logits: torch.Tensor
+    outputs: list[tuple[list[int], torch.Tensor]]
+    inputs: list[tuple[list[int], torch.Tensor]] = field(default_factory=list)
+    resid: list[torch.Tensor] = field(default_factory=list)
+
+    def source_outputs(self) -> torch.Tensor:
+        """All writers' outputs [copies, batch, pos, n_sources, d_model], in graph order."""
+        copies = max(o.shape[0] for _, o in self.outputs)
+        return torch.cat([o.expand(copies, *o.shape[1:]) for _, o in self.outputs], dim=-2)
+
+
+def input_output(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The input node's output: token + position embeddings, tokens [batch, pos] -> [1, batch, pos, d_model]."""
+    x = model.embed(tokens)
+    if model.cfg.positional == "learned":
+        x = x + model.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
+    return x[None]
+
+
+def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None, input_out: torch.Tensor | None = None,
+                  base: GraphRun | None = None, start: int = 0, reads: Sequence[int] | None = None
+                  ) -> GraphRun:
+    """Run tokens [batch, pos] through the graph.
+
+    ref: reference writer outputs, broadcastable to [batch, pos, n_sources, d_model]; mask: [copies,
+    n_sources, n_readers] patch weights (entries off the graph's edges are ignored); input_out: the input
+    node's output [copies or 1, batch, pos, d_model] instead of the embeddings; base + start: begin at
+    layer `start`, taking the writers before it and the residual stream entering it from `base` (a run
+    of the same tokens whose earlier layers the mask does not touch); reads: the only positions whose
+    logits are computed (others NaN). Gradients flow when enabled.
+    """
+    cfg = model.cfg
+    H, K, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    if base is not None and start > 0:
+        n_before = 1 + sum(1 for l in graph.source_layer if 0 <= l < start)
+        outputs = [(idx, o) for idx, o in base.outputs if idx[0] < n_before]
+        resid = base.resid[start]
+    else:
+        start = 0
+        x0 = input_out if input_out is not None else input_output(model, tokens)
+        outputs, resid = [([0], x0[..., None, :])], x0
+    run = GraphRun(None, outputs, [], [])  # type: ignore[arg-type]
+
+    def reader_inputs(readers: list[int]) -> torch.Tensor:
+        x = resid[..., None, :]
+        if mask is None or ref is None:
+            return x.expand(*x.shape[:-2], len(readers), x.shape[-1])
+        terms = x
+        for idx, out in run.outputs:
+            weights = mask[:, idx][:, :, readers]  # [copies, n_group, n_readers]
+            if not bool(weights.any()):
+                continue
+            diff = ref[..., idx, :] - out  # [copies or 1, batch, pos, n_group, d_model]
+            terms = terms + torch.einsum("cbpsd,csr->cbprd", diff.expand(weights.shape[0], *diff.shape[1:]),
+                                         weights.to(diff.dtype))
+        return terms.expand(*terms.shape[:-2], len(readers), terms.shape[-1])
+
+    for l in range(start, cfg.n_layers):
+        block = model.blocks[l]
+        run.resid.append(resid)
+        readers = graph.layer_readers(l)
+        attn_readers = readers[: H + 2 * K]
+        x_attn = reader_inputs(attn_readers)  # [c, b, p, H + 2K, d]
+        run.inputs.append((attn_readers, x_attn))
+        mlp_in = None
+        if cfg.has_mlp and cfg.parallel_attn_mlp:  # the MLP reads what attention reads
+            mlp_in = reader_inputs(readers[-1:])
+        head_out = _heads(block.attn, block.ln1(x_attn), H, K, D)  # [c, b, p, H, d]
+        first = 1 + l * (H + int(cfg.has_mlp))
+        run.outputs.append((list(range(first, first + H)), head_out))
+        resid = resid + head_out.sum(-2)
+        if block.attn.out is not None and block.attn.out.bias is not None:
+            resid = resid + block.attn.out.bias
+        if cfg.has_mlp:
+            if mlp_in is None:
+                mlp_in = reader_inputs(readers[-1:])
+            run.inputs.append((readers[-1:], mlp_in))
+            mlp_out = block.mlp(block.ln2(mlp_in[..., 0, :]))
+            run.outputs.append(([first + H], mlp_out[..., None, :]))
+            resid = resid + mlp_out
+    run.resid.append(resid)
+    x_final = reader_inputs([len(graph.readers) - 1])
+    run.inputs.append(([len(graph.readers) - 1], x_final))
+    final = model.ln_final(x_final[..., 0, :])  # [c, b, p, d]
+    if reads is None:
+        run.logits = model.unembed(final)
+    else:
+        run.logits = torch.full((*final.shape[:-1], cfg.d_vocab), float("nan"), dtype=final.dtype,
+                                device=final.device)
+        run.logits[..., list(reads), :] = model.unembed(final[..., list(reads), :])
+    return run
+
+
+def _heads(attn, x: torch.Tensor, H: int, K: int, D: int) -> torch.Tensor:
+    """Per-head attention from per-head normalised inputs.
+
+    x [c, b, p, H + 2K, d_model]: each query head's input, then each kv head's key input, then its value
+    input -> each head's output z @ W_O (no b_O) [c, b, p, H, d_model].
+    """
+    C, B, T = x.shape[:3]
+    W = attn.qkv.weight.view(H + 2 * K, D, -1)
+    qkv = torch.einsum("cbprm,rdm->cbprd", x, W)
+    if attn.qkv.bias is not None:
+        qkv = qkv + attn.qkv.bias.view(H + 2 * K, D)
+    q, k, v = (t.reshape(C * B, T, -1, D) for t in qkv.split([H, K, K], dim=3))
+    if attn.rotary is not None:
+        q, k = attn.rotary(q), attn.rotary(k)
+    z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       scale=attn.scale, enable_gqa=K != H)
+    z = z.transpose(1, 2).reshape(C, B, T, H, D)
+    if attn.out is None:  # V-only heads write z itself (d_head == d_model)
+        return z
+    return torch.einsum("cbphd,hdm->cbphm", z, attn.out.weight.T.reshape(H, D, -1))

@@ -1,0 +1,282 @@
+"""Edge scores: how much the metric moves when one edge of the graph is patched.
+
+    scores = edge_scores(model, clean, corrupt, metric, method="eap-ig")
+    scores.top(10)             # [(source, reader, score), ...] by |score|
+    scores.scores              # [n_edges], in graph.edges order
+
+A score estimates m(clean run with that edge patched) − m(clean run): negative for an edge the
+behaviour needs (for a metric where higher means "more of the behaviour").
+
+Methods:
+  "eap"     activation difference × gradient: (ref_s − clean_s) · ∂m/∂(input of r), summed over
+            batch and positions. Every edge from 2 forward passes and 1 backward pass.
+  "eap-ig"  the same with the gradient averaged over `steps` points of a straight path, batched:
+            ig_path="inputs" moves the input embeddings from the reference input to the clean one
+            (Hanna et al. 2024); ig_path="edges" moves every edge's patch weight from 0 to 1 and
+            integrates ∂m/∂weight (auto-circuit's integrated-gradient mask scores).
+  "exact"   the true effect of patching each edge alone: one copy of the batch per edge in a batched
+            forward pass with per-edge masks, each starting at its reader's layer.
+
+Interventions (what an edge carries when patched): "counterfactual" (the writer's output on the
+corrupted prompt), "zero", "mean" (its mean over the clean batch and positions), "position-mean"
+(its mean over the clean batch, per position).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from circuitlab.analysis._json import rounded
+from circuitlab.analysis.edges.forward import GraphRun, graph_forward, input_output
+from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.patching import Metric, as_tokens, check_metric, check_pair, read_positions
+from circuitlab.errors import CircuitlabError
+
+METHODS = ("eap", "eap-ig", "exact")
+INTERVENTIONS = ("counterfactual", "zero", "mean", "position-mean")
+IG_PATHS = ("inputs", "edges")
+# Floats one batched run may hold in its per-copy activations (about 128 MB in fp32).
+COPY_BUDGET = 2 ** 25
+
+
+@dataclass
+class EdgeScores:
+    """Scores for every edge of a graph, from one method.
+
+    scores [n_edges] (float64, graph.edges order): estimated (eap, eap-ig) or measured (exact) change of the
+    metric when that edge alone is patched; node_scores [n_sources]: the same for patching all of a
+    writer's outgoing edges at once (measured for exact, the sum of its edges' scores otherwise).
+    clean_value: the metric of the full model; ablated_value: with every edge patched (the empty circuit).
+    """
+
+    graph: EdgeGraph
+    scores: torch.Tensor
+    node_scores: torch.Tensor
+    method: str
+    intervention: str
+    metric: str
+    clean_value: float
+    ablated_value: float
+    options: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def order(self) -> torch.Tensor:
+        """Edge indices [n_edges], most important (largest |score|) first; ties keep graph order."""
+        return torch.sort(self.scores.abs(), descending=True, stable=True).indices
+
+    def top(self, n: int = 10) -> list[tuple[str, str, float]]:
+        edges = self.graph.edges
+        return [(*edges[i], float(self.scores[i])) for i in self.order()[:n].tolist()]
+
+    def score(self, source: str, reader: str) -> float:
+        return float(self.scores[self.graph.edge_index(source, reader)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "intervention": self.intervention, "metric": self.metric,
+                "options": self.options, "clean_value": round(self.clean_value, 6),
+                "ablated_value": round(self.ablated_value, 6), "seconds": round(self.seconds, 3),
+                "graph": self.graph.to_dict(),
+                "edges": [[s, r, v] for (s, r), v in zip(self.graph.edges, rounded(self.scores, 8))],
+                "node_scores": dict(zip(self.graph.sources, rounded(self.node_scores, 8)))}
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{s}</td><td>{r}</td><td>{v:+.4g}</td></tr>" for s, r, v in self.top(15))
+        return (f"<b>Edge scores</b> ({self.method}, {self.intervention}, metric {self.metric}): "
+                f"{self.graph.summary()}; metric {self.clean_value:.4g} clean, {self.ablated_value:.4g} with every "
+                f"edge patched<table><tr><th>from</th><th>to</th><th>score</th></tr>{rows}</table>")
+
+
+# ---------------------------------------------------------------------------- shared pieces
+
+
+def per_copy(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
+    """metric applied to each copy: logits [copies, batch, pos, d_vocab] -> [copies]."""
+    values = [metric(logits[c]) for c in range(logits.shape[0])]
+    return torch.stack([v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values])
+
+
+def check_request(model, clean, corrupt, metric: Metric, method: str, intervention: str
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tokens checked ([batch, pos], same shape when corrupt is given) and the method/intervention names."""
+    if method not in METHODS:
+        raise CircuitlabError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if intervention not in INTERVENTIONS:
+        raise CircuitlabError(f"unknown intervention {intervention!r}; choose one of {', '.join(INTERVENTIONS)}")
+    if model.cfg.n_layers == 0:
+        raise CircuitlabError("this model has no layers, so its graph has no heads or MLPs to score")
+    if intervention == "counterfactual":
+        if corrupt is None:
+            raise CircuitlabError("the counterfactual intervention needs corrupted prompts (or choose zero, mean "
+                                  "or position-mean)")
+        clean, corrupt = check_pair(model, clean, corrupt)
+    else:
+        clean = as_tokens(model, clean, "clean tokens")
+        corrupt = None if corrupt is None else check_pair(model, clean, corrupt)[1]
+    check_metric(model, metric, tuple(clean.shape))
+    return clean, corrupt
+
+
+def reference(model, graph: EdgeGraph, clean: torch.Tensor, corrupt: torch.Tensor | None, intervention: str,
+              clean_run: GraphRun) -> torch.Tensor:
+    """What each writer's output becomes on a patched edge, broadcastable to [batch, pos, n_sources, d_model]."""
+    outs = clean_run.source_outputs()[0]  # [batch, pos, n_sources, d_model]
+    if intervention == "counterfactual":
+        with torch.no_grad():
+            return graph_forward(model, graph, corrupt).source_outputs()[0]
+    if intervention == "zero":
+        return torch.zeros_like(outs[:1, :1])
+    if intervention == "mean":
+        return outs.mean(dim=(0, 1), keepdim=True)
+    return outs.mean(dim=0, keepdim=True)
+
+
+def all_patched(graph: EdgeGraph, value: float = 1.0, copies: int = 1, dtype=torch.float32,
+                device=None) -> torch.Tensor:
+    """Mask [copies, n_sources, n_readers] with `value` on every edge."""
+    return (graph.allowed.to(device=device, dtype=dtype) * value).expand(copies, -1, -1).clone()
+
+
+def _contract(graph: EdgeGraph, diff: torch.Tensor, inputs, grads) -> torch.Tensor:
+    """Σ over copies, batch, pos of diff_s · grad_r for every edge -> dense [n_sources, n_readers].
+
+    diff [copies or 1, batch, pos, n_sources, d_model]; grads: per reader group [copies, batch, pos, n, d].
+    """
+    dense = torch.zeros(len(graph.sources), len(graph.readers), dtype=torch.float64, device=diff.device)
+    for (readers, _), g in zip(inputs, grads):
+        n_up = int(graph.allowed[:, readers].any(1).nonzero().max()) + 1  # writers upstream of the group
+        d = diff[..., :n_up, :].expand(g.shape[0], *diff.shape[1:-2], n_up, diff.shape[-1])
+        dense[:n_up, readers] += torch.einsum("cbpsd,cbprd->sr", d, g).double()
+    return dense
+
+
+def _backward(model, graph, tokens, metric, *, ref=None, mask=None, input_out=None):
+    """One batched forward + backward: (run, gradient of Σ_copies metric w.r.t. every reader input)."""
+    with torch.enable_grad():
+        if input_out is None:
+            input_out = input_output(model, tokens)
+        input_out = input_out.detach().requires_grad_(True)  # works with frozen parameters too
+        if mask is not None:
+            mask = mask.detach()
+        run = graph_forward(model, graph, tokens, ref=ref, mask=mask, input_out=input_out)
+        value = per_copy(metric, run.logits).sum()
+        if not value.requires_grad:
+            raise CircuitlabError("gradient methods need a metric computed from the logits with torch operations; "
+                                  "this one returned a constant (use method='exact')")
+        grads = torch.autograd.grad(value, [x for _, x in run.inputs], allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for (_, x), g in zip(run.inputs, grads)]
+    return run, [g.detach() for g in grads]
+
+
+# ---------------------------------------------------------------------------- the methods
+
+
+def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, method: str = "eap",
+                intervention: str = "counterfactual", steps: int = 5, ig_path: str = "inputs",
+                batch_size: int | None = None, progress: bool = True) -> EdgeScores:
+    """Score every edge of the model's graph.
+
+    clean, corrupt: token ids [batch, pos] (corrupt needed for the counterfactual intervention); metric:
+    fn(logits [batch, pos, d_vocab]) -> scalar (logit_diff, logprob, kl_to_clean or the user's). method:
+    "eap" | "eap-ig" | "exact"; steps, ig_path: EAP-IG's path points and path ("inputs" | "edges");
+    batch_size: copies per batched run (default: sized to memory). Returns EdgeScores.
+    """
+    if metric is None:
+        raise CircuitlabError("edge_scores needs a metric: a function of the logits, e.g. logit_diff(answer, wrong)")
+    clean, corrupt = check_request(model, clean, corrupt, metric, method, intervention)
+    if method == "eap-ig":
+        if ig_path not in IG_PATHS:
+            raise CircuitlabError(f"unknown ig_path {ig_path!r}; choose one of {', '.join(IG_PATHS)}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
+    t0 = time.perf_counter()
+    graph = EdgeGraph.of(model)
+    with torch.no_grad():
+        clean_run = graph_forward(model, graph, clean)
+        ref = reference(model, graph, clean, corrupt, intervention, clean_run)
+        clean_value = float(per_copy(metric, clean_run.logits)[0])
+        full = all_patched(graph, dtype=ref.dtype, device=ref.device)
+        ablated_value = float(per_copy(metric, graph_forward(model, graph, clean, ref=ref, mask=full).logits)[0])
+    chunk = batch_size or _copies_per_run(model, graph, clean)
+    if method == "exact":
+        scores, nodes = _exact(model, graph, clean, metric, ref, clean_run, clean_value, chunk, progress)
+        options: dict[str, Any] = {}
+    else:
+        dense = (_eap(model, graph, clean, metric, ref, clean_run) if method == "eap" else
+                 _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress))
+        scores = graph.flat(dense)
+        nodes = graph.dense(scores).sum(1)
+        options = {"steps": steps, "ig_path": ig_path} if method == "eap-ig" else {}
+    return EdgeScores(graph, scores.double().cpu(), nodes.double().cpu(), method, intervention,
+                      getattr(metric, "__name__", "metric"), clean_value, ablated_value, options,
+                      time.perf_counter() - t0)
+
+
+def _copies_per_run(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
+    cfg = model.cfg
+    per_copy_floats = tokens.numel() * (cfg.d_model * (len(graph.sources) + 3 * cfg.n_heads + 4) + cfg.d_vocab)
+    return max(1, COPY_BUDGET // per_copy_floats)
+
+
+def _eap(model, graph, clean, metric, ref, clean_run) -> torch.Tensor:
+    run, grads = _backward(model, graph, clean, metric)
+    diff = ref - clean_run.source_outputs()[0]  # [batch, pos, n_sources, d_model]
+    return _contract(graph, diff[None], run.inputs, grads)
+
+
+def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress) -> torch.Tensor:
+    alphas = torch.arange(1, steps + 1, dtype=torch.float64) / steps
+    dense = torch.zeros(len(graph.sources), len(graph.readers), dtype=torch.float64, device=ref.device)
+    clean_outs = clean_run.source_outputs()[0]
+    x_clean = clean_outs[..., 0, :]
+    x_ref = ref[..., 0, :].expand_as(x_clean)
+    for start in tqdm(range(0, steps, chunk), desc="EAP-IG steps", disable=not progress or steps <= chunk):
+        a = alphas[start:start + chunk].to(ref.device, ref.dtype)
+        if ig_path == "inputs":  # the input embeddings move from the reference to the clean ones
+            input_out = x_ref + a[:, None, None, None] * (x_clean - x_ref)
+            run, grads = _backward(model, graph, clean, metric, input_out=input_out)
+            diff = (ref - clean_outs)[None]
+        else:  # every edge's patch weight moves from 0 to 1; ∂m/∂weight = (ref_s − out_s) · ∂m/∂input_r
+            mask = all_patched(graph, 1.0, len(a), ref.dtype, ref.device) * a[:, None, None]
+            run, grads = _backward(model, graph, clean, metric, ref=ref, mask=mask)
+            diff = ref - run.source_outputs().detach()
+        dense += _contract(graph, diff, run.inputs, grads)
+    return dense / steps
+
+
+def _exact(model, graph, clean, metric, ref, clean_run, clean_value, chunk, progress):
+    """Each edge patched alone, then each writer's outgoing edges together: measured metric changes."""
+    reads = read_positions(metric, clean.shape[1])
+    pairs = graph.edge_pairs
+    edge_layer = torch.tensor([graph.reader_layer[r] for r in pairs[:, 1].tolist()])
+    S, R = len(graph.sources), len(graph.readers)
+    scores = torch.empty(graph.n_edges, dtype=torch.float64)
+    jobs = []  # (start layer, mask rows, where the values go)
+    for l in range(graph.n_layers + 1):
+        idx = (edge_layer == l).nonzero().flatten()
+        for c in range(0, len(idx), chunk):
+            rows = idx[c:c + chunk]
+            mask = torch.zeros(len(rows), S, R, dtype=ref.dtype, device=ref.device)
+            mask[torch.arange(len(rows)), pairs[rows, 0], pairs[rows, 1]] = 1
+            jobs.append((l, mask, ("edge", rows)))
+    allowed = graph.allowed.to(ref.device, ref.dtype)
+    for c in range(0, S, chunk):
+        rows = torch.arange(c, min(S, c + chunk))
+        mask = torch.zeros(len(rows), S, R, dtype=ref.dtype, device=ref.device)
+        mask[torch.arange(len(rows)), rows] = allowed[rows]
+        first = min(max(graph.source_layer[int(rows[0])], 0), graph.n_layers)
+        jobs.append((first, mask, ("node", rows)))
+    nodes = torch.empty(S, dtype=torch.float64)
+    with torch.no_grad():
+        for l, mask, (kind, rows) in tqdm(jobs, desc="exact edge patching", disable=not progress or len(jobs) < 3):
+            run = graph_forward(model, graph, clean, ref=ref, mask=mask, base=clean_run, start=l, reads=reads)
+            values = per_copy(metric, run.logits).double().cpu() - clean_value
+            (scores if kind == "edge" else nodes)[rows] = values
+    return scores, nodes
+
+
+__all__ = ["EdgeScores", "INTERVENTIONS", "METHODS", "edge_scores", "per_copy"]
