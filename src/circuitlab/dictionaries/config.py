@@ -1,0 +1,114 @@
+"""DictionaryConfig: what a sparse dictionary (SAE or transcoder) is, and what it was trained on.
+
+    cfg = DictionaryConfig("topk", d_in=128, d_sae=1024, k=32, hook_name="blocks.0.hook_resid_post")
+    tc  = DictionaryConfig("relu", d_in=128, d_sae=1024, hook_name="blocks.0.ln2.hook_normalized",
+                           out_hook_name="blocks.0.hook_mlp_out", skip=True)     # a transcoder
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from circuitlab.errors import ConfigError
+
+# "batchtopk" trains with a batch-level top-k and is saved for inference as "jumprelu" with its threshold.
+ARCHITECTURES = ("relu", "topk", "batchtopk", "jumprelu")
+FORMAT = "circuitlab-dictionary-1"
+
+
+@dataclass
+class DictionaryConfig:
+    """A sparse dictionary: architecture, sizes, the hooks it reads and writes, its base model.
+
+    architecture: "relu" (ReLU + decoder-norm-weighted L1), "topk", "batchtopk", "jumprelu".
+    d_in / d_out: input and output widths (d_out defaults to d_in; differs for some transcoders).
+    hook_name: the hook it reads (activations flattened to [..., d_in], e.g. hook_z's heads joined).
+    out_hook_name: None for an SAE (it reconstructs hook_name); the hook a transcoder predicts.
+    k: active latents per token for the TopK family (BatchTopK: the batch average).
+    skip: a transcoder's linear skip connection W_skip [d_in, d_out].
+    base_model: what identifies the model it was trained on (see dictionaries.base_model_id).
+    normalisation: how inputs were scaled in training ({"method": "none"} or
+        {"method": "expected_norm", "in_scale": s, "out_scale": s_out, "folded": True}); a saved
+        dictionary has the scale folded into its weights, so it takes raw activations.
+    """
+
+    architecture: str = "relu"
+    d_in: int = 0
+    d_sae: int = 0
+    hook_name: str = ""
+    out_hook_name: str | None = None
+    d_out: int | None = None
+    k: int | None = None
+    skip: bool = False
+    base_model: dict[str, Any] = field(default_factory=dict)
+    normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
+    dtype: str = "float32"
+    metadata: dict[str, Any] = field(default_factory=dict)  # free-form: training summary, source...
+
+    def __post_init__(self) -> None:
+        if self.d_out is None:
+            self.d_out = self.d_in
+        self.validate()
+
+    @property
+    def is_transcoder(self) -> bool:
+        return self.out_hook_name is not None
+
+    @property
+    def apply_b_dec_to_input(self) -> bool:
+        """An SAE centres its input on b_dec (SAELens convention); a transcoder's b_dec lives in output space."""
+        return not self.is_transcoder
+
+    def validate(self) -> None:
+        def bad(name: str, want: str) -> None:
+            raise ConfigError(f"DictionaryConfig.{name} must be {want}, got {getattr(self, name)!r}")
+
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if self.architecture not in ARCHITECTURES:
+            close = difflib.get_close_matches(str(self.architecture), ARCHITECTURES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown dictionary architecture {self.architecture!r}{hint}; "
+                              f"use one of {', '.join(ARCHITECTURES)}")
+        for name in ("d_in", "d_sae", "d_out"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                bad(name, "a positive int")
+        if self.architecture in ("topk", "batchtopk"):
+            if not is_int(self.k) or self.k < 1:
+                bad("k", f"a positive int for architecture {self.architecture!r}")
+            if self.k > self.d_sae:
+                raise ConfigError(f"k={self.k} is larger than d_sae={self.d_sae}; "
+                                  "a TopK dictionary cannot keep more latents than it has")
+        if not isinstance(self.hook_name, str):
+            bad("hook_name", "a hook name string")
+        if self.skip and not self.is_transcoder:
+            raise ConfigError("skip=True needs a transcoder (set out_hook_name); an SAE has no skip connection")
+        if self.d_out != self.d_in and not self.is_transcoder:
+            raise ConfigError(f"an SAE reconstructs its input: d_out ({self.d_out}) must equal d_in ({self.d_in})")
+        if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
+            bad("dtype", '"float32", "float64", "bfloat16" or "float16"')
+        if not isinstance(self.normalisation, dict) or "method" not in self.normalisation:
+            bad("normalisation", 'a mapping with a "method"')
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DictionaryConfig":
+        """Build from a dict (JSON or a YAML section); unknown keys raise ConfigError with a hint."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a dictionary config must be a mapping, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k != "format"}
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            hints = [difflib.get_close_matches(u, names, n=1) for u in unknown]
+            hint = "".join(f" (did you mean {h[0]!r}?)" for h in hints if h)
+            raise ConfigError(f"unknown dictionary config field(s) {', '.join(unknown)}{hint}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "DictionaryConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,231 @@
+"""SparseDictionary: a sparse autoencoder or transcoder as a plain torch module.
+
+    sae = SparseDictionary(DictionaryConfig("topk", d_in=128, d_sae=1024, k=32, hook_name=...))
+    acts = sae.encode(x)            # [..., d_in] -> [..., d_sae], non-negative, sparse
+    x_hat = sae.decode(acts)        # [..., d_sae] -> [..., d_out]
+    x_hat, acts = sae(x)
+    sae.save("dicts/l0"); sae = SparseDictionary.load("dicts/l0")
+
+Inference only: the training-time activations (batch top-k, the JumpReLU straight-through
+estimator, auxiliary losses) live in dictionaries/train.py. A saved dictionary takes raw
+activations: any input scaling used in training is folded into its weights (`folded`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.dictionaries.config import DictionaryConfig
+from circuitlab.errors import CircuitlabError
+
+WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SparseDictionary(nn.Module):
+    """W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out]
+    (+ threshold [d_sae] for JumpReLU and BatchTopK, W_skip [d_in, d_out] for a skip transcoder).
+
+    Initialised the way training starts: unit-norm random decoder rows, W_enc = W_dec^T, zero biases.
+    """
+
+    def __init__(self, cfg: DictionaryConfig, seed: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        dtype = _DTYPES[cfg.dtype]
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        W_dec = torch.randn(cfg.d_sae, cfg.d_out, generator=gen, dtype=torch.float64)
+        W_dec = (W_dec / W_dec.norm(dim=-1, keepdim=True)).to(dtype)
+        self.W_dec = nn.Parameter(W_dec)
+        W_enc = W_dec.T.clone() if cfg.d_in == cfg.d_out else torch.randn(cfg.d_in, cfg.d_sae, generator=gen).to(dtype) / cfg.d_in**0.5
+        self.W_enc = nn.Parameter(W_enc.contiguous())
+        self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype))
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_out, dtype=dtype))
+        if cfg.architecture in ("jumprelu", "batchtopk"):
+            # JumpReLU learns it; BatchTopK estimates it in training and uses it at inference.
+            self.threshold = nn.Parameter(torch.full((cfg.d_sae,), 1e-3, dtype=dtype),
+                                          requires_grad=cfg.architecture == "jumprelu")
+        if cfg.skip:
+            self.W_skip = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_out, dtype=dtype))
+
+    # ------------------------------------------------------------------ forward
+    def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., d_in] -> encoder pre-activations [..., d_sae]."""
+        self._check_width(x, self.cfg.d_in, "input")
+        x = x.to(self.W_enc.dtype)
+        if self.cfg.apply_b_dec_to_input:
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc
+
+    def activate(self, pre: torch.Tensor) -> torch.Tensor:
+        """Inference activation of pre-activations [..., d_sae]: ReLU, TopK, or JumpReLU (BatchTopK too)."""
+        arch = self.cfg.architecture
+        if arch == "relu":
+            return pre.relu()
+        if arch == "topk":
+            values, indices = pre.topk(self.cfg.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
+        return pre * (pre > self.threshold)  # jumprelu, and batchtopk at inference; threshold > 0
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., d_in] -> latent activations [..., d_sae] (non-negative, sparse)."""
+        return self.activate(self.pre_acts(x))
+
+    def decode(self, acts: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
+        """acts [..., d_sae] -> reconstruction [..., d_out]. A skip transcoder also needs its input x [..., d_in]."""
+        out = acts.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+        if self.cfg.skip:
+            if x is None:
+                raise CircuitlabError("a skip transcoder's decode needs its input x too: decode(acts, x)")
+            out = out + x.to(self.W_skip.dtype) @ self.W_skip
+        return out
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., d_in] -> (reconstruction [..., d_out], acts [..., d_sae])."""
+        acts = self.encode(x)
+        return self.decode(acts, x), acts
+
+    def _check_width(self, x: torch.Tensor, want: int, what: str) -> None:
+        if x.shape[-1] != want:
+            raise CircuitlabError(f"{what} has width {x.shape[-1]} but the dictionary for "
+                                  f"{self.cfg.hook_name or 'its hook'} expects d_in={want}")
+
+    # ------------------------------------------------------------------ views
+    @property
+    def device(self) -> torch.device:
+        return self.W_enc.device
+
+    def decoder_norms(self) -> torch.Tensor:
+        """[d_sae] norm of each decoder row (feature direction)."""
+        return self.W_dec.norm(dim=-1)
+
+    @torch.no_grad()
+    def folded(self, in_scale: float, out_scale: float | None = None) -> "SparseDictionary":
+        """A copy taking raw inputs, from one trained on inputs scaled by in_scale (outputs by out_scale).
+
+        The latents are unchanged (so the threshold is), and the copy's output is the raw-scale
+        reconstruction: folded(s)(x) == self(x * s) / s for an SAE.
+        """
+        out_scale = in_scale if out_scale is None else out_scale
+        norm = {**self.cfg.normalisation, "in_scale": float(in_scale), "out_scale": float(out_scale), "folded": True}
+        new = self._copy_with(self.cfg.replace(normalisation=norm))
+        new.W_enc.mul_(in_scale)
+        new.W_dec.div_(out_scale)
+        new.b_dec.div_(out_scale)
+        if self.cfg.skip:
+            new.W_skip.mul_(in_scale / out_scale)
+        return new
+
+    def for_inference(self) -> "SparseDictionary":
+        """BatchTopK becomes the JumpReLU it is at inference (same weights, its threshold); others unchanged."""
+        if self.cfg.architecture != "batchtopk":
+            return self
+        meta = {**self.cfg.metadata, "trained_as": "batchtopk", "k": self.cfg.k}
+        return self._copy_with(self.cfg.replace(architecture="jumprelu", k=None, metadata=meta))
+
+    def _copy_with(self, cfg: DictionaryConfig) -> "SparseDictionary":
+        new = SparseDictionary(cfg).to(device=self.device, dtype=self.W_enc.dtype)
+        new.load_state_dict(self.state_dict())
+        return new
+
+    # ------------------------------------------------------------------ disk
+    def save(self, folder: str | Path) -> Path:
+        """Write dictionary.safetensors (the config in its header too) and config.json, each atomically.
+
+        A BatchTopK dictionary is saved as the JumpReLU it is at inference.
+        """
+        sae = self.for_inference()
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
+        cfg_json = json.dumps(sae.cfg.to_dict(), indent=2)
+        header = {"config": cfg_json, "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest()}
+        atomic_write_file(folder / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata=header))
+        atomic_write_text(folder / CONFIG_FILE, cfg_json)
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> "SparseDictionary":
+        """Load a folder written by save(); a SAELens folder (cfg.json + sae_weights.safetensors) also works."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise CircuitlabError(f"dictionary folder not found: {folder}")
+        if not (folder / WEIGHTS_FILE).is_file():
+            from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
+
+            if is_saelens_folder(folder):
+                return load_saelens(folder, device=device)
+            raise CircuitlabError(f"{folder} holds no dictionary (expected {WEIGHTS_FILE} and {CONFIG_FILE})")
+        try:
+            cfg_json = (folder / CONFIG_FILE).read_text()
+            with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
+                header = f.metadata() or {}
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+            cfg = DictionaryConfig.from_dict(json.loads(cfg_json))
+        except CircuitlabError as e:
+            raise CircuitlabError(f"dictionary {folder} has a bad config: {e}") from None
+        except FileNotFoundError as e:
+            raise CircuitlabError(f"dictionary {folder} is incomplete: {Path(e.filename).name} is missing") from None
+        except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to replace
+            raise CircuitlabError(f"dictionary {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
+        if header.get("config_sha256") != hashlib.sha256(cfg_json.encode()).hexdigest():
+            raise CircuitlabError(f"dictionary {folder}: {CONFIG_FILE} does not match {WEIGHTS_FILE} "
+                                  "(an interrupted save?); save it again")
+        return cls.from_tensors(cfg, tensors, str(folder)).to(device)
+
+    @classmethod
+    def from_tensors(cls, cfg: DictionaryConfig, tensors: dict[str, torch.Tensor], where: str = "tensors"
+                     ) -> "SparseDictionary":
+        """Build from a config and a state dict, checking every shape against the config."""
+        sae = cls(cfg)
+        expected = {k: tuple(v.shape) for k, v in sae.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in tensors.items()}
+        if expected != got:
+            diff = sorted(set(expected.items()) ^ set(got.items()))
+            raise CircuitlabError(f"dictionary {where} does not match its config "
+                                  f"(d_in={cfg.d_in}, d_sae={cfg.d_sae}): {diff[:4]}")
+        sae.load_state_dict({k: v.to(_DTYPES[cfg.dtype]) for k, v in tensors.items()})
+        return sae
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        kind = "transcoder" if c.is_transcoder else "SAE"
+        k = f", k={c.k}" if c.k else ""
+        return f"{c.architecture} {kind} {c.hook_name}: d_in={c.d_in}, d_sae={c.d_sae}{k}"
+
+
+# ---------------------------------------------------------------------------- base model identity
+
+def base_model_id(model: nn.Module, name: str | None = None) -> dict[str, Any]:
+    """What identifies a model for a dictionary: its config's hash and a hash of its embedding.
+
+    Two checkpoints of the same architecture trained differently get different ids.
+    """
+    cfg = model.cfg.to_dict()
+    emb = model.embed.weight.detach().flatten()[:4096].double().cpu()
+    weights = hashlib.sha256(torch.round(emb * 1e4).to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+    config = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    out = {"config_sha": config, "weights_sha": weights, "d_model": cfg["d_model"], "n_layers": cfg["n_layers"]}
+    if name:
+        out["name"] = str(name)
+    return out
+
+
+def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the dictionary") -> None:
+    """Raise if the dictionary records a base model other than `model` (a missing record passes)."""
+    rec = sae.cfg.base_model or {}
+    if not rec.get("config_sha"):
+        return
+    now = base_model_id(model)
+    if (rec.get("config_sha"), rec.get("weights_sha")) != (now["config_sha"], now["weights_sha"]):
+        name = rec.get("name", "another model")
+        raise CircuitlabError(f"{where} was trained on {name} (d_model {rec.get('d_model')}, {rec.get('n_layers')} "
+                              f"layers), not on this model; use the model it was trained on")

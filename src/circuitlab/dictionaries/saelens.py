@@ -1,0 +1,122 @@
+"""SAELens-format dictionaries (cfg.json + sae_weights.safetensors) in and out of a local folder.
+
+    sae = load_saelens("path/to/sae")      # a SparseDictionary; SparseDictionary.load finds these too
+    save_saelens(sae, "out/sae")           # SAE.load_from_disk("out/sae") in sae-lens reads it
+
+Covered: SAELens 6 "standard", "topk" (with or without rescale_acts_by_decoder_norm, folded on
+load), "jumprelu", and the transcoders ("transcoder", "skip_transcoder", "jumprelu_transcoder",
+"jumprelu_skip_transcoder"); pre-6.0 configs (hook_point, activation_fn="topk") are read too.
+Inputs must be raw activations: run-time normalisations (layer_norm, constant_norm_rescale,
+whitening) are refused with a message.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.dictionaries.config import DictionaryConfig
+from circuitlab.dictionaries.sae import SparseDictionary
+from circuitlab.errors import CircuitlabError
+
+SAELENS_WEIGHTS, SAELENS_CONFIG = "sae_weights.safetensors", "cfg.json"
+_TRANSCODERS = {"transcoder": ("relu", False), "skip_transcoder": ("relu", True),
+                "jumprelu_transcoder": ("jumprelu", False), "jumprelu_skip_transcoder": ("jumprelu", True)}
+_SAES = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
+
+
+def is_saelens_folder(folder: str | Path) -> bool:
+    return (Path(folder) / SAELENS_CONFIG).is_file() and (Path(folder) / SAELENS_WEIGHTS).is_file()
+
+
+def load_saelens(folder: str | Path, device: str | torch.device = "cpu") -> SparseDictionary:
+    """A SAELens folder as a SparseDictionary with the same latents and reconstructions."""
+    folder = Path(folder)
+    if not is_saelens_folder(folder):
+        raise CircuitlabError(f"{folder} is not a SAELens dictionary (expected {SAELENS_CONFIG} and {SAELENS_WEIGHTS})")
+    try:
+        raw = json.loads((folder / SAELENS_CONFIG).read_text())
+        tensors = load_file(str(folder / SAELENS_WEIGHTS))
+    except Exception as e:  # noqa: BLE001
+        raise CircuitlabError(f"SAELens dictionary {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
+    cfg = _config_from_saelens(raw, folder)
+    tensors = {k: v.to(torch.float64) for k, v in tensors.items()}
+    if raw.get("rescale_acts_by_decoder_norm"):  # fold the decoder norms into the encoder: same latents
+        norms = tensors["W_dec"].norm(dim=-1)
+        tensors["W_enc"] = tensors["W_enc"] * norms
+        tensors["b_enc"] = tensors["b_enc"] * norms
+        tensors["W_dec"] = tensors["W_dec"] / norms[:, None]
+    out = {name: tensors[name] for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    if cfg.architecture == "jumprelu":
+        out["threshold"] = tensors["threshold"] if "threshold" in tensors else tensors["log_threshold"].exp()
+    if cfg.skip:
+        out["W_skip"] = tensors["W_skip"].T  # SAELens stores [d_out, d_in]
+    return SparseDictionary.from_tensors(cfg, out, str(folder)).to(device)
+
+
+def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
+    meta = raw.get("metadata") or {}
+    arch = raw.get("architecture") or ("topk" if raw.get("activation_fn") == "topk" else "standard")
+    k = raw.get("k") or (raw.get("activation_fn_kwargs") or {}).get("k")
+    hook = meta.get("hook_name") or raw.get("hook_name") or raw.get("hook_point") or ""
+    norm = raw.get("normalize_activations", "none")
+    if norm not in ("none", "expected_average_only_in", None):
+        raise CircuitlabError(f"SAELens dictionary {folder} normalises its input at run time ({norm}); "
+                              "only dictionaries taking raw activations can be loaded")
+    if arch in _TRANSCODERS:
+        arch_here, skip = _TRANSCODERS[arch]
+        out_hook = meta.get("hook_name_out") or raw.get("hook_name_out") or f"{hook}.out"
+    elif arch in _SAES:
+        arch_here, skip, out_hook = _SAES[arch], False, None
+        if raw.get("apply_b_dec_to_input", True) is False:
+            raise CircuitlabError(f"SAELens dictionary {folder} does not centre its input on b_dec "
+                                  "(apply_b_dec_to_input=false); not supported")
+    else:
+        raise CircuitlabError(f"SAELens architecture {arch!r} in {folder} is not supported; "
+                              f"supported: {', '.join([*_SAES, *_TRANSCODERS])}")
+    base = {"name": meta.get("model_name") or raw.get("model_name")} if (meta.get("model_name") or raw.get("model_name")) else {}
+    return DictionaryConfig(
+        architecture=arch_here, d_in=int(raw["d_in"]), d_sae=int(raw["d_sae"]), hook_name=hook,
+        out_hook_name=out_hook, d_out=int(raw.get("d_out", raw["d_in"])), k=int(k) if arch == "topk" else None,
+        skip=skip, base_model=base, dtype=str(raw.get("dtype", "float32")).replace("torch.", ""),
+        metadata={"source": "saelens", "saelens_architecture": arch},
+    )
+
+
+def save_saelens(sae: SparseDictionary, folder: str | Path) -> Path:
+    """Write sae as a SAELens 6 folder (BatchTopK as its inference JumpReLU); each file atomically."""
+    sae = sae.for_inference()
+    c = sae.cfg
+    if c.is_transcoder:
+        arch = {("relu", False): "transcoder", ("relu", True): "skip_transcoder",
+                ("jumprelu", False): "jumprelu_transcoder", ("jumprelu", True): "jumprelu_skip_transcoder"}.get(
+            (c.architecture, c.skip))
+        if arch is None:
+            raise CircuitlabError(f"SAELens has no {c.architecture} transcoder; save it with sae.save() instead")
+    else:
+        arch = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[c.architecture]
+    from sae_lens import __version__ as saelens_version
+
+    meta = {"model_name": c.base_model.get("name", ""), "hook_name": c.hook_name,
+            "sae_lens_version": saelens_version, "sae_lens_training_version": saelens_version}
+    if c.is_transcoder:
+        meta["hook_name_out"] = c.out_hook_name
+    cfg = {"architecture": arch, "d_in": c.d_in, "d_sae": c.d_sae, "dtype": c.dtype, "device": "cpu",
+           "apply_b_dec_to_input": c.apply_b_dec_to_input, "normalize_activations": "none",
+           "reshape_activations": "hook_z" if c.hook_name.endswith("hook_z") else "none", "metadata": meta}
+    if c.is_transcoder:
+        cfg["d_out"] = c.d_out
+    if arch == "topk":
+        cfg.update(k=c.k, rescale_acts_by_decoder_norm=False)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
+    if c.skip:
+        tensors["W_skip"] = tensors["W_skip"].T.contiguous()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_file(folder / SAELENS_WEIGHTS, lambda tmp: save_file(tensors, tmp))
+    atomic_write_text(folder / SAELENS_CONFIG, json.dumps(cfg, indent=2))
+    return folder

@@ -1,0 +1,179 @@
+"""SparseDictionary: architectures, save/load, folding, bad input, SAELens parity."""
+import json
+
+import pytest
+import torch
+
+from circuitlab.config import ModelConfig
+from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id, check_base_model
+from circuitlab.dictionaries.saelens import load_saelens, save_saelens
+from circuitlab.errors import CircuitlabError, ConfigError
+from circuitlab.model import Transformer
+
+
+def random_dictionary(arch="relu", d_in=8, d_sae=32, k=4, seed=0, **kw) -> SparseDictionary:
+    sae = SparseDictionary(DictionaryConfig(arch, d_in=d_in, d_sae=d_sae, k=k if arch in ("topk", "batchtopk") else None,
+                                            hook_name="blocks.0.hook_resid_post", **kw), seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        if hasattr(sae, "threshold"):
+            sae.threshold.copy_(torch.rand(d_sae, generator=g) * 0.3 + 0.05)
+    return sae
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk", "batchtopk", "jumprelu"])
+def test_encode_decode_shapes_and_sparsity(arch):
+    sae = random_dictionary(arch)
+    x = torch.randn(3, 5, 8)
+    x_hat, acts = sae(x)
+    assert x_hat.shape == (3, 5, 8) and acts.shape == (3, 5, 32)
+    assert (acts >= 0).all() and (acts == 0).any()
+    if arch == "topk":
+        assert ((acts > 0).sum(-1) <= 4).all()
+    if arch in ("jumprelu", "batchtopk"):  # no active latent at or below its threshold
+        assert ((acts == 0) | (acts > sae.threshold)).all()
+    torch.testing.assert_close(x_hat, acts @ sae.W_dec + sae.b_dec)
+
+
+def test_transcoder_with_skip_reads_and_writes_different_widths():
+    sae = random_dictionary("relu", d_in=8, d_sae=16, out_hook_name="blocks.0.hook_mlp_out", d_out=6, skip=True)
+    x = torch.randn(4, 8)
+    y, acts = sae(x)
+    assert y.shape == (4, 6)
+    pre = x @ sae.W_enc + sae.b_enc  # a transcoder does not centre its input on b_dec (output space)
+    torch.testing.assert_close(y, pre.relu() @ sae.W_dec + sae.b_dec + x @ sae.W_skip)
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk", "jumprelu"])
+def test_save_load_round_trip_is_exact(tmp_path, arch):
+    sae = random_dictionary(arch, base_model={"name": "m"})
+    sae.save(tmp_path / "d")
+    back = SparseDictionary.load(tmp_path / "d")
+    assert back.cfg == sae.cfg
+    for name, t in sae.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t)
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["architecture"] == arch
+
+
+def test_batchtopk_is_saved_as_jumprelu_with_the_same_output_at_any_batch_size(tmp_path):
+    sae = random_dictionary("batchtopk")
+    sae.save(tmp_path / "d")
+    back = SparseDictionary.load(tmp_path / "d")
+    assert back.cfg.architecture == "jumprelu" and back.cfg.metadata["trained_as"] == "batchtopk"
+    x = torch.randn(37, 8)
+    full = back(x)[0]
+    torch.testing.assert_close(torch.cat([back(x[i : i + 1])[0] for i in range(37)]), full)
+    torch.testing.assert_close(full, sae(x)[0])
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk", "jumprelu"])
+def test_folding_the_input_scale_changes_no_output(arch):
+    sae = random_dictionary(arch).double()
+    x = torch.randn(20, 8, dtype=torch.float64) * 7
+    s = 0.37
+    folded = sae.folded(s)
+    x_hat_n, acts_n = sae(x * s)
+    x_hat, acts = folded(x)
+    torch.testing.assert_close(acts, acts_n)
+    torch.testing.assert_close(x_hat, x_hat_n / s)
+    assert folded.cfg.normalisation["folded"] and folded.cfg.normalisation["in_scale"] == s
+
+
+def test_folding_a_skip_transcoder_with_two_scales():
+    sae = random_dictionary("relu", d_in=8, d_sae=16, out_hook_name="o", d_out=6, skip=True).double()
+    x = torch.randn(10, 8, dtype=torch.float64)
+    torch.testing.assert_close(sae.folded(0.5, 3.0)(x)[0], sae(x * 0.5)[0] / 3.0)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_configs_say_what_is_wrong():
+    with pytest.raises(ConfigError, match="k=40 is larger than d_sae=32"):
+        DictionaryConfig("topk", d_in=8, d_sae=32, k=40)
+    with pytest.raises(ConfigError, match="did you mean 'topk'"):
+        DictionaryConfig("topkk", d_in=8, d_sae=32)
+    with pytest.raises(ConfigError, match="skip=True needs a transcoder"):
+        DictionaryConfig("relu", d_in=8, d_sae=32, skip=True)
+    with pytest.raises(CircuitlabError, match="width 7 .* expects d_in=8"):
+        random_dictionary().encode(torch.randn(2, 7))
+
+
+def test_corrupt_truncated_or_mismatched_files_give_one_line(tmp_path):
+    sae = random_dictionary()
+    folder = sae.save(tmp_path / "d")
+    weights = folder / "dictionary.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CircuitlabError, match="corrupt or truncated"):
+        SparseDictionary.load(folder)
+    weights.write_bytes(data)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "d_sae": 64}))
+    with pytest.raises(CircuitlabError, match="does not match"):
+        SparseDictionary.load(folder)
+    (folder / "config.json").unlink()
+    with pytest.raises(CircuitlabError, match="config.json is missing"):
+        SparseDictionary.load(folder)
+    with pytest.raises(CircuitlabError, match="not found"):
+        SparseDictionary.load(tmp_path / "nowhere")
+
+
+def test_a_dictionary_for_another_base_model_is_refused():
+    cfg = ModelConfig.from_preset("attn-only-1l", d_model=16, n_heads=2, d_vocab=20, n_ctx=8)
+    model, other = Transformer(cfg), Transformer(cfg)
+    other.reset_parameters(seed=5)
+    sae = random_dictionary(d_in=16, base_model=base_model_id(model, "tiny"))
+    check_base_model(sae, model)
+    with pytest.raises(CircuitlabError, match="trained on tiny"):
+        check_base_model(sae, other)
+
+
+# ---------------------------------------------------------------------------- SAELens parity
+
+def _saelens_pairs():
+    from sae_lens import JumpReLUSAE, JumpReLUSAEConfig, StandardSAE, StandardSAEConfig, TopKSAE, TopKSAEConfig
+    from sae_lens.saes.transcoder import SkipTranscoder, SkipTranscoderConfig
+
+    return {
+        "standard": lambda: StandardSAE(StandardSAEConfig(d_in=8, d_sae=32)),
+        "topk": lambda: TopKSAE(TopKSAEConfig(d_in=8, d_sae=32, k=5, rescale_acts_by_decoder_norm=True)),
+        "jumprelu": lambda: JumpReLUSAE(JumpReLUSAEConfig(d_in=8, d_sae=32)),
+        "skip_transcoder": lambda: SkipTranscoder(SkipTranscoderConfig(d_in=8, d_sae=32, d_out=6, apply_b_dec_to_input=False)),
+    }
+
+
+@pytest.mark.parametrize("arch", ["standard", "topk", "jumprelu", "skip_transcoder"])
+def test_a_saelens_dictionary_loads_here_with_the_same_outputs(tmp_path, arch):
+    theirs = _saelens_pairs()[arch]()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            p.copy_(torch.rand(p.shape, generator=g) * 0.2 if name == "threshold" else torch.randn(p.shape, generator=g) * 0.3)
+    theirs.cfg.metadata.hook_name = "blocks.0.hook_resid_post"
+    theirs.save_model(tmp_path / "s")
+    ours = SparseDictionary.load(tmp_path / "s")  # found as a SAELens folder
+    x = torch.randn(50, 8)
+    torch.testing.assert_close(ours.encode(x), theirs.encode(x), atol=1e-5, rtol=1e-5)
+    acts = theirs.encode(x)
+    if arch == "skip_transcoder":
+        torch.testing.assert_close(ours(x)[0], theirs(x), atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(ours.decode(acts), theirs.decode(acts), atol=1e-5, rtol=1e-5)
+    assert ours.cfg.hook_name == "blocks.0.hook_resid_post"
+
+
+@pytest.mark.parametrize("arch", ["relu", "topk", "batchtopk", "jumprelu"])
+def test_a_dictionary_saved_here_loads_in_saelens_with_the_same_outputs(tmp_path, arch):
+    from sae_lens import SAE
+
+    ours = random_dictionary(arch, base_model={"name": "tiny"})
+    save_saelens(ours, tmp_path / "s")
+    theirs = SAE.load_from_disk(tmp_path / "s")
+    x = torch.randn(50, 8)
+    torch.testing.assert_close(theirs.encode(x), ours.encode(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(theirs(x), ours(x)[0], atol=1e-5, rtol=1e-5)
+    assert theirs.cfg.metadata.hook_name == "blocks.0.hook_resid_post"
+    back = load_saelens(tmp_path / "s")
+    torch.testing.assert_close(back(x)[0], ours(x)[0])
