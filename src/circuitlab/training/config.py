@@ -14,6 +14,7 @@ import yaml
 from circuitlab.config import ModelConfig
 from circuitlab.data import DataConfig
 from circuitlab.errors import ConfigError
+from circuitlab.training.sinks import parse_log
 
 
 @dataclass
@@ -35,6 +36,7 @@ class TrainConfig:
     ckpt_every: int = 500
     track_every: int = 50          # interpretability metrics (induction, previous-token, ICL)
     log_every: int = 10
+    log: str = "jsonl"             # metric sinks besides metrics.jsonl: tensorboard, wandb (comma-separated)
     seed: int = 0
     device: str = "auto"           # auto | cpu | cuda | cuda:N
     threads: int = 0               # torch CPU threads (0 = leave torch's default)
@@ -66,6 +68,7 @@ class RunConfig:
                      "ckpt_every", "track_every", "log_every"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        parse_log(t.log)
         if t.lr <= 0:
             raise ConfigError(f"train.lr must be positive, got {t.lr}")
         if t.batch_size % t.grad_accum:

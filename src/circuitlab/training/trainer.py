@@ -27,6 +27,7 @@ from circuitlab.training.checkpoint import (find_checkpoint, load_checkpoint, lo
                                             save_checkpoint)
 from circuitlab.training.config import RunConfig
 from circuitlab.training.schedule import lr_at
+from circuitlab.training.sinks import open_sinks
 from circuitlab.training.tracking import induction_batch, track
 
 
@@ -98,10 +99,11 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                 if t.bf16 else contextlib.nullcontext())
     run_dict = run.to_dict()
 
+    sinks = open_sinks(out_dir, t.log, run.name, run_dict, resume_step=start) if rank == 0 else None
+
     def log(record: dict[str, Any]) -> None:
-        if rank == 0:
-            with open(out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if sinks is not None:
+            sinks.write(record)
 
     def checkpoint(step_done: int) -> None:
         if not all(torch.isfinite(p).all() for p in model.parameters()):
@@ -159,6 +161,8 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         if done % t.ckpt_every == 0 or done == end:
             checkpoint(done)
     bar.close()
+    if sinks is not None:
+        sinks.close()
     D.teardown()
     return TrainResult(out_dir, model.eval(), tokenizer, end, tokens_seen, loss_value, best_val,
                        time.time() - t0)
