@@ -40,6 +40,16 @@ class Tokenizer(ABC):
         """Encode many documents (subclasses may do this faster)."""
         return [self.encode(t) for t in texts]
 
+    def token_id(self, text: str, what: str = "token") -> int:
+        """The id of `text` when it is exactly one token, else a CircuitlabError naming `what`
+        (e.g. "target") and how the text splits."""
+        ids = self.encode(text)
+        if len(ids) != 1:
+            split = " + ".join(repr(self.decode([i])) for i in ids) if ids else "no tokens"
+            raise CircuitlabError(f"{what} {text!r} is not one token of this tokenizer (it encodes to {split}); "
+                                  "give a single token, with its leading space if it has one")
+        return ids[0]
+
     def meta(self) -> dict:
         """Small JSON-able description written to tokenizer_meta.json."""
         return {"kind": self.name}

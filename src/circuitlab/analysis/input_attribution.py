@@ -1,0 +1,402 @@
+"""Input attribution: which input tokens a prediction depends on.
+
+    attr = integrated_gradients(model, tokens, target=tok_id, foil=other_id)   # tokens [pos]
+    attr.scores                  # [pos] one number per input token
+    attr.completeness_error      # |Σ scores − (f(x) − f(baseline))| / |f(x) − f(baseline)|
+    saliency(...), gradient_x_input(...), occlusion(..., span=1), context_mixing(model, tokens)
+
+What is explained is a metric of the logits: by default the logit of `target` at position `pos`
+(the next-token prediction there), minus the logit of `foil` when one is given (contrastive), or
+any function `metric(logits [batch, pos, d_vocab]) -> [batch]`. Gradient methods differentiate with
+respect to the token embeddings (the output of hook_embed; positional embeddings stay as they are),
+the convention of Captum's LayerIntegratedGradients on the embedding layer. Integrated gradients runs
+all its steps as batched forward/backward passes (chunks of `batch_size`), never one call per step;
+occlusion runs every occluded copy in one batched pass. Context mixing reads no gradient: it is the
+norm-based measure (Kobayashi et al. 2020) of how much each source position's value vector, weighted
+by attention and sent through W_O, moves into each position, with the residual stream kept, rolled out
+through every layer.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+from circuitlab.analysis._json import rounded
+from circuitlab.errors import CircuitlabError
+
+Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
+Baseline = Union[str, int, torch.Tensor]
+METHODS = ("ig", "saliency", "grad-x-input", "occlusion", "context-mixing")
+DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model: docs/attribution.md
+
+
+@dataclass
+class InputAttribution:
+    """Attribution of one prediction to the input positions of one sequence.
+
+    scores [pos]: one number per input token (for ig and grad-x-input they sum, over positions, to
+    the model's metric change; saliency is the gradient's L2 norm; occlusion is the metric's drop when
+    the token is replaced; context mixing is the share of the explained position's residual that came
+    from each source, rolled out through every layer). per_layer [layer, pos]: context mixing's
+    one-layer shares. metric_value: f(input); baseline_value, completeness_error: integrated gradients
+    only (the relative gap between Σ scores and f(input) − f(baseline)).
+    """
+
+    method: str
+    tokens: list[int]
+    scores: torch.Tensor
+    pos: int
+    target: int | None = None
+    foil: int | None = None
+    metric_value: float | None = None
+    baseline_value: float | None = None
+    completeness_error: float | None = None
+    steps: int | None = None
+    baseline: str | None = None
+    per_layer: torch.Tensor | None = None
+    token_strs: list[str] | None = None
+    target_str: str | None = None
+    foil_str: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def top(self, n: int = 5) -> list[tuple[int, float]]:
+        """The n positions with the largest |score|, with their signed score."""
+        order = self.scores.abs().argsort(descending=True)[:n].tolist()
+        return [(i, float(self.scores[i])) for i in order]
+
+    def describe(self) -> str:
+        what = self.target_str if self.target_str is not None else self.target
+        line = f"{self.method} attribution of position {self.pos}"
+        if what is not None:
+            line += f", target {what!r}"
+        if self.foil is not None:
+            line += f" vs foil {self.foil_str if self.foil_str is not None else self.foil!r}"
+        if self.completeness_error is not None:
+            line += f" (completeness error {100 * self.completeness_error:.2g}% with {self.steps} steps)"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"method": self.method, "tokens": self.tokens, "scores": rounded(self.scores),
+                             "pos": self.pos, "target": self.target, "foil": self.foil,
+                             "metric_value": self.metric_value, "baseline_value": self.baseline_value,
+                             "completeness_error": self.completeness_error, "steps": self.steps,
+                             "baseline": self.baseline, "summary": self.describe(),
+                             "top": [{"pos": p, "score": round(s, 6)} for p, s in self.top(5)], **self.extra}
+        if self.per_layer is not None:
+            d["per_layer"] = rounded(self.per_layer)
+        if self.token_strs is not None:
+            d.update(token_strs=self.token_strs, target_str=self.target_str, foil_str=self.foil_str)
+        return d
+
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.tokens import attribution_html
+
+        return attribution_html(self)
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def _sequence(tokens: torch.Tensor, model) -> torch.Tensor:
+    tokens = torch.as_tensor(tokens)
+    if tokens.dim() == 2:
+        if tokens.shape[0] != 1:
+            raise CircuitlabError(f"input attribution explains one sequence; got a batch of {tokens.shape[0]} "
+                                  "(pass tokens[i])")
+        tokens = tokens[0]
+    if tokens.dim() != 1 or tokens.numel() == 0:
+        raise CircuitlabError(f"input attribution needs tokens [pos] with at least one token, got shape "
+                              f"{tuple(tokens.shape)}")
+    if tokens.numel() > model.cfg.n_ctx:
+        raise CircuitlabError(f"the sequence has {tokens.numel()} tokens; the model's context is {model.cfg.n_ctx}")
+    return tokens.long().to(next(model.parameters()).device)
+
+
+def _check_token(t: int, name: str, d_vocab: int) -> int:
+    if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < d_vocab:
+        raise CircuitlabError(f"{name} must be a token id in [0, {d_vocab}), got {t!r}")
+    return t
+
+
+def logit_metric(target: int, foil: int | None = None, pos: int = -1) -> Metric:
+    """logits [batch, pos, d_vocab] -> logits[:, pos, target] (- logits[:, pos, foil]) [batch]."""
+    if foil is not None and foil == target:
+        raise CircuitlabError(f"the foil is the target ({target}): a logit difference with itself is always 0")
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        out = logits[:, pos, target]
+        return out - logits[:, pos, foil] if foil is not None else out
+
+    return metric
+
+
+def _resolve(model, tokens: torch.Tensor, target: int | None, foil: int | None, pos: int,
+             metric: Metric | None) -> tuple[Metric, int | None, int | None, int]:
+    """The metric to explain, the target (the model's top prediction when not given) and pos in [0, T)."""
+    T = tokens.shape[0]
+    if not -T <= pos < T:
+        raise CircuitlabError(f"pos {pos} is outside the sequence of length {T}")
+    pos %= T
+    if metric is not None:
+        if target is not None or foil is not None:
+            raise CircuitlabError("give either metric= or target/foil, not both")
+        return metric, None, None, pos
+    d_vocab = model.cfg.d_vocab
+    if target is None:
+        with torch.no_grad():
+            target = int(model(tokens[None])[0, pos].argmax())
+    _check_token(target, "target", d_vocab)
+    if foil is not None:
+        _check_token(foil, "foil", d_vocab)
+    return logit_metric(target, foil, pos), target, foil, pos
+
+
+def _run_embeds(model, tokens: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+    """Forward with the token embeddings replaced: embeds [batch, pos, d_model] -> logits [batch, pos, d_vocab]."""
+
+    def replace(_: torch.Tensor, hook) -> torch.Tensor:
+        return embeds
+
+    return model.run_with_hooks(tokens[None].expand(embeds.shape[0], -1), fwd_hooks=[("hook_embed", replace)])
+
+
+def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
+    out = metric(_run_embeds(model, tokens, embeds))
+    if out.shape != (embeds.shape[0],):
+        raise CircuitlabError(f"the metric must map logits [batch, pos, d_vocab] to [batch]; got shape "
+                              f"{tuple(out.shape)} for a batch of {embeds.shape[0]}")
+    return out
+
+
+def baseline_embeddings(model, tokens: torch.Tensor, baseline: Baseline) -> torch.Tensor:
+    """The baseline's token embeddings [pos, d_model]: "zeros"; a token id (e.g. pad or EOS) at every
+    position; a prompt of the same length as tokens [pos] (token ids); or embeddings [pos, d_model]."""
+    T, W_E = tokens.shape[0], model.W_E
+    if isinstance(baseline, str):
+        if baseline != "zeros":
+            raise CircuitlabError(f"unknown baseline {baseline!r}: give 'zeros', a token id, a prompt's token ids "
+                                  "or embeddings [pos, d_model]")
+        return torch.zeros(T, W_E.shape[1], dtype=W_E.dtype, device=W_E.device)
+    if isinstance(baseline, int) and not isinstance(baseline, bool):
+        return W_E[_check_token(baseline, "the baseline token", model.cfg.d_vocab)].detach().expand(T, -1).clone()
+    base = torch.as_tensor(baseline)
+    if base.dim() == 2 and base.is_floating_point():
+        if base.shape != (T, W_E.shape[1]):
+            raise CircuitlabError(f"baseline embeddings must be [pos, d_model] = [{T}, {W_E.shape[1]}], got "
+                                  f"{list(base.shape)}")
+        return base.to(W_E.device, W_E.dtype)
+    if base.dim() != 1 or base.is_floating_point():
+        raise CircuitlabError(f"a baseline prompt must be token ids [pos], got shape {tuple(base.shape)}")
+    if base.shape[0] != T:
+        raise CircuitlabError(f"the baseline prompt has {base.shape[0]} tokens but the input has {T}: "
+                              "they must have the same length")
+    if bool((base < 0).any() or (base >= model.cfg.d_vocab).any()):
+        raise CircuitlabError(f"baseline token ids must be in [0, {model.cfg.d_vocab})")
+    return W_E[base.long().to(W_E.device)].detach()
+
+
+def _baseline_name(baseline: Baseline) -> str:
+    if isinstance(baseline, str):
+        return baseline
+    if isinstance(baseline, int):
+        return f"token {baseline}"
+    return "prompt" if not torch.as_tensor(baseline).is_floating_point() else "embeddings"
+
+
+def _decorate(result: InputAttribution, tokenizer) -> InputAttribution:
+    if tokenizer is not None:
+        result.token_strs = [tokenizer.decode([t]) for t in result.tokens]
+        result.target_str = tokenizer.decode([result.target]) if result.target is not None else None
+        result.foil_str = tokenizer.decode([result.foil]) if result.foil is not None else None
+    return result
+
+
+# ---------------------------------------------------------------------------- gradient methods
+
+
+def _gradient(model, tokens: torch.Tensor, metric: Metric) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(embeddings x [pos, d_model], d metric / d x [pos, d_model], metric value)."""
+    x = model.embed(tokens).detach()
+    with torch.enable_grad():
+        e = x[None].clone().requires_grad_(True)
+        out = _metric_of(model, tokens, e, metric)
+        (grad,) = torch.autograd.grad(out.sum(), e)
+    return x, grad[0].detach(), float(out.detach()[0])
+
+
+def saliency(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+             metric: Metric | None = None, tokenizer=None) -> InputAttribution:
+    """L2 norm of the metric's gradient with respect to each token's embedding: scores [pos] (≥ 0)."""
+    tokens = _sequence(tokens, model)
+    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    _, grad, value = _gradient(model, tokens, metric)
+    return _decorate(InputAttribution("saliency", tokens.tolist(), grad.norm(dim=-1).float().cpu(), pos, target,
+                                      foil, value), tokenizer)
+
+
+def gradient_x_input(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+                     pos: int = -1, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
+    """Gradient · embedding, summed over d_model: scores [pos] (signed; IG with one step from zeros)."""
+    tokens = _sequence(tokens, model)
+    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    x, grad, value = _gradient(model, tokens, metric)
+    return _decorate(InputAttribution("grad-x-input", tokens.tolist(), (grad * x).sum(-1).float().cpu(), pos,
+                                      target, foil, value), tokenizer)
+
+
+def path_nodes(steps: int, rule: str = "gausslegendre") -> tuple[torch.Tensor, torch.Tensor]:
+    """Points alpha in (0, 1) on the straight path and their quadrature weights (summing to 1), [steps] each.
+
+    "gausslegendre" (default; exact for polynomials of degree < 2·steps) or "riemann" (midpoints)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
+    if rule == "gausslegendre":
+        import numpy as np
+
+        x, w = np.polynomial.legendre.leggauss(steps)
+        return torch.tensor(0.5 * (x + 1.0), dtype=torch.float64), torch.tensor(0.5 * w, dtype=torch.float64)
+    if rule == "riemann":
+        return (torch.arange(steps, dtype=torch.float64) + 0.5) / steps, torch.full((steps,), 1.0 / steps,
+                                                                                     dtype=torch.float64)
+    raise CircuitlabError(f"unknown integration rule {rule!r}; choose gausslegendre or riemann")
+
+
+def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+                         pos: int = -1, metric: Metric | None = None, baseline: Baseline = "zeros",
+                         steps: int = DEFAULT_STEPS, rule: str = "gausslegendre", batch_size: int | None = None,
+                         tokenizer=None) -> InputAttribution:
+    """Integrated gradients on the straight path from the baseline's embeddings to the input's.
+
+    scores [pos] = Σ_d (x − x')_d · ∫ ∂f/∂x_d (x' + α(x − x')) dα, the integral by `rule` with `steps`
+    points. All points run as batched forward/backward passes of `batch_size` (default: all at once).
+    completeness_error = |Σ scores − (f(x) − f(x'))| / |f(x) − f(x')|: raise steps if it is large.
+    baseline: "zeros", a token id (pad / EOS) at every position, a prompt's token ids [pos] or
+    embeddings [pos, d_model] (see baseline_embeddings).
+    """
+    tokens = _sequence(tokens, model)
+    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    alphas, weights = path_nodes(steps, rule)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size <= 0):
+        raise CircuitlabError(f"batch_size must be a positive integer, got {batch_size!r}")
+    chunk = batch_size or steps
+    x = model.embed(tokens).detach()
+    base = baseline_embeddings(model, tokens, baseline)
+    delta = x - base
+    total = torch.zeros_like(x, dtype=torch.float64)
+    with torch.enable_grad():
+        for start in range(0, steps, chunk):
+            a = alphas[start:start + chunk].to(x.device, x.dtype)
+            e = (base[None] + a[:, None, None] * delta[None]).requires_grad_(True)  # [chunk, pos, d_model]
+            out = _metric_of(model, tokens, e, metric)
+            (grad,) = torch.autograd.grad(out.sum(), e)
+            total += torch.einsum("s,spd->pd", weights[start:start + chunk].to(x.device), grad.double())
+    scores = (delta.double() * total).sum(-1)  # [pos]
+    with torch.no_grad():
+        ends = _metric_of(model, tokens, torch.stack([x, base]), metric).double()
+    change = float(ends[0] - ends[1])
+    gap = abs(float(scores.sum()) - change)
+    error = gap / abs(change) if abs(change) > 1e-12 else (0.0 if gap < 1e-9 else math.inf)
+    result = InputAttribution("ig", tokens.tolist(), scores.float().cpu(), pos, target, foil, float(ends[0]),
+                              float(ends[1]), error, steps, _baseline_name(baseline))
+    result.extra["rule"] = rule
+    return _decorate(result, tokenizer)
+
+
+# ---------------------------------------------------------------------------- occlusion
+
+
+@torch.no_grad()
+def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+              metric: Metric | None = None, replacement: int | None = None, span: int = 1,
+              batch_size: int | None = None, tokenizer=None) -> InputAttribution:
+    """Leave-one-out (span 1) or span occlusion: each window of `span` tokens among positions 0..pos is
+    replaced by the `replacement` token (None: a zero embedding) and the model re-run, all windows in
+    one batched pass (chunks of batch_size). A window's effect is f(input) − f(occluded); a position's
+    score is the mean effect of the windows covering it. Later positions cannot matter (causal): 0.
+    """
+    tokens = _sequence(tokens, model)
+    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    if isinstance(span, bool) or not isinstance(span, int) or not 1 <= span <= pos + 1:
+        raise CircuitlabError(f"span must be an integer from 1 to {pos + 1} (the positions up to pos), got {span!r}")
+    x = model.embed(tokens)  # [pos, d_model]
+    if replacement is None:
+        fill = torch.zeros_like(x[0])
+    else:
+        fill = model.W_E[_check_token(replacement, "the replacement token", model.cfg.d_vocab)]
+    starts = torch.arange(pos + 2 - span, device=x.device)
+    offsets = torch.arange(x.shape[0], device=x.device)
+    covered = (offsets[None] >= starts[:, None]) & (offsets[None] < starts[:, None] + span)  # [window, pos]
+    chunk = batch_size or len(starts)
+    drops = []
+    value = float(_metric_of(model, tokens, x[None], metric)[0])
+    for i in range(0, len(starts), chunk):
+        mask = covered[i:i + chunk, :, None]
+        occluded = torch.where(mask, fill, x[None])  # [window, pos, d_model]
+        drops.append(value - _metric_of(model, tokens, occluded, metric))
+    drop = torch.cat(drops)  # [window]
+    cov = covered.to(drop.dtype)
+    scores = (cov.T @ drop) / cov.sum(0).clamp(min=1)  # [pos]
+    result = InputAttribution("occlusion", tokens.tolist(), scores.float().cpu(), pos, target, foil, value)
+    result.extra.update(span=span, replacement=replacement)
+    return _decorate(result, tokenizer)
+
+
+# ---------------------------------------------------------------------------- context mixing
+
+
+@torch.no_grad()
+def context_mixing(model, tokens: torch.Tensor, pos: int = -1, tokenizer=None) -> InputAttribution:
+    """Norm-based context mixing, rolled out through every layer.
+
+    In layer l, source j moves ‖Σ_h A[h, i, j] · v_h(j) W_O^h‖ into position i (v_h includes ln1 and
+    b_V; b_O belongs to no source), and position i keeps its own residual ‖resid_pre(i)‖. Each row,
+    normalised to sum to 1, is that layer's mixing matrix M_l [pos, pos]; MLPs act on one position
+    and do not mix. scores [pos] = row `pos` of M_{L-1} ··· M_0 (the share of the final residual at
+    pos that came from each input token); per_layer [layer, pos] = row `pos` of each M_l.
+    """
+    tokens = _sequence(tokens, model)
+    T = tokens.shape[0]
+    if not -T <= pos < T:
+        raise CircuitlabError(f"pos {pos} is outside the sequence of length {T}")
+    pos %= T
+    cfg = model.cfg
+    if cfg.n_layers == 0:
+        raise CircuitlabError("context mixing reads attention: this model has no layers")
+    names = [n for l in range(cfg.n_layers) for n in
+             (f"blocks.{l}.hook_resid_pre", f"blocks.{l}.attn.hook_v", f"blocks.{l}.attn.hook_pattern")]
+    _, cache = model.run_with_cache(tokens[None], names_filter=names)
+    W_O = model.W_O  # [layer, head, d_head, d_model]
+    rollout = torch.eye(T, dtype=torch.float64, device=tokens.device)
+    rows = []
+    for l in range(cfg.n_layers):
+        v = cache["v", l][0]  # [pos, kv_head, d_head]
+        if v.shape[1] != cfg.n_heads:
+            v = v.repeat_interleave(cfg.n_heads // v.shape[1], dim=1)
+        written = torch.einsum("jhd,hdm->jhm", v, W_O[l]).double()  # [pos, head, d_model]: what head h moves from j
+        gram = torch.einsum("jhm,jgm->jhg", written, written)  # [pos, head, head]
+        A = cache["pattern", l][0].double()  # [head, query, key]
+        moved = torch.einsum("hij,jhg,gij->ij", A, gram, A).clamp(min=0).sqrt()  # [query, key] norms
+        mixing = moved + torch.diag(cache["resid_pre", l][0].double().norm(dim=-1))
+        mixing = mixing / mixing.sum(-1, keepdim=True).clamp(min=1e-30)
+        rows.append(mixing[pos])
+        rollout = mixing @ rollout
+    result = InputAttribution("context-mixing", tokens.tolist(), rollout[pos].float().cpu(), pos,
+                              per_layer=torch.stack(rows).float().cpu())
+    return _decorate(result, tokenizer)
+
+
+# ---------------------------------------------------------------------------- one entry point
+
+
+def attribute(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
+    """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing."""
+    fns = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
+           "occlusion": occlusion, "context-mixing": context_mixing}
+    if method not in fns:
+        raise CircuitlabError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
+    return fns[method](model, tokens, **kwargs)
