@@ -26,13 +26,13 @@ def test_every_experiment_writes_figures_and_json(preset, tmp_path):
     assert set(EXPERIMENTS) == {"circuits", "heads", "logit_lens", "attribution"}
     for name, run in EXPERIMENTS.items():
         found = run(model, CharTokenizer(), tmp_path, "Tom saw a cat. Tom saw a")
-        json.dumps(found)
-        assert found["summary"] and found["figures"], name
-        for fig in found["figures"]:
+        json.dumps(found.to_dict())
+        assert found.summary and found.figures, name
+        for fig in found.figures:
             assert (tmp_path / fig).read_bytes()[:4] == b"\x89PNG", (name, fig)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     lens = EXPERIMENTS["logit_lens"](model, CharTokenizer(), tmp_path, None)  # default prompt
-    assert lens["labels"] == ["embed", "L0", "L1"] and len(lens["tokens"]) == 48  # cropped to n_ctx
+    assert lens.data["labels"] == ["embed", "L0", "L1"] and len(lens.data["tokens"]) == 48  # cropped to n_ctx
     with pytest.raises(CircuitlabError, match="no tokens"):
         EXPERIMENTS["attribution"](model, type("Empty", (CharTokenizer,), {"encode": lambda s, t: []})(),
                                    tmp_path, "x")

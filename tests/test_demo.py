@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from circuitlab.experiments.demo import DemoOptions, causal_evidence, causal_paragraph, run_demo
+from circuitlab.experiments.demo import DemoOptions, causal_evidence, run_demo
+from circuitlab.report.markdown import causal_paragraph
 
 
 @pytest.fixture(scope="module")

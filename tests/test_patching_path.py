@@ -152,18 +152,18 @@ class Tokenizer:
 def test_interpret_experiments(name, tmp_path):
     model = induction_model()
     found = EXPERIMENTS[name](model, Tokenizer(), tmp_path, None, None)
-    json.dumps(found)
-    assert found["figures"] and all((tmp_path / f).is_file() for f in found["figures"])
-    assert found["summary"]
+    json.dumps(found.to_dict())
+    assert found.figures and all((tmp_path / f).is_file() for f in found.figures)
+    assert found.summary
     if name == "patching":
-        assert found["composition"] == {"receiver": "L1H0", "sender": "L0H0", "input": "k",
-                                        "fraction_of_gap": pytest.approx(1.0, abs=0.02)}
+        assert found.data["composition"] == {"receiver": "L1H0", "sender": "L0H0", "input": "k",
+                                             "fraction_of_gap": pytest.approx(1.0, abs=0.02)}
     if name == "ablation":
-        assert found["group"]["heads"] == ["L1H0"]
-        before, after = found["group"]["repeated_loss"]
+        assert found.data["group"]["heads"] == ["L1H0"]
+        before, after = found.data["group"]["repeated_loss"]
         assert after > before + 0.3
     if name == "probing":
-        assert found["probes"]["prev_token"]["val_score"][1] > 0.95
+        assert found.data["probes"]["prev_token"]["val_score"][1] > 0.95
 
 
 def test_interpret_patching_with_prompts(tmp_path):
@@ -171,11 +171,11 @@ def test_interpret_patching_with_prompts(tmp_path):
     # Replacing the earlier "c" changes the prediction ('d' -> 'b'): the metric is the logit difference,
     # and the replaced position carries the whole gap.
     found = EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abhdefabc")
-    assert found["prompts"] == "logit('d') - logit('b') at the last position"
-    assert found["summary"][2].startswith("resid_pre: largest recovery at L0 pos 2 (+1.00)")
+    assert found.data["prompts"] == "logit('d') - logit('b') at the last position"
+    assert found.summary[2].startswith("resid_pre: largest recovery at L0 pos 2 (+1.00)")
     # Replacing "e" leaves the prediction alone: log-prob of 'd', equal on both, nothing to localise.
     found = EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abcdhfabc")
-    assert found["prompts"] == "log-prob of 'd' at the last position (both prompts predict it)"
-    assert found["summary"][-1] == "the metric is the same on both prompts, so there is nothing to localise"
+    assert found.data["prompts"] == "log-prob of 'd' at the last position (both prompts predict it)"
+    assert found.summary[-1] == "the metric is the same on both prompts, so there is nothing to localise"
     with pytest.raises(CircuitlabError, match="same shape"):
         EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abcdefab")

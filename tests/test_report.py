@@ -200,22 +200,40 @@ def test_interpret_writes_report_html(run_dir, tmp_path):
     assert section_ids(report_for_run(out, tmp_path / "again.html").read_text()) == ids
 
 
-def test_demo_report_from_results(model, tmp_path):
+def test_demo_report_from_results(tmp_path):
+    """The demo's report.html renders its results and its models' HeadClasses: nothing is parsed back
+    from report.md or from evidence strings (a stale report.md beside it must not leak in)."""
+    from circuitlab.analysis.heads import classify_heads
+    from circuitlab.forge import build_induction_model
+
+    model = build_induction_model(d_vocab=20, n_ctx=32).model
+    classes = classify_heads(model)
+    assert classes.heads_with("induction") == [(1, 0)]
     heads = [{"head": f"L{l}H{h}", "layer": l, "index": h, "induction_score": 0.9 if (l, h) == (1, 0) else 0.1,
-              "prev_token_score": 0.8 if (l, h) == (0, 1) else 0.1, "copying_score": 0.7,
+              "prev_token_score": 0.8 if (l, h) == (0, 0) else 0.1, "copying_score": 0.7,
               "labels": ["induction"] if (l, h) == (1, 0) else []} for l in range(2) for h in range(2)]
-    results = {"models": {"2l": {"steps": 6, "tokens_seen": 1536, "heads": heads, "induction_heads": ["L1H0"],
-                                 "induction_evidence": ["L1H0 induction: induction 0.900 (ok: >= 0.400)"],
-                                 "rejected": [], "previous_token_heads": ["L0H1"], "phase_change": None}},
+    results = {"models": {"2l": {"steps": 6, "tokens_seen": 1536, "best_val_loss": 1.5, "heads": heads,
+                                 "induction_heads": ["L1H0"], "induction_evidence": ["L1H0 induction: (from results)"],
+                                 "rejected": [], "previous_token_heads": ["L0H0"], "phase_change": None}},
                "analysis": {}, "causal_evidence": {}}
-    (tmp_path / "report.md").write_text("# demo\n\n**Induction heads:** L1H0.\n\n## Heads\n\n| x |\n")
-    page = write_demo_report(tmp_path, results, {"2l": RunData("2l", model=model, tokenizer=CharTokenizer())}
-                             ).read_text()
+    (tmp_path / "report.md").write_text("# demo\n\nSTALE NARRATIVE\n\n## Heads\n\n| x |\n")
+    tokenizer = type("Tok20", (CharTokenizer,), {"vocab_size": 20, "encode": lambda s, t: [ord(c) % 20 for c in t]})()
+    run = RunData("2l", model=model, tokenizer=tokenizer, classes=classes)
+    page = write_demo_report(tmp_path, results, {"2l": run}).read_text()
     assert section_ids(page) == ["model-card", "summary", "heads", "attention", "circuits"]
-    assert "<strong>Induction heads:</strong> L1H0." in page and "## Heads" not in page
-    assert "induction 0.900 (ok: &gt;= 0.400)" in page  # the evidence, escaped
-    assert "L1H0 QK circuit via L0H1" in page  # the labelled head and its previous-token head
-    assert "2l attention: L1H0 (induction)" in page  # the viewer opens on the induction head
+    assert "STALE NARRATIVE" not in page and "## Heads" not in page
+    assert "<strong>Induction heads:</strong> L1H0" in page and "(from results)" in page  # the narrative
+    label = next(lab for lab in classes.labels if lab.name == "L1H0" and lab.label == "induction")
+    check = label.evidence[0].to_dict()
+    assert esc_text(f"{check['check']} {check['value']:.3f} (threshold") in page  # the evidence, from the classes
+    assert "L1H0 QK circuit via L0H0" in page  # the labelled head and its previous-token head
+    assert "2l attention: L1H0 (induction, copying)" in page  # the viewer opens on the induction head, labelled
+
+
+def esc_text(s: str) -> str:
+    import html
+
+    return html.escape(s)
 
 
 # ---------------------------------------------------------------------------- in a real browser

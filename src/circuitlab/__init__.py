@@ -7,3 +7,9 @@ __version__ = "0.1.0"
 
 __all__ = ["ActivationCache", "CircuitlabError", "ConfigError", "HookPoint", "ModelConfig", "Transformer",
            "act_name", "presets", "__version__"]
+
+import sys as _sys
+
+if "IPython" in _sys.modules:  # a notebook: results display as their figures (circuitlab/display.py)
+    import circuitlab.viz.interactive  # noqa: E402,F401  registers the renderers
+

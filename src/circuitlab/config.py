@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from circuitlab.errors import ConfigError
+from circuitlab.errors import ConfigError, did_you_mean
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("learned", "rotary", "none")
@@ -139,10 +139,7 @@ class ModelConfig:
             raise ConfigError(f"a model config must be a mapping of fields, got {type(data).__name__}")
         unknown = sorted(set(data) - set(_FIELD_TYPES))
         if unknown:
-            import difflib
-
-            hints = [difflib.get_close_matches(u, _FIELD_TYPES, n=1) for u in unknown]
-            hint = "".join(f" (did you mean {h[0]!r}?)" for h in hints if h)
+            hint = "".join(did_you_mean(u, _FIELD_TYPES) for u in unknown)
             raise ConfigError(f"unknown ModelConfig field(s) {', '.join(unknown)}{hint}")
         return cls(**data)
 
@@ -183,10 +180,7 @@ class ModelConfig:
     def from_preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         table = presets()
         if name not in table:
-            import difflib
-
-            close = difflib.get_close_matches(name, table, n=3)
-            hint = f" (closest: {', '.join(close)})" if close else ""
+            hint = did_you_mean(name, table, n=3)
             raise ConfigError(f"unknown model preset {name!r}{hint}; valid presets: {', '.join(table)}")
         return cls.from_dict({**table[name], "name": name, **overrides})
 

@@ -10,3 +10,15 @@ class CircuitlabError(Exception):
 
 class ConfigError(CircuitlabError, ValueError):
     """An invalid model, data or training configuration field."""
+
+
+
+def did_you_mean(word: str, options, n: int = 1, cutoff: float = 0.6) -> str:
+    """The hint an "unknown name" message ends with: " (did you mean 'x'?)" for the closest option
+    (n=1), "; closest: a, b, c" for up to n of them, "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=n, cutoff=cutoff)
+    if not close:
+        return ""
+    return f" (did you mean {close[0]!r}?)" if n == 1 else f"; closest: {', '.join(close)}"

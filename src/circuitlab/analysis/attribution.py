@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
 # ---------------------------------------------------------------------------- decomposition
@@ -92,7 +93,7 @@ def residual_decomposition(model, cache) -> ResidualDecomposition:
 
 
 @dataclass
-class LogitAttribution:
+class LogitAttribution(Displayed):
     """Direct logit attribution at one position.
 
     attributions [component, batch]: each component's direct effect on the logit of `answer`
@@ -125,10 +126,6 @@ class LogitAttribution:
                 "answer": self.answer, "wrong": self.wrong, "pos": self.pos,
                 "top": [{"component": c, "attribution": round(v, 6)} for c, v in self.top(8)]}
 
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.interactive import logit_attribution_figure, notebook_html
-
-        return notebook_html(logit_attribution_figure(self))
 
 
 def _token_ids(x: int | torch.Tensor | list[int], batch: int, what: str, d_vocab: int) -> torch.Tensor:

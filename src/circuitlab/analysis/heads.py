@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.display import Displayed
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
@@ -385,7 +386,7 @@ def in_context_learning_score(model, tokens: torch.Tensor, early: int | None = N
 
 
 @dataclass
-class AttentionPatterns:
+class AttentionPatterns(Displayed):
     """Every head's attention on one sequence: patterns [layer, head, query_pos, key_pos], the token
     strings [pos] and optional labels (head name "L{l}H{h}" -> label). In Jupyter it displays as the
     interactive viewer of the HTML report (choose the head; hover shows query, key and weight)."""
@@ -398,19 +399,6 @@ class AttentionPatterns:
     def head_names(self) -> list[str]:
         return [f"L{l}H{h}" for l in range(self.patterns.shape[0]) for h in range(self.patterns.shape[1])]
 
-    def figure(self, title: str = "Attention pattern", active: str | None = None):
-        """The plotly figure (circuitlab.viz.interactive.attention_figure), opening on head `active`
-        (default: the first induction head, if labelled, else L0H0)."""
-        from circuitlab.viz.interactive import attention_figure
-
-        if active is None:
-            active = next((h for h in self.head_names if "induction" in self.labels.get(h, "")), None)
-        return attention_figure(self.tokens, self.patterns, self.head_names, self.labels, title, active)
-
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.interactive import notebook_html
-
-        return notebook_html(self.figure())
 
 
 @torch.no_grad()

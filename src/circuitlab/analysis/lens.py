@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
 
 @dataclass
-class LogitLens:
+class LogitLens(Displayed):
     """Per point of the residual stream (`labels`: "embed", "L0", "L1", ...) and per position.
 
     top_tokens, top_probs [point, pos, k]: the k most likely next tokens and their probabilities;
@@ -46,10 +47,6 @@ class LogitLens:
             d["top_strs"] = self.top_strs
         return d
 
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.interactive import logit_lens_figure, notebook_html
-
-        return notebook_html(logit_lens_figure(self))
 
 
 def residual_points(model, cache) -> tuple[list[str], torch.Tensor]:

@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from circuitlab.display import Displayed
 from circuitlab.analysis._json import rounded  # noqa: F401 (also imported from here)
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, did_you_mean
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name
 
@@ -206,10 +207,7 @@ DEFAULT_TARGETS = ("resid_pre", "attn_out", "mlp_out", "head_out", "head_out_by_
 def get_target(model, name: str) -> Target:
     """The Target called `name`, checked against the model's hooks (an attention-only model has no mlp_out)."""
     if name not in TARGETS:
-        import difflib
-
-        close = difflib.get_close_matches(name, TARGETS, n=3)
-        hint = f" (closest: {', '.join(close)})" if close else ""
+        hint = did_you_mean(name, TARGETS, n=3)
         raise CircuitlabError(f"unknown patching target {name!r}{hint}; valid targets: {', '.join(TARGETS)}")
     target = TARGETS[name]
     if model.cfg.n_layers == 0:
@@ -534,7 +532,7 @@ def grid_index(sizes: Sequence[int]) -> torch.Tensor:
 
 
 @dataclass
-class PatchResult:
+class PatchResult(Displayed):
     """Metric after each patch of one target.
 
     values [layer, *axes]: e.g. [layer, pos, head] for head_out_by_pos (layers as in `layers`);
@@ -585,10 +583,6 @@ class PatchResult:
                 "corrupt_value": round(self.corrupt_value, 6), "direction": self.direction, "method": self.method,
                 "metric": self.metric, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()]}
 
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.interactive import notebook_html, patching_figure
-
-        return notebook_html(patching_figure(self))
 
 
 # ---------------------------------------------------------------------------- activation patching

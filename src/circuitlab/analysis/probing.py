@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from circuitlab.display import Displayed
 from circuitlab.analysis.patching import as_tokens, rounded
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
@@ -139,7 +140,7 @@ def _passes(data: Data, batch_size: int, n: int) -> Callable[[], Iterable[torch.
 
 
 @dataclass
-class ProbeResult:
+class ProbeResult(Displayed):
     """Probe scores per residual point (point i = the residual stream before layer i; the last is
     after the final layer).
 
@@ -173,10 +174,6 @@ class ProbeResult:
                 "control_score": rounded(self.control_score), "selectivity": rounded(self.selectivity()),
                 "chance": round(self.chance, 6), "n_train": self.n_train, "n_val": self.n_val}
 
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.interactive import notebook_html, probe_figure
-
-        return notebook_html(probe_figure(self))
 
 
 def residual_points(model) -> list[str]:

@@ -19,10 +19,10 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.experiments.demo import DemoOptions, run_demo
 
     out = Path(args.out)
-    results = run_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
+    result = run_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
                                    progress=not args.no_progress))
     print()
     print((out / "report.md").read_text())
     print(f"wrote {out}/: report.html, report.md, results.json, figures, checkpoints (2l/, 1l/) "
-          f"in {results['wall_seconds']['total']:.0f}s")
+          f"in {result.wall_seconds['total']:.0f}s")
     return 0

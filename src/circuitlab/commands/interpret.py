@@ -26,5 +26,5 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
                             corrupt=args.corrupt)
-    print(f"ran {', '.join(results['experiments'])} -> {out}/results.json, {out}/report.md, {out}/report.html")
+    print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0

@@ -13,6 +13,10 @@ import random
 
 from circuitlab.errors import ConfigError
 
+# The prompt the ready-made experiments and report.html use when none is given.
+DEFAULT_PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+                  "One day, Lily saw a big dog in the park.")
+
 SYLLABLES = (
     "ba be bi bo da de di do fa fe fi fo ka ke ki ko la le li lo "
     "lu ma me mi mo na ne ni no pa pe pi po ra re ri ro sa si so"

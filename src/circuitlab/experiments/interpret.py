@@ -1,4 +1,4 @@
-"""Run named analyses on a checkpoint: the engine behind `circuitlab interpret` and the demo report.
+"""Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
 Experiments come from circuitlab.experiments.interpret_circuits (circuits, heads, logit_lens,
 attribution) and circuitlab.experiments.interpret_causal (patching, ablation, probing).
@@ -7,16 +7,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.experiments.result import ExperimentResult
 
 
-def available_experiments() -> dict[str, Callable[..., dict]]:
+@dataclass
+class InterpretResult:
+    """The experiments run on one checkpoint; results.json is to_dict() (each experiment under its name)."""
+
+    checkpoint: str
+    experiments: list[str]
+    model: dict[str, Any]                       # the model's config
+    results: dict[str, ExperimentResult] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "experiments": list(self.experiments), "model": self.model,
+                **{name: found.to_dict() for name, found in self.results.items()}}
+
+    def _repr_html_(self) -> str:
+        return "".join(found._repr_html_() for found in self.results.values())
+
+
+def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
     from circuitlab.experiments import interpret_causal, interpret_circuits
 
-    table: dict[str, Callable[..., dict]] = {}
+    table: dict[str, Callable[..., ExperimentResult]] = {}
     for name, fn in interpret_circuits.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
     for name, fn in interpret_causal.EXPERIMENTS.items():
@@ -25,9 +44,11 @@ def available_experiments() -> dict[str, Callable[..., dict]]:
 
 
 def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str] | None = None,
-                  **opts: Any) -> dict[str, Any]:
+                  **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
     out/report.html (interactive, self-contained)."""
+    from circuitlab.report import write_interpret_report
+    from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
     table = available_experiments()
@@ -42,27 +63,11 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"checkpoint": str(checkpoint), "experiments": names, "model": model.cfg.to_dict()}
+    result = InterpretResult(str(checkpoint), names, model.cfg.to_dict())
     for name in names:
-        results[name] = table[name](model, tokenizer, out, opts)
+        result.results[name] = table[name](model, tokenizer, out, opts)
+    results = result.to_dict()
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (out / "report.md").write_text(_report(results))
-    from circuitlab.report import write_interpret_report
-
+    (out / "report.md").write_text(interpret_markdown(results))
     write_interpret_report(out, results, model, tokenizer)  # out/report.html
-    return results
-
-
-def _report(results: dict[str, Any]) -> str:
-    lines = [f"# circuitlab interpret: {results['checkpoint']}", ""]
-    for name in results["experiments"]:
-        found = results[name]
-        lines += [f"## {name}", ""]
-        summary = found.get("summary") if isinstance(found, dict) else None
-        if summary:
-            lines += [summary if isinstance(summary, str) else "\n".join(f"- {s}" for s in summary), ""]
-        for fig in (found.get("figures", []) if isinstance(found, dict) else []):
-            fig = fig if isinstance(fig, str) else fig.get("file", "")
-            lines.append(f"![{name}]({fig})")
-        lines.append("")
-    return "\n".join(lines)
+    return result

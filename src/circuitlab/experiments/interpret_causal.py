@@ -1,8 +1,8 @@
 """Ready-made causal experiments for `circuitlab interpret` and the demo report.
 
-EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, clean, corrupt) -> dict. Each writes PNG
-figures into out_dir and returns JSON-able findings with "summary" (readable lines) and "figures"
-(file names in out_dir). The tokenizer needs encode(str) -> list[int], decode(list[int]) -> str,
+EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, clean, corrupt) -> ExperimentResult. Each
+writes PNG figures into out_dir and returns its findings: summary (readable lines), figures (file
+names in out_dir) and data (JSON-able numbers). The tokenizer needs encode(str) -> list[int], decode(list[int]) -> str,
 vocab_size and eos_id.
 
 Without --clean/--corrupt the experiments test the induction circuit on random tokens:
@@ -29,13 +29,11 @@ from circuitlab.analysis.patching import (check_pair, default_targets, logit_dif
                                           next_token_loss, patching_sweep)
 from circuitlab.analysis.probing import random_sequences, train_probes
 from circuitlab.errors import CircuitlabError
+from circuitlab.experiments.result import ExperimentResult
+from circuitlab.names import head_name
 
 SEED = 0
 BATCH = 8
-
-
-def _name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 def _random_ids(shape: tuple[int, ...], vocab: int, eos: int | None, gen: torch.Generator) -> torch.Tensor:
@@ -109,7 +107,7 @@ def _where(w: dict[str, int]) -> str:
 
 
 def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
-                 ) -> dict[str, Any]:
+                 ) -> ExperimentResult:
     """Activation patching (denoising) over the residual stream, layer outputs and heads; attribution
     patching against it; path patching from every earlier head into the strongest later head's q, k, v."""
     from circuitlab.viz.patching import plot_attribution_vs_patching, plot_path_patching, plot_patching
@@ -126,8 +124,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     gap = any_result.clean_value - any_result.corrupt_value
     if not gap:
         summary.append("the metric is the same on both prompts, so there is nothing to localise")
-        found.update(summary=summary, figures=figures)
-        return found
+        return ExperimentResult("patching", summary, figures, found)
     for t in ("resid_pre", "head_out", "head_out_by_pos"):
         if t in results:
             top = results[t].top(3)
@@ -148,18 +145,17 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         found["path_patching"] = {p.receiver_input: p.to_dict() for p in paths}
         # Each input's strongest sender, and the fraction of the clean - corrupted gap its path removes.
         best = {p.receiver_input: (p.top(1)[0][0], -p.top(1)[0][1] / gap) for p in paths}
-        summary.append(f"path patching into {_name(*receiver)} (the later head whose output recovers most): "
-                       + "; ".join(f"{inp.upper()} input: {_name(*s)} -> {_percent(frac)} of the gap"
+        summary.append(f"path patching into {head_name(*receiver)} (the later head whose output recovers most): "
+                       + "; ".join(f"{inp.upper()} input: {head_name(*s)} -> {_percent(frac)} of the gap"
                                    for inp, (s, frac) in best.items()))
         inp, (sender, frac) = max(best.items(), key=lambda kv: abs(kv[1][1]))
-        found["composition"] = {"receiver": _name(*receiver), "sender": _name(*sender), "input": inp,
+        found["composition"] = {"receiver": head_name(*receiver), "sender": head_name(*sender), "input": inp,
                                 "fraction_of_gap": round(frac, 6)}
-    found.update(summary=summary, figures=figures)
-    return found
+    return ExperimentResult("patching", summary, figures, found)
 
 
 def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None,
-                 group: list[str] | None = None) -> dict[str, Any]:
+                 group: list[str] | None = None) -> ExperimentResult:
     """Mean-ablate every head (and MLP) on repeated random sequences and measure the loss on the repeated
     half; then ablate a group of heads together (default: the two after layer 0 that matter most), and
     compare the loss on the first half."""
@@ -199,7 +195,7 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         later = change[1:] if change.shape[0] > 1 else change
         order = later.flatten().argsort(descending=True)[:2].tolist()
         offset = 1 if change.shape[0] > 1 else 0
-        group = [_name(i // later.shape[1] + offset, i % later.shape[1]) for i in order if later.flatten()[i] > 0]
+        group = [head_name(i // later.shape[1] + offset, i % later.shape[1]) for i in order if later.flatten()[i] > 0]
         chosen = "the heads after layer 0 that hurt most, where induction heads can be"
     if group:
         with torch.no_grad():
@@ -219,12 +215,11 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
                 b, a = float(loss(model(prompt))), float(loss(run_ablated(model, prompt, group, "mean", reference)))
             found["clean_prompt_loss"] = [round(b, 6), round(a, 6)]
             summary.append(f"on the clean prompt, ablating {', '.join(group)}: loss {b:.3f} -> {a:.3f}")
-    found.update(summary=summary, figures=figures)
-    return found
+    return ExperimentResult("ablation", summary, figures, found)
 
 
 def run_probing(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
-                ) -> dict[str, Any]:
+                ) -> ExperimentResult:
     """Linear probes for the previous token, "has this token occurred before" and the position, at every
     residual point, on tiled random sequences (the prompts are not used)."""
     from circuitlab.viz.probing import plot_probe_accuracy
@@ -240,11 +235,11 @@ def run_probing(model, tokenizer, out_dir: Path, clean: str | None = None, corru
         summary.append(f"{name}: best at {point} with val {res.score} {score:.3f} (control "
                        f"{float(res.control_score[i]):.3f}, chance {res.chance:.3f}); by point: "
                        + ", ".join(f"{p} {float(v):.2f}" for p, v in zip(res.points, res.val_score)))
-    return {"probes": {k: v.to_dict() for k, v in results.items()}, "data": f"8 x 16 tiled random sequences of {pos}",
-            "summary": summary, "figures": [figure]}
+    return ExperimentResult("probing", summary, [figure], {"probes": {k: v.to_dict() for k, v in results.items()},
+                                                           "data": f"8 x 16 tiled random sequences of {pos}"})
 
 
-EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
+EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "patching": run_patching,
     "ablation": run_ablation,
     "probing": run_probing,

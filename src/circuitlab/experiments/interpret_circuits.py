@@ -1,8 +1,8 @@
 """Ready-made experiments for `circuitlab interpret` and the demo report.
 
-EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, prompt) -> dict. Each runs its analysis on
-sensible defaults, writes PNG figures into out_dir and returns JSON-able findings with "summary"
-(readable lines) and "figures" (file names in out_dir). The tokenizer needs encode(str) -> list[int]
+EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, prompt) -> ExperimentResult. Each runs its
+analysis on sensible defaults, writes PNG figures into out_dir and returns its findings: summary
+(readable lines), figures (file names in out_dir) and data (JSON-able numbers). The tokenizer needs encode(str) -> list[int]
 and decode(list[int]) -> str.
 """
 from __future__ import annotations
@@ -18,12 +18,14 @@ from circuitlab.analysis.circuits import (direct_path, k_composition_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.analysis.heads import classify_heads, in_context_learning_score, induction_test_tokens
+from circuitlab.analysis.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
 from circuitlab.analysis.patching import model_device
+from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.errors import CircuitlabError
+from circuitlab.experiments.result import ExperimentResult
+from circuitlab.names import head_name
 
-DEFAULT_PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
-                  "One day, Lily saw a big dog in the park.")
 SEED = 0
 
 
@@ -46,29 +48,14 @@ def _head_tokens(model) -> torch.Tensor:
 
 
 def _name(head: tuple[int, int]) -> str:
-    return f"L{head[0]}H{head[1]}"
+    return head_name(*head)
 
 
 # ---------------------------------------------------------------------------- circuits
 
 
-def induction_and_previous_head(classes) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The labelled (or, failing that, best-scoring) induction head and the previous-token head in an
-    earlier layer that K-composes with it most. Needs two layers or more."""
-    comp = classes.composition
-    induction = classes.scores["induction"].clone()
-    induction[0] = float("-inf")  # layer 0 cannot compose with anything
-    labelled = classes.heads_with("induction")
-    head = labelled[0] if labelled else tuple(divmod(int(induction.argmax()), induction.shape[1]))
-    prev = classes.scores["previous_token"][: head[0]]
-    k_comp = comp.k[: head[0], :, head[0], head[1]]
-    # Prefer heads that both behave as previous-token heads and compose with the reader.
-    best = (prev * k_comp).flatten().argmax()
-    return head, tuple(divmod(int(best), prev.shape[1]))
-
-
 @torch.no_grad()
-def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """The direct path, copying and composition scores, the induction head's QK (through the
     previous-token head) and OV circuits on the prompt's tokens, the previous-token head's positional
     QK circuit. Norms are folded into the weights first."""
@@ -131,21 +118,20 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[st
         ind = found["induction"]
         summary.append(f"{what} {_name(head)}: K-composition with {_name(prev)} {ind['k_composition']:.3f}, "
                        f"copying score {ind['copying_score']:.3f}")
-    found.update(summary=summary, figures=figures)
-    return found
+    return ExperimentResult("circuits", summary, figures, found)
 
 
 # ---------------------------------------------------------------------------- heads
 
 
 @torch.no_grad()
-def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Detectors and labels on tiled random tokens, attention patterns of the labelled heads,
     and the in-context-learning score on the same sequences."""
     from circuitlab.viz.heads import plot_attention_patterns, plot_head_scores
 
     if model.cfg.n_layers == 0:
-        return {"summary": ["a 0-layer model has no attention heads"], "figures": []}
+        return ExperimentResult("heads", ["a 0-layer model has no attention heads"])
     out_dir = Path(out_dir)
     tokens = _head_tokens(model).to(model_device(model))
     classes = classify_heads(model, tokens)
@@ -162,17 +148,16 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, 
     summary.append(f"in-context learning score on tiled random tokens: {icl.score:.3f} nats "
                    f"(loss at position {icl.late_pos} minus at {icl.early_pos})")
     found = classes.to_dict()
-    found.update(icl=icl.to_dict(), summary=summary, figures=figures,
-                 labels_by_head={_name((l, h)): classes.labels_of(l, h)
-                                 for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)})
-    return found
+    found.update(icl=icl.to_dict(), labels_by_head={_name((l, h)): classes.labels_of(l, h)
+                                                    for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)})
+    return ExperimentResult("heads", summary, figures, found)
 
 
 # ---------------------------------------------------------------------------- logit lens
 
 
 @torch.no_grad()
-def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Logit lens on the prompt (default: a short story)."""
     from circuitlab.viz.lens import plot_logit_lens
 
@@ -185,14 +170,14 @@ def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[
     for p in rise.argsort(descending=True)[:3].tolist():
         traj = " -> ".join(f"{float(x):.2f}" for x in lens.final_top_probs[:, p])
         summary.append(f"{lens.token_strs[p]!r} -> {lens.top_strs[-1][p][0]!r}: probability by layer {traj}")
-    return {**lens.to_dict(), "prompt": prompt or DEFAULT_PROMPT, "summary": summary, "figures": [figure]}
+    return ExperimentResult("logit_lens", summary, [figure], {**lens.to_dict(), "prompt": prompt or DEFAULT_PROMPT})
 
 
 # ---------------------------------------------------------------------------- attribution
 
 
 @torch.no_grad()
-def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> dict[str, Any]:
+def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Direct logit attribution at the prompt's last position, to the logit difference between the
     model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
     from circuitlab.viz.lens import plot_logit_attribution
@@ -218,11 +203,10 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> dict
         summary.append(f"L{layer} MLP's most active neurons at the last position promote: "
                        + "; ".join(f"n{n}: {', '.join(repr(s) for s in strs[:3])}"
                                    for n, strs in zip(neurons.neurons, neurons.top_strs)))
-    found.update(summary=summary, figures=[figure])
-    return found
+    return ExperimentResult("attribution", summary, [figure], found)
 
 
-EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
+EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "circuits": run_circuits,
     "heads": run_heads,
     "logit_lens": run_logit_lens,

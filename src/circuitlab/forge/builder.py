@@ -21,14 +21,13 @@ unless asked for.
 """
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 import torch
 
 from circuitlab.config import ModelConfig
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, did_you_mean
 from circuitlab.model.transformer import Transformer
 
 Weight = Union[float, int, Sequence[Any], torch.Tensor]
@@ -71,8 +70,7 @@ class ResidualLayout:
     def __getitem__(self, name: str) -> slice:
         """The coordinates of a subspace, as a slice of the residual vector."""
         if name not in self._slices:
-            close = difflib.get_close_matches(str(name), self._slices, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(name, self._slices)
             raise CircuitlabError(f"no residual subspace named {name!r}{hint}; "
                                   f"the layout has {', '.join(self._slices)}")
         return self._slices[name]

@@ -7,14 +7,13 @@ activation (that is how patching works). Backward hooks get the gradient of the 
 from __future__ import annotations
 
 import contextlib
-import difflib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Union
 
 import torch
 from torch import nn
 
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, did_you_mean
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
 NameOrFilter = Union[str, Callable[[str], bool]]
@@ -80,8 +79,7 @@ def resolve(points: dict[str, HookPoint], name_or_filter: NameOrFilter) -> list[
         return [hp for name, hp in points.items() if name_or_filter(name)]
     if name_or_filter in points:
         return [points[name_or_filter]]
-    close = difflib.get_close_matches(name_or_filter, points, n=3, cutoff=0.4)
-    hint = f"; closest: {', '.join(close)}" if close else ""
+    hint = did_you_mean(name_or_filter, points, n=3, cutoff=0.4)
     raise HookError(f"unknown hook name {name_or_filter!r}{hint} (model.hook_names() lists all)")
 
 
@@ -149,8 +147,7 @@ def act_name(name: str, layer: int | None = None, sub: str | None = None) -> str
         prefix = f"blocks.{layer}.{sub}" if layer is not None else sub
         return f"{prefix}.hook_{name}"
     if name not in _SHORT:
-        close = difflib.get_close_matches(name, _SHORT, n=3)
-        hint = f"; closest: {', '.join(close)}" if close else ""
+        hint = did_you_mean(name, _SHORT, n=3)
         raise HookError(f"unknown activation short name {name!r}{hint}")
     template = _SHORT[name]
     if "{l}" in template:
@@ -179,8 +176,7 @@ class ActivationCache:
         else:
             name = act_name(key)
         if name not in self.acts:
-            close = difflib.get_close_matches(name, self.acts, n=3, cutoff=0.4)
-            hint = f"; closest cached: {', '.join(close)}" if close else ""
+            hint = did_you_mean(name, self.acts, n=3, cutoff=0.4)
             raise HookError(f"{name!r} is not in the cache{hint}")
         return name
 

@@ -42,14 +42,6 @@ class Transformer(WeightViews, nn.Module):
         self.reset_parameters()
         H.name_hook_points(self)
 
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, **kwargs: Any) -> "Transformer":
-        """A Hugging Face checkpoint (GPT-2, GPT-NeoX/Pythia, LLaMA/Mistral/Qwen2) as a hookable Transformer.
-        See circuitlab.pretrained.load_pretrained, which also returns the tokenizer."""
-        from circuitlab.pretrained import load_pretrained
-
-        return load_pretrained(name_or_path, **kwargs)[0]
-
     # ------------------------------------------------------------------ init
     def reset_parameters(self, seed: int | None = None) -> None:
         """Normal(0, init_std) weights, zero biases, unit norm gains; output projections scaled

@@ -1,8 +1,8 @@
 """Report sections from what a run has.
 
 A run contributes a RunData (model, tokenizer, configs, metrics, head labels); an analysis contributes
-the findings dicts of circuitlab.experiments.interpret_circuits / interpret_causal experiments (as in
-results.json). build_sections turns them into sections, in this order, each only when there is data:
+the findings of the ready-made experiments in their to_dict() form (ExperimentResult.to_dict(), as in
+results.json), so a report written at the end of a run and one rebuilt from disk are the same. build_sections turns them into sections, in this order, each only when there is data:
 
     model card · summary · training curves · heads · attention viewer · QK/OV circuits · logit lens ·
     direct logit attribution · patching · ablation · probes
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.names import head_name, parse_head
 from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
                                     markdown_lite, paragraph, table_html, write_html_report)
 
@@ -107,7 +108,7 @@ def head_rows_from_classes(classes: Any) -> tuple[list[dict], dict[str, Any]]:
     rows = []
     for l in range(n_layers):
         for h in range(n_heads):
-            name = f"L{l}H{h}"
+            name = head_name(l, h)
             row_scores = {k.replace("_", "-"): scores[k][l][h] for k in scores}
             if copying is not None:
                 row_scores["copying"] = copying[l][h]
@@ -120,19 +121,6 @@ def head_rows_from_classes(classes: Any) -> tuple[list[dict], dict[str, Any]]:
             rows.append({"head": name, "labels": [lab["label"] for lab in labels], "scores": row_scores,
                          "evidence": evidence})
     return rows, scores
-
-
-def head_rows_from_demo(found: Mapping[str, Any]) -> list[dict]:
-    """Rows from one model of the demo's results.json ("heads", "induction_evidence", "rejected")."""
-    notes = [(s, "") for s in found.get("induction_evidence", [])] + [(s, "not assigned: ")
-                                                                       for s in found.get("rejected", [])]
-    rows = []
-    for h in found.get("heads", []):
-        rows.append({"head": h["head"], "labels": list(h.get("labels", [])),
-                     "scores": {"induction": h.get("induction_score"), "previous-token": h.get("prev_token_score"),
-                                "copying": h.get("copying_score")},
-                     "evidence": [prefix + s.split(" ", 1)[1] for s, prefix in notes if s.startswith(h["head"] + " ")]})
-    return rows
 
 
 def compute_heads(run: RunData) -> None:
@@ -201,6 +189,7 @@ def model_card_section(runs: Sequence[RunData]) -> Section:
 
 
 def training_section(runs: Sequence[RunData]) -> Section | None:
+    from circuitlab.training.phase import phase_change
     from circuitlab.viz.interactive import training_curves_figure
 
     with_metrics = [r for r in runs if r.metrics]
@@ -209,7 +198,7 @@ def training_section(runs: Sequence[RunData]) -> Section | None:
     curves = {r.name: r.metrics for r in with_metrics}
     phases, lines = {}, []
     for r in with_metrics:
-        pc = r.phase_change if r.phase_change is not None else _phase_change(r.metrics)
+        pc = r.phase_change if r.phase_change is not None else phase_change(r.metrics)
         if pc:
             phases[r.name] = pc
             text = (f"{r.name}: phase change around step {pc['step']} ({pc['tokens']:,} tokens): the best induction "
@@ -225,12 +214,6 @@ def training_section(runs: Sequence[RunData]) -> Section | None:
                    "Loss and the best head's induction and previous-token scores against tokens seen; the dashed "
                    "line marks the phase change, the band the induction score's rise (from the last point below 20% of "
                    "it to the first at 80%).")
-
-
-def _phase_change(records: list[dict]) -> dict | None:
-    from circuitlab.experiments.demo import phase_change
-
-    return phase_change(records)
 
 
 def heads_section(runs: Sequence[RunData]) -> Section | None:
@@ -271,12 +254,13 @@ def attention_tokens(model, seed: int = 7, segment: int = 12, repeats: int = 3) 
 
 def attention_section(run: RunData, tokens: torch.Tensor | None = None) -> Section | None:
     from circuitlab.analysis.heads import attention_view
+    from circuitlab.viz.interactive import attention_patterns_figure
 
     if run.model is None or run.model.cfg.n_layers == 0:
         return None
     tokens = attention_tokens(run.model) if tokens is None else tokens
     view = attention_view(run.model, tokens, run.tokenizer, _labels_by_head(run))
-    return Section("attention", "Attention patterns", [view.figure(f"{run.name} attention")],
+    return Section("attention", "Attention patterns", [attention_patterns_figure(view, f"{run.name} attention")],
                    f"Every head of {run.name} on a random segment of 12 tokens repeated; choose the head in the menu, "
                    "hover a cell for the query token, the key token and the weight. Induction heads attend to the "
                    "token after the previous copy of the current one (an off-diagonal stripe).")
@@ -286,18 +270,18 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
     """The induction head and its previous-token head as the circuits experiment picks them (from its
     results, else from the labels computed here), else the best-scoring head after layer 0 and the
     best previous-token head before it."""
-    from circuitlab.experiments.interpret_circuits import induction_and_previous_head
+    from circuitlab.analysis.induction_circuit import induction_and_previous_head
 
     cfg = run.model.cfg
     ind = (found or {}).get("induction")
     if ind:
-        return _parse_head(ind["head"]), _parse_head(ind["prev_token_head"])
+        return parse_head(ind["head"]), parse_head(ind["prev_token_head"])
     if run.classes is not None and cfg.n_layers > 1:
         return induction_and_previous_head(run.classes)
     rows = {r["head"]: r["scores"] for r in run.heads or []}
 
     def score(l: int, h: int, key: str) -> float:
-        v = rows.get(f"L{l}H{h}", {}).get(key)
+        v = rows.get(head_name(l, h), {}).get(key)
         return -1.0 if v is None else float(v)
 
     later = range(1 if cfg.n_layers > 1 else 0, cfg.n_layers)
@@ -309,10 +293,6 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
     return head, prev
 
 
-def _parse_head(name: str) -> tuple[int, int]:
-    layer, head = name[1:].split("H")
-    return int(layer), int(head)
-
 
 @torch.no_grad()
 def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, prompt: str | None = None
@@ -322,7 +302,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     from circuitlab.analysis.circuits import (composition_scores, copying_scores, k_composition_qk_circuit,
                                               ov_circuit, qk_circuit)
     from circuitlab.analysis.folding import fold_layer_norm
-    from circuitlab.experiments.interpret_circuits import DEFAULT_PROMPT
+    from circuitlab.data.stories import DEFAULT_PROMPT
     from circuitlab.viz import token_label
     from circuitlab.viz.interactive import heatmap_figure
 
@@ -339,11 +319,11 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
         ids = list(range(min(24, model.cfg.d_vocab)))
     strs = [token_label(run.tokenizer.decode([i]), 12) if run.tokenizer is not None else str(i) for i in ids]
     head, prev = _pick_heads(run, found)
-    name = f"L{head[0]}H{head[1]}"
+    name = head_name(*head)
     parts: list[Any] = [bullet_list((found or {}).get("summary", []))]
     if prev is not None:
         qk = k_composition_qk_circuit(wm, head, prev).submatrix(ids, ids)
-        parts.append(heatmap_figure(qk, strs, strs, f"{name} QK circuit via L{prev[0]}H{prev[1]}: query token vs "
+        parts.append(heatmap_figure(qk, strs, strs, f"{name} QK circuit via {head_name(*prev)}: query token vs "
                                     "the token before the key", x_title="token before the key",
                                     y_title="query token", value_name="score"))
     else:
@@ -368,7 +348,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
         else:
             k, base = comp["k"], comp["baseline_mean"]
         k = torch.tensor([[float("nan") if v is None else v for v in row] for row in _reshape(k, L * H)])
-        names = [f"L{i // H}H{i % H}" for i in range(L * H)]
+        names = [head_name(i // H, i % H) for i in range(L * H)]
         parts.append(heatmap_figure(k, names, names, f"K-composition (random baseline {base:.3f})",
                                     x_title="reader head", y_title="writer head", zmid=None, zmin=base,
                                     colorscale="Viridis", value_name="K-composition"))
@@ -421,7 +401,7 @@ def patching_section(found: Mapping[str, Any]) -> Section:
         parts.append(table_html([{"target": t, "Pearson r": float("nan") if r is None else float(r)}
                                  for t, r in corr.items()]))
     for inp, p in (found.get("path_patching") or {}).items():
-        layer = _parse_head(p["receiver"])[0]
+        layer = parse_head(p["receiver"])[0]
         gap = p["clean_value"] - p["corrupt_value"]
         values = torch.tensor([[float("nan") if v is None else v for v in row] for row in p["values"][:layer]])
         grid = (values - p["corrupt_value"]) / gap - 1 if gap else torch.full_like(values, float("nan"))
@@ -519,29 +499,27 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
 # ---------------------------------------------------------------------------- entry points
 
 
-def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping[str, Any] | None = None,
+def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping[str, RunData] | None = None,
                       run_dir: str | Path | None = None) -> Path:
     """out/report.html for the demo: both models' cards and curves, head tables, the 2-layer model's
     attention viewer and circuits, and the analyses in results["analysis"].
 
-    runs: name -> TrainResult (or RunData); default: loaded from run_dir/<name> (run_dir defaults to out).
+    results: DemoResult.to_dict() (results.json); runs: name -> RunData (the demo passes its models and
+    their HeadClasses); default: loaded from run_dir/<name> (run_dir defaults to out), heads labelled again.
     """
-    from circuitlab.experiments.demo import causal_paragraph
+    from circuitlab.report.markdown import demo_narrative
 
     out = Path(out)
     run_dir = Path(run_dir) if run_dir is not None else out
     data = []
     for name, found in results.get("models", {}).items():
-        r = (runs or {}).get(name)
-        if isinstance(r, RunData):
-            run = r
-        elif r is not None:
-            run = load_run(r.out_dir, name, model=r.model, tokenizer=r.tokenizer)
-        else:
-            run = load_run(run_dir / name, name)
+        run = (runs or {}).get(name) or load_run(run_dir / name, name)
         run.name = name
         run.phase_change = found.get("phase_change") or None
-        run.heads = head_rows_from_demo(found)
+        if run.classes is not None:
+            run.heads, run.head_scores = head_rows_from_classes(run.classes)
+        else:
+            compute_heads(run)
         run.steps, run.tokens_seen = found.get("steps", run.steps), found.get("tokens_seen", run.tokens_seen)
         run.facts.update({"final train loss": found.get("final_train_loss"),
                           "best val loss": found.get("best_val_loss"),
@@ -550,12 +528,7 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
                           "previous-token heads": ", ".join(found.get("previous_token_heads", [])) or "none",
                           "training time (s)": found.get("train_seconds")})
         data.append(run)
-    # The narrative of the demo's report.md (before its first "## " section), else the causal evidence.
-    md = run_dir / "report.md"
-    text = md.read_text().split("\n## ")[0] if md.is_file() else ""
-    summary = "\n".join(line for line in text.splitlines() if not line.startswith("# "))
-    if not summary.strip():
-        summary = "\n".join(causal_paragraph(results.get("causal_evidence", {})))
+    summary = "\n".join(demo_narrative(results))
     sections = build_sections(data, results.get("analysis"), analyse=False, view="2l", summary=summary)
     return write_html_report(out, sections, "circuitlab demo: induction heads",
                              "a 2-layer and a 1-layer attention-only transformer")

@@ -13,7 +13,7 @@ import yaml
 
 from circuitlab.config import ModelConfig
 from circuitlab.data import DataConfig
-from circuitlab.errors import ConfigError
+from circuitlab.errors import ConfigError, did_you_mean
 from circuitlab.training.sinks import parse_log
 
 
@@ -134,10 +134,7 @@ def _build(cls, data: Any, where: str):
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        import difflib
-
-        hints = [difflib.get_close_matches(u, known, n=1) for u in unknown]
-        hint = "".join(f" (did you mean {h[0]!r}?)" for h in hints if h)
+        hint = "".join(did_you_mean(u, known) for u in unknown)
         raise ConfigError(f"unknown field(s) in {where}: {', '.join(unknown)}{hint}")
     return cls(**data)
 

@@ -48,6 +48,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitlab.analysis.attribution import LogitAttribution
+from circuitlab.analysis.heads import AttentionPatterns
+from circuitlab.analysis.lens import LogitLens
+from circuitlab.analysis.patching import PatchResult
+from circuitlab.analysis.probing import ProbeResult
+from circuitlab.display import renders
+from circuitlab.training.phase import best_head_score, phase_band
 from circuitlab.viz import token_label
 
 TEMPLATE = "plotly_white"
@@ -166,25 +173,6 @@ def attention_figure(tokens: Sequence[str], patterns: Any, head_names: Sequence[
 # ---------------------------------------------------------------------------- training
 
 
-def _best(per_layer: Sequence[Sequence[float]] | None) -> float:
-    return max((s for layer in per_layer or [] for s in layer if s is not None), default=0.0)
-
-
-def _band(records: Sequence[Mapping]) -> tuple[float, float] | None:
-    """The best induction score's rise, in tokens: from the last point below 20% of it to the first
-    point at 80% or more."""
-    tracked = [r for r in records if "induction" in r]
-    if len(tracked) < 3:
-        return None
-    scores = [_best(r["induction"]) for r in tracked]
-    lo, hi = scores[0], max(scores)
-    if hi - lo <= 0:
-        return None
-    i20 = next(i for i, s in enumerate(scores) if s >= lo + 0.2 * (hi - lo))
-    i80 = next(i for i, s in enumerate(scores) if s >= lo + 0.8 * (hi - lo))
-    return tracked[max(0, i20 - 1)]["tokens"], tracked[i80]["tokens"]
-
-
 def training_curves_figure(curves: Mapping[str, Sequence[Mapping]] | Sequence[Mapping],
                            phase_change: Mapping[str, Any] | None = None) -> go.Figure:
     """Left: train loss, val loss and loss on the repeated half of random sequences; right: the best
@@ -214,15 +202,15 @@ def training_curves_figure(curves: Mapping[str, Sequence[Mapping]] | Sequence[Ma
             fig.add_trace(go.Scatter(x=x, y=[r.get("repeat_loss") for r in tracked], mode="lines",
                                      name=f"{name} loss on repeated tokens", legendgroup=name,
                                      line=dict(color=color, dash="dash")), row=1, col=1)
-            fig.add_trace(go.Scatter(x=x, y=[_best(r["induction"]) for r in tracked], mode="lines",
+            fig.add_trace(go.Scatter(x=x, y=[best_head_score(r["induction"]) for r in tracked], mode="lines",
                                      name=f"{name} best induction score", legendgroup=name,
                                      line=dict(color=color)), row=1, col=2)
-            fig.add_trace(go.Scatter(x=x, y=[_best(r.get("prev_token")) for r in tracked], mode="lines",
+            fig.add_trace(go.Scatter(x=x, y=[best_head_score(r.get("prev_token")) for r in tracked], mode="lines",
                                      name=f"{name} best previous-token score", legendgroup=name,
                                      line=dict(color=color, dash="dot")), row=1, col=2)
         pc = phase_change.get(name)
         if pc and pc.get("tokens") is not None:
-            band = _band(records)
+            band = phase_band(records)
             for col in (1, 2):
                 if band and band[1] > band[0]:
                     fig.add_vrect(x0=band[0], x1=band[1], fillcolor=color, opacity=0.12, line_width=0,
@@ -506,3 +494,23 @@ def reset_notebook() -> None:
     """Inline plotly.js again in the next figure displayed (after outputs holding it were cleared)."""
     global _sent
     _sent = False
+
+
+# ---------------------------------------------------------------------------- result objects
+
+
+def attention_patterns_figure(view: AttentionPatterns, title: str = "Attention pattern",
+                              active: str | None = None) -> go.Figure:
+    """The viewer of an AttentionPatterns (analysis.heads.attention_view), opening on head `active`
+    (default: the first induction head, if labelled, else L0H0)."""
+    if active is None:
+        active = next((h for h in view.head_names if "induction" in view.labels.get(h, "")), None)
+    return attention_figure(view.tokens, view.patterns, view.head_names, view.labels, title, active)
+
+
+# How each result object displays in Jupyter (circuitlab.display): its figure, plotly.js inlined.
+renders(AttentionPatterns)(lambda view: notebook_html(attention_patterns_figure(view)))
+renders(LogitLens)(lambda lens: notebook_html(logit_lens_figure(lens)))
+renders(LogitAttribution)(lambda dla: notebook_html(logit_attribution_figure(dla)))
+renders(PatchResult)(lambda result: notebook_html(patching_figure(result)))
+renders(ProbeResult)(lambda result: notebook_html(probe_figure(result)))

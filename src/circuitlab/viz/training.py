@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from circuitlab.training.phase import best_head_score
 from circuitlab.viz.png import save_png, subplots
 
 
@@ -21,9 +22,9 @@ def plot_training_curves(curves: dict[str, list[dict]], path: str | Path) -> Pat
         tokens = [r["tokens"] for r in tracked]
         ax_loss.plot(tokens, [r["repeat_loss"] for r in tracked], color=color, ls="--",
                      label=f"{name} loss on repeated tokens")
-        ax_score.plot(tokens, [_best(r["induction"]) for r in tracked], color=color,
+        ax_score.plot(tokens, [best_head_score(r["induction"]) for r in tracked], color=color,
                       label=f"{name} best induction score")
-        ax_score.plot(tokens, [_best(r["prev_token"]) for r in tracked], color=color, ls=":",
+        ax_score.plot(tokens, [best_head_score(r["prev_token"]) for r in tracked], color=color, ls=":",
                       label=f"{name} best previous-token score")
     ax_loss.set(xlabel="tokens seen", ylabel="loss (nats)", title="Loss")
     ax_score.set(xlabel="tokens seen", ylabel="score", ylim=(0, 1), title="Head scores")
@@ -32,9 +33,6 @@ def plot_training_curves(curves: dict[str, list[dict]], path: str | Path) -> Pat
         ax.grid(alpha=0.3)
     return save_png(fig, path, crop=False)
 
-
-def _best(per_layer: list[list[float]]) -> float:
-    return max((s for layer in per_layer for s in layer), default=0.0)
 
 
 def plot_attention_heads(model, tokens: torch.Tensor, heads: list[str], path: str | Path) -> Path:
