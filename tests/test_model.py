@@ -110,7 +110,9 @@ def test_hooks_removed_after_exception():
     with pytest.raises(RuntimeError, match="boom"):
         with model.hooks(fwd_hooks=[(lambda n: True, lambda x, hook: None)],
                          bwd_hooks=[("hook_embed", lambda g, hook: None)]):
-            assert all(hp.active for hp in model.hook_points().values() if hp.fwd_fns)
+            points = model.hook_points().values()
+            assert all(len(hp.fwd_fns) == 1 for hp in points)  # every hook point got the forward hook
+            assert model.hook_points()["hook_embed"].bwd_fns and all(hp.active for hp in points)
             raise RuntimeError("boom")
     assert not any(hp.active for hp in model.hook_points().values())
 
@@ -135,6 +137,28 @@ def test_backward_hooks_give_gradients():
                                              t[:, 1:].flatten())
     loss.backward()
     torch.testing.assert_close(cache.grads["blocks.1.hook_resid_post"], resid.grad)
+
+
+def test_gradient_cache_leaves_parameters_alone_and_works_frozen():
+    """incl_bwd takes activation gradients with autograd.grad: no parameter .grad is filled, frozen
+    weights work, and the values equal backward hooks' on a trainable copy."""
+    model = Transformer(ARCHS["llama"])
+    t = tokens()
+    names = ["hook_embed", "blocks.0.attn.hook_z", "blocks.1.hook_resid_mid"]
+    reference: dict[str, torch.Tensor] = {}
+    with model.hooks(bwd_hooks=[(n, lambda g, hook: reference.__setitem__(hook.name, g)) for n in names]):
+        logits = model(t)
+        torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), t[:, 1:].flatten()).backward()
+    model.zero_grad(set_to_none=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    _, cache = model.run_with_cache(t, names_filter=names, incl_bwd=True)
+    assert all(p.grad is None for p in model.parameters())
+    for n in names:
+        torch.testing.assert_close(cache.grads[n], reference[n])
+        assert not cache[n].requires_grad
+    with pytest.raises(CircuitlabError, match="gradient"):
+        model.run_with_cache(t, incl_bwd=True, loss_fn=lambda logits: 1.0)
 
 
 # ---------------------------------------------------------------- fast vs eager, heads

@@ -27,30 +27,11 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 
 
-def _run_with_grads(model, tokens: torch.Tensor, hooks: list[str], metric: Metric
-                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Forward and backward on `tokens`: (logits, activations, ∂metric/∂activation) at `hooks`.
-
-    Gradients come from torch.autograd.grad, so the parameters' .grad are left untouched. The
-    embedding output is made a leaf that requires grad, so this works on frozen parameters too.
-    """
-    acts: dict[str, torch.Tensor] = {}
-
-    def leaf(x: torch.Tensor, hook) -> torch.Tensor:
-        return x.detach().requires_grad_(True)
-
-    def save(x: torch.Tensor, hook) -> None:
-        acts[hook.name] = x
-
-    with torch.enable_grad(), model.hooks(fwd_hooks=[("hook_embed", leaf)] + [(h, save) for h in hooks]):
-        logits = model(tokens)
-        value = metric(logits)
-        if not isinstance(value, torch.Tensor) or not value.requires_grad:
-            raise CircuitlabError("attribution patching needs a metric computed from the logits with torch "
-                                  "operations (so it has a gradient); this one returned a constant")
-        grads = torch.autograd.grad(value, [acts[h] for h in hooks], allow_unused=True)
-    grads_by_hook = {h: (g if g is not None else torch.zeros_like(acts[h])).detach() for h, g in zip(hooks, grads)}
-    return logits.detach(), {h: a.detach() for h, a in acts.items()}, grads_by_hook
+def _checked(value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        raise CircuitlabError("attribution patching needs a metric computed from the logits with torch "
+                              "operations (so it has a gradient); this one returned a constant")
+    return value
 
 
 def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
@@ -68,7 +49,10 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
                                                         direction, layers)
 
     source_logits, source_cache = model.run_with_cache(source, names_filter=hooks)
-    base_logits, base_acts, grads = _run_with_grads(model, base, hooks, metric)
+    # ∂metric/∂activation at the base run: the model's one gradient cache (autograd.grad on the activations).
+    base_logits, base_cache = model.run_with_cache(base, names_filter=hooks, incl_bwd=True,
+                                                   loss_fn=lambda logits: _checked(metric(logits)))
+    base_acts, grads = base_cache.acts, base_cache.grads
     with torch.no_grad():
         base_value, source_value = metric_value(metric, base_logits), metric_value(metric, source_logits)
     clean_value, corrupt_value = (source_value, base_value) if direction == "denoise" else (base_value, source_value)

@@ -15,8 +15,8 @@ metric) from Q- and V-composition (they do not).
     res = path_patching(model, clean, corrupt, metric, receiver=(1, 4), receiver_input="k")
     res.values[0, 2]   # the metric when L0H2's corrupted output reaches L1H4's keys and nothing else
 
-Senders are batched like activation patching: one forward pass per chunk of senders for step 1 and
-one for step 2, each starting at the first layer it changes. A head's output is patched through
+Senders are batched like activation patching: one forward pass per chunk of senders for step 1, and
+step 2 is patching.sweep with one recorded input per patch, each starting at the first layer it changes. A head's output is patched through
 its z, as in activation patching. Under grouped-query attention a receiver's k and v are shared by
 its kv group, so patching them affects every query head in the group.
 """
@@ -30,8 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
-                                          logits_buffer, metric_value, patched_logits, patched_run, read_positions,
-                                          rounded)
+                                          metric_value, patched_run, rounded, sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 
@@ -127,8 +126,6 @@ def path_patching(model, clean_tokens, corrupt_tokens, metric: Metric, receiver:
 
     B, T = clean.shape
     per_chunk = batch_size or chunk_size(model, B, T)
-    reads = read_positions(metric, T)
-    buffer = logits_buffer(base, min(per_chunk, len(senders)), reads)
     values = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=torch.float64)
     by_layer: dict[int, list[int]] = {}
     for l, h in senders:
@@ -148,14 +145,10 @@ def path_patching(model, clean_tokens, corrupt_tokens, metric: Metric, receiver:
                 record = (receiver_hook, lambda act, hook: seen.append(act[:, :, slot:slot + 1].clone()))
                 patched_run(model, base, sl, sites, rows, stop=rl + 1, extra_hooks=[record])
                 recorded.append(seen[0].view(rows.stop - rows.start, B, T, 1, -1))
-            # Step 2: a clean run from the receiver's layer with only the receiver's input replaced.
+            # Step 2: a clean run from the receiver's layer with only the receiver's input replaced: an
+            # activation-patching sweep whose n patches each bring their own recorded input.
             site = Site(receiver_hook, torch.cat(recorded), (1,), torch.full((n, 1), slot), per_patch=True)
-            for lo in range(0, n, per_chunk):
-                rows = slice(lo, min(n, lo + per_chunk))
-                resid, computed = patched_run(model, base, rl, [site], rows, reads=reads)
-                logits = patched_logits(model, base, resid, computed, reads, buffer)
-                values[sl, heads[rows]] = torch.tensor([metric_value(metric, chunk) for chunk in logits],
-                                                       dtype=torch.float64)
-                bar.update(rows.stop - rows.start)
+            values[sl, heads] = sweep(model, base, rl, [site], metric, per_chunk, progress=False)
+            bar.update(n)
     return PathPatchResult((rl, rh), receiver_input, values, clean_value, corrupt_value,
                            getattr(metric, "__name__", "metric"))

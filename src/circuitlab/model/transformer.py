@@ -116,9 +116,11 @@ class Transformer(WeightViews, nn.Module):
         """Forward, caching the activations named by names_filter (default: all).
 
         names_filter: None, a name, a list of names, or a callable name -> bool.
-        incl_bwd: also backpropagate loss_fn(logits) (default: the mean next-token loss of
-        tokens) and cache each activation's gradient in cache.grads.
-        Returns (logits [batch, pos, d_vocab], ActivationCache). Without incl_bwd the cache is detached.
+        incl_bwd: also cache d loss_fn(logits) / d activation in cache.grads (default loss: the mean
+        next-token loss of tokens). The gradients come from torch.autograd.grad on the activations,
+        with the embeddings' outputs made leaves, so no parameter's .grad is touched and frozen
+        weights (requires_grad False) work.
+        Returns (logits [batch, pos, d_vocab], ActivationCache). The cache is always detached.
         """
         points = self.hook_points()
         if names_filter is None:
@@ -132,23 +134,31 @@ class Transformer(WeightViews, nn.Module):
 
         def save(t: torch.Tensor, hook: HookPoint) -> None:
             t = t if incl_bwd else t.detach()
-            acts[hook.name] = t.to(device) if device is not None else t
+            acts[hook.name] = t.to(device) if device is not None and not incl_bwd else t
 
-        def save_grad(g: torch.Tensor, hook: HookPoint) -> None:
-            grads[hook.name] = g.detach().to(device) if device is not None else g.detach()
-
-        fwd = [(n, save) for n in names]
-        bwd = [(n, save_grad) for n in names] if incl_bwd else []
-        with self.hooks(fwd, bwd):
-            if incl_bwd:
+        if not incl_bwd:
+            with self.hooks([(n, save) for n in names]), torch.no_grad():
                 logits = self(tokens)
-                metric = loss_fn(logits) if loss_fn is not None else lm_loss(logits[:, :-1], tokens[:, 1:])
-                metric.backward()
-                logits = logits.detach()
-                acts = {k: v.detach() for k, v in acts.items()}
-            else:
-                with torch.no_grad():
-                    logits = self(tokens)
+            return logits, ActivationCache(acts, grads, self)
+
+        def leaf(t: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+            return t.detach().requires_grad_(True)
+
+        # Every path from the tokens starts at an embedding output: as leaves, they make every later
+        # activation differentiable whatever the parameters' requires_grad.
+        roots = [(n, leaf) for n in ("hook_embed", "hook_pos_embed") if n in points]
+        with torch.enable_grad(), self.hooks(roots + [(n, save) for n in names]):
+            logits = self(tokens)
+            metric = loss_fn(logits) if loss_fn is not None else lm_loss(logits[:, :-1], tokens[:, 1:])
+            if not isinstance(metric, torch.Tensor) or not metric.requires_grad or metric.numel() != 1:
+                raise CircuitlabError("incl_bwd needs loss_fn(logits) to return one number computed from the "
+                                      "logits with torch operations (so it has a gradient)")
+            found = torch.autograd.grad(metric, list(acts.values()), allow_unused=True)
+        for (name, act), g in zip(acts.items(), found):
+            g = torch.zeros_like(act) if g is None else g.detach()
+            grads[name] = g.to(device) if device is not None else g
+        acts = {k: (v.detach().to(device) if device is not None else v.detach()) for k, v in acts.items()}
+        logits = logits.detach()
         return logits, ActivationCache(acts, grads, self)
 
     # ------------------------------------------------------------------ sizes and generation
