@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab.model import model_device
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
@@ -284,7 +285,7 @@ def top_activating_inputs(model, batches: Iterable[torch.Tensor] | torch.Tensor,
     if isinstance(batches, torch.Tensor):
         batches = [batches]
     name = f"blocks.{layer}.mlp.hook_post"
-    device = next(model.parameters()).device
+    device = model_device(model)
     n = len(neurons)
     best_vals = torch.empty(n, 0)
     best_seq = best_pos = torch.empty(n, 0, dtype=torch.long)

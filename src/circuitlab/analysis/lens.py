@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.model import model_device
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
@@ -76,7 +77,7 @@ def logit_lens(model, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=No
     if tokens.dim() != 1 or tokens.numel() == 0:
         raise CircuitlabError(f"logit_lens needs tokens [pos], got shape {tuple(tokens.shape)}")
     if cache is None:
-        device = next(model.parameters()).device
+        device = model_device(model)
         _, cache = model.run_with_cache(tokens[None].to(device),
                                         names_filter=lambda n: "resid" in n or n in ("hook_embed", "hook_pos_embed"))
     labels, resid = residual_points(model, cache)  # [point, 1, pos, d_model]

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from circuitlab.model import model_device
 from circuitlab.display import Displayed
 from circuitlab.analysis.patching import as_tokens, rounded
 from circuitlab.errors import CircuitlabError
@@ -231,7 +232,7 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
     if epochs < 1 or steps_per_batch < 1:
         raise CircuitlabError("epochs and steps_per_batch must be at least 1")
     stream = _passes(data, batch_size, epochs + 1)
-    device = next(model.parameters()).device
+    device = model_device(model)
     d = model.cfg.d_model
     state: dict[str, dict[str, Any]] = {}
 

@@ -25,11 +25,12 @@ import torch
 from circuitlab.analysis.ablation import ablate_and_measure, run_ablated
 from circuitlab.analysis.attribution_patching import attribution_vs_patching
 from circuitlab.analysis.path_patching import INPUTS, path_patching
-from circuitlab.analysis.patching import (check_pair, default_targets, logit_diff, logprob, model_device,
-                                          next_token_loss, patching_sweep)
+from circuitlab.analysis.patching import (check_pair, default_targets, logit_diff, logprob, next_token_loss,
+                                          patching_sweep)
 from circuitlab.analysis.probing import random_sequences, train_probes
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
+from circuitlab.model import model_device
 from circuitlab.names import head_name
 
 SEED = 0

@@ -20,7 +20,7 @@ from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.analysis.heads import classify_heads, in_context_learning_score, induction_test_tokens
 from circuitlab.analysis.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
-from circuitlab.analysis.patching import model_device
+from circuitlab.model import model_device
 from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult

@@ -24,6 +24,12 @@ from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.weights import WeightViews
 
 
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of a model's parameters (one home for the lookup every analysis needs)."""
+    return next(model.parameters()).device
+
+
 class Transformer(WeightViews, nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

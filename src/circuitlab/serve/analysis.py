@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.model import model_device
 from circuitlab.errors import CircuitlabError
 
 PATTERN_DIGITS = 4   # attention weights are rounded to this many decimals
@@ -136,7 +137,7 @@ def analyse(model, tokenizer, ids: list[int], target: str | int | None = None, p
         raise CircuitlabError(f"position {position} is outside the prompt's {T} tokens")
     pos %= T
     target_id = resolve_target(tokenizer, cfg.d_vocab, target)
-    device = next(model.parameters()).device
+    device = model_device(model)
     tokens = torch.tensor(ids, dtype=torch.long, device=device)
     logits, cache = model.run_with_cache(tokens[None])
     probs = logits[0, pos].float().softmax(dim=-1)

@@ -1,0 +1,95 @@
+"""Every check of a patching request, made before any compute: tokens, the prompt pair, the metric,
+layers, direction. Each failure is one CircuitlabError line."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from circuitlab.analysis.patching_metrics import Metric
+from circuitlab.analysis.patching_targets import get_target
+from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
+from circuitlab.model.hooks import act_name
+
+DIRECTIONS = ("denoise", "noise")
+
+
+def as_tokens(model, tokens: torch.Tensor | Sequence, what: str = "tokens") -> torch.Tensor:
+    """tokens [batch, pos] or [pos] -> LongTensor [batch, pos] on the model's device, checked."""
+    t = torch.as_tensor(tokens)
+    if t.dim() == 1:
+        t = t[None]
+    if t.dim() != 2 or t.shape[1] == 0 or t.shape[0] == 0:
+        raise CircuitlabError(f"{what} must be token ids shaped [batch, pos] or [pos], got shape {tuple(t.shape)}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise CircuitlabError(f"{what} must be integer token ids, got {t.dtype}")
+    if int(t.min()) < 0 or int(t.max()) >= model.cfg.d_vocab:
+        raise CircuitlabError(f"{what} hold ids outside the vocabulary [0, {model.cfg.d_vocab}): "
+                              f"min {int(t.min())}, max {int(t.max())}")
+    if t.shape[1] > model.cfg.n_ctx:
+        raise CircuitlabError(f"{what} have {t.shape[1]} positions, more than the model's context n_ctx="
+                              f"{model.cfg.n_ctx}")
+    return t.long().to(model_device(model))
+
+
+def check_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both prompts as token tensors [batch, pos] of the same shape, or a CircuitlabError."""
+    clean, corrupt = as_tokens(model, clean, "clean tokens"), as_tokens(model, corrupt, "corrupted tokens")
+    if clean.shape != corrupt.shape:
+        raise CircuitlabError(
+            f"clean and corrupted prompts must have the same shape [batch, pos] so that positions line up; got "
+            f"clean {list(clean.shape)} and corrupted {list(corrupt.shape)} tokens (reword one prompt to match)")
+    return clean, corrupt
+
+
+def check_metric(model, metric: Metric, shape: tuple[int, int]) -> None:
+    """Call the metric on zero logits [batch, pos, d_vocab]: it must return one number. Costs no forward pass."""
+    if not callable(metric):
+        raise CircuitlabError(f"the metric must be a function of the logits, got {type(metric).__name__}")
+    param = next(model.parameters())
+    dummy = torch.zeros(*shape, model.cfg.d_vocab, device=param.device, dtype=param.dtype)
+    try:
+        out = metric(dummy)
+    except CircuitlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure here is in the user's metric
+        raise CircuitlabError(f"the metric failed on logits of shape {list(dummy.shape)}: "
+                              f"{type(e).__name__}: {e}") from None
+    numel = out.numel() if isinstance(out, torch.Tensor) else (1 if isinstance(out, (int, float)) else 0)
+    if numel != 1:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise CircuitlabError(f"the metric must return a scalar (one number) but returned {got} for logits "
+                              f"{list(dummy.shape)}; reduce it, e.g. with .mean()")
+
+
+def check_layers(model, layers: Sequence[int] | None) -> list[int]:
+    n = model.cfg.n_layers
+    if layers is None:
+        return list(range(n))
+    layers = [int(l) for l in layers]
+    bad = [l for l in layers if not 0 <= l < n]
+    if bad:
+        raise CircuitlabError(f"layer(s) {bad} out of range: the model has {n} layers (0..{n - 1})")
+    return layers
+
+
+def check_direction(direction: str) -> None:
+    if direction not in DIRECTIONS:
+        raise CircuitlabError(f"direction must be 'denoise' (clean into the corrupted run) or 'noise' "
+                              f"(corrupted into the clean run), got {direction!r}")
+
+
+def check_request(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+                  layers: Sequence[int] | None):
+    """Every check of a patching request, before any compute. Returns (targets, layers, base tokens,
+    source tokens, the hook names to cache): denoising runs the corrupted prompt and takes
+    activations from the clean one, noising the other way round."""
+    check_direction(direction)
+    clean, corrupt = check_pair(model, clean, corrupt)
+    check_metric(model, metric, tuple(clean.shape))
+    chosen = [get_target(model, t) for t in targets]
+    layers = check_layers(model, layers)
+    base_tokens, source_tokens = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
+    hooks = sorted({act_name(t.hook, l) for t in chosen for l in layers})
+    return chosen, layers, base_tokens, source_tokens, hooks
