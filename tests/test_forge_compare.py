@@ -171,7 +171,7 @@ def _profile(mass: dict[str, float], top_weight: float, variability: float) -> d
 
 def test_findings_state_what_the_numbers_say():
     """findings() on a made-up comparison: each rule fires on the numbers built to trigger it."""
-    from circuitlab.experiments.forge_compare import findings
+    from circuitlab.experiments.forge_findings import findings
 
     hand = {"L0H0": _profile({"a, same column": 1.0}, 1.0, 0.0), "L0H1": _profile({"b, same column": 1.0}, 1.0, 0.0),
             "L1H0": _profile({"lower columns": 1.0}, 1.0, 0.1)}

@@ -30,17 +30,19 @@ import torch
 
 from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
+from circuitlab.experiments.forge_findings import findings
 from circuitlab.forge.adder import EOS, Adder, TokenAdder, add_digits, build_carry_adder, digits_of
 from circuitlab.forge.compare import (_all_heads, _label, addition_problems, answer_agreement, attention_patterns,
                                       check_token_adder, ov_alignment, ov_subspace)
 from circuitlab.model.transformer import Transformer
+from circuitlab.report.markdown import forge_compare_markdown
+from circuitlab.viz.forge_compare import write_comparison_figures
 
 Head = tuple[int, int]
 
 DEFAULT_STEPS = 2000     # 2+2 digits: every answer right for seeds 0..3, ~20 s on one CPU core (docs/forge.md)
 EXHAUSTIVE_PAIRS = 100_000  # accuracy on every pair up to this many, else on 10,000 random pairs
 CATEGORIES = ("a, same column", "b, same column", "lower columns", "higher columns", "EOS", "answer digits")
-MATCH, PARTLY = 0.8, 0.5  # agreement thresholds of "attends like" and "partly like"
 
 # What each head of the hand-built carry adder does, by design (build_carry_adder's docstring).
 CARRY_ROLES = {
@@ -349,333 +351,6 @@ def _example_patterns(model: Transformer, tokens: torch.Tensor, n: int, m: int, 
     return {_label(h): [[round(float(x), 4) for x in row] for row in p[i]] for i, h in enumerate(heads)}
 
 
-# ---------------------------------------------------------------------- the findings, in words
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%" if x < 0.9995 or x == 1 else f"{100 * x:.2f}%"
-
-
-def _where(profile: dict[str, Any], limit: float = 0.15) -> str:
-    """The attention categories that take at least `limit` of a head's attention, largest first."""
-    mass = sorted(profile["mass"].items(), key=lambda kv: -kv[1])
-    parts = [f"{c} {v:.2f}" for c, v in mass if v >= limit] or [f"{mass[0][0]} {mass[0][1]:.2f}"]
-    return ", ".join(parts)
-
-
-def findings(results: dict[str, Any]) -> list[str]:
-    """What the comparison found, as sentences computed from results (summarize_comparison's dict)."""
-    out = []
-    acc = results["accuracy"]
-    th, tt = acc["hand"], acc["trained"]
-    which = f"of all {tt['total']:,}" if tt["exhaustive"] else f"of {tt['total']:,} random"
-    line = (f"Accuracy: the trained model answers {tt['correct']:,} {which} problems exactly "
-            f"({_pct(tt['accuracy'])}); the hand-built adder {th['correct']:,} ({_pct(th['accuracy'])}).")
-    if acc.get("trained_heldout"):
-        h = acc["trained_heldout"]
-        gap = h["accuracy"] - tt["accuracy"]
-        verdict = ("about as many as overall, so what it learned carries over to pairs it never saw."
-                   if gap >= -0.02 else "fewer than overall, so part of what it learned is memorised pairs.")
-        line += (f" On the {h['total']:,} pairs held out of training it gets {h['correct']:,} right "
-                 f"({_pct(h['accuracy'])}): {verdict}")
-    out.append(line)
-
-    agree = torch.tensor(results["agreement"]["agreement"])
-    hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
-    prof_h, prof_t = results["attention"]["hand"], results["attention"]["trained"]
-    roles = results.get("roles", {})
-    matched = set()
-    for i, hh in enumerate(hand_heads):
-        j = int(agree[i].argmax())
-        th_, g = other_heads[j], float(agree[i, j])
-        role = f" ({roles[hh]})" if roles.get(hh) else ""
-        where_h, where_t = _where(prof_h[hh]), _where(prof_t[th_])
-        if g >= MATCH:
-            matched.add(th_)
-            out.append(f"Hand-built {hh}{role} is matched by trained {th_}: attention agreement {g:.2f}. "
-                       f"Both attend to {where_t} (hand-built: {where_h}).")
-        elif g >= PARTLY:
-            matched.add(th_)
-            out.append(f"Hand-built {hh}{role} is only partly matched: the closest trained head, {th_}, agrees "
-                       f"{g:.2f}. The hand-built head puts its attention on {where_h}; {th_} on {where_t}.")
-        else:
-            out.append(f"No trained head attends like hand-built {hh}{role}: the best agreement is {g:.2f} "
-                       f"({th_}). The hand-built head puts its attention on {where_h}; {th_} on {where_t}.")
-
-    # Differences, measured on the attention categories.
-    diffs = []
-    for pair, row in results.get("merged_agreement", {}).items():
-        best_t = max(row, key=row.get)
-        single = max(float(agree[hand_heads.index(h), other_heads.index(best_t)]) for h in pair.split("+"))
-        if row[best_t] >= PARTLY and row[best_t] >= single + 0.1:
-            matched.add(best_t)
-            diffs.append(f"trained {best_t} agrees {row[best_t]:.2f} with the average of hand-built "
-                         f"{' and '.join(pair.split('+'))} (against {single:.2f} with either alone): one trained head "
-                         "does the work of both")
-    both = [h for h in other_heads if prof_t[h]["mass"]["a, same column"] >= 0.2
-            and prof_t[h]["mass"]["b, same column"] >= 0.2]
-    for h in both:
-        ms = prof_t[h]["mass"]
-        diffs.append(f"trained {h} reads both digits of the answer's column in one head (a {ms['a, same column']:.2f}, "
-                     f"b {ms['b, same column']:.2f}), where the hand-built adder uses one head for a and one for b")
-
-    def layer_mass(prof: dict[str, Any], layer: int, cat: str) -> float:
-        return sum(v["mass"][cat] for k, v in prof.items() if k.startswith(f"L{layer}H"))
-
-    low_h0, low_t0 = layer_mass(prof_h, 0, "lower columns"), layer_mass(prof_t, 0, "lower columns")
-    low_h1, low_t1 = layer_mass(prof_h, 1, "lower columns"), layer_mass(prof_t, 1, "lower columns")
-    if low_t0 >= 0.2 and low_t0 > low_h0 + 0.1:
-        diffs.append(f"the trained model's layer 0 already attends to the digits of lower columns (attention mass "
-                     f"{low_t0:.2f}, summed over its heads; hand-built layer 0: {low_h0:.2f}): it reads the digits a "
-                     f"carry depends on directly, where the hand-built adder first computes a carry flag per column "
-                     f"(MLP 0) and looks it up in layer 1 (lower-column mass, summed over heads: hand-built "
-                     f"{low_h1:.2f}, trained {low_t1:.2f})")
-    elif low_t1 >= 0.2:
-        diffs.append(f"like the hand-built adder, the trained model reads lower columns (where carries come from) in "
-                     f"layer 1 (attention mass {low_t1:.2f}; hand-built {low_h1:.2f}), not in layer 0 ({low_t0:.2f})")
-    elif max(low_t0, low_t1) < 0.1 and low_h1 >= 0.1:
-        diffs.append(f"no trained head looks at lower columns much (layer 0: {low_t0:.2f}, layer 1: {low_t1:.2f}; "
-                     f"the hand-built carry head: {low_h1:.2f}): whatever carries the trained model computes, it "
-                     "does not fetch them by attention to the lower columns")
-
-    sharp_h = sum(v["top_weight"] for v in prof_h.values()) / max(1, len(prof_h))
-    sharp_t = sum(v["top_weight"] for v in prof_t.values()) / max(1, len(prof_t))
-    if sharp_t < sharp_h - 0.1:
-        diffs.append(f"the trained heads spread their attention: their largest weight averages {sharp_t:.2f}, "
-                     f"against {sharp_h:.2f} for the hand-built heads, which each pick one key")
-    var_h = max(v["variability"] for v in prof_h.values())
-    varied = {h: v["variability"] for h, v in prof_t.items() if v["variability"] >= var_h + 0.1}
-    if varied:
-        most = max(prof_h, key=lambda h: prof_h[h]["variability"])
-        diffs.append(f"trained {', '.join(varied)} change where they look with the digits more than any hand-built "
-                     "head "
-                     f"(variability {', '.join(f'{v:.2f}' for v in varied.values())}, against at most {var_h:.2f} for "
-                     f"hand-built {most}): they choose keys by content, where the hand-built heads choose by position"
-                     + (" (except the carry lookup)" if var_h >= 0.05 else ""))
-    for h, v in prof_t.items():
-        fed = v["mass"]["answer digits"] + v["mass"]["EOS"]
-        if fed >= 0.4 and h not in matched:
-            diffs.append(f"trained {h} puts {fed:.2f} of its attention on EOS and the answer digits already "
-                         "written: it reads the output so far, which no hand-built head does "
-                         "(they use EOS only as the stand-in digit 0 for a missing digit)")
-    unmatched = [h for h in other_heads if h not in matched and not any(f"trained {h} " in d for d in diffs)]
-    for h in unmatched:
-        diffs.append(f"trained {h} matches no hand-built head; it attends to {_where(prof_t[h])}")
-
-    # OV subspaces, against chance and against the plain digits-vs-EOS contrast.
-    ov_in, ov_out = results["ov"]["input"], results["ov"]["output"]
-    for i, hh in enumerate(hand_heads):
-        j = int(agree[i].argmax())
-        cell, th_ = ov_in[i][j], other_heads[j]
-        if cell["rank_hand"] == 0:
-            diffs.append(f"hand-built {hh} reads nothing straight from the token embeddings (only what earlier "
-                         "layers computed), so its OV input subspace has no token-space counterpart to compare")
-            continue
-        top, chance, base = cell["top_similarity"], cell["top_chance"], cell.get("digits_vs_eos_baseline")
-        verdict = ("well above" if top >= max(0.5, 3 * chance) else "above" if top >= 1.5 * chance else "near")
-        line = (f"OV input: against what hand-built {hh} reads from the tokens (a {cell['rank_hand']}-dim subspace), "
-                f"the top direction(s) that {th_} reads score {top:.2f}, {verdict} chance ({chance:.2f})")
-        if base is not None and base >= chance:
-            line += (f"; but a head that only tells digits from EOS would already score {base:.2f}"
-                     + (", and this one does not beat that" if top <= base else ""))
-        diffs.append(line)
-    share_h, share_t = results["ov"]["digit_value_share"]["hand"], results["ov"]["digit_value_share"]["trained"]
-    valued = {h: v for h, v in share_h.items() if v is not None and v > 0.99}
-    if valued:
-        parts = ", ".join(f"{h} {v:.2f}" for h, v in share_t.items() if v is not None)
-        best_h = max((h for h, v in share_t.items() if v is not None), key=lambda h: share_t[h], default=None)
-        best_t = share_t[best_h] if best_h is not None else 0.0
-        diffs.append(f"hand-built {' and '.join(valued)} read only the numeric value of a digit (share 1.00); of "
-                     f"what each trained head reads from the digit tokens, the share that is the digit's value "
-                     f"(linear in d) is {parts or 'none'} (a head reading the digits at random: 0.11): "
-                     + (f"trained {best_h} reads the value much like the hand-built ones" if best_t >= 0.8 else
-                        "the trained heads read the digits partly by value, partly as other features"
-                        if best_t >= 0.3 else "the trained heads read the digits as other features than their value"))
-    tops = [c["top_similarity"] for row in ov_out for c in row if c["top_similarity"] is not None]
-    chances = [c["top_chance"] for row in ov_out for c in row if c["top_chance"] is not None]
-    if tops and max(tops) < 2 * max(chances):
-        diffs.append(f"no trained head writes the hand-built heads' output direction (the digit value, read by the "
-                     f"unembedding) straight into the logits: output similarity at most {max(tops):.2f}, chance "
-                     f"{max(chances):.2f}; what the trained heads write goes to later layers and the MLPs")
-    out += [f"{d[0].upper()}{d[1:]}." for d in diffs]
-    return out
-
-
-# ---------------------------------------------------------------------- figures and the report
-def write_figures(out: Path, results: dict[str, Any]) -> list[str]:
-    """PNG figures of the comparison into out; returns their file names."""
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    names = []
-    labels = results["positions"]
-    n, m = results["digits"]
-    K = max(n, m) + 1
-    qlabels = [f"{q}→s{K - 1 - r}" for r, q in enumerate(labels[n + m:])]  # each query and the digit it predicts
-    for kind, title in (("attention_mean", "mean attention at the answer positions, {s} problems"),
-                        ("attention_example", "attention on {a} + {b}")):
-        src = {"hand": {h: v["mean_pattern"] for h, v in results["attention"]["hand"].items()},
-               "trained": {h: v["mean_pattern"] for h, v in results["attention"]["trained"].items()}}
-        if kind == "attention_example":
-            src = {"hand": results["example"]["hand"], "trained": results["example"]["trained"]}
-        cols = max(len(src["hand"]), len(src["trained"]))
-        fig = Figure(figsize=(3.2 * cols + 1, 6.4), layout="constrained")
-        axes = fig.subplots(2, cols, squeeze=False)
-        for r, model in enumerate(("hand", "trained")):
-            heads = list(src[model])
-            for c in range(cols):
-                ax = axes[r][c]
-                if c >= len(heads):
-                    ax.axis("off")
-                    continue
-                h = heads[c]
-                im = ax.imshow(src[model][h], vmin=0, vmax=1, cmap="viridis", aspect="auto")
-                ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)
-                ax.set_yticks(range(len(qlabels)), qlabels, fontsize=8)
-                ax.set_title(f"{'hand-built' if model == 'hand' else 'trained'} {h}", fontsize=10)
-                if c == 0:
-                    ax.set_ylabel("query (→ digit it predicts)")
-        fig.colorbar(im, ax=axes, shrink=0.6, label="attention")
-        ex = results["example"]
-        fig.suptitle(title.format(s=results["samples"], a=ex["a"], b=ex["b"]))
-        fig.savefig(out / f"{kind}.png", dpi=110)
-        names.append(f"{kind}.png")
-
-    hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
-    mats = [("attention agreement", results["agreement"]["agreement"])]
-    for side in ("input", "output"):
-        mats.append((f"OV {side} similarity (top directions)",
-                     [[c["top_similarity"] for c in row] for row in results["ov"][side]]))
-    fig = Figure(figsize=(4.2 * len(mats), 0.6 * len(hand_heads) + 2.4), layout="constrained")
-    axes = fig.subplots(1, len(mats), squeeze=False)[0]
-    for ax, (title, mat) in zip(axes, mats):
-        values = torch.tensor([[math.nan if v is None else v for v in row] for row in mat], dtype=torch.float64)
-        cmap = matplotlib.colormaps["magma"].with_extremes(bad="lightgray")
-        im = ax.imshow(values.numpy(), vmin=0, vmax=1, cmap=cmap, aspect="auto")
-        ax.set_xticks(range(len(other_heads)), other_heads)
-        ax.set_yticks(range(len(hand_heads)), hand_heads)
-        ax.set_xlabel("trained head")
-        ax.set_ylabel("hand-built head")
-        ax.set_title(title, fontsize=10)
-        for i in range(values.shape[0]):
-            for j in range(values.shape[1]):
-                v = values[i, j].item()
-                ax.text(j, i, "—" if math.isnan(v) else f"{v:.2f}", ha="center", va="center",
-                        color="white" if not math.isnan(v) and v < 0.6 else "black", fontsize=9)
-    fig.colorbar(im, ax=list(axes), shrink=0.8)
-    fig.savefig(out / "similarity.png", dpi=110)
-    names.append("similarity.png")
-
-    train = results.get("training") or {}
-    if train.get("loss_curve"):
-        fig = Figure(figsize=(6, 3.6), layout="constrained")
-        ax = fig.subplots()
-        steps, loss = zip(*train["loss_curve"])
-        ax.plot(steps, loss, label="training loss (every position)")
-        if train.get("val_curve"):
-            vs, vl = zip(*train["val_curve"])
-            ax.plot(vs, vl, "o-", label="held-out loss")
-        ax.axhline(results["training"]["loss_floor"], color="gray", ls="--",
-                   label="floor: unpredictable digits of a and b")
-        ax.set_xlabel("step")
-        ax.set_ylabel("next-token loss")
-        ax.legend(fontsize=8)
-        fig.savefig(out / "training.png", dpi=110)
-        names.append("training.png")
-    return names
-
-
-def write_report(out: Path, results: dict[str, Any], figures: list[str]) -> Path:
-    """report.md: what was run, the numbers, the figures, and the findings."""
-    n, m = results["digits"]
-    acc = results["accuracy"]
-    lines = [f"# Hand-built vs trained adder ({n}+{m} digits)", ""]
-    train = results.get("training")
-    if train:
-        how = ("reused from an earlier run with the same settings" if train["reused"]
-               else f"trained now in {train['seconds']:.1f} s")
-        lines += [f"Trained model: {train['model']} — {train['steps']} steps of batch {train['batch_size']} "
-                  f"on `{train['source']}` (seed {train['seed']}), {how}. Final training loss "
-                  f"{_num(train['final_loss'])}, held-out loss {_num(train['final_val_loss'])} (the loss covers every "
-                  f"position; the digits of a and b are unpredictable, a floor of {train['loss_floor']:.3f}).", ""]
-    lines += ["Hand-built model: `build_carry_adder` (2 layers, 2 heads, two 4-neuron MLPs; L1H1 is unused).",
-              "", "## What the comparison found", ""]
-    lines += [f"- {f}" for f in results["findings"]]
-    lines += ["", "## Accuracy", "", "| model | correct | of | accuracy |", "|---|---|---|---|"]
-    for name, key in (("hand-built", "hand"), ("trained", "trained"), ("trained, held-out pairs", "trained_heldout")):
-        a = acc.get(key)
-        if a:
-            lines.append(f"| {name} | {a['correct']:,} | {a['total']:,} | {_pct(a['accuracy'])} |")
-    lines += ["", "## Where each head attends", "",
-              f"Positions: {' '.join(results['positions'])} (xj = digit of x at 10^j, s = the sum; EOS predicts the "
-              "first answer digit). Attention mass on each kind of key, averaged over the answer positions and "
-              f"{results['samples']} random problems; top weight = mean of each pattern's largest weight; "
-              "variability = mean total-variation distance of a pattern from the head's mean pattern (0 = the same "
-              "on every input).", "",
-              "| model | head | " + " | ".join(results["categories"])
-              + " | top weight | variability | most attended key per query |",
-              "|---|---|" + "---|" * (len(results["categories"]) + 3)]
-    for model, name in (("hand", "hand-built"), ("trained", "trained")):
-        for h, v in results["attention"][model].items():
-            keys = "; ".join(f"{t['query']}→{t['keys'][0][0]} {t['keys'][0][1]:.2f}" for t in v["top_keys"])
-            lines.append(f"| {name} | {h} | " + " | ".join(f"{v['mass'][c]:.2f}" for c in results["categories"])
-                         + f" | {v['top_weight']:.2f} | {v['variability']:.2f} | {keys} |")
-    hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
-    lines += ["", "## Attention agreement", "",
-              "1 − total-variation distance between the two heads' patterns at the answer positions, averaged "
-              "over the problems (1 = identical, 0 = disjoint).", "",
-              "| hand-built \\ trained | " + " | ".join(other_heads) + " |", "|---|" + "---|" * len(other_heads)]
-    for h, row in zip(hand_heads, results["agreement"]["agreement"]):
-        lines.append(f"| {h} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
-    lines += ["", "## OV alignment", "",
-              "Principal angles between what the heads read from the token embeddings (input: column space of "
-              "W_E·W_OV) or write to the logits (output: of (W_OV·W_U)ᵀ), in token space, with the trained model's "
-              "LayerNorm folded in. Similarity = mean cos² of the angles. *Top*: the trained head's top "
-              "directions, as many as the hand-built head's rank, with chance = rank / 11; *full*: its whole "
-              "subspace, with chance = larger rank / 11 (a high-rank subspace contains almost anything). "
-              "Hand-built heads that read or write nothing in token space are left out.", "",
-              "| side | hand-built | trained | rank (hand, trained) | top similarity | chance | full similarity "
-              "| chance |",
-              "|---|---|---|---|---|---|---|---|"]
-    for side in ("input", "output"):
-        for i, h in enumerate(hand_heads):
-            for j, t in enumerate(other_heads):
-                c = results["ov"][side][i][j]
-                if c["rank_hand"]:
-                    lines.append(f"| {side} | {h} | {t} | {c['rank_hand']}, {c['rank_other']} | "
-                                 f"{_num(c['top_similarity'])} | {_num(c['top_chance'])} | {_num(c['similarity'])} | "
-                                 f"{_num(c['chance'])} |")
-    base = next((c["digits_vs_eos_baseline"] for row in results["ov"]["input"] for c in row
-                 if c.get("digits_vs_eos_baseline") is not None), None)
-    if base is not None:
-        lines += ["", f"Input similarity has a floor besides chance: a head that only tells digits from EOS scores "
-                      f"{base:.2f} against the hand-built digit-value direction [0, 1, …, 9, 0]. The share of the "
-                      "digit value removes it: of the rows of W_E·W_OV for digits 0..9, centered over the digits, "
-                      "the share of their squared norm along (d − 4.5); 1 = reads only the value, about 0.11 = "
-                      "reads the digits at random."]
-    shares = results["ov"]["digit_value_share"]
-    lines += ["", "| | " + " | ".join(f"{name} {h}" for name in ("hand-built", "trained")
-                                            for h in shares["hand" if name == "hand-built" else "trained"]) + " |",
-              "|---|" + "---|" * (len(shares["hand"]) + len(shares["trained"])),
-              "| digit-value share | " + " | ".join(_num(v) for part in ("hand", "trained")
-                                                    for v in shares[part].values()) + " |"]
-    lines += ["", "## Figures", ""]
-    captions = {"attention_mean.png": "Mean attention from each answer position (rows: the query and the digit it "
-                                      "predicts) to each position, hand-built heads above, trained heads below.",
-                "attention_example.png": f"The same on one problem, {results['example']['a']} + "
-                                         f"{results['example']['b']} (a carry through a column summing to 9).",
-                "similarity.png": "Attention agreement and OV similarity of every hand-built head with every "
-                                  "trained head (— = the hand-built head reads or writes nothing in token space).",
-                "training.png": "Training loss and held-out loss of the trained model."}
-    for f in figures:
-        lines += [f"![{f}]({f})", "", captions.get(f, ""), ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
-
-
-def _num(x: Any) -> str:
-    return "—" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
-
-
 # ---------------------------------------------------------------------- the whole command
 def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, digits_b: int | None = None,
                       steps: int = DEFAULT_STEPS, seed: int = 0, samples: int = 1000, retrain: bool = False,
@@ -702,13 +377,13 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
                            "source": run.data.source, "out": str(out / "trained"),
                            "model": f"2 layers x 2 heads, d_model 64, MLP 256 ({model.cfg.norm}, learned positions)",
                            "loss_floor": (n + m - 1) * math.log(10) / (row - 1)}
-    figures = write_figures(out, results)
+    figures = write_comparison_figures(out, results)
     results["figures"] = figures
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    write_report(out, results, figures)
+    (out / "report.md").write_text(forge_compare_markdown(results, figures))
     return results
 
 
 __all__ = ["CATEGORIES", "DEFAULT_STEPS", "addition_run_config", "attention_profile", "findings", "heldout_accuracy",
            "key_categories", "position_labels", "run_forge_compare", "summarize_comparison",
-           "train_addition_model", "write_figures", "write_report"]
+           "train_addition_model"]
