@@ -36,3 +36,40 @@ def test_every_experiment_writes_figures_and_json(preset, tmp_path):
     with pytest.raises(CircuitlabError, match="no tokens"):
         EXPERIMENTS["attribution"](model, type("Empty", (CharTokenizer,), {"encode": lambda s, t: []})(),
                                    tmp_path, "x")
+
+
+class LetterTokenizer:
+    """Letters a.. for the hand-built model's 20 tokens."""
+    vocab_size, eos_id = 20, None
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) - ord("a") for c in text if "a" <= c <= "t"]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_experiments_find_the_hand_built_induction_circuit(tmp_path):
+    """On forge's induction model the experiments must name what it was built to do: L1H0 the induction
+    head, L0H0 its previous-token head; the lens and the attribution must agree with the model's logits."""
+    from circuitlab.forge import build_induction_model
+
+    model = build_induction_model(d_vocab=20, n_ctx=32).model
+    tok = LetterTokenizer()
+    circuits = EXPERIMENTS["circuits"](model, tok, tmp_path, "abcdefgabcdef")
+    assert circuits.data["induction"]["head"] == "L1H0" and circuits.data["induction"]["labelled"]
+    assert circuits.data["induction"]["prev_token_head"] == "L0H0"
+    heads = EXPERIMENTS["heads"](model, tok, tmp_path, None)
+    assert "induction" in heads.data["labels_by_head"]["L1H0"]
+    assert "previous-token" in heads.data["labels_by_head"]["L0H0"]
+    assert heads.data["icl"]["score"] < 0  # later tokens of tiled sequences are easier to predict
+    prompt = "abcdefgabcdef"
+    ids = torch.tensor(tok.encode(prompt))
+    logits = model(ids[None])[0, -1]
+    lens = EXPERIMENTS["logit_lens"](model, tok, tmp_path, prompt)
+    assert lens.data["top_strs"][-1][-1][0] == tok.decode([int(logits.argmax())]) == "g"  # induction: after f, g
+    attribution = EXPERIMENTS["attribution"](model, tok, tmp_path, prompt)
+    top2 = logits.topk(2).indices.tolist()
+    assert attribution.data["answer"] == tok.decode([top2[0]])
+    assert attribution.data["attribution"]["logit"] == pytest.approx(float(logits[top2[0]] - logits[top2[1]]),
+                                                                      abs=1e-3)

@@ -36,8 +36,18 @@ def test_head_detection_and_classification(pair):
     for name in heads.DETECTORS:
         s = scores[name]
         assert s.shape == shape and bool(((s >= 0) & (s <= 1 + 1e-6)).all()), name
+    # The previous-token score is the mean attention from each query to the key just before it.
+    patterns = torch.stack([cache["pattern", l] for l in range(model.cfg.n_layers)])  # [layer, batch, head, q, k]
+    q = torch.arange(1, ids.shape[1])
+    naive = patterns[:, :, :, q, q - 1].mean(dim=(1, 3))
+    torch.testing.assert_close(scores["previous_token"], naive, rtol=1e-5, atol=1e-6)
+    # Labels agree with their evidence, name heads that exist, and the summary lists each once.
     classes = heads.classify_heads(model, tokens=ids)
-    assert isinstance(classes.summary(), list)
+    assert all(lab.assigned for lab in classes.labels) and not any(lab.assigned for lab in classes.rejected)
+    assert all(0 <= lab.layer < shape[0] and 0 <= lab.head < shape[1] for lab in classes.labels + classes.rejected)
+    for l, h in classes.heads_with("previous-token"):
+        assert float(scores["previous_token"][l, h]) >= heads.THRESHOLDS["previous_token"]
+    assert len(classes.summary()) == len(classes.labels) + len(classes.rejected)
 
 
 def test_logit_lens_ends_at_the_models_own_prediction(pair):

@@ -65,6 +65,15 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
         assert abs(a - b) < 1e-4
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it), so parallel test runs do not collide."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_ddp_two_processes_match_one(tmp_path):
     cfg = tiny(tmp_path, steps=6, eval_every=3, track_every=3, ckpt_every=6)
     train(cfg, tmp_path / "single", progress=False)
@@ -74,7 +83,7 @@ def test_ddp_two_processes_match_one(tmp_path):
                                                               "cache_dir": str(tmp_path / "ddp-cache")}}))
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(torchrun), "--nproc_per_node=2", "--master_port=29517", "-m", "circuitlab.cli",
+    proc = subprocess.run([str(torchrun), "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "circuitlab.cli",
                            "train", "--config", str(path), "--out", str(tmp_path / "ddp"), "--no-progress"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
