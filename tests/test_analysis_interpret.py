@@ -65,7 +65,8 @@ def test_experiments_find_the_hand_built_induction_circuit(tmp_path):
     assert heads.data["icl"]["score"] < 0  # later tokens of tiled sequences are easier to predict
     prompt = "abcdefgabcdef"
     ids = torch.tensor(tok.encode(prompt))
-    logits = model(ids[None])[0, -1]
+    with torch.no_grad():
+        logits = model(ids[None])[0, -1]
     lens = EXPERIMENTS["logit_lens"](model, tok, tmp_path, prompt)
     assert lens.data["top_strs"][-1][-1][0] == tok.decode([int(logits.argmax())]) == "g"  # induction: after f, g
     attribution = EXPERIMENTS["attribution"](model, tok, tmp_path, prompt)

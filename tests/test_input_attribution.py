@@ -15,6 +15,7 @@ from circuitlab.cli import main
 from circuitlab.data import CharTokenizer
 from circuitlab.forge import EOS, build_carry_adder, build_induction_model
 from circuitlab.training import save_checkpoint
+from circuitlab.viz import tokens as _token_views  # noqa: F401  registers the Jupyter display
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,6 +26,7 @@ from typing import Any, Union
 import torch
 
 from circuitlab.analysis._json import rounded
+from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
@@ -35,7 +36,7 @@ DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model
 
 
 @dataclass
-class InputAttribution:
+class InputAttribution(Displayed):
     """Attribution of one prediction to the input positions of one sequence.
 
     scores [pos]: one number per input token (for ig and grad-x-input they sum, over positions, to
@@ -91,11 +92,6 @@ class InputAttribution:
         if self.token_strs is not None:
             d.update(token_strs=self.token_strs, target_str=self.target_str, foil_str=self.foil_str)
         return d
-
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.tokens import attribution_html
-
-        return attribution_html(self)
 
 
 # ---------------------------------------------------------------------------- inputs

@@ -5,6 +5,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from circuitlab.analysis.input_attribution import InputAttribution
+from circuitlab.display import renders
 from circuitlab.viz import token_label
 
 
@@ -42,3 +44,7 @@ def attribution_html(result: Any) -> str:
     parts.append('<div style="color:#555">blue: pushes the metric up, red: down; hover a token for its score'
                  "</div></div>")
     return "".join(parts)
+
+
+# How an InputAttribution displays in Jupyter (circuitlab.display): its tokens, shaded.
+renders(InputAttribution)(attribution_html)
