@@ -236,12 +236,7 @@ def neuron_output_tokens(model, layer: int, neurons: list[int] | None = None, k:
     positive and does not change which tokens rank highest. neurons default: all of the layer.
     """
     neurons = _check_neurons(model, layer, neurons)
-    directions = model.W_out[layer, neurons]  # [neuron, d_model]
-    if model.cfg.norm == "layernorm":
-        directions = directions - directions.mean(dim=-1, keepdim=True)
-    if model.cfg.norm != "none":
-        directions = directions * model.ln_final.w
-    logits = directions @ model.W_U  # [neuron, d_vocab]
+    logits = model.unembed_directions(model.W_out[layer, neurons])  # [neuron, d_vocab]
     k = min(k, logits.shape[-1])
     top_values, top_tokens = logits.topk(k, dim=-1)
     bottom_values, bottom_tokens = logits.topk(k, dim=-1, largest=False)

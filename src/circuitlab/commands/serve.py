@@ -11,6 +11,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,
                    help="a run or checkpoint directory for the explorer page (without one, only the adder "
                         "page works)")
+    p.add_argument("--dictionary", action="append", default=[], metavar="DIR",
+                   help="a sparse dictionary folder trained on the checkpoint's model, for the feature browser at "
+                        "/features (repeat for several; its dashboards/ subfolder is used when present)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; anything else exposes the "
                         "explorer to your network)")
@@ -53,12 +56,14 @@ def run(args: argparse.Namespace) -> int:
     loopback = args.host in LOOPBACK_HOSTS
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
     app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
-                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device)
+                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device,
+                     dictionaries=args.dictionary)
     check_port_free(args.host, args.port)
     import uvicorn
 
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder; Ctrl-C stops)")
+    features = "; features: /features" if args.dictionary else ""
+    print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder{features}; Ctrl-C stops)")
     if not args.checkpoint:
         print("no --checkpoint: the explorer page has no model; the adder page works", file=sys.stderr)
     if not loopback:

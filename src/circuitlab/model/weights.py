@@ -31,6 +31,16 @@ class WeightViews:
     def W_U(self) -> torch.Tensor:
         return self.unembed.weight.T
 
+    def unembed_directions(self, directions: torch.Tensor) -> torch.Tensor:
+        """Residual-stream directions [..., d_model] read as logit changes [..., d_vocab] per unit length:
+        through the final norm's gain (centred first for LayerNorm) and W_U. The norm's per-token scale
+        is left out: it is positive, so it changes no ranking (divide by ln_final.hook_scale for exact DLA)."""
+        if self.cfg.norm == "layernorm":
+            directions = directions - directions.mean(dim=-1, keepdim=True)
+        if self.cfg.norm != "none":
+            directions = directions * self.ln_final.w
+        return directions @ self.W_U
+
     @property
     def b_U(self) -> torch.Tensor:
         b = self.unembed.bias

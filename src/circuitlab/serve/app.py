@@ -4,10 +4,12 @@ with fastapi.testclient.TestClient).
 Pages (static files from circuitlab/serve/static, by fixed names only):
     /            the explorer: tokens, every head's attention, logit lens, direct logit attribution
     /adder       the hand-built adder, layer by layer
+    /features    the feature browser of the dictionaries loaded with --dictionary (serve/features.py)
 JSON API:
     GET  /api/model      the loaded model's config, limits and head labels ({"loaded": false} without one)
     POST /api/analyse    {"prompt": str, "target"?: str | int, "position"?: int, "figures"?: bool}
     GET  /api/adder      ?a=17&b=25[&design=post|carry&digits=2]   (POST takes the same fields as JSON)
+    GET  /api/dictionaries, GET /api/features, GET /api/feature, POST /api/features/prompt   (features.py)
 
 Every error is JSON {"detail": "<one line>"} with a 4xx status: 422 for bad input, 409 when the explorer
 has no model, 413 for an oversized body, 404 for unknown paths. An unexpected exception is answered
@@ -39,6 +41,7 @@ STATIC_FILES = {
     "common.js": "text/javascript; charset=utf-8",
     "explorer.js": "text/javascript; charset=utf-8",
     "adder.js": "text/javascript; charset=utf-8",
+    "features.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 PAGES = {"/": "index.html", "/adder": "adder.html"}
@@ -196,8 +199,10 @@ def _plotly_js() -> bytes:
 
 def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
                max_tokens: int = DEFAULT_MAX_TOKENS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               allowed_hosts: list[str] | None = None, device: str = "cpu") -> FastAPI:
+               allowed_hosts: list[str] | None = None, device: str = "cpu",
+               dictionaries: list[str | Path] | None = None) -> FastAPI:
     """The explorer app for the run (or checkpoint) folder run_dir; None serves the adder page alone.
+    dictionaries: dictionary folders for the feature browser (/features); they need run_dir's model.
 
     The model is loaded here, so a missing or corrupt checkpoint is a CircuitlabError before any
     server starts. max_tokens is capped by the model's context. allowed_hosts: Host header names
@@ -218,6 +223,13 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                                   "serve a run written by `circuitlab train` or `circuitlab import`")
         max_tokens = analysis.token_limit(model, max_tokens)
         checkpoint_name = "/".join(Path(run_dir).resolve().parts[-2:])  # e.g. "demo/2l": no full path shown
+    browser = None
+    if dictionaries:
+        if model is None:
+            raise CircuitlabError("--dictionary needs --checkpoint: the model the dictionaries were trained on")
+        from circuitlab.serve.features import FeatureBrowser
+
+        browser = FeatureBrowser.load(model, tokenizer, dictionaries)
     lock = threading.Lock()  # one analysis at a time: the machine's cores are better used by torch
     labels_cache: dict[str, Any] = {}
 
@@ -320,6 +332,14 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
         with lock:
             return analysis.adder_walkthrough(req.a, req.b, req.design, req.digits)
 
+    def encode_prompt(prompt: str) -> list[int]:
+        if len(prompt) > max_prompt_chars:
+            raise CircuitlabError(f"the prompt is {len(prompt)} characters; the limit is {max_prompt_chars}")
+        return analysis.encode_prompt(tokenizer, prompt, max_tokens)
+
+    from circuitlab.serve.features import add_feature_routes
+
+    add_feature_routes(app, browser, lock, encode_prompt, _page)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
     return app
 

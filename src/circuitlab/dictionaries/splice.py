@@ -1,0 +1,210 @@
+"""Splice sparse dictionaries into a model: their features become hook points.
+
+    with splice(model, sae) as spliced:                       # sae.cfg.hook_name == "blocks.1.hook_resid_pre"
+        logits, cache = model.run_with_cache(tokens)          # logits equal the unspliced model's
+        acts = cache["blocks.1.hook_resid_pre.hook_sae_acts_post"]          # [batch, pos, d_sae]
+        ablated = model.run_with_hooks(tokens, fwd_hooks=[(spliced.name(sae, "acts_post"), zero_feature_7)])
+    with splice(model, sae, error_term=False):
+        recon_loss = model.loss(tokens)                       # the model run on the reconstruction
+
+Names follow SAELens, under the hook the dictionary reads (for a transcoder too, although its output
+replaces the MLP output at cfg.out_hook_name):
+
+    {hook}.hook_sae_input      [..., d_in]   the activation the dictionary reads (trailing dims joined)
+    {hook}.hook_sae_acts_post  [..., d_sae]  feature activations
+    {hook}.hook_sae_recons     [..., d_out]  the reconstruction decoded from the (hooked) features
+    {hook}.hook_sae_error      [..., d_out]  target - reconstruction (of the unhooked features)
+    {hook}.hook_sae_output     [..., d_out]  what the model goes on with
+
+With the error term, output = reconstruction + error, so the model computes exactly what it computed
+before (bit for bit while no feature is hooked), and an edit of the features changes the output by
+exactly the decoder's image of the edit. Gradients are exact too: the gradient reaching the features is
+W_dec · (gradient at the output), and the gradient reaching the activations upstream is the unspliced
+model's (the path through the encoder is cancelled by a second, hook-free encoding; see _splice_output).
+
+Nothing changes in an unspliced model: splicing adds one hook function to the dictionary's hook and
+child hook points under it, and removes both on exit (even when the body raises).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from circuitlab.dictionaries.sae import check_base_model
+from circuitlab.errors import CircuitlabError
+from circuitlab.model import hooks as H
+from circuitlab.model.hooks import HookPoint
+
+PARTS = ("input", "acts_post", "recons", "error", "output")
+
+
+def sae_hook_name(dictionary: Any, part: str) -> str:
+    """The spliced hook name of one part: sae_hook_name(sae, "acts_post") ->
+    "blocks.1.hook_resid_pre.hook_sae_acts_post"."""
+    if part not in PARTS:
+        raise CircuitlabError(f"unknown spliced hook part {part!r}; use one of {', '.join(PARTS)}")
+    return f"{dictionary.cfg.hook_name}.hook_sae_{part}"
+
+
+def flatten_trailing(x: torch.Tensor, width: int, hook: str) -> torch.Tensor:
+    """x [batch, pos, *rest] -> [batch, pos, width], joining the trailing dims whose product is width
+    (hook_z's [head, d_head] become one axis, as the dictionary was trained)."""
+    for n in range(1, x.dim() + 1):
+        size = math.prod(x.shape[x.dim() - n:])
+        if size == width:
+            return x.reshape(*x.shape[:x.dim() - n], width)
+        if size > width:
+            break
+    raise CircuitlabError(f"the dictionary expects width {width} at {hook}, but the model's activation there "
+                          f"has shape {tuple(x.shape)}: was it trained on another model?")
+
+
+@dataclass
+class _Attached:
+    """One dictionary's hook points and what its input hook saw in the current forward pass."""
+
+    dictionary: Any
+    points: dict[str, HookPoint]
+    error_term: bool
+    pending: list[torch.Tensor] = field(default_factory=list)  # transcoders: input seen, output not yet
+
+
+class Splice:
+    """The dictionaries spliced into a model (what `splice` yields)."""
+
+    def __init__(self, model: nn.Module, attached: list[_Attached]) -> None:
+        self.model = model
+        self._attached = attached
+
+    @property
+    def dictionaries(self) -> list[Any]:
+        return [a.dictionary for a in self._attached]
+
+    def name(self, dictionary: Any | int, part: str = "acts_post") -> str:
+        """The hook name of one part ("input", "acts_post", "recons", "error", "output") of a spliced
+        dictionary, given as the object or its index in the order spliced."""
+        if isinstance(dictionary, int):
+            dictionary = self._attached[dictionary].dictionary
+        if not any(a.dictionary is dictionary for a in self._attached):
+            raise CircuitlabError("that dictionary is not spliced into this model")
+        return sae_hook_name(dictionary, part)
+
+    def hook_names(self) -> list[str]:
+        """Every spliced hook name, dictionary by dictionary."""
+        return [hp.name for a in self._attached for hp in a.points.values()]
+
+    def __repr__(self) -> str:
+        return f"Splice({', '.join(a.dictionary.cfg.hook_name for a in self._attached)})"
+
+
+@contextlib.contextmanager
+def splice(model: nn.Module, dictionaries: Any | Sequence[Any], error_term: bool = True) -> Iterator[Splice]:
+    """Attach dictionaries (one, or a list) to the model for the duration of the block.
+
+    error_term: True keeps the model's output exact (output = reconstruction + error); False runs the
+    model on the reconstruction alone (the forward pass behind CE-loss recovered).
+    Hooks added inside the block on a dictionary's own hook run after the dictionary, on its output.
+    """
+    if not isinstance(dictionaries, (list, tuple)):
+        dictionaries = [dictionaries]
+    points = H.hook_points(model)
+    attached: list[_Attached] = []
+    added: list[tuple[HookPoint, Any]] = []
+    children: list[tuple[HookPoint, str]] = []
+    try:
+        for d in dictionaries:
+            cfg = d.cfg
+            out_name = getattr(cfg, "out_hook_name", None)
+            check_base_model(d, model, f"the dictionary for {cfg.hook_name}")
+            target_in = H.resolve(points, cfg.hook_name)[0]
+            target_out = H.resolve(points, out_name)[0] if out_name else target_in
+            for hp in (target_in, target_out):
+                if any(getattr(fn, "_splice", False) for fn in hp.fwd_fns):
+                    raise CircuitlabError(f"a dictionary is already spliced at {hp.name}; splice one per hook")
+            att = _Attached(d, {}, error_term)
+            for part in PARTS:
+                hp = HookPoint()
+                hp.name = f"{target_in.name}.hook_sae_{part}"
+                target_in.add_module(f"hook_sae_{part}", hp)  # so model.hook_points() lists it
+                children.append((target_in, f"hook_sae_{part}"))
+                att.points[part] = hp
+            if target_out is target_in:
+                fns = [(target_in, _sae_fn(att))]
+            else:
+                fns = [(target_in, _transcoder_in_fn(att)), (target_out, _transcoder_out_fn(att))]
+            for hp, fn in fns:
+                fn._splice = True
+                hp.fwd_fns.insert(0, fn)  # before any hook added earlier: the dictionary reads the raw activation
+                added.append((hp, fn))
+            attached.append(att)
+        yield Splice(model, attached)
+    finally:
+        for hp, fn in added:
+            hp.fwd_fns.remove(fn)
+        for hp, name in children:
+            del hp._modules[name]
+
+
+# ---------------------------------------------------------------------------- the hook functions
+
+
+def _sae_fn(att: _Attached):
+    def fn(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        d = att.dictionary
+        x_in = att.points["input"](flatten_trailing(x, d.cfg.d_in, hook.name))
+        return _splice_output(att, x_in, x_in).reshape(x.shape)
+
+    return fn
+
+
+def _transcoder_in_fn(att: _Attached):
+    def fn(x: torch.Tensor, hook: HookPoint) -> None:
+        att.pending.append(att.points["input"](flatten_trailing(x, att.dictionary.cfg.d_in, hook.name)))
+
+    return fn
+
+
+def _transcoder_out_fn(att: _Attached):
+    def fn(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        if not att.pending:
+            raise CircuitlabError(f"the transcoder at {hook.name} ran before its input hook "
+                                  f"{att.dictionary.cfg.hook_name}")
+        x_in = att.pending.pop()
+        y_flat = flatten_trailing(y, att.dictionary.cfg.d_out, hook.name)
+        return _splice_output(att, x_in, y_flat).reshape(y.shape)
+
+    return fn
+
+
+def _splice_output(att: _Attached, x_in: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The spliced replacement of y [..., d_out] (y is x_in for an SAE), read from x_in [..., d_in].
+
+    Written so that, while no spliced hook edits anything, the value is y itself (x + 0, bit for bit)
+    and its gradient with respect to x_in and y is the unspliced one: the features' path to the
+    output (gradient J) is cancelled by the same path computed a second time without hooks (-J).
+    """
+    d, p = att.dictionary, att.points
+    recons_clean, acts = d(x_in)  # [..., d_out], [..., d_sae]
+    acts_h = p["acts_post"](acts)
+    # A hooked edit of the features moves the reconstruction by exactly the decoder's image of the edit.
+    recons = recons_clean if acts_h is acts else recons_clean + (acts_h - acts) @ d.W_dec
+    recons = p["recons"](recons)
+    fixed = recons_clean.detach()
+    error_clean = y - fixed
+    error = p["error"](error_clean)
+    if not att.error_term:
+        out = recons
+    elif error is not error_clean:
+        out = recons + error  # the error term was edited (ablated, patched)
+    else:
+        out = y + (recons - fixed)
+        if torch.is_grad_enabled() and x_in.requires_grad:
+            again = d(x_in)[0]
+            out = out - (again - again.detach())
+    return p["output"](out.to(y.dtype))
