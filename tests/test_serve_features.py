@@ -96,3 +96,31 @@ def test_bad_requests_are_one_line_errors(setup):
         create_app(root / "run", dictionaries=[root / "other"])
     with pytest.raises(CircuitlabError, match="needs --checkpoint"):
         create_app(None, dictionaries=[root / "embed"])
+
+
+def test_feature_page_script_draws_the_browser(setup, tmp_path):
+    """features.js run by node against a minimal fake DOM, with the API's real answers: it lists the
+    dictionaries, a page of features, the first feature's contexts, and the features on a prompt."""
+    import json
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    _, client, _ = setup
+    prompt = client.post("/api/features/prompt", json={"dictionary": "embed", "prompt": "Lily and Lucy", "top": 5})
+    answers = {"GET /api/dictionaries": client.get("/api/dictionaries").json(),
+               "GET /api/features": client.get("/api/features", params={"dictionary": "embed"}).json(),
+               "GET /api/feature": client.get("/api/feature", params={"dictionary": "embed", "feature": 0}).json(),
+               "POST /api/features/prompt": prompt.json()}
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
+    from circuitlab.serve.app import STATIC_DIR as static
+    run = subprocess.run([node, str(Path(__file__).parent / "js" / "features_smoke.js"), str(tmp_path / "answers.json"),
+                          str(static)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    drawn = json.loads(run.stdout)
+    assert drawn["rows"] == 20 and drawn["title"] == "Feature 0" and drawn["contexts"] == len(answers["GET /api/feature"]["contexts"])
+    assert drawn["chips"] == len(prompt.json()["features"]) and drawn["tokens"].startswith("L|i|l|y")
+    assert "hook_embed" in drawn["info"] and drawn["status"] == ""
