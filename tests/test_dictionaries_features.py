@@ -118,4 +118,6 @@ def test_dashboards_report_is_self_contained_and_highlights_the_planted_token(mo
     assert path.name == "report.html" and "<script src" not in page and "Feature 0" in page
     assert 'class="tok at"' in page and "explained variance" in page and "the planted feature" in page
     assert "never fired" in page  # the density figure's title counts the dead feature
+    import circuitlab.viz.features  # noqa: F401  registers the Jupyter display
+
     assert "feature-card" in dash._repr_html_()

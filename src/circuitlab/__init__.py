@@ -13,4 +13,5 @@ import sys as _sys
 if "IPython" in _sys.modules:  # a notebook: results display as their figures (circuitlab/display.py)
     import circuitlab.viz.interactive  # noqa: E402,F401  registers the renderers
     import circuitlab.viz.tokens  # noqa: E402,F401
+    import circuitlab.viz.features  # noqa: E402,F401
 

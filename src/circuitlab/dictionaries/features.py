@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.display import Displayed
 from circuitlab.dictionaries.feature_logits import feature_logit_effects
 from circuitlab.dictionaries.splice import flatten_trailing
 from circuitlab.errors import CircuitlabError
@@ -47,7 +48,7 @@ def feature_activations(model, dictionary, tokens: torch.Tensor) -> torch.Tensor
 
 
 @dataclass
-class FeatureDashboards:
+class FeatureDashboards(Displayed):
     """Dashboards of some features of one dictionary (F of them; k contexts each, windows of W tokens).
 
     density, max_act, mean_act (over active tokens) [F]; top_values, top_seq, top_pos [F, k] (the
@@ -56,6 +57,7 @@ class FeatureDashboards:
     hist_counts [F, HIST_BINS] over log10(activation) of active tokens; all_density [d_sae]: every
     feature's density; promoted_* / suppressed_* [F, n]: the largest and smallest logit effects (None
     when the dictionary does not write into the residual stream). token_strs: id -> text of every token shown.
+    In Jupyter it displays as the cards of its first ten features (viz/features.py).
     """
 
     hook_name: str
@@ -142,11 +144,6 @@ class FeatureDashboards:
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "features": [self.feature(f) for f in self.features]}
-
-    def _repr_html_(self) -> str:
-        from circuitlab.viz.features import dashboards_html
-
-        return dashboards_html(self, self.features[:10])
 
     # ------------------------------------------------------------------ disk
     def save(self, folder: str | Path) -> Path:

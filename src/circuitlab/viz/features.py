@@ -16,6 +16,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from circuitlab.dictionaries.features import FeatureDashboards
+from circuitlab.display import renders
 from circuitlab.viz import token_label
 
 CARD_CSS = """
@@ -116,3 +118,6 @@ def density_figure(dash) -> go.Figure:
                       xaxis=dict(title=dict(text=f"log10 fraction of tokens active (one token = {floor:.1f})")),
                       yaxis=dict(title=dict(text="features")))
     return fig
+
+
+renders(FeatureDashboards)(lambda dash: dashboards_html(dash, dash.features[:10]))  # Jupyter (circuitlab.display)
