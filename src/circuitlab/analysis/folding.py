@@ -36,6 +36,12 @@ from torch import nn
 from circuitlab.errors import CircuitlabError
 
 
+def weights_model(model):
+    """The model whose weights say what it computes: fold_layer_norm(model) when it has norms, else the
+    model itself (no copy). Weight-based analyses (circuits, composition, OV alignment) read this."""
+    return fold_layer_norm(model) if model.cfg.norm != "none" else model
+
+
 def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: bool = True,
                     fold_value_biases: bool = True):
     """A copy of model with norms folded (and weights centered); logits [batch, pos, d_vocab] unchanged,

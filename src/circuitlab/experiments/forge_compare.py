@@ -32,8 +32,8 @@ from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.forge_findings import findings
 from circuitlab.forge.adder import EOS, Adder, TokenAdder, add_digits, build_carry_adder, digits_of
-from circuitlab.forge.compare import (_all_heads, _label, addition_problems, answer_agreement, attention_patterns,
-                                      check_token_adder, ov_alignment, ov_subspace)
+from circuitlab.forge.compare import (_all_heads, _label, addition_problems, answer_agreement, check_token_adder,
+                                      ov_alignment, ov_subspace, query_patterns)
 from circuitlab.model.transformer import Transformer
 from circuitlab.report.markdown import forge_compare_markdown
 from circuitlab.viz.forge_compare import write_comparison_figures
@@ -168,7 +168,7 @@ def attention_profile(model: Transformer, tokens: torch.Tensor, n: int, m: int,
     P, K = n + m + 1, max(n, m) + 1
     queries = list(range(P - 1, P - 1 + K))
     with torch.no_grad():
-        patterns = attention_patterns(model, tokens, heads, queries)  # [H, batch, K, keys]
+        patterns = query_patterns(model, tokens, heads, queries)  # [H, batch, K, keys]
     cats = key_categories(n, m)
     labels = position_labels(n, m)
     out: dict[str, Any] = {}
@@ -230,11 +230,10 @@ def example_problem(n: int, m: int) -> tuple[int, int]:
 def _fold(model: Transformer) -> Transformer:
     """The model with LayerNorm gains folded into the weights (and writing weights centered), so W_E, W_OV
     and W_U describe what the heads compute; outputs and attention patterns are unchanged."""
-    if model.cfg.norm == "none":
-        return model
-    from circuitlab.analysis.folding import fold_layer_norm
+    from circuitlab.analysis.folding import weights_model
 
-    return fold_layer_norm(model).eval()
+    folded = weights_model(model)
+    return folded if folded is model else folded.eval()
 
 
 def summarize_comparison(hand: Adder, other: Transformer, samples: int = 1000, seed: int = 0,
@@ -330,8 +329,8 @@ def merged_agreement(hand: Transformer, heads_hand: list[Head], other: Transform
     same layer ("L0H0+L0H1"): high when one trained head does the work of two hand-built ones at once."""
     queries = list(range(n + m, n + m + max(n, m) + 1))
     with torch.no_grad():
-        ph = attention_patterns(hand, tokens, heads_hand, queries)
-        po = attention_patterns(other, tokens, heads_other, queries)
+        ph = query_patterns(hand, tokens, heads_hand, queries)
+        po = query_patterns(other, tokens, heads_other, queries)
     out = {}
     for i, hi in enumerate(heads_hand):
         for j in range(i + 1, len(heads_hand)):
@@ -347,7 +346,7 @@ def merged_agreement(hand: Transformer, heads_hand: list[Head], other: Transform
 def _example_patterns(model: Transformer, tokens: torch.Tensor, n: int, m: int, heads: list[Head]) -> dict[str, Any]:
     queries = list(range(n + m, n + m + max(n, m) + 1))
     with torch.no_grad():
-        p = attention_patterns(model, tokens[None], heads, queries)[:, 0]
+        p = query_patterns(model, tokens[None], heads, queries)[:, 0]
     return {_label(h): [[round(float(x), 4) for x in row] for row in p[i]] for i, h in enumerate(heads)}
 
 

@@ -16,7 +16,7 @@ import torch
 from circuitlab.analysis.attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
 from circuitlab.analysis.circuits import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
-from circuitlab.analysis.folding import fold_layer_norm
+from circuitlab.analysis.folding import weights_model
 from circuitlab.analysis.heads import classify_heads, in_context_learning_score, induction_test_tokens
 from circuitlab.analysis.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
@@ -35,11 +35,6 @@ def _prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
     if not ids:
         raise CircuitlabError("the prompt encodes to no tokens; give a non-empty --prompt")
     return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
-
-
-def _weights_model(model):
-    """Norm gains folded into the weights, so weight-based circuits see what the model computes."""
-    return fold_layer_norm(model) if model.cfg.norm != "none" else model
 
 
 def _head_tokens(model) -> torch.Tensor:
@@ -62,7 +57,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
     from circuitlab.viz.circuits import plot_circuit, plot_composition_scores, plot_copying_scores
 
     out_dir = Path(out_dir)
-    wm = _weights_model(model)
+    wm = weights_model(model)
     ids = list(dict.fromkeys(_prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
     strs = [tokenizer.decode([i]) for i in ids]
     bigrams = direct_path(wm)

@@ -68,9 +68,10 @@ class AttentionAgreement:
                                for a, (b, v) in self.best_match().items()}}
 
 
-def attention_patterns(model: Transformer, tokens: torch.Tensor, heads: Sequence[Head] | None = None,
-                       query_positions: Iterable[int] | None = None) -> torch.Tensor:
-    """tokens [batch, pos] -> patterns [len(heads), batch, n_query, pos] at the chosen query positions."""
+def query_patterns(model: Transformer, tokens: torch.Tensor, heads: Sequence[Head] | None = None,
+                   query_positions: Iterable[int] | None = None) -> torch.Tensor:
+    """tokens [batch, pos] -> patterns [len(heads), batch, n_query, pos] of the chosen heads at the chosen
+    query positions (runs the model; analysis.heads.attention_patterns stacks a cache's patterns instead)."""
     heads = list(heads) if heads is not None else _all_heads(model)
     layers = sorted({l for l, _ in heads})
     names = [f"blocks.{l}.attn.hook_pattern" for l in layers]
@@ -90,8 +91,8 @@ def attention_agreement(model_a: Transformer, model_b: Transformer, tokens: torc
         raise CircuitlabError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
     heads_a = list(heads_a) if heads_a is not None else _all_heads(model_a)
     heads_b = list(heads_b) if heads_b is not None else _all_heads(model_b)
-    pa = attention_patterns(model_a, tokens, heads_a, query_positions)  # [Ha, batch, q, k]
-    pb = attention_patterns(model_b, tokens, heads_b, query_positions)
+    pa = query_patterns(model_a, tokens, heads_a, query_positions)  # [Ha, batch, q, k]
+    pb = query_patterns(model_b, tokens, heads_b, query_positions)
     agreement = torch.empty(len(heads_a), len(heads_b))
     for i in range(len(heads_a)):
         tv = 0.5 * (pa[i][None] - pb).abs().sum(dim=-1)  # [Hb, batch, q]

@@ -301,7 +301,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     prompt's tokens, copying scores of every head, K-composition between heads. Norms folded first."""
     from circuitlab.analysis.circuits import (composition_scores, copying_scores, k_composition_qk_circuit,
                                               ov_circuit, qk_circuit)
-    from circuitlab.analysis.folding import fold_layer_norm
+    from circuitlab.analysis.folding import weights_model
     from circuitlab.data.stories import DEFAULT_PROMPT
     from circuitlab.viz import token_label
     from circuitlab.viz.interactive import heatmap_figure
@@ -309,7 +309,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     model = run.model
     if model is None or model.cfg.n_layers == 0:
         return None
-    wm = fold_layer_norm(model) if model.cfg.norm != "none" else model
+    wm = weights_model(model)
     if run.tokenizer is not None:
         ids = [i for i in run.tokenizer.encode(prompt or DEFAULT_PROMPT) if 0 <= i < model.cfg.d_vocab]
         ids = list(dict.fromkeys(ids))[:24]
