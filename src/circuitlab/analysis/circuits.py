@@ -31,6 +31,7 @@ import torch
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.factored import FactoredMatrix
 from circuitlab.errors import CircuitlabError
+from circuitlab.names import head_name
 
 # ---------------------------------------------------------------------------- circuits as matrices
 
@@ -166,7 +167,7 @@ class CopyingScores:
 
     def to_dict(self) -> dict[str, Any]:
         return {"scores": rounded(self.scores), "threshold": self.threshold,
-                "copying_heads": [f"L{l}H{h}" for l, h in self.copying_heads()]}
+                "copying_heads": [head_name(l, h) for l, h in self.copying_heads()]}
 
 
 def ov_eigenvalues(model, layer: int) -> torch.Tensor:

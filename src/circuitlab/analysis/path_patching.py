@@ -33,6 +33,7 @@ from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, c
                                           metric_value, patched_run, rounded, sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
+from circuitlab.names import head_name
 
 INPUTS = ("q", "k", "v")
 
@@ -70,10 +71,10 @@ class PathPatchResult:
 
     def to_dict(self) -> dict[str, Any]:
         l, h = self.receiver
-        return {"receiver": f"L{l}H{h}", "receiver_input": self.receiver_input, "values": rounded(self.values),
+        return {"receiver": head_name(l, h), "receiver_input": self.receiver_input, "values": rounded(self.values),
                 "clean_value": round(self.clean_value, 6), "corrupt_value": round(self.corrupt_value, 6),
                 "metric": self.metric,
-                "top": [{"sender": f"L{s[0]}H{s[1]}", "effect": round(e, 6)} for s, e in self.top()]}
+                "top": [{"sender": head_name(*s), "effect": round(e, 6)} for s, e in self.top()]}
 
 
 def _check_heads(model, receiver, receiver_input: str, senders) -> list[tuple[int, int]]:

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from circuitlab.analysis.heads import HeadClasses, HeadScores
+from circuitlab.names import head_name
 from circuitlab.viz.circuits import _annotate
 from circuitlab.viz.png import save_png, subplots
 
@@ -31,7 +32,7 @@ def plot_head_scores(scores: HeadScores, path: str | Path, classes: HeadClasses 
         title = TITLES.get(name, name)
         if classes is not None and name != "entropy":
             heads = classes.heads_with(name.replace("_", "-"))
-            title += "\n" + (", ".join(f"L{l}H{h}" for l, h in heads) or "none")
+            title += "\n" + (", ".join(head_name(l, h) for l, h in heads) or "none")
         ax.set(title=title, xlabel="head", ylabel="layer", xticks=range(H), yticks=range(L))
         ax.title.set_fontsize(8)
     return save_png(fig, path)

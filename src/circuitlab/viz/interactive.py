@@ -54,6 +54,7 @@ from circuitlab.analysis.lens import LogitLens
 from circuitlab.analysis.patching import PatchResult
 from circuitlab.analysis.probing import ProbeResult
 from circuitlab.display import renders
+from circuitlab.names import head_name
 from circuitlab.training.phase import best_head_score, phase_band
 from circuitlab.viz import token_label
 
@@ -99,7 +100,7 @@ def _tick_step(n: int, most: int = 48) -> int:
 
 
 def head_names_for(n_layers: int, n_heads: int) -> list[str]:
-    return [f"L{l}H{h}" for l in range(n_layers) for h in range(n_heads)]
+    return [head_name(l, h) for l in range(n_layers) for h in range(n_heads)]
 
 
 def attention_figure(tokens: Sequence[str], patterns: Any, head_names: Sequence[str] | None = None,
