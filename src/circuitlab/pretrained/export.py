@@ -24,6 +24,7 @@ from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
+from circuitlab.pretrained.families import family_named
 
 _HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}
 
@@ -70,81 +71,6 @@ def export_style(cfg: ModelConfig) -> str:
     closest = min(problems, key=lambda s: len(problems[s]))
     raise CircuitlabError(f"this model cannot be exported to Hugging Face: it is neither LLaMA-, GPT-2- nor "
                           f"GPT-NeoX-style; closest is {closest}, which it misses by {'; '.join(problems[closest])}")
-
-
-# ---------------------------------------------------------------------------------------- tensors
-def _state(model: Transformer) -> dict[str, torch.Tensor]:
-    return {k: v.detach() for k, v in model.state_dict().items()}
-
-
-def _bias(state: dict[str, torch.Tensor], name: str, size: int, like: torch.Tensor) -> torch.Tensor:
-    """Our bias, or zeros when the config has none."""
-    return state[name] if name in state else torch.zeros(size, dtype=like.dtype, device=like.device)
-
-
-def _llama_tensors(model: Transformer) -> dict[str, torch.Tensor]:
-    cfg, s = model.cfg, _state(model)
-    H, K, D, M = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_dim
-    out = {"model.embed_tokens.weight": s["embed.weight"], "model.norm.weight": s["ln_final.w"]}
-    for i in range(cfg.n_layers):
-        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
-        out[theirs + "input_layernorm.weight"] = s[ours + "ln1.w"]
-        out[theirs + "post_attention_layernorm.weight"] = s[ours + "ln2.w"]
-        for part in ("weight", "bias") if cfg.bias else ("weight",):
-            q, k, v = s[ours + f"attn.qkv.{part}"].split([H * D, K * D, K * D])
-            out.update({theirs + f"self_attn.q_proj.{part}": q, theirs + f"self_attn.k_proj.{part}": k,
-                        theirs + f"self_attn.v_proj.{part}": v,
-                        theirs + f"self_attn.o_proj.{part}": s[ours + f"attn.out.{part}"]})
-            gate, up = s[ours + f"mlp.fc_in.{part}"].split(M)
-            out.update({theirs + f"mlp.gate_proj.{part}": gate, theirs + f"mlp.up_proj.{part}": up,
-                        theirs + f"mlp.down_proj.{part}": s[ours + f"mlp.fc_out.{part}"]})
-    if not cfg.tied_embeddings:
-        out["lm_head.weight"] = s["unembed.weight"]
-    return out
-
-
-def _gpt2_tensors(model: Transformer) -> dict[str, torch.Tensor]:
-    cfg, s = model.cfg, _state(model)
-    d, M, w = cfg.d_model, cfg.mlp_dim, s["embed.weight"]
-    out = {"transformer.wte.weight": w, "transformer.wpe.weight": s["pos_embed.weight"],
-           "transformer.ln_f.weight": s["ln_final.w"], "transformer.ln_f.bias": _bias(s, "ln_final.b", d, w)}
-    for i in range(cfg.n_layers):
-        ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
-        for n in (1, 2):
-            out[theirs + f"ln_{n}.weight"] = s[ours + f"ln{n}.w"]
-            out[theirs + f"ln_{n}.bias"] = _bias(s, ours + f"ln{n}.b", d, w)
-        # Conv1D weights are [in, out]
-        for ours_name, theirs_name, width in (("attn.qkv", "attn.c_attn", 3 * d), ("attn.out", "attn.c_proj", d),
-                                              ("mlp.fc_in", "mlp.c_fc", M), ("mlp.fc_out", "mlp.c_proj", d)):
-            out[theirs + theirs_name + ".weight"] = s[ours + ours_name + ".weight"].t()
-            out[theirs + theirs_name + ".bias"] = _bias(s, ours + ours_name + ".bias", width, w)
-    if not cfg.tied_embeddings:
-        out["lm_head.weight"] = s["unembed.weight"]
-    return out
-
-
-def _neox_tensors(model: Transformer) -> dict[str, torch.Tensor]:
-    cfg, s = model.cfg, _state(model)
-    d, M, H, D, w = cfg.d_model, cfg.mlp_dim, cfg.n_heads, cfg.head_dim, s["embed.weight"]
-    out = {"gpt_neox.embed_in.weight": w, "gpt_neox.final_layer_norm.weight": s["ln_final.w"],
-           "gpt_neox.final_layer_norm.bias": _bias(s, "ln_final.b", d, w)}
-    for i in range(cfg.n_layers):
-        ours, theirs = f"blocks.{i}.", f"gpt_neox.layers.{i}."
-        for n, name in ((1, "input_layernorm"), (2, "post_attention_layernorm")):
-            out[theirs + f"{name}.weight"] = s[ours + f"ln{n}.w"]
-            out[theirs + f"{name}.bias"] = _bias(s, ours + f"ln{n}.b", d, w)
-        # ours: rows [(q|k|v), head, d_head]; NeoX: [head, (q|k|v), d_head]
-        qkv_w = s[ours + "attn.qkv.weight"]
-        qkv_b = _bias(s, ours + "attn.qkv.bias", 3 * d, w)
-        out[theirs + "attention.query_key_value.weight"] = qkv_w.unflatten(0, (3, H, D)).transpose(0, 1).flatten(0, 2)
-        out[theirs + "attention.query_key_value.bias"] = qkv_b.unflatten(0, (3, H, D)).transpose(0, 1).flatten(0, 2)
-        for ours_name, theirs_name, width in (("attn.out", "attention.dense", d), ("mlp.fc_in", "mlp.dense_h_to_4h", M),
-                                              ("mlp.fc_out", "mlp.dense_4h_to_h", d)):
-            out[theirs + theirs_name + ".weight"] = s[ours + ours_name + ".weight"]
-            out[theirs + theirs_name + ".bias"] = _bias(s, ours + ours_name + ".bias", width, w)
-    if not cfg.tied_embeddings:
-        out["embed_out.weight"] = s["unembed.weight"]
-    return out
 
 
 # ---------------------------------------------------------------------------------------- configs
@@ -236,7 +162,7 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None) ->
     if b_U is not None and bool((b_U != 0).any()):
         raise CircuitlabError("this model's unembedding has a non-zero bias, which no Hugging Face architecture "
                               "we export to can hold; the export would change its logits")
-    tensors = {"llama": _llama_tensors, "gpt2": _gpt2_tensors, "gpt_neox": _neox_tensors}[style](model)
+    tensors = family_named(style).export_tensors(model)
     # safetensors refuses tensors that share memory (our fused matrices' slices): copy each one
     tensors = {k: v.to("cpu", copy=True).contiguous() for k, v in tensors.items()}
     out_dir = Path(out_dir)

@@ -1,13 +1,15 @@
 """How each Hugging Face architecture maps onto circuitlab's Transformer.
 
-A family answers three questions about a checkpoint:
+A family answers these questions about a checkpoint, import and export side by side:
 
 - config(hf):      its config.json (a dict) as a ModelConfig;
 - pieces(key):     where the checkpoint tensor `key` goes in our state dict (a list of Piece:
                    target parameter, first row, transform), [] for tensors we skip (causal-mask
                    buffers, rotary tables), or None for a key the family does not know;
 - zero_targets():  which of our parameters the architecture does not have (e.g. Qwen2's
-                   attention output bias when we keep biases for its q/k/v): they are set to 0.
+                   attention output bias when we keep biases for its q/k/v): they are set to 0;
+- export_tensors(model): the reverse of pieces(), our weights under the checkpoint's names and
+                   layout (export.py adds the config.json and the tokenizer).
 
 Our fused layout: attn.qkv.weight [(n_heads + 2 n_kv_heads) d_head, d_model] is q heads then
 k heads then v heads; mlp.fc_in.weight is [d_mlp, d_model] (SwiGLU: gate rows then up rows);
@@ -120,6 +122,15 @@ def _rows(cfg: ModelConfig) -> dict[str, int]:
     return {"q": 0, "k": H * D, "v": (H + K) * D}
 
 
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _bias(state: dict[str, torch.Tensor], name: str, size: int, like: torch.Tensor) -> torch.Tensor:
+    """Our bias, or zeros when the config has none (export: the HF layout always has one)."""
+    return state[name] if name in state else torch.zeros(size, dtype=like.dtype, device=like.device)
+
+
 # ---------------------------------------------------------------------------------------- families
 class Family(ABC):
     name = ""
@@ -133,6 +144,10 @@ class Family(ABC):
     @abstractmethod
     def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
         """Where checkpoint tensor `key` goes; [] to skip it; None if the key is unknown."""
+
+    @abstractmethod
+    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+        """The reverse of pieces(): model's weights under this architecture's checkpoint names and layout."""
 
     def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
         """Regexes of our parameter names that this architecture lacks (filled with zeros)."""
@@ -191,6 +206,25 @@ class GPT2(Family):
         }
         return self._match(table, key)
 
+    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+        cfg, s = model.cfg, _state(model)
+        d, M, w = cfg.d_model, cfg.mlp_dim, s["embed.weight"]
+        out = {"transformer.wte.weight": w, "transformer.wpe.weight": s["pos_embed.weight"],
+               "transformer.ln_f.weight": s["ln_final.w"], "transformer.ln_f.bias": _bias(s, "ln_final.b", d, w)}
+        for i in range(cfg.n_layers):
+            ours, theirs = f"blocks.{i}.", f"transformer.h.{i}."
+            for n in (1, 2):
+                out[theirs + f"ln_{n}.weight"] = s[ours + f"ln{n}.w"]
+                out[theirs + f"ln_{n}.bias"] = _bias(s, ours + f"ln{n}.b", d, w)
+            # Conv1D weights are [in, out]
+            for ours_name, theirs_name, width in (("attn.qkv", "attn.c_attn", 3 * d), ("attn.out", "attn.c_proj", d),
+                                                  ("mlp.fc_in", "mlp.c_fc", M), ("mlp.fc_out", "mlp.c_proj", d)):
+                out[theirs + theirs_name + ".weight"] = s[ours + ours_name + ".weight"].t()
+                out[theirs + theirs_name + ".bias"] = _bias(s, ours + ours_name + ".bias", width, w)
+        if not cfg.tied_embeddings:
+            out["lm_head.weight"] = s["unembed.weight"]
+        return out
+
     def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
         return [r"unembed\.bias"]
 
@@ -241,6 +275,29 @@ class GPTNeoX(Family):
             r"layers\.(\d+)\.mlp\.dense_4h_to_h\.(weight|bias)": lambda i, p: [Piece(f"blocks.{i}.mlp.fc_out.{p}")],
         }
         return self._match(table, key)
+
+    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+        cfg, s = model.cfg, _state(model)
+        d, M, H, D, w = cfg.d_model, cfg.mlp_dim, cfg.n_heads, cfg.head_dim, s["embed.weight"]
+        out = {"gpt_neox.embed_in.weight": w, "gpt_neox.final_layer_norm.weight": s["ln_final.w"],
+               "gpt_neox.final_layer_norm.bias": _bias(s, "ln_final.b", d, w)}
+        for i in range(cfg.n_layers):
+            ours, theirs = f"blocks.{i}.", f"gpt_neox.layers.{i}."
+            for n, name in ((1, "input_layernorm"), (2, "post_attention_layernorm")):
+                out[theirs + f"{name}.weight"] = s[ours + f"ln{n}.w"]
+                out[theirs + f"{name}.bias"] = _bias(s, ours + f"ln{n}.b", d, w)
+            # ours: rows [(q|k|v), head, d_head]; NeoX: [head, (q|k|v), d_head]
+            qkv_w = s[ours + "attn.qkv.weight"]
+            qkv_b = _bias(s, ours + "attn.qkv.bias", 3 * d, w)
+            out[theirs + "attention.query_key_value.weight"] = qkv_w.unflatten(0, (3, H, D)).transpose(0, 1).flatten(0, 2)
+            out[theirs + "attention.query_key_value.bias"] = qkv_b.unflatten(0, (3, H, D)).transpose(0, 1).flatten(0, 2)
+            for ours_name, theirs_name, width in (("attn.out", "attention.dense", d), ("mlp.fc_in", "mlp.dense_h_to_4h", M),
+                                                  ("mlp.fc_out", "mlp.dense_4h_to_h", d)):
+                out[theirs + theirs_name + ".weight"] = s[ours + ours_name + ".weight"]
+                out[theirs + theirs_name + ".bias"] = _bias(s, ours + ours_name + ".bias", width, w)
+        if not cfg.tied_embeddings:
+            out["embed_out.weight"] = s["unembed.weight"]
+        return out
 
     def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
         zeros = [r"unembed\.bias"]
@@ -320,6 +377,26 @@ class Llama(Family):
         }
         return self._match(table, key)
 
+    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+        cfg, s = model.cfg, _state(model)
+        H, K, D, M = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_dim
+        out = {"model.embed_tokens.weight": s["embed.weight"], "model.norm.weight": s["ln_final.w"]}
+        for i in range(cfg.n_layers):
+            ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+            out[theirs + "input_layernorm.weight"] = s[ours + "ln1.w"]
+            out[theirs + "post_attention_layernorm.weight"] = s[ours + "ln2.w"]
+            for part in ("weight", "bias") if cfg.bias else ("weight",):
+                q, k, v = s[ours + f"attn.qkv.{part}"].split([H * D, K * D, K * D])
+                out.update({theirs + f"self_attn.q_proj.{part}": q, theirs + f"self_attn.k_proj.{part}": k,
+                            theirs + f"self_attn.v_proj.{part}": v,
+                            theirs + f"self_attn.o_proj.{part}": s[ours + f"attn.out.{part}"]})
+                gate, up = s[ours + f"mlp.fc_in.{part}"].split(M)
+                out.update({theirs + f"mlp.gate_proj.{part}": gate, theirs + f"mlp.up_proj.{part}": up,
+                            theirs + f"mlp.down_proj.{part}": s[ours + f"mlp.fc_out.{part}"]})
+        if not cfg.tied_embeddings:
+            out["lm_head.weight"] = s["unembed.weight"]
+        return out
+
     def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
         present = self._biases(hf)
         return [r"unembed\.bias"] + [rf"blocks\.\d+\.(attn|mlp)\.{name}\.bias"
@@ -353,6 +430,11 @@ def family_for(hf: dict) -> Family:
     what = f"model_type {kind!r}" if kind else f"architectures {hf.get('architectures')}"
     raise CircuitlabError(f"this checkpoint's architecture ({what}) is not supported; circuitlab imports "
                           f"{SUPPORTED} checkpoints")
+
+
+def family_named(model_type: str) -> Family:
+    """The family that imports and exports HF model_type (e.g. "gpt2", "gpt_neox", "llama")."""
+    return family_for({"model_type": model_type})
 
 
 def model_config_from_hf(hf: dict, n_ctx: int | None = None) -> ModelConfig:
