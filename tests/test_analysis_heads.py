@@ -1,8 +1,8 @@
 """Head detectors and classification on a model whose heads were set by hand.
 
-The planted model is a 2-layer attention-only transformer whose residual stream has one-hot
-subspaces: TOK (the token), POS (the position), PREV (the previous token, written by L0H0),
-OUT (read by the unembedding) and ONE (a constant 1). Its heads:
+The planted model is a 2-layer attention-only transformer built with forge, whose residual stream
+has one-hot subspaces: tok (the token), pos (the position), prev (the previous token, written by
+L0H0), out (read by the unembedding) and one (a constant 1). Its heads:
 
     L0H0 previous-token: query position i matches key position i - 1; copies TOK into PREV.
     L0H1 first-token (attention sink): every query matches key 0; writes nothing.
@@ -26,68 +26,34 @@ from circuitlab.analysis.heads import (
     in_context_learning_score,
     induction_test_tokens,
 )
+from circuitlab.forge import Forge, ResidualLayout
 
 V, N, C = 16, 32, 20.0  # vocabulary, context, attention sharpness
-TOK, POS, PREV, OUT, ONE = 0, V, V + N, 2 * V + N, 3 * V + N
-D_MODEL = 3 * V + N + 1
-
-
-def set_head(model, layer, head, W_Q=None, W_K=None, W_V=None, W_O=None):
-    """Write per-head weights ([d_model, d_head] for Q/K/V, [d_head, d_model] for O) into the fused ones."""
-    attn = model.blocks[layer].attn
-    H, D = attn.n_heads, attn.d_head
-    with torch.no_grad():
-        for i, W in enumerate((W_Q, W_K, W_V)):
-            if W is not None:
-                start = (i * H + head) * D
-                attn.qkv.weight[start:start + D] = W.T
-        if W_O is not None:
-            attn.out.weight[:, head * D:(head + 1) * D] = W_O.T
 
 
 def planted_model(ov_sign: float = 1.0) -> Transformer:
-    """ov_sign=-1 makes the induction head anti-copy: same attention, opposite effect on the logits."""
-    cfg = ModelConfig(n_layers=2, d_model=D_MODEL, n_heads=3, d_head=N, d_vocab=V, n_ctx=N, attn_only=True,
-                      norm="none", bias=False, scale_scores=False)
-    model = Transformer(cfg)
+    """ov_sign=-1 makes the induction head anti-copy: same attention, opposite effect on the logits.
+    Built with forge on the residual subspaces tok, pos, prev, out and one (a constant 1)."""
     eye = torch.eye
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-        model.embed.weight[:, TOK:TOK + V] = eye(V)
-        model.embed.weight[:, ONE] = 1.0
-        model.pos_embed.weight[:, POS:POS + N] = eye(N)
-        model.unembed.weight[:, OUT:OUT + V] = 10 * eye(V)  # confident predictions, for the ICL score
-
-    def zeros():
-        return torch.zeros(D_MODEL, N), torch.zeros(D_MODEL, N), torch.zeros(D_MODEL, N), torch.zeros(N, D_MODEL)
-
-    W_Q, W_K, W_V, W_O = zeros()  # L0H0 previous token
-    W_Q[POS:POS + N] = C * eye(N)
-    W_K[POS:POS + N - 1, 1:] = eye(N - 1)
-    W_V[TOK:TOK + V, :V] = eye(V)
-    W_O[:V, PREV:PREV + V] = eye(V)
-    set_head(model, 0, 0, W_Q, W_K, W_V, W_O)
-
-    W_Q, W_K, _, _ = zeros()  # L0H1 first token
-    W_Q[ONE, 0] = C
-    W_K[POS, 0] = 1.0
-    set_head(model, 0, 1, W_Q, W_K)
-
-    W_Q, W_K, W_V, W_O = zeros()  # L1H0 induction
-    W_Q[TOK:TOK + V, :V] = C * eye(V)
-    W_K[PREV:PREV + V, :V] = eye(V)
-    W_Q[ONE, V] = C  # every query avoids key 0, whose PREV slot holds key 0's own token
-    W_K[POS, V] = -1.0
-    W_V[TOK:TOK + V, :V] = eye(V)
-    W_O[:V, OUT:OUT + V] = ov_sign * eye(V)
-    set_head(model, 1, 0, W_Q, W_K, W_V, W_O)
-
-    W_Q, W_K, _, _ = zeros()  # L1H1 current token
-    W_Q[POS:POS + N] = C * eye(N)
-    W_K[POS:POS + N] = eye(N)
-    set_head(model, 1, 1, W_Q, W_K)
-    return model
+    f = Forge(ResidualLayout({"tok": V, "pos": N, "prev": V, "out": V, "one": 1}), n_layers=2, n_heads=3,
+              d_head=N, d_vocab=V, n_ctx=N, positional="learned")
+    for t in range(V):
+        f.embed(t, tok=eye(V)[t], one=1.0)
+        f.unembed(t, out=10 * eye(V)[t])  # confident predictions, for the ICL score
+    for p in range(N):
+        f.pos(p, pos=eye(N)[p])
+    key0 = torch.zeros(N, 1)
+    key0[0] = 1.0  # "this key is position 0"
+    prev_k = torch.zeros(N, N)
+    prev_k[:N - 1, 1:] = eye(N - 1)  # the key at p - 1 matches the query at p
+    (f.head(0, 0).q("pos", C * eye(N), into=range(N)).k("pos", prev_k, into=range(N))  # L0H0 previous token
+     .v("tok", eye(V), into=range(V)).o("prev", eye(V), from_=range(V)))
+    f.head(0, 1).q("one", C, into=0).k("pos", key0, into=[0])  # L0H1 first token
+    (f.head(1, 0).q("tok", C * eye(V), into=range(V)).k("prev", eye(V), into=range(V))  # L1H0 induction
+     .q("one", C, into=V).k("pos", -key0, into=[V])  # every query avoids key 0, whose prev holds its own token
+     .v("tok", eye(V), into=range(V)).o("out", ov_sign * eye(V), from_=range(V)))
+    f.head(1, 1).q("pos", C * eye(N), into=range(N)).k("pos", eye(N), into=range(N))  # L1H1 current token
+    return f.model
 
 
 @pytest.fixture(scope="module")
