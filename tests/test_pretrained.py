@@ -14,7 +14,8 @@ transformers = pytest.importorskip("transformers")
 
 from circuitlab import CircuitlabError  # noqa: E402
 from circuitlab.cli import main  # noqa: E402
-from circuitlab.pretrained import load_model_dir, load_pretrained, model_config_from_hf  # noqa: E402
+from circuitlab.pretrained import load_pretrained, model_config_from_hf  # noqa: E402
+from circuitlab.training import load_checkpoint  # noqa: E402
 
 VOCAB = 97
 TOL = 1e-4
@@ -225,7 +226,7 @@ def test_sharded_safetensors_and_pytorch_bin(tmp_path, imported):
 
 
 def test_bf16_checkpoint_is_read_in_chunks_and_upcast(tmp_path, monkeypatch):
-    import circuitlab.pretrained.source as source
+    import circuitlab.model.loading as source
 
     make_hf("neox-parallel", tmp_path / "fp32").to(torch.bfloat16).save_pretrained(tmp_path)
     monkeypatch.setattr(source, "_CHUNK_BYTES", 256)  # many chunks per tensor
@@ -363,16 +364,19 @@ def test_cli_import_writes_our_model_folder(tmp_path, imported, capsys):
     assert meta["model"] == reference.cfg.to_dict() and meta["source"]["name_or_path"] == str(folder)
     tok_meta = json.loads((out / "tokenizer" / "tokenizer_meta.json").read_text())
     assert tok_meta["kind"] == "hf" and os.path.isabs(tok_meta["path"])
-    model, tokenizer, _ = load_model_dir(out)
+    model, tokenizer, _ = load_checkpoint(out)
     ids = torch.tensor([tokenizer.encode("the dog ran to the park")])
     assert torch.equal(model(ids), reference(ids))
     assert (model(ids) - hf_logits(hf, ids)).abs().max() <= TOL
-    # importing again over our own folder is fine; over someone else's folder is refused
+    # importing again over our own folder keeps the previous one renamed; someone else's folder is refused
     assert main(["import", str(folder), "--out", str(out), "--no-tokenizer"]) == 0
+    kept = [p for p in out.parent.iterdir() if p.name.startswith("tiny.")]
+    assert len(kept) == 1 and (kept[0] / "tokenizer").is_dir() and not (out / "tokenizer").exists()
+    assert "kept the previous model as" in capsys.readouterr().out
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert main(["import", str(folder), "--out", str(tmp_path / "other")]) == 2
-    assert "not a circuitlab model folder" in capsys.readouterr().err
+    assert "already holds other files (notes.txt)" in capsys.readouterr().err
 
 
 def test_cli_import_bad_source_is_one_clear_line(tmp_path, capsys):

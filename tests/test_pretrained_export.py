@@ -7,7 +7,8 @@ transformers = pytest.importorskip("transformers")
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer  # noqa: E402
 from circuitlab.cli import main  # noqa: E402
-from circuitlab.pretrained import export_hf, export_style, load_pretrained, save_model_dir  # noqa: E402
+from circuitlab.pretrained import export_hf, export_style, load_pretrained  # noqa: E402
+from circuitlab.training import save_checkpoint  # noqa: E402
 
 TOL = 1e-4
 SMALL = dict(d_vocab=61, n_ctx=24)
@@ -124,7 +125,7 @@ def test_cli_export(tmp_path, capsys):
     from test_pretrained import make_tokenizer
 
     model = random_model(CONFIGS["llama-tied"])
-    save_model_dir(model, tmp_path / "ours", tokenizer=make_tokenizer())
+    save_checkpoint(tmp_path / "ours", model, make_tokenizer())
     assert main(["export", "--checkpoint", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -140,7 +141,6 @@ def test_export_of_a_training_checkpoint_with_its_bpe_tokenizer(tmp_path):
     """A checkpoint written by the trainer (circuitlab's own BPE tokenizer) exports with a
     transformers tokenizer that encodes the same ids."""
     from circuitlab.data.tokenizers import BPETokenizer
-    from circuitlab.training import save_checkpoint
 
     texts = ["the cat sat on the mat", "a dog ran to the park when it was sunny"] * 20
     tokenizer = BPETokenizer.train(texts, vocab_size=300)

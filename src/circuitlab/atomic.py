@@ -1,16 +1,29 @@
-"""Atomic file writes: write to a temp file in the same folder, then os.replace, so a file is
-either absent, old, or complete (caches, checkpoints, exports, reports).
+"""Atomic file and folder writes: write to a temp file (or folder) beside the target, then rename,
+so a file is either absent, old, or complete (caches, checkpoints, exports, reports).
 
 Several processes (e.g. DDP ranks) may build the same cache entry at once; each
 writes identical bytes and the last os.replace wins, so readers never see a
-half-written file.
+half-written file. Files and folders get the permissions a plain open() / mkdir() would give
+(0666 / 0777 less the umask), not the private 0600 / 0700 of tempfile's.
 """
 
+import contextlib
 import os
+import shutil
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+from circuitlab.errors import CircuitlabError
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def _replace_from_temp(path: Path, write) -> None:
@@ -22,6 +35,7 @@ def _replace_from_temp(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -36,6 +50,7 @@ def atomic_write_file(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -54,3 +69,84 @@ def atomic_write_text(path: Path, text: str) -> None:
 def atomic_write_array(path: Path, arr: np.ndarray) -> None:
     """Write the raw bytes of a 1-D array (read back with np.memmap)."""
     _replace_from_temp(path, lambda f: np.ascontiguousarray(arr).tofile(f))
+
+
+def old_copy(directory: Path) -> Path:
+    """Where replace_dir keeps the previous folder while it swaps a new one in."""
+    directory = Path(directory)
+    return directory.with_name(directory.name + ".old")
+
+
+@contextlib.contextmanager
+def atomic_dir(directory: Path) -> Iterator[Path]:
+    """Build a folder under a temporary name, then swap it in for `directory` (see replace_dir).
+
+        with atomic_dir(run / "checkpoint") as tmp:
+            (tmp / "model.safetensors").write_bytes(...)
+
+    On an error (or Ctrl-C) the temporary folder is removed and `directory` is untouched.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        yield tmp
+        _plain_modes(tmp)
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for stale in directory.parent.glob(f".{directory.name}.tmp-*"):  # left by saves a crash cut short
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _plain_modes(folder: Path) -> None:
+    """Give a folder built in a temp dir the modes plain mkdir / open would have (some writers, e.g.
+    safetensors' save_file, create their files 0600)."""
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def replace_dir(tmp: Path, directory: Path) -> None:
+    """Swap the complete folder `tmp` in for `directory`.
+
+    At every moment a complete folder exists as `directory` or as `directory.old` (old_copy): the
+    previous one is renamed aside, the new one renamed in, and only then is the previous one
+    deleted. A crash between the two renames leaves `directory.old`, which readers fall back to;
+    a `.old` is deleted only once a newer complete `directory` exists.
+    """
+    old = old_copy(directory)
+    if directory.exists():
+        if old.exists():
+            shutil.rmtree(old)  # directory is complete, so the older copy is not needed
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def set_aside(out: Path, is_previous_output: Callable[[Path], bool], what: str) -> Path | None:
+    """Make room for a new output folder without losing or mixing in an earlier one.
+
+    Absent or empty: nothing to do. Holding an earlier output of the same kind (is_previous_output):
+    it is renamed to OUT.YYYYmmdd-HHMMSS, which is returned. Holding anything else: refused, since
+    it is not ours to move. `what` names the output in the message ("interpret results").
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CircuitlabError(f"{out} is a file; give a folder for the {what}")
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    if not is_previous_output(out):
+        shown = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise CircuitlabError(f"{out} already holds other files ({shown}); give a new or empty folder for the {what}")
+    kept = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while kept.exists():
+        kept, n = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}"), n + 1
+    out.rename(kept)
+    return kept

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 
 from circuitlab.errors import CircuitlabError
 
@@ -56,14 +57,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    # A warning is one line too, without the source line Python shows by default.
+    default_format = warnings.formatwarning
+    warnings.formatwarning = lambda message, category, *_: f"circuitlab {args.command}: warning: {message}\n"
     try:
         return int(args._run(args) or 0)
     except CircuitlabError as e:
         print(f"circuitlab {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"circuitlab {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"circuitlab {args.command}: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = default_format
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "export a LLaMA-, GPT-2- or GPT-NeoX-style model to a Hugging Face folder transformers can load"
 EXAMPLE = "circuitlab export --checkpoint runs/demo/2l --out exports/demo-hf"
@@ -14,10 +15,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuitlab.pretrained import export_hf, export_style, load_model_dir
+    from circuitlab.atomic import set_aside
+    from circuitlab.pretrained import export_hf, export_style
+    from circuitlab.training import load_checkpoint
 
-    model, tokenizer, _ = load_model_dir(args.checkpoint)
+    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    export_style(model.cfg)  # an unexportable model is refused before anything is moved
+    kept = set_aside(Path(args.out), lambda p: (p / "config.json").is_file(), "export")
     out = export_hf(model, args.out, tokenizer)
+    if kept:
+        print(f"kept the previous export as {kept}")
     arch = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "gpt_neox": "GPTNeoXForCausalLM"}
     print(f"wrote a {arch[export_style(model.cfg)]} folder to {out}/"
           f"{'' if tokenizer is not None else ' (no tokenizer: the checkpoint has none in Hugging Face form)'}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 NAME = "import"
 HELP = "import a Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint"
@@ -24,14 +25,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from circuitlab.pretrained import load_pretrained, save_model_dir
+    from circuitlab.atomic import set_aside
+    from circuitlab.pretrained import load_pretrained
+    from circuitlab.training.checkpoint import is_checkpoint, save_checkpoint
 
     model, tokenizer = load_pretrained(args.source, dtype=getattr(torch, args.dtype), n_ctx=args.n_ctx,
                                        tokenizer=not args.no_tokenizer, cache_dir=args.cache_dir,
                                        revision=args.revision)
     cfg = model.cfg
     source = {"name_or_path": str(args.source), "revision": args.revision, "dtype": args.dtype}
-    out = save_model_dir(model, args.out, extra={"source": source}, tokenizer=tokenizer)
+    kept = set_aside(Path(args.out), is_checkpoint, "model")
+    out = save_checkpoint(args.out, model, tokenizer, extra={"source": source})
+    if kept:
+        print(f"kept the previous model as {kept}")
     print(f"imported {args.source}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads"
           f"{f' ({cfg.kv_heads} kv)' if cfg.kv_heads != cfg.n_heads else ''}, "
           f"{model.num_params():,} parameters, {args.dtype}")

@@ -61,6 +61,11 @@ class Tokenizer(ABC):
     def save(self, directory: str | Path) -> None:
         save_tokenizer(self, directory)
 
+    def to_hf(self):
+        """The same token mapping as a transformers tokenizer (for Hugging Face exports), or None
+        where there is no such form (char, byte, gpt2 via tiktoken)."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
@@ -172,6 +177,11 @@ class BPETokenizer(Tokenizer):
     def identity(self) -> str:
         return json.dumps(self.meta(), sort_keys=True) + self.hf.to_str()
 
+    def to_hf(self):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=self.hf, eos_token=EOS_TEXT, bos_token=EOS_TEXT)
+
 
 class GPT2Tokenizer(Tokenizer):
     """The GPT-2 BPE from tiktoken (50257 tokens; EOS 50256). Needs tiktoken's cache or network."""
@@ -204,11 +214,13 @@ class GPT2Tokenizer(Tokenizer):
 class HFTokenizer(Tokenizer):
     """Any `transformers.AutoTokenizer`, by hub name or local path ("hf:<name or path>")."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, files: str | Path | None = None, loaded=None):
+        """path: the hub name or folder it came from (its name); files: a folder holding a saved
+        copy to load instead; loaded: an already loaded transformers tokenizer to wrap."""
         try:
             from transformers import AutoTokenizer
 
-            self.hf = AutoTokenizer.from_pretrained(path)
+            self.hf = loaded if loaded is not None else AutoTokenizer.from_pretrained(str(files or path))
         except Exception as e:
             reason = (str(e).splitlines() or [""])[0]
             raise CircuitlabError(
@@ -217,6 +229,7 @@ class HFTokenizer(Tokenizer):
             ) from None
         if self.hf.eos_token_id is None:
             raise CircuitlabError(f"The tokenizer 'hf:{path}' has no EOS token, which is needed to separate documents; pick another tokenizer.")
+        self.saved_max_length = self.hf.model_max_length  # what save_pretrained writes
         self.hf.model_max_length = 10**12  # we pack long documents ourselves; silence length warnings
         self.path = path
         self.name = f"hf:{path}"
@@ -234,6 +247,14 @@ class HFTokenizer(Tokenizer):
 
     def meta(self) -> dict:
         return {"kind": "hf", "path": self.path, "vocab_size": self.vocab_size}
+
+    def to_hf(self):
+        """The transformers tokenizer, with the context limit it came with (for saving)."""
+        from copy import copy
+
+        hf = copy(self.hf)
+        hf.model_max_length = self.saved_max_length
+        return hf
 
 
 def iter_batches(texts: Iterable[str], n: int):
@@ -267,11 +288,16 @@ def build_tokenizer(spec: str, texts: Iterable[str] | None = None, vocab_size: i
 
 
 def save_tokenizer(tok: Tokenizer, directory: str | Path) -> None:
-    """Write tokenizer_meta.json (and tokenizer.json for bpe) into `directory`."""
+    """Write tokenizer_meta.json (and tokenizer.json for bpe, the transformers files for hf) into
+    `directory`, so that the folder alone rebuilds it. A transformers tokenizer is saved as hf."""
+    if hasattr(tok, "save_pretrained"):
+        tok = HFTokenizer(getattr(tok, "name_or_path", "") or "unknown", loaded=tok)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if isinstance(tok, BPETokenizer):
         atomic_write_text(directory / BPE_FILE, tok.hf.to_str())
+    if isinstance(tok, HFTokenizer):
+        tok.to_hf().save_pretrained(str(directory))
     atomic_write_text(directory / META_FILE, json.dumps(tok.meta(), indent=1))  # last: marks the save complete
 
 
@@ -294,8 +320,9 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
             return BPETokenizer(HFTok.from_file(str(directory / BPE_FILE)))
         if kind == "gpt2":
             return GPT2Tokenizer()
-        if kind == "hf":
-            return HFTokenizer(meta["path"])
+        if kind == "hf":  # the saved copy when there is one (older folders hold only the name)
+            saved = directory if (directory / "tokenizer_config.json").is_file() else None
+            return HFTokenizer(meta["path"], files=saved)
         raise KeyError(f"unknown kind {kind!r}")
     except CircuitlabError:
         raise

@@ -105,7 +105,7 @@ def train_addition_model(run: Any, out_dir: str | Path, retrain: bool = False,
     """Train run into out_dir with the project trainer, or reuse the model already there when it was
     trained with the same settings. Returns (model on CPU, eval mode; info: reused, seconds, losses)."""
     from circuitlab.training.checkpoint import load_checkpoint
-    from circuitlab.training.trainer import read_metrics, train
+    from circuitlab.training import read_metrics, train
 
     out_dir = Path(out_dir)
     if (out_dir / "checkpoint").exists() and not retrain:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_dir
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
@@ -125,25 +125,10 @@ def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> d
 
 # ---------------------------------------------------------------------------------------- tokenizer
 def _as_hf_tokenizer(tokenizer):
-    """A transformers tokenizer for `tokenizer`: itself, the one a circuitlab wrapper holds, or a
-    PreTrainedTokenizerFast around a circuitlab BPE tokenizer; None for anything else."""
-    if tokenizer is None:
-        return None
-    if hasattr(tokenizer, "save_pretrained"):
+    """A transformers tokenizer for `tokenizer` (itself, or a circuitlab Tokenizer's to_hf()), or None."""
+    if tokenizer is None or hasattr(tokenizer, "save_pretrained"):
         return tokenizer
-    inner = getattr(tokenizer, "hf", None)
-    if hasattr(inner, "save_pretrained"):
-        return inner
-    try:
-        from tokenizers import Tokenizer as RawTokenizer
-    except ImportError:
-        return None
-    if isinstance(inner, RawTokenizer):
-        from transformers import PreTrainedTokenizerFast
-
-        eos = inner.id_to_token(tokenizer.eos_id) if hasattr(tokenizer, "eos_id") else None
-        return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token=eos, bos_token=eos)
-    return None
+    return tokenizer.to_hf() if hasattr(tokenizer, "to_hf") else None
 
 
 # ---------------------------------------------------------------------------------------- export
@@ -166,15 +151,19 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None) ->
     # safetensors refuses tensors that share memory (our fused matrices' slices): copy each one
     tensors = {k: v.to("cpu", copy=True).contiguous() for k, v in tensors.items()}
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_file(out_dir / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    config = _hf_config(cfg, style, model.embed.weight.dtype, tokenizer)
-    atomic_write_text(out_dir / "config.json", json.dumps(config, indent=2))
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CircuitlabError(f"{out_dir} is a file; choose a folder for the export")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+        raise CircuitlabError(f"{out_dir} exists and is not a Hugging Face model folder; choose a new or empty folder")
     hf_tokenizer = _as_hf_tokenizer(tokenizer)
-    if hf_tokenizer is not None:
-        hf_tokenizer.save_pretrained(str(out_dir))
-    elif tokenizer is not None:
+    if hf_tokenizer is None and tokenizer is not None:
         warnings.warn(f"the tokenizer {tokenizer!r} has no Hugging Face form; the export has no tokenizer files",
                       stacklevel=2)
+    with atomic_dir(out_dir) as tmp:  # the whole folder at once: no mix of an earlier export's files
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(_hf_config(cfg, style, model.embed.weight.dtype, tokenizer),
+                                                    indent=2))
+        if hf_tokenizer is not None:
+            hf_tokenizer.save_pretrained(str(tmp))
     return out_dir
 

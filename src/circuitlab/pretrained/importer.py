@@ -10,23 +10,20 @@ is the model plus at most one transformed tensor.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import threading
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
+from circuitlab.model.loading import TensorReader, uninitialised_model
 from circuitlab.pretrained.families import Family, Piece, family_for, model_config_from_hf
-from circuitlab.pretrained.source import (TensorReader, read_hf_config, resolve_checkpoint, stream_tensors,
-                                          weight_files)
+from circuitlab.pretrained.source import read_hf_config, resolve_checkpoint, stream_tensors, weight_files
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -77,42 +74,6 @@ def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple
                               "it is probably a variant of the architecture that cannot be imported")
     _check_complete(params, rows_written, family.zero_targets(hf, cfg), family)
     return model.eval()
-
-
-_INIT_SWAP = threading.Lock()  # the swap below is process-wide: one model build at a time
-
-
-@contextlib.contextmanager
-def _skip_init():
-    """Build modules without initialising their weights (they are about to be overwritten): the
-    parameters are allocated but never written, which costs neither time nor resident memory.
-    reset_parameters of the three classes that initialise is swapped for a no-op, and put back."""
-    owners = (Transformer, nn.Linear, nn.Embedding)
-    with _INIT_SWAP:
-        saved = [(owner, owner.__dict__["reset_parameters"]) for owner in owners]
-        try:
-            for owner in owners:
-                owner.reset_parameters = _no_init
-            yield
-        finally:
-            for owner, method in saved:
-                owner.reset_parameters = method
-
-
-def _no_init(self, *args, **kwargs) -> None:
-    return None
-
-
-def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> Transformer:
-    """A Transformer whose parameters hold garbage, to be filled from a checkpoint; buffers are computed."""
-    with _skip_init(), torch.device(device):
-        model = Transformer(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dtype != dtype:
-                p.data = torch.empty(p.shape, dtype=dtype, device=p.device)
-    return model
 
 
 def _place(params: dict[str, torch.Tensor], piece: Piece, reader: TensorReader, key: str) -> int:

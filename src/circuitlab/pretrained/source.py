@@ -8,15 +8,14 @@
 from __future__ import annotations
 
 import json
-import math
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.loading import TensorReader, stream_safetensors
 
 # What we fetch from the hub: config, weights in safetensors ("model*" only: some repos also hold
 # the same weights in another layout, e.g. Mistral's consolidated.safetensors), the tokenizer.
@@ -124,108 +123,17 @@ def weight_files(folder: Path) -> list[Path]:
                           "or pytorch_model.bin); point at a complete Hugging Face checkpoint folder")
 
 
-class TensorReader:
-    """One checkpoint tensor, not yet read: its shape, and two ways to read it."""
-
-    shape: tuple[int, ...]
-
-    def read(self) -> torch.Tensor:
-        """The whole tensor, in the checkpoint's dtype."""
-        raise NotImplementedError
-
-    def read_into(self, dest: torch.Tensor) -> None:
-        """Copy the tensor into dest (same shape, any dtype) without holding a second full copy."""
-        dest.copy_(self.read())
-
-
 def stream_tensors(files: list[Path]) -> Iterator[tuple[str, TensorReader]]:
     """(name, reader) for every tensor of every shard, in file order; nothing is read until asked.
 
-    safetensors shards are read with plain file reads straight into the destination's memory
-    (no memory map, so the file's pages never count against our resident memory); .bin shards
-    are memory-mapped by torch.load where their format allows it.
+    safetensors shards are read straight into the destination's memory (circuitlab.model.loading);
+    .bin shards are memory-mapped by torch.load where their format allows it.
     """
     for file in files:
         if file.suffix == ".safetensors":
-            yield from _SafetensorsShard(file).tensors()
+            yield from stream_safetensors([file])
         else:
             yield from _stream_bin(file)
-
-
-# safetensors' dtype names (https://github.com/huggingface/safetensors, format: 8-byte little-endian
-# header length, JSON header {name: {dtype, shape, data_offsets}}, then the raw little-endian data)
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                       "U8": torch.uint8, "BOOL": torch.bool}
-_CHUNK_BYTES = 32 * 2**20  # converting reads (e.g. bf16 -> fp32) go through a buffer this large
-
-
-class _SafetensorsShard:
-    def __init__(self, file: Path) -> None:
-        self.file = file
-        try:
-            with open(file, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                if n > 100 * 2**20:
-                    raise ValueError(f"header length {n} is implausible")
-                self.header = json.loads(f.read(n))
-            self.data_start = 8 + n
-            self.header.pop("__metadata__", None)
-            for entry in self.header.values():
-                if entry["dtype"] not in _SAFETENSORS_DTYPES:
-                    raise ValueError(f"unsupported dtype {entry['dtype']}")
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
-            raise CircuitlabError(f"could not read {file} ({e}); the file is damaged or incomplete, "
-                                  "re-download it") from None
-
-    def tensors(self) -> Iterator[tuple[str, TensorReader]]:
-        with open(self.file, "rb", buffering=0) as f:
-            for key, entry in sorted(self.header.items(), key=lambda item: item[1]["data_offsets"][0]):
-                yield key, _SafetensorsTensor(f, self.data_start, entry, self.file)
-
-
-class _SafetensorsTensor(TensorReader):
-    def __init__(self, f, data_start: int, entry: dict, file: Path) -> None:
-        self.f, self.file = f, file
-        self.shape = tuple(entry["shape"])
-        self.dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-        begin, end = entry["data_offsets"]
-        self.offset, self.nbytes = data_start + begin, end - begin
-        if self.nbytes != math.prod(self.shape) * self.dtype.itemsize:
-            raise CircuitlabError(f"{file} is damaged: a tensor's size does not match its shape; re-download it")
-
-    def read(self) -> torch.Tensor:
-        out = torch.empty(self.shape, dtype=self.dtype)
-        self._read_bytes(out, self.offset)
-        return out
-
-    def read_into(self, dest: torch.Tensor) -> None:
-        if dest.dtype == self.dtype and dest.is_contiguous() and dest.device.type == "cpu":
-            self._read_bytes(dest, self.offset)  # straight into place: no copy at all
-            return
-        flat = dest.view(-1) if dest.is_contiguous() else None
-        if flat is None:
-            dest.copy_(self.read())
-            return
-        step = max(1, _CHUNK_BYTES // self.dtype.itemsize)
-        buffer = torch.empty(min(step, flat.numel()), dtype=self.dtype)
-        for start in range(0, flat.numel(), step):
-            n = min(step, flat.numel() - start)
-            self._read_bytes(buffer[:n], self.offset + start * self.dtype.itemsize)
-            flat[start:start + n].copy_(buffer[:n])
-
-    def _read_bytes(self, out: torch.Tensor, offset: int) -> None:
-        """Fill the contiguous CPU tensor out with the bytes at offset."""
-        if out.numel() == 0:
-            return
-        view = memoryview(out.view(-1).view(torch.uint8).numpy())
-        self.f.seek(offset)
-        done = 0
-        while done < len(view):
-            n = self.f.readinto(view[done:])
-            if not n:
-                raise CircuitlabError(f"{self.file} ends early; the file is truncated, re-download it")
-            done += n
 
 
 class _LoadedTensor(TensorReader):

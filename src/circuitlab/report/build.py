@@ -58,11 +58,12 @@ def load_run(run_dir: str | Path, name: str | None = None, model=None, tokenizer
              load_model: bool = True) -> RunData:
     """A run directory (or checkpoint directory) as RunData: metrics.jsonl, the checkpoint's config and
     training state, and (unless model is given or load_model is False) the model and tokenizer."""
-    from circuitlab.training import find_checkpoint, load_checkpoint, read_metrics
+    from circuitlab.training import (find_checkpoint, load_checkpoint, read_checkpoint_meta, read_metrics,
+                                     read_trainer_state)
 
     run_dir = Path(run_dir)
     metrics = read_metrics(run_dir)
-    if not metrics and (run_dir.parent / "metrics.jsonl").is_file() and run_dir.name in ("checkpoint", "best"):
+    if not metrics and run_dir.name in ("checkpoint", "best"):
         metrics = read_metrics(run_dir.parent)
     run = RunData(name or run_dir.name, model=model, tokenizer=tokenizer, metrics=metrics)
     try:
@@ -71,12 +72,11 @@ def load_run(run_dir: str | Path, name: str | None = None, model=None, tokenizer
         ckpt = None
     if ckpt is not None:
         run.checkpoint = str(ckpt)
-        meta = json.loads((ckpt / "config.json").read_text())
+        meta = read_checkpoint_meta(ckpt)
         run.model_config, run.run_config = meta.get("model"), meta.get("run") or None
-        state = ckpt / "trainer_state.json"
-        if state.is_file():
-            st = json.loads(state.read_text())
-            run.steps, run.tokens_seen = st.get("step"), st.get("tokens_seen")
+        state = read_trainer_state(ckpt)
+        if state is not None:
+            run.steps, run.tokens_seen = state.get("step"), state.get("tokens_seen")
         if model is None and load_model:
             run.model, loaded_tok, _ = load_checkpoint(ckpt)
             run.tokenizer = tokenizer if tokenizer is not None else loaded_tok

@@ -1,45 +1,60 @@
-"""Checkpoints are data: a directory with model.safetensors, config.json and the tokenizer,
-plus (for resuming) optimizer.safetensors and trainer_state.json. Written atomically: the
-directory is built under a temporary name and swapped in with renames.
+"""circuitlab's one checkpoint format, written by the trainer and by `circuitlab import`, read by
+training (resume), generate, interpret, serve, export and the report:
 
-    runs/NAME/checkpoint/   latest, resumable      runs/NAME/best/   best val loss (model only)
+    DIR/model.safetensors       the state dict (a tied unembedding is stored once, as embed.weight)
+    DIR/config.json             {"format": FORMAT, "model": ModelConfig.to_dict(), "run": run config, ...extra}
+    DIR/tokenizer/              the tokenizer (circuitlab.data.save_tokenizer), when there is one
+    DIR/optimizer.safetensors, rng.safetensors, trainer_state.json      for resuming training
+
+A run folder holds checkpoint/ (latest, resumable), best/ (best val loss, model only) and
+metrics.jsonl (see circuitlab.training.run_log). A folder is built under a temporary name and
+swapped in (circuitlab.atomic.atomic_dir), so a crash leaves either the new checkpoint or the
+previous one, possibly as checkpoint.old, which find_checkpoint falls back to.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from circuitlab.atomic import atomic_dir, old_copy
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
+from circuitlab.model.loading import stream_safetensors, uninitialised_model
 
-MODEL_FILE, CONFIG_FILE, OPTIM_FILE, STATE_FILE, TOKENIZER_DIR = (
-    "model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json", "tokenizer")
+FORMAT = "circuitlab-checkpoint-1"
+MODEL_FILE, CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, TOKENIZER_DIR = (
+    "model.safetensors", "config.json", "optimizer.safetensors", "rng.safetensors", "trainer_state.json",
+    "tokenizer")
 
 
 def save_checkpoint(directory: str | Path, model: Transformer, tokenizer=None, run_config: dict | None = None,
-                    optimizer: torch.optim.Optimizer | None = None, state: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint directory atomically; returns its path."""
+                    optimizer: torch.optim.Optimizer | None = None, state: dict[str, Any] | None = None,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint folder atomically; returns its path.
+
+    tokenizer: a circuitlab Tokenizer or a transformers tokenizer. optimizer and state (a JSON-able
+    dict, e.g. {"step": ...}) make it resumable. extra: more entries for config.json (e.g.
+    {"source": ...}). An existing folder is replaced only if it is a checkpoint.
+    """
     from circuitlab.data import save_tokenizer
 
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
-    try:
+    if directory.exists() and not directory.is_dir():
+        raise CircuitlabError(f"{directory} is a file; choose a folder for the model")
+    if directory.is_dir() and any(directory.iterdir()) and not is_checkpoint(directory):
+        raise CircuitlabError(f"{directory} exists and is not a circuitlab model folder; choose a new or empty folder")
+    with atomic_dir(directory) as tmp:
         # Tied weights share storage; safetensors refuses shared tensors, so store each once.
-        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         if model.cfg.tied_embeddings:
             tensors.pop("unembed.weight", None)
-        save_file(tensors, str(tmp / MODEL_FILE))
-        meta = {"model": model.cfg.to_dict(), "run": run_config or {}, "format": "circuitlab-checkpoint-1"}
-        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp / TOKENIZER_DIR)
         if optimizer is not None:
@@ -50,57 +65,86 @@ def save_checkpoint(directory: str | Path, model: Transformer, tokenizer=None, r
             rng = {"torch_rng": torch.get_rng_state()}
             if torch.cuda.is_available():
                 rng["cuda_rng"] = torch.cuda.get_rng_state()
-            save_file(rng, str(tmp / "rng.safetensors"))
+            save_file(rng, str(tmp / RNG_FILE))
             (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
-        _swap_in(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        meta = {**(extra or {}), "model": model.cfg.to_dict(), "run": run_config or {}, "format": FORMAT}
+        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
     return directory
 
 
-def _swap_in(tmp: Path, directory: Path) -> None:
-    old = directory.with_name(directory.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
+def is_checkpoint(folder: Path) -> bool:
+    return (folder / MODEL_FILE).is_file() and (folder / CONFIG_FILE).is_file()
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """Accept a run directory (uses its checkpoint/ or best/) or a checkpoint directory."""
+def find_checkpoint(path: str | Path, resumable: bool = False) -> Path:
+    """The checkpoint folder for `path`: a checkpoint folder, or a run folder (its checkpoint/,
+    else best/). A save cut short by a crash leaves NAME.old, used (with a warning) when NAME is
+    missing. resumable: only checkpoints that training can continue (checkpoint/, not best/)."""
     path = Path(path)
-    if not path.exists():
-        raise CircuitlabError(f"checkpoint not found: {path}")
-    for candidate in (path, path / "checkpoint", path / "best", path.with_name(path.name + ".old")):
-        if (candidate / MODEL_FILE).is_file() and (candidate / CONFIG_FILE).is_file():
+    names = ["checkpoint"] if resumable else ["checkpoint", "best"]
+    candidates = [path, old_copy(path)] + [c for n in names for c in (path / n, old_copy(path / n))]
+    for candidate in candidates:
+        if is_checkpoint(candidate) and not (resumable and not (candidate / STATE_FILE).is_file()):
+            if candidate.name.endswith(".old"):
+                warnings.warn(f"using {candidate}: a save was cut short before its replacement was in place",
+                              stacklevel=2)
             return candidate
-    raise CircuitlabError(f"{path} holds no checkpoint (expected {MODEL_FILE} and {CONFIG_FILE})")
+    if not path.exists() and not old_copy(path).exists():
+        raise CircuitlabError(f"checkpoint not found: {path}")
+    if resumable:
+        raise CircuitlabError(f"{path} holds no checkpoint to resume (training stopped before its first save?); "
+                              "run without --resume to start again")
+    raise CircuitlabError(f"{path} holds no checkpoint (expected {MODEL_FILE} and {CONFIG_FILE}); "
+                          "for a Hugging Face folder use `circuitlab import` first")
+
+
+def read_checkpoint_meta(path: str | Path) -> dict[str, Any]:
+    """config.json of the checkpoint at `path` (see find_checkpoint), as a dict with "model"."""
+    folder = find_checkpoint(path)
+    try:
+        meta = json.loads((folder / CONFIG_FILE).read_text())
+        ModelConfig.from_dict(meta["model"])
+    except CircuitlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged file is the user's to fix
+        raise CircuitlabError(f"{folder / CONFIG_FILE} is damaged or unreadable ({type(e).__name__}: {e})") from None
+    return meta
+
+
+def read_trainer_state(path: str | Path) -> dict[str, Any] | None:
+    """trainer_state.json ({"step", "tokens_seen", "best_val_loss", ...}) of a checkpoint, or None."""
+    file = find_checkpoint(path) / STATE_FILE
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CircuitlabError(f"{file} is damaged or unreadable ({e})") from None
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
-    """Load (model, tokenizer or None, meta dict) from a checkpoint or run directory."""
+    """(model in eval mode, circuitlab Tokenizer or None, config.json dict) from a checkpoint or run
+    folder. Weights are read straight into the model, tensor by tensor (no random init, no copy)."""
     from circuitlab.data import load_tokenizer
 
-    ckpt = find_checkpoint(path)
-    try:
-        meta = json.loads((ckpt / CONFIG_FILE).read_text())
-        cfg = ModelConfig.from_dict(meta["model"])
-        tensors = load_file(str(ckpt / MODEL_FILE), device=str(device))
-    except CircuitlabError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a corrupt file is the user's to fix
-        raise CircuitlabError(f"checkpoint {ckpt} is corrupt or unreadable: {e}") from None
-    model = Transformer(cfg).to(device)
-    if cfg.tied_embeddings:
-        tensors.setdefault("unembed.weight", tensors["embed.weight"])
-    try:
-        model.load_state_dict(tensors, strict=True)
-    except RuntimeError as e:
-        raise CircuitlabError(f"checkpoint {ckpt} does not match its config: {e}") from None
-    tokenizer = load_tokenizer(ckpt / TOKENIZER_DIR) if (ckpt / TOKENIZER_DIR).exists() else None
+    folder = find_checkpoint(path)
+    meta = read_checkpoint_meta(folder)
+    cfg = ModelConfig.from_dict(meta["model"])
+    model = uninitialised_model(cfg, device=device)
+    params = dict(model.named_parameters())  # a tied unembedding appears once, as embed.weight
+    written = set()
+    for key, reader in stream_safetensors([folder / MODEL_FILE]):
+        if key == "unembed.weight" and cfg.tied_embeddings:
+            continue  # older checkpoints may hold both copies
+        if key not in params or tuple(params[key].shape) != reader.shape:
+            raise CircuitlabError(f"the weights in {folder} do not match its config.json ({key}); "
+                                  "was the folder edited by hand?")
+        reader.read_into(params[key].data)
+        written.add(key)
+    missing = sorted(set(params) - written)
+    if missing:
+        raise CircuitlabError(f"{folder / MODEL_FILE} lacks {', '.join(missing[:3])}; the folder is incomplete")
+    tokenizer = load_tokenizer(folder / TOKENIZER_DIR) if (folder / TOKENIZER_DIR).is_dir() else None
     return model.eval(), tokenizer, meta
 
 
@@ -109,7 +153,7 @@ def load_training_state(ckpt: Path, optimizer: torch.optim.Optimizer) -> dict[st
     try:
         state = json.loads((ckpt / STATE_FILE).read_text())
         _unflatten_optimizer(optimizer, load_file(str(ckpt / OPTIM_FILE)), state.pop("optimizer"))
-        rng = load_file(str(ckpt / "rng.safetensors"))
+        rng = load_file(str(ckpt / RNG_FILE))
     except FileNotFoundError as e:
         raise CircuitlabError(f"{ckpt} cannot be resumed: {Path(e.filename).name} is missing") from None
     except Exception as e:  # noqa: BLE001

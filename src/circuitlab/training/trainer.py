@@ -9,8 +9,10 @@ and the checkpoint holds the optimizer, the RNG and the step.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +21,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
 from circuitlab.training import distributed as D
-from circuitlab.training.checkpoint import (find_checkpoint, load_checkpoint, load_training_state,
+from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
+from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
 from circuitlab.training.schedule import lr_at
 from circuitlab.training.sinks import open_sinks
@@ -33,6 +37,10 @@ from circuitlab.training.tracking import induction_batch, track
 
 class TrainingDiverged(CircuitlabError):
     pass
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the step in progress was finished and saved; the message says how to go on."""
 
 
 @dataclass
@@ -51,6 +59,9 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
           stop_at: int | None = None) -> TrainResult:
     """Train run's model into out_dir (checkpoint/, best/, metrics.jsonl, run.yaml).
 
+    A new run needs an absent or empty out_dir; resume continues its checkpoint. Ctrl-C finishes
+    the current step, saves a checkpoint and raises TrainingInterrupted (a KeyboardInterrupt).
+
     stop_at: stop (with a checkpoint) after this many steps, as if interrupted; the schedule
     still follows train.steps, so a later resume continues the same curve.
     """
@@ -64,12 +75,11 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                               f"world size x grad_accum ({world} x {t.grad_accum})")
 
     ckpt = None
-    if not resume and (out_dir / "checkpoint").exists():
-        raise CircuitlabError(f"{out_dir} already holds a checkpoint; pass --resume to continue it, "
-                              "or choose another --out")
+    if not resume:
+        _check_fresh(out_dir)
     model = tokenizer = None
     if resume:
-        ckpt = find_checkpoint(out_dir / "checkpoint")
+        ckpt = find_checkpoint(out_dir, resumable=True)
         model, tokenizer, _ = load_checkpoint(ckpt, device)
     with D.rank_zero_first():
         data = build_data(run.data, tokenizer=tokenizer)  # a resumed run keeps its saved tokenizer
@@ -88,7 +98,7 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "run.yaml").write_text(_yaml(run.to_dict()))
-        _truncate_metrics(out_dir / "metrics.jsonl", after_step=start)
+        truncate_metrics(out_dir, after_step=start)
     ddp_model = D.wrap(model, device)
 
     rep_tokens = induction_batch(tokenizer.vocab_size, min(64, model.cfg.n_ctx)).to(device)
@@ -115,10 +125,9 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     if start == 0:
         log({"step": 0, "tokens": 0, **track(model, rep_tokens, val_probe).to_dict()})
 
-    bar = tqdm(total=t.steps, initial=start, disable=not progress or rank != 0, desc=run.name, unit="step")
-    t0, loss_value = time.time(), float("nan")
-    end = min(t.steps, stop_at) if stop_at is not None else t.steps
-    for step in range(start, end):
+    def one_step(step: int) -> tuple[float, int]:
+        """Train step `step` (0-based); log, evaluate and save as scheduled. Returns (loss, steps done)."""
+        nonlocal tokens_seen, best_val
         lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_frac)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -160,9 +169,24 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             log({"step": done, "tokens": tokens_seen, **record})
         if done % t.ckpt_every == 0 or done == end:
             checkpoint(done)
-    bar.close()
-    if sinks is not None:
-        sinks.close()
+        return loss_value, done
+
+    bar = tqdm(total=t.steps, initial=start, disable=not progress or rank != 0, desc=run.name, unit="step")
+    t0, loss_value = time.time(), float("nan")
+    end = min(t.steps, stop_at) if stop_at is not None else t.steps
+    try:
+        with _finish_step_on_ctrl_c(world) as interrupted:
+            for step in range(start, end):
+                if interrupted.is_set():
+                    bar.close()
+                    if step > start:  # the state in memory is that of a complete step: keep it
+                        checkpoint(step)
+                    raise TrainingInterrupted(_interrupted_message(out_dir, step, saved=step > start))
+                loss_value, done = one_step(step)
+    finally:
+        bar.close()
+        if sinks is not None:
+            sinks.close()
     D.teardown()
     return TrainResult(out_dir, model.eval(), tokenizer, end, tokens_seen, loss_value, best_val,
                        time.time() - t0)
@@ -193,19 +217,58 @@ def evaluate(model: Transformer, data, t, rank: int = 0, world: int = 1, device:
     return D.mean(total).item() / t.eval_batches
 
 
-def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(out_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _check_fresh(out_dir: Path) -> None:
+    """A new run starts in an absent or empty folder: never over another run's files (nor its
+    checkpoint.old, which may be the only copy a crash left)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CircuitlabError(f"{out_dir} is a file; give a folder for the run with --out")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    held = [p.name for p in sorted(out_dir.iterdir())]
+    if any(is_checkpoint(p) for p in (out_dir / "checkpoint", old_copy(out_dir / "checkpoint"))):
+        raise CircuitlabError(f"{out_dir} already holds a checkpoint; pass --resume to continue it, "
+                              "or choose another --out")
+    if any(is_checkpoint(out_dir / name) for name in held):
+        raise CircuitlabError(f"{out_dir} holds a model ({', '.join(n for n in held if is_checkpoint(out_dir / n))}) "
+                              "but no checkpoint to resume; choose another --out, or move the folder away")
+    # A run that stopped before its first save leaves only these; starting it again loses nothing.
+    unsaved = {"run.yaml", METRICS_FILE}
+    others = [n for n in held if n not in unsaved and not n.startswith((".checkpoint.tmp-", ".best.tmp-"))]
+    if others:
+        raise CircuitlabError(f"{out_dir} already holds other files ({', '.join(others[:4])}); "
+                              "choose a new or empty --out")
 
 
-def _truncate_metrics(path: Path, after_step: int) -> None:
-    """On resume, drop records past the checkpoint so the curve has no duplicated steps."""
-    if path.is_file():
-        keep = [line for line in path.read_text().splitlines() if line.strip()
-                and json.loads(line)["step"] <= after_step]
-        path.write_text("".join(line + "\n" for line in keep) if after_step else "")
+@contextlib.contextmanager
+def _finish_step_on_ctrl_c(world: int):
+    """The first Ctrl-C sets the yielded event (the loop finishes its step, saves and stops); a second
+    one interrupts at once. Only alone and in the main thread (where Python delivers signals): DDP
+    ranks would see the signal at different steps and wait on each other."""
+    interrupted = threading.Event()
+    if world > 1 or threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def handler(signum, frame):
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+        print("\nstopping after this step to save a checkpoint (Ctrl-C again to stop at once, unsaved)",
+              file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted_message(out_dir: Path, step: int, saved: bool) -> str:
+    if saved:
+        return f"stopped at step {step} and saved {out_dir / 'checkpoint'}; continue with --resume"
+    if is_checkpoint(out_dir / "checkpoint"):
+        return f"stopped before finishing a step; {out_dir / 'checkpoint'} is as it was; continue with --resume"
+    return "stopped before finishing a step, nothing to save; start again with the same --out"
 
 
 def _yaml(data: dict) -> str:
