@@ -104,18 +104,20 @@ def train_addition_model(run: Any, out_dir: str | Path, retrain: bool = False,
                          progress: bool = True) -> tuple[Transformer, dict[str, Any]]:
     """Train run into out_dir with the project trainer, or reuse the model already there when it was
     trained with the same settings. Returns (model on CPU, eval mode; info: reused, seconds, losses)."""
-    from circuitlab.training.checkpoint import load_checkpoint
-    from circuitlab.training import read_metrics, train
+    from circuitlab.atomic import old_copy
+    from circuitlab.training import load_checkpoint, read_metrics, train
+    from circuitlab.training.checkpoint import is_checkpoint
 
     out_dir = Path(out_dir)
-    if (out_dir / "checkpoint").exists() and not retrain:
-        model, _, meta = load_checkpoint(out_dir / "checkpoint")
+    saved = any(is_checkpoint(p) for p in (out_dir / "checkpoint", old_copy(out_dir / "checkpoint")))
+    if saved and not retrain:
+        model, _, meta = load_checkpoint(out_dir)
         if meta.get("run") != _json_roundtrip(run.to_dict()):
             raise CircuitlabError(f"{out_dir} holds a model trained with other settings; pass --retrain to replace "
                                   "it, or choose another --out")
         reused, seconds = True, None
     else:
-        if out_dir.exists():
+        if retrain and out_dir.exists():  # asked for; otherwise the trainer refuses a folder it would overwrite
             shutil.rmtree(out_dir)
         result = train(run, out_dir, progress=progress)
         model, reused, seconds = result.model.cpu().eval(), False, result.seconds
