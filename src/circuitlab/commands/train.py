@@ -11,7 +11,8 @@ EXAMPLE = "circuitlab train --config configs/demo.yaml --set train.steps=300 --o
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="a YAML run config, or the name of one in configs/")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. train.lr=3e-4 or model.n_layers=1 (repeatable)")
+                   help="override a config field, e.g. train.lr=3e-4 or model.n_layers=1 (repeatable); "
+                        "train.log=tensorboard (or wandb, or tensorboard,wandb) also logs there besides metrics.jsonl")
     p.add_argument("--out", help="run directory (default runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
