@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab.model import model_device
+from circuitlab.analysis._json import round_tensor
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 
 # ---------------------------------------------------------------------------- decomposition
 
@@ -207,8 +208,8 @@ class NeuronTokens:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"layer": self.layer, "neurons": self.neurons, "top_tokens": self.top_tokens.tolist(),
-                             "top_values": _round(self.top_values), "bottom_tokens": self.bottom_tokens.tolist(),
-                             "bottom_values": _round(self.bottom_values)}
+                             "top_values": round_tensor(self.top_values), "bottom_tokens": self.bottom_tokens.tolist(),
+                             "bottom_values": round_tensor(self.bottom_values)}
         if self.top_strs is not None:
             d.update(top_strs=self.top_strs, bottom_strs=self.bottom_strs)
         return d
@@ -261,7 +262,7 @@ class NeuronExamples:
     context_strs: list[list[str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"layer": self.layer, "neurons": self.neurons, "values": _round(self.values),
+        d: dict[str, Any] = {"layer": self.layer, "neurons": self.neurons, "values": round_tensor(self.values),
                              "seq": self.seq.tolist(), "pos": self.pos.tolist(), "contexts": self.contexts}
         if self.context_strs is not None:
             d["context_strs"] = self.context_strs
@@ -309,6 +310,3 @@ def top_activating_inputs(model, batches: Iterable[torch.Tensor] | torch.Tensor,
         result.context_strs = [[tokenizer.decode(c) for c in row] for row in best_ctx]
     return result
 
-
-def _round(t: torch.Tensor, digits: int = 6) -> Any:
-    return torch.round(t.float(), decimals=digits).tolist()

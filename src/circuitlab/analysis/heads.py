@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from circuitlab.display import Displayed
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
+from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
 DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")

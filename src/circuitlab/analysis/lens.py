@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from circuitlab.model import model_device
+from circuitlab.analysis._json import round_tensor
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 
 
 @dataclass
@@ -41,8 +42,8 @@ class LogitLens(Displayed):
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"labels": self.labels, "tokens": self.tokens,
                              "top_tokens": self.top_tokens.tolist(),
-                             "top_probs": _round(self.top_probs), "entropy": _round(self.entropy),
-                             "final_top_probs": _round(self.final_top_probs)}
+                             "top_probs": round_tensor(self.top_probs, 5), "entropy": round_tensor(self.entropy, 5),
+                             "final_top_probs": round_tensor(self.final_top_probs, 5)}
         if self.token_strs is not None:
             d["token_strs"] = self.token_strs
             d["top_strs"] = self.top_strs
@@ -94,6 +95,3 @@ def logit_lens(model, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=No
         lens.top_strs = [[[tokenizer.decode([t]) for t in row] for row in point] for point in top_tokens.tolist()]
     return lens
 
-
-def _round(t: torch.Tensor, digits: int = 5) -> Any:
-    return torch.round(t.float(), decimals=digits).tolist()

@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from circuitlab.model import model_device
-from circuitlab.display import Displayed
 from circuitlab.analysis.patching import as_tokens, rounded
+from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 from circuitlab.model.hooks import act_name
 
 Data = torch.Tensor | Iterable[torch.Tensor] | Callable[[], Iterable[torch.Tensor]]

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from circuitlab.model import model_device
+from circuitlab.analysis._json import round_tensor
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 
 PATTERN_DIGITS = 4   # attention weights are rounded to this many decimals
 VALUE_DIGITS = 5     # probabilities, logits, residual coordinates
@@ -31,7 +32,7 @@ def token_limit(model, max_tokens: int) -> int:
 
 
 def _round(t: torch.Tensor, digits: int = VALUE_DIGITS) -> Any:
-    return torch.round(t.detach().double().cpu(), decimals=digits).tolist()
+    return round_tensor(t, digits, torch.float64)
 
 
 def token_str(tokenizer, token_id: int) -> str:
