@@ -1,0 +1,150 @@
+"""How good a dictionary is: reconstruction, sparsity, feature density, and the model's loss when spliced in.
+
+    m = evaluate(sae, batches)                    # batches: iterable of {hook: [rows, width]}
+    m.l0, m.fvu, m.explained_variance, m.mse, m.cosine, m.l2_ratio, m.dead_frac, m.dense_frac
+    s = spliced_loss(model, sae, tokens)          # CE clean / spliced / zero-ablated, CE recovered, KL
+
+Definitions (SAELens's): FVU = Σ‖y − ŷ‖² / Σ‖y − ȳ‖², explained variance = 1 − FVU; cosine and
+L2 ratio ‖ŷ‖/‖y‖ are averaged over rows (L2 ratio < 1 is shrinkage); a latent's density is the
+fraction of rows where it fires: dead = never fired, dense = fires on more than 10% of rows.
+CE recovered = (CE_zero − CE_spliced) / (CE_zero − CE_clean): 1 for a perfect dictionary, 0 for one
+no better than zeroing the hook.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
+from circuitlab.errors import CircuitlabError
+
+DENSE_ABOVE = 0.1
+
+
+@dataclass
+class DictionaryMetrics:
+    n_rows: int
+    l0: float
+    mse: float
+    fvu: float
+    explained_variance: float
+    cosine: float
+    l2_ratio: float
+    dead_frac: float
+    dense_frac: float
+    density: torch.Tensor = field(repr=False)  # [d_sae] fraction of rows each latent fires on
+    spliced: "SplicedLoss | None" = None
+
+    def density_histogram(self, bins: int = 20) -> tuple[list[int], list[float]]:
+        """Counts of live latents by log10 density, and the bin edges (dead latents are dead_frac)."""
+        live = self.density[self.density > 0].double().log10()
+        if not len(live):
+            return [0] * bins, [0.0] * (bins + 1)
+        lo, hi = float(live.min()), max(float(live.max()), float(live.min()) + 1e-6)
+        counts = torch.histc(live, bins=bins, min=lo, max=hi)
+        return [int(c) for c in counts], [lo + (hi - lo) * i / bins for i in range(bins + 1)]
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if k not in ("density", "spliced")}
+        counts, edges = self.density_histogram()
+        out["log10_density_histogram"] = {"counts": counts, "edges": [round(e, 4) for e in edges]}
+        if self.spliced is not None:
+            out["spliced"] = self.spliced.to_dict()
+        return out
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{k}</td><td>{v:.4g}</td></tr>" for k, v in self.to_dict().items()
+                       if isinstance(v, float))
+        return f"<table><tr><th>metric</th><th>value</th></tr>{rows}</table>"
+
+
+@torch.no_grad()
+def evaluate(sae: SparseDictionary, batches: Iterable[dict[str, torch.Tensor]]) -> DictionaryMetrics:
+    """Reconstruction and sparsity over batches of raw activations {hook: [rows, width]}."""
+    cfg = sae.cfg
+    out_hook = cfg.out_hook_name or cfg.hook_name
+    n, sse, sum_y, sum_y2, cos, ratio, l0 = 0, 0.0, None, 0.0, 0.0, 0.0, 0.0
+    fires = torch.zeros(cfg.d_sae, dtype=torch.float64)
+    for batch in batches:
+        for name in (cfg.hook_name, out_hook):
+            if name not in batch:
+                raise CircuitlabError(f"the evaluation batches have no {name!r} (they have {', '.join(batch)})")
+        x = batch[cfg.hook_name].to(sae.device)
+        y = batch[out_hook].to(sae.device).to(sae.W_dec.dtype)
+        y_hat, acts = sae(x)
+        active = acts > 0
+        n += len(x)
+        sse += float((y_hat - y).pow(2).sum())
+        sum_y = y.sum(0).double() if sum_y is None else sum_y + y.sum(0).double()
+        sum_y2 += float(y.double().pow(2).sum())
+        cos += float(torch.nn.functional.cosine_similarity(y_hat, y, dim=-1).sum())
+        ratio += float((y_hat.norm(dim=-1) / y.norm(dim=-1).clamp(min=1e-12)).sum())
+        l0 += float(active.sum())
+        fires += active.sum(0).double().cpu()
+    if n == 0:
+        raise CircuitlabError("no activations to evaluate on")
+    sst = sum_y2 - float(sum_y.pow(2).sum()) / n
+    fvu = sse / sst if sst > 0 else float("nan")
+    density = (fires / n).float()
+    return DictionaryMetrics(n_rows=n, l0=l0 / n, mse=sse / n, fvu=fvu, explained_variance=1 - fvu,
+                             cosine=cos / n, l2_ratio=ratio / n, dead_frac=float((density == 0).float().mean()),
+                             dense_frac=float((density > DENSE_ABOVE).float().mean()), density=density)
+
+
+# ---------------------------------------------------------------------------- spliced into the model
+
+@dataclass
+class SplicedLoss:
+    ce_clean: float
+    ce_spliced: float
+    ce_zero: float
+    ce_recovered: float
+    kl: float          # KL(clean ‖ spliced) of the next-token distributions, mean per token
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _reconstruction_hooks(sae: SparseDictionary, mode: str):
+    """fwd_hooks replacing the written hook with the dictionary's output ("splice") or zeros ("zero")."""
+    cfg = sae.cfg
+    saved: dict[str, torch.Tensor] = {}
+
+    def read(t: torch.Tensor, hook) -> None:
+        saved["x"] = t
+
+    def write(t: torch.Tensor, hook) -> torch.Tensor:
+        if mode == "zero":
+            return torch.zeros_like(t)
+        x = saved.pop("x") if cfg.is_transcoder else t
+        lead = x.shape[:2]  # [batch, pos, ...] read flattened to [batch, pos, d_in]
+        y_hat, _ = sae(x.reshape(*lead, -1))
+        return y_hat.reshape(t.shape).to(t.dtype)
+
+    if cfg.is_transcoder:
+        return [(cfg.hook_name, read), (cfg.out_hook_name, write)]
+    return [(cfg.hook_name, write)]
+
+
+@torch.no_grad()
+def spliced_loss(model: nn.Module, sae: SparseDictionary, tokens: torch.Tensor) -> SplicedLoss:
+    """tokens [batch, pos+1]: next-token CE of the model as is, with the dictionary's reconstruction
+    in place of its hook (a transcoder replaces the MLP output), and with that hook zeroed."""
+    check_base_model(sae, model)
+    logp_clean = model(tokens[:, :-1]).log_softmax(-1)
+    targets = tokens[:, 1:]
+
+    def ce(logp: torch.Tensor) -> float:
+        return float(-logp.gather(-1, targets[..., None]).mean())
+
+    logp_spliced = model.run_with_hooks(tokens[:, :-1], fwd_hooks=_reconstruction_hooks(sae, "splice")).log_softmax(-1)
+    logp_zero = model.run_with_hooks(tokens[:, :-1], fwd_hooks=_reconstruction_hooks(sae, "zero")).log_softmax(-1)
+    clean, spliced, zero = ce(logp_clean), ce(logp_spliced), ce(logp_zero)
+    kl = float((logp_clean.exp() * (logp_clean - logp_spliced)).sum(-1).mean())
+    denom = zero - clean
+    recovered = (zero - spliced) / denom if abs(denom) > 1e-12 else math.nan
+    return SplicedLoss(clean, spliced, zero, recovered, kl)

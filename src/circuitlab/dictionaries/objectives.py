@@ -1,0 +1,164 @@
+"""Training-time forward passes and losses of each architecture (inference lives in sae.py).
+
+    relu       ReLU; loss = MSE + l1_coeff · Σ_i a_i ‖W_dec,i‖ (the decoder-norm-weighted L1)
+    topk       top k pre-activations per row (ReLU'd); decoded sparsely (k rows of W_dec per token)
+    batchtopk  top k·batch over the whole batch; tracks the threshold it is saved with (as JumpReLU)
+    jumprelu   a · H(a − θ) with a rectangle-kernel straight-through estimator for θ;
+               loss = MSE + l0_coeff · Σ_i H(a_i − θ_i)
+TopK, BatchTopK and JumpReLU add AuxK (dead latents reconstruct the residual; Gao et al. 2024).
+MSE is the squared error summed over the output dimension and averaged over rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from circuitlab.dictionaries.sae import SparseDictionary
+
+
+def _rectangle(x: torch.Tensor) -> torch.Tensor:
+    return ((x > -0.5) & (x < 0.5)).to(x)
+
+
+class _JumpReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return pre * (pre > threshold)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, threshold = ctx.saved_tensors
+        bw = ctx.bandwidth
+        d_threshold = -(threshold / bw) * _rectangle((pre - threshold) / bw) * grad
+        return (pre > threshold) * grad, d_threshold.reshape(-1, threshold.shape[-1]).sum(0), None
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bandwidth = bandwidth
+        return (pre > threshold).to(pre)
+
+    @staticmethod
+    def backward(ctx, grad):
+        pre, threshold = ctx.saved_tensors
+        bw = ctx.bandwidth
+        d_threshold = -(1.0 / bw) * _rectangle((pre - threshold) / bw) * grad
+        return None, d_threshold.reshape(-1, threshold.shape[-1]).sum(0), None
+
+
+@dataclass
+class Coefficients:
+    sparsity: float        # l1_coeff (relu) or l0_coeff (jumprelu), after warm-up; unused by the TopK family
+    aux: float             # AuxK coefficient
+    bandwidth: float       # JumpReLU straight-through kernel width
+    threshold_decay: float = 0.99  # BatchTopK: running average of the batch threshold (0 on the first step)
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor
+    mse: torch.Tensor
+    sparsity: torch.Tensor
+    aux: torch.Tensor
+    fired: torch.Tensor    # [d_sae] bool: which latents fired on this batch
+    l0: float
+
+
+def sparse_decode(sae: SparseDictionary, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Σ_j values[:, j] · W_dec[indices[:, j]]: [rows, k], [rows, k] -> [rows, d_out] (no bias), k rows per token."""
+    return F.embedding_bag(indices, sae.W_dec, per_sample_weights=values, mode="sum")
+
+
+def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef: Coefficients,
+                  dead: torch.Tensor | None) -> StepOutput:
+    """x [rows, d_in] (normalised), target y [rows, d_out]; dead [d_sae] bool (for AuxK) or None."""
+    arch = sae.cfg.architecture
+    pre = sae.pre_acts(x)  # [rows, d_sae]
+    zero = pre.new_zeros(())
+    skip = x @ sae.W_skip if sae.cfg.skip else 0.0
+    if arch == "topk":
+        values, indices = pre.topk(sae.cfg.k, dim=-1, sorted=False)
+        values = values.relu()
+        y_hat = sparse_decode(sae, values, indices) + sae.b_dec + skip
+        fired = torch.zeros(pre.shape[-1], dtype=torch.bool, device=pre.device)
+        fired[indices[values > 0]] = True
+        l0 = float((values > 0).sum()) / len(x)
+        sparsity = zero
+    else:
+        if arch == "relu":
+            acts = pre.relu()
+            sparsity = coef.sparsity * (acts * sae.W_dec.norm(dim=-1)).sum(-1).mean()
+        elif arch == "jumprelu":
+            acts = _JumpReLU.apply(pre, sae.threshold, coef.bandwidth)
+            sparsity = coef.sparsity * _Step.apply(pre, sae.threshold, coef.bandwidth).sum(-1).mean()
+        else:  # batchtopk
+            acts = _batch_topk(sae, pre, coef.threshold_decay)
+            sparsity = zero
+        y_hat = acts @ sae.W_dec + sae.b_dec + skip
+        active = acts > 0
+        fired, l0 = active.any(0), float(active.sum()) / len(x)
+    mse = (y_hat - y).pow(2).sum(-1).mean()
+    aux = zero
+    if arch != "relu" and dead is not None and bool(dead.any()):
+        aux = coef.aux * _auxk(sae, pre, (y - y_hat).detach(), dead)
+    return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fired, l0)
+
+
+def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch.Tensor:
+    """Keep the k·rows largest ReLU'd pre-activations of the whole batch; update the running threshold
+    (the smallest kept value, averaged over batches) that inference uses instead."""
+    acts = pre.relu()
+    flat = acts.flatten()
+    n_keep = min(sae.cfg.k * pre.shape[0], flat.numel())
+    values, indices = flat.topk(n_keep, sorted=False)
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    mask[indices] = True
+    with torch.no_grad():
+        kept = values[values > 0]
+        if kept.numel():
+            sae.threshold.copy_(decay * sae.threshold + (1 - decay) * kept.min())
+    return acts * mask.view_as(acts)
+
+
+def _auxk(sae: SparseDictionary, pre: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
+    """The dead latents' top pre-activations reconstruct what the live ones missed [rows, d_out]."""
+    k_aux = min(max(sae.cfg.d_out // 2, 1), int(dead.sum()))
+    values, indices = pre.masked_fill(~dead, float("-inf")).topk(k_aux, dim=-1, sorted=False)
+    recon = sparse_decode(sae, values.relu(), indices)
+    return (recon - residual).pow(2).sum(-1).mean()
+
+
+@torch.no_grad()
+def resample_dead(sae: SparseDictionary, optimizer: torch.optim.Optimizer, dead: torch.Tensor, x: torch.Tensor,
+                  y: torch.Tensor, generator: torch.Generator) -> int:
+    """Re-initialise dead latents toward inputs the dictionary reconstructs worst (Anthropic, 2023).
+
+    Picks inputs with probability ∝ squared error; the decoder row becomes that input's residual
+    direction, the encoder column its input direction at 0.2 × the live latents' mean encoder norm;
+    the latents' Adam moments are reset. Returns how many were resampled.
+    """
+    idx = dead.nonzero().flatten()
+    if not len(idx):
+        return 0
+    y_hat, _ = sae(x)
+    err = (y - y_hat).pow(2).sum(-1)
+    pick = torch.multinomial(err.cpu() + 1e-12, len(idx), replacement=True, generator=generator).to(x.device)
+    dec = (y - y_hat)[pick]
+    dec = dec / dec.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+    enc = (x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x)[pick]
+    enc = enc / enc.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+    alive_norm = sae.W_enc[:, ~dead].norm(dim=0).mean() if bool((~dead).any()) else torch.tensor(1.0)
+    sae.W_dec[idx] = dec
+    sae.W_enc[:, idx] = (enc * alive_norm * 0.2).T
+    sae.b_enc[idx] = 0
+    for p, where in ((sae.W_dec, (idx,)), (sae.W_enc, (slice(None), idx)), (sae.b_enc, (idx,))):
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in optimizer.state.get(p, {}):
+                optimizer.state[p][key][where] = 0
+    return len(idx)

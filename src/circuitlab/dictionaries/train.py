@@ -1,0 +1,324 @@
+"""Train one or more dictionaries on one activation store (one forward pass feeds them all).
+
+    trainer = DictionaryTrainer([cfg_a, cfg_b], DictTrainConfig(steps=2000), store, val_store)
+    result = trainer.fit("runs/sae")          # resumes from runs/sae/checkpoint when it exists
+    result.dictionaries[0].encode(x)          # saved under runs/sae/dictionaries/<name>/
+
+As the field does it: decoder rows start as unit random directions and the encoder as their
+transpose; b_dec starts at the data mean; inputs are scaled to E‖x‖ = √d_in during training and
+that scale is folded into the weights at save; the L1 / L0 coefficient warms up linearly; the
+learning rate warms up, then decays linearly to 0 over the last lr_decay_frac of the steps;
+TopK-family and JumpReLU decoders keep unit-norm rows; dead latents get AuxK (TopK family) or
+resampling (ReLU, every resample_every steps). Resuming continues exactly as if never stopped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.dictionaries.config import DictionaryConfig
+from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
+from circuitlab.dictionaries.objectives import Coefficients, resample_dead, training_step
+from circuitlab.dictionaries.sae import SparseDictionary
+from circuitlab.dictionaries.store import ActivationStore, _seed
+from circuitlab.errors import CircuitlabError, ConfigError
+
+CHECKPOINT, STATE = "checkpoint", "state.json"
+# Fields a dictionary may override for itself (`train:` under it in a YAML config).
+PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwidth", "jumprelu_init_threshold",
+                  "aux_coeff", "dead_after", "resample_every")
+
+
+@dataclass
+class DictTrainConfig:
+    steps: int = 2000
+    batch_size: int = 1024           # activation rows per step
+    lr: float = 1e-3
+    lr_warmup_steps: int = 50
+    lr_decay_frac: float = 0.2       # linear decay to 0 over this last fraction of the steps
+    beta1: float = 0.9
+    beta2: float = 0.999
+    l1_coeff: float = 1.0            # relu: coefficient of the decoder-norm-weighted L1
+    l0_coeff: float = 0.1            # jumprelu: coefficient of the L0 (straight-through)
+    sparsity_warmup_steps: int = 200
+    bandwidth: float = 0.05          # jumprelu: straight-through kernel width (normalised units)
+    jumprelu_init_threshold: float = 0.1
+    aux_coeff: float = 1 / 32        # TopK family: AuxK
+    dead_after: int = 200            # steps without firing before a latent counts as dead
+    resample_every: int = 0          # relu: resample dead latents every N steps (0: never)
+    normalise: bool = True           # scale inputs to E‖x‖ = √d_in in training (folded at save)
+    eval_every: int = 0              # held-out evaluation every N steps (0: only at the end)
+    eval_batches: int = 4
+    ckpt_every: int = 0              # resumable checkpoint every N steps (0: only at the end)
+    log_every: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, want = getattr(self, f.name), type(f.default)
+            if want is float and isinstance(value, (int, str)) and not isinstance(value, bool):
+                try:
+                    value = float(value)
+                    setattr(self, f.name, value)
+                except ValueError:
+                    pass
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise ConfigError(f"train.{f.name} must be {want.__name__}, got {value!r}")
+        for name in ("steps", "batch_size", "eval_batches", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or not 0 <= self.lr_decay_frac <= 1:
+            raise ConfigError("train.lr must be positive and train.lr_decay_frac in [0, 1]")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DictTrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            hints = [difflib.get_close_matches(u, names, n=1) for u in unknown]
+            raise ConfigError(f"unknown train field(s) {', '.join(unknown)}" +
+                              "".join(f" (did you mean {h[0]!r}?)" for h in hints if h))
+        return cls(**data)
+
+    def lr_at(self, step: int, lr: float) -> float:
+        warm = min(1.0, (step + 1) / max(self.lr_warmup_steps, 1))
+        decay_steps = self.lr_decay_frac * self.steps
+        left = self.steps - step
+        return lr * warm * (min(1.0, left / decay_steps) if decay_steps > 0 else 1.0)
+
+
+@dataclass
+class TrainResult:
+    dictionaries: list[SparseDictionary]     # folded: they take raw activations
+    metrics: list[DictionaryMetrics]         # held-out, at the end
+    folders: list[Path]
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "dictionaries": [
+            {"name": f.name if f else None, "config": d.cfg.to_dict(), "metrics": m.to_dict()}
+            for d, m, f in zip(self.dictionaries, self.metrics, self.folders or [None] * len(self.metrics))]}
+
+    def _repr_html_(self) -> str:
+        return "".join(f"<h4>{d.cfg.hook_name} ({d.cfg.architecture})</h4>{m._repr_html_()}"
+                       for d, m in zip(self.dictionaries, self.metrics))
+
+
+def check_fits(cfg: DictionaryConfig, widths: dict[str, int]) -> None:
+    """The hooks a dictionary reads and writes are in the store, with its widths."""
+    for name, width, what in ((cfg.hook_name, cfg.d_in, "d_in"), (cfg.out_hook_name, cfg.d_out, "d_out")):
+        if name is None:
+            continue
+        if name not in widths:
+            close = difflib.get_close_matches(name, widths, n=3, cutoff=0.3)
+            raise CircuitlabError(f"the activation store has no hook {name!r}" + (f"; it has {', '.join(close)}" if close else ""))
+        if widths[name] != width:
+            raise CircuitlabError(f"{what} mismatch: the dictionary for {name} has {what}={width} but the hook's "
+                                  f"activations have width {widths[name]}")
+
+
+class DictionaryTrainer:
+    def __init__(self, configs: list[DictionaryConfig], train: DictTrainConfig, store: ActivationStore,
+                 val_store: ActivationStore | None = None, overrides: list[dict[str, Any]] | None = None,
+                 device: str | torch.device = "cpu") -> None:
+        if not configs:
+            raise CircuitlabError("nothing to train: give at least one dictionary config")
+        for cfg in configs:
+            check_fits(cfg, store.widths)
+        self.train, self.store, self.val_store, self.device = train, store, val_store, torch.device(device)
+        overrides = overrides or [{}] * len(configs)
+        for o in overrides:
+            bad = sorted(set(o) - set(PER_DICTIONARY))
+            if bad:
+                raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
+        self.hyper = [dataclasses.replace(train, **o) for o in overrides]
+        self.saes = [SparseDictionary(c, seed=_seed(train.seed, j) % 2**31).to(self.device) for j, c in enumerate(configs)]
+        self.opts = [torch.optim.Adam([p for p in s.parameters() if p.requires_grad], lr=h.lr,
+                                      betas=(train.beta1, train.beta2)) for s, h in zip(self.saes, self.hyper)]
+        self.last_fired = [torch.zeros(c.d_sae, dtype=torch.long, device=self.device) for c in configs]
+        self.scales: list[tuple[float, float]] = [(1.0, 1.0)] * len(configs)
+        self.step = 0
+
+    # ------------------------------------------------------------------ the pieces
+    @torch.no_grad()
+    def init_from_data(self) -> None:
+        """Input/output scales and b_dec (the data mean) from the store's first chunk."""
+        sample = self.store.source.chunk(0, self.store.split)
+        for j, (sae, h) in enumerate(zip(self.saes, self.hyper)):
+            cfg = sae.cfg
+            x = sample[cfg.hook_name].to(self.device)
+            y = sample[cfg.out_hook_name].to(self.device) if cfg.is_transcoder else x
+            s_in = math.sqrt(cfg.d_in) / float(x.norm(dim=-1).mean()) if h.normalise else 1.0
+            s_out = (math.sqrt(cfg.d_out) / float(y.norm(dim=-1).mean()) if cfg.is_transcoder else s_in) if h.normalise else 1.0
+            self.scales[j] = (s_in, s_out)
+            sae.b_dec.copy_((y * s_out).mean(0))
+            if cfg.architecture == "jumprelu":
+                sae.threshold.fill_(h.jumprelu_init_threshold)
+
+    def _inputs(self, j: int, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, (s_in, s_out) = self.saes[j].cfg, self.scales[j]
+        x = batch[cfg.hook_name].to(self.device) * s_in
+        y = batch[cfg.out_hook_name].to(self.device) * s_out if cfg.is_transcoder else x
+        return x, y
+
+    def train_step(self, batch: dict[str, torch.Tensor]) -> list[dict[str, float]]:
+        """One optimizer step of every dictionary on the same batch; returns each one's losses."""
+        logs = []
+        for j, (sae, opt, h) in enumerate(zip(self.saes, self.opts, self.hyper)):
+            x, y = self._inputs(j, batch)
+            dead = (self.step - self.last_fired[j]) >= h.dead_after
+            coef = Coefficients(sparsity=(h.l1_coeff if sae.cfg.architecture == "relu" else h.l0_coeff)
+                                * min(1.0, (self.step + 1) / max(h.sparsity_warmup_steps, 1)),
+                                aux=h.aux_coeff, bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
+            for group in opt.param_groups:
+                group["lr"] = self.train.lr_at(self.step, h.lr)
+            out = training_step(sae, x, y, coef, dead)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            opt.step()
+            with torch.no_grad():
+                if sae.cfg.architecture != "relu":  # unit-norm decoder rows (the L1 weighting handles relu)
+                    sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8))
+                if sae.cfg.architecture == "jumprelu":
+                    sae.threshold.clamp_(min=1e-4)
+            self.last_fired[j][out.fired] = self.step + 1
+            resampled = 0
+            if sae.cfg.architecture == "relu" and h.resample_every and (self.step + 1) % h.resample_every == 0:
+                dead = (self.step + 1 - self.last_fired[j]) >= h.dead_after
+                gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
+                resampled = resample_dead(sae, opt, dead, x, y, gen)
+                self.last_fired[j][dead] = self.step + 1
+            logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse), "sparsity": float(out.sparsity),
+                         "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled})
+        self.step += 1
+        return logs
+
+    def dictionaries(self) -> list[SparseDictionary]:
+        """The dictionaries as saved: normalisation folded (raw activations in and out), BatchTopK as JumpReLU."""
+        out = []
+        for sae, (s_in, s_out), h in zip(self.saes, self.scales, self.hyper):
+            method = "expected_norm" if h.normalise else "none"
+            meta = {**sae.cfg.metadata, "trained_steps": self.step, "batch_size": self.train.batch_size}
+            trained = sae._copy_with(sae.cfg.replace(normalisation={"method": method}, metadata=meta))
+            out.append(trained.folded(s_in, s_out).for_inference())
+        return out
+
+    def evaluate(self) -> list[DictionaryMetrics]:
+        if self.val_store is None:
+            return []
+        self.val_store.load_state_dict({"chunk": 0, "offset": 0})
+        batches = [self.val_store.next_batch() for _ in range(self.train.eval_batches)]
+        return [evaluate(sae, batches) for sae in self.dictionaries()]
+
+    # ------------------------------------------------------------------ resume
+    def save_checkpoint(self, folder: str | Path) -> None:
+        """Weights, Adam moments and firing history in one safetensors file named by the step, then
+        state.json pointing at it (both atomic): a crash leaves the previous checkpoint readable."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {}
+        for j, (sae, opt) in enumerate(zip(self.saes, self.opts)):
+            names = {id(p): n for n, p in sae.named_parameters()}
+            for n, t in sae.state_dict().items():
+                tensors[f"{j}.param.{n}"] = t
+            for p, st in opt.state.items():
+                for key, value in st.items():
+                    tensors[f"{j}.adam.{names[id(p)]}.{key}"] = torch.as_tensor(value)
+            tensors[f"{j}.last_fired"] = self.last_fired[j]
+        name = f"trainer-{self.step:08d}.safetensors"
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        atomic_write_file(folder / name, lambda tmp: save_file(tensors, tmp))
+        state = {"step": self.step, "weights": name, "store": self.store.state_dict(), "scales": self.scales,
+                 "configs": [s.cfg.to_dict() for s in self.saes]}
+        atomic_write_text(folder / STATE, json.dumps(state, indent=2))
+        for old in folder.glob("trainer-*.safetensors"):
+            if old.name != name:
+                old.unlink()
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        try:
+            state = json.loads((folder / STATE).read_text())
+            tensors = load_file(str(folder / state["weights"]))
+        except FileNotFoundError as e:
+            raise CircuitlabError(f"cannot resume from {folder}: {Path(e.filename).name} is missing") from None
+        except Exception as e:  # noqa: BLE001
+            raise CircuitlabError(f"cannot resume from {folder}: the checkpoint is corrupt ({type(e).__name__}: {e})") from None
+        if [s.cfg.to_dict() for s in self.saes] != state["configs"]:
+            raise CircuitlabError(f"{folder} holds a checkpoint of other dictionaries; use a new output folder")
+        for j, (sae, opt) in enumerate(zip(self.saes, self.opts)):
+            sae.load_state_dict({n: tensors[f"{j}.param.{n}"] for n in sae.state_dict()})
+            for n, p in sae.named_parameters():
+                keys = [k for k in tensors if k.startswith(f"{j}.adam.{n}.")]
+                if keys:
+                    opt.state[p] = {k.rsplit(".", 1)[1]: tensors[k].to(self.device) for k in keys}
+            self.last_fired[j] = tensors[f"{j}.last_fired"].to(self.device)
+        self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
+        self.store.load_state_dict(state["store"])
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, out: str | Path | None = None, progress: bool = True, stop_at: int | None = None) -> TrainResult:
+        """Train to train.steps (or stop_at), resuming from out/checkpoint when it exists; save the
+        dictionaries under out/dictionaries/<name>/ with out/results.json and out/metrics.jsonl."""
+        from tqdm.auto import tqdm
+
+        out = Path(out) if out is not None else None
+        ckpt = out / CHECKPOINT if out is not None else None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+        if ckpt is not None and (ckpt / STATE).is_file():
+            self.load_checkpoint(ckpt)
+        elif self.step == 0:
+            self.init_from_data()
+        end = min(stop_at or self.train.steps, self.train.steps)
+        log = (out / "metrics.jsonl").open("a") if out is not None else None
+        bar = tqdm(total=end, initial=self.step, desc="training dictionaries", disable=not progress, unit="step")
+        try:
+            while self.step < end:
+                logs = self.train_step(self.store.next_batch())
+                bar.update(1)
+                if self.step % self.train.log_every == 0 or self.step == end:
+                    bar.set_postfix(mse=f"{logs[0]['mse']:.3g}", l0=f"{logs[0]['l0']:.1f}")
+                    if log:
+                        log.write(json.dumps({"step": self.step, "dictionaries": logs}) + "\n")
+                if self.train.eval_every and self.step % self.train.eval_every == 0 and log and self.val_store:
+                    log.write(json.dumps({"step": self.step, "eval": [m.to_dict() for m in self.evaluate()]}) + "\n")
+                if ckpt is not None and self.train.ckpt_every and self.step % self.train.ckpt_every == 0:
+                    self.save_checkpoint(ckpt)
+        finally:
+            bar.close()
+            if log:
+                log.close()
+        if ckpt is not None:
+            self.save_checkpoint(ckpt)
+        dictionaries, metrics = self.dictionaries(), self.evaluate()
+        folders: list[Path] = []
+        if out is not None:
+            for name, sae in zip(dictionary_names([s.cfg for s in self.saes]), dictionaries):
+                folders.append(sae.save(out / "dictionaries" / name))
+            result = TrainResult(dictionaries, metrics, folders, self.step)
+            if metrics:
+                atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
+            return result
+        return TrainResult(dictionaries, metrics, folders, self.step)
+
+
+def dictionary_names(configs: list[DictionaryConfig]) -> list[str]:
+    """Folder names: metadata.name, else <hook>-<architecture>[-<d_sae>], made unique."""
+    names: list[str] = []
+    for c in configs:
+        base = c.metadata.get("name") or f"{c.hook_name}-{c.architecture}"
+        name, i = base, 2
+        while name in names:
+            name, i = f"{base}-{i}", i + 1
+        names.append(name)
+    return names
