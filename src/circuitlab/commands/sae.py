@@ -1,0 +1,215 @@
+"""circuitlab sae: sparse dictionaries (SAEs and transcoders) on a model's activations.
+
+Subcommands live in SUBCOMMANDS: name -> (help, example, add_arguments, run); adding one is a
+function pair and one entry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them"
+EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
+
+
+# ---------------------------------------------------------------------------- train
+
+TRAIN_HELP = "train one or more dictionaries from a config (one forward pass feeds them all)"
+TRAIN_EXAMPLE = "circuitlab sae train --config sae-demo --set train.steps=500 --out runs/sae-demo"
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="a YAML file, or the name of a bundled one (sae-demo)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
+    p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _load_yaml(name: str, overrides: list[str]) -> dict[str, Any]:
+    import yaml
+
+    from circuitlab.errors import ConfigError
+    from circuitlab.training.config import apply_override
+    from circuitlab.training.configs import resolve_config
+
+    path = resolve_config(name)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"could not parse {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping with model, data, store, dictionaries and train")
+    for item in overrides:
+        apply_override(data, item)
+    unknown = sorted(set(data) - {"name", "description", "model", "data", "store", "dictionaries", "train", "needs"})
+    if unknown:
+        raise ConfigError(f"unknown section(s) in {path}: {', '.join(unknown)}")
+    if not data.get("model") or not isinstance(data.get("dictionaries"), list) or not data["dictionaries"]:
+        raise ConfigError(f"{path} needs `model:` (a checkpoint folder) and a non-empty `dictionaries:` list")
+    data.setdefault("name", path.stem)
+    return data
+
+
+def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    from circuitlab.errors import ConfigError
+
+    known = {"seq_len": 64, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
+             "cache_max_gb": None}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown store field(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    return {**known, **raw}
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from circuitlab.data import DataConfig, build_data
+    from circuitlab.dictionaries import DictionaryConfig, base_model_id
+    from circuitlab.dictionaries.metrics import spliced_loss
+    from circuitlab.dictionaries.store import ActivationStore, CachedActivations, ModelActivations, cache_activations
+    from circuitlab.dictionaries.train import PER_DICTIONARY, CHECKPOINT, DictionaryTrainer, DictTrainConfig
+    from circuitlab.errors import CircuitlabError, ConfigError
+    from circuitlab.training import load_checkpoint
+
+    data = _load_yaml(args.config, args.set)
+    out = Path(args.out or f"runs/{data['name']}")
+    if out.exists() and any(out.iterdir()) and not args.resume:
+        raise CircuitlabError(f"{out} already holds files; pass --resume to continue it, or choose another --out")
+    if args.resume and not (out / CHECKPOINT).is_dir():
+        raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)")
+    train = DictTrainConfig.from_dict(data.get("train") or {})
+    store_cfg = _store_settings(data.get("store") or {})
+    entries = []
+    for i, d in enumerate(data["dictionaries"]):
+        if not isinstance(d, dict):
+            raise ConfigError(f"dictionaries[{i}] must be a mapping (architecture, hook_name, d_sae, ...)")
+        d = dict(d)
+        own = d.pop("train", None) or {}
+        entries.append((d, own))
+    for d, own in entries:  # validate what can be validated before the model is loaded
+        DictionaryConfig.from_dict({"d_in": 1, "d_out": 1 if d.get("out_hook_name") else None, **d} if "d_in" not in d else d)
+        bad = sorted(set(own) - set(PER_DICTIONARY))
+        if bad:
+            raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
+
+    model, tokenizer, _ = load_checkpoint(str(data["model"]))
+    if tokenizer is None:
+        raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
+    tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
+    hooks = [h for d, _ in entries for h in (d.get("hook_name"), d.get("out_hook_name")) if h]
+    source = ModelActivations(model, hooks, tokens, seq_len=store_cfg["seq_len"], seqs_per_chunk=store_cfg["seqs_per_chunk"],
+                              skip_positions=store_cfg["skip_positions"])
+    base = base_model_id(model, name=str(data["model"]))
+    configs = []
+    for d, _ in entries:
+        d = {"d_in": source.widths[d["hook_name"]], **d, "base_model": base}
+        if d.get("out_hook_name"):
+            d.setdefault("d_out", source.widths[d["out_hook_name"]])
+        configs.append(DictionaryConfig.from_dict(d))
+    val_source = source
+    if store_cfg["cache"]:
+        n_train = math.ceil(train.steps * train.batch_size / source.rows_per_chunk)
+        n_val = math.ceil(train.eval_batches * train.batch_size / source.rows_per_chunk)
+        cap = store_cfg["cache_max_gb"]
+        cap = int(float(cap) * 2**30) if cap else None
+        for split, n in (("train", n_train), ("val", n_val)):
+            cache_activations(source, store_cfg["cache"], n, split=split, dtype=store_cfg["cache_dtype"], max_bytes=cap,
+                              progress=not args.no_progress)
+        source = val_source = CachedActivations(store_cfg["cache"], seed=train.seed)
+    trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed),
+                                ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
+                                overrides=[own for _, own in entries])
+    result = trainer.fit(out, progress=not args.no_progress)
+    toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"])
+    summary = result.to_dict()
+    for entry, sae, folder in zip(summary["dictionaries"], result.dictionaries, result.folders):
+        s = spliced_loss(model, sae, toks)
+        entry["metrics"]["spliced"] = s.to_dict()
+        m = entry["metrics"]
+        print(f"{folder}: L0 {m['l0']:.1f}, explained variance {m['explained_variance']:.3f}, dead {m['dead_frac']:.1%}, "
+              f"CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; zero-ablated {s.ce_zero:.3f})")
+    from circuitlab.atomic import atomic_write_text
+
+    atomic_write_text(out / "results.json", json.dumps(summary, indent=2))
+    print(f"wrote {out}/results.json")
+    return 0
+
+
+# ---------------------------------------------------------------------------- eval
+
+EVAL_HELP = "evaluate a dictionary on a model: L0, explained variance, density, CE loss recovered when spliced in"
+EVAL_EXAMPLE = "circuitlab sae eval --dictionary runs/sae-demo/dictionaries/blocks.1.hook_resid_pre-topk --checkpoint runs/demo/2l"
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dictionary", required=True, help="a dictionary folder (ours or SAELens format)")
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
+    p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
+    p.add_argument("--batches", type=int, default=8, help="sequences of held-out text to evaluate on")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from circuitlab.atomic import atomic_write_text
+    from circuitlab.data import DataConfig, build_data
+    from circuitlab.dictionaries import SparseDictionary, check_base_model
+    from circuitlab.dictionaries.metrics import evaluate, spliced_loss
+    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
+    from circuitlab.dictionaries.train import check_fits
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training import load_checkpoint
+
+    if args.batches < 1 or args.seq_len < 2:
+        raise CircuitlabError("--batches must be positive and --seq-len at least 2")
+    sae = SparseDictionary.load(args.dictionary)
+    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    check_base_model(sae, model, where=f"dictionary {args.dictionary}")
+    if tokenizer is None:
+        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
+    data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
+    hooks = [h for h in (sae.cfg.hook_name, sae.cfg.out_hook_name) if h]
+    source = ModelActivations(model, hooks, data, seq_len=args.seq_len, seqs_per_chunk=args.batches)
+    check_fits(sae.cfg, source.widths)
+    store = ActivationStore(source, batch_size=args.batches * args.seq_len, split="val")
+    metrics = evaluate(sae, [store.next_batch()])
+    metrics.spliced = spliced_loss(model, sae, data.get_batch("val", 0, args.batches, args.seq_len))
+    s = metrics.spliced
+    print(f"{args.dictionary} ({sae.cfg.architecture}, {sae.cfg.hook_name}, d_sae {sae.cfg.d_sae}) on {metrics.n_rows} tokens:")
+    print(f"  L0 {metrics.l0:.2f}  explained variance {metrics.explained_variance:.4f}  MSE {metrics.mse:.4g}  "
+          f"cosine {metrics.cosine:.4f}  L2 ratio {metrics.l2_ratio:.3f}")
+    print(f"  dead {metrics.dead_frac:.1%}  dense (>10%) {metrics.dense_frac:.1%}")
+    print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
+          f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))
+    return 0
+
+
+# ---------------------------------------------------------------------------- wiring
+
+SUBCOMMANDS = {
+    "train": (TRAIN_HELP, TRAIN_EXAMPLE, _train_args, _run_train),
+    "eval": (EVAL_HELP, EVAL_EXAMPLE, _eval_args, _run_eval),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="sae_command", metavar="<subcommand>")
+    for name, (help_, example, add, run_) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_, epilog=f"example:\n  {example}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        add(sp)
+        sp.set_defaults(_sae_run=run_)
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuitlab.errors import CircuitlabError
+
+    if not getattr(args, "_sae_run", None):
+        raise CircuitlabError(f"choose a subcommand: {', '.join(SUBCOMMANDS)} (circuitlab sae <subcommand> --help)")
+    return args._sae_run(args)
