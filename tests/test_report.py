@@ -285,3 +285,21 @@ def test_model_card_gives_resolved_head_and_mlp_sizes():
                                                           model_config=model.cfg.to_dict())]).parts
                    if isinstance(p, str))
     assert "4 heads of 32" in card and "MLP 512 (gelu_new)" in card
+
+
+def test_interpret_keeps_earlier_results_apart_and_refuses_another_runs_folder(run_dir, tmp_path, capsys):
+    out = tmp_path / "interp"
+    args = ["interpret", "--checkpoint", str(run_dir), "--prompt", "Tom saw a cat. Tom saw a", "--out", str(out)]
+    assert main([*args, "--experiments", "logit_lens", "attribution"]) == 0
+    first = sorted(p.name for p in out.iterdir())
+    assert main([*args, "--experiments", "logit_lens"]) == 0  # fewer experiments: no figure of the first run stays
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("interp.")]
+    assert len(kept) == 1 and sorted(p.name for p in kept[0].iterdir()) == first
+    assert json.loads((out / "results.json").read_text())["experiments"] == ["logit_lens"]
+    assert "moved the previous results to" in capsys.readouterr().out
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "report.html").write_text("the demo's")
+    assert main([*args[:-1], str(demo), "--experiments", "logit_lens"]) == 2
+    assert "already holds other files (report.html)" in capsys.readouterr().err
+    assert [p.name for p in demo.iterdir()] == ["report.html"]

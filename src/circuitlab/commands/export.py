@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 HELP = "export a LLaMA-, GPT-2- or GPT-NeoX-style model to a Hugging Face folder transformers can load"
-EXAMPLE = "circuitlab export --checkpoint runs/demo/2l --out exports/demo-hf"
+EXAMPLE = "circuitlab export --checkpoint models/gpt2 --out exports/gpt2-hf   (models/gpt2 from `circuitlab import`)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

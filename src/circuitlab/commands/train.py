@@ -5,7 +5,7 @@ import argparse
 import os
 
 HELP = "train a model from a run config (configs/*.yaml), with checkpoints and tracked metrics"
-EXAMPLE = "circuitlab train --config configs/demo.yaml --set train.steps=300 --out runs/mine"
+EXAMPLE = "circuitlab train --config demo --set train.steps=300 --out runs/mine"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

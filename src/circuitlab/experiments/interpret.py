@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import atomic_dir, set_aside
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
 
@@ -61,13 +62,24 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     model, tokenizer, meta = load_checkpoint(checkpoint)
     if tokenizer is None:
         raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    # A previous interpret output is kept renamed, anything else refused: never two runs' files in one folder.
+    kept = set_aside(Path(out), _is_interpret_output, "interpret results")
+    if kept is not None:
+        print(f"moved the previous results to {kept}")
     result = InterpretResult(str(checkpoint), names, model.cfg.to_dict())
-    for name in names:
-        result.results[name] = table[name](model, tokenizer, out, opts)
-    results = result.to_dict()
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (out / "report.md").write_text(interpret_markdown(results))
-    write_interpret_report(out, results, model, tokenizer)  # out/report.html
+    with atomic_dir(Path(out)) as tmp:  # the folder appears complete, or not at all
+        for name in names:
+            result.results[name] = table[name](model, tokenizer, tmp, opts)
+        results = result.to_dict()
+        (tmp / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        (tmp / "report.md").write_text(interpret_markdown(results))
+        write_interpret_report(tmp, results, model, tokenizer)  # report.html
     return result
+
+
+def _is_interpret_output(folder: Path) -> bool:
+    try:
+        found = json.loads((folder / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and "experiments" in found and "checkpoint" in found

@@ -96,9 +96,10 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        """A YAML run config: a file, or the name of a bundled one ("demo"); overrides: ["train.lr=3e-4", ...]."""
+        from circuitlab.training.configs import resolve_config
+
+        path = resolve_config(str(path))
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:

@@ -1,0 +1,57 @@
+"""README code runs as written: every ```python block, in order, in one namespace (as a reader pastes
+them into one session), in a fresh folder (slow: it trains); and every command's --help example is a
+valid command line (fast). Running the help examples themselves (each trains or downloads) is slow too."""
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from circuitlab.cli import _load, build_parser, command_names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+@pytest.mark.slow  # ~57 s on the shared 2-core machine: it trains 20 steps and builds the TransformerLens bridge
+def test_every_readme_python_block_runs_as_written(tmp_path, monkeypatch, one_thread):
+    blocks = python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 4
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__readme__"}
+    for i, block in enumerate(blocks):
+        file = tmp_path / f"readme_block_{i + 1}.py"  # a real file: nnsight reads its trace's source back
+        file.write_text(block)
+        try:
+            exec(compile(block, str(file), "exec"), namespace)
+        except Exception as e:  # noqa: BLE001 - say which block, then fail
+            pytest.fail(f"README python block {i + 1} fails: {type(e).__name__}: {e}\n{block}")
+
+
+def examples() -> list[tuple[str, str]]:
+    return [(name, _load(name).EXAMPLE) for name in command_names()]
+
+
+@pytest.mark.parametrize("name,example", examples())
+def test_every_help_example_is_a_valid_command_line(name, example):
+    argv = shlex.split(example.split("   (")[0])  # an example may end with a note in parentheses
+    assert argv[0] == "circuitlab"
+    build_parser().parse_args(argv[1:])  # argparse exits 2 on a wrong option
+
+
+@pytest.mark.slow
+def test_help_examples_run_as_written(tmp_path):
+    """In the order a user meets them: the demo first (its runs are the other examples' input).
+    import precedes export (its model is export's input). serve is left out (it runs until stopped);
+    import and export need gpt2 in the HF cache or the network."""
+    order = ["demo", "import"] + [n for n in command_names() if n not in ("demo", "import", "serve")]
+    for name in order:
+        argv = shlex.split(_load(name).EXAMPLE.split("   (")[0])
+        done = subprocess.run([sys.executable, "-m", "circuitlab.cli", *argv[1:]], cwd=tmp_path,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
