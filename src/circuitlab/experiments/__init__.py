@@ -7,6 +7,7 @@ interpret          `circuitlab interpret`: named experiments on a checkpoint
 interpret_circuits weight-based experiments: circuits, heads, logit lens, attribution
 interpret_causal   interventions: patching, ablation, probing
 forge_compare      `circuitlab forge compare`: an adder trained on the addition task against the hand-built one
+circuit            `circuitlab circuit`: edge scores, a pruned circuit and its faithfulness on a checkpoint
 
 Import from the submodules (they pull in the trainer and matplotlib).
 """

@@ -1,0 +1,69 @@
+"""circuitlab circuit: score every edge of a checkpoint's graph and find the circuit of a behaviour."""
+from __future__ import annotations
+
+import argparse
+
+HELP = "find a circuit: EAP, EAP-IG or exact edge patching on every edge, a pruned circuit, faithfulness"
+EXAMPLE = ("circuitlab circuit --checkpoint runs/demo/2l --task induction --method eap-ig --out runs/demo/circuit\n"
+           "  circuitlab circuit --checkpoint DIR --clean clean.txt --corrupt corrupt.txt --answers answers.txt "
+           "--metric logit-diff --method exact --edges 20")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
+    p.add_argument("--task", choices=["induction"], default=None,
+                   help="built-in rows instead of files: induction = repeated random tokens")
+    p.add_argument("--clean", default=None, help="file with one clean prompt per line")
+    p.add_argument("--corrupt", default=None, help="file with one corrupted prompt per line (same token length)")
+    p.add_argument("--answers", default=None,
+                   help="file with one line per row: the answer token, or answer<TAB>wrong (default: the model's "
+                        "own predictions on the clean / corrupted prompts)")
+    p.add_argument("--metric", default="logit-diff", help="logit-diff | logprob | kl (default logit-diff)")
+    p.add_argument("--method", default="eap-ig", help="eap | eap-ig | exact (default eap-ig)")
+    p.add_argument("--intervention", default="counterfactual", help="counterfactual | zero | mean | position-mean")
+    p.add_argument("--steps", type=int, default=5, help="EAP-IG path points (default 5)")
+    p.add_argument("--edges", type=int, default=None,
+                   help="circuit size (default: the fewest top edges recovering 90%% of the gap)")
+    p.add_argument("--threshold", type=float, default=None, help="keep edges with |score| >= this instead")
+    p.add_argument("--greedy", action="store_true", help="grow the circuit from the logits (with --edges)")
+    p.add_argument("--refine", action="store_true", help="then refine it with exact patching (ACDC-style)")
+    p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/circuit)")
+
+
+def _lines(path: str) -> list[str]:
+    from pathlib import Path
+
+    from circuitlab.errors import CircuitlabError
+
+    p = Path(path)
+    if not p.is_file():
+        raise CircuitlabError(f"prompt file not found: {path}")
+    return [line.rstrip("\n") for line in p.read_text().splitlines() if line.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.experiments.circuit import find_circuit, induction_rows, rows_from_texts, write_circuit_outputs
+    from circuitlab.training import load_checkpoint
+
+    if args.task is None and not (args.clean and args.corrupt):
+        raise CircuitlabError("give --clean and --corrupt prompt files, or a built-in --task (induction)")
+    if args.task is not None and (args.clean or args.corrupt):
+        raise CircuitlabError("--task and --clean/--corrupt are alternatives: give one of them")
+    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    if args.task == "induction":
+        data = induction_rows(model.cfg.d_vocab, half=min(10, model.cfg.n_ctx // 2))
+    else:
+        if tokenizer is None:
+            raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it, so prompt files cannot be read")
+        answers = _lines(args.answers) if args.answers else None
+        data = rows_from_texts(tokenizer, _lines(args.clean), _lines(args.corrupt), answers)
+    result = find_circuit(model, data, args.metric, args.method, edges=args.edges, threshold=args.threshold,
+                          greedy=args.greedy, refine=args.refine, intervention=args.intervention, steps=args.steps)
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "circuit"
+    write_circuit_outputs(result, out)
+    print("\n".join(result.summary()))
+    print(f"-> {out}/results.json, {out}/report.md, {out}/report.html, {out}/circuit.svg")
+    return 0
