@@ -4,9 +4,7 @@ from __future__ import annotations
 import argparse
 
 HELP = "find a circuit: EAP, EAP-IG or exact edge patching on every edge, a pruned circuit, faithfulness"
-EXAMPLE = ("circuitlab circuit --checkpoint runs/demo/2l --task induction --method eap-ig --out runs/demo/circuit\n"
-           "  circuitlab circuit --checkpoint DIR --clean clean.txt --corrupt corrupt.txt --answers answers.txt "
-           "--metric logit-diff --method exact --edges 20")
+EXAMPLE = "circuitlab circuit --checkpoint runs/demo/2l --task induction --method eap-ig --out runs/demo/circuit"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
