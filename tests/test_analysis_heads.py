@@ -23,9 +23,9 @@ from circuitlab.analysis.heads import (
     classify_heads,
     detect_heads,
     detection_masks,
-    in_context_learning_score,
     induction_test_tokens,
 )
+from circuitlab.analysis.induction import in_context_learning_score
 from circuitlab.forge import Forge, ResidualLayout
 
 V, N, C = 16, 32, 20.0  # vocabulary, context, attention sharpness
@@ -93,7 +93,9 @@ def test_classification_finds_exactly_the_planted_heads(classes):
     assert classes.rejected == []
     induction = next(lab for lab in classes.labels if lab.label == "induction")
     checks = {e.name: e for e in induction.evidence}
-    assert set(checks) == {"induction score", "copying score", "K-composition with previous-token head L0H0"}
+    assert set(checks) == {"induction score", "induction score on [r, r] with period 4",
+                           "induction score on [r, r] with period 16", "copying score",
+                           "K-composition with previous-token head L0H0"}
     assert checks["copying score"].value == pytest.approx(1.0, abs=1e-5)
     k_comp = checks["K-composition with previous-token head L0H0"]
     assert k_comp.value > k_comp.threshold == pytest.approx(classes.composition.threshold)

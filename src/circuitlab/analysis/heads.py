@@ -1,9 +1,9 @@
-"""Attention heads from their behaviour: detectors, classification with weight evidence, ICL score.
+"""Attention heads from their behaviour: detectors, the induction test by period, classification.
 
     scores = detect_heads(cache, tokens)            # every detector, every head, one pass
     classes = classify_heads(model)                 # behaviour + weights -> labels with evidence
     classes.heads_with("induction")                 # [(1, 2)]
-    in_context_learning_score(model, val_tokens)
+    sweep = induction_by_period(model, exclude=[eos])   # [r, r] at every period 4..n_ctx/2
     attention_view(model, tokens, tok, classes)     # every head's pattern, interactive in Jupyter
 
 Every detector is "the share of a head's attention that lands on the positions the pattern
@@ -14,19 +14,29 @@ attend to itself, so it says nothing about the head.
 TransformerLens's detect_head ("mul" measure) sums the same masked attention but divides by all
 query rows, including rows with no target; its score is ours x (rows with a target) / (all rows).
 We leave the target-less rows out so that scores of sequences with few duplicates stay comparable.
+
+The induction test of Olsson et al. (2022) and TransformerLens is a random sequence r of `period`
+tokens followed by itself, [r, r]: an induction head attends from each token of the second copy to the
+token right after its occurrence in the first copy, period - 1 positions back. A head that learned
+"attend k positions back" instead passes at one period only; induction_by_period shows it, and
+classify_heads asks for induction at a short and at the longest period.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
+from circuitlab.data.synthetic import repeated_random_tokens, tiled_random_segments
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.transformer import lm_loss
 
 DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")
 
@@ -38,8 +48,6 @@ def induction_test_tokens(batch: int, seq_len: int, vocab_size: int, generator: 
     Periods vary (seq_len // 8 .. seq_len // 4) along and between rows: with one fixed period a head
     that attends "period - 1 positions back" would pass the induction test without doing induction.
     """
-    from circuitlab.data.synthetic import tiled_random_segments
-
     min_len = max(2, seq_len // 8)
     return tiled_random_segments(batch, seq_len, vocab_size, generator, min_len=min_len,
                                  max_len=max(min_len, seq_len // 4))
@@ -157,6 +165,107 @@ def detect_heads(cache, tokens: torch.Tensor) -> HeadScores:
     return HeadScores(scores, n_rows)
 
 
+# ---------------------------------------------------------------------------- [r, r] at every period
+
+MIN_PERIOD = 4
+
+
+def default_periods(n_ctx: int, most: int = 32) -> list[int]:
+    """Every period from 4 to n_ctx // 2 (the longest [r, r] that fits), thinned to at most `most`
+    evenly spaced ones (always keeping both ends) for long contexts."""
+    longest = n_ctx // 2
+    if longest < MIN_PERIOD:
+        raise CircuitlabError(f"a context of {n_ctx} tokens cannot hold [r, r] with r of at least {MIN_PERIOD} tokens")
+    if longest - MIN_PERIOD + 1 <= most:
+        return list(range(MIN_PERIOD, longest + 1))
+    return sorted({int(round(x)) for x in np.linspace(MIN_PERIOD, longest, most)})
+
+
+@dataclass
+class PeriodSweep:
+    """The induction test [r, r] at several periods.
+
+    scores [period, layer, head]: each head's induction score (attention from the second copy to the
+    token after the first occurrence, as circuitlab.analysis.heads.detect_heads scores it);
+    loss_first / loss_second [period]: mean loss (nats) on the first copy's tokens 1..p-1 (nothing
+    earlier predicts them: about ln(vocab) for a model that does no induction) and on the second
+    copy's tokens p+1..2p-1 (predictable by copying; the second copy's first token is not).
+    """
+
+    periods: list[int]
+    scores: torch.Tensor
+    loss_first: torch.Tensor
+    loss_second: torch.Tensor
+    batch: int
+
+    @property
+    def best(self) -> torch.Tensor:
+        """[period] the highest induction score of any head at each period."""
+        return self.scores.flatten(1).max(dim=1).values
+
+    @property
+    def best_head(self) -> list[str]:
+        """[period] the name "L{l}H{h}" of the best head at each period."""
+        n_heads = self.scores.shape[2]
+        return [f"L{i // n_heads}H{i % n_heads}" for i in self.scores.flatten(1).argmax(dim=1).tolist()]
+
+    def passes(self, min_score: float = 0.6, max_loss: float = 2.0) -> bool:
+        """Whether the best head scores >= min_score and the second copy's loss is <= max_loss at
+        every period (the demo's target)."""
+        return bool((self.best >= min_score).all() and (self.loss_second <= max_loss).all())
+
+    def table(self) -> list[str]:
+        """The sweep as a Markdown table (one row per period)."""
+        lines = ["| period | best head | induction score | loss on first copy | loss on second copy |",
+                 "|---|---|---|---|---|"]
+        for i, p in enumerate(self.periods):
+            lines.append(f"| {p} | {self.best_head[i]} | {float(self.best[i]):.3f} | "
+                         f"{float(self.loss_first[i]):.2f} | {float(self.loss_second[i]):.2f} |")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"periods": list(self.periods), "batch": self.batch, "best": rounded(self.best),
+                "best_head": self.best_head, "scores": rounded(self.scores),
+                "loss_first": rounded(self.loss_first), "loss_second": rounded(self.loss_second)}
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{p}</td><td>{h}</td><td>{float(s):.3f}</td><td>{float(a):.2f}</td>"
+                       f"<td>{float(b):.2f}</td></tr>"
+                       for p, h, s, a, b in zip(self.periods, self.best_head, self.best, self.loss_first,
+                                                self.loss_second))
+        return ("<table><tr><th>period</th><th>best head</th><th>induction score</th><th>loss on first copy</th>"
+                f"<th>loss on second copy</th></tr>{rows}</table>")
+
+
+@torch.no_grad()
+def induction_by_period(model, periods: Sequence[int] | None = None, batch: int = 16, seed: int = 0,
+                        exclude: Sequence[int] = ()) -> PeriodSweep:
+    """Run [r, r] (tokens [batch, 2 * period]) at each period; r is drawn uniformly from the token ids
+    other than `exclude` (pass the tokenizer's special tokens), with a generator seeded by `seed`.
+
+    periods default: default_periods(model.cfg.n_ctx), i.e. every period from 4 to half the context.
+    """
+    cfg = model.cfg
+    periods = default_periods(cfg.n_ctx) if periods is None else [int(p) for p in periods]
+    bad = [p for p in periods if not 2 <= p <= cfg.n_ctx // 2]
+    if not periods or bad:
+        raise CircuitlabError(f"periods must lie in [2, {cfg.n_ctx // 2}] (two copies must fit the context of "
+                              f"{cfg.n_ctx}), got {bad or 'none'}")
+    if cfg.n_layers == 0:
+        raise CircuitlabError("this model has no layers, so no attention heads to test")
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(seed)
+    scores, first, second = [], [], []
+    for p in periods:
+        tokens = repeated_random_tokens(batch, p, cfg.d_vocab, gen, exclude=exclude).to(device)
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+        losses = lm_loss(logits[:, :-1].float(), tokens[:, 1:], per_token=True)  # [batch, 2p - 1]; i predicts i + 1
+        scores.append(torch.nan_to_num(detect_heads(cache, tokens)["induction"]).float().cpu())
+        first.append(losses[:, : p - 1].mean().item())
+        second.append(losses[:, p:].mean().item())
+    return PeriodSweep(periods, torch.stack(scores), torch.tensor(first), torch.tensor(second), batch)
+
+
 # ---------------------------------------------------------------------------- classification
 
 # Detector thresholds (share of attention) and normalised-entropy cut-offs; override per call.
@@ -214,9 +323,9 @@ class HeadLabel:
 
 @dataclass
 class HeadClasses:
-    """Labels of every head. `labels` holds the assigned ones; `rejected` the heads whose behaviour
-    matched a label but whose weight evidence did not (e.g. an induction-like pattern with no
-    previous-token head to compose with)."""
+    """Labels of every head. `labels` holds the assigned ones; `rejected` the heads that passed some
+    induction test but not all its checks (e.g. an induction-like pattern at one period only, as a
+    head attending a fixed distance back shows, or with no previous-token head to compose with)."""
 
     labels: list[HeadLabel]
     rejected: list[HeadLabel]
@@ -224,6 +333,7 @@ class HeadClasses:
     copying: CopyingScores
     composition: CompositionScores | None
     thresholds: dict[str, float] = field(default_factory=dict)
+    periods: PeriodSweep | None = None  # the induction test [r, r] at a short and the longest period
 
     def labels_of(self, layer: int, head: int) -> list[str]:
         return [lab.label for lab in self.labels if (lab.layer, lab.head) == (layer, head)]
@@ -239,7 +349,8 @@ class HeadClasses:
                 "rejected": [lab.to_dict() for lab in self.rejected],
                 "scores": self.scores.to_dict(), "copying": self.copying.to_dict(),
                 "composition": self.composition.to_dict() if self.composition is not None else None,
-                "thresholds": dict(self.thresholds)}
+                "thresholds": dict(self.thresholds),
+                "periods": self.periods.to_dict() if self.periods is not None else None}
 
 
 @torch.no_grad()
@@ -247,13 +358,16 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
                    seed: int = 0, batch: int = 16, seq_len: int | None = None) -> HeadClasses:
     """Label every head from its behaviour on tokens [batch, pos] and from the weights.
 
-    tokens default: induction_test_tokens(batch, seq_len = min(n_ctx, 64)) with generator seed.
+    tokens default: induction_test_tokens(batch, seq_len) with generator seed; seq_len default
+    min(n_ctx, 64). The [r, r] tests use seq_len default min(n_ctx, 256): the whole context of small models.
     Each label is checked on its own (a head may carry several):
 
     - previous-token / current-token / first-token / duplicate-token: detector score >= threshold;
-    - induction: induction score >= threshold, AND a positive copying score (its OV circuit raises the
-      attended token's logit), AND K-composition above the random baseline (mean + 3 std) with an
-      earlier head labelled previous-token;
+    - induction: induction score >= threshold on tokens AND on [r, r] at a short and at the longest
+      period (detector_periods: seq_len // 8 and seq_len // 2, 8 and 32 for a context of 64; a head
+      that attends a fixed distance back passes at one period at most), AND a positive copying score
+      (its OV circuit raises the attended token's logit), AND K-composition above the random baseline
+      (mean + 3 std) with an earlier head labelled previous-token;
     - copying: copying score >= threshold (weights only);
     - low-entropy / diffuse: normalised attention entropy <= / >= its cut-off.
 
@@ -274,6 +388,7 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
     tokens = (tokens[None] if tokens.dim() == 1 else tokens).to(device)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     scores = detect_heads(cache, tokens)
+    periods = induction_by_period(model, detector_periods(seq_len or min(cfg.n_ctx, 256)), batch, seed)
 
     weights_model = model
     if cfg.norm != "none":
@@ -293,7 +408,7 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
         for head in range(cfg.n_heads):
             candidates = [HeadLabel(layer, head, label, [_score_evidence(scores, key, layer, head, th)])
                           for key, label in behaviour.items()]
-            candidates.append(_induction_label(layer, head, scores, copying, composition, prev_heads, th))
+            candidates.append(_induction_label(layer, head, scores, periods, copying, composition, prev_heads, th))
             candidates.append(HeadLabel(layer, head, "copying",
                                         [Evidence("copying score", float(copying.scores[layer, head]),
                                                   th["copying"])]))
@@ -305,9 +420,9 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
             for cand in candidates:
                 if cand.assigned:
                     labels.append(cand)
-                elif cand.label == "induction" and cand.evidence[0].passed:
-                    rejected.append(cand)  # behaves like one, but the weights do not back it up
-    return HeadClasses(labels, rejected, scores, copying, composition, th)
+                elif cand.label == "induction" and any(e.passed for e in cand.evidence[:1 + len(periods.periods)]):
+                    rejected.append(cand)  # attends like one somewhere, but not at every period or not by its weights
+    return HeadClasses(labels, rejected, scores, copying, composition, th, periods)
 
 
 def _score_evidence(scores: HeadScores, key: str, layer: int, head: int, th: dict[str, float]) -> Evidence:
@@ -315,11 +430,20 @@ def _score_evidence(scores: HeadScores, key: str, layer: int, head: int, th: dic
     return Evidence(f"{key.replace('_', '-')} score", value, th[key])
 
 
-def _induction_label(layer: int, head: int, scores: HeadScores, copying: CopyingScores,
+def detector_periods(seq_len: int) -> list[int]:
+    """The periods of classify_heads' [r, r] tests: a short one and the longest that fits seq_len."""
+    if seq_len < 4:
+        raise CircuitlabError(f"the induction test needs sequences of at least 4 tokens, got {seq_len}")
+    return sorted({max(2, seq_len // 8), seq_len // 2})
+
+
+def _induction_label(layer: int, head: int, scores: HeadScores, periods: PeriodSweep, copying: CopyingScores,
                      composition: CompositionScores | None, prev_heads: list[tuple[int, int]],
                      th: dict[str, float]) -> HeadLabel:
-    evidence = [_score_evidence(scores, "induction", layer, head, th),
-                Evidence("copying score", float(copying.scores[layer, head]), 1e-6)]  # i.e. positive
+    evidence = [_score_evidence(scores, "induction", layer, head, th)]
+    evidence += [Evidence(f"induction score on [r, r] with period {p}", float(periods.scores[i, layer, head]),
+                          th["induction"]) for i, p in enumerate(periods.periods)]
+    evidence.append(Evidence("copying score", float(copying.scores[layer, head]), 1e-6))  # i.e. positive
     earlier = [(l, h) for l, h in prev_heads if l < layer]
     if composition is None or not earlier:
         # Nothing to compose with: a check that fails (scores are at most 1), kept so the reason shows.
@@ -330,56 +454,6 @@ def _induction_label(layer: int, head: int, scores: HeadScores, copying: Copying
         evidence.append(Evidence(f"K-composition with previous-token head L{best[0]}H{best[1]}",
                                  float(composition.k[best[0], best[1], layer, head]), composition.threshold))
     return HeadLabel(layer, head, "induction", evidence)
-
-
-# ---------------------------------------------------------------------------- in-context learning
-
-
-@dataclass
-class ICLScore:
-    """In-context learning score: mean loss at a late position minus at an early one (nats).
-
-    Negative means later tokens are predicted better thanks to the context."""
-
-    score: float
-    early_pos: int
-    late_pos: int
-    early_loss: float
-    late_loss: float
-    loss_by_pos: torch.Tensor  # [pos]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"score": round(self.score, 6), "early_pos": self.early_pos, "late_pos": self.late_pos,
-                "early_loss": round(self.early_loss, 6), "late_loss": round(self.late_loss, 6),
-                "loss_by_pos": [round(float(x), 6) for x in self.loss_by_pos]}
-
-
-@torch.no_grad()
-def in_context_learning_score(model, tokens: torch.Tensor, early: int | None = None, late: int | None = None,
-                              batch_size: int = 16) -> ICLScore:
-    """Loss of predicting token late+1 minus loss of predicting token early+1, averaged over sequences.
-
-    tokens [n_seq, pos + 1] (inputs tokens[:, :-1], targets tokens[:, 1:]), run in batches.
-    early defaults to position pos // 10, late to the last position (the Framework paper uses the
-    500th minus the 50th token of 512).
-    """
-    if tokens.dim() != 2 or tokens.shape[1] < 3:
-        raise CircuitlabError(f"in_context_learning_score needs tokens [n_seq, pos + 1] with pos >= 2, "
-                              f"got shape {tuple(tokens.shape)}")
-    T = tokens.shape[1] - 1
-    early = T // 10 if early is None else early
-    late = T - 1 if late is None else late
-    if not 0 <= early < late < T:
-        raise CircuitlabError(f"need 0 <= early < late < {T} (positions in the sequence), "
-                              f"got early={early}, late={late}")
-    device = next(model.parameters()).device
-    total = torch.zeros(T)
-    for start in range(0, tokens.shape[0], batch_size):
-        chunk = tokens[start:start + batch_size].to(device)
-        total += model.loss(chunk, per_token=True).sum(dim=0).float().cpu()
-    loss_by_pos = total / tokens.shape[0]
-    e, l_ = float(loss_by_pos[early]), float(loss_by_pos[late])
-    return ICLScore(l_ - e, early, late, e, l_, loss_by_pos)
 
 
 # ---------------------------------------------------------------------------- interactive view

@@ -16,7 +16,7 @@ import torch
 
 from circuitlab.data.packing import cache_key, default_cache_dir, load_or_pack
 from circuitlab.data.sources import load_texts, parse_addition_source, source_fingerprint
-from circuitlab.data.synthetic import AdditionTask, tiled_random_segments
+from circuitlab.data.synthetic import PERIOD_DISTS, AdditionTask, tiled_random_segments
 from circuitlab.data.tokenizers import CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer, save_tokenizer
 from circuitlab.errors import CircuitlabError, ConfigError
 
@@ -34,6 +34,11 @@ class DataConfig:
     random_segment_frac: fraction of each batch's rows replaced by tiled random
     segments (periodic random tokens that teach induction heads).
     segment_len: [min, max] period of those segments (short periods give the most copying signal).
+    segment_only_steps: training steps (from 0) whose rows are all tiled random segments, before the
+    mix with random_segment_frac starts (a curriculum: copying is learned fastest without text).
+    segment_dist: how periods are drawn from segment_len: "uniform", or "log" (log-uniform: as many
+    periods in 4-8 as in 16-32, so short periods drive the phase change while long ones still teach
+    the heads to copy from any distance).
     cache_dir: token cache folder; None means $CIRCUITLAB_CACHE or ~/.cache/circuitlab/tokens.
     """
 
@@ -45,6 +50,8 @@ class DataConfig:
     seed: int = 0
     random_segment_frac: float = 0.0
     segment_len: tuple[int, int] | list[int] = (4, 16)  # period range of the tiled random segments
+    segment_dist: str = "uniform"                        # "uniform" or "log" over segment_len
+    segment_only_steps: int = 0                          # first training steps: segments only
     cache_dir: str | None = None
 
     def __post_init__(self):
@@ -86,6 +93,10 @@ class DataConfig:
                 and 1 <= seg[0] <= seg[1]):
             bad("segment_len", "[min, max] periods with 1 <= min <= max")
         self.segment_len = [int(seg[0]), int(seg[1])]  # a list, so YAML and JSON can write it
+        if not is_int(self.segment_only_steps) or self.segment_only_steps < 0:
+            bad("segment_only_steps", "an int >= 0")
+        if self.segment_dist not in PERIOD_DISTS:
+            bad("segment_dist", " or ".join(f'"{d}"' for d in PERIOD_DISTS))
         if isinstance(self.cache_dir, os.PathLike):
             self.cache_dir = os.fspath(self.cache_dir)
         if self.cache_dir is not None and not isinstance(self.cache_dir, str):
@@ -118,6 +129,8 @@ class TokenData:
         random_segment_frac: float = 0.0,
         segment_len: tuple[int, int] = (4, 16),
         cache_path: Path | None = None,
+        segment_dist: str = "uniform",
+        segment_only_steps: int = 0,
     ):
         self.tokenizer = tokenizer
         self.train = train
@@ -125,6 +138,8 @@ class TokenData:
         self.seed = seed
         self.random_segment_frac = random_segment_frac
         self.segment_len = segment_len
+        self.segment_dist = segment_dist
+        self.segment_only_steps = segment_only_steps
         self.cache_path = cache_path
 
     def __repr__(self) -> str:
@@ -151,11 +166,12 @@ class TokenData:
         g = torch.Generator().manual_seed(_batch_seed(self.seed, split, step))
         starts = torch.randint(0, len(data) - n + 1, (batch_size,), generator=g).tolist()
         x = torch.from_numpy(np.stack([data[s : s + n] for s in starts]).astype(np.int64))  # [batch_size, n]
-        n_random = round(self.random_segment_frac * batch_size)
+        only_segments = split == "train" and step < self.segment_only_steps and self.random_segment_frac > 0
+        n_random = batch_size if only_segments else round(self.random_segment_frac * batch_size)
         if n_random:
             eos, vocab = self.tokenizer.eos_id, self.tokenizer.vocab_size
             rows = torch.randperm(batch_size, generator=g)[:n_random]
-            seg = tiled_random_segments(n_random, n, vocab - 1, g, *self.segment_len)
+            seg = tiled_random_segments(n_random, n, vocab - 1, g, *self.segment_len, period_dist=self.segment_dist)
             x[rows] = seg + (seg >= eos).long()  # every token id except EOS
         per_rank = batch_size // world_size
         return x[rank * per_rank : (rank + 1) * per_rank]
@@ -307,4 +323,5 @@ def build_data(cfg: DataConfig, tokenizer: Tokenizer | None = None) -> TokenData
         raise ConfigError("random_segment_frac needs a tokenizer with at least 2 non-EOS tokens; set it to 0.")
     train, val, entry = load_or_pack(corpus, make_texts, tokenizer, cfg.val_frac, root)
     return TokenData(tokenizer, train, val, seed=cfg.seed, random_segment_frac=cfg.random_segment_frac,
-                     segment_len=cfg.segment_len, cache_path=entry)
+                     segment_len=cfg.segment_len, cache_path=entry, segment_dist=cfg.segment_dist,
+                     segment_only_steps=cfg.segment_only_steps)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from circuitlab.errors import CircuitlabError, ConfigError
@@ -12,26 +14,31 @@ def _check_int(name: str, value, low: int) -> None:
         raise ConfigError(f"{name} must be an int >= {low}, got {value!r}.")
 
 
+PERIOD_DISTS = ("uniform", "log")
+
+
 def repeated_random_tokens(
     batch: int,
     half_len: int,
     vocab_size: int,
     generator: torch.Generator | None = None,
     bos: int | None = None,
+    exclude: Sequence[int] = (),
 ) -> torch.Tensor:
-    """Random tokens followed by the same tokens again: the induction test set.
+    """Random tokens followed by the same tokens again, [r, r]: the induction test set.
 
     Returns LongTensor [batch, 2*half_len], or [batch, 1 + 2*half_len] with a BOS
-    column first. The random tokens never equal `bos`.
+    column first. The random tokens are drawn uniformly from the ids in [0, vocab_size)
+    other than `bos` and `exclude` (e.g. a tokenizer's special tokens).
     """
     _check_int("batch", batch, 1)
     _check_int("half_len", half_len, 1)
     _check_int("vocab_size", vocab_size, 2)
-    if bos is not None and 0 <= bos < vocab_size:
-        x = torch.randint(0, vocab_size - 1, (batch, half_len), generator=generator)
-        x = x + (x >= bos).long()  # skip the bos id
-    else:
-        x = torch.randint(0, vocab_size, (batch, half_len), generator=generator)
+    banned = {int(t) for t in exclude} | ({bos} if bos is not None else set())
+    allowed = torch.tensor([t for t in range(vocab_size) if t not in banned], dtype=torch.long)
+    if len(allowed) < 1:
+        raise ConfigError(f"no token left to draw from: vocab_size {vocab_size} with {sorted(banned)} excluded.")
+    x = allowed[torch.randint(0, len(allowed), (batch, half_len), generator=generator)]
     x = torch.cat([x, x], dim=1)
     if bos is not None:
         x = torch.cat([torch.full((batch, 1), bos, dtype=torch.long), x], dim=1)
@@ -45,10 +52,12 @@ def tiled_random_segments(
     generator: torch.Generator | None = None,
     min_len: int = 8,
     max_len: int = 32,
+    period_dist: str = "uniform",
 ) -> torch.Tensor:
     """Rows made of random segments, each repeated (tiled) several times.
 
-    Per row: draw a period L in [min_len, max_len] and L random tokens, tile them
+    Per row: draw a period L in [min_len, max_len] (uniformly, or log-uniformly with period_dist
+    "log": P(L) proportional to log((L + 1) / L), as likely in 4-7 as in 16-31) and L random tokens, tile them
     for a random run of at least 2*L tokens, then switch to a new segment. The
     period varies within and between rows, so only copying from one period back
     (induction), not a fixed positional offset, predicts the repeats.
@@ -59,11 +68,18 @@ def tiled_random_segments(
     _check_int("vocab_size", vocab_size, 2)
     _check_int("min_len", min_len, 1)
     _check_int("max_len", max_len, min_len)
+    if period_dist not in PERIOD_DISTS:
+        raise ConfigError(f"period_dist must be one of {', '.join(PERIOD_DISTS)}, got {period_dist!r}.")
+    lengths = torch.arange(min_len, max_len + 1, dtype=torch.float64)
+    weights = torch.log1p(1 / lengths)  # log-uniform over the integers: P(L) = log(L + 1) - log(L)
     out = torch.empty(batch, seq_len, dtype=torch.long)
     for row in range(batch):
         pos = 0
         while pos < seq_len:
-            period = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
+            if period_dist == "uniform":
+                period = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
+            else:
+                period = min_len + int(torch.multinomial(weights, 1, generator=generator))
             run = int(torch.randint(2 * period, max(2 * period, seq_len // 2) + 1, (1,), generator=generator))
             run = min(run, seq_len - pos)
             segment = torch.randint(0, vocab_size, (period,), generator=generator)

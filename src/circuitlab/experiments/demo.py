@@ -17,19 +17,20 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.heads import HeadClasses
+from circuitlab.atomic import atomic_write_text
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
+from circuitlab.perf import REFERENCE_GFLOPS, matmul_gflops, scaled_seconds
 from circuitlab.training import RunConfig, read_metrics, train
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
-from circuitlab.training.tracking import head_scores, induction_batch
 
 
 @dataclass
 class DemoOptions:
     out: Path = Path("runs/demo")
     steps_2l: int | None = None   # default: from configs/demo.yaml
-    steps_1l: int = 500
+    steps_1l: int = 300
     progress: bool = True
 
 
@@ -51,6 +52,7 @@ class ModelFindings:
     previous_token_heads: list[str]
     phase_change: dict[str, Any] | None
     train_seconds: float
+    induction_by_period: dict[str, Any] | None = None  # PeriodSweep.to_dict(): [r, r] at every period 4..n_ctx/2
     classes: HeadClasses | None = field(default=None, repr=False)  # the labels themselves (not in JSON)
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,7 +93,10 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         out.rename(kept)  # never overwrite an earlier demo
         print(f"moved the previous demo to {kept}")
     out.mkdir(parents=True, exist_ok=True)
+    from circuitlab.analysis.induction import training_probes
+
     base = RunConfig.load(resolve_config("demo"))
+    gflops_before = matmul_gflops()
     t0 = time.time()
     runs = {}
     for name, layers, steps in (("2l", 2, opts.steps_2l or base.train.steps), ("1l", 1, opts.steps_1l)):
@@ -101,11 +106,15 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         cfg.train.steps = steps
         cfg.train.ckpt_every = steps
         print(f"training the {layers}-layer attention-only model for {steps} steps")
-        runs[name] = train(cfg, out / name, progress=opts.progress)
+        runs[name] = train(cfg, out / name, progress=opts.progress, track=training_probes())
     train_seconds = time.time() - t0
     result = analyse(runs, out)
-    result.wall_seconds = {"training": round(train_seconds, 1), "total": round(time.time() - t0, 1)}
     write_outputs(result, runs, out)
+    total = time.time() - t0
+    gflops = (gflops_before + matmul_gflops()) / 2  # the machine's speed around the run, load included
+    result.wall_seconds = {"training": round(train_seconds, 1), "total": round(total, 1), "gflops": round(gflops, 1),
+                           f"total_at_{REFERENCE_GFLOPS:.0f}_gflops": round(scaled_seconds(total, gflops), 1)}
+    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))  # now with the times
     return result
 
 
@@ -126,17 +135,18 @@ def write_outputs(result: DemoResult, runs: dict, out: Path) -> None:
 
 def analyse(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
-    from circuitlab.analysis.heads import classify_heads
+    from circuitlab.analysis.heads import classify_heads, induction_by_period
     from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
     from circuitlab.experiments.interpret_circuits import EXPERIMENTS
-    from circuitlab.viz.training import plot_attention_heads, plot_training_curves
+    from circuitlab.viz.training import plot_attention_heads, plot_induction_by_period, plot_training_curves
 
     result = DemoResult(models={})
     curves = {name: read_metrics(r.out_dir) for name, r in runs.items()}
     for name, r in runs.items():
         model = r.model
         classes = classify_heads(model)
-        _, _, repeat_loss = head_scores(model, induction_batch(r.tokenizer.vocab_size, 64, batch=32, seed=99))
+        sweep = induction_by_period(model, batch=32, seed=99, exclude=[r.tokenizer.eos_id])
+        repeat_loss = float(sweep.loss_second.mean())  # loss on the second copy of [r, r], all periods
         heads = []
         for layer in range(model.cfg.n_layers):
             for head in range(model.cfg.n_heads):
@@ -154,9 +164,13 @@ def analyse(runs: dict, out: Path) -> DemoResult:
             induction_evidence=[str(lab) for lab in induction],
             rejected=[str(lab) for lab in classes.rejected],
             previous_token_heads=[head_name(l, h) for l, h in classes.heads_with("previous-token")],
-            phase_change=phase_change(curves[name]), train_seconds=round(r.seconds, 1), classes=classes)
-    figures = {"training_curves": "training_curves.png"}
-    plot_training_curves(curves, out / figures["training_curves"])
+            phase_change=phase_change(curves[name]), train_seconds=round(r.seconds, 1),
+            induction_by_period=sweep.to_dict(), classes=classes)
+    figures = {"training_curves": "training_curves.png", "induction_by_period": "induction_by_period.png"}
+    plot_training_curves(curves, out / figures["training_curves"],
+                         {name: m.phase_change for name, m in result.models.items()})
+    plot_induction_by_period({name: m.induction_by_period for name, m in result.models.items()},
+                             out / figures["induction_by_period"])
     two = runs.get("2l")
     if two is not None:
         found = result.models["2l"]

@@ -17,7 +17,8 @@ from circuitlab.analysis.attribution import direct_logit_attribution, neuron_out
 from circuitlab.analysis.circuits import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import weights_model
-from circuitlab.analysis.heads import classify_heads, in_context_learning_score, induction_test_tokens
+from circuitlab.analysis.heads import classify_heads, induction_by_period, induction_test_tokens
+from circuitlab.analysis.induction import in_context_learning_score
 from circuitlab.analysis.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
 from circuitlab.model import model_device
@@ -138,11 +139,24 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> Experiment
         figures.append(plot_attention_patterns(patterns, out_dir / "head_patterns.png",
                                                "Attention on a random segment tiled to fill the sequence").name)
     icl = in_context_learning_score(model, tokens)
+    eos = getattr(tokenizer, "eos_id", None)
+    sweep = induction_by_period(model, exclude=[] if eos is None else [eos]) if model.cfg.n_ctx >= 8 else None
+    if sweep is not None:
+        from circuitlab.viz.training import plot_induction_by_period
+
+        figures.append(plot_induction_by_period({"model": sweep.to_dict()}, out_dir / "induction_by_period.png").name)
     summary = [str(label) for label in classes.labels if label.label not in ("low-entropy", "diffuse")]
     summary += [f"not assigned: {label}" for label in classes.rejected]
     summary.append(f"in-context learning score on tiled random tokens: {icl.score:.3f} nats "
                    f"(loss at position {icl.late_pos} minus at {icl.early_pos})")
+    if sweep is not None:
+        worst = int(sweep.best.argmin())
+        summary.append(f"induction test [r, r] at periods {sweep.periods[0]}-{sweep.periods[-1]}: best head's score "
+                       f"{float(sweep.best.min()):.2f} at worst (period {sweep.periods[worst]}), loss on the second copy "
+                       f"at most {float(sweep.loss_second.max()):.2f} nats (first copy {float(sweep.loss_first.mean()):.2f})")
     found = classes.to_dict()
+    found.update(induction_by_period=sweep.to_dict() if sweep is not None else None,
+                 tables={"Induction test [r, r] by period": sweep.table()} if sweep is not None else {})
     found.update(icl=icl.to_dict(), labels_by_head={_name((l, h)): classes.labels_of(l, h)
                                                     for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)})
     return ExperimentResult("heads", summary, figures, found)

@@ -1,9 +1,11 @@
-"""Hand-built heads with known ground truth: a previous-token head and a 2-layer induction circuit.
+"""Hand-built heads with known ground truth: a previous-token head, a 2-layer induction circuit, and
+a positional head that copies from a fixed distance back (the shortcut an induction detector must reject).
 
     pt = build_previous_token_model(d_vocab=20, n_ctx=32)
     pt.roles                       # {(0, 0): "previous_token"}
     ind = build_induction_model(d_vocab=20, n_ctx=32)
     ind.heads_with_role("induction")   # [(1, 0)]
+    fake = build_positional_copy_model(k=15)   # attends 15 back: induction on [r, r] of period 16 only
 
 They are fixtures for detectors and patching: every head's job is known exactly, including heads
 that attend somewhere but write nothing (their patching effect is exactly zero).
@@ -125,4 +127,38 @@ def build_induction_model(d_vocab: int = 20, n_ctx: int = 32, sharpness: float =
                      "previous-token head (L0H0) + induction head (L1H0); L0H1 and L1H1 attend but write nothing")
 
 
-__all__ = ["HandBuilt", "build_induction_model", "build_previous_token_model"]
+def build_positional_copy_model(k: int, d_vocab: int = 20, n_ctx: int = 32, sharpness: float = 20.0) -> HandBuilt:
+    """The positional shortcut an induction detector must not be fooled by: the induction model's
+    layout, but L1H0 attends a fixed k positions back (by position alone) and copies that token.
+
+    On [r, r] with period k + 1 it attends exactly where an induction head would (the token after
+    the previous occurrence), and nowhere right at any other period. L0H0 is the same previous-token
+    head as in build_induction_model; L0H1 and L1H1 attend to the current / first token and write nothing.
+    Queries p < k have no key k back and attend uniformly to positions 0..p.
+    """
+    _check_sizes(d_vocab, n_ctx, sharpness)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < n_ctx:
+        raise CircuitlabError(f"k must be an integer in [1, {n_ctx - 1}], got {k!r}")
+    layout = ResidualLayout({"one": 1, "tok": d_vocab, "pos": n_ctx, "prev": d_vocab, "out": d_vocab})
+    f = Forge(layout, n_layers=2, n_heads=2, d_head=max(n_ctx, d_vocab), d_vocab=d_vocab, n_ctx=n_ctx,
+              positional="learned")
+    eye_v, eye_p = torch.eye(d_vocab), torch.eye(n_ctx)
+    for t in range(d_vocab):
+        f.embed(t, one=1, tok=eye_v[t])
+        f.unembed(t, out=eye_v[t])
+    for p in range(n_ctx):
+        f.pos(p, pos=eye_p[p])
+    _previous_token_head(f, 0, 0, n_ctx, d_vocab, sharpness, "prev")
+    f.head(0, 1).q("pos", sharpness, into=0).k("pos", 1.0, into=0)
+    # L1H0: q(p) = sharpness · onehot(p), k(j) = onehot(j + k): score(p, j) = sharpness · [j = p - k].
+    h = f.head(1, 0)
+    h.q("pos", sharpness, into=0).k("pos", torch.diag(torch.ones(n_ctx - k), diagonal=k), into=0)
+    h.v("tok", 1.0, into=0).o("out", 1.0, from_=0)
+    f.head(1, 1).q("one", sharpness, into=0).k("pos", eye_p[0], into=0)
+    roles = {(0, 0): "previous_token", (0, 1): "current_token", (1, 0): f"positional_{k}_back", (1, 1): "first_token"}
+    writes = {(0, 0): True, (0, 1): False, (1, 0): True, (1, 1): False}
+    return HandBuilt(f.model, layout, roles, writes,
+                     f"previous-token head (L0H0) + a head attending {k} positions back and copying (L1H0)")
+
+
+__all__ = ["HandBuilt", "build_induction_model", "build_positional_copy_model", "build_previous_token_model"]

@@ -4,7 +4,7 @@ A run contributes a RunData (model, tokenizer, configs, metrics, head labels); a
 the findings of the ready-made experiments in their to_dict() form (ExperimentResult.to_dict(), as in
 results.json), so a report written at the end of a run and one rebuilt from disk are the same. build_sections turns them into sections, in this order, each only when there is data:
 
-    model card · summary · training curves · heads · attention viewer · QK/OV circuits · logit lens ·
+    model card · summary · training curves · heads · induction by period · attention viewer · QK/OV circuits · logit lens ·
     direct logit attribution · patching · ablation · probes
 
 Entry points: report_for_run(dir) (a training run, an interpret output or a demo directory),
@@ -52,6 +52,7 @@ class RunData:
     head_scores: dict[str, Any] | None = None
     classes: Any = None
     facts: dict[str, Any] = field(default_factory=dict)  # more model-card rows
+    period_sweep: dict | None = None  # PeriodSweep.to_dict(): the induction test [r, r] at every period
 
 
 def load_run(run_dir: str | Path, name: str | None = None, model=None, tokenizer=None,
@@ -243,6 +244,27 @@ def heads_section(runs: Sequence[RunData]) -> Section | None:
                    "Labels need behaviour and weights to agree (induction: an induction pattern, a copying OV circuit "
                    "and K-composition with an earlier previous-token head); scores are the share of attention on the "
                    "positions each detector predicts, copying is the OV circuit's eigenvalue score.")
+
+
+def induction_period_section(runs: Sequence[RunData]) -> Section | None:
+    """The induction test [r, r] by period: a figure (score; loss on each copy) and a table per model."""
+    from circuitlab.viz.interactive import induction_by_period_figure
+
+    sweeps = {r.name: r.period_sweep for r in runs if r.period_sweep}
+    if not sweeps:
+        return None
+    parts = [induction_by_period_figure(sweeps)]
+    for name, sweep in sweeps.items():
+        rows = [{"period": p, "best head": h, "induction score": float(s), "loss on first copy": float(a),
+                 "loss on second copy": float(b)}
+                for p, h, s, a, b in zip(sweep["periods"], sweep["best_head"], sweep["best"], sweep["loss_first"],
+                                         sweep["loss_second"])]
+        parts.append(details(f"{name}: table by period", table_html(rows)))
+    return Section("induction-by-period", "Induction by period", parts,
+                   "A random sequence r followed by itself, [r, r], at every period from 4 to half the context "
+                   "(r drawn uniformly from the ordinary tokens): the best head's share of attention from the second "
+                   "copy to the token after the first occurrence, and the loss on each copy. An induction head "
+                   "scores high at every period; a head that copies from a fixed distance back, at one.")
 
 
 def attention_tokens(model, seed: int = 7, segment: int = 12, repeats: int = 3) -> torch.Tensor:
@@ -476,7 +498,10 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
         shown = max(with_model, key=lambda r: r.model.cfg.n_layers)
     lens = analysis.get("logit_lens")
     prompt = lens.get("prompt") if isinstance(lens, Mapping) else None
-    sections = [model_card_section(runs), summary_section(summary), training_section(runs), heads_section(runs)]
+    if isinstance(heads_found, Mapping) and heads_found.get("induction_by_period") and len(runs) == 1:
+        runs[0].period_sweep = runs[0].period_sweep or heads_found["induction_by_period"]
+    sections = [model_card_section(runs), summary_section(summary), training_section(runs), heads_section(runs),
+                induction_period_section(runs)]
     if isinstance(heads_found, Mapping) and heads_found.get("summary"):
         sections.append(Section("head-findings", "Head findings", [bullet_list(heads_found["summary"])]))
     if shown is not None:
@@ -516,6 +541,7 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
         run = (runs or {}).get(name) or load_run(run_dir / name, name)
         run.name = name
         run.phase_change = found.get("phase_change") or None
+        run.period_sweep = found.get("induction_by_period") or None
         if run.classes is not None:
             run.heads, run.head_scores = head_rows_from_classes(run.classes)
         else:

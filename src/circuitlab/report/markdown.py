@@ -20,7 +20,8 @@ def demo_narrative(results: Mapping[str, Any]) -> list[str]:
             lines += [f"**Phase change.** Around step {pc['step']} ({pc['tokens']:,} tokens) the induction score "
                       f"of the best head jumped to {pc['induction_after']:.2f} (from {pc['induction_before']:.2f}), "
                       f"while the loss on the repeated half of random sequences fell from "
-                      f"{pc['repeat_loss_before']:.2f} to {pc['repeat_loss_after']:.2f}.", ""]
+                      f"{pc['repeat_loss_before']:.2f} to {pc['repeat_loss_after']:.2f}.{_icl_sentence(pc)} The "
+                      "training curves mark it on every panel.", ""]
         else:
             lines += ["**No clear phase change** was seen in the induction score during training.", ""]
         if two["induction_heads"]:
@@ -45,7 +46,7 @@ def demo_narrative(results: Mapping[str, Any]) -> list[str]:
 
 def demo_markdown(results: Mapping[str, Any]) -> str:
     """The demo's report.md: the narrative, each analysis's summary, the head table, the figures."""
-    lines = ["# circuitlab demo: induction heads", ""] + demo_narrative(results)
+    lines = ["# circuitlab demo: induction heads", ""] + demo_narrative(results) + period_lines(results["models"])
     for experiment, found in results.get("analysis", {}).items():
         lines += [f"## {experiment.replace('_', ' ').capitalize()}", ""]
         lines += [f"- {line}" for line in found.get("summary", [])] + [""]
@@ -59,6 +60,38 @@ def demo_markdown(results: Mapping[str, Any]) -> str:
     for title, fname in results["figures"].items():
         lines.append(f"![{title}]({fname})")
     return "\n".join(lines) + "\n"
+
+
+def _icl_sentence(pc: Mapping[str, Any]) -> str:
+    if pc.get("icl_before") is None or pc.get("icl_after") is None:
+        return ""
+    return (f" The in-context-learning score on the stories (loss late in the context minus early) went from "
+            f"{pc['icl_before']:.2f} to {pc['icl_after']:.2f} nats.")
+
+
+def period_lines(models: Mapping[str, Any]) -> list[str]:
+    """The induction test [r, r] at every period, in words and as a table (three columns per model)."""
+    sweeps = {name: m["induction_by_period"] for name, m in models.items() if m.get("induction_by_period")}
+    if not sweeps:
+        return []
+    lines = ["## Induction by period", ""]
+    for name, sw in sweeps.items():
+        worst = min(range(len(sw["periods"])), key=lambda i: sw["best"][i])
+        lines.append(f"- {name}: on [r, r] with r of {sw['periods'][0]} to {sw['periods'][-1]} random tokens, the best "
+                     f"head's induction score is at least {sw['best'][worst]:.2f} (period {sw['periods'][worst]}) and the "
+                     f"loss on the second copy at most {max(sw['loss_second']):.2f} nats (first copy: "
+                     f"{min(sw['loss_first']):.2f}-{max(sw['loss_first']):.2f}).")
+    names = list(sweeps)
+    lines += ["", "| period | " + " | ".join(f"{n} best head | {n} score | {n} loss, 2nd copy" for n in names) + " |",
+              "|---|" + "---|---|---|" * len(names)]
+    for i, p in enumerate(sweeps[names[0]]["periods"]):
+        cells = []
+        for n in names:
+            sw = sweeps[n]
+            cells.append(f"{sw['best_head'][i]} | {sw['best'][i]:.3f} | {sw['loss_second'][i]:.2f}"
+                         if i < len(sw["periods"]) and sw["periods"][i] == p else "- | - | -")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def causal_paragraph(evidence: Mapping[str, Any]) -> list[str]:
@@ -99,6 +132,8 @@ def interpret_markdown(results: Mapping[str, Any]) -> str:
         summary = found.get("summary") if isinstance(found, Mapping) else None
         if summary:
             lines += [summary if isinstance(summary, str) else "\n".join(f"- {s}" for s in summary), ""]
+        for title, table in (found.get("tables") or {}).items() if isinstance(found, Mapping) else []:
+            lines += [f"**{title}**", "", *table, ""]  # Markdown tables, e.g. the induction test by period
         for fig in (found.get("figures", []) if isinstance(found, Mapping) else []):
             fig = fig if isinstance(fig, str) else fig.get("file", "")
             lines.append(f"![{name}]({fig})")

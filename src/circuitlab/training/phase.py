@@ -23,10 +23,11 @@ def phase_change(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         return None
     half = start + (end - start) / 2
     at = next(i for i, s in enumerate(scores) if s >= half)
+    before = tracked[max(0, at - 2)]
     return {"step": tracked[at]["step"], "tokens": tracked[at]["tokens"],
             "induction_before": round(scores[max(0, at - 2)], 3), "induction_after": round(scores[-1], 3),
-            "repeat_loss_before": tracked[max(0, at - 2)].get("repeat_loss"),
-            "repeat_loss_after": tracked[-1].get("repeat_loss")}
+            "repeat_loss_before": before.get("repeat_loss"), "repeat_loss_after": tracked[-1].get("repeat_loss"),
+            "icl_before": before.get("icl"), "icl_after": tracked[-1].get("icl")}
 
 
 def phase_band(records: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:

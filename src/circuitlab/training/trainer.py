@@ -1,5 +1,5 @@
 """The training loop: AdamW, warmup + cosine, clipping, accumulation, optional bf16 autocast,
-eval, interpretability tracking, atomic resumable checkpoints, DDP under torchrun.
+eval, metrics tracked by the caller's probes, atomic resumable checkpoints, DDP under torchrun.
 
     result = train(RunConfig.load("configs/demo.yaml"), "runs/demo")
 
@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
 from circuitlab.training.schedule import lr_at
 from circuitlab.training.sinks import open_sinks
-from circuitlab.training.tracking import induction_batch, track
+from circuitlab.training.tracking import Probe, run_probes
 
 
 class TrainingDiverged(CircuitlabError):
@@ -56,11 +57,14 @@ class TrainResult:
 
 
 def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
-          stop_at: int | None = None) -> TrainResult:
+          stop_at: int | None = None, track: Sequence[Probe] = ()) -> TrainResult:
     """Train run's model into out_dir (checkpoint/, best/, metrics.jsonl, run.yaml).
 
     A new run needs an absent or empty out_dir; resume continues its checkpoint. Ctrl-C finishes
     the current step, saves a checkpoint and raises TrainingInterrupted (a KeyboardInterrupt).
+
+    track: probes (model, data) -> dict of JSON-able values, run at step 0 and every
+    train.track_every steps into metrics.jsonl (e.g. circuitlab.analysis.induction.training_probes).
 
     stop_at: stop (with a checkpoint) after this many steps, as if interrupted; the schedule
     still follows train.steps, so a later resume continues the same curve.
@@ -101,8 +105,6 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         truncate_metrics(out_dir, after_step=start)
     ddp_model = D.wrap(model, device)
 
-    rep_tokens = induction_batch(tokenizer.vocab_size, min(64, model.cfg.n_ctx)).to(device)
-    val_probe = data.get_batch("val", 0, min(16, t.batch_size), t.seq_len).to(device)
     tokens_per_step = t.batch_size * t.seq_len
     micro = t.batch_size // world // t.grad_accum
     autocast = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
@@ -123,7 +125,7 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                             {"step": step_done, "tokens_seen": tokens_seen, "best_val_loss": best_val})
 
     if start == 0:
-        log({"step": 0, "tokens": 0, **track(model, rep_tokens, val_probe).to_dict()})
+        log({"step": 0, "tokens": 0, **run_probes(model, data, track)})
 
     def one_step(step: int) -> tuple[float, int]:
         """Train step `step` (0-based); log, evaluate and save as scheduled. Returns (loss, steps done)."""
@@ -163,8 +165,8 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                 best_val = val
                 if rank == 0:
                     save_checkpoint(out_dir / "best", model, tokenizer, run_dict)
-        if done % t.track_every == 0 or done == t.steps:
-            record.update(track(model, rep_tokens, val_probe).to_dict())
+        if track and (done % t.track_every == 0 or done == t.steps):
+            record.update(run_probes(model, data, track))
         if record:
             log({"step": done, "tokens": tokens_seen, **record})
         if done % t.ckpt_every == 0 or done == end:

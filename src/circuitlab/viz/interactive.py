@@ -174,17 +174,27 @@ def attention_figure(tokens: Sequence[str], patterns: Any, head_names: Sequence[
 # ---------------------------------------------------------------------------- training
 
 
+def _longest_period(tracked: Sequence[Mapping]) -> str | None:
+    """The longest period tracked in "induction_by_period" (keys are periods as strings), if any."""
+    periods = {int(p) for r in tracked for p in (r.get("induction_by_period") or {})}
+    return str(max(periods)) if periods else None
+
+
 def training_curves_figure(curves: Mapping[str, Sequence[Mapping]] | Sequence[Mapping],
                            phase_change: Mapping[str, Any] | None = None) -> go.Figure:
-    """Left: train loss, val loss and loss on the repeated half of random sequences; right: the best
-    head's induction and previous-token scores; x: tokens seen. The phase change (the demo's
-    phase_change dict, or run name -> dict) is a dashed line in a shaded band."""
+    """Left: train loss, val loss and loss on the repeated half of random sequences; middle: the best
+    head's induction and previous-token scores, and the best induction score on [r, r] at the longest
+    tracked period; right: the in-context-learning score on natural text (loss late in the context minus
+    early: it falls when induction heads form); x: tokens seen. The phase change (the demo's
+    phase_change dict, or run name -> dict) is a dashed line in a shaded band on every panel: the
+    training loss's bump (a slower fall, or a rise) lies inside it."""
     if not isinstance(curves, Mapping):
         curves = {"run": list(curves)}
     if phase_change is not None and "tokens" in phase_change:
         phase_change = {next(iter(curves), "run"): phase_change}
     phase_change = dict(phase_change or {})
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("Loss", "Head scores"), horizontal_spacing=0.1)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("Loss", "Head scores", "In-context learning score"),
+                        horizontal_spacing=0.07)
     for i, (name, records) in enumerate(curves.items()):
         color = COLORS[i % len(COLORS)]
         logged = [r for r in records if "loss" in r]
@@ -209,10 +219,20 @@ def training_curves_figure(curves: Mapping[str, Sequence[Mapping]] | Sequence[Ma
             fig.add_trace(go.Scatter(x=x, y=[best_head_score(r.get("prev_token")) for r in tracked], mode="lines",
                                      name=f"{name} best previous-token score", legendgroup=name,
                                      line=dict(color=color, dash="dot")), row=1, col=2)
+            longest = _longest_period(tracked)
+            if longest is not None:
+                fig.add_trace(go.Scatter(x=x, y=[(r.get("induction_by_period") or {}).get(longest) for r in tracked],
+                                         mode="lines", name=f"{name} best induction score, [r, r] period {longest}",
+                                         legendgroup=name, line=dict(color=color, dash="dashdot")), row=1, col=2)
+        icl = [r for r in records if r.get("icl") is not None]
+        if icl:
+            fig.add_trace(go.Scatter(x=[r["tokens"] for r in icl], y=[r["icl"] for r in icl], mode="lines+markers",
+                                     name=f"{name} in-context learning score", legendgroup=name,
+                                     line=dict(color=color), marker=dict(size=3)), row=1, col=3)
         pc = phase_change.get(name)
         if pc and pc.get("tokens") is not None:
             band = phase_band(records)
-            for col in (1, 2):
+            for col in (1, 2, 3):
                 if band and band[1] > band[0]:
                     fig.add_vrect(x0=band[0], x1=band[1], fillcolor=color, opacity=0.12, line_width=0,
                                   row=1, col=col)
@@ -223,8 +243,37 @@ def training_curves_figure(curves: Mapping[str, Sequence[Mapping]] | Sequence[Ma
     fig.update_xaxes(title_text="tokens seen")
     fig.update_yaxes(title_text="loss (nats)", row=1, col=1)
     fig.update_yaxes(title_text="score", range=[0, 1.05], row=1, col=2)
-    fig.update_layout(template=TEMPLATE, height=430, margin=dict(l=60, r=20, t=50, b=50),
+    fig.update_yaxes(title_text="late minus early loss (nats)", row=1, col=3)
+    fig.update_layout(template=TEMPLATE, height=450, margin=dict(l=60, r=20, t=50, b=50),
                       legend=dict(orientation="h", y=-0.2, font=dict(size=10)), hovermode="x unified")
+    return fig
+
+
+def induction_by_period_figure(sweeps: Mapping[str, Mapping[str, Any]], min_score: float = 0.6,
+                               max_loss: float = 2.0) -> go.Figure:
+    """sweeps: model name -> PeriodSweep.to_dict(). Left: the best head's induction score on [r, r] by
+    period (hover names the head); right: the loss on the first and the second copy; the demo's targets
+    as grey dashed lines."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Induction score on [r, r] by period",
+                                                        "Loss on [r, r] by period"), horizontal_spacing=0.1)
+    for i, (name, sweep) in enumerate(sweeps.items()):
+        color = COLORS[i % len(COLORS)]
+        fig.add_trace(go.Scatter(x=sweep["periods"], y=sweep["best"], mode="lines+markers", name=f"{name} best head",
+                                 text=sweep.get("best_head"), legendgroup=name, line=dict(color=color),
+                                 hovertemplate="period %{x}: %{y:.3f} (%{text})<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=sweep["periods"], y=sweep["loss_second"], mode="lines+markers",
+                                 name=f"{name} loss on the second copy", legendgroup=name,
+                                 line=dict(color=color)), row=1, col=2)
+        fig.add_trace(go.Scatter(x=sweep["periods"], y=sweep["loss_first"], mode="lines",
+                                 name=f"{name} loss on the first copy", legendgroup=name,
+                                 line=dict(color=color, dash="dot")), row=1, col=2)
+    fig.add_hline(y=min_score, line=dict(color="grey", dash="dash", width=1), row=1, col=1)
+    fig.add_hline(y=max_loss, line=dict(color="grey", dash="dash", width=1), row=1, col=2)
+    fig.update_xaxes(title_text="period of r")
+    fig.update_yaxes(title_text="induction score", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="loss (nats)", rangemode="tozero", row=1, col=2)
+    fig.update_layout(template=TEMPLATE, height=400, margin=dict(l=60, r=20, t=50, b=50),
+                      legend=dict(orientation="h", y=-0.22, font=dict(size=10)))
     return fig
 
 
