@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from circuitlab.config import ModelConfig
 from circuitlab.model import Transformer
+from circuitlab.perf import REFERENCE_GFLOPS, matmul_gflops
 
 TARGETS = {"train_vs_hf": 1.0, "train_vs_tl": 1.5, "cache_vs_tl": 2.0}
 
@@ -268,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# circuitlab speed benchmark  torch {env['torch']}  transformers {env['transformers']}  "
           f"transformer_lens {env['transformer_lens']}  device {a.device}  threads {threads}  "
           f"load avg {env['load_before']:.2f}")
+    env["gflops"] = matmul_gflops()
+    print(f"# this machine: {env['gflops']:.0f} GFLOP/s fp32 matmul (circuitlab.perf.matmul_gflops, {threads} threads); "
+          f"wall times scale to a {REFERENCE_GFLOPS:.0f} GFLOP/s machine by x{env['gflops'] / REFERENCE_GFLOPS:.2f}")
     if env["load_before"] > 0.5 * threads:
         print(f"# WARNING: the machine is busy (1-min load {env['load_before']:.1f} on {threads} cores); "
               "absolute figures will be low, ratios less so (the libraries are timed in turn)")

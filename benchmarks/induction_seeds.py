@@ -24,8 +24,9 @@ from concurrent.futures import ProcessPoolExecutor
 def one_seed(seed: int, overrides: list[str], threads: int, device: str, config: str) -> dict:
     import torch
 
-    from circuitlab.analysis.induction import induction_by_period, training_probes
-    from circuitlab.demo import phase_change
+    from circuitlab.analysis.heads import induction_by_period
+    from circuitlab.analysis.induction import training_probes
+    from circuitlab.experiments.demo import phase_change
     from circuitlab.perf import matmul_gflops
     from circuitlab.training import RunConfig, read_metrics, train
     from circuitlab.training.configs import resolve_config

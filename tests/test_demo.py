@@ -31,8 +31,16 @@ def test_demo_writes_checkpoints_results_figures_and_report(demo_dir):
     assert "## Heads" in report and "**Contrast.**" in report
     html = (demo_dir / "report.html").read_text()
     sections = re.findall(r'<section id="([^"]+)"', html)
-    assert sections == ["model-card", "summary", "training", "heads", "attention", "circuits", "logit-lens",
-                        "patching", "ablation"]
+    assert sections == ["model-card", "summary", "training", "heads", "induction-by-period", "attention", "circuits",
+                        "logit-lens", "patching", "ablation"]
+    assert "## Induction by period" in report and "| 32 | " in report  # every period 4..n_ctx/2, both models
+    sweep = two["induction_by_period"]
+    assert sweep["periods"] == list(range(4, 33)) and len(sweep["best"]) == 29
+    wall = results["wall_seconds"]
+    assert wall["gflops"] > 0 and wall["total_at_150_gflops"] == pytest.approx(wall["total"] * wall["gflops"] / 150,
+                                                                                rel=0.01)
+    records = [json.loads(line) for line in (demo_dir / "2l" / "metrics.jsonl").read_text().splitlines()]
+    assert {"icl", "induction_by_period", "repeat_loss_by_period"} <= set(records[0])
     assert "<script src" not in html and html.count("Plotly.newPlot") >= 5
 
 

@@ -45,13 +45,21 @@ def test_resume_continues_the_identical_loss_curve(tmp_path):
         assert torch.equal(v, w), k
 
 
-def test_training_lowers_loss_and_tracks_heads(tmp_path):
-    result = train(tiny(tmp_path, steps=30, lr=1e-2), tmp_path / "r", progress=False)
+def test_training_lowers_loss_and_tracks_the_callers_probes(tmp_path):
+    seen = []
+
+    def probe(model, data):  # the trainer runs it in eval mode, at step 0 and every track_every steps
+        seen.append(model.training)
+        return {"probe_calls": len(seen), "n_val_tokens": len(data.val)}
+
+    result = train(tiny(tmp_path, steps=30, lr=1e-2), tmp_path / "r", progress=False,
+                   track=[probe, lambda model, data: {"weight_norm": float(model.embed.weight.norm())}])
     curve = losses(tmp_path / "r")
     assert sum(curve[-5:]) / 5 < curve[0] - 0.2
-    tracked = [r for r in read_metrics(tmp_path / "r") if "induction" in r]
-    assert tracked[0]["step"] == 0 and len(tracked[0]["induction"]) == 1 and len(tracked[0]["induction"][0]) == 2
-    assert all(0 <= s <= 1 for r in tracked for layer in r["prev_token"] for s in layer)
+    tracked = [r for r in read_metrics(tmp_path / "r") if "probe_calls" in r]
+    assert [r["step"] for r in tracked] == [0, 10, 20, 30] and [r["probe_calls"] for r in tracked] == [1, 2, 3, 4]
+    assert seen == [False] * 4 and all(r["weight_norm"] > 0 and r["n_val_tokens"] > 0 for r in tracked)
+    assert result.model.training is False
     evals = [r for r in read_metrics(tmp_path / "r") if "val_loss" in r]
     assert math.isclose(evals[-1]["val_ppl"], math.exp(evals[-1]["val_loss"]), rel_tol=1e-3)
     assert (tmp_path / "r" / "best" / "model.safetensors").is_file()

@@ -19,12 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from circuitlab.analysis.induction import training_probes
     from circuitlab.training import RunConfig, train
     from circuitlab.training.configs import resolve_config
 
     cfg = RunConfig.load(resolve_config(args.config), args.overrides)
     out = args.out or f"runs/{cfg.name}"
-    result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
+    # tracked every train.track_every steps: induction / previous-token scores, induction by period, ICL score
+    result = train(cfg, out, resume=args.resume, progress=not args.no_progress, track=training_probes())
     print(f"trained {result.steps} steps ({result.tokens_seen:,} tokens) in {result.seconds:.0f}s: "
           f"loss {result.final_loss:.3f}, best val loss {result.best_val_loss:.3f} -> {out}")
     if os.environ.get("RANK", "0") == "0":  # one report per run, also under torchrun
