@@ -61,11 +61,7 @@ LAYERS = [
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 # Imports that break the layering today, each with the reason it is still here and who removes it.
-ALLOWED = {
-    # The trainer tracks induction / previous-token scores with analysis functions; induct's rewrite passes
-    # the tracked metrics in from the caller and removes this import.
-    ("circuitlab.training.tracking", "circuitlab.analysis.heads"),
-}
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def layer_of(module: str) -> int | None:
