@@ -121,3 +121,33 @@ def test_dashboards_report_is_self_contained_and_highlights_the_planted_token(mo
     import circuitlab.viz.features  # noqa: F401  registers the Jupyter display
 
     assert "feature-card" in dash._repr_html_()
+
+
+def test_sae_dashboards_command_writes_dashboards_and_report(tmp_path, capsys):
+    from circuitlab import Transformer
+    from circuitlab.cli import main
+    from circuitlab.data.stories import stories_text
+    from circuitlab.data.tokenizers import CharTokenizer
+    from circuitlab.dictionaries import base_model_id
+    from circuitlab.training import save_checkpoint
+
+    tokenizer = CharTokenizer.from_texts([stories_text(300, seed=1)])
+    torch.manual_seed(0)
+    net = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=tokenizer.vocab_size, n_ctx=64))
+    save_checkpoint(tmp_path / "run" / "checkpoint", net, tokenizer)
+    cfg = DictionaryConfig("relu", d_in=16, d_sae=12, hook_name="blocks.0.hook_resid_post", base_model=base_model_id(net))
+    SparseDictionary(cfg, seed=0).save(tmp_path / "sae")
+    args = ["sae", "dashboards", "--dictionary", str(tmp_path / "sae"), "--checkpoint", str(tmp_path / "run"),
+            "--tokens", "1024", "--no-progress"]
+    assert main(args + ["--features", "0", "3"]) == 0
+    dash = FeatureDashboards.load(tmp_path / "sae" / "dashboards")
+    assert dash.n_tokens == 1024 and dash.d_sae == 12
+    page = (tmp_path / "sae" / "dashboards" / "report.html").read_text()
+    assert page.count('class="feature-card"') == 2
+    assert "never fired" in capsys.readouterr().out
+    assert main(args + ["--features", "12"]) == 2
+    assert "outside the dictionary's 12 features" in capsys.readouterr().err
+    other = SparseDictionary(cfg.replace(base_model={**cfg.base_model, "weights_sha": "0" * 16}))
+    other.save(tmp_path / "other")
+    assert main(["sae", "dashboards", "--dictionary", str(tmp_path / "other"), "--checkpoint", str(tmp_path / "run")]) == 2
+    assert main(["sae"]) == 2  # no subcommand: a one-line error

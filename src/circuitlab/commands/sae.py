@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them"
+HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them, draw feature dashboards"
 EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
 
 
@@ -190,11 +190,44 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- dashboards
+
+
+def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dictionary", required=True, metavar="DIR", help="the dictionary folder")
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="the run or checkpoint it was trained on")
+    p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
+    p.add_argument("--data", default="stories",
+                   help="text for the contexts: stories (held-out built-in stories), file:PATH, folder:PATH, hf:NAME")
+    p.add_argument("--tokens", type=int, default=32_768, help="tokens to run (default 32768)")
+    p.add_argument("--features", type=int, nargs="+", default=None, metavar="N",
+                   help="features to draw cards for in report.html (default: the 50 most frequent)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_dashboards(args: argparse.Namespace) -> int:
+    from circuitlab.experiments.dashboards import DashboardOptions, build_dashboards
+
+    found = build_dashboards(DashboardOptions(args.dictionary, args.checkpoint, args.out, args.data, args.tokens,
+                                              features=args.features, device=args.device,
+                                              progress=not args.no_progress))
+    s = found.summary
+    print(f"{s['d_sae']} features of {s['hook_name']} on {s['n_tokens']:,} tokens: {s['dead_fraction']:.1%} never "
+          f"fired, {s['dense_fraction']:.1%} fire on more than 10% of tokens")
+    print(f"wrote {found.folder}/ (dashboards.safetensors, dashboards.json, report.html); browse them with "
+          f"circuitlab serve --checkpoint {args.checkpoint} --dictionary {args.dictionary}")
+    return 0
+
+
 # ---------------------------------------------------------------------------- wiring
 
 SUBCOMMANDS = {
     "train": (TRAIN_HELP, TRAIN_EXAMPLE, _train_args, _run_train),
     "eval": (EVAL_HELP, EVAL_EXAMPLE, _eval_args, _run_eval),
+    "dashboards": ("feature dashboards: top contexts, activation histogram, density, promoted/suppressed tokens",
+                   "circuitlab sae dashboards --dictionary runs/sae/dictionaries/mlp --checkpoint runs/features/model",
+                   add_dashboards_arguments, run_dashboards),
 }
 
 

@@ -289,7 +289,7 @@ def text_batches(tokenizer, source: str = "stories", n_tokens: int = 16_384, seq
         stream += tokenizer.encode(text) + [tokenizer.eos_id]
         if len(stream) >= rows_wanted * seq_len:
             break
-    rows = len(stream) // seq_len
+    rows = min(rows_wanted, len(stream) // seq_len)
     if rows == 0:
         raise CircuitlabError(f"{source} gave {len(stream)} tokens, fewer than one row of {seq_len}")
     tokens = torch.tensor(stream[:rows * seq_len], dtype=torch.long).view(rows, seq_len)

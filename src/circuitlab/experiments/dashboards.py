@@ -1,0 +1,60 @@
+"""`circuitlab sae dashboards`: a dictionary's feature dashboards on held-out text, saved and drawn.
+
+    found = build_dashboards(DashboardOptions(dictionary="runs/sae/dict", checkpoint="runs/features/model"))
+    found.report        # <out>/report.html;  found.folder: dashboards.safetensors + dashboards.json
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from circuitlab.errors import CircuitlabError
+
+
+@dataclass
+class DashboardOptions:
+    dictionary: Path | str
+    checkpoint: Path | str
+    out: Path | str | None = None      # default: <dictionary>/dashboards
+    data: str = "stories"              # any text source of circuitlab.data.sources
+    n_tokens: int = 32_768
+    seq_len: int = 64
+    features: list[int] | None = None  # cards in the report (default: the 50 most frequent)
+    k: int = 10
+    device: str = "cpu"
+    progress: bool = True
+
+
+@dataclass
+class DashboardResult:
+    folder: Path
+    report: Path
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folder": str(self.folder), "report": str(self.report), **self.summary}
+
+
+def build_dashboards(opts: DashboardOptions) -> DashboardResult:
+    from circuitlab.dictionaries import SparseDictionary, check_base_model
+    from circuitlab.dictionaries.features import feature_dashboards, text_batches
+    from circuitlab.report.features import write_dashboards_report
+    from circuitlab.training import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint(opts.checkpoint, device=opts.device)
+    if tokenizer is None:
+        raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it, so text cannot be encoded")
+    sae = SparseDictionary.load(opts.dictionary, device=opts.device)
+    check_base_model(sae, model, f"the dictionary in {opts.dictionary}")
+    if opts.n_tokens < 1 or opts.seq_len < 1:
+        raise CircuitlabError("--tokens and --seq-len must be positive")
+    bad = [f for f in opts.features or [] if not 0 <= f < sae.cfg.d_sae]
+    if bad:
+        raise CircuitlabError(f"--features {bad} are outside the dictionary's {sae.cfg.d_sae} features")
+    batches = text_batches(tokenizer, opts.data, opts.n_tokens, min(opts.seq_len, model.cfg.n_ctx))
+    dash = feature_dashboards(model.eval(), sae, batches, k=opts.k, tokenizer=tokenizer, progress=opts.progress)
+    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / "dashboards"
+    dash.save(folder)
+    report = write_dashboards_report(folder, dash, opts.features)
+    return DashboardResult(folder, report, dash.summary())
