@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from circuitlab import ConfigError
+from circuitlab.analysis.induction import training_probes
 from circuitlab.training import RunConfig, read_metrics, train
 from circuitlab.training.sinks import flat_scalars, open_sinks
 
@@ -46,8 +47,8 @@ def test_training_writes_readable_tensorboard_events_and_jsonl_across_a_resume(t
     run = RunConfig.from_dict(run_config(tmp_path))
     run = RunConfig.load(_saved(run, tmp_path), overrides=["train.log=tensorboard"])  # as --set does
     out = tmp_path / "tb"
-    train(run, out, progress=False, stop_at=6)
-    train(run, out, resume=True, progress=False)  # TensorBoard keeps one event per step
+    train(run, out, progress=False, stop_at=6, track=training_probes())  # as `circuitlab train` does
+    train(run, out, resume=True, progress=False, track=training_probes())  # TensorBoard keeps one event per step
     records = read_metrics(out)
     events = scalars(out / "tensorboard")
     losses = [(r["step"], r["loss"]) for r in records if "loss" in r]
