@@ -38,6 +38,8 @@ class LogitLens(Displayed):
     final_top_probs: torch.Tensor
     token_strs: list[str] | None = None
     top_strs: list[list[list[str]]] | None = None  # [point][pos][k]
+    kl_to_final: torch.Tensor | None = None  # [point, pos]: KL(final distribution ‖ this point's), nats
+    name: str = "logit lens"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"labels": self.labels, "tokens": self.tokens,
@@ -47,6 +49,10 @@ class LogitLens(Displayed):
         if self.token_strs is not None:
             d["token_strs"] = self.token_strs
             d["top_strs"] = self.top_strs
+        if self.kl_to_final is not None:
+            d["kl_to_final"] = _round(self.kl_to_final)
+            d["mean_kl_to_final"] = _round(self.kl_to_final.mean(dim=-1))
+        d["name"] = self.name
         return d
 
 
@@ -82,14 +88,24 @@ def logit_lens(model, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=No
         _, cache = model.run_with_cache(tokens[None].to(device),
                                         names_filter=lambda n: "resid" in n or n in ("hook_embed", "hook_pos_embed"))
     labels, resid = residual_points(model, cache)  # [point, 1, pos, d_model]
-    logits = model.unembed(model.ln_final(resid[:, 0])).float()  # [point, pos, d_vocab]
-    log_probs = logits.log_softmax(dim=-1)
+    logits = model.unembed(model.ln_final(resid[:, 0]))  # [point, pos, d_vocab]
+    return lens_readout(labels, tokens, logits, k, tokenizer)
+
+
+@torch.no_grad()
+def lens_readout(labels: list[str], tokens: torch.Tensor, logits: torch.Tensor, k: int = 5, tokenizer=None,
+                 name: str = "logit lens") -> LogitLens:
+    """The read-outs of any lens from its logits [point, pos, d_vocab], the last point being the model's
+    output: top-k tokens, entropy, probability of the final top-1 token, KL(final ‖ point) per position."""
+    log_probs = logits.float().log_softmax(dim=-1)
     probs = log_probs.exp()
     top_probs, top_tokens = probs.topk(min(k, probs.shape[-1]), dim=-1)
     entropy = -(probs * log_probs).sum(dim=-1)
     final_top = top_tokens[-1, :, 0]  # [pos]
     final_top_probs = probs.gather(-1, final_top.expand(probs.shape[0], -1)[..., None])[..., 0]
-    lens = LogitLens(labels, tokens.tolist(), top_tokens.cpu(), top_probs.cpu(), entropy.cpu(), final_top_probs.cpu())
+    kl = (probs[-1] * (log_probs[-1] - log_probs)).sum(dim=-1).clamp(min=0)  # [point, pos]
+    lens = LogitLens(labels, tokens.tolist(), top_tokens.cpu(), top_probs.cpu(), entropy.cpu(), final_top_probs.cpu(),
+                     kl_to_final=kl.cpu(), name=name)
     if tokenizer is not None:
         lens.token_strs = [tokenizer.decode([t]) for t in lens.tokens]
         lens.top_strs = [[[tokenizer.decode([t]) for t in row] for row in point] for point in top_tokens.tolist()]

@@ -1,0 +1,229 @@
+"""Steering: add a direction to the residual stream and measure what it does.
+
+    vec = contrast_direction(model, positive_tokens, negative_tokens, layer=1)   # difference of means
+    with steering(model, vec, coef=4.0):
+        out = model.generate(prompt, 30, temperature=0)                           # steered generation
+    sweep = steering_sweep(model, vec, [0, 2, 4, 8], positive_tokens, negative_tokens, neutral_tokens)
+    sweep.table()
+
+A SteeringVector is a direction [d_model] at a hook (by default blocks.{layer}.hook_resid_pre). It can
+come from two sets of prompts (mean activation of the positive set minus that of the negative set: the
+activation addition / contrastive activation addition recipe), from any vector (a probe's weight
+column, a dictionary feature's decoder row: `feature_direction`). Steering adds coef · direction at
+the chosen positions (default all, generated tokens included) through a forward hook; the model's
+weights are never changed.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from circuitlab.analysis._json import rounded
+from circuitlab.errors import CircuitlabError
+
+
+@dataclass
+class SteeringVector:
+    """direction [d_model] added at hook_name; norm: its L2 norm (coefficients multiply the vector as it is)."""
+
+    direction: torch.Tensor
+    hook_name: str
+    source: str = "vector"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hook_name": self.hook_name, "source": self.source, "norm": round(float(self.direction.norm()), 6),
+                **self.info}
+
+
+def layer_hook(model, layer: int) -> str:
+    """blocks.{layer}.hook_resid_pre, checked against the model's layers."""
+    n = model.cfg.n_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        raise CircuitlabError(f"layer {layer!r} is out of range: the model has layers 0..{n - 1} "
+                              "(steering adds to the residual stream before that layer)")
+    return f"blocks.{layer}.hook_resid_pre"
+
+
+def _token_sets(prompts: Sequence[torch.Tensor] | torch.Tensor, what: str) -> list[torch.Tensor]:
+    if isinstance(prompts, torch.Tensor):
+        prompts = list(prompts) if prompts.dim() == 2 else [prompts]
+    prompts = [torch.as_tensor(p).long().flatten() for p in prompts]
+    prompts = [p for p in prompts if p.numel()]
+    if not prompts:
+        raise CircuitlabError(f"the {what} prompt set is empty: give at least one non-empty prompt")
+    return prompts
+
+
+@torch.no_grad()
+def mean_activation(model, prompts: Sequence[torch.Tensor], hook_name: str, last_only: bool = False) -> torch.Tensor:
+    """Mean activation [d_model] at hook_name over every position of every prompt (or their last tokens)."""
+    device = next(model.parameters()).device
+    total, count = None, 0
+    for p in prompts:
+        _, cache = model.run_with_cache(p[None, -model.cfg.n_ctx:].to(device), names_filter=hook_name)
+        act = cache[hook_name][0]  # [pos, d_model]
+        act = act[-1:] if last_only else act
+        total = act.sum(0) if total is None else total + act.sum(0)
+        count += act.shape[0]
+    return total / count
+
+
+def contrast_direction(model, positive: Sequence[torch.Tensor] | torch.Tensor,
+                       negative: Sequence[torch.Tensor] | torch.Tensor, layer: int | None = None,
+                       hook_name: str | None = None, last_only: bool = False) -> SteeringVector:
+    """Difference of means: mean activation over the positive prompts minus over the negative prompts,
+    at hook_name (default: blocks.{layer}.hook_resid_pre). Prompts: token id tensors [pos] (any lengths)."""
+    if hook_name is None:
+        if layer is None:
+            raise CircuitlabError("give a layer (or a hook_name) to take the direction at")
+        hook_name = layer_hook(model, layer)
+    pos, neg = _token_sets(positive, "positive"), _token_sets(negative, "negative")
+    direction = mean_activation(model, pos, hook_name, last_only) - mean_activation(model, neg, hook_name, last_only)
+    return SteeringVector(direction.detach(), hook_name, "contrast",
+                          {"n_positive": len(pos), "n_negative": len(neg), "last_only": last_only})
+
+
+def vector_direction(model, vector: torch.Tensor, layer: int | None = None, hook_name: str | None = None,
+                     source: str = "vector") -> SteeringVector:
+    """Any vector [d_model] as a steering direction: a probe's weight column, a dictionary feature's decoder row."""
+    vector = torch.as_tensor(vector).detach().flatten().float()
+    if vector.shape != (model.cfg.d_model,):
+        raise CircuitlabError(f"a steering vector must have d_model = {model.cfg.d_model} entries, got {vector.numel()}")
+    if hook_name is None:
+        if layer is None:
+            raise CircuitlabError("give a layer (or a hook_name) to add the vector at")
+        hook_name = layer_hook(model, layer)
+    return SteeringVector(vector, hook_name, source)
+
+
+def feature_direction(model, dictionary, feature: int) -> SteeringVector:
+    """A sparse dictionary's feature (circuitlab.dictionaries.SparseDictionary): its decoder row W_dec[feature]
+    [d_model], added at the hook the dictionary reconstructs (cfg.out_hook_name for a transcoder, else cfg.hook_name)."""
+    W_dec = dictionary.W_dec
+    if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < W_dec.shape[0]:
+        raise CircuitlabError(f"feature must be an index in 0..{W_dec.shape[0] - 1}, got {feature!r}")
+    cfg = dictionary.cfg
+    hook = getattr(cfg, "out_hook_name", None) or cfg.hook_name
+    vec = vector_direction(model, W_dec[feature], hook_name=hook, source="feature")
+    vec.info["feature"] = feature
+    return vec
+
+
+def steering_hook(vector: SteeringVector, coef: float, positions: Sequence[int] | None = None):
+    """(hook_name, fn) adding coef · direction at `positions` (absolute; None = all). The hook counts the
+    positions it has seen, so with KV-cached generation each new token gets its absolute position."""
+    seen = [0]
+
+    def add(x: torch.Tensor, hook) -> torch.Tensor:  # x [batch, pos, d_model]
+        delta = (coef * vector.direction).to(x.device, x.dtype)
+        start = seen[0]
+        seen[0] += x.shape[1]
+        if positions is None:
+            return x + delta
+        idx = [p - start for p in positions if start <= p < start + x.shape[1]]
+        if not idx:
+            return x
+        x = x.clone()
+        x[:, idx] += delta
+        return x
+
+    return vector.hook_name, add
+
+
+@contextmanager
+def steering(model, vector: SteeringVector, coef: float, positions: Sequence[int] | None = None) -> Iterator[Any]:
+    """Context manager: forward passes and model.generate inside it are steered. Position counting starts
+    at the first forward pass inside; use one context per generation when positions are given."""
+    with model.hooks(fwd_hooks=[steering_hook(vector, coef, positions)]):
+        yield model
+
+
+@torch.no_grad()
+def steered_generate(model, tokens: torch.Tensor, vector: SteeringVector, coef: float, max_new_tokens: int,
+                     positions: Sequence[int] | None = None, **kwargs: Any) -> torch.Tensor:
+    """model.generate with steering: tokens [batch, pos] -> [batch, pos + new]."""
+    if positions is not None and tokens.shape[-1] + max_new_tokens > model.cfg.n_ctx:
+        raise CircuitlabError("steering at given positions needs the generation to fit the context "
+                              f"({model.cfg.n_ctx} tokens)")
+    with steering(model, vector, coef, positions):
+        return model.generate(tokens, max_new_tokens, **kwargs)
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def _mean_loss(model, prompts: list[torch.Tensor]) -> float:
+    device = next(model.parameters()).device
+    losses = [model.loss(p[None, -model.cfg.n_ctx - 1:].to(device), per_token=True)[0] for p in prompts if p.numel() > 1]
+    if not losses:
+        raise CircuitlabError("every prompt is a single token: a loss needs at least two")
+    return float(torch.cat(losses).mean())
+
+
+@dataclass
+class SteeringSweep:
+    """The effect of one direction at several coefficients.
+
+    preference [coef]: mean next-token loss on the negative prompts minus on the positive ones (how much
+    more the steered model expects the positive set; what a contrast direction is made for);
+    neutral_loss [coef]: mean next-token loss on neutral text (the side effect); metric [coef]: a custom
+    metric when one was given (else None)."""
+
+    coefs: list[float]
+    preference: torch.Tensor
+    neutral_loss: torch.Tensor
+    vector: SteeringVector
+    metric: torch.Tensor | None = None
+    metric_name: str | None = None
+
+    def neutral_cost(self) -> torch.Tensor:
+        """neutral loss increase over the unsteered model (coef 0 when in the sweep, else the smallest |coef|)."""
+        base = self.coefs.index(0.0) if 0.0 in self.coefs else min(range(len(self.coefs)), key=lambda i: abs(self.coefs[i]))
+        return self.neutral_loss - self.neutral_loss[base]
+
+    def table(self) -> str:
+        head = f"{'coef':>8}{'preference':>12}{'neutral loss':>14}{'cost':>9}"
+        if self.metric is not None:
+            head += f"  {self.metric_name or 'metric'}"
+        rows = [head]
+        for i, c in enumerate(self.coefs):
+            row = f"{c:>8g}{float(self.preference[i]):>12.4f}{float(self.neutral_loss[i]):>14.4f}" \
+                  f"{float(self.neutral_cost()[i]):>+9.4f}"
+            if self.metric is not None:
+                row += f"  {float(self.metric[i]):>10.4f}"
+            rows.append(row)
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"coefs": self.coefs, "preference": rounded(self.preference), "neutral_loss": rounded(self.neutral_loss),
+                "neutral_cost": rounded(self.neutral_cost()), "vector": self.vector.to_dict(),
+                "metric": rounded(self.metric) if self.metric is not None else None, "metric_name": self.metric_name}
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{self.table()}</pre>"
+
+
+@torch.no_grad()
+def steering_sweep(model, vector: SteeringVector, coefs: Sequence[float], positive: Sequence[torch.Tensor],
+                   negative: Sequence[torch.Tensor], neutral: Sequence[torch.Tensor],
+                   metric: Callable[[Any], float] | None = None, metric_name: str | None = None) -> SteeringSweep:
+    """For each coefficient (steering at every position): the preference for the positive prompts over the
+    negative ones, the loss on neutral text, and metric(model) -> float if given (run inside the steering)."""
+    coefs = [float(c) for c in coefs]
+    if not coefs:
+        raise CircuitlabError("give at least one steering coefficient")
+    pos, neg, neu = _token_sets(positive, "positive"), _token_sets(negative, "negative"), _token_sets(neutral, "neutral")
+    pref, loss, custom = [], [], []
+    for c in coefs:
+        with steering(model, vector, c):
+            pref.append(_mean_loss(model, neg) - _mean_loss(model, pos))
+            loss.append(_mean_loss(model, neu))
+            if metric is not None:
+                custom.append(float(metric(model)))
+    return SteeringSweep(coefs, torch.tensor(pref), torch.tensor(loss), vector,
+                         torch.tensor(custom) if metric is not None else None, metric_name)

@@ -1,0 +1,249 @@
+"""The tuned lens: one trained affine translator per layer, read through the final norm and unembedding.
+
+    lens = train_tuned_lens(model, batches, steps=300)       # batches: token tensors [batch, pos]
+    lens.save("runs/demo/2l/tuned_lens")                     # safetensors + JSON, beside the model
+    both = compare_lenses(model, tokens, lens, tokenizer=tok)
+    both.logit.kl_to_final.mean(-1), both.tuned.kl_to_final.mean(-1)    # [point] each
+
+The logit lens reads the residual after layer l as if it were the last; the residual basis drifts
+from layer to layer, so it is often wrong early. The tuned lens (Belrose et al. 2023) learns, for
+every point but the last, x ↦ A x + b (A initialised at the identity, b at 0) so that
+unembed(ln_final(A x + b)) matches the model's final distribution: the loss is KL(final ‖ lens),
+summed over points and averaged over positions. The model is frozen and untouched.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
+from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.errors import CircuitlabError
+
+WEIGHTS_FILE, CONFIG_FILE = "tuned_lens.safetensors", "tuned_lens.json"
+
+
+class TunedLens(nn.Module):
+    """Translators for the residual points labels[:-1] ("embed", "L0", ...); the last point is the
+    model's output and is read as it is. weight [point, d_model, d_model] (x @ weight + bias), bias
+    [point, d_model]."""
+
+    def __init__(self, labels: list[str], d_model: int, model_info: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.labels = list(labels)
+        n = len(self.labels) - 1
+        self.weight = nn.Parameter(torch.eye(d_model).repeat(n, 1, 1))
+        self.bias = nn.Parameter(torch.zeros(n, d_model))
+        self.model_info = model_info or {}
+        self.train_info: dict[str, Any] = {}
+
+    def translate(self, resid: torch.Tensor) -> torch.Tensor:
+        """resid [point, ..., d_model] (all points, the last one the model's output) -> the same, the
+        translators applied to every point but the last."""
+        n = self.weight.shape[0]
+        if resid.shape[0] != n + 1:
+            raise CircuitlabError(f"the tuned lens has {n} translators; got {resid.shape[0]} residual points "
+                                  f"(expected {n + 1})")
+        shape = resid.shape
+        flat = resid[:-1].reshape(n, -1, shape[-1])
+        moved = torch.baddbmm(self.bias[:, None, :].to(flat.dtype), flat, self.weight.to(flat.dtype))
+        return torch.cat([moved.reshape(n, *shape[1:-1], shape[-1]), resid[-1:]])
+
+    def save(self, folder: str | Path) -> Path:
+        """folder/tuned_lens.safetensors (weight, bias) and folder/tuned_lens.json (labels, training info)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {"weight": self.weight.detach().cpu().contiguous(), "bias": self.bias.detach().cpu().contiguous()}
+        atomic_write_file(folder / WEIGHTS_FILE, lambda path: save_file(tensors, str(path)))
+        meta = {"format": "circuitlab-tuned-lens-1", "labels": self.labels, "d_model": int(self.weight.shape[-1]),
+                "model": self.model_info, "train": self.train_info}
+        atomic_write_text(folder / CONFIG_FILE, json.dumps(meta, indent=1))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, model=None) -> "TunedLens":
+        """A saved lens; with `model`, checked to fit it (same residual points and d_model)."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        if not (folder / WEIGHTS_FILE).is_file() or not (folder / CONFIG_FILE).is_file():
+            raise CircuitlabError(f"{folder} holds no tuned lens (expected {WEIGHTS_FILE} and {CONFIG_FILE})")
+        meta = json.loads((folder / CONFIG_FILE).read_text())
+        lens = cls(meta["labels"], meta["d_model"], meta.get("model"))
+        tensors = load_file(str(folder / WEIGHTS_FILE))
+        with torch.no_grad():
+            lens.weight.copy_(tensors["weight"])
+            lens.bias.copy_(tensors["bias"])
+        lens.train_info = meta.get("train", {})
+        if model is not None:
+            _check_fits(lens, model)
+        return lens
+
+
+def _model_info(model) -> dict[str, Any]:
+    return {"n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "d_vocab": model.cfg.d_vocab}
+
+
+def _check_fits(lens: TunedLens, model) -> None:
+    labels = ["embed"] + [f"L{l}" for l in range(model.cfg.n_layers)] if model.cfg.n_layers else ["embed"]
+    if lens.labels != labels or lens.weight.shape[-1] != model.cfg.d_model:
+        raise CircuitlabError(f"this tuned lens was trained for {len(lens.labels) - 1} layers of d_model "
+                              f"{lens.weight.shape[-1]}; the model has {model.cfg.n_layers} of {model.cfg.d_model}")
+
+
+def _residual_stream(model, tokens: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+    """(labels, residual points [point, batch, pos, d_model]), without gradients."""
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: "resid" in n or n in ("hook_embed", "hook_pos_embed"))
+    return residual_points(model, cache)
+
+
+def _lens_log_probs(model, resid: torch.Tensor) -> torch.Tensor:
+    return model.unembed(model.ln_final(resid)).float().log_softmax(dim=-1)
+
+
+def _cycle(batches: Iterable[torch.Tensor] | torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
+    if isinstance(batches, torch.Tensor):
+        batches = [batches]
+    batches = list(batches) if not isinstance(batches, list) else batches
+    if not batches:
+        raise CircuitlabError("the tuned lens needs training data: got no token batches")
+    for i in range(steps):
+        yield batches[i % len(batches)]
+
+
+def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: int = 64, seed: int = 1
+                  ) -> list[torch.Tensor]:
+    """The built-in stories (seed 1: not the stories the demo trains on, seed 0) as token batches
+    [batch_size, seq_len], documents joined by EOS."""
+    from circuitlab.data import generate_stories, tokenize_documents
+
+    need = n_batches * batch_size * seq_len
+    tokens, n = None, 64
+    while tokens is None or len(tokens) < need:
+        tokens, _ = tokenize_documents(generate_stories(n, seed=seed), tokenizer)
+        n *= 2
+    flat = torch.from_numpy(tokens[:need].astype("int64"))
+    return list(flat.view(n_batches, batch_size, seq_len))
+
+
+def train_tuned_lens(model, batches: Iterable[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
+                     progress: bool = False) -> TunedLens:
+    """Train a TunedLens on token batches [batch, pos] (a list is cycled through; one tensor is one batch).
+
+    Adam on Σ_points mean_positions KL(final ‖ translated point), lr warmed up over the first 10% of steps
+    and decayed linearly to 0. The model's parameters are not touched (no gradient flows into them).
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
+    if model.cfg.n_layers == 0:
+        raise CircuitlabError("a tuned lens translates each layer's residual: this model has no layers")
+    device = next(model.parameters()).device
+    labels = ["embed"] + [f"L{l}" for l in range(model.cfg.n_layers)]
+    lens = TunedLens(labels, model.cfg.d_model, _model_info(model)).to(device)
+    opt = torch.optim.Adam(lens.parameters(), lr=lr)
+    warmup = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+    frozen = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    losses = []
+    try:
+        for tokens in tqdm(_cycle(batches, steps), total=steps, desc="tuned lens", disable=not progress):
+            tokens = tokens[None] if tokens.dim() == 1 else tokens
+            with torch.no_grad():
+                _, resid = _residual_stream(model, tokens.to(device))
+                final = _lens_log_probs(model, resid[-1])  # [batch, pos, d_vocab]
+            pred = _lens_log_probs(model, lens.translate(resid)[:-1])  # [point, batch, pos, d_vocab]
+            kl = (final.exp() * (final - pred)).sum(-1).mean(dim=(1, 2))  # [point]
+            loss = kl.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+    finally:
+        for p, f in zip(model.parameters(), frozen):
+            p.requires_grad_(f)
+    lens.train_info = {"steps": steps, "lr": lr, "final_loss": losses[-1], "first_loss": losses[0]}
+    return lens.eval()
+
+
+@dataclass
+class LensComparison:
+    """The logit lens and the tuned lens on the same sequence, with the same read-outs (LogitLens each:
+    top tokens, entropy, probability of the final answer, kl_to_final [point, pos])."""
+
+    logit: LogitLens
+    tuned: LogitLens
+
+    def mean_kl(self) -> dict[str, list[float]]:
+        """Per point, KL to the final distribution averaged over positions."""
+        return {"labels": self.logit.labels, "logit": self.logit.kl_to_final.mean(-1).tolist(),
+                "tuned": self.tuned.kl_to_final.mean(-1).tolist()}
+
+    def table(self) -> str:
+        kl = self.mean_kl()
+        rows = [f"{'point':<8}{'logit lens KL':>15}{'tuned lens KL':>15}"]
+        rows += [f"{lab:<8}{a:>15.4f}{b:>15.4f}" for lab, a, b in zip(kl["labels"], kl["logit"], kl["tuned"])]
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"logit": self.logit.to_dict(), "tuned": self.tuned.to_dict(), "mean_kl": self.mean_kl()}
+
+    def _repr_html_(self) -> str:
+        from circuitlab.viz.interactive import logit_lens_figure, notebook_html
+
+        return (f"<pre>{self.table()}</pre>" + notebook_html(logit_lens_figure(self.logit))
+                + notebook_html(logit_lens_figure(self.tuned)))
+
+
+@torch.no_grad()
+def tuned_lens(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LogitLens:
+    """The tuned lens's read-outs on one sequence, tokens [pos] (as logit_lens, through the translators)."""
+    _check_fits(lens, model)
+    if tokens.dim() == 2:
+        if tokens.shape[0] != 1:
+            raise CircuitlabError(f"the tuned lens reads one sequence; got a batch of {tokens.shape[0]}")
+        tokens = tokens[0]
+    if tokens.dim() != 1 or tokens.numel() == 0:
+        raise CircuitlabError(f"the tuned lens needs tokens [pos], got shape {tuple(tokens.shape)}")
+    device = next(model.parameters()).device
+    labels, resid = _residual_stream(model, tokens[None].to(device))
+    logits = model.unembed(model.ln_final(lens.to(device).translate(resid[:, 0])))
+    return lens_readout(labels, tokens, logits, k, tokenizer, name="tuned lens")
+
+
+def compare_lenses(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LensComparison:
+    """Logit lens and tuned lens side by side on one sequence tokens [pos]."""
+    return LensComparison(logit_lens(model, tokens, k, tokenizer), tuned_lens(model, tokens, lens, k, tokenizer))
+
+
+@torch.no_grad()
+def mean_kl_to_final(model, batches: Iterable[torch.Tensor] | torch.Tensor, lens: TunedLens | None = None
+                     ) -> torch.Tensor:
+    """KL(final ‖ lens) per residual point [point], averaged over every position of the batches
+    (held-out data); lens None = the logit lens."""
+    total, count = None, 0
+    device = next(model.parameters()).device
+    for tokens in ([batches] if isinstance(batches, torch.Tensor) else batches):
+        tokens = (tokens[None] if tokens.dim() == 1 else tokens).to(device)
+        _, resid = _residual_stream(model, tokens)
+        if lens is not None:
+            resid = lens.to(device).translate(resid)
+        logp = _lens_log_probs(model, resid)
+        kl = (logp[-1].exp() * (logp[-1] - logp)).sum(-1).sum(dim=(1, 2))
+        total = kl if total is None else total + kl
+        count += tokens.numel()
+    if total is None:
+        raise CircuitlabError("mean_kl_to_final got no token batches")
+    return (total / count).cpu()

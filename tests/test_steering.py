@@ -1,0 +1,96 @@
+"""Steering on a hand-built model whose feature directions are known, the sweep, and `circuitlab steer`."""
+import json
+
+import pytest
+import torch
+from tiny_trained import induction_model, repeated_batch
+
+from circuitlab import CircuitlabError
+from circuitlab.analysis.steering import (contrast_direction, steered_generate, steering, steering_sweep,
+                                          vector_direction)
+from circuitlab.cli import main
+from circuitlab.data import CharTokenizer
+from circuitlab.forge import build_previous_token_model
+from circuitlab.training import save_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V = 20
+
+
+@pytest.fixture(scope="module")
+def pt():
+    return build_previous_token_model(d_vocab=V, n_ctx=16)
+
+
+def test_steering_moves_exactly_the_outputs_it_should(pt):
+    model, layout = pt.model, pt.layout
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(0))
+    clean = model(tokens)
+    # "prev" is read by the unembedding only: +c on prev[7] raises logit 7 by exactly c where it is added.
+    out_dir = vector_direction(model, layout.vector(prev=torch.eye(V)[7]), layer=0)
+    with steering(model, out_dir, 2.5, positions=[4]):
+        steered = model(tokens)
+    delta = steered - clean
+    assert torch.allclose(delta[:, 4, 7], torch.full((3,), 2.5), atol=1e-5)
+    delta[:, 4, 7] = 0
+    assert delta.abs().max() < 1e-5
+    # "tok" is what the previous-token head copies: +c on tok[3] at position 4 shows up at position 5.
+    in_dir = vector_direction(model, layout.vector(tok=torch.eye(V)[3]), layer=0)
+    with steering(model, in_dir, 1.5, positions=[4]):
+        delta = model(tokens) - clean
+    assert torch.allclose(delta[:, 5, 3], torch.full((3,), 1.5), atol=1e-4)
+    delta[:, 5, 3] = 0
+    assert delta.abs().max() < 1e-4
+    # A contrast of two prompt sets recovers the difference of their token directions (positions cancel).
+    fives, sevens = torch.full((4, 6), 5), torch.full((4, 6), 7)
+    vec = contrast_direction(model, fives, sevens, layer=0)
+    assert torch.allclose(vec.direction, layout.vector(tok=torch.eye(V)[5] - torch.eye(V)[7]), atol=1e-6)
+    # In generation: steering every position towards prev[7] makes every new token a 7.
+    out = steered_generate(model, tokens[:, :3], out_dir, 50.0, 6, temperature=0)
+    assert (out[:, 3:] == 7).all()
+    assert torch.equal(model(tokens), clean)  # hooks are gone afterwards
+
+
+def test_sweep_measures_the_target_and_the_neutral_cost():
+    model = induction_model()
+    gen = torch.Generator().manual_seed(0)
+    positive = [torch.full((12,), 3)] * 2     # the model should come to expect runs of 3
+    negative = [torch.full((12,), 9)] * 2
+    neutral = list(repeated_batch(4, gen))
+    vec = contrast_direction(model, positive, negative, layer=1)
+    sweep = steering_sweep(model, vec, [0, 1, 2], positive, negative, neutral,
+                           metric=lambda m: float(m(torch.tensor([[1, 2, 4]]))[0, -1].log_softmax(-1)[3]),
+                           metric_name="log p(3)")
+    assert sweep.preference[2] > sweep.preference[1] > sweep.preference[0]
+    assert sweep.metric[2] > sweep.metric[0] and float(sweep.neutral_cost()[0]) == 0.0
+    d = json.loads(json.dumps(sweep.to_dict()))
+    assert d["vector"]["source"] == "contrast" and len(d["neutral_cost"]) == 3 and "log p(3)" in sweep.table()
+
+
+def test_bad_inputs(pt):
+    with pytest.raises(CircuitlabError, match="out of range"):
+        contrast_direction(pt.model, [torch.tensor([1, 2])], [torch.tensor([3])], layer=1)
+    with pytest.raises(CircuitlabError, match="prompt set is empty"):
+        contrast_direction(pt.model, [], [torch.tensor([3])], layer=0)
+    with pytest.raises(CircuitlabError, match="d_model"):
+        vector_direction(pt.model, torch.ones(3), layer=0)
+
+
+def test_steer_command(tmp_path, capsys):
+    tok = CharTokenizer("abcdefghijklmnopqrstuvw")
+    save_checkpoint(tmp_path / "ckpt", induction_model(), tok)
+    (tmp_path / "pos.txt").write_text("dddddddd\nddddcdddd\n")
+    (tmp_path / "neg.txt").write_text("kkkkkkkk\n\nkkkkkk\n")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    args = ["steer", "--checkpoint", str(tmp_path / "ckpt"), "--positive", str(tmp_path / "pos.txt"),
+            "--negative", str(tmp_path / "neg.txt"), "--neutral", str(tmp_path / "pos.txt")]
+    assert main(args + ["--layer", "1", "--coef", "0", "2", "--count", "d", "--samples", "2", "--max-tokens", "5",
+                        "--prompt", "abc", "--out", str(tmp_path / "out")]) == 0
+    assert "preference" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out" / "steering.json").read_text())
+    assert saved["coefs"] == [0.0, 2.0] and len(saved["generations"]["2.0"]) == 2
+    assert (tmp_path / "out" / "steering.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(args + ["--layer", "5"]) == 2
+    args[4] = str(tmp_path / "empty.txt")
+    assert main(args + ["--layer", "1"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 2
