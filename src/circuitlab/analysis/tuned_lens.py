@@ -201,10 +201,8 @@ class LensComparison:
         return {"logit": self.logit.to_dict(), "tuned": self.tuned.to_dict(), "mean_kl": self.mean_kl()}
 
     def _repr_html_(self) -> str:
-        from circuitlab.viz.interactive import logit_lens_figure, notebook_html
-
-        return (f"<pre>{self.table()}</pre>" + notebook_html(logit_lens_figure(self.logit))
-                + notebook_html(logit_lens_figure(self.tuned)))
+        # The KL table, then each lens as it displays (its registered figure in a notebook; circuitlab.display).
+        return f"<pre>{self.table()}</pre>" + self.logit._repr_html_() + self.tuned._repr_html_()
 
 
 @torch.no_grad()
