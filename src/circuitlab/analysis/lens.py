@@ -50,8 +50,8 @@ class LogitLens(Displayed):
             d["token_strs"] = self.token_strs
             d["top_strs"] = self.top_strs
         if self.kl_to_final is not None:
-            d["kl_to_final"] = _round(self.kl_to_final)
-            d["mean_kl_to_final"] = _round(self.kl_to_final.mean(dim=-1))
+            d["kl_to_final"] = round_tensor(self.kl_to_final, 5)
+            d["mean_kl_to_final"] = round_tensor(self.kl_to_final.mean(dim=-1), 5)
         d["name"] = self.name
         return d
 
