@@ -220,6 +220,29 @@ def run_dashboards(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
+    p.add_argument("--model-steps", type=int, default=None, help="training steps of the 1-layer model (default 600)")
+    p.add_argument("--dictionary-steps", type=int, default=None, help="training steps of the dictionary (default 500)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from circuitlab.experiments.features_demo import FeaturesDemoOptions, run_features_demo
+
+    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress)
+    if args.model_steps is not None:
+        opts.model_steps = args.model_steps
+    if args.dictionary_steps is not None:
+        opts.dictionary_steps = args.dictionary_steps
+    result = run_features_demo(opts)
+    print()
+    print((result.out / "report.md").read_text())
+    print(f"wrote {result.out}/: report.html, report.md, results.json, model/, dictionary/ in "
+          f"{result.wall_seconds['total']:.0f}s ({result.scaled_seconds:.0f}s on a 150 GFLOP/s machine)")
+    return 0
+
+
 # ---------------------------------------------------------------------------- wiring
 
 SUBCOMMANDS = {
@@ -228,6 +251,8 @@ SUBCOMMANDS = {
     "dashboards": ("feature dashboards: top contexts, activation histogram, density, promoted/suppressed tokens",
                    "circuitlab sae dashboards --dictionary runs/sae/dictionaries/mlp --checkpoint runs/features/model",
                    add_dashboards_arguments, run_dashboards),
+    "demo": ("features demo: a 1-layer MLP model on the stories, a TopK dictionary on its MLP, readable features",
+             "circuitlab sae demo --out runs/features", add_demo_arguments, run_demo),
 }
 
 

@@ -8,6 +8,7 @@ interpret_circuits weight-based experiments: circuits, heads, logit lens, attrib
 interpret_causal   interventions: patching, ablation, probing
 forge_compare      `circuitlab forge compare`: an adder trained on the addition task against the hand-built one
 circuit            `circuitlab circuit`: edge scores, a pruned circuit and its faithfulness on a checkpoint
+features_demo      `circuitlab sae demo`: a 1-layer MLP model, a dictionary on its MLP, its readable features
 dashboards         `circuitlab sae dashboards`: a dictionary's feature dashboards on held-out text, saved and drawn
 
 Import from the submodules (they pull in the trainer and matplotlib).

@@ -1,0 +1,74 @@
+"""The features demo end to end on a tiny budget (fast), its sentences from made-up numbers, and the real
+budget as a slow test."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from circuitlab.experiments.features_demo import (FeaturesDemoOptions, FeaturesDemoResult, UnitFinding,
+                                                  pick_readable, run_features_demo)
+
+TINY = dict(model_steps=3, model_batch=8, d_mlp=64, d_sae=128, k=4, dictionary_steps=6, dictionary_batch=256,
+            dashboard_tokens=2048, shown=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("features") / "features"
+    return run_features_demo(FeaturesDemoOptions(out=out, **TINY))
+
+
+def test_demo_writes_model_dictionary_dashboards_and_reports(demo):
+    out = demo.out
+    results = json.loads((out / "results.json").read_text())
+    folder = Path(results["dictionary"]["folder"])
+    assert (out / "model" / "checkpoint").is_dir() and (folder / "dashboards" / "dashboards.json").is_file()
+    assert folder.parent.parent == out / "dictionary"
+    assert results["dictionary"]["d_sae"] == 128 and results["model"]["d_mlp"] == 64
+    assert {"explained_variance", "l0", "ce_loss_recovered"} <= set(results["metrics"])
+    assert results["summary"] == demo.summary() and len(results["features"]) <= 3
+    report = (out / "report.md").read_text()
+    for sentence in demo.summary():
+        assert sentence in report
+    page = (out / "report.html").read_text()
+    assert re.findall(r'<section id="([^"]+)"', page) == ["summary", "dictionary", "features"]
+    assert "<script src" not in page and page.count('class="feature-card"') == len(demo.features)
+
+
+def test_sentences_follow_the_numbers():
+    finding = UnitFinding(7, 0.0123, 3.2, " Lily", 0.9, 10, [" was", " and", " she"])
+    assert finding.sentence() == ("Feature 7 is active on 1.23% of tokens; 9 of its 10 strongest contexts end in "
+                                  "' Lily'; it most raises the logits of ' was', ' and', ' she'.")
+    result = FeaturesDemoResult(
+        out=None, model={"d_mlp": 512, "steps": 600, "tokens_seen": 2_457_600, "val_loss": 1.2345},
+        dictionary={"architecture": "topk", "d_sae": 2048, "k": 16, "tokens_trained": 2_048_000},
+        metrics={"explained_variance": 0.876, "l0": 16.0, "ce_loss_clean": 1.25, "ce_loss_spliced": 1.40,
+                 "ce_loss_zero": 2.75, "ce_loss_recovered": 0.9},
+        specificity={"tokens": 32768, "contexts": 10, "dead_fraction": 0.05, "features_specific": 0.6,
+                     "neurons_specific": 0.1},
+        features=[finding], wall_seconds={"total": 1200.0}, gflops=15.0, scaled_seconds=120.0)
+    text = " ".join(result.summary())
+    assert "explains 87.6% of their variance with 16.0 features active per token" in text
+    assert "from 1.250 to 1.400 nats, against 2.750" in text and "90.0% of the MLP's contribution" in text
+    assert "60% of the features that fire are token-specific" in text and "against 10% of the MLP's 512 neurons" in text
+    assert "the features are more monosemantic than the neurons" in text
+    assert "120 s scaled to a 150 GFLOP/s machine" in text
+    result.specificity["features_specific"] = 0.05
+    assert "the features are less monosemantic" in " ".join(result.summary())
+
+
+def test_readable_features_are_specific_first_and_one_per_token():
+    f = [UnitFinding(0, 0.01, 1, "a", 1.0, 10), UnitFinding(1, 0.02, 1, "a", 1.0, 10),
+         UnitFinding(2, 0.05, 1, "b", 0.5, 10), UnitFinding(3, 0.5, 1, "c", 1.0, 10),   # too dense
+         UnitFinding(4, 1e-5, 1, "d", 1.0, 10), UnitFinding(5, 0.01, 1, "e", 0.9, 10)]  # too rare
+    assert [x.index for x in pick_readable(f, 3)] == [1, 5, 2]
+
+
+@pytest.mark.slow
+def test_real_budget_fits_three_minutes_scaled(tmp_path):
+    result = run_features_demo(FeaturesDemoOptions(out=tmp_path / "features", progress=False))
+    assert result.scaled_seconds <= 180, result.wall_seconds
+    assert result.metrics["explained_variance"] > 0.6 and result.metrics["ce_loss_recovered"] > 0.5
+    assert result.specificity["features_specific"] > result.specificity["neurons_specific"]
+    assert len(result.features) >= 4
