@@ -71,7 +71,7 @@ def test_induction_heads_notebook(tmp_path):
     assert r["induction_score_2l"] > 0.5 > r["induction_score_1l"]
     assert r["phase_change_step"] is not None
     assert r["copying_induction_head"] > 0.5 and r["patching_recovery_induction_heads"] > 0.5
-    assert r["mean_induction_score_over_periods"] > 0.4
+    assert r["mean_induction_score_over_periods"] > 0.4 and r["min_induction_score_over_periods"] > 0.4
 
 
 @pytest.mark.slow
@@ -95,3 +95,5 @@ def test_toolbox_notebook(tmp_path):
     assert r["folding_logprob_diff"] < 1e-4 and r["dla_sum_error"] < 1e-3 and r["ig_completeness_error"] < 0.01
     assert 0 < r["lens_final_prob_last"] <= 1 and r["probe_prev_token_selectivity"] > 0.05
     assert r["eap_gap"] > 0.5 and r["edges_for_80pct"] is not None
+    assert r["tuned_lens_kl_below_logit_lens"]
+    assert r["sae_explained_variance"] > 0.5 and r["sae_ce_loss_recovered"] > 0.5
