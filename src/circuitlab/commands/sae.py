@@ -31,21 +31,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load_yaml(name: str, overrides: list[str]) -> dict[str, Any]:
-    import yaml
-
     from circuitlab.errors import ConfigError
-    from circuitlab.training.config import apply_override
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config import load_yaml_mapping
 
-    path = resolve_config(name)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"could not parse {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping with model, data, store, dictionaries and train")
-    for item in overrides:
-        apply_override(data, item)
+    path, data = load_yaml_mapping(name, overrides, "model, data, store, dictionaries and train")
     unknown = sorted(set(data) - {"name", "description", "model", "data", "store", "dictionaries", "train", "needs"})
     if unknown:
         raise ConfigError(f"unknown section(s) in {path}: {', '.join(unknown)}")

@@ -97,18 +97,25 @@ class RunConfig:
     @classmethod
     def load(cls, path: str | Path, overrides: list[str] | None = None) -> "RunConfig":
         """A YAML run config: a file, or the name of a bundled one ("demo"); overrides: ["train.lr=3e-4", ...]."""
-        from circuitlab.training.configs import resolve_config
-
-        path = resolve_config(str(path))
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"could not parse {path}: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path} must hold a mapping with model/data/train sections")
-        for item in overrides or []:
-            apply_override(data, item)
+        _, data = load_yaml_mapping(str(path), overrides or [], "model/data/train sections")
         return cls.from_dict(data)
+
+
+def load_yaml_mapping(name_or_path: str, overrides: list[str], holds: str) -> tuple[Path, dict[str, Any]]:
+    """A YAML config (a file, or a bundled config's name) as a dict with `--set` overrides applied;
+    holds: what the mapping should hold, for the error message. Returns (resolved path, data)."""
+    from circuitlab.training.configs import resolve_config
+
+    path = resolve_config(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"could not parse {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping with {holds}")
+    for item in overrides:
+        apply_override(data, item)
+    return path, data
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
