@@ -91,3 +91,33 @@ def test_built_in_data_and_bad_inputs(tmp_path):
     wrong = TunedLens(["embed", "L0", "L1", "L2"], 32)
     with pytest.raises(CircuitlabError, match="trained for 3 layers"):
         compare_lenses(model, repeated_batch(1, torch.Generator())[0], wrong)
+
+
+class _Interrupted(list):
+    """Batches whose `at`-th access raises, as if the process were killed there."""
+
+    def __init__(self, items, at):
+        super().__init__(items)
+        self.seen, self.at = 0, at
+
+    def __getitem__(self, i):
+        self.seen += 1
+        if self.seen == self.at:
+            raise KeyboardInterrupt
+        return super().__getitem__(i)
+
+
+def test_training_resumes_where_it_stopped(tmp_path):
+    model = induction_model()
+    gen = torch.Generator().manual_seed(1)
+    batches = [repeated_batch(8, gen) for _ in range(3)]
+    whole = train_tuned_lens(model, batches, steps=10)
+    state = tmp_path / "state.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        train_tuned_lens(model, _Interrupted(batches, at=7), steps=10, state_file=state, save_every=4)
+    assert state.is_file()  # written after step 4; steps 5 and 6 are lost and redone
+    resumed = train_tuned_lens(model, batches, steps=10, state_file=state, save_every=4)
+    assert torch.allclose(resumed.weight, whole.weight, atol=1e-6) and torch.allclose(resumed.bias, whole.bias, atol=1e-6)
+    assert resumed.train_info["first_loss"] == pytest.approx(whole.train_info["first_loss"])
+    with pytest.raises(CircuitlabError, match="resume it with the same settings"):
+        train_tuned_lens(model, batches, steps=20, state_file=state)

@@ -396,3 +396,26 @@ def attribute(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) ->
     if method not in fns:
         raise CircuitlabError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
     return fns[method](model, tokens, **kwargs)
+
+
+def attribute_methods(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+                      methods: tuple[str, ...] = METHODS, steps: int = DEFAULT_STEPS, tokenizer=None
+                      ) -> dict[str, InputAttribution]:
+    """Several methods on the prediction at the last position of tokens [pos]: method -> result. target
+    defaults to the model's top prediction there; occlusion replaces tokens by the tokenizer's EOS (a zero
+    embedding without one); context mixing reads attention and takes no target."""
+    tokens = _sequence(tokens, model)
+    if target is None:
+        with torch.no_grad():
+            target = int(model(tokens[None])[0, -1].argmax())
+    found = {}
+    for method in methods:
+        kwargs: dict[str, Any] = {"tokenizer": tokenizer}
+        if method != "context-mixing":
+            kwargs.update(target=target, foil=foil)
+        if method == "ig":
+            kwargs["steps"] = steps
+        if method == "occlusion":
+            kwargs["replacement"] = getattr(tokenizer, "eos_id", None)
+        found[method] = attribute(model, tokens, method, **kwargs)
+    return found

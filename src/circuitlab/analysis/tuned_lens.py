@@ -14,7 +14,7 @@ summed over points and averaged over positions. The model is frozen and untouche
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,11 @@ class TunedLens(nn.Module):
         atomic_write_text(folder / CONFIG_FILE, json.dumps(meta, indent=1))
         return folder
 
+    @staticmethod
+    def exists(folder: str | Path) -> bool:
+        """Whether folder holds a saved tuned lens."""
+        return (Path(folder) / WEIGHTS_FILE).is_file() and (Path(folder) / CONFIG_FILE).is_file()
+
     @classmethod
     def load(cls, folder: str | Path, model=None) -> "TunedLens":
         """A saved lens; with `model`, checked to fit it (same residual points and d_model)."""
@@ -87,6 +92,12 @@ class TunedLens(nn.Module):
         if model is not None:
             _check_fits(lens, model)
         return lens
+
+
+def default_lens_dir(checkpoint: str | Path) -> Path:
+    """Where a checkpoint's tuned lens is kept unless told otherwise: <checkpoint>/tuned_lens (the run or
+    checkpoint folder as the user named it)."""
+    return Path(checkpoint) / "tuned_lens"
 
 
 def _model_info(model) -> dict[str, Any]:
@@ -110,16 +121,6 @@ def _lens_log_probs(model, resid: torch.Tensor) -> torch.Tensor:
     return model.unembed(model.ln_final(resid)).float().log_softmax(dim=-1)
 
 
-def _cycle(batches: Iterable[torch.Tensor] | torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
-    if isinstance(batches, torch.Tensor):
-        batches = [batches]
-    batches = list(batches) if not isinstance(batches, list) else batches
-    if not batches:
-        raise CircuitlabError("the tuned lens needs training data: got no token batches")
-    for i in range(steps):
-        yield batches[i % len(batches)]
-
-
 def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: int = 64, seed: int = 1
                   ) -> list[torch.Tensor]:
     """The built-in stories (seed 1: not the stories the demo trains on, seed 0) as token batches
@@ -135,30 +136,39 @@ def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: 
     return list(flat.view(n_batches, batch_size, seq_len))
 
 
-def train_tuned_lens(model, batches: Iterable[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
-                     progress: bool = False) -> TunedLens:
-    """Train a TunedLens on token batches [batch, pos] (a list is cycled through; one tensor is one batch).
+def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
+                     progress: bool = False, state_file: str | Path | None = None, save_every: int = 100
+                     ) -> TunedLens:
+    """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
 
     Adam on Σ_points mean_positions KL(final ‖ translated point), lr warmed up over the first 10% of steps
     and decayed linearly to 0. The model's parameters are not touched (no gradient flows into them).
+    state_file: the training state (translators, Adam's moments, step) is written there atomically every
+    save_every steps; when the file exists, training continues from it (same steps, lr and batches), and
+    ends where an uninterrupted run would. The caller deletes it once the lens is saved.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
     if model.cfg.n_layers == 0:
         raise CircuitlabError("a tuned lens translates each layer's residual: this model has no layers")
+    batches = [batches] if isinstance(batches, torch.Tensor) else batches
+    if len(batches) == 0:
+        raise CircuitlabError("the tuned lens needs training data: got no token batches")
     device = next(model.parameters()).device
     labels = ["embed"] + [f"L{l}" for l in range(model.cfg.n_layers)]
     lens = TunedLens(labels, model.cfg.d_model, _model_info(model)).to(device)
     opt = torch.optim.Adam(lens.parameters(), lr=lr)
     warmup = max(1, steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+    settings = {"steps": steps, "lr": lr, "n_batches": len(batches)}
+    start, losses = 0, []
+    if state_file is not None and Path(state_file).is_file():
+        start, losses = _load_training_state(Path(state_file), lens, opt, settings)
     frozen = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
-    losses = []
     try:
-        for tokens in tqdm(_cycle(batches, steps), total=steps, desc="tuned lens", disable=not progress):
+        for step in tqdm(range(start, steps), total=steps, initial=start, desc="tuned lens", disable=not progress):
+            tokens = batches[step % len(batches)]
             tokens = tokens[None] if tokens.dim() == 1 else tokens
             with torch.no_grad():
                 _, resid = _residual_stream(model, tokens.to(device))
@@ -166,16 +176,60 @@ def train_tuned_lens(model, batches: Iterable[torch.Tensor] | torch.Tensor, step
             pred = _lens_log_probs(model, lens.translate(resid)[:-1])  # [point, batch, pos, d_vocab]
             kl = (final.exp() * (final - pred)).sum(-1).mean(dim=(1, 2))  # [point]
             loss = kl.sum()
+            for group in opt.param_groups:
+                group["lr"] = lr * min((step + 1) / warmup, max(0.0, (steps - step) / max(1, steps - warmup)))
             opt.zero_grad()
             loss.backward()
             opt.step()
-            sched.step()
             losses.append(float(loss.detach()))
+            if state_file is not None and (step + 1) % save_every == 0 and step + 1 < steps:
+                _save_training_state(Path(state_file), lens, opt, settings, step + 1, losses)
     finally:
         for p, f in zip(model.parameters(), frozen):
             p.requires_grad_(f)
     lens.train_info = {"steps": steps, "lr": lr, "final_loss": losses[-1], "first_loss": losses[0]}
     return lens.eval()
+
+
+def _save_training_state(path: Path, lens: TunedLens, opt: torch.optim.Optimizer, settings: dict[str, Any],
+                         step: int, losses: list[float]) -> None:
+    """One safetensors file (atomic): translators, Adam's moments; step and settings in its metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {"weight": lens.weight.detach().cpu().contiguous(), "bias": lens.bias.detach().cpu().contiguous()}
+    for i, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"adam.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    meta = {"step": str(step), "settings": json.dumps(settings), "losses": json.dumps([losses[0], losses[-1]]),
+            "labels": json.dumps(lens.labels)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+
+def _load_training_state(path: Path, lens: TunedLens, opt: torch.optim.Optimizer, settings: dict[str, Any]
+                         ) -> tuple[int, list[float]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    saved = json.loads(meta.get("settings", "{}"))
+    if saved != settings or json.loads(meta.get("labels", "[]")) != lens.labels:
+        raise CircuitlabError(f"the unfinished training in {path} used {saved} on a model with points "
+                              f"{meta.get('labels')}; resume it with the same settings, or delete it to start over")
+    device = lens.weight.device
+    with torch.no_grad():
+        lens.weight.copy_(tensors["weight"])
+        lens.bias.copy_(tensors["bias"])
+    state = opt.state_dict()
+    for key, value in tensors.items():
+        if key.startswith("adam."):
+            _, i, name = key.split(".", 2)
+            value = value if name == "step" else value.to(device)
+            state["state"].setdefault(int(i), {})[name] = value
+    opt.load_state_dict(state)
+    first, last = json.loads(meta["losses"])
+    return int(meta["step"]), [first, last]
 
 
 @dataclass

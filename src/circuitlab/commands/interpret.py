@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing"
+HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
+        "attribution, tuned lens")
 EXAMPLE = ('circuitlab interpret --checkpoint runs/demo/2l --experiments heads logit_lens '
            '--prompt "Once upon a time" --out runs/demo/interpret')
 
@@ -15,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="text for the logit lens and attribution")
     p.add_argument("--clean", default=None, help="clean prompt for patching")
     p.add_argument("--corrupt", default=None, help="corrupted prompt for patching (same token length as --clean)")
+    p.add_argument("--lens", default=None, help="a tuned-lens folder for the tuned_lens experiment (default: "
+                                                "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
     p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/interpret)")
 
 
@@ -25,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
-                            corrupt=args.corrupt)
+                            corrupt=args.corrupt, lens=args.lens)
     print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0

@@ -246,17 +246,12 @@ SUBCOMMANDS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="sae_command", metavar="<subcommand>")
-    for name, (help_, example, add, run_) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=help_, description=help_, epilog=f"example:\n  {example}",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        add(sp)
-        sp.set_defaults(_sae_run=run_)
+    from circuitlab.commands import add_subcommands
+
+    add_subcommands(p, SUBCOMMANDS, "sae")
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuitlab.errors import CircuitlabError
+    from circuitlab.commands import run_subcommand
 
-    if not getattr(args, "_sae_run", None):
-        raise CircuitlabError(f"choose a subcommand: {', '.join(SUBCOMMANDS)} (circuitlab sae <subcommand> --help)")
-    return args._sae_run(args)
+    return run_subcommand(args, SUBCOMMANDS, "sae")

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--count", default=None, help="a word to count in the generations (e.g. the positive set's topic)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="folder for steering.json and steering.png")
+    p.add_argument("--out", default=None, help="folder for steering.json, steering.png and report.html")
 
 
 def _prompts(path: str, tok, what: str) -> list:
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     for c, texts in zip(sweep.coefs, samples.values()):
         print(f"coef {c:g}: {args.prompt}{texts[0]!r}")
     if args.out:
+        from circuitlab.report.inputs import write_steering_report
         from circuitlab.viz.steering import plot_steering
 
         out = Path(args.out)
@@ -91,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
                   "generations": {str(c): t for c, t in zip(sweep.coefs, samples.values())}}
         atomic_write_text(out / "steering.json", json.dumps(result, indent=1))
         plot_steering(sweep, out / "steering.png")
-        print(f"wrote {out / 'steering.json'} and {out / 'steering.png'}")
+        write_steering_report(out, result, f"circuitlab steer: {args.checkpoint}")
+        print(f"wrote {out / 'steering.json'}, {out / 'steering.png'} and {out / 'report.html'}")
     return 0

@@ -6,6 +6,7 @@ demo               `circuitlab demo`: a 2-layer and a 1-layer attention-only mod
 interpret          `circuitlab interpret`: named experiments on a checkpoint
 interpret_circuits weight-based experiments: circuits, heads, logit lens, attribution
 interpret_causal   interventions: patching, ablation, probing
+interpret_inputs   inputs and layers: input attribution by every method, the tuned lens against the logit lens
 forge_compare      `circuitlab forge compare`: an adder trained on the addition task against the hand-built one
 circuit            `circuitlab circuit`: edge scores, a pruned circuit and its faithfulness on a checkpoint
 features_demo      `circuitlab sae demo`: a 1-layer MLP model, a dictionary on its MLP, its readable features

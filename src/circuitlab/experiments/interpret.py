@@ -34,11 +34,13 @@ class InterpretResult:
 
 
 def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
-    from circuitlab.experiments import interpret_causal, interpret_circuits
+    from circuitlab.experiments import interpret_causal, interpret_circuits, interpret_inputs
 
     table: dict[str, Callable[..., ExperimentResult]] = {}
     for name, fn in interpret_circuits.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
+    for name, fn in interpret_inputs.EXPERIMENTS.items():
+        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"), opts.get("lens"))
     for name, fn in interpret_causal.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("clean"), opts.get("corrupt"))
     return table
@@ -47,7 +49,8 @@ def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
 def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str] | None = None,
                   **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
-    out/report.html (interactive, self-contained)."""
+    out/report.html (interactive, self-contained). opts: prompt; clean and corrupt (patching); lens (a
+    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none)."""
     from circuitlab.report import write_interpret_report
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
@@ -59,6 +62,11 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(table)}")
     if bool(opts.get("clean")) != bool(opts.get("corrupt")):
         raise CircuitlabError("--clean and --corrupt go together: give both or neither")
+    from circuitlab.analysis.tuned_lens import TunedLens, default_lens_dir
+
+    if opts.get("lens") is not None and not TunedLens.exists(opts["lens"]):
+        raise CircuitlabError(f"--lens {opts['lens']} holds no tuned lens; train one with `circuitlab lens train`")
+    opts["lens"] = opts.get("lens") or default_lens_dir(checkpoint)
     model, tokenizer, meta = load_checkpoint(checkpoint)
     if tokenizer is None:
         raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it")

@@ -5,7 +5,7 @@ the findings of the ready-made experiments in their to_dict() form (ExperimentRe
 results.json), so a report written at the end of a run and one rebuilt from disk are the same. build_sections turns them into sections, in this order, each only when there is data:
 
     model card · summary · training curves · heads · induction by period · attention viewer · QK/OV circuits · logit lens ·
-    direct logit attribution · patching · ablation · probes
+    tuned lens · direct logit attribution · input attribution · patching · ablation · probes
 
 Entry points: report_for_run(dir) (a training run, an interpret output or a demo directory),
 write_demo_report, write_interpret_report.
@@ -507,7 +507,10 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
     if shown is not None:
         sections.append(attention_section(shown))
         sections.append(circuits_section(shown, analysis.get("circuits"), prompt))
-    builders = {"logit_lens": logit_lens_section, "attribution": attribution_section,
+    from circuitlab.report.inputs import input_attribution_section, tuned_lens_section
+
+    builders = {"logit_lens": logit_lens_section, "tuned_lens": tuned_lens_section,
+                "attribution": attribution_section, "input_attribution": input_attribution_section,
                 "patching": patching_section, "ablation": ablation_section, "probing": probing_section}
     for name, builder in builders.items():
         found = analysis.get(name)

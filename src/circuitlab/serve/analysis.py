@@ -96,26 +96,28 @@ def encode_prompt(tokenizer, prompt: str, max_tokens: int) -> list[int]:
     return list(ids)
 
 
-def resolve_target(tokenizer, d_vocab: int, target: str | int | None) -> int | None:
-    """A target token id from an id (int) or a text that is exactly one token; None stays None."""
+def resolve_target(tokenizer, d_vocab: int, target: str | int | None, what: str = "target") -> int | None:
+    """A target token id from an id (int) or a text that is exactly one token; None stays None.
+    what: how the messages name it ("target", "foil")."""
     if target is None:
         return None
     if isinstance(target, int):
         if not 0 <= target < d_vocab:
-            raise CircuitlabError(f"target token id {target} is outside the vocabulary [0, {d_vocab})")
+            raise CircuitlabError(f"{what} token id {target} is outside the vocabulary [0, {d_vocab})")
         return target
     if target == "":
-        raise CircuitlabError("the target token is empty; leave it out to use the model's top prediction")
+        raise CircuitlabError(f"the {what} token is empty; leave it out to use the model's top prediction"
+                              if what == "target" else f"the {what} token is empty; leave it out")
     try:
         ids = tokenizer.encode(target)
     except CircuitlabError as e:
-        raise CircuitlabError(f"unknown target token {target!r}: {e}") from None
+        raise CircuitlabError(f"unknown {what} token {target!r}: {e}") from None
     if len(ids) != 1:
         pieces = ", ".join(repr(token_str(tokenizer, i)) for i in ids[:6])
-        raise CircuitlabError(f"unknown target token {target!r}: it is {len(ids)} tokens ({pieces}), not one; "
+        raise CircuitlabError(f"unknown {what} token {target!r}: it is {len(ids)} tokens ({pieces}), not one; "
                               "pick a single token (e.g. from the predictions list)")
     if not 0 <= ids[0] < d_vocab:
-        raise CircuitlabError(f"target {target!r} is token {ids[0]}, outside the model's vocabulary [0, {d_vocab})")
+        raise CircuitlabError(f"{what} {target!r} is token {ids[0]}, outside the model's vocabulary [0, {d_vocab})")
     return ids[0]
 
 

@@ -5,11 +5,13 @@ Pages (static files from circuitlab/serve/static, by fixed names only):
     /            the explorer: tokens, every head's attention, logit lens, direct logit attribution
     /adder       the hand-built adder, layer by layer
     /features    the feature browser of the dictionaries loaded with --dictionary (serve/features.py)
+    /inputs      input attribution, logit lens vs tuned lens, steering (serve/inputs.py)
 JSON API:
     GET  /api/model      the loaded model's config, limits and head labels ({"loaded": false} without one)
     POST /api/analyse    {"prompt": str, "target"?: str | int, "position"?: int, "figures"?: bool}
     GET  /api/adder      ?a=17&b=25[&design=post|carry&digits=2]   (POST takes the same fields as JSON)
     GET  /api/dictionaries, GET /api/features, GET /api/feature, POST /api/features/prompt   (features.py)
+    POST /api/attribute, POST /api/lens, POST /api/steer                                     (inputs.py)
 
 Every error is JSON {"detail": "<one line>"} with a 4xx status: 422 for bad input, 409 when the explorer
 has no model, 413 for an oversized body, 404 for unknown paths. An unexpected exception is answered
@@ -42,6 +44,7 @@ STATIC_FILES = {
     "explorer.js": "text/javascript; charset=utf-8",
     "adder.js": "text/javascript; charset=utf-8",
     "features.js": "text/javascript; charset=utf-8",
+    "inputs.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 PAGES = {"/": "index.html", "/adder": "adder.html"}
@@ -200,9 +203,10 @@ def _plotly_js() -> bytes:
 def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
                max_tokens: int = DEFAULT_MAX_TOKENS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                allowed_hosts: list[str] | None = None, device: str = "cpu",
-               dictionaries: list[str | Path] | None = None) -> FastAPI:
+               dictionaries: list[str | Path] | None = None, lens: str | Path | None = None) -> FastAPI:
     """The explorer app for the run (or checkpoint) folder run_dir; None serves the adder page alone.
     dictionaries: dictionary folders for the feature browser (/features); they need run_dir's model.
+    lens: a tuned-lens folder for /inputs (default: run_dir/tuned_lens when one is saved there).
 
     The model is loaded here, so a missing or corrupt checkpoint is a CircuitlabError before any
     server starts. max_tokens is capped by the model's context. allowed_hosts: Host header names
@@ -223,6 +227,16 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                                   "serve a run written by `circuitlab train` or `circuitlab import`")
         max_tokens = analysis.token_limit(model, max_tokens)
         checkpoint_name = "/".join(Path(run_dir).resolve().parts[-2:])  # e.g. "demo/2l": no full path shown
+    tuned = None
+    if lens is not None or run_dir is not None:
+        from circuitlab.analysis.tuned_lens import TunedLens, default_lens_dir
+
+        if lens is not None and model is None:
+            raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")
+        if lens is not None and not TunedLens.exists(lens):
+            raise CircuitlabError(f"--lens {lens} holds no tuned lens; train one with `circuitlab lens train`")
+        folder = lens if lens is not None else default_lens_dir(run_dir)
+        tuned = TunedLens.load(folder, model).to(device) if TunedLens.exists(folder) else None
     browser = None
     if dictionaries:
         if model is None:
@@ -340,6 +354,9 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     from circuitlab.serve.features import add_feature_routes
 
     add_feature_routes(app, browser, lock, encode_prompt, _page)
+    from circuitlab.serve.inputs import add_input_routes
+
+    add_input_routes(app, model, tokenizer, tuned, lock, encode_prompt, _page)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
     return app
 

@@ -32,6 +32,8 @@ report inlines plotly.js once) or ``notebook_html(fig)`` (Jupyter).
     probe_figure(results)
         results: ProbeResult, or task name -> ProbeResult / to_dict(); val score by residual point,
         dashed random-label control, dotted chance.
+    lines_figure(x, series, title="", x_title="", y_title="", category=False)
+        series: name -> values [len(x)]; one line per series (lens KL by layer, steering by coefficient).
 
 `notebook_html(fig)` gives a figure's HTML for ``_repr_html_`` (plotly.js inlined, see NOTEBOOK_PLOTLYJS).
 """
@@ -386,7 +388,9 @@ def logit_lens_figure(lens: Any, max_positions: int = 40) -> go.Figure:
         z=np.round(z, 4), x=x, y=labels, text=text, customdata=hover, texttemplate="%{text}", textfont=dict(size=9),
         zmin=0, zmax=1, colorscale="Blues", colorbar=dict(title=dict(text="p(top-1)"), thickness=12),
         hovertemplate="residual after %{y}, input %{x}<br>%{customdata}<extra></extra>"))
-    fig.update_layout(template=TEMPLATE, title=dict(text="Logit lens: top-1 next token and its probability"),
+    name = str(_field(lens, "name", None) or "logit lens")
+    fig.update_layout(template=TEMPLATE, title=dict(text=f"{_esc(name[:1].upper() + name[1:])}: top-1 next token and "
+                                                         "its probability"),
                       height=max(260, 40 * len(labels) + 200), width=max(700, 38 * len(x) + 150),
                       xaxis=dict(title=dict(text="input token (prediction is for the next one)"), type="category",
                                  tickangle=-90, tickmode="array", tickvals=x,
@@ -506,6 +510,21 @@ def probe_figure(results: Any) -> go.Figure:
                       xaxis=dict(title=dict(text="residual stream point"), type="category"),
                       yaxis=dict(title=dict(text="val score"), range=[-0.05, 1.05]),
                       margin=dict(l=60, r=30, t=60, b=50))
+    return fig
+
+
+def lines_figure(x: Sequence[Any], series: Mapping[str, Sequence[float]], title: str = "", x_title: str = "",
+                 y_title: str = "", category: bool = False) -> go.Figure:
+    """One line with markers per named series [len(x)] against x (category: x as labels, in order).
+    For the tuned lens's and the logit lens's KL by layer, and a steering sweep by coefficient."""
+    fig = go.Figure()
+    for i, (name, ys) in enumerate(series.items()):
+        fig.add_trace(go.Scatter(x=list(x), y=[float("nan") if v is None else float(v) for v in ys],
+                                 mode="lines+markers", name=_esc(name), line=dict(color=COLORS[i % len(COLORS)]),
+                                 hovertemplate=f"{_esc(name)} at %{{x}}: %{{y:.4g}}<extra></extra>"))
+    fig.update_layout(template=TEMPLATE, height=360, title=dict(text=_esc(title)),
+                      xaxis=dict(title=dict(text=_esc(x_title)), type="category" if category else "-"),
+                      yaxis=dict(title=dict(text=_esc(y_title))), margin=dict(l=60, r=30, t=60, b=50))
     return fig
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from circuitlab.analysis.input_attribution import InputAttribution
@@ -28,7 +28,7 @@ def shaded_tokens_html(tokens: Sequence[str], scores: Sequence[float], mark: int
         cells.append(f'<span title="pos {i}: {s:.4g}" style="background:{_shade(s, scale)};{outline}'
                      f'padding:1px 2px;margin:1px;border-radius:3px;font-family:monospace;white-space:pre">'
                      f"{html.escape(token_label(tok))}</span>")
-    head = f'<span style="display:inline-block;min-width:5em;color:#555">{html.escape(label)}</span>' if label else ""
+    head = f'<span style="display:inline-block;min-width:7.5em;color:#555">{html.escape(label)}</span>' if label else ""
     return f'<div style="line-height:1.9">{head}{"".join(cells)}</div>'
 
 
@@ -42,6 +42,20 @@ def attribution_html(result: Any) -> str:
     for layer, row in enumerate(d.get("per_layer") or []):
         parts.append(shaded_tokens_html(strs, row, d["pos"], f"layer {layer}"))
     parts.append('<div style="color:#555">blue: pushes the metric up, red: down; hover a token for its score'
+                 "</div></div>")
+    return "".join(parts)
+
+
+def attribution_methods_html(results: Mapping[str, Any]) -> str:
+    """Several attributions of the same prediction (method -> InputAttribution or its to_dict()): one line
+    of shaded tokens per method, each on its own scale (the methods' units differ), with its top tokens."""
+    parts = ['<div style="font-family:sans-serif;font-size:13px">']
+    for method, result in results.items():
+        d = result if isinstance(result, Mapping) else result.to_dict()
+        strs = d.get("token_strs") or [str(t) for t in d["tokens"]]
+        parts.append(shaded_tokens_html(strs, d["scores"], d["pos"], method))
+    parts.append('<div style="color:#555">each line on its own scale; blue: pushes the metric up, red: down; the '
+                 "outlined token is the one whose next-token prediction is explained; hover a token for its score"
                  "</div></div>")
     return "".join(parts)
 

@@ -1,0 +1,159 @@
+"""circuitlab lens: train a tuned lens for a checkpoint, and read a prompt through it beside the logit lens."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "tuned lens: train one for a checkpoint (saved beside it), show it against the logit lens on a prompt"
+EXAMPLE = "circuitlab lens train --checkpoint runs/demo/2l --steps 300   (then: circuitlab lens show --help)"
+
+TRAIN_HELP = "train a tuned lens (one affine translator per layer) on built-in stories or a text file"
+TRAIN_EXAMPLE = ("circuitlab lens train --checkpoint runs/demo/2l --steps 300   "
+                 "(writes runs/demo/2l/tuned_lens; --resume continues an interrupted run)")
+SHOW_HELP = "a prompt through the logit lens and the tuned lens, with KL to the final distribution per layer"
+SHOW_EXAMPLE = 'circuitlab lens show --checkpoint runs/demo/2l --prompt "Once upon a time, Lily" --out lens.html'
+STATE_FILE = "training_state.safetensors"  # inside the output folder while training; removed at the end
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
+    p.add_argument("--out", default=None, help="folder for the lens (default: <checkpoint>/tuned_lens)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    p.add_argument("--lr", type=float, default=1e-2, help="Adam's peak learning rate (default 0.01)")
+    p.add_argument("--batches", type=int, default=16, help="distinct token batches, cycled through (default 16)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (default 16)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64, capped by the context)")
+    p.add_argument("--text", default=None, help="a UTF-8 text file to train on (default: built-in stories the "
+                                                "demo did not train on)")
+    p.add_argument("--save-every", type=int, default=100, help="write the resumable training state every N steps")
+    p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a lens (or an unfinished training) in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len: int) -> list:
+    import torch
+
+    from circuitlab.errors import CircuitlabError
+
+    if not Path(path).is_file():
+        raise CircuitlabError(f"--text file not found: {path}")
+    ids = tokenizer.encode(Path(path).read_text(encoding="utf-8"))
+    per_batch = batch_size * seq_len
+    n = min(n_batches, len(ids) // per_batch)
+    if n == 0:
+        raise CircuitlabError(f"{path} has {len(ids)} tokens; one batch needs {per_batch} (--batch-size × --seq-len)")
+    return list(torch.tensor(ids[:n * per_batch]).view(n, batch_size, seq_len))
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from circuitlab.analysis.tuned_lens import (TunedLens, default_lens_dir, mean_kl_to_final, story_batches,
+                                                train_tuned_lens)
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training import load_checkpoint
+
+    for name in ("steps", "batches", "batch_size", "seq_len", "save_every"):
+        if getattr(args, name) <= 0:
+            raise CircuitlabError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not args.lr > 0:
+        raise CircuitlabError(f"--lr must be positive, got {args.lr}")
+    out = Path(args.out) if args.out else default_lens_dir(args.checkpoint)
+    state = out / STATE_FILE
+    if args.resume and not state.is_file():
+        raise CircuitlabError(f"nothing to resume in {out} (no {STATE_FILE})")
+    if not args.resume and not args.overwrite:
+        if state.is_file():
+            raise CircuitlabError(f"{out} holds an unfinished training: pass --resume to continue it, or --overwrite")
+        if TunedLens.exists(out):
+            raise CircuitlabError(f"{out} already holds a tuned lens: pass --overwrite to replace it, or choose --out")
+    if args.overwrite and not args.resume:
+        state.unlink(missing_ok=True)
+    model, tok, _ = load_checkpoint(args.checkpoint)
+    if tok is None:
+        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode training text")
+    seq = min(args.seq_len, model.cfg.n_ctx)
+    if args.text:
+        batches = _text_batches(args.text, tok, args.batches, args.batch_size, seq)
+    else:
+        batches = story_batches(tok, n_batches=args.batches, batch_size=args.batch_size, seq_len=seq)
+    if args.resume:
+        print(f"resuming the training in {out}")
+    lens = train_tuned_lens(model, batches, steps=args.steps, lr=args.lr, progress=not args.no_progress,
+                            state_file=state, save_every=args.save_every)
+    lens.model_info["checkpoint"] = str(args.checkpoint)
+    lens.train_info.update(data=args.text or "built-in stories (seed 1)", batches=len(batches),
+                           batch_size=args.batch_size, seq_len=seq)
+    lens.save(out)
+    state.unlink(missing_ok=True)
+    held_out = story_batches(tok, n_batches=2, batch_size=8, seq_len=seq, seed=2)
+    logit, tuned = mean_kl_to_final(model, held_out), mean_kl_to_final(model, held_out, lens)
+    print("KL to the final distribution on held-out stories (nats per token):")
+    print(f"  {'point':<8}{'logit lens':>12}{'tuned lens':>12}")
+    for label, a, b in zip(lens.labels[:-1], logit.tolist(), tuned.tolist()):
+        print(f"  {label:<8}{a:>12.4f}{b:>12.4f}")
+    print(f"wrote {out} (tuned_lens.safetensors, tuned_lens.json)")
+    return 0
+
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
+    p.add_argument("--lens", default=None, help="the lens folder (default: <checkpoint>/tuned_lens)")
+    p.add_argument("--prompt", required=True, help="the text to read layer by layer")
+    p.add_argument("--out", default=None, help="write report.html here (a folder, or a path ending in .html)")
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    from circuitlab.analysis.tuned_lens import TunedLens, compare_lenses, default_lens_dir
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training import load_checkpoint
+
+    folder = Path(args.lens) if args.lens else default_lens_dir(args.checkpoint)
+    if not TunedLens.exists(folder):
+        raise CircuitlabError(f"{folder} holds no tuned lens; train one with `circuitlab lens train --checkpoint "
+                              f"{args.checkpoint}`" + (f" --out {args.lens}" if args.lens else ""))
+    model, tok, _ = load_checkpoint(args.checkpoint)
+    if tok is None:
+        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
+    if not args.prompt.strip():
+        raise CircuitlabError("the prompt is empty: give some text to read")
+    if args.out:
+        from circuitlab.experiments.interpret_inputs import run_tuned_lens
+        from circuitlab.report.html import write_html_report
+        from circuitlab.report.inputs import tuned_lens_section
+
+        found = run_tuned_lens(model, tok, Path("."), args.prompt, folder)
+        path = write_html_report(args.out, [tuned_lens_section(found.to_dict())], "circuitlab lens",
+                                 f"{args.checkpoint}: tuned lens from {folder}")
+        print("\n".join(found.summary))
+    import torch
+
+    ids = tok.encode(args.prompt)[-model.cfg.n_ctx:]
+    both = compare_lenses(model, torch.tensor(ids), TunedLens.load(folder, model), k=1, tokenizer=tok)
+    print(f"KL to the final distribution on this prompt (mean over its {len(ids)} tokens):")
+    print(both.table())
+    print(f"top next token after {both.logit.token_strs[-1]!r}, by layer: logit lens | tuned lens")
+    for i, label in enumerate(both.logit.labels):
+        a, b = both.logit, both.tuned
+        print(f"  {label:<8}{a.top_strs[i][-1][0]!r:>12} {float(a.top_probs[i, -1, 0]):.2f} | "
+              f"{b.top_strs[i][-1][0]!r:>12} {float(b.top_probs[i, -1, 0]):.2f}")
+    if args.out:
+        print(f"wrote {path}")
+    return 0
+
+
+SUBCOMMANDS = {
+    "train": (TRAIN_HELP, TRAIN_EXAMPLE, _train_args, _run_train),
+    "show": (SHOW_HELP, SHOW_EXAMPLE, _show_args, _run_show),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands import add_subcommands
+
+    add_subcommands(p, SUBCOMMANDS, "lens")
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuitlab.commands import run_subcommand
+
+    return run_subcommand(args, SUBCOMMANDS, "lens")

@@ -1,0 +1,200 @@
+"""The inputs page of `circuitlab serve` (/inputs): which prompt tokens a prediction depends on, what each
+layer already predicts (logit lens, and the tuned lens when one is loaded), and steering. Plain JSON-able
+dicts; add_input_routes puts them on the app.
+
+    attribute_prompt(model, tok, ids, target=None, foil=None, method="all")   # POST /api/attribute
+    lens_prompt(model, tok, ids, lens=None)                                  # POST /api/lens
+    steer_prompt(model, tok, positive, negative, layer, coefs, prompt_ids)   # POST /api/steer
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS, attribute_methods
+from circuitlab.errors import CircuitlabError
+from circuitlab.serve.analysis import VALUE_DIGITS, resolve_target, token_str
+
+MAX_STEPS = 256            # integrated-gradients steps one request may ask for
+MAX_STEER_PROMPTS = 32     # prompts per steering set
+MAX_STEER_COEFS = 8
+MAX_STEER_TOKENS = 40      # tokens generated per coefficient
+NEUTRAL_STORIES = 8        # built-in stories (seed 2, not the demo's) for steering's loss cost
+
+
+def _r(x: float) -> float:
+    return round(float(x), VALUE_DIGITS)
+
+
+def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None = None,
+                     foil: str | int | None = None, method: str = "all", steps: int = DEFAULT_STEPS
+                     ) -> dict[str, Any]:
+    """Attribution of the prediction after the prompt's last token to each prompt token, by one method or
+    all (METHODS). target: id or one-token text (default: the model's top prediction); foil: explain
+    target against it (logit difference)."""
+    if method != "all" and method not in METHODS:
+        raise CircuitlabError(f"unknown method {method!r}; choose all or one of {', '.join(METHODS)}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise CircuitlabError(f"steps must be from 1 to {MAX_STEPS}, got {steps}")
+    d_vocab = model.cfg.d_vocab
+    target_id = resolve_target(tokenizer, d_vocab, target, "target")
+    foil_id = resolve_target(tokenizer, d_vocab, foil, "foil")
+    if foil_id is not None and foil_id == target_id:
+        raise CircuitlabError("the foil is the target: give a different token to contrast with")
+    tokens = torch.tensor(ids)
+    with torch.no_grad():
+        logits = model(tokens[None].to(next(model.parameters()).device))[0, -1]
+    if target_id is None:
+        target_id = int(logits.argmax())
+    if foil_id is not None and foil_id == target_id:
+        raise CircuitlabError("the foil is the model's top prediction, which is the default target: give a target")
+    methods = tuple(METHODS) if method == "all" else (method,)
+    found = attribute_methods(model, tokens, target_id, foil_id, methods, steps, tokenizer)
+    out = {}
+    for m, r in found.items():
+        out[m] = {"scores": [_r(s) for s in r.scores.tolist()], "summary": r.describe(),
+                  "top": [{"pos": p, "score": _r(s)} for p, s in r.top(5)],
+                  "completeness_error": r.completeness_error, "steps": r.steps, "metric_value": r.metric_value,
+                  "per_layer": [[_r(v) for v in row] for row in r.per_layer.tolist()] if r.per_layer is not None
+                  else None}
+    probs = logits.float().softmax(-1)
+    return {"tokens": [token_str(tokenizer, t) for t in ids],
+            "target": {"id": target_id, "token": token_str(tokenizer, target_id), "prob": _r(probs[target_id])},
+            "foil": None if foil_id is None else {"id": foil_id, "token": token_str(tokenizer, foil_id),
+                                                 "prob": _r(probs[foil_id])},
+            "methods": out}
+
+
+def lens_prompt(model, tokenizer, ids: list[int], lens=None) -> dict[str, Any]:
+    """The logit lens (and the tuned lens, when one is loaded) on the prompt: per residual point the KL to
+    the final distribution averaged over positions, and at each position the top-1 token and its probability."""
+    from circuitlab.analysis.lens import logit_lens
+    from circuitlab.analysis.tuned_lens import tuned_lens
+
+    tokens = torch.tensor(ids)
+    if model.cfg.n_layers == 0:
+        raise CircuitlabError("a 0-layer model has no layers to read")
+    views = {"logit": logit_lens(model, tokens, k=1, tokenizer=tokenizer)}
+    if lens is not None:
+        views["tuned"] = tuned_lens(model, tokens, lens, k=1, tokenizer=tokenizer)
+    out: dict[str, Any] = {"tokens": [token_str(tokenizer, t) for t in ids], "labels": views["logit"].labels,
+                           "tuned_available": lens is not None}
+    for name, v in views.items():
+        out[name] = {"mean_kl": [_r(x) for x in v.kl_to_final.mean(-1).tolist()],
+                     "top": [[token_str(tokenizer, int(t)) for t in row] for row in v.top_tokens[..., 0].tolist()],
+                     "top_prob": [[_r(p) for p in row] for row in v.top_probs[..., 0].tolist()]}
+    if lens is not None and lens.train_info:
+        out["tuned_train"] = lens.train_info
+    return out
+
+
+@torch.no_grad()
+def steer_prompt(model, tokenizer, positive: list[list[int]], negative: list[list[int]], layer: int,
+                 coefs: list[float], prompt: list[int], max_tokens: int = 20) -> dict[str, Any]:
+    """A difference-of-means direction (positive − negative prompts at blocks.{layer}.hook_resid_pre) added
+    with each coefficient: the greedy continuation of the prompt, the preference for the positive set and
+    the loss cost on a few held-out built-in stories."""
+    from circuitlab.analysis.steering import contrast_direction, steering, steering_sweep
+
+    if not coefs or len(coefs) > MAX_STEER_COEFS:
+        raise CircuitlabError(f"give 1 to {MAX_STEER_COEFS} coefficients")
+    if len(positive) > MAX_STEER_PROMPTS or len(negative) > MAX_STEER_PROMPTS:
+        raise CircuitlabError(f"at most {MAX_STEER_PROMPTS} prompts per set")
+    if not 1 <= max_tokens <= MAX_STEER_TOKENS:
+        raise CircuitlabError(f"max_tokens must be from 1 to {MAX_STEER_TOKENS}")
+    pos = [torch.tensor(p) for p in positive]
+    neg = [torch.tensor(p) for p in negative]
+    vector = contrast_direction(model, pos, neg, layer=layer)
+    from circuitlab.data import generate_stories
+
+    neutral = [torch.tensor(tokenizer.encode(s)[:model.cfg.n_ctx]) for s in generate_stories(NEUTRAL_STORIES, seed=2)]
+    sweep = steering_sweep(model, vector, coefs, pos, neg, neutral)
+    start = torch.tensor([prompt[-(model.cfg.n_ctx - max_tokens):]]) if model.cfg.n_ctx > max_tokens else None
+    generations = []
+    for c in sweep.coefs:
+        if start is None:
+            generations.append("")
+            continue
+        with steering(model, vector, c):
+            out = model.generate(start.to(next(model.parameters()).device), max_tokens, temperature=0.0)
+        generations.append(tokenizer.decode(out[0, start.shape[1]:].tolist()))
+    return {"hook_name": vector.hook_name, "norm": _r(vector.direction.norm()), "coefs": sweep.coefs,
+            "preference": [_r(x) for x in sweep.preference.tolist()],
+            "loss_cost": [_r(x) for x in sweep.neutral_cost().tolist()], "generations": generations}
+
+
+# ---------------------------------------------------------------------------- routes
+
+
+class AttributeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(description="the text; the prediction after its last token is explained")
+    target: StrictInt | str | None = Field(default=None, description="token id or one-token text (default: top)")
+    foil: StrictInt | str | None = Field(default=None, description="contrast the target with this token")
+    method: Literal["all", "ig", "saliency", "grad-x-input", "occlusion", "context-mixing"] = "all"
+    steps: StrictInt = Field(default=DEFAULT_STEPS, description="integrated gradients: points on the path")
+
+
+class LensRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(description="the text to read layer by layer")
+
+
+class SteerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    positive: list[str] = Field(description="prompts to steer towards")
+    negative: list[str] = Field(description="prompts to steer away from")
+    layer: StrictInt = Field(description="add the direction to the residual stream before this layer")
+    coefs: list[float] = Field(default=[0.0, 2.0, 4.0], description="coefficients to try")
+    prompt: str = Field(default="Once upon a time,", description="the generations start here")
+    max_tokens: StrictInt = Field(default=20, description="tokens generated per coefficient")
+
+
+def add_input_routes(app, model, tokenizer, lens, lock: threading.Lock, encode, page_response) -> None:
+    """GET /inputs (the page), POST /api/attribute, POST /api/lens, POST /api/steer. encode(prompt) -> ids
+    checks the server's limits; without a model the API answers 409."""
+    from starlette.exceptions import HTTPException
+
+    def need() -> None:
+        if model is None:
+            raise HTTPException(409, "no model loaded: start the server with `circuitlab serve --checkpoint RUN`")
+
+    @app.get("/inputs", include_in_schema=False)
+    def inputs_page():
+        return page_response("inputs.html")
+
+    @app.post("/api/attribute")
+    def attribute(req: AttributeRequest) -> dict[str, Any]:
+        """Attribution of the next-token prediction to the prompt's tokens (one method or all)."""
+        need()
+        ids = encode(req.prompt)
+        with lock:
+            return attribute_prompt(model, tokenizer, ids, req.target, req.foil, req.method, req.steps)
+
+    @app.post("/api/lens")
+    def lens_view(req: LensRequest) -> dict[str, Any]:
+        """Logit lens and tuned lens (when loaded): KL to the final distribution and top tokens per layer."""
+        need()
+        ids = encode(req.prompt)
+        with lock:
+            return lens_prompt(model, tokenizer, ids, lens)
+
+    @app.post("/api/steer")
+    def steer(req: SteerRequest) -> dict[str, Any]:
+        """Steer with the difference of two prompt sets' means: generations and preference by coefficient."""
+        need()
+        sets = []
+        for what, texts in (("positive", req.positive), ("negative", req.negative)):
+            texts = [t for t in texts if t.strip()]
+            if not texts:
+                raise CircuitlabError(f"the {what} prompt set is empty: give at least one prompt")
+            sets.append([encode(t) for t in texts])
+        prompt = encode(req.prompt)
+        with lock:
+            return steer_prompt(model, tokenizer, sets[0], sets[1], req.layer, req.coefs, prompt, req.max_tokens)
