@@ -25,6 +25,8 @@ def test_the_four_tutorials_exist_and_are_stored_without_outputs():
     for name in NAMES:
         nb = load(name)
         nbformat.validate(nb)
+        ids = [cell.get("id") for cell in json.loads((NOTEBOOKS / name).read_text())["cells"]]  # as stored
+        assert None not in ids and len(set(ids)) == len(ids), f"{name}: every cell needs its own id"
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, f"{name}: outputs not stripped"
@@ -97,3 +99,6 @@ def test_toolbox_notebook(tmp_path):
     assert r["eap_gap"] > 0.5 and r["edges_for_80pct"] is not None
     assert r["tuned_lens_kl_below_logit_lens"]
     assert r["sae_explained_variance"] > 0.5 and r["sae_ce_loss_recovered"] > 0.5
+    p, loss = r["steer_p_char"], r["steer_loss"]       # coefs 0, 2, 4, 8 along one feature
+    assert all(a < b for a, b in zip(p, p[1:])) and p[-1] > 1.5 * p[0], p
+    assert loss[-1] > loss[0]                           # steering has a cost, and the cell reports it

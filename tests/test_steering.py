@@ -72,8 +72,31 @@ def test_bad_inputs(pt):
         contrast_direction(pt.model, [torch.tensor([1, 2])], [torch.tensor([3])], layer=1)
     with pytest.raises(CircuitlabError, match="prompt set is empty"):
         contrast_direction(pt.model, [], [torch.tensor([3])], layer=0)
-    with pytest.raises(CircuitlabError, match="d_model"):
+    with pytest.raises(CircuitlabError, match="must have 56 entries"):
         vector_direction(pt.model, torch.ones(3), layer=0)
+
+
+@pytest.mark.parametrize("hook", ["blocks.0.mlp.hook_post", "blocks.1.attn.hook_z"])
+def test_feature_direction_adds_the_decoder_row_at_the_dictionary_hook(hook):
+    # A dictionary on MLP neurons ([d_mlp]) or on the heads' z ([n_heads * d_head], stored flat): steering
+    # with feature f at coef c is exactly adding c * W_dec[f] (reshaped) to that hook's activation.
+    from circuitlab.analysis.steering import feature_direction
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
+    from circuitlab import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=11, n_ctx=8, d_mlp=24)).eval()
+    width = 24 if hook.endswith("hook_post") else 16
+    sae = SparseDictionary(DictionaryConfig("topk", d_in=width, d_sae=6, k=2, hook_name=hook), seed=0)
+    tokens = torch.randint(0, 11, (2, 8))
+    vec = feature_direction(model, sae, 4)
+    with steering(model, vec, 3.0):
+        steered = model(tokens)
+    by_hand = lambda x, hook: x + 3.0 * sae.W_dec[4].detach().reshape(x.shape[2:])  # noqa: E731
+    with model.hooks(fwd_hooks=[(hook, by_hand)]):
+        expected = model(tokens)
+    torch.testing.assert_close(steered, expected, rtol=0, atol=0)
+    assert not torch.allclose(steered, model(tokens))
 
 
 def test_steer_command(tmp_path, capsys):

@@ -6,7 +6,7 @@
     sweep = steering_sweep(model, vec, [0, 2, 4, 8], positive_tokens, negative_tokens, neutral_tokens)
     sweep.table()
 
-A SteeringVector is a direction [d_model] at a hook (by default blocks.{layer}.hook_resid_pre). It can
+A SteeringVector is a direction (one position's activation: [d_model] on the residual stream) at a hook (by default blocks.{layer}.hook_resid_pre). It can
 come from two sets of prompts (mean activation of the positive set minus that of the negative set: the
 activation addition / contrastive activation addition recipe), from any vector (a probe's weight
 column, a dictionary feature's decoder row: `feature_direction`). Steering adds coef · direction at
@@ -28,7 +28,7 @@ from circuitlab.errors import CircuitlabError
 
 @dataclass
 class SteeringVector:
-    """direction [d_model] added at hook_name; norm: its L2 norm (coefficients multiply the vector as it is)."""
+    """direction (one position's activation shape at hook_name, [d_model] on the residual stream) added there; norm: its L2 norm (coefficients multiply the vector as it is)."""
 
     direction: torch.Tensor
     hook_name: str
@@ -49,6 +49,15 @@ def layer_hook(model, layer: int) -> str:
     return f"blocks.{layer}.hook_resid_pre"
 
 
+@torch.no_grad()
+def hook_shape(model, hook_name: str) -> torch.Size:
+    """Shape of one position's activation at hook_name: [d_model] on the residual stream, [d_mlp] at
+    mlp.hook_post, [n_heads, d_head] at attn.hook_z. One 1-token forward; an unknown name is a one-line error."""
+    device = next(model.parameters()).device
+    _, cache = model.run_with_cache(torch.zeros(1, 1, dtype=torch.long, device=device), names_filter=hook_name)
+    return cache[hook_name].shape[2:]
+
+
 def _token_sets(prompts: Sequence[torch.Tensor] | torch.Tensor, what: str) -> list[torch.Tensor]:
     if isinstance(prompts, torch.Tensor):
         prompts = list(prompts) if prompts.dim() == 2 else [prompts]
@@ -61,12 +70,12 @@ def _token_sets(prompts: Sequence[torch.Tensor] | torch.Tensor, what: str) -> li
 
 @torch.no_grad()
 def mean_activation(model, prompts: Sequence[torch.Tensor], hook_name: str, last_only: bool = False) -> torch.Tensor:
-    """Mean activation [d_model] at hook_name over every position of every prompt (or their last tokens)."""
+    """Mean activation (one position's shape, [d_model] on the residual stream) at hook_name over every position of every prompt (or their last tokens)."""
     device = next(model.parameters()).device
     total, count = None, 0
     for p in prompts:
         _, cache = model.run_with_cache(p[None, -model.cfg.n_ctx:].to(device), names_filter=hook_name)
-        act = cache[hook_name][0]  # [pos, d_model]
+        act = cache[hook_name][0]  # [pos, *shape]
         act = act[-1:] if last_only else act
         total = act.sum(0) if total is None else total + act.sum(0)
         count += act.shape[0]
@@ -90,20 +99,25 @@ def contrast_direction(model, positive: Sequence[torch.Tensor] | torch.Tensor,
 
 def vector_direction(model, vector: torch.Tensor, layer: int | None = None, hook_name: str | None = None,
                      source: str = "vector") -> SteeringVector:
-    """Any vector [d_model] as a steering direction: a probe's weight column, a dictionary feature's decoder row."""
-    vector = torch.as_tensor(vector).detach().flatten().float()
-    if vector.shape != (model.cfg.d_model,):
-        raise CircuitlabError(f"a steering vector must have d_model = {model.cfg.d_model} entries, got {vector.numel()}")
+    """Any vector as a steering direction at hook_name (default blocks.{layer}.hook_resid_pre): [d_model] on the
+    residual stream (a probe's weight column), or one position's activation shape at other hooks (a dictionary
+    feature's decoder row at mlp.hook_post is [d_mlp]; at attn.hook_z [n_heads * d_head] is reshaped)."""
+    vector = torch.as_tensor(vector).detach().float()
     if hook_name is None:
         if layer is None:
             raise CircuitlabError("give a layer (or a hook_name) to add the vector at")
         hook_name = layer_hook(model, layer)
+    shape = hook_shape(model, hook_name)
+    if vector.numel() != shape.numel():
+        raise CircuitlabError(f"a steering vector at {hook_name} must have {shape.numel()} entries "
+                              f"(one position's activation there is {list(shape)}), got {vector.numel()}")
+    vector = vector.reshape(shape)
     return SteeringVector(vector, hook_name, source)
 
 
 def feature_direction(model, dictionary, feature: int) -> SteeringVector:
     """A sparse dictionary's feature (circuitlab.dictionaries.SparseDictionary): its decoder row W_dec[feature]
-    [d_model], added at the hook the dictionary reconstructs (cfg.out_hook_name for a transcoder, else cfg.hook_name)."""
+    ([d_in]), added at the hook the dictionary reconstructs (cfg.out_hook_name for a transcoder, else cfg.hook_name)."""
     W_dec = dictionary.W_dec
     if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < W_dec.shape[0]:
         raise CircuitlabError(f"feature must be an index in 0..{W_dec.shape[0] - 1}, got {feature!r}")
@@ -119,7 +133,7 @@ def steering_hook(vector: SteeringVector, coef: float, positions: Sequence[int] 
     positions it has seen, so with KV-cached generation each new token gets its absolute position."""
     seen = [0]
 
-    def add(x: torch.Tensor, hook) -> torch.Tensor:  # x [batch, pos, d_model]
+    def add(x: torch.Tensor, hook) -> torch.Tensor:  # x [batch, pos, *direction.shape]
         delta = (coef * vector.direction).to(x.device, x.dtype)
         start = seen[0]
         seen[0] += x.shape[1]
