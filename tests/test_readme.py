@@ -1,6 +1,7 @@
 """README code runs as written: every ```python block, in order, in one namespace (as a reader pastes
-them into one session), in a fresh folder (slow: it trains); and every command's --help example is a
-valid command line (fast). Running the help examples themselves (each trains or downloads) is slow too."""
+them into one session), in a fresh folder; and every command's --help example is a valid command line.
+Both are in the fast suite so README code cannot rot unnoticed. Running the help examples themselves
+(each trains or downloads) is slow."""
 import re
 import shlex
 import subprocess
@@ -18,7 +19,8 @@ def python_blocks(text: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
 
 
-@pytest.mark.slow  # ~57 s on the shared 2-core machine: it trains 20 steps and builds the TransformerLens bridge
+# ~13 s on the 2-core machine under load (it trains 20 steps and builds the TransformerLens bridge): kept in
+# the fast suite because a README that fails as written is the first thing a new user meets.
 def test_every_readme_python_block_runs_as_written(tmp_path, monkeypatch, one_thread):
     blocks = python_blocks((ROOT / "README.md").read_text())
     assert len(blocks) >= 4
