@@ -2,6 +2,11 @@
 against a one-edge-at-a-time loop (the ACDC way). Prints agreement and time ratios (same run, same load).
 
     PYTHONPATH=src python benchmarks/bench_circuits.py [--layers 2 --d-model 128 --heads 4 --batch 16 --pos 20]
+    PYTHONPATH=src python benchmarks/bench_circuits.py --scale [--batch 8 --pos 32]
+
+--scale: a GPT-2-small-shaped model (12 layers x 12 heads, d_model 768, d_mlp 3072, GPT-2's 50257-token
+vocabulary; random weights, ~32k edges): EAP and EAP-IG on every edge, each in a fresh process, with
+wall time and the process's peak resident memory (the issue's bound: 8 GiB).
 
 Conventions: auto-circuit's EAP score is the gradient of −metric (its loss) with respect to the edge mask,
 so ours (the estimated change of the metric) is minus its score; its IG variant sums the mask gradients
@@ -10,6 +15,9 @@ at n + 1 mask values 0, 1/n, ..., 1 without dividing, ours averages n right-Riem
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import helpers  # noqa: E402
 
-from circuitlab import ModelConfig  # noqa: E402
+from circuitlab import ModelConfig, Transformer  # noqa: E402
 from circuitlab.analysis.edges import EdgeGraph, edge_scores, graph_forward  # noqa: E402
 from circuitlab.analysis.edges.scoring import per_copy, reference  # noqa: E402
 from circuitlab.analysis.patching import logit_diff  # noqa: E402
@@ -85,15 +93,73 @@ def our_name(ac_src: str, ac_dest: str) -> tuple[str, str]:
     return node(ac_src), reader
 
 
+GPT2_SMALL = dict(n_layers=12, d_model=768, n_heads=12, d_mlp=3072, d_vocab=50257, n_ctx=1024)
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
+
+
+def scale_child(method: str, batch: int, pos: int, steps: int, shape: dict) -> dict:
+    """One method on a fresh GPT-2-small-shaped model, in this (fresh) process: seconds and peak memory."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("gpt2-tiny", **shape)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    V = shape["d_vocab"]
+    clean, corrupt = torch.randint(0, V, (batch, pos), generator=gen), torch.randint(0, V, (batch, pos), generator=gen)
+    metric = logit_diff(torch.randint(0, V, (batch,), generator=gen), torch.randint(0, V, (batch,), generator=gen))
+    with torch.no_grad():
+        model(clean)
+    before = peak_rss_gib()
+    t0 = time.perf_counter()
+    scores = edge_scores(model, clean, corrupt, metric, method=method, steps=steps, progress=False)
+    seconds = time.perf_counter() - t0
+    return {"method": method, "seconds": seconds, "peak_gib": peak_rss_gib(), "peak_before_gib": before,
+            "n_edges": scores.graph.n_edges, "graph": scores.graph.summary(),
+            "weights_gib": sum(p.numel() for p in model.parameters()) * 4 / 2 ** 30,
+            "finite": bool(torch.isfinite(scores.scores).all())}
+
+
+def run_scale_child(method: str, batch: int, pos: int, steps: int, shape: dict | None = None) -> dict:
+    """scale_child in a fresh interpreter, so that the peak memory is this method's alone."""
+    spec = json.dumps({"method": method, "batch": batch, "pos": pos, "steps": steps, "shape": shape or GPT2_SMALL})
+    out = subprocess.run([sys.executable, __file__, "--scale-child", spec], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def scale(args) -> None:
+    print(f"GPT-2-small shape (random weights), batch {args.batch} x {args.pos} tokens, "
+          f"{torch.get_num_threads()} threads")
+    for method in ("eap", "eap-ig"):
+        r = run_scale_child(method, args.batch, args.pos, args.steps)
+        extra = f" ({args.steps} steps)" if method == "eap-ig" else ""
+        print(f"{method}{extra}: {r['graph']}; {r['seconds']:.1f} s, peak resident memory {r['peak_gib']:.2f} GiB "
+              f"(weights {r['weights_gib']:.2f} GiB; {r['peak_before_gib']:.2f} GiB before scoring); "
+              f"scores finite: {r['finite']}")
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--scale-child":
+        print(json.dumps(scale_child(**json.loads(sys.argv[2]))))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--pos", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=None, help="prompts (default 16; 8 with --scale)")
+    ap.add_argument("--pos", type=int, default=None, help="tokens per prompt (default 20; 32 with --scale)")
     ap.add_argument("--attn-only", action="store_true")
+    ap.add_argument("--scale", action="store_true", help="GPT-2-small-sized graph: time and peak memory")
+    ap.add_argument("--steps", type=int, default=5, help="EAP-IG steps for --scale")
     args = ap.parse_args()
+    if args.scale:  # defaults for the big model: a short batch
+        args.batch, args.pos = args.batch or 8, args.pos or 32
+        scale(args)
+        return
+    args.batch, args.pos = args.batch or 16, args.pos or 20
     cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                                   d_vocab=512, n_ctx=64, attn_only=args.attn_only)
     model = helpers.random_model(cfg, scale=2.0).eval()

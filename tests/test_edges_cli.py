@@ -49,6 +49,8 @@ def test_circuit_command_writes_results_report_and_drawing(checkpoint, tmp_path,
     (["--task", "induction", "--method", "eap", "--threshold", "1e9"], "keeps no edge"),
     (["--clean", "CLEAN", "--corrupt", "LONGER"], "same token length"),
     ([], "give --clean and --corrupt"),
+    (["--task", "induction", "--corruption", "swap"], "unknown corruption 'swap'"),
+    (["--clean", "CLEAN", "--corrupt", "CLEAN", "--corruption", "first-copy"], "--corrupt file is the corruption"),
 ])
 def test_circuit_command_bad_input_is_one_line(checkpoint, tmp_path, capsys, extra, message):
     (tmp_path / "c.txt").write_text("the cat\n")

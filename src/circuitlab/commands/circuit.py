@@ -11,6 +11,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
     p.add_argument("--task", choices=["induction"], default=None,
                    help="built-in rows instead of files: induction = repeated random tokens")
+    p.add_argument("--corruption", default=None,
+                   help="for --task induction, the corrupted rows: no-repeat (default; other random tokens: the whole "
+                        "circuit), first-copy (only the first copy replaced: the K-composition path) or "
+                        "other-repeat (other tokens repeated: values and outputs only)")
     p.add_argument("--clean", default=None, help="file with one clean prompt per line")
     p.add_argument("--corrupt", default=None, help="file with one corrupted prompt per line (same token length)")
     p.add_argument("--answers", default=None,
@@ -50,9 +54,13 @@ def run(args: argparse.Namespace) -> int:
         raise CircuitlabError("give --clean and --corrupt prompt files, or a built-in --task (induction)")
     if args.task is not None and (args.clean or args.corrupt):
         raise CircuitlabError("--task and --clean/--corrupt are alternatives: give one of them")
+    if args.corruption is not None and args.task is None:
+        raise CircuitlabError("--corruption chooses the built-in task's corrupted rows; with prompt files, the "
+                              "--corrupt file is the corruption")
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     if args.task == "induction":
-        data = induction_rows(model.cfg.d_vocab, half=min(10, model.cfg.n_ctx // 2))
+        data = induction_rows(model.cfg.d_vocab, half=min(10, model.cfg.n_ctx // 2),
+                              corruption=args.corruption or "no-repeat")
     else:
         if tokenizer is None:
             raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it, so prompt files cannot be read")

@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lens", default=None, metavar="DIR",
                    help="a tuned lens trained on the checkpoint's model (`circuitlab lens train`) for the /inputs page "
                         "(default: <checkpoint>/tuned_lens when there is one)")
+    p.add_argument("--circuit", action="append", default=[], metavar="DIR",
+                   help="a folder written by `circuitlab circuit` to show at /circuits (repeat for several); with "
+                        "--checkpoint the page also runs discovery on the model")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; anything else exposes the "
                         "explorer to your network)")
@@ -61,14 +64,15 @@ def run(args: argparse.Namespace) -> int:
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
     app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
                      allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device,
-                     dictionaries=args.dictionary, lens=args.lens)
+                     dictionaries=args.dictionary, lens=args.lens, circuits=args.circuit)
     check_port_free(args.host, args.port)
     import uvicorn
 
     shown = f"[{args.host}]" if ":" in args.host else args.host
     features = "; features: /features" if args.dictionary else ""
     inputs = "; inputs and lenses: /inputs" if args.checkpoint else ""
-    print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder{inputs}{features}; Ctrl-C stops)")
+    print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder{inputs}{features}; "
+          "circuits: /circuits; Ctrl-C stops)")
     if not args.checkpoint:
         print("no --checkpoint: the explorer page has no model; the adder page works", file=sys.stderr)
     if not loopback:

@@ -6,12 +6,14 @@ Pages (static files from circuitlab/serve/static, by fixed names only):
     /adder       the hand-built adder, layer by layer
     /features    the feature browser of the dictionaries loaded with --dictionary (serve/features.py)
     /inputs      input attribution, logit lens vs tuned lens, steering (serve/inputs.py)
+    /circuits    circuits saved by `circuitlab circuit` (--circuit) and discovery on the model (serve/circuits.py)
 JSON API:
     GET  /api/model      the loaded model's config, limits and head labels ({"loaded": false} without one)
     POST /api/analyse    {"prompt": str, "target"?: str | int, "position"?: int, "figures"?: bool}
     GET  /api/adder      ?a=17&b=25[&design=post|carry&digits=2]   (POST takes the same fields as JSON)
     GET  /api/dictionaries, GET /api/features, GET /api/feature, POST /api/features/prompt   (features.py)
     POST /api/attribute, POST /api/lens, POST /api/steer                                     (inputs.py)
+    GET  /api/circuits, GET /api/circuit, GET /api/circuit.svg, POST /api/circuits/run        (circuits.py)
 
 Every error is JSON {"detail": "<one line>"} with a 4xx status: 422 for bad input, 409 when the explorer
 has no model, 413 for an oversized body, 404 for unknown paths. An unexpected exception is answered
@@ -45,6 +47,7 @@ STATIC_FILES = {
     "adder.js": "text/javascript; charset=utf-8",
     "features.js": "text/javascript; charset=utf-8",
     "inputs.js": "text/javascript; charset=utf-8",
+    "circuits.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 PAGES = {"/": "index.html", "/adder": "adder.html"}
@@ -203,10 +206,12 @@ def _plotly_js() -> bytes:
 def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
                max_tokens: int = DEFAULT_MAX_TOKENS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                allowed_hosts: list[str] | None = None, device: str = "cpu",
-               dictionaries: list[str | Path] | None = None, lens: str | Path | None = None) -> FastAPI:
+               dictionaries: list[str | Path] | None = None, lens: str | Path | None = None,
+               circuits: list[str | Path] | None = None) -> FastAPI:
     """The explorer app for the run (or checkpoint) folder run_dir; None serves the adder page alone.
     dictionaries: dictionary folders for the feature browser (/features); they need run_dir's model.
     lens: a tuned-lens folder for /inputs (default: run_dir/tuned_lens when one is saved there).
+    circuits: `circuitlab circuit` output folders for /circuits (shown with or without a model).
 
     The model is loaded here, so a missing or corrupt checkpoint is a CircuitlabError before any
     server starts. max_tokens is capped by the model's context. allowed_hosts: Host header names
@@ -244,6 +249,9 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
         from circuitlab.serve.features import FeatureBrowser
 
         browser = FeatureBrowser.load(model, tokenizer, dictionaries)
+    from circuitlab.serve.circuits import CircuitBrowser, add_circuit_routes
+
+    circuit_browser = CircuitBrowser.load(model, tokenizer, circuits or [])
     lock = threading.Lock()  # one analysis at a time: the machine's cores are better used by torch
     labels_cache: dict[str, Any] = {}
 
@@ -357,6 +365,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     from circuitlab.serve.inputs import add_input_routes
 
     add_input_routes(app, model, tokenizer, tuned, lock, encode_prompt, _page)
+    add_circuit_routes(app, circuit_browser, lock, encode_prompt, _page)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
     return app
 

@@ -19,7 +19,7 @@ import torch
 from circuitlab.analysis.edges.forward import graph_forward
 from circuitlab.analysis.edges.graph import EdgeGraph
 from circuitlab.analysis.edges.scoring import (EdgeScores, _copies_per_run, check_request, per_copy, reference)
-from circuitlab.analysis.patching import Metric
+from circuitlab.analysis.patching import Metric, read_positions
 from circuitlab.errors import CircuitlabError
 
 
@@ -147,6 +147,7 @@ def circuit_metric(model, clean, corrupt, metric: Metric, circuits: Sequence[tor
 
 def _run_circuits(model, graph, clean, metric, ref, circuits, batch_size=None) -> torch.Tensor:
     chunk = batch_size or _copies_per_run(model, graph, clean)
+    reads = read_positions(metric, clean.shape[1])  # logits only where the metric reads them
     out = []
     allowed = graph.allowed.to(ref.device)
     for c in range(0, len(circuits), chunk):
@@ -154,7 +155,8 @@ def _run_circuits(model, graph, clean, metric, ref, circuits, batch_size=None) -
                             for e in circuits[c:c + chunk]])
         mask = (allowed & ~keep).to(ref.dtype)  # patched outside the circuit
         with torch.no_grad():
-            out.append(per_copy(metric, graph_forward(model, graph, clean, ref=ref, mask=mask).logits).double().cpu())
+            run = graph_forward(model, graph, clean, ref=ref, mask=mask, reads=reads)
+            out.append(per_copy(metric, run.logits).double().cpu())
     return torch.cat(out)
 
 

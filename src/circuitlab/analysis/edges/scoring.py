@@ -154,15 +154,16 @@ def _contract(graph: EdgeGraph, diff: torch.Tensor, inputs, grads) -> torch.Tens
     return dense
 
 
-def _backward(model, graph, tokens, metric, *, ref=None, mask=None, input_out=None):
-    """One batched forward + backward: (run, gradient of Σ_copies metric w.r.t. every reader input)."""
+def _backward(model, graph, tokens, metric, *, ref=None, mask=None, input_out=None, reads=None):
+    """One batched forward + backward: (run, gradient of Σ_copies metric w.r.t. every reader input).
+    reads: the positions whose logits the metric reads (the others are never computed)."""
     with torch.enable_grad():
         if input_out is None:
             input_out = input_output(model, tokens)
         input_out = input_out.detach().requires_grad_(True)  # works with frozen parameters too
         if mask is not None:
             mask = mask.detach()
-        run = graph_forward(model, graph, tokens, ref=ref, mask=mask, input_out=input_out)
+        run = graph_forward(model, graph, tokens, ref=ref, mask=mask, input_out=input_out, reads=reads)
         value = per_copy(metric, run.logits).sum()
         if not value.requires_grad:
             raise CircuitlabError("gradient methods need a metric computed from the logits with torch operations; "
@@ -195,18 +196,22 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
             raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
     t0 = time.perf_counter()
     graph = EdgeGraph.of(model)
+    reads = read_positions(metric, clean.shape[1])  # logits only where the metric reads them
+    if method == "eap":  # the clean run itself carries the gradients: one forward + backward for the clean side
+        clean_run, grads = _backward(model, graph, clean, metric, reads=reads)
+    else:
+        with torch.no_grad():
+            clean_run = graph_forward(model, graph, clean, reads=reads)
     with torch.no_grad():
-        clean_run = graph_forward(model, graph, clean)
-        ref = reference(model, graph, clean, corrupt, intervention, clean_run)
         clean_value = float(per_copy(metric, clean_run.logits)[0])
-        full = all_patched(graph, dtype=ref.dtype, device=ref.device)
-        ablated_value = float(per_copy(metric, graph_forward(model, graph, clean, ref=ref, mask=full).logits)[0])
+        ref, ablated_value = _reference_and_ablated(model, graph, clean, corrupt, metric, intervention, clean_run,
+                                                    reads)
     chunk = batch_size or _copies_per_run(model, graph, clean)
     if method == "exact":
         scores, nodes = _exact(model, graph, clean, metric, ref, clean_run, clean_value, chunk, progress)
         options: dict[str, Any] = {}
     else:
-        dense = (_eap(model, graph, clean, metric, ref, clean_run) if method == "eap" else
+        dense = (_eap(graph, ref, clean_run, grads) if method == "eap" else
                  _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress))
         scores = graph.flat(dense)
         nodes = graph.dense(scores).sum(1)
@@ -222,13 +227,27 @@ def _copies_per_run(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
     return max(1, COPY_BUDGET // per_copy_floats)
 
 
-def _eap(model, graph, clean, metric, ref, clean_run) -> torch.Tensor:
-    run, grads = _backward(model, graph, clean, metric)
-    diff = ref - clean_run.source_outputs()[0]  # [batch, pos, n_sources, d_model]
-    return _contract(graph, diff[None], run.inputs, grads)
+def _reference_and_ablated(model, graph, clean, corrupt, metric, intervention, clean_run, reads
+                           ) -> tuple[torch.Tensor, float]:
+    """The reference outputs and the metric with every edge patched. For the counterfactual intervention
+    every edge patched is the corrupted run itself, so its logits are used (no fully patched run)."""
+    if intervention == "counterfactual":
+        run = graph_forward(model, graph, corrupt, reads=reads)
+        return run.source_outputs()[0], float(per_copy(metric, run.logits)[0])
+    ref = reference(model, graph, clean, corrupt, intervention, clean_run)
+    full = all_patched(graph, dtype=ref.dtype, device=ref.device)
+    run = graph_forward(model, graph, clean, ref=ref, mask=full, reads=reads)
+    return ref, float(per_copy(metric, run.logits)[0])
+
+
+def _eap(graph, ref, clean_run, grads) -> torch.Tensor:
+    """clean_run: the clean run with gradients, grads: ∂m/∂(every reader input) from _backward."""
+    diff = ref - clean_run.source_outputs()[0].detach()  # [batch, pos, n_sources, d_model]
+    return _contract(graph, diff[None], clean_run.inputs, grads)
 
 
 def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress) -> torch.Tensor:
+    reads = read_positions(metric, clean.shape[1])
     alphas = torch.arange(1, steps + 1, dtype=torch.float64) / steps
     dense = torch.zeros(len(graph.sources), len(graph.readers), dtype=torch.float64, device=ref.device)
     clean_outs = clean_run.source_outputs()[0]
@@ -238,11 +257,11 @@ def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path
         a = alphas[start:start + chunk].to(ref.device, ref.dtype)
         if ig_path == "inputs":  # the input embeddings move from the reference to the clean ones
             input_out = x_ref + a[:, None, None, None] * (x_clean - x_ref)
-            run, grads = _backward(model, graph, clean, metric, input_out=input_out)
+            run, grads = _backward(model, graph, clean, metric, input_out=input_out, reads=reads)
             diff = (ref - clean_outs)[None]
         else:  # every edge's patch weight moves from 0 to 1; ∂m/∂weight = (ref_s − out_s) · ∂m/∂input_r
             mask = all_patched(graph, 1.0, len(a), ref.dtype, ref.device) * a[:, None, None]
-            run, grads = _backward(model, graph, clean, metric, ref=ref, mask=mask)
+            run, grads = _backward(model, graph, clean, metric, ref=ref, mask=mask, reads=reads)
             diff = ref - run.source_outputs().detach()
         dense += _contract(graph, diff, run.inputs, grads)
     return dense / steps
