@@ -20,20 +20,28 @@ def _configs(d_in, d_sae, hook="planted", k=3):
             for a in ARCHS]
 
 
-def test_every_architecture_recovers_planted_features_in_superposition():
-    """32 known directions in 16 dims, Zipf-like frequencies, 3 active on average: one trainer, one
-    stream of batches, four dictionaries; each finds the directions, at the true L0."""
-    planted = PlantedFeatures(n_features=32, d=16, l0=3, zipf=0.5, rows_per_chunk=8192)
-    own = [{"l1_coeff": 2.5}, {"dead_after": 50}, {"dead_after": 50},
-           {"dead_after": 50, "l0_coeff": 1.0, "jumprelu_init_threshold": 0.5, "bandwidth": 0.1}]
-    trainer = DictionaryTrainer(_configs(16, 32), DictTrainConfig(steps=600, batch_size=512, lr=1e-2, sparsity_warmup_steps=150),
+@pytest.mark.parametrize("seed, l0, zipf", [(0, 3, 0.5), (7, 2, 0.8)], ids=["tuned", "held-out"])
+def test_every_architecture_recovers_planted_features_in_superposition(seed, l0, zipf):
+    """32 known directions in 16 dims, Zipf-like frequencies: one trainer, one stream of batches, four
+    dictionaries of 32 latents; each finds the directions at the true L0. Tuned on the first
+    distribution; the second (other directions, sparser, steeper frequencies) was not tuned on.
+
+    ReLU and TopK end with no dead latent. BatchTopK and JumpReLU, whose inference is a threshold,
+    can settle with two features merged into one latent and the freed latent found no feature again
+    (resampling halves how often: 0-3 of 32 over six distributions, 2-5 without): <= 3 asserted."""
+    planted = PlantedFeatures(n_features=32, d=16, l0=l0, zipf=zipf, seed=seed, rows_per_chunk=8192)
+    revive = {"dead_after": 50, "dead_density": 1e-3, "resample_every": 100}
+    own = [{"l1_coeff": 2.5, **revive}, revive, revive,
+           {**revive, "l0_coeff": 1.0, "jumprelu_init_threshold": 0.5, "bandwidth": 0.1}]
+    trainer = DictionaryTrainer(_configs(16, 32, k=l0), DictTrainConfig(steps=1000, batch_size=512, lr=1e-2, sparsity_warmup_steps=150),
                                 ActivationStore(planted, 512), ActivationStore(planted, 1024, split="val"), overrides=own)
     result = trainer.fit(progress=False)
     for arch, sae, m in zip(ARCHS, result.dictionaries, result.metrics):
         cos = recovery(sae.W_dec.detach(), planted.directions)
+        dead = int((m.density == 0).sum())
         assert cos.mean() >= 0.9, (arch, float(cos.mean()))
-        assert abs(m.l0 - 3.0) < 0.75, (arch, m.l0)
-        assert m.dead_frac <= 0.1, (arch, m.dead_frac)
+        assert abs(m.l0 - l0) < 0.6, (arch, m.l0)
+        assert dead <= (0 if arch in ("relu", "topk") else 3), (arch, dead)
         assert m.explained_variance > 0.6, (arch, m.explained_variance)
     assert result.dictionaries[2].cfg.architecture == "jumprelu"  # BatchTopK, as it is used
 
@@ -43,7 +51,7 @@ def test_resuming_gives_exactly_the_uninterrupted_run(tmp_path):
 
     def trainer():
         cfgs = _configs(8, 16, k=2)
-        return DictionaryTrainer(cfgs, DictTrainConfig(steps=24, batch_size=128, dead_after=3, resample_every=5),
+        return DictionaryTrainer(cfgs, DictTrainConfig(steps=24, batch_size=128, dead_after=3, dead_density=0.05, resample_every=5),
                                  ActivationStore(planted, 128), overrides=[{}, {}, {}, {}])
 
     whole = trainer().fit(tmp_path / "whole", progress=False)

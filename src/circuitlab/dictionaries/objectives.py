@@ -66,7 +66,7 @@ class StepOutput:
     mse: torch.Tensor
     sparsity: torch.Tensor
     aux: torch.Tensor
-    fired: torch.Tensor    # [d_sae] bool: which latents fired on this batch
+    fires: torch.Tensor    # [d_sae] long: on how many rows of this batch each latent fired
     l0: float
 
 
@@ -86,8 +86,7 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
         values, indices = pre.topk(sae.cfg.k, dim=-1, sorted=False)
         values = values.relu()
         y_hat = sparse_decode(sae, values, indices) + sae.b_dec + skip
-        fired = torch.zeros(pre.shape[-1], dtype=torch.bool, device=pre.device)
-        fired[indices[values > 0]] = True
+        fires = torch.bincount(indices[values > 0], minlength=pre.shape[-1])
         l0 = float((values > 0).sum()) / len(x)
         sparsity = zero
     else:
@@ -102,12 +101,12 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
             sparsity = zero
         y_hat = acts @ sae.W_dec + sae.b_dec + skip
         active = acts > 0
-        fired, l0 = active.any(0), float(active.sum()) / len(x)
+        fires, l0 = active.sum(0), float(active.sum()) / len(x)
     mse = (y_hat - y).pow(2).sum(-1).mean()
     aux = zero
     if arch != "relu" and dead is not None and bool(dead.any()):
         aux = coef.aux * _auxk(sae, pre, (y - y_hat).detach(), dead)
-    return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fired, l0)
+    return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires, l0)
 
 
 def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch.Tensor:
@@ -136,12 +135,13 @@ def _auxk(sae: SparseDictionary, pre: torch.Tensor, residual: torch.Tensor, dead
 
 @torch.no_grad()
 def resample_dead(sae: SparseDictionary, optimizer: torch.optim.Optimizer, dead: torch.Tensor, x: torch.Tensor,
-                  y: torch.Tensor, generator: torch.Generator) -> int:
+                  y: torch.Tensor, generator: torch.Generator, threshold: float | None = None) -> int:
     """Re-initialise dead latents toward inputs the dictionary reconstructs worst (Anthropic, 2023).
 
     Picks inputs with probability ∝ squared error; the decoder row becomes that input's residual
     direction, the encoder column its input direction at 0.2 × the live latents' mean encoder norm;
-    the latents' Adam moments are reset. Returns how many were resampled.
+    the latents' Adam moments are reset (stale moments from when they were alive would freeze them)
+    and, for JumpReLU, their threshold goes back to `threshold`. Returns how many were resampled.
     """
     idx = dead.nonzero().flatten()
     if not len(idx):
@@ -157,6 +157,8 @@ def resample_dead(sae: SparseDictionary, optimizer: torch.optim.Optimizer, dead:
     sae.W_dec[idx] = dec
     sae.W_enc[:, idx] = (enc * alive_norm * 0.2).T
     sae.b_enc[idx] = 0
+    if threshold is not None and sae.cfg.architecture == "jumprelu":
+        sae.threshold[idx] = threshold
     for p, where in ((sae.W_dec, (idx,)), (sae.W_enc, (slice(None), idx)), (sae.b_enc, (idx,))):
         for key in ("exp_avg", "exp_avg_sq"):
             if key in optimizer.state.get(p, {}):

@@ -8,8 +8,11 @@ As the field does it: decoder rows start as unit random directions and the encod
 transpose; b_dec starts at the data mean; inputs are scaled to E‖x‖ = √d_in during training and
 that scale is folded into the weights at save; the L1 / L0 coefficient warms up linearly; the
 learning rate warms up, then decays linearly to 0 over the last lr_decay_frac of the steps;
-TopK-family and JumpReLU decoders keep unit-norm rows; dead latents get AuxK (TopK family) or
-resampling (ReLU, every resample_every steps). Resuming continues exactly as if never stopped.
+TopK-family and JumpReLU decoders keep unit-norm rows; dead latents get AuxK (TopK family and
+JumpReLU) and, every resample_every steps until the learning rate decays, resampling (any architecture). A latent is dead when it
+has not fired for dead_after steps or, with dead_density > 0, when it fires on fewer than that
+fraction of rows (running average over ~dead_after steps): such rarely-firing latents otherwise sit
+on a mixture of features, silent at inference. Resuming continues exactly as if never stopped.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from circuitlab.errors import CircuitlabError, ConfigError
 CHECKPOINT, STATE = "checkpoint", "state.json"
 # Fields a dictionary may override for itself (`train:` under it in a YAML config).
 PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwidth", "jumprelu_init_threshold",
-                  "aux_coeff", "dead_after", "resample_every")
+                  "aux_coeff", "dead_after", "dead_density", "resample_every")
 
 
 @dataclass
@@ -54,7 +57,8 @@ class DictTrainConfig:
     jumprelu_init_threshold: float = 0.1
     aux_coeff: float = 1 / 32        # TopK family: AuxK
     dead_after: int = 200            # steps without firing before a latent counts as dead
-    resample_every: int = 0          # relu: resample dead latents every N steps (0: never)
+    dead_density: float = 0.0        # also dead: firing on fewer than this fraction of rows (0: off)
+    resample_every: int = 0          # resample dead latents every N steps (0: never)
     normalise: bool = True           # scale inputs to E‖x‖ = √d_in in training (folded at save)
     eval_every: int = 0              # held-out evaluation every N steps (0: only at the end)
     eval_batches: int = 4
@@ -145,6 +149,7 @@ class DictionaryTrainer:
         self.opts = [torch.optim.Adam([p for p in s.parameters() if p.requires_grad], lr=h.lr,
                                       betas=(train.beta1, train.beta2)) for s, h in zip(self.saes, self.hyper)]
         self.last_fired = [torch.zeros(c.d_sae, dtype=torch.long, device=self.device) for c in configs]
+        self.fire_rate = [torch.zeros(c.d_sae, dtype=torch.float64, device=self.device) for c in configs]  # running density
         self.scales: list[tuple[float, float]] = [(1.0, 1.0)] * len(configs)
         self.step = 0
 
@@ -175,7 +180,7 @@ class DictionaryTrainer:
         logs = []
         for j, (sae, opt, h) in enumerate(zip(self.saes, self.opts, self.hyper)):
             x, y = self._inputs(j, batch)
-            dead = (self.step - self.last_fired[j]) >= h.dead_after
+            dead = self.dead(j, self.step)
             coef = Coefficients(sparsity=(h.l1_coeff if sae.cfg.architecture == "relu" else h.l0_coeff)
                                 * min(1.0, (self.step + 1) / max(h.sparsity_warmup_steps, 1)),
                                 aux=h.aux_coeff, bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
@@ -190,17 +195,30 @@ class DictionaryTrainer:
                     sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8))
                 if sae.cfg.architecture == "jumprelu":
                     sae.threshold.clamp_(min=1e-4)
-            self.last_fired[j][out.fired] = self.step + 1
+            self.last_fired[j][out.fires > 0] = self.step + 1
+            decay = 1 - 1 / h.dead_after
+            self.fire_rate[j].mul_(decay).add_(out.fires.double() / len(x), alpha=1 - decay)
             resampled = 0
-            if sae.cfg.architecture == "relu" and h.resample_every and (self.step + 1) % h.resample_every == 0:
-                dead = (self.step + 1 - self.last_fired[j]) >= h.dead_after
+            settling = self.step + 1 > self.train.steps * (1 - self.train.lr_decay_frac)  # no resampling while lr decays
+            if h.resample_every and (self.step + 1) % h.resample_every == 0 and not settling:
+                dead = self.dead(j, self.step + 1)
                 gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
-                resampled = resample_dead(sae, opt, dead, x, y, gen)
+                resampled = resample_dead(sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold)
                 self.last_fired[j][dead] = self.step + 1
             logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse), "sparsity": float(out.sparsity),
                          "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled})
         self.step += 1
         return logs
+
+    def dead(self, j: int, step: int) -> torch.Tensor:
+        """[d_sae] bool: dictionary j's latents silent for dead_after steps, or (dead_density > 0, after
+        dead_after steps) firing on fewer than dead_density of the rows (bias-corrected running average)."""
+        h = self.hyper[j]
+        dead = (step - self.last_fired[j]) >= h.dead_after
+        if h.dead_density > 0 and step >= h.dead_after:
+            seen = 1 - (1 - 1 / h.dead_after) ** step
+            dead |= (self.fire_rate[j] / seen) < h.dead_density
+        return dead
 
     def dictionaries(self) -> list[SparseDictionary]:
         """The dictionaries as saved: normalisation folded (raw activations in and out), BatchTopK as JumpReLU."""
@@ -234,6 +252,7 @@ class DictionaryTrainer:
                 for key, value in st.items():
                     tensors[f"{j}.adam.{names[id(p)]}.{key}"] = torch.as_tensor(value)
             tensors[f"{j}.last_fired"] = self.last_fired[j]
+            tensors[f"{j}.fire_rate"] = self.fire_rate[j]
         name = f"trainer-{self.step:08d}.safetensors"
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         atomic_write_file(folder / name, lambda tmp: save_file(tensors, tmp))
@@ -262,6 +281,7 @@ class DictionaryTrainer:
                 if keys:
                     opt.state[p] = {k.rsplit(".", 1)[1]: tensors[k].to(self.device) for k in keys}
             self.last_fired[j] = tensors[f"{j}.last_fired"].to(self.device)
+            self.fire_rate[j] = tensors.get(f"{j}.fire_rate", self.fire_rate[j]).to(self.device)
         self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
         self.store.load_state_dict(state["store"])
 
