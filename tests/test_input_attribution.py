@@ -96,6 +96,23 @@ def test_integrated_gradients_equals_captum_and_is_complete():
         json.dumps(ours.to_dict())
 
 
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
+def test_shortcut_path_equals_the_full_forward(preset):
+    # target/foil run the blocks up to pos and the unembedding at pos alone; a metric function runs the
+    # whole forward: the same numbers, later positions exactly 0 (learned positions; rotary + GQA)
+    cfg = ModelConfig.from_preset(preset, d_model=32, n_heads=4, d_vocab=40, n_ctx=16)
+    model = random_model(cfg, scale=2.0).double()
+    tokens = torch.randint(0, 40, (12,), generator=torch.Generator().manual_seed(2))
+    full = logit_metric(7, 3, 6)
+    for method in ("ig", "saliency", "grad-x-input", "occlusion"):
+        short = attribute(model, tokens, method, target=7, foil=3, pos=6)
+        long = attribute(model, tokens, method, metric=full, pos=6)
+        assert torch.allclose(short.scores, long.scores, atol=1e-9), method
+        assert short.metric_value == pytest.approx(long.metric_value, abs=1e-9)
+        assert (short.scores[7:] == 0).all()
+    assert all(p.requires_grad for p in model.parameters())  # frozen only while attributing
+
+
 def test_metric_function_and_result_display():
     model = induction_model()
     seq = repeated_batch(1, torch.Generator().manual_seed(3))[0]

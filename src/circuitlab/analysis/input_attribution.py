@@ -28,8 +28,10 @@ import torch
 from circuitlab.analysis._json import rounded
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import frozen_parameters
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
+Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos, d_model] -> explained value [batch]
 Baseline = Union[str, int, torch.Tensor]
 METHODS = ("ig", "saliency", "grad-x-input", "occlusion", "context-mixing")
 DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model: docs/attribution.md
@@ -131,8 +133,9 @@ def logit_metric(target: int, foil: int | None = None, pos: int = -1) -> Metric:
 
 
 def _resolve(model, tokens: torch.Tensor, target: int | None, foil: int | None, pos: int,
-             metric: Metric | None) -> tuple[Metric, int | None, int | None, int]:
-    """The metric to explain, the target (the model's top prediction when not given) and pos in [0, T)."""
+             metric: Metric | None) -> tuple[Explain, int | None, int | None, int]:
+    """What is explained, as explain(embeds [batch, pos, d_model]) -> [batch]; the target (the model's
+    top prediction when not given); pos in [0, T)."""
     T = tokens.shape[0]
     if not -T <= pos < T:
         raise CircuitlabError(f"pos {pos} is outside the sequence of length {T}")
@@ -140,7 +143,7 @@ def _resolve(model, tokens: torch.Tensor, target: int | None, foil: int | None, 
     if metric is not None:
         if target is not None or foil is not None:
             raise CircuitlabError("give either metric= or target/foil, not both")
-        return metric, None, None, pos
+        return lambda embeds: _metric_of(model, tokens, embeds, metric), None, None, pos
     d_vocab = model.cfg.d_vocab
     if target is None:
         with torch.no_grad():
@@ -148,7 +151,8 @@ def _resolve(model, tokens: torch.Tensor, target: int | None, foil: int | None, 
     _check_token(target, "target", d_vocab)
     if foil is not None:
         _check_token(foil, "foil", d_vocab)
-    return logit_metric(target, foil, pos), target, foil, pos
+    at_pos = logit_metric(target, foil, 0)
+    return lambda embeds: at_pos(_logits_at(model, embeds, pos)), target, foil, pos
 
 
 def _run_embeds(model, tokens: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
@@ -158,6 +162,20 @@ def _run_embeds(model, tokens: torch.Tensor, embeds: torch.Tensor) -> torch.Tens
         return embeds
 
     return model.run_with_hooks(tokens[None].expand(embeds.shape[0], -1), fwd_hooks=[("hook_embed", replace)])
+
+
+def _logits_at(model, embeds: torch.Tensor, pos: int) -> torch.Tensor:
+    """Logits [batch, 1, d_vocab] at position pos alone, the token embeddings being embeds [batch, ≥ pos+1,
+    d_model]. model.forward's steps (and hook points), with two savings: positions after pos are not run
+    (attention is causal, they cannot change pos) and the unembedding reads pos alone (it would cost as much
+    as the blocks for a small model with a large vocabulary)."""
+    T = pos + 1
+    x = model.hook_embed(embeds[:, :T])
+    if model.cfg.positional == "learned":
+        x = x + model.hook_pos_embed(model.pos_embed(torch.arange(T, device=x.device)).expand_as(x))
+    for block in model.blocks:
+        x = block(x)
+    return model.unembed(model.ln_final(x[:, pos:]))
 
 
 def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
@@ -214,12 +232,12 @@ def _decorate(result: InputAttribution, tokenizer) -> InputAttribution:
 # ---------------------------------------------------------------------------- gradient methods
 
 
-def _gradient(model, tokens: torch.Tensor, metric: Metric) -> tuple[torch.Tensor, torch.Tensor, float]:
+def _gradient(model, tokens: torch.Tensor, explain: Explain) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(embeddings x [pos, d_model], d metric / d x [pos, d_model], metric value)."""
     x = model.embed(tokens).detach()
-    with torch.enable_grad():
+    with torch.enable_grad(), frozen_parameters(model):
         e = x[None].clone().requires_grad_(True)
-        out = _metric_of(model, tokens, e, metric)
+        out = explain(e)
         (grad,) = torch.autograd.grad(out.sum(), e)
     return x, grad[0].detach(), float(out.detach()[0])
 
@@ -228,8 +246,8 @@ def saliency(model, tokens: torch.Tensor, target: int | None = None, foil: int |
              metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """L2 norm of the metric's gradient with respect to each token's embedding: scores [pos] (≥ 0)."""
     tokens = _sequence(tokens, model)
-    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
-    _, grad, value = _gradient(model, tokens, metric)
+    explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    _, grad, value = _gradient(model, tokens, explain)
     return _decorate(InputAttribution("saliency", tokens.tolist(), grad.norm(dim=-1).float().cpu(), pos, target,
                                       foil, value), tokenizer)
 
@@ -238,8 +256,8 @@ def gradient_x_input(model, tokens: torch.Tensor, target: int | None = None, foi
                      pos: int = -1, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """Gradient · embedding, summed over d_model: scores [pos] (signed; IG with one step from zeros)."""
     tokens = _sequence(tokens, model)
-    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
-    x, grad, value = _gradient(model, tokens, metric)
+    explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    x, grad, value = _gradient(model, tokens, explain)
     return _decorate(InputAttribution("grad-x-input", tokens.tolist(), (grad * x).sum(-1).float().cpu(), pos,
                                       target, foil, value), tokenizer)
 
@@ -274,7 +292,7 @@ def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None,
     embeddings [pos, d_model] (see baseline_embeddings).
     """
     tokens = _sequence(tokens, model)
-    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
     alphas, weights = path_nodes(steps, rule)
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                    or batch_size <= 0):
@@ -284,16 +302,15 @@ def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None,
     base = baseline_embeddings(model, tokens, baseline)
     delta = x - base
     total = torch.zeros_like(x, dtype=torch.float64)
-    with torch.enable_grad():
+    with torch.enable_grad(), frozen_parameters(model):
         for start in range(0, steps, chunk):
             a = alphas[start:start + chunk].to(x.device, x.dtype)
             e = (base[None] + a[:, None, None] * delta[None]).requires_grad_(True)  # [chunk, pos, d_model]
-            out = _metric_of(model, tokens, e, metric)
-            (grad,) = torch.autograd.grad(out.sum(), e)
+            (grad,) = torch.autograd.grad(explain(e).sum(), e)
             total += torch.einsum("s,spd->pd", weights[start:start + chunk].to(x.device), grad.double())
     scores = (delta.double() * total).sum(-1)  # [pos]
     with torch.no_grad():
-        ends = _metric_of(model, tokens, torch.stack([x, base]), metric).double()
+        ends = explain(torch.stack([x, base])).double()
     change = float(ends[0] - ends[1])
     gap = abs(float(scores.sum()) - change)
     error = gap / abs(change) if abs(change) > 1e-12 else (0.0 if gap < 1e-9 else math.inf)
@@ -316,7 +333,7 @@ def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int 
     score is the mean effect of the windows covering it. Later positions cannot matter (causal): 0.
     """
     tokens = _sequence(tokens, model)
-    metric, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
     if isinstance(span, bool) or not isinstance(span, int) or not 1 <= span <= pos + 1:
         raise CircuitlabError(f"span must be an integer from 1 to {pos + 1} (the positions up to pos), got {span!r}")
     x = model.embed(tokens)  # [pos, d_model]
@@ -329,11 +346,11 @@ def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int 
     covered = (offsets[None] >= starts[:, None]) & (offsets[None] < starts[:, None] + span)  # [window, pos]
     chunk = batch_size or len(starts)
     drops = []
-    value = float(_metric_of(model, tokens, x[None], metric)[0])
+    value = float(explain(x[None])[0])
     for i in range(0, len(starts), chunk):
         mask = covered[i:i + chunk, :, None]
         occluded = torch.where(mask, fill, x[None])  # [window, pos, d_model]
-        drops.append(value - _metric_of(model, tokens, occluded, metric))
+        drops.append(value - explain(occluded))
     drop = torch.cat(drops)  # [window]
     cov = covered.to(drop.dtype)
     scores = (cov.T @ drop) / cov.sum(0).clamp(min=1)  # [pos]

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import frozen_parameters
 
 WEIGHTS_FILE, CONFIG_FILE = "tuned_lens.safetensors", "tuned_lens.json"
 
@@ -163,10 +164,7 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
     start, losses = 0, []
     if state_file is not None and Path(state_file).is_file():
         start, losses = _load_training_state(Path(state_file), lens, opt, settings)
-    frozen = [p.requires_grad for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(False)
-    try:
+    with frozen_parameters(model):
         for step in tqdm(range(start, steps), total=steps, initial=start, desc="tuned lens", disable=not progress):
             tokens = batches[step % len(batches)]
             tokens = tokens[None] if tokens.dim() == 1 else tokens
@@ -184,9 +182,6 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
             losses.append(float(loss.detach()))
             if state_file is not None and (step + 1) % save_every == 0 and step + 1 < steps:
                 _save_training_state(Path(state_file), lens, opt, settings, step + 1, losses)
-    finally:
-        for p, f in zip(model.parameters(), frozen):
-            p.requires_grad_(f)
     lens.train_info = {"steps": steps, "lr": lr, "final_loss": losses[-1], "first_loss": losses[0]}
     return lens.eval()
 

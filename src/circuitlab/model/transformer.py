@@ -8,8 +8,9 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +29,20 @@ from circuitlab.model.weights import WeightViews
 def model_device(model: nn.Module) -> torch.device:
     """The device of a model's parameters (one home for the lookup every analysis needs)."""
     return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def frozen_parameters(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside: no parameter requires grad, so autograd through the model records nothing for the weights
+    (gradients with respect to activations or inputs only, faster); the flags are restored on exit."""
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
 
 
 class Transformer(WeightViews, nn.Module):
