@@ -8,7 +8,7 @@ import importlib
 import sys
 import warnings
 
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, os_error_message
 
 # Order in `circuitlab --help`; any other module in circuitlab/commands is listed after these.
 PREFERRED = ["demo", "train", "generate", "info"]
@@ -27,8 +27,15 @@ def _load(name: str):
     return importlib.import_module(f"circuitlab.commands.{name.replace('-', '_')}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block), like every other error of the command."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="circuitlab",
         description="Build, train, load and take apart transformer language models.",
         epilog="example: circuitlab demo --out runs/demo   (run `circuitlab <command> --help` for each)",
@@ -64,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except CircuitlabError as e:
         print(f"circuitlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a read-only folder, a file in the way: one line too
+        message = os_error_message(e)
+        if message is None:
+            raise
+        print(f"circuitlab {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print(f"circuitlab {args.command}: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)

@@ -12,6 +12,10 @@ class ConfigError(CircuitlabError, ValueError):
     """An invalid model, data or training configuration field."""
 
 
+class InputError(CircuitlabError, ValueError):
+    """An invalid argument value: token ids outside the vocabulary, a sampling option out of range,
+    text that is not valid Unicode, a count that must be positive."""
+
 
 def did_you_mean(word: str, options, n: int = 1, cutoff: float = 0.6) -> str:
     """The hint an "unknown name" message ends with: " (did you mean 'x'?)" for the closest option
@@ -22,3 +26,31 @@ def did_you_mean(word: str, options, n: int = 1, cutoff: float = 0.6) -> str:
     if not close:
         return ""
     return f" (did you mean {close[0]!r}?)" if n == 1 else f"; closest: {', '.join(close)}"
+
+
+# errno name -> what to say (after the path) and what to do, for the OSErrors a user's environment causes
+# (full disk, permissions, a file where a folder should be). Others are bugs and keep their traceback.
+_OS_ERRORS = {
+    "ENOSPC": "no space left on the device; free some space or write elsewhere (e.g. another --out)",
+    "EDQUOT": "the disk quota is used up; free some space or write elsewhere (e.g. another --out)",
+    "EACCES": "permission denied; choose a path you can write to (e.g. another --out) or fix its permissions",
+    "EPERM": "operation not permitted; choose a path you can write to (e.g. another --out) or fix its permissions",
+    "EROFS": "the file system is read-only; choose a writable path (e.g. another --out)",
+    "ENOTDIR": "part of the path is a file, not a folder; choose another path",
+    "EEXIST": "exists and is not a folder; choose another path",
+    "EISDIR": "is a folder where a file was expected; give a file name",
+    "ENAMETOOLONG": "the path is too long; choose a shorter one",
+}
+
+
+def os_error_message(e: OSError) -> str | None:
+    """One line for an OSError the user's environment caused (ENOSPC, EACCES, EROFS, ENOTDIR, ...),
+    naming the path and what to do; None for any other OSError."""
+    import errno
+
+    name = errno.errorcode.get(e.errno or -1)
+    if name not in _OS_ERRORS:
+        return None
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{_OS_ERRORS[name]}"
+

@@ -29,6 +29,7 @@ from circuitlab.analysis._json import rounded
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters
+from circuitlab.model.tokens import check_tokens
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
 Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos, d_model] -> explained value [batch]
@@ -109,9 +110,7 @@ def _sequence(tokens: torch.Tensor, model) -> torch.Tensor:
     if tokens.dim() != 1 or tokens.numel() == 0:
         raise CircuitlabError(f"input attribution needs tokens [pos] with at least one token, got shape "
                               f"{tuple(tokens.shape)}")
-    if tokens.numel() > model.cfg.n_ctx:
-        raise CircuitlabError(f"the sequence has {tokens.numel()} tokens; the model's context is {model.cfg.n_ctx}")
-    return tokens.long().to(next(model.parameters()).device)
+    return check_tokens(tokens, model.cfg, "the sequence")[0].long().to(next(model.parameters()).device)
 
 
 def _check_token(t: int, name: str, d_vocab: int) -> int:

@@ -11,26 +11,14 @@ from circuitlab.analysis.patching_targets import get_target
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.model.hooks import act_name
+from circuitlab.model.tokens import check_tokens
 
 DIRECTIONS = ("denoise", "noise")
 
 
 def as_tokens(model, tokens: torch.Tensor | Sequence, what: str = "tokens") -> torch.Tensor:
     """tokens [batch, pos] or [pos] -> LongTensor [batch, pos] on the model's device, checked."""
-    t = torch.as_tensor(tokens)
-    if t.dim() == 1:
-        t = t[None]
-    if t.dim() != 2 or t.shape[1] == 0 or t.shape[0] == 0:
-        raise CircuitlabError(f"{what} must be token ids shaped [batch, pos] or [pos], got shape {tuple(t.shape)}")
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise CircuitlabError(f"{what} must be integer token ids, got {t.dtype}")
-    if int(t.min()) < 0 or int(t.max()) >= model.cfg.d_vocab:
-        raise CircuitlabError(f"{what} hold ids outside the vocabulary [0, {model.cfg.d_vocab}): "
-                              f"min {int(t.min())}, max {int(t.max())}")
-    if t.shape[1] > model.cfg.n_ctx:
-        raise CircuitlabError(f"{what} have {t.shape[1]} positions, more than the model's context n_ctx="
-                              f"{model.cfg.n_ctx}")
-    return t.long().to(model_device(model))
+    return check_tokens(tokens, model.cfg, what).long().to(model_device(model))
 
 
 def check_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,8 @@ weights are never changed.
 """
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -231,6 +233,8 @@ def steering_sweep(model, vector: SteeringVector, coefs: Sequence[float], positi
     coefs = [float(c) for c in coefs]
     if not coefs:
         raise CircuitlabError("give at least one steering coefficient")
+    if not all(math.isfinite(c) for c in coefs):
+        raise CircuitlabError(f"steering coefficients must be finite numbers, got {coefs}")
     pos, neg, neu = _token_sets(positive, "positive"), _token_sets(negative, "negative"), _token_sets(neutral, "neutral")
     pref, loss, custom = [], [], []
     for c in coefs:

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
 
+    if args.out and Path(args.out).suffix not in (".html", ".json"):
+        raise CircuitlabError(f"--out {args.out}: give a file name ending in .html (tokens shaded) or .json")
     model, tok, _ = load_checkpoint(args.checkpoint)
     if tok is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")

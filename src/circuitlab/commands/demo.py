@@ -9,9 +9,11 @@ EXAMPLE = "circuitlab demo --out runs/demo"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands._args import positive_int
+
     p.add_argument("--out", default="runs/demo", help="output directory (an existing one is kept, renamed)")
-    p.add_argument("--steps", type=int, default=None, help="training steps of the 2-layer model (default: configs/demo.yaml)")
-    p.add_argument("--steps-1l", type=int, default=300, help="training steps of the 1-layer model")
+    p.add_argument("--steps", type=positive_int, default=None, help="training steps of the 2-layer model (default: configs/demo.yaml)")
+    p.add_argument("--steps-1l", type=positive_int, default=300, help="training steps of the 1-layer model")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

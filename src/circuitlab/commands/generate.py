@@ -8,33 +8,45 @@ EXAMPLE = 'circuitlab generate --checkpoint runs/demo/2l --prompt "Once upon a" 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands._args import positive_int
+
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
                    help="a run or checkpoint directory")
-    p.add_argument("--prompt", default="", help="text to continue")
-    p.add_argument("--max-tokens", type=int, default=60)
+    p.add_argument("--prompt", default="", help="text to continue (default: none, a new document from the "
+                                                "end-of-text token)")
+    p.add_argument("--max-tokens", type=positive_int, default=60)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num", type=int, default=1, help="number of samples")
+    p.add_argument("--num", type=positive_int, default=1, help="number of samples")
 
 
 def run(args: argparse.Namespace) -> int:
+    import warnings
+
     import torch
 
     from circuitlab.errors import CircuitlabError
+    from circuitlab.model.sampling import check_sampling
     from circuitlab.training import load_checkpoint
 
-    if args.max_tokens <= 0:
-        raise CircuitlabError("--max-tokens must be positive")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise CircuitlabError("--top-p must be in (0, 1]")
+    check_sampling(args.temperature, args.top_k, args.top_p, cli=True)  # before the model is loaded
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     if tokenizer is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
-    ids = tokenizer.encode(args.prompt) if args.prompt else [tokenizer.eos_id]
-    if len(ids) >= model.cfg.n_ctx:
-        raise CircuitlabError(f"the prompt is {len(ids)} tokens; the model's context is {model.cfg.n_ctx}")
+    ids = tokenizer.encode(args.prompt)
+    if not ids:  # said, not silently replaced: the samples then start a new document
+        warnings.warn("no prompt (or one that encodes to no tokens): sampling a new document from the "
+                      "end-of-text token")
+        ids = [tokenizer.eos_id]
+    n_ctx = model.cfg.n_ctx
+    if len(ids) >= n_ctx:
+        raise CircuitlabError(f"the prompt is {len(ids)} tokens; the model's context is {n_ctx} (and leaves no room "
+                              "to generate): shorten the prompt")
+    if len(ids) + args.max_tokens > n_ctx:
+        warnings.warn(f"the prompt ({len(ids)} tokens) plus --max-tokens {args.max_tokens} exceed the model's "
+                      f"context of {n_ctx}: tokens past it are predicted from the last {n_ctx} tokens only")
     gen = torch.Generator().manual_seed(args.seed)
     prompt = torch.tensor([ids] * args.num)
     out = model.generate(prompt, args.max_tokens, temperature=args.temperature, top_k=args.top_k,

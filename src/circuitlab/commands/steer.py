@@ -9,16 +9,18 @@ EXAMPLE = ("circuitlab steer --checkpoint runs/demo/2l --positive dragon.txt --n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands._args import finite_float, positive_int
+
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
     p.add_argument("--positive", required=True, help="text file, one prompt per line: what to steer towards")
     p.add_argument("--negative", required=True, help="text file, one prompt per line: what to steer away from")
     p.add_argument("--layer", type=int, required=True, help="add the direction to the residual before this layer")
-    p.add_argument("--coef", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0], help="coefficients to sweep")
+    p.add_argument("--coef", type=finite_float, nargs="+", default=[0.0, 1.0, 2.0, 4.0], help="coefficients to sweep")
     p.add_argument("--neutral", default=None, help="text file of neutral text for the loss cost "
                                                    "(default: 32 built-in stories the demo did not train on)")
     p.add_argument("--prompt", default="Once upon a time,", help="generations start from this prompt")
-    p.add_argument("--samples", type=int, default=8, help="generations per coefficient")
-    p.add_argument("--max-tokens", type=int, default=40)
+    p.add_argument("--samples", type=positive_int, default=8, help="generations per coefficient")
+    p.add_argument("--max-tokens", type=positive_int, default=40)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--count", default=None, help="a word to count in the generations (e.g. the positive set's topic)")
     p.add_argument("--seed", type=int, default=0)
@@ -42,6 +44,7 @@ def _prompts(path: str, tok, what: str) -> list:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import warnings
     from pathlib import Path
 
     import torch
@@ -50,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.atomic import atomic_write_text
     from circuitlab.data import generate_stories
     from circuitlab.errors import CircuitlabError
+    from circuitlab.model.sampling import check_sampling
     from circuitlab.training import load_checkpoint
 
-    if args.samples <= 0 or args.max_tokens <= 0:
-        raise CircuitlabError("--samples and --max-tokens must be positive")
+    check_sampling(args.temperature, cli=True)  # before the model is loaded
     model, tok, _ = load_checkpoint(args.checkpoint)
     if tok is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode prompts")
@@ -63,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         neutral = [torch.tensor(tok.encode(s)) for s in generate_stories(32, seed=2)]
     vector = contrast_direction(model, positive, negative, layer=args.layer)
-    prompt = torch.tensor([tok.encode(args.prompt) or [tok.eos_id]] * args.samples)
+    ids = tok.encode(args.prompt)
+    if not ids:  # said, not silently replaced
+        warnings.warn("--prompt is empty: generations start a new document from the end-of-text token")
+    prompt = torch.tensor([ids or [tok.eos_id]] * args.samples)
     samples: dict[str, list[str]] = {}
 
     def generations(m) -> float:  # run inside each coefficient's steering

@@ -13,12 +13,26 @@ from pathlib import Path
 from typing import Iterable
 
 from circuitlab.atomic import atomic_write_text
-from circuitlab.errors import CircuitlabError, ConfigError
+from circuitlab.errors import CircuitlabError, ConfigError, InputError
 
 EOS_TEXT = "<|endoftext|>"
 META_FILE = "tokenizer_meta.json"
 BPE_FILE = "tokenizer.json"
 VALID_SPECS = "char, byte, bpe, gpt2, hf:<name or local path>"
+
+
+def check_text(text: str, what: str = "the text") -> str:
+    """text itself, or an InputError when it is not a str or holds lone surrogates (what a JSON "\\ud800"
+    escape or undecodable command-line bytes give), which no tokenizer can encode."""
+    if not isinstance(text, str):
+        raise InputError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"{what} is not valid Unicode: {text[e.start]!r} at character {e.start} is a lone "
+                             "surrogate; send UTF-8 text") from None
+    return text
 
 
 class Tokenizer(ABC):
@@ -28,9 +42,13 @@ class Tokenizer(ABC):
     vocab_size: int
     eos_id: int
 
-    @abstractmethod
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text` (no EOS added)."""
+        """Token ids of `text` (no EOS added); an InputError for text that is not a valid Unicode string."""
+        return self._encode(check_text(text))
+
+    @abstractmethod
+    def _encode(self, text: str) -> list[int]:
+        """encode() of text already checked by check_text."""
 
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
@@ -92,7 +110,7 @@ class CharTokenizer(Tokenizer):
             raise CircuitlabError("The corpus has no characters, so the char tokenizer cannot be built; check the data source.")
         return cls(chars)
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         try:
             return [self.stoi[c] for c in text]
         except KeyError as e:
@@ -115,7 +133,7 @@ class ByteTokenizer(Tokenizer):
     vocab_size = 257
     eos_id = 256
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -162,7 +180,7 @@ class BPETokenizer(Tokenizer):
         tok.train_from_iterator(iter_batches(texts, 1000), trainer=trainer)
         return cls(tok)
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return self.hf.encode(text).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -201,7 +219,7 @@ class GPT2Tokenizer(Tokenizer):
         self.vocab_size = self.enc.n_vocab
         self.eos_id = self.enc.eot_token
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
@@ -236,7 +254,7 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = len(self.hf)
         self.eos_id = self.hf.eos_token_id
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:

@@ -7,6 +7,7 @@ and decode(list[int]) -> str.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,14 @@ SEED = 0
 
 
 def _prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
-    """The prompt's tokens [pos], keeping the last n_ctx."""
-    ids = tokenizer.encode(prompt or DEFAULT_PROMPT)
+    """The prompt's tokens [pos] (None: the default story prompt), keeping the last n_ctx, with a warning."""
+    ids = tokenizer.encode(DEFAULT_PROMPT if prompt is None else prompt)
     if not ids:
-        raise CircuitlabError("the prompt encodes to no tokens; give a non-empty --prompt")
+        raise CircuitlabError("the prompt is empty (or encodes to no tokens); give some text with --prompt, "
+                              "or leave --prompt out for the default story")
+    if len(ids) > model.cfg.n_ctx:  # said, not silently cut
+        warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's context of {model.cfg.n_ctx}: "
+                      f"only its last {model.cfg.n_ctx} tokens are analysed", stacklevel=2)
     return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
 
 

@@ -21,7 +21,7 @@ import torch
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.components import Rotary
-from circuitlab.model.transformer import Transformer
+from circuitlab.model.transformer import Transformer, check_device
 
 
 def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
@@ -31,6 +31,7 @@ def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
     Built on the meta device (no memory, no init), then given real but unwritten storage, which
     costs neither time nor resident memory until the weights are read in.
     """
+    device = check_device(device)
     with torch.device("meta"):
         model = Transformer(cfg).to(dtype)
     model.to_empty(device=device)

@@ -1,13 +1,40 @@
-"""Next-token sampling: temperature, top-k, top-p (nucleus)."""
+"""Next-token sampling: temperature, top-k, top-p (nucleus), and the one check of those options that
+`Transformer.generate`, `circuitlab generate` and `circuitlab steer` share."""
 from __future__ import annotations
 
+import math
+
 import torch
+
+from circuitlab.errors import InputError
+
+
+def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                   cli: bool = False) -> None:
+    """An InputError naming the first option out of range. cli: name the options as the command line
+    spells them (--top-k instead of top_k)."""
+    def name(option: str) -> str:
+        return "--" + option.replace("_", "-") if cli else option
+
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise InputError(f"{name('temperature')} must be a finite number >= 0 (0 = greedy decoding), "
+                         f"got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InputError(f"{name('top_k')} must be a whole number >= 1 (or left out for no limit), got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):  # NaN fails the comparison too
+        raise InputError(f"{name('top_p')} must be in (0, 1] (or left out for no limit), got {top_p!r}")
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [batch, d_vocab] -> token ids [batch]. temperature <= 0 means greedy (argmax)."""
-    if temperature <= 0:
+    """logits [batch, d_vocab] -> token ids [batch]. temperature 0 means greedy (argmax)."""
+    check_sampling(temperature, top_k, top_p)
+    if not bool(torch.isfinite(logits).all()):
+        raise InputError("the model's logits are not finite (NaN or inf): its weights or its inputs (e.g. a "
+                         "steering vector) hold NaN or inf values")
+    if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:

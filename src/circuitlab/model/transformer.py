@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from circuitlab.config import ModelConfig
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model import hooks as H
 from circuitlab.model.components import Block, LayerKV, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
+from circuitlab.model.tokens import check_tokens
 from circuitlab.model.weights import WeightViews
 
 
@@ -43,6 +44,21 @@ def frozen_parameters(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """A device name ("cpu", "cuda", "cuda:1", "mps") as a torch.device this machine has, or an InputError
+    saying what it has instead."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+        raise InputError(f"device {device!r} is not available: this machine has {have}; use cpu")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"device {device!r} is not available on this machine; use cpu")
+    return dev
 
 
 class Transformer(WeightViews, nn.Module):
@@ -83,14 +99,9 @@ class Transformer(WeightViews, nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, tokens: torch.Tensor, kv_cache: "KVCache | None" = None) -> torch.Tensor:
         """tokens [batch, pos] (int) -> logits [batch, pos, d_vocab]."""
-        if tokens.dim() == 1:
-            tokens = tokens[None]
-        T = tokens.shape[1]
         offset = kv_cache.length if kv_cache is not None else 0
-        if offset + T > self.cfg.n_ctx:
-            raise CircuitlabError(
-                f"sequence length {offset + T} exceeds the model's context n_ctx={self.cfg.n_ctx}"
-            )
+        tokens = check_tokens(tokens, self.cfg, offset=offset, allow_empty=True)
+        T = tokens.shape[1]
         x = self.hook_embed(self.embed(tokens))
         if self.cfg.positional == "learned":
             pos = torch.arange(offset, offset + T, device=tokens.device)
@@ -108,6 +119,11 @@ class Transformer(WeightViews, nn.Module):
         loss_mask [batch, pos] (bool) keeps only the marked targets. Returns a scalar mean,
         or [batch, pos] when per_token.
         """
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 2 or tokens.shape[1] < 2:
+            raise InputError(f"the loss needs tokens [batch, pos+1] with at least 2 tokens per row (inputs and "
+                             f"their next tokens), got shape {tuple(tokens.shape)}")
+        check_tokens(tokens[:, 1:], self.cfg, "the loss's target tokens")  # the inputs are checked by forward
         logits = self(tokens[:, :-1])
         return lm_loss(logits, tokens[:, 1:], loss_mask, per_token)
 
@@ -203,10 +219,12 @@ class Transformer(WeightViews, nn.Module):
         """Sample continuations. tokens [batch, pos] -> [batch, pos + new] (stops early at eos_id when
         every row has produced it). temperature 0 is greedy. Past n_ctx the context is cropped to
         the last n_ctx tokens and decoding continues without the cache."""
-        from circuitlab.model.sampling import sample_next
+        from circuitlab.model.sampling import check_sampling, sample_next
 
-        if tokens.dim() == 1:
-            tokens = tokens[None]
+        check_sampling(temperature, top_k, top_p)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InputError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+        tokens = check_tokens(tokens, self.cfg, "the prompt tokens")
         out = tokens
         cache = KVCache(self.cfg.n_layers) if use_cache else None
         next_input = tokens

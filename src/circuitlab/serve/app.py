@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from circuitlab.errors import CircuitlabError
@@ -79,7 +79,7 @@ class AnalyseRequest(BaseModel):
         default=None, description="token for direct logit attribution: a token id, or text that is one token; "
                                   "default the model's top prediction")
     position: StrictInt | None = Field(default=None, description="position for DLA (default: the last token)")
-    figures: bool = Field(default=False, description="also return plotly figure JSON of the three views")
+    figures: StrictBool = Field(default=False, description="also return plotly figure JSON of the three views")
 
 
 class AdderRequest(BaseModel):

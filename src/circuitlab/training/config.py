@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from circuitlab.config import ModelConfig
@@ -58,19 +60,39 @@ class RunConfig:
     description: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.data, dict):
+        if not isinstance(self.data, DataConfig):  # a section of the wrong type (`data: 5`) is refused here
             self.data = _build(DataConfig, self.data, "data")
-        if isinstance(self.train, dict):
+        if not isinstance(self.train, TrainConfig):
             self.train = _build(TrainConfig, self.train, "train")
+        for name, kind in (("name", str), ("description", str), ("needs", list)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"{name} must be a {'list' if kind is list else 'string'}, "
+                                  f"got {getattr(self, name)!r}")
         _check_types(self.train, "train")
         t = self.train
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "eval_every", "eval_batches",
                      "ckpt_every", "track_every", "log_every"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        for name in ("warmup_steps", "threads"):
+            if getattr(t, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(t, name)}")
         parse_log(t.log)
-        if t.lr <= 0:
-            raise ConfigError(f"train.lr must be positive, got {t.lr}")
+        # Each float in its range; `not low <= x <= high` also refuses NaN.
+        for name, low, high, rule in (("lr", 0.0, math.inf, "a finite number > 0"),
+                                      ("min_lr_frac", 0.0, 1.0, "from 0 to 1"),
+                                      ("weight_decay", 0.0, math.inf, "a finite number >= 0"),
+                                      ("beta1", 0.0, 1.0, "from 0 to below 1"), ("beta2", 0.0, 1.0, "from 0 to below 1"),
+                                      ("grad_clip", 0.0, math.inf, "a finite number >= 0 (0 disables clipping)")):
+            value = getattr(t, name)
+            if not low <= value <= high or math.isinf(value) or (name == "lr" and value == 0) \
+                    or (name.startswith("beta") and value == 1):
+                raise ConfigError(f"train.{name} must be {rule}, got {value}")
+        if t.device != "auto":
+            try:
+                torch.device(t.device)
+            except (RuntimeError, TypeError):
+                raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {t.device!r}") from None
         if t.batch_size % t.grad_accum:
             raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
         if not isinstance(self.model, dict):

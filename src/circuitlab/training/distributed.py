@@ -9,11 +9,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from circuitlab.model import check_device
+
 
 def setup(device: str = "auto") -> tuple[int, int, str]:
     """Returns (rank, world_size, device); initialises the process group under torchrun."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(device)  # one line for "cuda" on a machine without one
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1, device

@@ -92,6 +92,9 @@ def select_circuit(scores: EdgeScores, n: int | None = None, threshold: float | 
         raise CircuitlabError("choose the circuit by exactly one of n (number of edges) or threshold (|score|)")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise CircuitlabError(f"n must be a positive number of edges, got {n!r}")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0 <= threshold < float("inf")):  # NaN fails the comparison too
+        raise CircuitlabError(f"threshold must be a finite |score| >= 0, got {threshold!r}")
     if greedy and n is None:
         raise CircuitlabError("greedy selection grows a circuit to n edges; give n, not a threshold")
     if threshold is not None:

@@ -1,0 +1,288 @@
+"""One line for every bad input: each CLI case (run in-process through circuitlab.cli.main) exits 2 with one
+line on stderr naming the problem and no traceback; each explorer request gets a 4xx JSON answer; each
+Python API call raises a CircuitlabError subclass. Tiny models, built once for the module."""
+import errno
+import json
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+import circuitlab.atomic as atomic
+from circuitlab import ModelConfig, Transformer
+from circuitlab.cli import main
+from circuitlab.data.tokenizers import ByteTokenizer, CharTokenizer
+from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.model.sampling import sample_next
+from circuitlab.serve import create_app
+from circuitlab.training import RunConfig, save_checkpoint
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TEXT = "Once upon a time, Lily saw a cat. The cat was happy. Lily said hello to the cat."
+N_CTX = 24
+
+
+@pytest.fixture(scope="module")
+def where(tmp_path_factory):
+    """Paths the cases refer to as {run}, {bytes}, {notok}, {file}, {tmp}, {prompts}, {config_*}."""
+    root = tmp_path_factory.mktemp("bad_input")
+    torch.manual_seed(0)
+    char = CharTokenizer.from_texts([TEXT])
+    save_checkpoint(root / "run" / "checkpoint",
+                    Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=char.vocab_size, n_ctx=N_CTX)),
+                    char)
+    byte = ByteTokenizer()
+    save_checkpoint(root / "bytes" / "checkpoint",
+                    Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=byte.vocab_size, n_ctx=N_CTX)),
+                    byte)
+    (root / "afile").write_text("not a folder")
+    (root / "prompts.txt").write_text("Lily saw\nthe cat\n")
+    for name, text in (("train5", "train: 5\n"), ("data_list", "data: [1, 2]\n"), ("model5", "model: 5\n"),
+                       ("a_list", "- 1\n")):
+        (root / f"{name}.yaml").write_text(text)
+    paths = {"run": root / "run", "bytes": root / "bytes", "file": root / "afile", "tmp": root,
+             "prompts": root / "prompts.txt"}
+    paths.update({f"config_{n}": root / f"{n}.yaml" for n in ("train5", "data_list", "model5", "a_list")})
+    return {k: str(v) for k, v in paths.items()}
+
+
+# (command line, a fragment the one-line message must hold). {name} is filled from `where`.
+DEMO = "train --config demo --no-progress --out {tmp}/never"
+STEER = "steer --checkpoint {run} --positive {prompts} --negative {prompts} --neutral {prompts} --layer 0"
+CLI_CASES = [
+    # sampling options (one validator: model.sampling.check_sampling, also used by steer and generate())
+    ("generate --checkpoint {run} --temperature nan", "--temperature must be a finite number >= 0"),
+    ("generate --checkpoint {run} --temperature -1", "--temperature must be a finite number >= 0"),
+    ("generate --checkpoint {run} --temperature inf", "--temperature must be a finite number >= 0"),
+    ("generate --checkpoint {run} --top-k 0", "--top-k must be a whole number >= 1"),
+    ("generate --checkpoint {run} --top-k -3", "--top-k must be a whole number >= 1"),
+    ("generate --checkpoint {run} --top-p 0", "--top-p must be in (0, 1]"),
+    ("generate --checkpoint {run} --top-p nan", "--top-p must be in (0, 1]"),
+    ("generate --checkpoint {run} --num 0", "argument --num: must be a whole number >= 1"),
+    ("generate --checkpoint {run} --num -2", "argument --num: must be a whole number >= 1"),
+    ("generate --checkpoint {run} --max-tokens 0", "argument --max-tokens: must be a whole number >= 1"),
+    ("generate --checkpoint {run} --num many", "argument --num: must be a whole number >= 1, got 'many'"),
+    ("generate --checkpoint {run} --prompt " + "x" * 40, "not in the char tokenizer's vocabulary"),
+    ("generate --checkpoint {run} --prompt '" + "Lily saw a cat. " * 2 + "'", "the model's context is 24"),
+    ("generate --checkpoint {tmp}/nothing", "checkpoint not found"),
+    ("generate --prompt hello", "the following arguments are required: --checkpoint"),
+    (STEER + " --temperature -0.5", "--temperature must be a finite number >= 0"),
+    (STEER + " --samples 0", "argument --samples: must be a whole number >= 1"),
+    (STEER + " --coef 1 nan", "argument --coef: must be a finite number"),
+    (STEER + " --layer 7", "layer 7 is out of range"),
+    # config sections and fields of the wrong type or out of range
+    ("train --config {config_train5} --out {tmp}/never", "train must be a mapping, got int"),
+    ("train --config {config_data_list} --out {tmp}/never", "data must be a mapping, got list"),
+    ("train --config {config_model5} --out {tmp}/never", "model must be a mapping"),
+    ("train --config {config_a_list} --out {tmp}/never", "must hold a mapping with model/data/train sections"),
+    (DEMO + " --set data=5", "data must be a mapping, got int"),
+    (DEMO + " --set train.lr=nan", "train.lr must be a finite number > 0, got nan"),
+    (DEMO + " --set train.lr=0", "train.lr must be a finite number > 0"),
+    (DEMO + " --set train.warmup_steps=-1", "train.warmup_steps must be >= 0"),
+    (DEMO + " --set train.weight_decay=-0.1", "train.weight_decay must be a finite number >= 0"),
+    (DEMO + " --set train.grad_clip=inf", "train.grad_clip must be a finite number >= 0"),
+    (DEMO + " --set train.beta2=1", "train.beta2 must be from 0 to below 1"),
+    (DEMO + " --set train.min_lr_frac=2", "train.min_lr_frac must be from 0 to 1"),
+    (DEMO + " --set train.threads=-1", "train.threads must be >= 0"),
+    (DEMO + " --set train.device=tpu", "train.device must be auto, cpu, cuda or cuda:N"),
+    (DEMO + " --set train.steps=abc", "train.steps must be int, got 'abc'"),
+    (DEMO + " --set name=5", "name must be a string"),
+    (DEMO + " --set needs=gpu", "needs must be a list"),
+    (DEMO + " --set train.stepz=3", "unknown field(s) in train: stepz (did you mean 'steps'?)"),
+    (DEMO + " --set train.steps", "--set expects key=value"),
+    # output paths that cannot be written
+    ("train --config demo --no-progress --out {file}", "is a file; give a folder for the run"),
+    ("train --config demo --no-progress --out {file}/run", "part of the path is a file, not a folder"),
+    ("interpret --checkpoint {run} --experiments heads --out {file}", "is a file; give a folder"),
+    ("export --checkpoint {run} --out {file}", "is a file; give a folder for the export"),
+    ("attribute --checkpoint {run} --prompt Lily --out {tmp}/a.txt", "give a file name ending in .html"),
+    ("attribute --checkpoint {run} --prompt Lily --out {file}/a.json", "exists and is not a folder"),
+    (STEER + " --samples 1 --max-tokens 2 --coef 0 --out {file}", "exists and is not a folder"),
+    ("forge compare --out {file}", "is a file; give a folder"),
+    # other commands' options
+    ("attribute --checkpoint {run} --prompt ''", "the prompt is empty"),
+    ("attribute --checkpoint {run} --prompt Lily --steps 0", "steps must be a positive integer"),
+    ("attribute --checkpoint {run} --prompt Lily --pos 9", "pos 9 is outside the sequence"),
+    ("attribute --checkpoint {run} --prompt Lily --method occlusion --span 0", "span must be an integer"),
+    ("attribute --checkpoint {run} --prompt Lily --method nope", "argument --method: invalid choice"),
+    ("interpret --checkpoint {run} --experiments nope --out {tmp}/i", "unknown experiment(s) nope"),
+    ("interpret --checkpoint {run} --experiments logit_lens --prompt '' --out {tmp}/i", "the prompt is empty"),
+    ("interpret --checkpoint {run} --experiments patching --clean Lily --out {tmp}/i", "--clean and --corrupt go"),
+    ("circuit --checkpoint {run} --task induction --threshold nan --out {tmp}/c", "threshold must be a finite"),
+    ("circuit --checkpoint {run} --task induction --edges 0 --out {tmp}/c", "n must be a positive number of edges"),
+    ("circuit --checkpoint {run} --task induction --steps 0 --out {tmp}/c", "steps must be a positive integer"),
+    ("circuit --checkpoint {run} --task induction --metric nope --out {tmp}/c", "unknown metric 'nope'"),
+    ("circuit --checkpoint {run}", "give --clean and --corrupt prompt files"),
+    ("forge adder --digits 0 --check", "n_digits_a must be an integer from 1 to 40"),
+    ("forge adder --a 1", "give both --a and --b"),
+    ("forge compare --steps 0 --out {tmp}/fc", "steps must be a positive whole number"),
+    ("forge", "choose a forge command"),
+    ("serve --checkpoint {run} --port 0", "--port must be from 1 to 65535"),
+    ("serve --checkpoint {run} --max-tokens 0", "max_tokens must be a positive whole number"),
+    ("serve --checkpoint {run} --device tpu", "unknown device 'tpu'"),
+    ("serve --checkpoint {run} --device cuda:99", "is not available"),
+    ("demo --steps 0 --out {tmp}/d", "argument --steps: must be a whole number >= 1"),
+    ("demo --steps-1l -5 --out {tmp}/d", "argument --steps-1l: must be a whole number >= 1"),
+    ("info --preset nope", "unknown model preset 'nope'"),
+    ("import {tmp}/nothing --out {tmp}/m", "checkpoint folder not found"),
+    ("import {run} --out {tmp}/m", "has no config.json"),
+    ("nosuchcommand", "invalid choice: 'nosuchcommand'"),
+]
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's errors
+        return e.code
+
+
+def _assert_one_line_error(code, err: str, fragment: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = [line for line in err.strip().splitlines() if "warning:" not in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("circuitlab") and ": error: " in lines[0], err
+    assert fragment in lines[0], err
+
+
+@pytest.mark.parametrize("command, fragment", CLI_CASES, ids=[c for c, _ in CLI_CASES])
+def test_bad_command_line_is_one_line_and_exit_2(where, command, fragment, capsys):
+    import shlex
+
+    argv = [part.format(**where) for part in shlex.split(command)]
+    code = _run(argv)
+    _assert_one_line_error(code, capsys.readouterr().err, fragment)
+
+
+@pytest.mark.parametrize("err, fragment", [
+    (OSError(errno.ENOSPC, "No space left on device"), "no space left on the device"),
+    (PermissionError(errno.EACCES, "Permission denied", "/somewhere/a.json"), "/somewhere/a.json: permission denied"),
+    (OSError(errno.EROFS, "Read-only file system", "/ro/a.json"), "the file system is read-only"),
+])
+def test_a_full_disk_or_unwritable_output_is_one_line_and_leaves_no_file(where, err, fragment, monkeypatch, capsys,
+                                                                          tmp_path):
+    def fail(*_):
+        raise err
+
+    monkeypatch.setattr(atomic.os, "fsync", fail)  # every atomic write fsyncs before its rename
+    out = tmp_path / "a.json"
+    code = _run(["attribute", "--checkpoint", where["run"], "--prompt", "Lily", "--out", str(out)])
+    _assert_one_line_error(code, capsys.readouterr().err, fragment)
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temp
+
+
+def test_silent_changes_of_meaning_are_said(where):
+    """An empty prompt, a generation past the context and an over-long prompt still run, but say so (a
+    warning, which the CLI prints as one line)."""
+    with pytest.warns(UserWarning, match="no prompt"):
+        assert _run(["generate", "--checkpoint", where["run"], "--prompt", "", "--max-tokens", "3"]) == 0
+    with pytest.warns(UserWarning, match="exceed the model's context of 24"):
+        assert _run(["generate", "--checkpoint", where["run"], "--prompt", "Lily", "--max-tokens", "30"]) == 0
+    with pytest.warns(UserWarning, match="only its last 24 tokens are analysed"):
+        assert _run(["interpret", "--checkpoint", where["run"], "--experiments", "logit_lens",
+                     "--prompt", "Lily saw a cat. " * 3, "--out", where["tmp"] + "/lens"]) == 0
+
+
+# ---------------------------------------------------------------------------- the explorer
+
+
+EXPLORER_CASES = [  # (run, method, url, raw JSON body, status, fragment of "detail")
+    ("bytes", "post", "/api/analyse", '{"prompt": "\\ud800abc"}', 422, "not valid Unicode"),
+    ("bytes", "post", "/api/analyse", '{"prompt": "Lily", "target": "\\udc80"}', 422, "not valid Unicode"),
+    ("run", "post", "/api/analyse", '{"prompt": "\\ud800abc"}', 422, "not valid Unicode"),
+    ("run", "post", "/api/analyse", '{"prompt": 5}', 422, "prompt: Input should be a valid string"),
+    ("run", "post", "/api/analyse", '{"prompt": ["Lily"]}', 422, "prompt: Input should be a valid string"),
+    ("run", "post", "/api/analyse", '{"prompt": null}', 422, "prompt"),
+    ("run", "post", "/api/analyse", '["Lily"]', 422, "the request needs a JSON object body"),
+    ("run", "post", "/api/analyse", '"Lily"', 422, "the request needs a JSON object body"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily", "figures": "yes"}', 422, "figures"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily", "target": 1.5}', 422, "target"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily", "target": -1}', 422, "outside the vocabulary"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily", "position": 99}', 422, "position 99 is outside"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily", "extra": 1}', 422, "extra"),
+    ("run", "post", "/api/analyse", '{"prompt": "   "}', 422, "the prompt is empty"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily", "prompt": 3}', 422, "prompt"),
+    ("run", "post", "/api/analyse", '{"prompt": "Lily"', 422, "not valid JSON"),
+    ("run", "post", "/api/adder", '{"a": "\\ud800", "b": 3}', 422, "a must be a whole number"),
+    ("run", "post", "/api/adder", '{"a": 1e400, "b": 3}', 422, "a: should be"),
+    ("run", "post", "/api/adder", '{"a": 1, "b": 3, "digits": "x"}', 422, "digits"),
+    ("run", "post", "/api/adder", '{"a": 1, "b": 3, "design": 5}', 422, "design"),
+    ("run", "get", "/api/adder?a=1", None, 422, "b: Field required"),
+    ("run", "get", "/api/features?dictionary=x", None, 409, "no dictionary loaded"),
+    ("run", "post", "/api/features/prompt", '{"dictionary": 5, "prompt": "x"}', 422, "dictionary"),
+]
+
+
+@pytest.fixture(scope="module")
+def clients(where):
+    return {name: TestClient(create_app(where[name], max_tokens=N_CTX), raise_server_exceptions=False)
+            for name in ("run", "bytes")}
+
+
+@pytest.mark.parametrize("run, method, url, body, status, fragment", EXPLORER_CASES,
+                         ids=[f"{c[0]}-{c[2]}-{c[3]}" for c in EXPLORER_CASES])
+def test_bad_explorer_request_is_a_4xx_json_line(clients, run, method, url, body, status, fragment):
+    r = clients[run].request(method.upper(), url, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    detail = r.json()["detail"]
+    assert fragment in detail and "\n" not in detail, detail
+
+
+# ---------------------------------------------------------------------------- the Python API
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8))
+
+
+ok = torch.tensor([[1, 2, 3]])
+API_CASES = [  # (what, call(model), error fragment)
+    ("id >= d_vocab", lambda m: m(torch.tensor([[1, 20]])), "id 20, outside the vocabulary [0, 20)"),
+    ("negative id", lambda m: m(torch.tensor([[1, -1]])), "id -1, outside the vocabulary"),
+    ("float ids", lambda m: m(torch.tensor([[1.0, 2.0]])), "must be integer token ids"),
+    ("bool ids", lambda m: m(torch.tensor([[True]])), "must be integer token ids"),
+    ("3-d ids", lambda m: m(torch.zeros(1, 2, 3, dtype=torch.long)), "shaped [batch, pos] or [pos]"),
+    ("0-d ids", lambda m: m(torch.tensor(3)), "shaped [batch, pos] or [pos]"),
+    ("past n_ctx", lambda m: m(torch.zeros(1, 9, dtype=torch.long)), "exceeds the model's context n_ctx=8"),
+    ("run_with_cache", lambda m: m.run_with_cache(torch.tensor([[25]])), "outside the vocabulary"),
+    ("run_with_hooks", lambda m: m.run_with_hooks(torch.tensor([[25]])), "outside the vocabulary"),
+    ("loss target id", lambda m: m.loss(torch.tensor([[1, 2, 25]])), "target tokens hold id 25"),
+    ("loss of one token", lambda m: m.loss(torch.tensor([[1]])), "at least 2 tokens per row"),
+    ("temperature nan", lambda m: m.generate(ok, 2, temperature=float("nan")), "temperature must be a finite"),
+    ("temperature < 0", lambda m: m.generate(ok, 2, temperature=-1.0), "temperature must be a finite number >= 0"),
+    ("top_k 0", lambda m: m.generate(ok, 2, top_k=0), "top_k must be a whole number >= 1"),
+    ("top_k float", lambda m: m.generate(ok, 2, top_k=2.5), "top_k must be a whole number >= 1"),
+    ("top_p 2", lambda m: m.generate(ok, 2, top_p=2.0), "top_p must be in (0, 1]"),
+    ("max_new_tokens < 0", lambda m: m.generate(ok, -1), "max_new_tokens must be a whole number >= 0"),
+    ("empty prompt", lambda m: m.generate(torch.zeros(1, 0, dtype=torch.long), 2), "at least one token"),
+    ("prompt id", lambda m: m.generate(torch.tensor([[30]]), 2), "outside the vocabulary"),
+    ("sample_next on NaN logits", lambda m: sample_next(torch.full((1, 20), float("nan"))), "not finite"),
+    ("text with a lone surrogate", lambda m: ByteTokenizer().encode("a\ud800"), "not valid Unicode"),
+    ("text not a string", lambda m: ByteTokenizer().encode(b"abc"), "must be a string"),
+    ("config section", lambda m: RunConfig.from_dict({"train": 5}), "train must be a mapping, got int"),
+    ("config lr", lambda m: RunConfig.from_dict({"train": {"lr": float("nan")}}), "train.lr must be a finite"),
+    ("model config", lambda m: ModelConfig(d_model=0), "ModelConfig.d_model must be positive"),
+]
+
+
+@pytest.mark.parametrize("what, call, fragment", API_CASES, ids=[c[0] for c in API_CASES])
+def test_bad_python_input_raises_a_circuitlab_error(model, what, call, fragment):
+    with pytest.raises(CircuitlabError) as info:
+        call(model)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_input_errors_are_value_errors_too(model):
+    """Code that catches ValueError (as it would have for torch's own errors) keeps working."""
+    with pytest.raises(ValueError):
+        model(torch.tensor([[99]]))
+    assert issubclass(InputError, CircuitlabError)
+
+
+def test_the_explorer_and_the_json_it_returns_survive_the_table(clients):
+    r = clients["run"].post("/api/analyse", json={"prompt": "Lily"})
+    assert r.status_code == 200 and json.loads(r.text)["tokens"]
