@@ -36,12 +36,14 @@ def where(tmp_path_factory):
     save_checkpoint(root / "bytes" / "checkpoint",
                     Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=byte.vocab_size, n_ctx=N_CTX)),
                     byte)
+    save_checkpoint(root / "notok" / "checkpoint",  # an imported model without its tokenizer
+                    Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=30, n_ctx=N_CTX)))
     (root / "afile").write_text("not a folder")
     (root / "prompts.txt").write_text("Lily saw\nthe cat\n")
     for name, text in (("train5", "train: 5\n"), ("data_list", "data: [1, 2]\n"), ("model5", "model: 5\n"),
                        ("a_list", "- 1\n")):
         (root / f"{name}.yaml").write_text(text)
-    paths = {"run": root / "run", "bytes": root / "bytes", "file": root / "afile", "tmp": root,
+    paths = {"run": root / "run", "bytes": root / "bytes", "notok": root / "notok", "file": root / "afile", "tmp": root,
              "prompts": root / "prompts.txt"}
     paths.update({f"config_{n}": root / f"{n}.yaml" for n in ("train5", "data_list", "model5", "a_list")})
     return {k: str(v) for k, v in paths.items()}
@@ -109,6 +111,8 @@ CLI_CASES = [
     ("interpret --checkpoint {run} --experiments nope --out {tmp}/i", "unknown experiment(s) nope"),
     ("interpret --checkpoint {run} --experiments logit_lens --prompt '' --out {tmp}/i", "the prompt is empty"),
     ("interpret --checkpoint {run} --experiments patching --clean Lily --out {tmp}/i", "--clean and --corrupt go"),
+    ("interpret --checkpoint {notok} --experiments circuits logit_lens --out {tmp}/i", "so logit_lens cannot encode"),
+    ("generate --checkpoint {notok}", "has no tokenizer saved with it"),
     ("circuit --checkpoint {run} --task induction --threshold nan --out {tmp}/c", "threshold must be a finite"),
     ("circuit --checkpoint {run} --task induction --edges 0 --out {tmp}/c", "n must be a positive number of edges"),
     ("circuit --checkpoint {run} --task induction --steps 0 --out {tmp}/c", "steps must be a positive integer"),
@@ -124,6 +128,10 @@ CLI_CASES = [
     ("serve --checkpoint {run} --device cuda:99", "is not available"),
     ("demo --steps 0 --out {tmp}/d", "argument --steps: must be a whole number >= 1"),
     ("demo --steps-1l -5 --out {tmp}/d", "argument --steps-1l: must be a whole number >= 1"),
+    ("sae eval --dictionary {tmp}/d --checkpoint {run} --batches 0", "argument --batches: must be a whole number"),
+    ("sae dashboards --dictionary {tmp}/d --checkpoint {run} --tokens 0", "argument --tokens: must be a whole"),
+    ("sae demo --model-steps 0 --out {tmp}/f", "argument --model-steps: must be a whole number >= 1"),
+    ("sae train --config {tmp}/none.yaml", "not found"),
     ("info --preset nope", "unknown model preset 'nope'"),
     ("import {tmp}/nothing --out {tmp}/m", "checkpoint folder not found"),
     ("import {run} --out {tmp}/m", "has no config.json"),
@@ -183,6 +191,15 @@ def test_silent_changes_of_meaning_are_said(where):
     with pytest.warns(UserWarning, match="only its last 24 tokens are analysed"):
         assert _run(["interpret", "--checkpoint", where["run"], "--experiments", "logit_lens",
                      "--prompt", "Lily saw a cat. " * 3, "--out", where["tmp"] + "/lens"]) == 0
+
+
+def test_weights_only_analyses_run_on_a_model_without_a_tokenizer(where, capsys):
+    """`interpret circuits heads` need no text: they run on token ids (heatmaps labelled <id>)."""
+    out = where["tmp"] + "/weights_only"
+    assert _run(["interpret", "--checkpoint", where["notok"], "--experiments", "circuits", "heads", "--out", out]) == 0
+    results = json.loads(open(out + "/results.json").read())
+    assert results["experiments"] == ["circuits", "heads"] and results["circuits"]["figures"]
+    assert "direct_path.png" in results["circuits"]["figures"] and results["circuits"]["direct_path_top_pairs"]
 
 
 # ---------------------------------------------------------------------------- the explorer

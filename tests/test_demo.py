@@ -63,3 +63,53 @@ def test_causal_evidence_reads_recovery_paths_and_ablation():
     text = "\n".join(causal_paragraph(evidence))
     assert "L1H0 75%" in text and "K-composition" in text and "from 2.00 to 5.00" in text
     assert causal_paragraph({}) == []
+
+
+def test_the_narrative_of_a_demo_that_formed_no_induction_heads_claims_nothing_it_did_not_show():
+    from circuitlab.report.markdown import demo_narrative
+
+    def model(n_layers, repeat_loss):
+        return {"n_layers": n_layers, "steps": 5, "tokens_seen": 1000, "best_val_loss": 6.25, "phase_change": None,
+                "induction_heads": [], "previous_token_heads": [], "induction_evidence": [], "rejected": [],
+                "repeat_loss": repeat_loss, "heads": [{"induction_score": 0.01}]}
+
+    group = {"heads": ["L1H0"], "repeated_loss": [6.251, 6.252], "first_half_loss": [6.25, 6.25]}
+    head_out = {"clean_value": -6.25, "corrupt_value": -6.27, "values": [[-6.26], [-6.25]], "gap_noise": 0.0}
+    evidence = causal_evidence({"induction_heads": [], "previous_token_heads": ["L0H0"]},
+                               {"patching": {"patching": {"head_out": head_out}}, "ablation": {"group": group}})
+    assert "patching_recovery" not in evidence and "within noise" in evidence["patching_noise"]
+    text = "\n".join(demo_narrative({"models": {"2l": model(2, 6.25), "1l": model(1, 6.25)},
+                                     "causal_evidence": evidence}))
+    assert "One layer cannot compose" not in text and "raises" not in text
+    assert "formed no induction head either" in text and "No induction head" in text
+    assert "stayed at about 6.25" in text and "recovery fractions are meaningless" in text
+    # The positive case keeps its sentence.
+    two, one = model(2, 1.0), model(1, 6.25)
+    two["induction_heads"] = ["L1H0"]
+    assert "One layer cannot compose" in "\n".join(demo_narrative({"models": {"2l": two, "1l": one}}))
+
+
+def test_the_demo_keeps_an_earlier_demo_renamed_and_refuses_other_files(tmp_path, monkeypatch, capsys):
+    import circuitlab.experiments.demo as demo
+    from circuitlab.errors import CircuitlabError
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        raise Stop  # right after the output folder is prepared: no training
+
+    monkeypatch.setattr(demo, "matmul_gflops", stop)
+    out = tmp_path / "demo"
+    (out / "2l").mkdir(parents=True)
+    (out / "results.json").write_text("{}")
+    with pytest.raises(Stop):
+        run_demo(DemoOptions(out=out, progress=False))
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("demo.")]
+    assert len(kept) == 1 and (kept[0] / "results.json").is_file() and "moved the previous demo" in capsys.readouterr().out
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(CircuitlabError, match="already holds other files"):
+        run_demo(DemoOptions(out=other, progress=False))
+    assert (other / "notes.txt").read_text() == "keep me"

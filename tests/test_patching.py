@@ -293,3 +293,35 @@ def test_bad_input_fails_before_any_forward_pass():
         with pytest.raises(CircuitlabError, match=msg):
             parse_component(model, spec)
     assert counter.n == 0
+
+
+def test_a_gap_within_noise_is_flagged_and_its_recoveries_called_meaningless():
+    """Rule (patching_metrics.GAP_FLOOR / gap_noise): |clean - corrupted| below max(0.1, 2 standard errors of
+    the per-prompt gaps) means the recovery fractions mean nothing."""
+    from circuitlab.analysis.patching import GAP_FLOOR, gap_noise, gap_within_noise
+
+    torch.manual_seed(0)
+    flat = Transformer(CONFIGS["gpt2"])
+    with torch.no_grad():
+        for p in flat.parameters():
+            p.mul_(0.1)  # logits nearly uniform: a corruption of the first token barely moves them
+    clean, other = prompts(batch=8)
+    corrupt = torch.cat([other[:, :1], clean[:, 1:]], dim=1)
+    res = activation_patching(flat, clean, corrupt, logprob(3), "head_out", progress=False)
+    assert abs(res.clean_value - res.corrupt_value) < GAP_FLOOR and res.gap_within_noise
+    assert "within noise" in res.noise_note() and res.to_dict()["gap_within_noise"] is True
+    from tiny_trained import HALF, induction_model, repeated_batch
+
+    gen = torch.Generator().manual_seed(5)
+    repeated, fresh = repeated_batch(8, gen), repeated_batch(8, gen)
+    first_half_changed = torch.cat([fresh[:, :HALF], repeated[:, HALF:]], dim=1)
+    answer = logprob(repeated[:, -1], pos=-2)  # the induction answer: predictable only when the halves match
+    sharp = activation_patching(induction_model(), repeated, first_half_changed, answer, "head_out", progress=False)
+    assert abs(sharp.clean_value - sharp.corrupt_value) > 1 and not sharp.gap_within_noise
+    assert sharp.noise_note() is None and 0 < sharp.gap_noise < abs(sharp.clean_value - sharp.corrupt_value)
+    # A mean gap above the floor whose prompts disagree in sign is within two standard errors: noise.
+    logits_clean, logits_corrupt = torch.zeros(2, 1, 4), torch.zeros(2, 1, 4)
+    logits_clean[0, 0, 0], logits_clean[1, 0, 1] = 2.0, 1.6  # per-row logit diff 0-1: +2.0, -1.6 (mean +0.2)
+    noise = gap_noise(logit_diff(0, 1), logits_clean, logits_corrupt)
+    assert noise == pytest.approx(2 * torch.tensor([2.0, -1.6]).std().item() / 2 ** 0.5)
+    assert gap_within_noise(0.2, 0.0, noise) and not gap_within_noise(0.2, 0.0, 0.0)

@@ -41,8 +41,9 @@ from circuitlab.analysis.patching_checks import (DIRECTIONS, as_tokens, check_di
                                                  check_metric, check_pair, check_request)
 from circuitlab.analysis.patching_engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
                                                  logits_buffer, patched_logits, patched_run, sweep)
-from circuitlab.analysis.patching_metrics import (Metric, kl_to_clean, logit_diff, logprob, metric_value,  # noqa: F401
-                                                  next_token_loss, normalized, read_positions)
+from circuitlab.analysis.patching_metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
+                                                  kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,
+                                                  normalized, read_positions)
 from circuitlab.analysis.patching_targets import (DEFAULT_TARGETS, TARGETS, Target, available_targets,  # noqa: F401
                                                   default_targets, get_target)
 from circuitlab.display import Displayed
@@ -57,6 +58,8 @@ class PatchResult(Displayed):
     values [layer, *axes]: e.g. [layer, pos, head] for head_out_by_pos (layers as in `layers`);
     clean_value / corrupt_value: the metric on the unpatched clean and corrupted runs;
     method: "activation" (real patching) or "attribution" (its linear approximation).
+    gap_noise: two standard errors of the per-prompt clean - corrupted gap (0.0 when unknown); with
+    GAP_FLOOR it decides `gap_within_noise`, when recovery fractions mean nothing (patching_metrics).
     """
 
     target: str
@@ -68,6 +71,21 @@ class PatchResult(Displayed):
     direction: str = "denoise"
     method: str = "activation"
     metric: str = "metric"
+    gap_noise: float = 0.0
+
+    @property
+    def gap_within_noise(self) -> bool:
+        """The clean - corrupted gap is below max(GAP_FLOOR, gap_noise): recovery() is not meaningful."""
+        return gap_within_noise(self.clean_value, self.corrupt_value, self.gap_noise)
+
+    def noise_note(self) -> str | None:
+        """A sentence saying the recovery fractions are meaningless, or None when the gap is clear of noise."""
+        if not self.gap_within_noise:
+            return None
+        gap = self.clean_value - self.corrupt_value
+        bound = f"max({GAP_FLOOR:g}, 2 standard errors = {self.gap_noise:.3g})" if self.gap_noise else f"{GAP_FLOOR:g}"
+        return (f"the clean - corrupted gap of the {self.metric} ({gap:+.3g}) is within noise (|gap| < {bound}): "
+                "recovery fractions are meaningless; choose prompts the corruption changes more")
 
     @property
     def base_value(self) -> float:
@@ -79,7 +97,8 @@ class PatchResult(Displayed):
         return self.values - self.base_value
 
     def recovery(self) -> torch.Tensor:
-        """(values - corrupt) / (clean - corrupt) [layer, *axes]: 1 = clean behaviour, 0 = corrupted."""
+        """(values - corrupt) / (clean - corrupt) [layer, *axes]: 1 = clean behaviour, 0 = corrupted.
+        Computed even when gap_within_noise, where it is meaningless (see noise_note)."""
         gap = self.clean_value - self.corrupt_value
         if gap == 0:
             return torch.full_like(self.values, float("nan"))
@@ -100,7 +119,8 @@ class PatchResult(Displayed):
         return {"target": self.target, "axes": ["layer", *self.axes], "layers": self.layers,
                 "values": rounded(self.values), "clean_value": round(self.clean_value, 6),
                 "corrupt_value": round(self.corrupt_value, 6), "direction": self.direction, "method": self.method,
-                "metric": self.metric, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()]}
+                "metric": self.metric, "gap_noise": round(self.gap_noise, 6),
+                "gap_within_noise": self.gap_within_noise, "top": [{**w, "effect": round(e, 6)} for w, e in self.top()]}
 
 
 # ---------------------------------------------------------------------------- activation patching
@@ -113,15 +133,15 @@ def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], dire
                                                                       direction, layers)
     base, _ = BaseRun.of(model, base_tokens)
     source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=hooks)
-    if direction == "denoise":
-        values = (metric_value(metric, source_logits), metric_value(metric, base.logits))
-    else:
-        values = (metric_value(metric, base.logits), metric_value(metric, source_logits))
+    clean_logits, corrupt_logits = (source_logits, base.logits) if direction == "denoise" else \
+        (base.logits, source_logits)
+    values = (metric_value(metric, clean_logits), metric_value(metric, corrupt_logits),
+              gap_noise(metric, clean_logits, corrupt_logits))
     return chosen, layers, base, source_cache, values
 
 
 def _patch_target(model, target: Target, layers: list[int], base: BaseRun, source_cache, metric: Metric,
-                  values: tuple[float, float], direction: str, batch_size: int | None, progress: bool
+                  values: tuple[float, float, float], direction: str, batch_size: int | None, progress: bool
                   ) -> PatchResult:
     per_layer = []
     for l in layers:
@@ -135,7 +155,7 @@ def _patch_target(model, target: Target, layers: list[int], base: BaseRun, sourc
                                desc=f"patching {target.name} L{l}", positions=positions,
                                local=target.local).view(sizes))
     return PatchResult(target.name, target.axes, layers, torch.stack(per_layer), values[0], values[1], direction,
-                       metric=getattr(metric, "__name__", "metric"))
+                       metric=getattr(metric, "__name__", "metric"), gap_noise=values[2])
 
 
 def activation_patching(model, clean_tokens, corrupt_tokens, metric: Metric, target: str = "resid_pre", *,

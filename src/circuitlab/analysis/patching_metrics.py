@@ -12,11 +12,14 @@ from circuitlab.errors import CircuitlabError
 Metric = Callable[[torch.Tensor], torch.Tensor | float]
 
 
-def _named(fn: Callable, name: str, positions=None) -> Callable:
-    """Name a metric; `positions` (int, list or [batch] tensor) declares the only logit positions it reads."""
+def _named(fn: Callable, name: str, positions=None, per_row: Callable | None = None) -> Callable:
+    """Name a metric; `positions` (int, list or [batch] tensor) declares the only logit positions it reads;
+    `per_row(logits) -> [batch]` gives the values the metric averages (for the noise of a gap: gap_noise)."""
     fn.__name__ = name
     if positions is not None:
         fn.positions = positions
+    if per_row is not None:
+        fn.per_row = per_row
     return fn
 
 
@@ -55,19 +58,25 @@ def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence
     """
     answer, wrong, pos = _index(answer), _index(wrong), _index(pos)
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+    def rows(logits: torch.Tensor) -> torch.Tensor:
         at = _pick(logits, pos)  # [batch, d_vocab]
-        return (_pick(at, answer) - _pick(at, wrong)).mean()
-    return _named(metric, "logit_diff", pos)
+        return _pick(at, answer) - _pick(at, wrong)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return rows(logits).mean()
+    return _named(metric, "logit_diff", pos, rows)
 
 
 def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
     """Metric: log-probability of `answer` at `pos`, averaged over the batch."""
     answer, pos = _index(answer), _index(pos)
 
+    def rows(logits: torch.Tensor) -> torch.Tensor:
+        return _pick(_pick(logits, pos).float().log_softmax(-1), answer)
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
-        return _pick(_pick(logits, pos).float().log_softmax(-1), answer).mean()
-    return _named(metric, "logprob", pos)
+        return rows(logits).mean()
+    return _named(metric, "logprob", pos, rows)
 
 
 def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
@@ -78,10 +87,14 @@ def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Ten
     pos = _index(pos)
     clean = _pick(clean_logits, pos).detach().float().log_softmax(-1)
 
+    def rows(logits: torch.Tensor) -> torch.Tensor:
+        patched = _pick(logits, pos).float().log_softmax(-1)
+        return F.kl_div(patched, clean.to(patched.device), log_target=True, reduction="none").sum(-1)
+
     def metric(logits: torch.Tensor) -> torch.Tensor:
         patched = _pick(logits, pos).float().log_softmax(-1)
         return F.kl_div(patched, clean.to(patched.device), log_target=True, reduction="batchmean")
-    return _named(metric, "kl_to_clean", pos)
+    return _named(metric, "kl_to_clean", pos, rows)
 
 
 def next_token_loss(tokens: torch.Tensor, mask: torch.Tensor | None = None) -> Metric:
@@ -113,6 +126,31 @@ def normalized(metric: Metric, clean_value: float, corrupt_value: float) -> Metr
     def norm(logits: torch.Tensor) -> torch.Tensor:
         return (metric(logits) - corrupt_value) / (clean_value - corrupt_value)
     return _named(norm, f"normalized_{getattr(metric, '__name__', 'metric')}", getattr(metric, "positions", None))
+
+
+# When is a clean - corrupted gap too small for recovery fractions (patched - corrupted) / gap to mean anything?
+# When the gap is below GAP_FLOOR in the metric's units (logits or nats for the built-in metrics: a
+# difference of 0.1 nats changes a probability by about 10%, so the corruption barely changed the
+# behaviour being localised; float32 noise in patched values is then a visible share of the gap), or
+# when it is within two standard errors of the per-prompt gaps (a paired test at about 95%: across the
+# batch the corruption does not move the metric consistently). The second needs a metric that declares
+# its per-row values (metric.per_row: logit_diff, logprob, kl_to_clean) and at least 2 prompts.
+GAP_FLOOR = 0.1
+
+
+def gap_noise(metric: Metric, clean_logits: torch.Tensor, corrupt_logits: torch.Tensor) -> float:
+    """Two standard errors of the mean per-row gap metric(clean row) - metric(corrupted row), or 0.0 when
+    the metric has no per_row or the batch holds one prompt (then only GAP_FLOOR applies)."""
+    per_row = getattr(metric, "per_row", None)
+    if per_row is None or clean_logits.shape[0] < 2:
+        return 0.0
+    gaps = (per_row(clean_logits) - per_row(corrupt_logits)).double()
+    return float(2 * gaps.std() / gaps.numel() ** 0.5)
+
+
+def gap_within_noise(clean_value: float, corrupt_value: float, noise: float = 0.0) -> bool:
+    """True when |clean - corrupted| is below max(GAP_FLOOR, noise): recovery fractions are meaningless."""
+    return abs(clean_value - corrupt_value) < max(GAP_FLOOR, noise)
 
 
 def metric_value(metric: Metric, logits: torch.Tensor) -> float:

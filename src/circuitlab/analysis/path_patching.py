@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
-                                          metric_value, patched_run, rounded, sweep)
+                                          gap_within_noise, metric_value, patched_run, rounded, sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 from circuitlab.names import head_name
@@ -74,6 +74,7 @@ class PathPatchResult:
         return {"receiver": head_name(l, h), "receiver_input": self.receiver_input, "values": rounded(self.values),
                 "clean_value": round(self.clean_value, 6), "corrupt_value": round(self.corrupt_value, 6),
                 "metric": self.metric,
+                "gap_within_noise": gap_within_noise(self.clean_value, self.corrupt_value),  # GAP_FLOOR only
                 "top": [{"sender": head_name(*s), "effect": round(e, 6)} for s, e in self.top()]}
 
 

@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from circuitlab.commands._args import positive_int
+
 HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them, draw feature dashboards"
 EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
 
@@ -138,7 +140,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dictionary", required=True, help="a dictionary folder (ours or SAELens format)")
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
     p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
-    p.add_argument("--batches", type=int, default=8, help="sequences of held-out text to evaluate on")
+    p.add_argument("--batches", type=positive_int, default=8, help="sequences of held-out text to evaluate on")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
 
@@ -188,7 +190,7 @@ def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
     p.add_argument("--data", default="stories",
                    help="text for the contexts: stories (held-out built-in stories), file:PATH, folder:PATH, hf:NAME")
-    p.add_argument("--tokens", type=int, default=32_768, help="tokens to run (default 32768)")
+    p.add_argument("--tokens", type=positive_int, default=32_768, help="tokens to run (default 32768)")
     p.add_argument("--features", type=int, nargs="+", default=None, metavar="N",
                    help="features to draw cards for in report.html (default: the 50 most frequent)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -211,8 +213,8 @@ def run_dashboards(args: argparse.Namespace) -> int:
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
-    p.add_argument("--model-steps", type=int, default=None, help="training steps of the 1-layer model (default 600)")
-    p.add_argument("--dictionary-steps", type=int, default=None, help="training steps of the dictionary (default 350)")
+    p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the 1-layer model (default 600)")
+    p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 350)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.heads import HeadClasses
-from circuitlab.atomic import atomic_write_text
+from circuitlab.analysis.patching_metrics import GAP_FLOOR, gap_within_noise
+from circuitlab.atomic import atomic_write_text, set_aside
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
 from circuitlab.perf import REFERENCE_GFLOPS, matmul_gflops, scaled_seconds
@@ -87,10 +88,9 @@ class DemoResult:
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
-    out = opts.out
-    if out.exists() and any(out.iterdir()):
-        kept = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        out.rename(kept)  # never overwrite an earlier demo
+    out = Path(opts.out)
+    kept = set_aside(out, _is_demo_output, "demo")  # an earlier demo is kept renamed; other files are refused
+    if kept is not None:
         print(f"moved the previous demo to {kept}")
     out.mkdir(parents=True, exist_ok=True)
     from circuitlab.analysis.induction import training_probes
@@ -116,6 +116,11 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                            f"total_at_{REFERENCE_GFLOPS:.0f}_gflops": round(scaled_seconds(total, gflops), 1)}
     atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))  # now with the times
     return result
+
+
+def _is_demo_output(folder: Path) -> bool:
+    """A demo's folder, complete or cut short: its results or one of its two runs."""
+    return any((folder / name).exists() for name in ("results.json", "report.md", "2l", "1l"))
 
 
 def write_outputs(result: DemoResult, runs: dict, out: Path) -> None:
@@ -202,7 +207,14 @@ def causal_evidence(found: dict[str, Any], analysis: dict[str, Any]) -> dict[str
     evidence: dict[str, Any] = {}
     patching = analysis.get("patching", {})
     head_out = patching.get("patching", {}).get("head_out")
-    if head_out and head_out["clean_value"] != head_out["corrupt_value"]:
+    noisy = head_out is not None and gap_within_noise(head_out["clean_value"], head_out["corrupt_value"],
+                                                      head_out.get("gap_noise", 0.0))
+    if noisy:  # recoveries of a gap within noise are meaningless: the report says so instead
+        gap = head_out["clean_value"] - head_out["corrupt_value"]
+        evidence["patching_noise"] = (f"the clean - corrupted gap ({gap:+.3g}) is within noise (|gap| below "
+                                      f"max({GAP_FLOOR:g}, 2 standard errors = {head_out.get('gap_noise', 0.0):.3g})), "
+                                      "so recovery fractions are meaningless and none are reported")
+    elif head_out and head_out["clean_value"] != head_out["corrupt_value"]:
         gap = head_out["clean_value"] - head_out["corrupt_value"]
         values = head_out["values"]
         evidence["patching_recovery"] = {
@@ -210,7 +222,7 @@ def causal_evidence(found: dict[str, Any], analysis: dict[str, Any]) -> dict[str
             for name in found["induction_heads"] + found["previous_token_heads"]
             for layer, head in [parse_head(name)]}
     paths = patching.get("path_patching")
-    if paths and found["previous_token_heads"]:
+    if paths and found["previous_token_heads"] and not noisy:
         layer, head = parse_head(found["previous_token_heads"][0])
         by_input = {}
         for inp, p in paths.items():

@@ -6,6 +6,7 @@ attribution) and circuitlab.experiments.interpret_causal (patching, ablation, pr
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,8 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
+    from circuitlab.experiments.interpret_circuits import NO_TEXT
+
     table = available_experiments()
     names = experiments or list(table)
     unknown = [n for n in names if n not in table]
@@ -68,8 +71,16 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         raise CircuitlabError(f"--lens {opts['lens']} holds no tuned lens; train one with `circuitlab lens train`")
     opts["lens"] = opts.get("lens") or default_lens_dir(checkpoint)
     model, tokenizer, meta = load_checkpoint(checkpoint)
-    if tokenizer is None:
-        raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it")
+    if tokenizer is None:  # the weights-only analyses run on token ids; the others need text
+        if experiments is None:
+            names = list(NO_TEXT)
+            warnings.warn(f"{checkpoint} has no tokenizer: running only the analyses that need no text "
+                          f"({', '.join(NO_TEXT)})", stacklevel=2)
+        needs_text = [n for n in names if n not in NO_TEXT]
+        if needs_text:
+            raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it, so {', '.join(needs_text)} cannot "
+                                  f"encode text; run --experiments {' '.join(NO_TEXT)} (weights and token ids only), "
+                                  "or import the model with its tokenizer")
     # A previous interpret output is kept renamed, anything else refused: never two runs' files in one folder.
     kept = set_aside(Path(out), _is_interpret_output, "interpret results")
     if kept is not None:

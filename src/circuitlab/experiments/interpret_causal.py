@@ -126,6 +126,11 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     if not gap:
         summary.append("the metric is the same on both prompts, so there is nothing to localise")
         return ExperimentResult("patching", summary, figures, found)
+    note = any_result.noise_note()
+    if note is not None:  # recoveries of a gap within noise would read as findings: say so, show none
+        found["gap_within_noise"] = True
+        summary.append(note)
+        return ExperimentResult("patching", summary, figures, found)
     for t in ("resid_pre", "head_out", "head_out_by_pos"):
         if t in results:
             top = results[t].top(3)

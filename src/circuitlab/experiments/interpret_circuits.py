@@ -32,12 +32,13 @@ SEED = 0
 
 
 def _prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
-    """The prompt's tokens [pos] (None: the default story prompt), keeping the last n_ctx, with a warning."""
+    """The prompt's tokens [pos] (None: the default story prompt), keeping the last n_ctx (with a warning
+    when the prompt was the user's)."""
     ids = tokenizer.encode(DEFAULT_PROMPT if prompt is None else prompt)
     if not ids:
         raise CircuitlabError("the prompt is empty (or encodes to no tokens); give some text with --prompt, "
                               "or leave --prompt out for the default story")
-    if len(ids) > model.cfg.n_ctx:  # said, not silently cut
+    if len(ids) > model.cfg.n_ctx and prompt is not None:  # the user's prompt is not silently cut
         warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's context of {model.cfg.n_ctx}: "
                       f"only its last {model.cfg.n_ctx} tokens are analysed", stacklevel=2)
     return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
@@ -64,8 +65,12 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
 
     out_dir = Path(out_dir)
     wm = weights_model(model)
-    ids = list(dict.fromkeys(_prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
-    strs = [tokenizer.decode([i]) for i in ids]
+    if tokenizer is None:  # weights only: the heatmaps show the first token ids, labelled by id
+        ids = list(range(min(24, model.cfg.d_vocab)))
+        strs = [f"<{i}>" for i in ids]
+    else:
+        ids = list(dict.fromkeys(_prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
+        strs = [tokenizer.decode([i]) for i in ids]
     bigrams = direct_path(wm)
     figures = [plot_circuit(bigrams.submatrix(ids, ids), out_dir / "direct_path.png", strs, strs,
                             "direct path W_E W_U", xlabel="output logit", ylabel="input token").name]
@@ -219,6 +224,9 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> Expe
                                    for n, strs in zip(neurons.neurons, neurons.top_strs)))
     return ExperimentResult("attribution", summary, [figure], found)
 
+
+# The analyses that read only the weights and token ids (no text): they run on a model without a tokenizer.
+NO_TEXT = ("circuits", "heads")
 
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "circuits": run_circuits,
