@@ -135,6 +135,7 @@ CLI_CASES = [
     ("info --preset nope", "unknown model preset 'nope'"),
     ("import {tmp}/nothing --out {tmp}/m", "checkpoint folder not found"),
     ("import {run} --out {tmp}/m", "has no config.json"),
+    ("import gpt2 --n-ctx 0 --out {tmp}/m", "argument --n-ctx: must be a whole number >= 1"),
     ("nosuchcommand", "invalid choice: 'nosuchcommand'"),
 ]
 

@@ -12,11 +12,13 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands._args import positive_int
+
     p.add_argument("source", metavar="NAME_OR_PATH",
                    help="a local Hugging Face checkpoint folder, or a hub name (local cache first, then the network)")
     p.add_argument("--out", required=True, help="folder to write (model.safetensors, config.json, tokenizer/)")
     p.add_argument("--dtype", choices=_DTYPES, default="float32", help="parameter dtype (default float32)")
-    p.add_argument("--n-ctx", type=int, default=None, help="keep a shorter context than the checkpoint's")
+    p.add_argument("--n-ctx", type=positive_int, default=None, help="keep a shorter context than the checkpoint's")
     p.add_argument("--no-tokenizer", action="store_true", help="do not import the tokenizer")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")
     p.add_argument("--cache-dir", default=None, help="Hugging Face cache folder (default: the usual one)")
