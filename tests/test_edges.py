@@ -378,3 +378,14 @@ def test_bad_requests_are_one_line_errors():
     scores = edge_scores(model, clean, corrupt, metric, progress=False)
     with pytest.raises(CircuitlabError, match="keeps no edge"):
         select_circuit(scores, threshold=1e9)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_refinement_prunes_a_loose_circuit_to_the_hand_built_one(sequential):
+    model = build_induction_model(d_vocab=20, n_ctx=32).model.double()
+    clean, corrupt, metric = induction_task()
+    scores = edge_scores(model, clean, corrupt, metric, method="eap", progress=False)
+    loose = select_circuit(scores, n=30, prune_unconnected=False)  # the truth and 25 edges around it
+    refined = refine_circuit(model, clean, corrupt, metric, loose, tolerance=0.02, sequential=sequential)
+    assert set(refined.edge_list()) == set(INDUCTION_TRUTH), refined.edge_list()
+    assert ("one edge at a time" in refined.how) == sequential

@@ -50,6 +50,7 @@ def test_circuit_command_writes_results_report_and_drawing(checkpoint, tmp_path,
     (["--clean", "CLEAN", "--corrupt", "LONGER"], "same token length"),
     ([], "give --clean and --corrupt"),
     (["--task", "induction", "--corruption", "swap"], "unknown corruption 'swap'"),
+    (["--task", "induction", "--method", "eap", "--refine", "greedy"], "unknown refinement 'greedy'"),
     (["--clean", "CLEAN", "--corrupt", "CLEAN", "--corruption", "first-copy"], "--corrupt file is the corruption"),
 ])
 def test_circuit_command_bad_input_is_one_line(checkpoint, tmp_path, capsys, extra, message):

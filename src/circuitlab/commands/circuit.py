@@ -28,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="circuit size (default: the fewest top edges recovering 90%% of the gap)")
     p.add_argument("--threshold", type=float, default=None, help="keep edges with |score| >= this instead")
     p.add_argument("--greedy", action="store_true", help="grow the circuit from the logits (with --edges)")
-    p.add_argument("--refine", action="store_true", help="then refine it with exact patching (ACDC-style)")
+    p.add_argument("--refine", nargs="?", const="batched", default=None, metavar="batched|acdc",
+                   help="then refine it with exact patching: batched per reader (the default when given), or acdc "
+                        "(one edge at a time, each against the circuit left so far)")
     p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/circuit)")
 
 
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         answers = _lines(args.answers) if args.answers else None
         data = rows_from_texts(tokenizer, _lines(args.clean), _lines(args.corrupt), answers)
     result = find_circuit(model, data, args.metric, args.method, edges=args.edges, threshold=args.threshold,
-                          greedy=args.greedy, refine=args.refine, intervention=args.intervention, steps=args.steps)
+                          greedy=args.greedy, refine=args.refine or False, intervention=args.intervention, steps=args.steps)
     out = Path(args.out) if args.out else Path(args.checkpoint) / "circuit"
     write_circuit_outputs(result, out)
     print("\n".join(result.summary()))

@@ -164,10 +164,12 @@ def _run_circuits(model, graph, clean, metric, ref, circuits, batch_size=None) -
 
 
 def refine_circuit(model, clean, corrupt, metric: Metric, circuit: Circuit, *, intervention: str = "counterfactual",
-                   tolerance: float = 0.01, batch_size: int | None = None) -> Circuit:
+                   tolerance: float = 0.01, batch_size: int | None = None, sequential: bool = False) -> Circuit:
     """ACDC-style exact refinement of a (pruned) candidate circuit: readers are visited from the logits down;
-    for each, every circuit edge into it is removed on its own in one batched run, and the edges whose
-    removal moves the metric by less than tolerance × |m(model) − m(empty circuit)| are dropped together.
+    an edge is dropped when removing it moves the metric by less than tolerance × |m(model) − m(empty circuit)|.
+    Batched (default): every circuit edge into a reader is tried on its own in one batched run and the weak
+    ones are dropped together. sequential=True is ACDC itself: the edges into a reader are tried one at a
+    time, each against the circuit left by the removals before it (one run per edge).
     Returns the refined Circuit (pruned again)."""
     clean, corrupt = check_request(model, clean, corrupt, metric, "exact", intervention)
     graph = circuit.graph
@@ -184,6 +186,14 @@ def refine_circuit(model, clean, corrupt, metric: Metric, circuit: Circuit, *, i
         if len(idx) == 0:
             continue
         current = float(_run_circuits(model, graph, clean, metric, ref, [edges], batch_size)[0])
+        if sequential:
+            for i in idx.tolist():
+                trial = edges.clone()
+                trial[i] = False
+                value = float(_run_circuits(model, graph, clean, metric, ref, [trial], batch_size)[0])
+                if abs(value - current) < tolerance * gap:
+                    edges, current = trial, value
+            continue
         trials = []
         for i in idx.tolist():
             e = edges.clone()
@@ -196,7 +206,8 @@ def refine_circuit(model, clean, corrupt, metric: Metric, circuit: Circuit, *, i
     if not bool(edges.any()):
         raise CircuitlabError("refinement removed every edge: the metric barely changes without them; "
                               "lower the tolerance")
-    return Circuit(graph, edges, f"{circuit.how}, refined by exact patching (tolerance {tolerance:g})",
+    how = "one edge at a time (ACDC)" if sequential else "batched per reader"
+    return Circuit(graph, edges, f"{circuit.how}, refined by exact patching {how} (tolerance {tolerance:g})",
                    circuit.scores)
 
 

@@ -24,6 +24,7 @@ from circuitlab.analysis.patching import Metric, kl_to_clean, logit_diff, logpro
 from circuitlab.errors import CircuitlabError
 
 METRICS = ("logit-diff", "logprob", "kl")
+REFINE = (False, True, "batched", "acdc")  # True = "batched"; "acdc": one edge at a time
 TASKS = ("induction",)
 
 
@@ -173,10 +174,13 @@ class CircuitResult:
 
 def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", method: str = "eap-ig", *,
                  edges: int | None = None, threshold: float | None = None, greedy: bool = False,
-                 refine: bool = False, intervention: str = "counterfactual", steps: int = 5,
+                 refine: bool | str = False, intervention: str = "counterfactual", steps: int = 5,
                  progress: bool = True) -> CircuitResult:
     """Score every edge, choose a circuit (edges / threshold; default: the fewest top edges recovering 90% of
-    the gap), optionally refine it with exact patching, and measure its faithfulness."""
+    the gap), optionally refine it with exact patching (refine: True or "batched", or "acdc": one edge at a
+    time; see refine_circuit), and measure its faithfulness."""
+    if refine not in REFINE:
+        raise CircuitlabError(f"unknown refinement {refine!r}; choose batched or acdc")
     fn = make_metric(metric, model, data) if isinstance(metric, str) else metric
     corrupt = data.corrupt if intervention == "counterfactual" else None
     scores = edge_scores(model, data.clean, corrupt, fn, method=method, intervention=intervention, steps=steps,
@@ -186,7 +190,8 @@ def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", 
         edges = curve.size_for.get(0.9) or scores.graph.n_edges
     circuit = select_circuit(scores, n=edges, threshold=threshold, greedy=greedy)
     if refine:
-        circuit = refine_circuit(model, data.clean, corrupt, fn, circuit, intervention=intervention)
+        circuit = refine_circuit(model, data.clean, corrupt, fn, circuit, intervention=intervention,
+                                 sequential=refine == "acdc")
     value = float(circuit_metric(model, data.clean, corrupt, fn, [circuit.edges], intervention=intervention)[0])
     return CircuitResult(scores, circuit, value, curve, data.description)
 

@@ -147,10 +147,13 @@ def _contract(graph: EdgeGraph, diff: torch.Tensor, inputs, grads) -> torch.Tens
     diff [copies or 1, batch, pos, n_sources, d_model]; grads: per reader group [copies, batch, pos, n, d].
     """
     dense = torch.zeros(len(graph.sources), len(graph.readers), dtype=torch.float64, device=diff.device)
+    if diff.shape[0] == 1:  # the same differences in every copy: sum the gradients over the copies first
+        grads = [g.sum(0, keepdim=True) for g in grads]
+    # writers first, laid out once: [n_sources, copies·batch·pos·d_model]; a reader group reads a prefix of them
+    flat = diff.movedim(-2, 0).reshape(diff.shape[-2], -1)
     for (readers, _), g in zip(inputs, grads):
         n_up = int(graph.allowed[:, readers].any(1).nonzero().max()) + 1  # writers upstream of the group
-        d = diff[..., :n_up, :].expand(g.shape[0], *diff.shape[1:-2], n_up, diff.shape[-1])
-        dense[:n_up, readers] += torch.einsum("cbpsd,cbprd->sr", d, g).double()
+        dense[:n_up, readers] += (flat[:n_up] @ g.movedim(-2, -1).reshape(-1, g.shape[-2])).double()
     return dense
 
 
