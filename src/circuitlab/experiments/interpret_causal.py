@@ -16,6 +16,7 @@ at the last position.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -186,8 +187,8 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
                              "mean ablation of each head: change in loss on the repeated half").name]
     found: dict[str, Any] = {"tokens": f"{BATCH} random sequences of {half} tokens, each repeated once",
                              "heads": heads.to_dict()}
-    summary = [f"loss on the repeated half {heads.baseline:.3f} nats; heads whose mean ablation raises it most: "
-               + ", ".join(f"{c} {v:+.3f}" for c, v in heads.top(4))]
+    summary = [f"loss on the repeated half {heads.baseline:.3f} nats; largest changes when one head is mean-ablated "
+               "(+ raises it): " + ", ".join(f"{c} {v:+.3f}" for c, v in heads.top(4))]
     if model.cfg.has_mlp:
         mlps = ablate_and_measure(model, tokens, repeated_loss, "mlp", "mean", reference)
         figures.append(plot_ablation(mlps, out_dir / "ablation_mlps.png").name)
@@ -214,7 +215,11 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         summary.append(f"mean-ablating {' and '.join(group)} ({chosen}) together: loss on the repeated half "
                        f"{before[0]:.3f} -> {after[0]:.3f}, on the first half {before[1]:.3f} -> {after[1]:.3f}")
     if clean is not None:
-        prompt = torch.tensor(tokenizer.encode(clean), device=device)[None, -model.cfg.n_ctx:]
+        ids = tokenizer.encode(clean)
+        if len(ids) > model.cfg.n_ctx:  # said, not silently cut
+            warnings.warn(f"the clean prompt is {len(ids)} tokens, longer than the model's context of "
+                          f"{model.cfg.n_ctx}: the ablation reads its last {model.cfg.n_ctx} tokens", stacklevel=2)
+        prompt = torch.tensor(ids, device=device)[None, -model.cfg.n_ctx:]
         if prompt.shape[1] > 1 and group:
             loss = next_token_loss(prompt)
             with torch.no_grad():
