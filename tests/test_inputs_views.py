@@ -192,6 +192,12 @@ def test_lens_command_trains_refuses_to_overwrite_and_shows(run, tmp_path, capsy
     assert main(train) == 2 and "already holds a tuned lens" in capsys.readouterr().err
     assert main([*train, "--resume"]) == 2 and "nothing to resume" in capsys.readouterr().err
     assert main([*train, "--steps", "0", "--overwrite"]) == 2 and "--steps must be positive" in capsys.readouterr().err
+    (tmp_path / "text.txt").write_text(stories_text(20, seed=3))
+    text = [*train[:5], str(tmp_path / "text_lens"), *train[6:], "--text", str(tmp_path / "text.txt")]
+    assert main(text) == 0 and TunedLens.load(tmp_path / "text_lens").train_info["data"].endswith("text.txt")
+    (tmp_path / "short.txt").write_text("Lily")
+    assert main([*text[:-1], str(tmp_path / "short.txt"), "--overwrite"]) == 2
+    assert "one batch needs 128" in capsys.readouterr().err
     assert main(["lens", "show", "--checkpoint", ckpt, "--lens", str(tmp_path / "lens"), "--prompt", PROMPT,
                  "--out", str(tmp_path / "show.html")]) == 0
     out = capsys.readouterr().out
@@ -199,3 +205,35 @@ def test_lens_command_trains_refuses_to_overwrite_and_shows(run, tmp_path, capsy
     assert section_ids((tmp_path / "show.html").read_text()) == ["tuned-lens"]
     assert main(["lens", "show", "--checkpoint", ckpt, "--prompt", PROMPT]) == 2  # none at <checkpoint>/tuned_lens
     assert "holds no tuned lens; train one with `circuitlab lens train" in capsys.readouterr().err
+
+
+def test_inputs_page_script_draws_attribution_lens_and_steering(run, tmp_path):
+    """inputs.js run by node against a minimal fake DOM (tests/js/fake_dom.js) with the API's real
+    answers: one shaded line per method, the lens table with both lenses, a steering row per coefficient."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from circuitlab.serve.app import STATIC_DIR
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    root, model, tokenizer = run
+    train_tuned_lens(model, story_batches(tokenizer, n_batches=1, batch_size=2, seq_len=16), steps=2).save(tmp_path / "l")
+    client = TestClient(create_app(root / "run", lens=tmp_path / "l"))
+    answers = {"GET /api/model": client.get("/api/model").json(),
+               "POST /api/attribute": client.post("/api/attribute", json={"prompt": PROMPT}).json(),
+               "POST /api/lens": client.post("/api/lens", json={"prompt": PROMPT}).json(),
+               "POST /api/steer": client.post("/api/steer", json={"positive": ["a dragon"], "negative": ["a cat"],
+                                                                 "layer": 1, "coefs": [0, 2], "prompt": "Once"}).json()}
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
+    done = subprocess.run([node, str(Path(__file__).parent / "js" / "inputs_smoke.js"), str(tmp_path / "answers.json"),
+                           str(STATIC_DIR)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    drawn = json.loads(done.stdout)
+    methods = ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing"]
+    assert [line[:len(m)] for line, m in zip(drawn["lines"], methods)] == methods
+    assert "completeness error" in drawn["lines"][0] and drawn["lines"][0].endswith("Lily·saw·a·cat.·Lily")
+    assert len(drawn["lensRows"]) == 3 and drawn["lensRows"][0].startswith("embed") and "KL" in drawn["note"]
+    assert len(drawn["steerRows"]) == 2 and drawn["status"] == "" and "2 layers" in drawn["info"]
