@@ -389,3 +389,20 @@ def test_refinement_prunes_a_loose_circuit_to_the_hand_built_one(sequential):
     refined = refine_circuit(model, clean, corrupt, metric, loose, tolerance=0.02, sequential=sequential)
     assert set(refined.edge_list()) == set(INDUCTION_TRUTH), refined.edge_list()
     assert ("one edge at a time" in refined.how) == sequential
+
+
+def test_per_position_scores_sum_to_the_edge_scores_and_point_at_the_right_positions():
+    model = build_induction_model(d_vocab=20, n_ctx=32).model.double()
+    clean, corrupt, metric = induction_task()  # [a, a] with 8 tokens per copy; the metric reads position 15
+    for method in ("eap", "eap-ig"):
+        scores = edge_scores(model, clean, corrupt, metric, method=method, per_position=True, progress=False)
+        plain = edge_scores(model, clean, corrupt, metric, method=method, progress=False)
+        assert scores.position_scores.shape == (scores.graph.n_edges, 16)
+        assert torch.allclose(scores.position_scores.sum(1), plain.scores, atol=1e-10)
+        at = lambda s, r: scores.position_scores[scores.graph.edge_index(s, r)].abs().argmax().item()  # noqa: E731
+        # the query and the output act where the metric reads; the key found there is the one after the
+        # earlier copy of the last token (position 8, whose previous token a[7] is the query's token)
+        assert at("input", "L1H0.q") == at("L1H0", "logits") == 15
+        assert at("L0H0", "L1H0.k") == 8 and at("input", "L1H0.v") == 8
+    with pytest.raises(CircuitlabError, match="per-position"):
+        edge_scores(model, clean, corrupt, metric, method="exact", per_position=True)

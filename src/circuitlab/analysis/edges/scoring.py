@@ -64,6 +64,7 @@ class EdgeScores:
     ablated_value: float
     options: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    position_scores: torch.Tensor | None = None  # [n_edges, pos] with per_position=True (eap, eap-ig)
 
     def order(self) -> torch.Tensor:
         """Edge indices [n_edges], most important (largest |score|) first; ties keep graph order."""
@@ -82,7 +83,8 @@ class EdgeScores:
                 "ablated_value": round(self.ablated_value, 6), "seconds": round(self.seconds, 3),
                 "graph": self.graph.to_dict(),
                 "edges": [[s, r, v] for (s, r), v in zip(self.graph.edges, rounded(self.scores, 8))],
-                "node_scores": dict(zip(self.graph.sources, rounded(self.node_scores, 8)))}
+                "node_scores": dict(zip(self.graph.sources, rounded(self.node_scores, 8))),
+                **({} if self.position_scores is None else {"position_scores": rounded(self.position_scores, 8)})}
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{s}</td><td>{r}</td><td>{v:+.4g}</td></tr>" for s, r, v in self.top(15))
@@ -141,19 +143,27 @@ def all_patched(graph: EdgeGraph, value: float = 1.0, copies: int = 1, dtype=tor
     return (graph.allowed.to(device=device, dtype=dtype) * value).expand(copies, -1, -1).clone()
 
 
-def _contract(graph: EdgeGraph, diff: torch.Tensor, inputs, grads) -> torch.Tensor:
-    """Σ over copies, batch, pos of diff_s · grad_r for every edge -> dense [n_sources, n_readers].
+def _contract(graph: EdgeGraph, diff: torch.Tensor, inputs, grads, per_position: bool = False) -> torch.Tensor:
+    """Σ over copies, batch, pos of diff_s · grad_r for every edge -> dense [n_sources, n_readers]; with
+    per_position, not summed over pos: [n_sources, n_readers, pos].
 
     diff [copies or 1, batch, pos, n_sources, d_model]; grads: per reader group [copies, batch, pos, n, d].
     """
-    dense = torch.zeros(len(graph.sources), len(graph.readers), dtype=torch.float64, device=diff.device)
+    S, P = diff.shape[-2], diff.shape[-3]
+    dense = torch.zeros(S, len(graph.readers), *([P] if per_position else []), dtype=torch.float64,
+                        device=diff.device)
     if diff.shape[0] == 1:  # the same differences in every copy: sum the gradients over the copies first
         grads = [g.sum(0, keepdim=True) for g in grads]
-    # writers first, laid out once: [n_sources, copies·batch·pos·d_model]; a reader group reads a prefix of them
-    flat = diff.movedim(-2, 0).reshape(diff.shape[-2], -1)
+    # writers laid out once: [n_sources, copies·batch·pos·d_model] (per position: [pos, n_sources, ...]);
+    # a reader group reads a prefix of the writers
+    flat = diff.permute(2, 3, 0, 1, 4).reshape(P, S, -1) if per_position else diff.movedim(-2, 0).reshape(S, -1)
     for (readers, _), g in zip(inputs, grads):
         n_up = int(graph.allowed[:, readers].any(1).nonzero().max()) + 1  # writers upstream of the group
-        dense[:n_up, readers] += (flat[:n_up] @ g.movedim(-2, -1).reshape(-1, g.shape[-2])).double()
+        if per_position:
+            g = g.permute(2, 0, 1, 4, 3).reshape(P, -1, g.shape[-2])  # [pos, copies·batch·d_model, n]
+            dense[:n_up, readers] += torch.bmm(flat[:, :n_up], g).permute(1, 2, 0).double()
+        else:
+            dense[:n_up, readers] += (flat[:n_up] @ g.movedim(-2, -1).reshape(-1, g.shape[-2])).double()
     return dense
 
 
@@ -181,17 +191,21 @@ def _backward(model, graph, tokens, metric, *, ref=None, mask=None, input_out=No
 
 def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, method: str = "eap",
                 intervention: str = "counterfactual", steps: int = 5, ig_path: str = "inputs",
-                batch_size: int | None = None, progress: bool = True) -> EdgeScores:
+                batch_size: int | None = None, progress: bool = True, per_position: bool = False) -> EdgeScores:
     """Score every edge of the model's graph.
 
     clean, corrupt: token ids [batch, pos] (corrupt needed for the counterfactual intervention); metric:
     fn(logits [batch, pos, d_vocab]) -> scalar (logit_diff, logprob, kl_to_clean or the user's). method:
     "eap" | "eap-ig" | "exact"; steps, ig_path: EAP-IG's path points and path ("inputs" | "edges");
-    batch_size: copies per batched run (default: sized to memory). Returns EdgeScores.
+    batch_size: copies per batched run (default: sized to memory); per_position (eap, eap-ig): also score each
+    edge at each position of the reader (EdgeScores.position_scores [n_edges, pos]; scores is their sum).
+    Returns EdgeScores.
     """
     if metric is None:
         raise CircuitlabError("edge_scores needs a metric: a function of the logits, e.g. logit_diff(answer, wrong)")
     clean, corrupt = check_request(model, clean, corrupt, metric, method, intervention)
+    if per_position and method == "exact":
+        raise CircuitlabError("per-position scores come from eap and eap-ig; exact patching patches whole edges")
     if method == "eap-ig":
         if ig_path not in IG_PATHS:
             raise CircuitlabError(f"unknown ig_path {ig_path!r}; choose one of {', '.join(IG_PATHS)}")
@@ -213,15 +227,18 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
     if method == "exact":
         scores, nodes = _exact(model, graph, clean, metric, ref, clean_run, clean_value, chunk, progress)
         options: dict[str, Any] = {}
+        by_position = None
     else:
-        dense = (_eap(graph, ref, clean_run, grads) if method == "eap" else
-                 _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress))
-        scores = graph.flat(dense)
+        dense = (_eap(graph, ref, clean_run, grads, per_position) if method == "eap" else
+                 _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress,
+                         per_position))
+        by_position = graph.flat(dense.movedim(-1, 0)).T.cpu() if per_position else None  # [n_edges, pos]
+        scores = by_position.sum(1) if per_position else graph.flat(dense)
         nodes = graph.dense(scores).sum(1)
         options = {"steps": steps, "ig_path": ig_path} if method == "eap-ig" else {}
     return EdgeScores(graph, scores.double().cpu(), nodes.double().cpu(), method, intervention,
                       getattr(metric, "__name__", "metric"), clean_value, ablated_value, options,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, by_position)
 
 
 def _copies_per_run(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
@@ -243,16 +260,17 @@ def _reference_and_ablated(model, graph, clean, corrupt, metric, intervention, c
     return ref, float(per_copy(metric, run.logits)[0])
 
 
-def _eap(graph, ref, clean_run, grads) -> torch.Tensor:
+def _eap(graph, ref, clean_run, grads, per_position=False) -> torch.Tensor:
     """clean_run: the clean run with gradients, grads: ∂m/∂(every reader input) from _backward."""
     diff = ref - clean_run.source_outputs()[0].detach()  # [batch, pos, n_sources, d_model]
-    return _contract(graph, diff[None], clean_run.inputs, grads)
+    return _contract(graph, diff[None], clean_run.inputs, grads, per_position)
 
 
-def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress) -> torch.Tensor:
+def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress,
+            per_position=False) -> torch.Tensor:
     reads = read_positions(metric, clean.shape[1])
     alphas = torch.arange(1, steps + 1, dtype=torch.float64) / steps
-    dense = torch.zeros(len(graph.sources), len(graph.readers), dtype=torch.float64, device=ref.device)
+    dense = 0.0
     clean_outs = clean_run.source_outputs()[0]
     x_clean = clean_outs[..., 0, :]
     x_ref = ref[..., 0, :].expand_as(x_clean)
@@ -266,7 +284,7 @@ def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path
             mask = all_patched(graph, 1.0, len(a), ref.dtype, ref.device) * a[:, None, None]
             run, grads = _backward(model, graph, clean, metric, ref=ref, mask=mask, reads=reads)
             diff = ref - run.source_outputs().detach()
-        dense += _contract(graph, diff, run.inputs, grads)
+        dense = dense + _contract(graph, diff, run.inputs, grads, per_position)
     return dense / steps
 
 
