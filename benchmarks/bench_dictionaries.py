@@ -1,148 +1,283 @@
-"""Dictionary benchmarks, printed as ratios measured in one run (timings on a shared CPU are noisy).
+"""Dictionary benchmarks against the issue's targets, measured in one run and printed as ratios.
 
-1. training throughput (activations/s) against SAELens: same activations, architecture, sizes and batch;
-   one optimizer step each (SAELens: TrainingSAE.training_forward_pass + backward + Adam). Target ≥ 1.5x.
-2. activation generation through the store vs the model's own unhooked forward on the same tokens
-   (the store stops the forward after the last hook it needs). Target: overhead ≤ 10%.
-3. peak memory (RSS) of training from the on-disk cache at 1x and 10x the tokens: should stay flat.
+1. Training throughput (activations/s) against SAELens 6: the same activations, architecture, sizes
+   and batch; one optimizer step each (ours: DictionaryTrainer.train_step, with its dead-latent
+   bookkeeping and unit-norm decoder; SAELens: TrainingSAE.training_forward_pass + backward + Adam;
+   its `use_sparse_activations` mode fails on the CPU in training, so it runs dense). Target >= 1.5x.
+2. Activation generation through the store (ModelActivations + ActivationStore: the forward up to
+   the hook, flattening, the shuffle, the batches) against the model's own forward on the same tokens
+   (`model(tokens)` under no_grad). Target: overhead <= 10%. The hook is in the last block, where the
+   store runs (almost) the whole model; an early hook would flatter it.
+3. Peak memory of training from the on-disk cache at 1x and 10x the tokens, each in a fresh process
+   (the peak over the import baseline is what training adds), at a size where the 10x activations
+   (fp32, as training uses them) would not fit in this machine's free memory. Target: flat.
 
-    PYTHONPATH=src python benchmarks/bench_dictionaries.py [--quick]
+Timings alternate between the two sides (round robin, median of the repeats) so that other load on
+the machine hits both alike; absolute figures still drop on a busy machine, ratios much less.
+
+    PYTHONPATH=src python benchmarks/bench_dictionaries.py            # full size, ~3 min on 2 idle cores
+    PYTHONPATH=src python benchmarks/bench_dictionaries.py --quick    # smoke run, ~30 s
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+SIZES = {  # d_in, d_sae, k, batch, steps per repeat, repeats
+    "full": {"train": (512, 4096, 32, 1024, 4, 5), "model": ("quick", 32, 256),
+             "memory": (1024, 512, 16, 4096, 16384, 12)},
+    "quick": {"train": (128, 1024, 16, 256, 4, 3), "model": ("gpt2-tiny", 8, 64),
+              "memory": (256, 256, 16, 1024, 4096, 4)},
+}
+# memory: d_in, d_sae, k, batch, rows per shard, shards at 1x (10x has ten times as many)
 
-def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+
+def round_robin(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function, timed in turn after one warm-up call each."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def training_throughput(arch: str, d_in: int, d_sae: int, k: int, batch: int, steps: int) -> tuple[float, float]:
-    from sae_lens import StandardTrainingSAE, StandardTrainingSAEConfig, TopKTrainingSAE, TopKTrainingSAEConfig
+# ---------------------------------------------------------------------------- 1. training throughput
+
+def _saelens(arch: str, d_in: int, d_sae: int, k: int):
+    import sae_lens as sl
+
+    if arch == "relu":
+        return sl.StandardTrainingSAE(sl.StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, l1_coefficient=1.0))
+    if arch == "topk":
+        return sl.TopKTrainingSAE(sl.TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=k))
+    if arch == "batchtopk":
+        return sl.BatchTopKTrainingSAE(sl.BatchTopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=k))
+    return sl.JumpReLUTrainingSAE(sl.JumpReLUTrainingSAEConfig(d_in=d_in, d_sae=d_sae))
+
+
+def training_throughput(arch: str, d_in: int, d_sae: int, k: int, batch: int, steps: int, repeats: int) -> dict[str, float]:
+    """Activations/s of circuitlab and SAELens training the same architecture on the same batches."""
     from sae_lens.saes.sae import TrainStepInput
 
     from circuitlab.dictionaries import DictionaryConfig
     from circuitlab.dictionaries.store import ActivationStore
-    from circuitlab.dictionaries.planted import PlantedFeatures
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
 
-    planted = PlantedFeatures(n_features=4 * d_in, d=d_in, l0=8, rows_per_chunk=batch * 4)
-    batches = [planted.chunk(i)["planted"][:batch] for i in range(4)]
-    cfg = DictionaryConfig(arch, d_in=d_in, d_sae=d_sae, k=k if arch == "topk" else None, hook_name="planted")
-    ours = DictionaryTrainer([cfg], DictTrainConfig(steps=10**6, batch_size=batch, normalise=False), ActivationStore(planted, batch))
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randn(batch, d_in, generator=gen) for _ in range(4)]
+    source = _Random(d_in, batch)
+    cfg = DictionaryConfig(arch, d_in=d_in, d_sae=d_sae, k=k if arch in ("topk", "batchtopk") else None, hook_name="x")
+    ours = DictionaryTrainer([cfg], DictTrainConfig(steps=10**6, batch_size=batch, normalise=False), ActivationStore(source, batch))
     ours.init_from_data()
 
-    def run_ours():
+    def run_ours() -> None:
         for i in range(steps):
-            ours.train_step({"planted": batches[i % 4]})
+            ours.train_step({"x": batches[i % 4]})
 
-    if arch == "topk":
-        theirs = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d_in, d_sae=d_sae, k=k))
-    else:
-        theirs = StandardTrainingSAE(StandardTrainingSAEConfig(d_in=d_in, d_sae=d_sae, l1_coefficient=1.0))
+    theirs = _saelens(arch, d_in, d_sae, k)
     opt = torch.optim.Adam(theirs.parameters(), lr=1e-3)
-    coefs = {name: (c.value if hasattr(c, "value") else c) for name, c in theirs.get_coefficients().items()}
+    coefs = {n: (c.value if hasattr(c, "value") else c) for n, c in theirs.get_coefficients().items()}
     dead = torch.zeros(d_sae, dtype=torch.bool)
 
-    def run_theirs():
+    def run_theirs() -> None:
         for i in range(steps):
             out = theirs.training_forward_pass(TrainStepInput(batches[i % 4], coefs, dead, i, False))
             opt.zero_grad()
             out.loss.backward()
             opt.step()
 
-    run_ours(), run_theirs()  # warm up
-    t_ours, t_theirs = best_of(run_ours, 3), best_of(run_theirs, 3)
-    return steps * batch / t_ours, steps * batch / t_theirs
+    sec = round_robin({"circuitlab": run_ours, "SAELens": run_theirs}, repeats)
+    return {name: steps * batch / s for name, s in sec.items()}
 
 
-def generation_overhead(preset: str, hook: str, batch: int, seq: int) -> tuple[float, float]:
+class _Random:
+    """An activation source of seeded Gaussian rows {"x": [rows, d]} (the cost of making it is negligible)."""
+
+    def __init__(self, d: int, rows_per_chunk: int) -> None:
+        self.widths, self.rows_per_chunk, self.d = {"x": d}, rows_per_chunk, d
+
+    def chunk(self, index: int, split: str = "train") -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(index * 2 + (split == "val"))
+        return {"x": torch.randn(self.rows_per_chunk, self.d, generator=gen)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "random", "d": self.d, "rows_per_chunk": self.rows_per_chunk}
+
+
+# ---------------------------------------------------------------------------- 2. store overhead
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(t: torch.Tensor, hook: Any) -> None:
+    raise _Stop
+
+
+def store_overhead(preset: str, batch: int, seq: int, repeats: int) -> tuple[str, dict[str, float]]:
+    """The hook, and seconds of: model(tokens); the same forward stopped at the hook; the store
+    serving the same tokens' activations at the hook."""
     from circuitlab.config import ModelConfig
-    from circuitlab.dictionaries.store import ModelActivations
+    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
     from circuitlab.model import Transformer
 
     model = Transformer(ModelConfig.from_preset(preset, d_vocab=4096, n_ctx=seq)).eval()
-    tokens = torch.randint(0, 4096, (batch * 4, seq))
-    source = ModelActivations(model, [hook], tokens, seq_len=seq, seqs_per_chunk=batch)
+    hook = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    tokens = torch.randint(0, 4096, (batch, seq), generator=torch.Generator().manual_seed(0))
+    rows = batch * seq
 
     @torch.no_grad()
-    def forward():
-        model(tokens[:batch])
+    def forward() -> None:
+        model(tokens)
 
-    def store():
-        source.chunk(0)
+    @torch.no_grad()
+    def forward_to_hook() -> None:
+        try:
+            with model.hooks([(hook, _stop)]):
+                model(tokens)
+        except _Stop:
+            pass
 
-    forward(), store()
-    return best_of(forward, 5), best_of(store, 5)
+    def store() -> None:
+        st = ActivationStore(ModelActivations(model, [hook], tokens, seq_len=seq, seqs_per_chunk=batch), rows // 4)
+        for _ in range(4):
+            st.next_batch()
+
+    return hook, round_robin({"forward": forward, "to_hook": forward_to_hook, "store": store}, repeats)
 
 
-def peak_memory_child(folder: str, chunks: int, batch: int) -> None:
-    """Run in a fresh process: cache `chunks` chunks of planted activations, train through all of them."""
+# ---------------------------------------------------------------------------- 3. peak memory
+
+def _write_cache(folder: str, d: int, rows_per_shard: int, shards: int) -> None:
+    from circuitlab.dictionaries.store import cache_activations
+
+    cache_activations(_Random(d, rows_per_shard), folder, shards, progress=False)
+
+
+def _train_from_cache(folder: str, d_in: int, d_sae: int, k: int, batch: int) -> None:
+    """In a fresh process: train one epoch over the cache; print the RSS before training and the peak (KiB)."""
     from circuitlab.dictionaries import DictionaryConfig
-    from circuitlab.dictionaries.planted import PlantedFeatures
-    from circuitlab.dictionaries.store import ActivationStore, CachedActivations, cache_activations
+    from circuitlab.dictionaries.store import ActivationStore, CachedActivations
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
 
-    planted = PlantedFeatures(n_features=1024, d=256, l0=8, rows_per_chunk=batch * 8)
-    cache_activations(planted, folder, chunks, progress=False)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     source = CachedActivations(folder)
-    cfg = DictionaryConfig("topk", d_in=256, d_sae=1024, k=16, hook_name="planted")
-    steps = chunks * 8
-    DictionaryTrainer([cfg], DictTrainConfig(steps=steps, batch_size=batch), ActivationStore(source, batch)).fit(progress=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"{before} {peak} {chunks * batch * 8}")
+    cfg = DictionaryConfig("topk", d_in=d_in, d_sae=d_sae, k=k, hook_name="x")
+    steps = source.manifest["splits"]["train"]["rows"] // batch
+    trainer = DictionaryTrainer([cfg], DictTrainConfig(steps=steps, batch_size=batch), ActivationStore(source, batch))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    trainer.fit(progress=False)
+    print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, steps)
 
 
-def peak_memory(chunks: int, batch: int) -> tuple[int, int, int]:
-    with tempfile.TemporaryDirectory() as folder:
-        out = subprocess.run([sys.executable, __file__, "--child", folder, str(chunks), str(batch)],
+def peak_memory(d: int, d_sae: int, k: int, batch: int, rows_per_shard: int, shards: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-dict-cache-") as folder:
+        child = [sys.executable, __file__, "--child"]
+        subprocess.run(child + ["cache", folder, str(d), str(rows_per_shard), str(shards)], check=True)
+        out = subprocess.run(child + ["train", folder, str(d), str(d_sae), str(k), str(batch)],
                              capture_output=True, text=True, check=True).stdout.split()
-    return int(out[0]), int(out[1]), int(out[2])
+    before, peak, steps = (int(v) for v in out[-3:])
+    rows = rows_per_shard * shards
+    return {"rows": rows, "held_mib": rows * d * 4 / 2**20, "disk_mib": rows * d * 2 / 2**20,
+            "before_mib": before / 1024, "peak_mib": peak / 1024, "added_mib": (peak - before) / 1024, "steps": steps}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = p.parse_args()
+# ---------------------------------------------------------------------------- main
+
+def available_mib() -> float:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: the machine's cores)")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
     if args.child:
-        peak_memory_child(args.child[0], int(args.child[1]), int(args.child[2]))
-        return
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    d_in, d_sae, batch, steps = (64, 512, 256, 10) if args.quick else (256, 4096, 1024, 20)
-    print(f"torch threads: {torch.get_num_threads()}")
-    print("\n1. dictionary training throughput vs SAELens (same activations, sizes, batch) — target >= 1.5x")
-    for arch, k in (("topk", 32), ("relu", 0)):
-        ours, theirs = training_throughput(arch, d_in, d_sae, k, batch, steps)
-        print(f"   {arch:5s} d_in {d_in} d_sae {d_sae} batch {batch}: circuitlab {ours:,.0f} act/s, "
-              f"SAELens {theirs:,.0f} act/s  -> {ours / theirs:.2f}x")
-    print("\n2. activation generation through the store vs the model's own forward — target overhead <= 10%")
-    preset, seq, b = ("gpt2-tiny", 64, 8) if args.quick else ("quick", 128, 16)
-    for hook in ("blocks.1.hook_resid_post", "blocks.0.hook_mlp_out"):
-        t_model, t_store = generation_overhead(preset, hook, b, seq)
-        print(f"   {preset} [{b} x {seq}] {hook}: forward {t_model * 1e3:.1f} ms, store {t_store * 1e3:.1f} ms "
-              f"-> overhead {100 * (t_store / t_model - 1):+.0f}%")
-    print("\n3. peak memory training from the on-disk cache (fresh process each) — should stay flat")
-    rows = []
+        kind, folder, *nums = args.child
+        (_write_cache if kind == "cache" else _train_from_cache)(folder, *map(int, nums))
+        return 0
+
+    from importlib.metadata import version
+
+    from circuitlab.perf import REFERENCE_GFLOPS, matmul_gflops
+
+    size = SIZES["quick" if args.quick else "full"]
+    start = time.perf_counter()
+    gflops = matmul_gflops()
+    print(f"# dictionaries benchmark ({'quick' if args.quick else 'full'} size)  torch {torch.__version__}  "
+          f"sae-lens {version('sae-lens')}  threads {threads}  load avg {os.getloadavg()[0]:.2f}")
+    print(f"# this machine: {gflops:.0f} GFLOP/s fp32 matmul (circuitlab.perf.matmul_gflops); wall times scale "
+          f"to a {REFERENCE_GFLOPS:.0f} GFLOP/s machine by x{gflops / REFERENCE_GFLOPS:.2f}")
+
+    d_in, d_sae, k, batch, steps, repeats = size["train"]
+    print(f"\n## 1. training throughput, d_in {d_in}, d_sae {d_sae}, k {k}, batch {batch} "
+          f"(median of {repeats} x {steps} steps)")
+    print(f"{'architecture':12s} {'circuitlab act/s':>17s} {'SAELens act/s':>14s} {'ratio':>7s}")
+    ratios = {}
+    for arch in ("relu", "topk", "batchtopk", "jumprelu"):
+        r = training_throughput(arch, d_in, d_sae, k, batch, steps, repeats)
+        ratios[arch] = r["circuitlab"] / r["SAELens"]
+        print(f"{arch:12s} {r['circuitlab']:17,.0f} {r['SAELens']:14,.0f} {ratios[arch]:6.2f}x")
+
+    preset, b, seq = size["model"]
+    hook, t = store_overhead(preset, b, seq, repeats=max(repeats, 5))
+    overhead = t["store"] / t["forward"] - 1
+    print(f"\n## 2. activation store vs the model's own forward, {preset} preset, {b} x {seq} tokens, {hook}")
+    print(f"model(tokens) {t['forward'] * 1e3:.1f} ms; the same forward stopped at the hook {t['to_hook'] * 1e3:.1f} ms; "
+          f"store (forward to the hook, flatten, shuffle, 4 batches) {t['store'] * 1e3:.1f} ms")
+    print(f"store vs model(tokens): {100 * overhead:+.1f}%; the store's own work (vs the stopped forward): "
+          f"{100 * (t['store'] / t['to_hook'] - 1):+.1f}%")
+
+    d, d_sae_m, k_m, batch_m, rows_per_shard, shards = size["memory"]
+    print(f"\n## 3. peak memory training from the disk cache (fresh process each; fp16 shards of {rows_per_shard:,} "
+          f"x {d}; TopK d_sae {d_sae_m}, batch {batch_m}); MemAvailable now {available_mib():,.0f} MiB")
+    print(f"{'tokens':>6s} {'activations':>12s} {'fp32 if held':>13s} {'on disk':>9s} {'RSS before':>11s} "
+          f"{'peak RSS':>9s} {'added':>8s}")
+    mem = {}
     for scale in (1, 10):
-        before, peak, tokens = peak_memory(4 * scale if not args.quick else 2 * scale, 512)
-        rows.append(peak)
-        print(f"   {scale:2d}x ({tokens:,} activations): peak RSS {peak / 1024:.0f} MiB (before training {before / 1024:.0f} MiB)")
-    print(f"   10x / 1x peak: {rows[1] / rows[0]:.2f}")
+        m = mem[scale] = peak_memory(d, d_sae_m, k_m, batch_m, rows_per_shard, shards * scale)
+        print(f"{scale:5d}x {m['rows']:12,d} {m['held_mib']:10,.0f} MiB {m['disk_mib']:6,.0f} MiB "
+              f"{m['before_mib']:7,.0f} MiB {m['peak_mib']:5,.0f} MiB {m['added_mib']:4,.0f} MiB")
+    growth = mem[10]["peak_mib"] / mem[1]["peak_mib"]
+
+    print("\n## summary")
+    print(f"{'target':58s} {'measured':>10s}  met")
+    for arch, ratio in ratios.items():
+        print(f"{'training throughput vs SAELens, ' + arch + ' (>= 1.5x)':58s} {ratio:9.2f}x  {'yes' if ratio >= 1.5 else 'NO'}")
+    print(f"{'store overhead over the forward (<= +10%)':58s} {100 * overhead:+9.1f}%  {'yes' if overhead <= 0.10 else 'NO'}")
+    print(f"{'peak RSS, 10x tokens / 1x tokens (flat: <= 1.10)':58s} {growth:9.2f}x  {'yes' if growth <= 1.10 else 'NO'}")
+    print(f"{'  (what training added at 10x / the 10x activations as fp32)':58s} "
+          f"{mem[10]['added_mib'] / mem[10]['held_mib']:9.2f}x")
+    print(f"# {time.perf_counter() - start:.0f} s; load avg at the end {os.getloadavg()[0]:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -66,9 +66,22 @@ def test_readable_features_are_specific_first_and_one_per_token():
 
 
 @pytest.mark.slow
-def test_real_budget_fits_three_minutes_scaled(tmp_path):
-    result = run_features_demo(FeaturesDemoOptions(out=tmp_path / "features", progress=False))
-    assert result.scaled_seconds <= 180, result.wall_seconds
-    assert result.metrics["explained_variance"] > 0.6 and result.metrics["ce_loss_recovered"] > 0.5
-    assert result.specificity["features_specific"] > result.specificity["neurons_specific"]
-    assert len(result.features) >= 4
+def test_sae_demo_command_at_its_real_budget(tmp_path):
+    """`circuitlab sae demo` as a user runs it. Measured on an idle 2-core machine (205 GFLOP/s): 158 s
+    scaled; EV 84.3%, L0 16, CE recovered 99.3%, 0.3% dead, 60% of live features token-specific against
+    30% of neurons. The margins allow for other thread counts and machines, not for a broken step."""
+    from circuitlab.cli import main
+
+    out = tmp_path / "features"
+    assert main(["sae", "demo", "--out", str(out), "--no-progress"]) == 0
+    r = json.loads((out / "results.json").read_text())
+    m, s = r["metrics"], r["specificity"]
+    assert r["scaled_seconds"] <= 180, r["wall_seconds"]               # the budget (150 GFLOP/s machine)
+    assert m["l0"] == pytest.approx(16, abs=0.01)                       # TopK: exactly k per token
+    assert m["explained_variance"] >= 0.78, m
+    assert m["ce_loss_recovered"] >= 0.95 and m["ce_loss_spliced"] < m["ce_loss_zero"], m
+    assert s["dead_fraction"] <= 0.05, s
+    assert s["features_specific"] >= 0.45 and s["features_specific"] >= 1.5 * s["neurons_specific"], s
+    assert len(r["features"]) >= 4 and all(f["top_share"] >= 0.5 for f in r["features"]), r["features"]
+    report = (out / "report.md").read_text()
+    assert all(sentence in report for sentence in r["summary"])

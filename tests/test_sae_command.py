@@ -87,3 +87,16 @@ def test_sae_eval_refuses_a_truncated_dictionary(tmp_path, capsys, tiny_checkpoi
     weights.write_bytes(weights.read_bytes()[:100])
     assert main(["sae", "eval", "--dictionary", str(folder), "--checkpoint", str(tiny_checkpoint / "model")]) == 2
     assert "corrupt or truncated" in capsys.readouterr().err
+
+
+def test_bundled_transcoder_config_trains_a_transcoder_that_replaces_the_mlp(tiny_checkpoint, capsys):
+    """configs/transcoder-demo.yaml (made for the features demo's model), pointed at a tiny model."""
+    root = tiny_checkpoint
+    out = root / "transcoder"
+    sets = [f"model={root / 'model'}", "data.n_stories=200", "data.tokenizer=char", "store.seq_len=16",
+            "store.seqs_per_chunk=16", "train.steps=4", "train.batch_size=64", "train.eval_batches=1", "train.ckpt_every=0"]
+    assert main(["sae", "train", "--config", "transcoder-demo", "--out", str(out), "--no-progress",
+                 *[a for s in sets for a in ("--set", s)]]) == 0
+    (entry,) = json.loads((out / "results.json").read_text())["dictionaries"]
+    assert entry["config"]["out_hook_name"] == "blocks.0.hook_mlp_out" and entry["config"]["skip"]
+    assert entry["metrics"]["spliced"]["ce_zero"] != entry["metrics"]["spliced"]["ce_clean"]  # the MLP was replaced

@@ -24,7 +24,7 @@ TRAIN_EXAMPLE = "circuitlab sae train --config sae-demo --set train.steps=500 --
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="a YAML file, or the name of a bundled one (sae-demo)")
+    p.add_argument("--config", required=True, help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
     p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")

@@ -79,13 +79,18 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
                   dead: torch.Tensor | None) -> StepOutput:
     """x [rows, d_in] (normalised), target y [rows, d_out]; dead [d_sae] bool (for AuxK) or None."""
     arch = sae.cfg.architecture
-    pre = sae.pre_acts(x)  # [rows, d_sae]
+    pre = _pre_acts(sae, x)  # [rows, d_sae]
     zero = pre.new_zeros(())
     skip = x @ sae.W_skip if sae.cfg.skip else 0.0
-    if arch == "topk":
-        values, indices = pre.topk(sae.cfg.k, dim=-1, sorted=False)
-        values = values.relu()
-        y_hat = sparse_decode(sae, values, indices) + sae.b_dec + skip
+    if arch in ("topk", "batchtopk"):
+        if arch == "topk":
+            values, indices = pre.topk(sae.cfg.k, dim=-1, sorted=False)
+            values = values.relu()
+            y_hat = sparse_decode(sae, values, indices)
+        else:
+            values, rows, indices = _batch_topk(sae, pre, coef.threshold_decay)
+            y_hat = _decode_pairs(sae, values, rows, indices, len(x))
+        y_hat = y_hat + sae.b_dec + skip
         fires = torch.bincount(indices[values > 0], minlength=pre.shape[-1])
         l0 = float((values > 0).sum()) / len(x)
         sparsity = zero
@@ -93,12 +98,9 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
         if arch == "relu":
             acts = pre.relu()
             sparsity = coef.sparsity * (acts * sae.W_dec.norm(dim=-1)).sum(-1).mean()
-        elif arch == "jumprelu":
+        else:  # jumprelu
             acts = _JumpReLU.apply(pre, sae.threshold, coef.bandwidth)
             sparsity = coef.sparsity * _Step.apply(pre, sae.threshold, coef.bandwidth).sum(-1).mean()
-        else:  # batchtopk
-            acts = _batch_topk(sae, pre, coef.threshold_decay)
-            sparsity = zero
         y_hat = acts @ sae.W_dec + sae.b_dec + skip
         active = acts > 0
         fires, l0 = active.sum(0), float(active.sum()) / len(x)
@@ -109,20 +111,38 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
     return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires, l0)
 
 
-def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch.Tensor:
-    """Keep the k·rows largest ReLU'd pre-activations of the whole batch; update the running threshold
-    (the smallest kept value, averaged over batches) that inference uses instead."""
-    acts = pre.relu()
-    flat = acts.flatten()
-    n_keep = min(sae.cfg.k * pre.shape[0], flat.numel())
-    values, indices = flat.topk(n_keep, sorted=False)
-    mask = torch.zeros_like(flat, dtype=torch.bool)
-    mask[indices] = True
+def _pre_acts(sae: SparseDictionary, x: torch.Tensor) -> torch.Tensor:
+    """sae.pre_acts(x) [rows, d_sae] as (x @ W_enc) + (b_enc − b_dec @ W_enc): the same numbers, but b_dec's
+    gradient is a vector-matrix product instead of a third [rows, d_sae] x [d_sae, d_in] matmul per step."""
+    sae._check_width(x, sae.cfg.d_in, "input")
+    bias = sae.b_enc - sae.b_dec @ sae.W_enc if sae.cfg.apply_b_dec_to_input else sae.b_enc
+    return x.to(sae.W_enc.dtype) @ sae.W_enc + bias
+
+
+def _batch_topk(sae: SparseDictionary, pre: torch.Tensor,
+                decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The k·rows largest ReLU'd pre-activations of the whole batch [rows, d_sae], as (values, row,
+    latent) triples [k·rows] each, grouped by row; updates the running threshold (the smallest kept
+    value, averaged over batches) that inference uses instead."""
+    d_sae = pre.shape[-1]
+    n_keep = min(sae.cfg.k * pre.shape[0], pre.numel())
+    values, flat = pre.relu().flatten().topk(n_keep, sorted=False)
+    flat, order = flat.sort()  # by row, so that each row's latents are contiguous for the decode
+    values = values[order]
     with torch.no_grad():
         kept = values[values > 0]
         if kept.numel():
             sae.threshold.copy_(decay * sae.threshold + (1 - decay) * kept.min())
-    return acts * mask.view_as(acts)
+    return values, flat // d_sae, flat % d_sae
+
+
+def _decode_pairs(sae: SparseDictionary, values: torch.Tensor, rows: torch.Tensor, latents: torch.Tensor,
+                  n_rows: int) -> torch.Tensor:
+    """Σ over the (value, row, latent) triples of value · W_dec[latent] into its row: [n_rows, d_out]
+    (rows sorted; a row with no latent decodes to 0), reading only the kept rows of W_dec."""
+    counts = torch.bincount(rows, minlength=n_rows)
+    offsets = counts.cumsum(0) - counts
+    return F.embedding_bag(latents, sae.W_dec, offsets, per_sample_weights=values, mode="sum")
 
 
 def _auxk(sae: SparseDictionary, pre: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
