@@ -46,10 +46,9 @@ import circuitlab.viz.circuits, circuitlab.viz.heads, circuitlab.viz.lens, circu
 import circuitlab.viz.probing, circuitlab.viz.training, circuitlab.viz.interactive, circuitlab.report
 import circuitlab.experiments.demo, circuitlab.experiments.interpret, circuitlab.pretrained.importer
 import torch, tempfile, pathlib
-from circuitlab.analysis.circuits import CopyingScores
-from circuitlab.viz.circuits import plot_copying_scores
+from circuitlab.viz.circuits import copying_scores_figure
 path = pathlib.Path(tempfile.mkdtemp()) / "c.png"
-plot_copying_scores(CopyingScores(scores=torch.zeros(2, 2)), path)
+copying_scores_figure(torch.zeros(2, 2)).save_png(path)
 assert path.stat().st_size > 0
 print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules)
 """

@@ -7,7 +7,7 @@ import torch
 from circuitlab import CircuitlabError
 from circuitlab.analysis.probing import (ProbeTask, builtin_task, random_sequences, residual_points, train_probe,
                                          train_probes)
-from circuitlab.viz.probing import plot_probe_accuracy
+from circuitlab.viz.probing import probe_figure
 from test_patching_path import V, induction_model
 
 
@@ -62,7 +62,7 @@ def test_custom_task_tensor_data_and_figure(tmp_path):
         return out, valid
     res = train_probe(model, tokens, ProbeTask("prev_small", labels, 2), batch_size=16, progress=False)
     assert res.val_score[1] > 0.95 and res.val_score[0] < 0.75
-    path = plot_probe_accuracy(res, tmp_path / "probe.png")
+    path = probe_figure(res).save_png(tmp_path / "probe.png")
     assert path.is_file() and path.stat().st_size > 1000
 
 

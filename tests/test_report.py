@@ -77,7 +77,7 @@ def assert_self_contained(page: str) -> None:
 def test_attention_figure_one_trace_per_head_with_hover_tokens():
     tokens = ["The", " cat", " sat", " The", " cat", "<b>"]
     patterns = torch.softmax(torch.randn(2, 3, 6, 6), dim=-1)
-    fig = I.attention_figure(tokens, patterns, labels={"L1H2": "induction"})
+    fig = I.attention_figure(tokens, patterns, labels={"L1H2": "induction"}).to_plotly()
     assert len(fig.data) == 6 and [t.name for t in fig.data] == [f"L{l}H{h}" for l in range(2) for h in range(3)]
     assert [t.visible for t in fig.data] == [True] + [False] * 5
     z = np.asarray(fig.data[4].z)  # L1H1
@@ -92,33 +92,35 @@ def test_attention_figure_one_trace_per_head_with_hover_tokens():
     assert len(menu.buttons) == 6 and menu.buttons[5].label == "L1H2 (induction)"
     assert menu.buttons[5].args[0]["visible"] == [False] * 5 + [True]
     assert "L1H2 (induction)" in menu.buttons[5].args[1]["title.text"]
-    flat = I.attention_figure(tokens, patterns.reshape(6, 6, 6), head_names=list("abcdef"), active="e")
+    flat = I.attention_figure(tokens, patterns.reshape(6, 6, 6), head_names=list("abcdef"), active="e").to_plotly()
     assert [t.name for t in flat.data] == list("abcdef") and [t.visible for t in flat.data][4]
     assert flat.layout.updatemenus[0].active == 4 and flat.layout.title.text == "Attention pattern: e"
     with pytest.raises(ValueError, match="head names"):
-        I.attention_figure(tokens, patterns.reshape(6, 6, 6), head_names=["a"])
+        I.attention_figure(tokens, patterns.reshape(6, 6, 6), head_names=["a"]).to_plotly()
 
 
 def test_figures_from_result_objects_and_their_dicts(model):
     tokens = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0))
     lens = logit_lens(model, tokens, k=3, tokenizer=CharTokenizer())
-    for fig in (I.logit_lens_figure(lens), I.logit_lens_figure(json.loads(json.dumps(lens.to_dict())))):
+    for spec in (I.logit_lens_figure(lens), I.logit_lens_figure(json.loads(json.dumps(lens.to_dict())))):
+        fig = spec.to_plotly()
         assert np.asarray(fig.data[0].z).shape == (3, 12) and len(fig.data[0].y) == 3
     _, cache = model.run_with_cache(tokens[None])
     dla = direct_logit_attribution(model, cache, answer=3, wrong=4)
-    bars = I.logit_attribution_figure(dla, n=4)
+    bars = I.logit_attribution_figure(dla, n=4).to_plotly()
     assert len(bars.data[0].y) == 4 and "logit difference" in bars.layout.xaxis.title.text
-    assert list(I.logit_attribution_figure(dla.to_dict(), n=4).data[0].y) == list(bars.data[0].y)
+    assert list(I.logit_attribution_figure(dla.to_dict(), n=4).to_plotly().data[0].y) == list(bars.data[0].y)
     two_d = PatchResult("resid_pre", ("pos",), [0, 1], torch.tensor([[0.0, 1.0, 0.5], [1.0, 0.0, 0.0]]), 1.0, 0.0)
-    fig = I.patching_figure(two_d.to_dict(), tokens=["a", "b", "a"])
+    fig = I.patching_figure(two_d.to_dict(), tokens=["a", "b", "a"]).to_plotly()
     assert np.allclose(np.asarray(fig.data[0].z), two_d.recovery().numpy()) and len(set(fig.data[0].x)) == 3
     three_d = PatchResult("head_out_by_pos", ("pos", "head"), [0, 1], torch.rand(2, 5, 3), 2.0, 0.0)
-    fig = I.patching_figure(three_d)
+    fig = I.patching_figure(three_d).to_plotly()
     assert len(fig.data) == 2 and np.asarray(fig.data[0].z).shape == (3, 5)  # heads down, positions across
     probe = ProbeResult("repeat", ["L0", "L1", "out"], "accuracy", torch.rand(3), torch.rand(3), torch.rand(3),
                         0.5, 10, 10)
-    assert len(I.probe_figure(probe).data) == 3 and len(I.probe_figure({"x": probe.to_dict()}).data) == 3
-    heat = I.heatmap_figure(torch.tensor([[1.0, float("nan")], [-2.0, 0.5]]), ["a", "a"], ["x", "y"], "t")
+    assert len(I.probe_figure(probe).to_plotly().data) == 3
+    assert len(I.probe_figure({"x": probe.to_dict()}).to_plotly().data) == 3
+    heat = I.heatmap_figure(torch.tensor([[1.0, float("nan")], [-2.0, 0.5]]), ["a", "a"], ["x", "y"], "t").to_plotly()
     assert list(heat.data[0].y) == ["a", "a #2"] and heat.data[0].zmin == -2.0 and heat.data[0].zmax == 2.0
 
 
@@ -126,7 +128,7 @@ def test_training_curves_mark_the_phase_change():
     records = [{"step": s, "tokens": 100 * s, "loss": 3.0 - 0.1 * s, "repeat_loss": 2.0,
                 "induction": [[0.05], [0.05 + (0.8 if s >= 6 else 0.1 * s / 6)]], "prev_token": [[0.6], [0.1]]}
                for s in range(10)]
-    fig = I.training_curves_figure({"2l": records}, {"2l": {"step": 6, "tokens": 600}})
+    fig = I.training_curves_figure({"2l": records}, {"2l": {"step": 6, "tokens": 600}}).to_plotly()
     names = [t.name for t in fig.data]
     assert "2l best induction score" in names and "2l loss on repeated tokens" in names
     best = next(t for t in fig.data if t.name == "2l best induction score")
@@ -134,7 +136,7 @@ def test_training_curves_mark_the_phase_change():
     kinds = sorted(s.type for s in fig.layout.shapes)
     assert kinds.count("line") == 2 and kinds.count("rect") == 2  # a line and a band on both panels
     assert any(s.type == "line" and s.x0 == 600 for s in fig.layout.shapes)
-    assert not I.training_curves_figure(records).layout.shapes  # no phase change given: nothing marked
+    assert not I.training_curves_figure(records).to_plotly().layout.shapes  # no phase change given: nothing marked
 
 
 # ---------------------------------------------------------------------------- Jupyter

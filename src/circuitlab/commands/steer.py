@@ -90,14 +90,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"coef {c:g}: {args.prompt}{texts[0]!r}")
     if args.out:
         from circuitlab.report.inputs import write_steering_report
-        from circuitlab.viz.steering import plot_steering
+        from circuitlab.viz.steering import steering_figure
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         result = {**sweep.to_dict(), "prompt": args.prompt,
                   "generations": {str(c): t for c, t in zip(sweep.coefs, samples.values())}}
         atomic_write_text(out / "steering.json", json.dumps(result, indent=1))
-        plot_steering(sweep, out / "steering.png")
+        steering_figure(sweep).save_png(out / "steering.png")
         write_steering_report(out, result, f"circuitlab steer: {args.checkpoint}")
         print(f"wrote {out / 'steering.json'}, {out / 'steering.png'} and {out / 'report.html'}")
     return 0

@@ -143,7 +143,9 @@ def analyse(runs: dict, out: Path) -> DemoResult:
     from circuitlab.analysis.heads import classify_heads, induction_by_period
     from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
     from circuitlab.experiments.interpret_circuits import EXPERIMENTS
-    from circuitlab.viz.training import plot_attention_heads, plot_induction_by_period, plot_training_curves
+    from circuitlab.analysis.heads import attention_view
+    from circuitlab.viz.heads import attention_patterns_figure
+    from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
 
     result = DemoResult(models={})
     curves = {name: read_metrics(r.out_dir) for name, r in runs.items()}
@@ -172,10 +174,10 @@ def analyse(runs: dict, out: Path) -> DemoResult:
             phase_change=phase_change(curves[name]), train_seconds=round(r.seconds, 1),
             induction_by_period=sweep.to_dict(), classes=classes)
     figures = {"training_curves": "training_curves.png", "induction_by_period": "induction_by_period.png"}
-    plot_training_curves(curves, out / figures["training_curves"],
-                         {name: m.phase_change for name, m in result.models.items()})
-    plot_induction_by_period({name: m.induction_by_period for name, m in result.models.items()},
-                             out / figures["induction_by_period"])
+    training_curves_figure(curves, {name: m.phase_change for name, m in result.models.items()}).save_png(
+        out / figures["training_curves"])
+    induction_by_period_figure({name: m.induction_by_period for name, m in result.models.items()}).save_png(
+        out / figures["induction_by_period"])
     two = runs.get("2l")
     if two is not None:
         found = result.models["2l"]
@@ -183,7 +185,9 @@ def analyse(runs: dict, out: Path) -> DemoResult:
         if show:
             gen = torch.Generator().manual_seed(7)
             segment = torch.randint(0, two.tokenizer.vocab_size, (12,), generator=gen)
-            plot_attention_heads(two.model, segment.repeat(3), show, out / "induction_patterns.png")
+            view = attention_view(two.model, segment.repeat(3), two.tokenizer, found.classes)
+            attention_patterns_figure(view, "Attention on a random 12-token segment repeated 3 times",
+                                      heads=show).save_png(out / "induction_patterns.png")
             figures["attention_patterns"] = "induction_patterns.png"
         # QK/OV circuits of the induction head, K-composition, copying; a logit lens on a story.
         # Causal tests of the same circuit: patching and path patching on induction prompts (clean:

@@ -112,7 +112,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
                  ) -> ExperimentResult:
     """Activation patching (denoising) over the residual stream, layer outputs and heads; attribution
     patching against it; path patching from every earlier head into the strongest later head's q, k, v."""
-    from circuitlab.viz.patching import plot_attribution_vs_patching, plot_path_patching, plot_patching
+    from circuitlab.viz.patching import attribution_vs_patching_figure, path_patching_figure, patching_figure
 
     out_dir = Path(out_dir)
     c, x, metric, what, strs = _prompts(model, tokenizer, clean, corrupt)
@@ -121,7 +121,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     any_result = next(iter(results.values()))
     summary = [f"prompts: {what}",
                f"metric clean {any_result.clean_value:.3f}, corrupted {any_result.corrupt_value:.3f}"]
-    figures = [plot_patching(res, out_dir / f"patching_{t}.png", strs).name for t, res in results.items()]
+    figures = [patching_figure(res, strs).save_png(out_dir / f"patching_{t}.png").name for t, res in results.items()]
     found: dict[str, Any] = {"prompts": what, "tokens": strs, "patching": {t: r.to_dict() for t, r in results.items()}}
     gap = any_result.clean_value - any_result.corrupt_value
     if not gap:
@@ -138,7 +138,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
             summary.append(f"{t}: largest recovery at " + ", ".join(f"{_where(w)} ({e / gap:+.2f})" for w, e in top))
 
     check = attribution_vs_patching(model, c, x, metric, targets, patching=results)
-    figures.append(plot_attribution_vs_patching(check, out_dir / "attribution_vs_patching.png").name)
+    figures.append(attribution_vs_patching_figure(check).save_png(out_dir / "attribution_vs_patching.png").name)
     found["attribution_correlation"] = check.to_dict()["correlation"]
     summary.append("attribution patching vs activation patching, Pearson r: "
                    + ", ".join(f"{t} {r:.3f}" for t, r in check.correlation.items() if r == r))
@@ -148,7 +148,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
         best_head = int(results["head_out"].recovery()[1:].argmax())
         receiver = (1 + best_head // model.cfg.n_heads, best_head % model.cfg.n_heads)
         paths = [path_patching(model, c, x, metric, receiver, inp) for inp in INPUTS]
-        figures.append(plot_path_patching(paths, out_dir / "path_patching.png").name)
+        figures.append(path_patching_figure(paths).save_png(out_dir / "path_patching.png").name)
         found["path_patching"] = {p.receiver_input: p.to_dict() for p in paths}
         # Each input's strongest sender, and the fraction of the clean - corrupted gap its path removes.
         best = {p.receiver_input: (p.top(1)[0][0], -p.top(1)[0][1] / gap) for p in paths}
@@ -166,7 +166,7 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     """Mean-ablate every head (and MLP) on repeated random sequences and measure the loss on the repeated
     half; then ablate a group of heads together (default: the two after layer 0 that matter most), and
     compare the loss on the first half."""
-    from circuitlab.viz.patching import plot_ablation
+    from circuitlab.viz.patching import ablation_figure
 
     out_dir = Path(out_dir)
     gen = torch.Generator().manual_seed(SEED)
@@ -183,15 +183,15 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     first_loss = next_token_loss(tokens, first_half)
 
     heads = ablate_and_measure(model, tokens, repeated_loss, "head", "mean", reference)
-    figures = [plot_ablation(heads, out_dir / "ablation_heads.png",
-                             "mean ablation of each head: change in loss on the repeated half").name]
+    figures = [ablation_figure(heads, "mean ablation of each head: change in loss on the repeated half"
+                               ).save_png(out_dir / "ablation_heads.png").name]
     found: dict[str, Any] = {"tokens": f"{BATCH} random sequences of {half} tokens, each repeated once",
                              "heads": heads.to_dict()}
     summary = [f"loss on the repeated half {heads.baseline:.3f} nats; largest changes when one head is mean-ablated "
                "(+ raises it): " + ", ".join(f"{c} {v:+.3f}" for c, v in heads.top(4))]
     if model.cfg.has_mlp:
         mlps = ablate_and_measure(model, tokens, repeated_loss, "mlp", "mean", reference)
-        figures.append(plot_ablation(mlps, out_dir / "ablation_mlps.png").name)
+        figures.append(ablation_figure(mlps).save_png(out_dir / "ablation_mlps.png").name)
         found["mlps"] = mlps.to_dict()
         summary.append("MLP layers: " + ", ".join(f"{c} {v:+.3f}" for c, v in mlps.top(3)))
 
@@ -233,12 +233,12 @@ def run_probing(model, tokenizer, out_dir: Path, clean: str | None = None, corru
                 ) -> ExperimentResult:
     """Linear probes for the previous token, "has this token occurred before" and the position, at every
     residual point, on tiled random sequences (the prompts are not used)."""
-    from circuitlab.viz.probing import plot_probe_accuracy
+    from circuitlab.viz.probing import probe_figure
 
     pos = min(64, model.cfg.n_ctx)
     data = random_sequences(model.cfg.d_vocab, n_batches=8, batch=16, pos=pos, seed=SEED)
     results = train_probes(model, data, ["prev_token", "repeat", "position"])
-    figure = plot_probe_accuracy(results, Path(out_dir) / "probe_accuracy.png").name
+    figure = probe_figure(results).save_png(Path(out_dir) / "probe_accuracy.png").name
     summary = []
     for name, res in results.items():
         point, score = res.best()

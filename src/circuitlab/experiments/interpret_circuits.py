@@ -61,7 +61,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
     """The direct path, copying and composition scores, the induction head's QK (through the
     previous-token head) and OV circuits on the prompt's tokens, the previous-token head's positional
     QK circuit. Norms are folded into the weights first."""
-    from circuitlab.viz.circuits import plot_circuit, plot_composition_scores, plot_copying_scores
+    from circuitlab.viz.circuits import circuit_figure, composition_figure, copying_scores_figure
 
     out_dir = Path(out_dir)
     wm = weights_model(model)
@@ -72,8 +72,8 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         ids = list(dict.fromkeys(_prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
         strs = [tokenizer.decode([i]) for i in ids]
     bigrams = direct_path(wm)
-    figures = [plot_circuit(bigrams.submatrix(ids, ids), out_dir / "direct_path.png", strs, strs,
-                            "direct path W_E W_U", xlabel="output logit", ylabel="input token").name]
+    figures = [circuit_figure(bigrams.submatrix(ids, ids), strs, strs, "direct path W_E W_U", "output logit",
+                              "input token", "logit").save_png(out_dir / "direct_path.png").name]
     top_bigrams = top_token_pairs(bigrams, k=10, tokenizer=tokenizer)
     found: dict[str, Any] = {"folded_norms": model.cfg.norm != "none",
                              "direct_path_top_pairs": top_bigrams.to_dict()["pairs"]}
@@ -82,7 +82,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         # The labels' weight evidence is these circuits' scores: compute them once, in classify_heads.
         classes = classify_heads(model, _head_tokens(model).to(model_device(model)))
         copying = classes.copying
-        figures.append(plot_copying_scores(copying, out_dir / "copying_scores.png").name)
+        figures.append(copying_scores_figure(copying.scores).save_png(out_dir / "copying_scores.png").name)
         found["copying"] = copying.to_dict()
         summary.append(f"copying heads (score >= {copying.threshold}): "
                        f"{', '.join(_name(h) for h in copying.copying_heads()) or 'none'}")
@@ -91,7 +91,8 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
     if model.cfg.n_layers > 1:
         comp = classes.composition
         found["composition"] = comp.to_dict()
-        figures.append(plot_composition_scores(comp, out_dir / "composition_scores.png").name)
+        figures.append(composition_figure({m: getattr(comp, m) for m in ("q", "k", "v")}, comp.baseline_mean,
+                                          comp.baseline_std).save_png(out_dir / "composition_scores.png").name)
         for mode in ("k", "q", "v"):
             best = comp.top(mode, 1)
             if best:
@@ -102,17 +103,17 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         labelled = head in classes.heads_with("induction")
         qk = k_composition_qk_circuit(wm, head, prev)
         ov = ov_circuit(wm, head[0])[head[1]]
-        figures.append(plot_circuit(qk.submatrix(ids, ids), out_dir / "induction_qk.png", strs, strs,
-                                    f"{_name(head)} QK via {_name(prev)}: query token vs token before the key",
-                                    xlabel="token before the key", ylabel="query token").name)
-        figures.append(plot_circuit(ov.submatrix(ids, ids), out_dir / "induction_ov.png", strs, strs,
-                                    f"{_name(head)} full OV circuit", xlabel="output logit",
-                                    ylabel="attended token").name)
+        figures.append(circuit_figure(qk.submatrix(ids, ids), strs, strs,
+                                      f"{_name(head)} QK via {_name(prev)}: query token vs token before the key",
+                                      "token before the key").save_png(out_dir / "induction_qk.png").name)
+        figures.append(circuit_figure(ov.submatrix(ids, ids), strs, strs, f"{_name(head)} full OV circuit",
+                                      "output logit", "attended token", "logit"
+                                      ).save_png(out_dir / "induction_ov.png").name)
         if model.cfg.positional == "learned":
             n = min(24, model.cfg.n_ctx)
             pos_qk = pos_qk_circuit(wm, prev[0])[prev[1]].submatrix(list(range(n)), list(range(n)))
-            figures.append(plot_circuit(pos_qk, out_dir / "prev_token_pos_qk.png", title=f"{_name(prev)} positional QK",
-                                        xlabel="key position", ylabel="query position").name)
+            figures.append(circuit_figure(pos_qk, title=f"{_name(prev)} positional QK", x_title="key position",
+                                          y_title="query position").save_png(out_dir / "prev_token_pos_qk.png").name)
         found["induction"] = {
             "head": _name(head), "labelled": labelled, "prev_token_head": _name(prev),
             "k_composition": round(float(comp.k[prev[0], prev[1], head[0], head[1]]), 6),
@@ -134,27 +135,29 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
 def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Detectors and labels on tiled random tokens, attention patterns of the labelled heads,
     and the in-context-learning score on the same sequences."""
-    from circuitlab.viz.heads import plot_attention_patterns, plot_head_scores
+    from circuitlab.analysis.heads import attention_view
+    from circuitlab.viz.heads import attention_patterns_figure, head_scores_figure
 
     if model.cfg.n_layers == 0:
         return ExperimentResult("heads", ["a 0-layer model has no attention heads"])
     out_dir = Path(out_dir)
     tokens = _head_tokens(model).to(model_device(model))
     classes = classify_heads(model, tokens)
-    figures = [plot_head_scores(classes.scores, out_dir / "head_scores.png", classes).name]
+    figures = [head_scores_figure(classes.scores.scores, classes=classes).save_png(out_dir / "head_scores.png").name]
     shown = list(dict.fromkeys(classes.heads_with("previous-token")[:2] + classes.heads_with("induction")[:2]))
     if shown:
-        _, cache = model.run_with_cache(tokens[:1], names_filter=lambda n: n.endswith("hook_pattern"))
-        patterns = {f"{_name(h)} ({', '.join(classes.labels_of(*h))})": cache["pattern", h[0]][0, h[1]] for h in shown}
-        figures.append(plot_attention_patterns(patterns, out_dir / "head_patterns.png",
-                                               "Attention on a random segment tiled to fill the sequence").name)
+        view = attention_view(model, tokens[:1], tokenizer, classes)
+        figures.append(attention_patterns_figure(view, "Attention on a random segment tiled to fill the sequence",
+                                                 heads=[_name(h) for h in shown]
+                                                 ).save_png(out_dir / "head_patterns.png").name)
     icl = in_context_learning_score(model, tokens)
     eos = getattr(tokenizer, "eos_id", None)
     sweep = induction_by_period(model, exclude=[] if eos is None else [eos]) if model.cfg.n_ctx >= 8 else None
     if sweep is not None:
-        from circuitlab.viz.training import plot_induction_by_period
+        from circuitlab.viz.training import induction_by_period_figure
 
-        figures.append(plot_induction_by_period({"model": sweep.to_dict()}, out_dir / "induction_by_period.png").name)
+        figures.append(induction_by_period_figure({"model": sweep.to_dict()}
+                                                  ).save_png(out_dir / "induction_by_period.png").name)
     summary = [str(label) for label in classes.labels if label.label not in ("low-entropy", "diffuse")]
     summary += [f"not assigned: {label}" for label in classes.rejected]
     summary.append(f"in-context learning score on tiled random tokens: {icl.score:.3f} nats "
@@ -178,11 +181,11 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> Experiment
 @torch.no_grad()
 def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Logit lens on the prompt (default: a short story)."""
-    from circuitlab.viz.lens import plot_logit_lens
+    from circuitlab.viz.lens import logit_lens_figure
 
     tokens = _prompt_tokens(model, tokenizer, prompt)
     lens = logit_lens(model, tokens.to(model_device(model)), k=5, tokenizer=tokenizer)
-    figure = plot_logit_lens(lens, Path(out_dir) / "logit_lens.png").name
+    figure = logit_lens_figure(lens, max_positions=24).save_png(Path(out_dir) / "logit_lens.png").name
     # Where did the final answer firm up the most between the embeddings and the output?
     rise = lens.final_top_probs[-1] - lens.final_top_probs[0]
     summary = []
@@ -199,14 +202,14 @@ def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> Exper
 def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Direct logit attribution at the prompt's last position, to the logit difference between the
     model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
-    from circuitlab.viz.lens import plot_logit_attribution
+    from circuitlab.viz.lens import logit_attribution_figure
 
     tokens = _prompt_tokens(model, tokenizer, prompt).to(model_device(model))[None]
     logits, cache = model.run_with_cache(tokens)
     top2 = logits[0, -1].topk(2).indices.tolist()
     parts = residual_decomposition(model, cache)
     dla = direct_logit_attribution(model, cache, answer=top2[0], wrong=top2[1], pos=-1, decomposition=parts)
-    figure = plot_logit_attribution(dla, Path(out_dir) / "logit_attribution.png").name
+    figure = logit_attribution_figure(dla).save_png(Path(out_dir) / "logit_attribution.png").name
     a, b = tokenizer.decode([top2[0]]), tokenizer.decode([top2[1]])
     summary = [f"logit({a!r}) - logit({b!r}) = {float(dla.logit[0]):.3f} at the last position; largest direct parts: "
                + ", ".join(f"{c} {v:+.3f}" for c, v in dla.top(5))]

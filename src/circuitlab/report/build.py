@@ -191,7 +191,7 @@ def model_card_section(runs: Sequence[RunData]) -> Section:
 
 def training_section(runs: Sequence[RunData]) -> Section | None:
     from circuitlab.training.phase import phase_change
-    from circuitlab.viz.interactive import training_curves_figure
+    from circuitlab.viz.training import training_curves_figure
 
     with_metrics = [r for r in runs if r.metrics]
     if not with_metrics:
@@ -218,7 +218,7 @@ def training_section(runs: Sequence[RunData]) -> Section | None:
 
 
 def heads_section(runs: Sequence[RunData]) -> Section | None:
-    from circuitlab.viz.interactive import head_scores_figure
+    from circuitlab.viz.heads import head_scores_figure
 
     with_heads = [r for r in runs if r.heads]
     if not with_heads:
@@ -248,7 +248,7 @@ def heads_section(runs: Sequence[RunData]) -> Section | None:
 
 def induction_period_section(runs: Sequence[RunData]) -> Section | None:
     """The induction test [r, r] by period: a figure (score; loss on each copy) and a table per model."""
-    from circuitlab.viz.interactive import induction_by_period_figure
+    from circuitlab.viz.training import induction_by_period_figure
 
     sweeps = {r.name: r.period_sweep for r in runs if r.period_sweep}
     if not sweeps:
@@ -276,7 +276,7 @@ def attention_tokens(model, seed: int = 7, segment: int = 12, repeats: int = 3) 
 
 def attention_section(run: RunData, tokens: torch.Tensor | None = None) -> Section | None:
     from circuitlab.analysis.heads import attention_view
-    from circuitlab.viz.interactive import attention_patterns_figure
+    from circuitlab.viz.heads import attention_patterns_figure
 
     if run.model is None or run.model.cfg.n_layers == 0:
         return None
@@ -326,7 +326,8 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     from circuitlab.analysis.folding import weights_model
     from circuitlab.data.stories import DEFAULT_PROMPT
     from circuitlab.viz import token_label
-    from circuitlab.viz.interactive import heatmap_figure
+    from circuitlab.viz.circuits import composition_figure, copying_scores_figure
+    from circuitlab.viz.spec import heatmap_figure
 
     model = run.model
     if model is None or model.cfg.n_layers == 0:
@@ -359,36 +360,20 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     if copying is None:
         copying = (run.classes.copying if run.classes is not None else copying_scores(wm)).scores
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    parts.append(heatmap_figure(copying, [f"L{l}" for l in range(L)], [f"H{h}" for h in range(H)],
-                                "OV copying score per head (1 = copies the attended token)", x_title="head",
-                                y_title="layer", zmin=-1.0, zmax=1.0, value_name="copying"))
+    parts.append(copying_scores_figure(copying))
     if L > 1 and L * H <= 64:
         comp = (found or {}).get("composition")
         if comp is None:
             c = run.classes.composition if run.classes is not None else composition_scores(wm)
-            k, base = c.k, c.baseline_mean
-        else:
-            k, base = comp["k"], comp["baseline_mean"]
-        k = torch.tensor([[float("nan") if v is None else v for v in row] for row in _reshape(k, L * H)])
-        names = [head_name(i // H, i % H) for i in range(L * H)]
-        parts.append(heatmap_figure(k, names, names, f"K-composition (random baseline {base:.3f})",
-                                    x_title="reader head", y_title="writer head", zmid=None, zmin=base,
-                                    colorscale="Viridis", value_name="K-composition"))
+            comp = {"k": c.k, "baseline_mean": c.baseline_mean}
+        parts.append(composition_figure(comp, comp["baseline_mean"], modes=("k",)))
     return Section("circuits", "QK and OV circuits", parts,
                    f"Weight-based circuits of {run.name}'s {'induction head' if prev is not None else 'head'} {name}, "
                    "restricted to the tokens of a short prompt.")
 
 
-def _reshape(x: Any, n: int) -> list[list[Any]]:
-    """[L, H, L, H] (tensor or nested lists) -> n x n nested lists."""
-    if hasattr(x, "reshape"):
-        return x.reshape(n, n).tolist()
-    flat = [v for a in x for b in a for c in b for v in c]
-    return [flat[i * n:(i + 1) * n] for i in range(n)]
-
-
 def logit_lens_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import logit_lens_figure
+    from circuitlab.viz.lens import logit_lens_figure
 
     parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
              bullet_list(found.get("summary", [])), logit_lens_figure(found)]
@@ -398,7 +383,7 @@ def logit_lens_section(found: Mapping[str, Any]) -> Section:
 
 
 def attribution_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import logit_attribution_figure
+    from circuitlab.viz.lens import logit_attribution_figure
 
     dla = found["attribution"]
     title = (f"Direct logit attribution: logit({found['answer']!r}) - logit({found['wrong']!r})"
@@ -411,7 +396,7 @@ def attribution_section(found: Mapping[str, Any]) -> Section:
 
 
 def patching_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import heatmap_figure, patching_figure
+    from circuitlab.viz.patching import path_patching_figure, patching_figure
 
     tokens = found.get("tokens")
     parts: list[Any] = [bullet_list(found.get("summary", []))]
@@ -422,23 +407,15 @@ def patching_section(found: Mapping[str, Any]) -> Section:
         parts.append(heading("Attribution patching against activation patching"))
         parts.append(table_html([{"target": t, "Pearson r": float("nan") if r is None else float(r)}
                                  for t, r in corr.items()]))
-    for inp, p in (found.get("path_patching") or {}).items():
-        layer = parse_head(p["receiver"])[0]
-        gap = p["clean_value"] - p["corrupt_value"]
-        values = torch.tensor([[float("nan") if v is None else v for v in row] for row in p["values"][:layer]])
-        grid = (values - p["corrupt_value"]) / gap - 1 if gap else torch.full_like(values, float("nan"))
-        parts.append(heatmap_figure(grid, [f"L{l}" for l in range(layer)], [f"H{h}" for h in range(grid.shape[1])],
-                                    f"path patching: sender -> {p['receiver']} {inp.upper()} input "
-                                    "(change in normalised metric; -1 = the whole corruption)",
-                                    x_title="sender head", y_title="sender layer", zmin=-1.0, zmax=1.0,
-                                    colorscale="RdBu", value_name="change"))
+    if found.get("path_patching"):
+        parts.append(path_patching_figure(found["path_patching"]))
     return Section("patching", "Activation patching", parts,
                    "Denoising: each activation of the clean run patched into the corrupted run; recovery 1 = the clean "
                    "behaviour is back, 0 = still corrupted.")
 
 
 def ablation_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import heatmap_figure
+    from circuitlab.viz.patching import ablation_figure
 
     parts: list[Any] = [paragraph(f"Tokens: {found['tokens']}") if found.get("tokens") else "",
                         bullet_list(found.get("summary", []))]
@@ -446,20 +423,12 @@ def ablation_section(found: Mapping[str, Any]) -> Section:
         res = found.get(key)
         if not res:
             continue
-        values = torch.tensor([[float("nan") if v is None else v for v in (row if isinstance(row, list) else [row])]
-                               for row in res["values"]])
-        change = values - res["baseline"]
-        kind = res.get("kind", key)
-        cols = [f"H{h}" for h in range(change.shape[1])] if kind == "head" else [kind] * change.shape[1]
-        parts.append(heatmap_figure(change, [f"L{l}" for l in res["layers"]], cols,
-                                    f"{res.get('method', '')} ablation of each {kind}: "
-                                    f"change in {res.get('metric', '')}",
-                                    x_title=kind, y_title="layer", colorscale="RdBu_r", value_name="change"))
+        parts.append(ablation_figure(res))
     return Section("ablation", "Ablation", parts)
 
 
 def probing_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import probe_figure
+    from circuitlab.viz.probing import probe_figure
 
     parts = [paragraph(f"Data: {found['data']}") if found.get("data") else "",
              bullet_list(found.get("summary", [])), probe_figure(found["probes"])]

@@ -21,8 +21,8 @@ REPORT_FILE = "report.html"
 
 @dataclass
 class Section:
-    """A titled part of the report. parts: HTML fragments (str) and plotly figures, in order;
-    intro: a sentence or two of plain text shown under the title."""
+    """A titled part of the report. parts: HTML fragments (str) and figures (viz FigureSpecs or plotly
+    figures), in order; intro: a sentence or two of plain text shown under the title."""
 
     id: str
     title: str
@@ -168,7 +168,10 @@ def json_block(data: Any) -> str:
 
 
 def figure_html(fig, div_id: str) -> str:
-    """A plotly figure as a div plus the script that draws it (plotly.js must be on the page)."""
+    """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js
+    must be on the page)."""
+    if hasattr(fig, "to_plotly"):
+        fig = fig.to_plotly()
     data = fig.to_json()  # {"data", "layout"}; numeric arrays as compact base64 typed arrays
     config = json.dumps({"responsive": True, "displaylogo": False})
     # "</" inside JSON would end the script element early.

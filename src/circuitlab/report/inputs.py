@@ -44,7 +44,8 @@ def input_attribution_section(found: Mapping[str, Any]) -> Section:
 
 
 def tuned_lens_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import lines_figure, logit_lens_figure
+    from circuitlab.viz.lens import logit_lens_figure
+    from circuitlab.viz.spec import lines_figure
 
     kl = found["held_out_kl"]
     labels = kl["labels"]
@@ -69,7 +70,7 @@ def tuned_lens_section(found: Mapping[str, Any]) -> Section:
 
 
 def steering_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.interactive import lines_figure
+    from circuitlab.viz.steering import steering_figure
 
     coefs = found["coefs"]
     series = {"preference for the positive prompts": found["preference"],
@@ -82,8 +83,7 @@ def steering_section(found: Mapping[str, Any]) -> Section:
     parts = [key_value_table({"added at": vec.get("hook_name"), "direction from": vec.get("source"),
                               "positive prompts": vec.get("n_positive"), "negative prompts": vec.get("n_negative"),
                               "direction norm": vec.get("norm")}),
-             lines_figure(coefs, series, "Steering by coefficient", "coefficient", "nats per token (or the metric)"),
-             table_html(rows)]
+             steering_figure(found), table_html(rows)]
     generations = found.get("generations") or {}
     if generations:
         prompt = found.get("prompt", "")

@@ -182,7 +182,8 @@ def _figures(found: dict[str, Any], cache, lens, dla, head_labels: dict[str, lis
     """The explorer's three views as plotly figure JSON, from the shared interactive figure builders."""
     import json
 
-    from circuitlab.viz.interactive import attention_figure, logit_attribution_figure, logit_lens_figure
+    from circuitlab.viz.heads import attention_figure
+    from circuitlab.viz.lens import logit_attribution_figure, logit_lens_figure
 
     figs = {"logit_lens": logit_lens_figure(lens),
             "attribution": logit_attribution_figure(
@@ -191,7 +192,7 @@ def _figures(found: dict[str, Any], cache, lens, dla, head_labels: dict[str, lis
         patterns = torch.stack([cache["pattern", l][0] for l in range(found["n_layers"])])
         figs["attention"] = attention_figure([t["text"] for t in found["tokens"]], patterns,
                                              labels={k: ", ".join(v) for k, v in head_labels.items() if v})
-    return {name: json.loads(fig.to_json()) for name, fig in figs.items()}
+    return {name: json.loads(fig.to_plotly().to_json()) for name, fig in figs.items()}
 
 
 # ---------------------------------------------------------------------------- the hand-built adder

@@ -1,75 +1,51 @@
-"""Figures for weight-based circuits: circuit heatmaps, copying scores, composition scores."""
+"""Views of weight-based circuits: a circuit block (QK, OV, direct path), copying scores, composition scores.
+Scores may be tensors or their JSON form (nested lists, None for NaN)."""
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
 
-import torch
+import numpy as np
 
-from circuitlab.analysis.circuits import MODES, CompositionScores, CopyingScores
+from circuitlab.analysis.circuits import MODES
+from circuitlab.names import head_name
 from circuitlab.viz import token_label
-from circuitlab.viz.png import save_png, subplots
+from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, as_array, heatmap_figure
 
 
-def plot_circuit(matrix: torch.Tensor, path: str | Path, row_labels: list[str] | None = None,
-                 col_labels: list[str] | None = None, title: str = "", xlabel: str = "key token",
-                 ylabel: str = "query token") -> Path:
-    """Heatmap of a dense circuit block [rows, cols] (e.g. FactoredMatrix.submatrix on a token subset),
-    on a colour scale centred at 0 (red positive, blue negative)."""
-    m = matrix.detach().float().cpu()
-    lim = float(m.abs().max()) or 1.0
-    size = min(12.0, 3.0 + 0.22 * max(m.shape))
-    fig, ax = subplots(figsize=(size + 1.2, size))
-    im = ax.imshow(m.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-    for labels, set_ticks, set_labels, rotation in ((col_labels, ax.set_xticks, ax.set_xticklabels, 90),
-                                                    (row_labels, ax.set_yticks, ax.set_yticklabels, 0)):
-        if labels is not None:
-            set_ticks(range(len(labels)))
-            set_labels([token_label(s) for s in labels], fontsize=7, rotation=rotation)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    return save_png(fig, path)
+def circuit_figure(matrix: Any, row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
+                   title: str = "", x_title: str = "key token", y_title: str = "query token",
+                   value_name: str = "score") -> FigureSpec:
+    """A dense circuit block [rows, cols] (e.g. FactoredMatrix.submatrix on a token subset) on a scale
+    centred at 0 (red positive, blue negative); labels are token strings, made visible with token_label."""
+    rows = [token_label(s, 12) for s in row_labels] if row_labels is not None else None
+    cols = [token_label(s, 12) for s in col_labels] if col_labels is not None else None
+    return heatmap_figure(matrix, rows, cols, title, x_title=x_title, y_title=y_title, value_name=value_name)
 
 
-def plot_copying_scores(copying: CopyingScores, path: str | Path) -> Path:
-    """Copying score of every head, [layer, head], annotated (1 = pure copying, -1 = anti-copying)."""
-    scores = copying.scores.float()
-    fig, ax = subplots(figsize=(1.2 + 0.7 * scores.shape[1], 1.2 + 0.6 * scores.shape[0]))
-    im = ax.imshow(scores.numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
-    _annotate(ax, scores)
-    ax.set(title="OV copying score (Σλ / Σ|λ|)", xlabel="head", ylabel="layer",
-           xticks=range(scores.shape[1]), yticks=range(scores.shape[0]))
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    return save_png(fig, path)
+def copying_scores_figure(scores: Any) -> FigureSpec:
+    """Copying score of every head, [layer, head], annotated (1 = pure copying, -1 = anti-copying).
+    scores: CopyingScores.scores or its JSON."""
+    m = as_array(scores)
+    return heatmap_figure(m, [f"L{l}" for l in range(m.shape[0])], [f"H{h}" for h in range(m.shape[1])],
+                          "OV copying score per head (Σλ / Σ|λ|; 1 = copies the attended token)", x_title="head",
+                          y_title="layer", zmin=-1.0, zmax=1.0, value_name="copying", annotate=True)
 
 
-def plot_composition_scores(comp: CompositionScores, path: str | Path) -> Path:
-    """Q-, K- and V-composition of every earlier head (rows) into every later head (columns);
-    blank where no path exists. The colour scale starts at the random baseline."""
-    L, H = comp.q.shape[:2]
+def composition_figure(scores: dict[str, Any], baseline_mean: float, baseline_std: float | None = None,
+                       modes: Sequence[str] = MODES) -> FigureSpec:
+    """Q-, K- and V-composition of every earlier head (rows) into every later head (columns), one panel
+    per mode; blank where no path exists; the colour scale starts at the random baseline.
+    scores: mode -> [layer, head, layer, head] (CompositionScores.q/.k/.v or their JSON)."""
+    grids = {m: as_array(scores[m]) for m in modes}
+    L, H = next(iter(grids.values())).shape[:2]
     n = L * H
-    # Name every head on small models; on big ones mark where each layer starts.
-    ticks = list(range(n)) if n <= 48 else list(range(0, n, H))
-    labels = [f"L{i // H}H{i % H}" if n <= 48 else f"L{i // H}" for i in ticks]
-    vmax = max(float(torch.nan_to_num(comp.scores(m), nan=0).max()) for m in MODES)
-    side = min(6.0, 1.5 + 0.3 * n)
-    fig, axes = subplots(1, 3, figsize=(3 * side + 1.5, side + 0.5), squeeze=False)
-    for ax, mode in zip(axes[0], MODES):
-        grid = comp.scores(mode).reshape(n, n).float()
-        im = ax.imshow(grid.numpy(), cmap="viridis", vmin=comp.baseline_mean,
-                       vmax=max(vmax, comp.baseline_mean + 1e-6))
-        ax.set_xticks(ticks, labels, rotation=90, fontsize=7)
-        ax.set_yticks(ticks, labels, fontsize=7)
-        ax.set(title=f"{mode.upper()}-composition", xlabel="reader head", ylabel="writer head")
-    fig.colorbar(im, ax=list(axes[0]), fraction=0.02)
-    fig.suptitle(f"composition scores (random baseline {comp.baseline_mean:.3f} ± {comp.baseline_std:.3f})",
-                 fontsize=9)
-    return save_png(fig, path, tight=False)
-
-
-def _annotate(ax, grid: torch.Tensor) -> None:
-    for (i, j), v in zip(((i, j) for i in range(grid.shape[0]) for j in range(grid.shape[1])), grid.flatten()):
-        if v == v:  # skip NaN
-            ax.text(j, i, f"{float(v):.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if abs(float(v)) > 0.6 else "black")
-
-
+    names = [head_name(i // H, i % H) for i in range(n)]
+    top = max(float(np.nan_to_num(g, nan=0.0).max()) for g in grids.values())
+    top = max(top, baseline_mean + 1e-6)
+    panels = [Panel(f"{m.upper()}-composition", "reader head", "writer head",
+                    Heatmap(g.reshape(n, n), names, names, baseline_mean, top, "Viridis",
+                            value_name=f"{m.upper()}-composition"), name=m.upper())
+              for m, g in grids.items()]
+    spread = f" ± {baseline_std:.3f}" if baseline_std is not None else ""
+    return FigureSpec(panels, f"composition scores (random baseline {baseline_mean:.3f}{spread})")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 
+from circuitlab.viz.spec import FigureSpec, Panel, Rule, Series
+
 KIND_COLOURS = {"q": "#8e44ad", "k": "#1e8449", "v": "#2471a3", "mlp": "#ca6f1e", "logits": "#505a68"}
 KIND_NAMES = {"q": "query", "k": "key", "v": "value", "mlp": "MLP input", "logits": "logits"}
 
@@ -87,23 +89,18 @@ def circuit_svg(circuit, show_all_nodes: bool = False, width: int = 760, row_hei
     return "\n".join(parts)
 
 
-def faithfulness_figure(curves):
+def faithfulness_figure(curves) -> FigureSpec:
     """curves: label -> Faithfulness (or its to_dict()); f against the percentage of edges kept (log axis),
-    one line per method, with the 80 % and 90 % levels dotted. A plotly Figure."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    for label, c in curves.items():
+    one line per method, with the 80 % and 90 % levels dotted."""
+    series = []
+    for i, (label, c) in enumerate(curves.items()):
         d = c if isinstance(c, dict) else c.to_dict()
-        fig.add_trace(go.Scatter(x=[100 * x for x in d["fractions"]], y=d["faithfulness"], mode="lines+markers",
-                                 name=f"{label} (CPR {d['cpr']:.2f}, CMD {d['cmd']:.2f})",
-                                 customdata=d["n_edges"], hovertemplate="%{x}% = %{customdata} edges: f %{y:.3f}"))
-    for level in (0.8, 0.9):
-        fig.add_hline(y=level, line_dash="dot", line_color="#9aa1ad")
-    fig.update_layout(xaxis=dict(type="log", title="edges kept (%, top by |score|)"),
-                      yaxis=dict(title="faithfulness f"), height=380, margin=dict(l=60, r=20, t=30, b=50),
-                      legend=dict(orientation="h", y=-0.25))
-    return fig
+        series.append(Series([100 * x for x in d["fractions"]], d["faithfulness"],
+                             f"{label} (CPR {d['cpr']:.2f}, CMD {d['cmd']:.2f})", "line+markers", i,
+                             text=[f"{n} edges" for n in d["n_edges"]]))
+    levels = [Rule(y=level, color="#9aa1ad", dash="dot") for level in (0.8, 0.9)]
+    return FigureSpec([Panel(series=series, rules=levels, x_title="edges kept (%, top by |score|)",
+                             y_title="faithfulness f", x_log=True)], height=380)
 
 
 __all__ = ["KIND_COLOURS", "circuit_svg", "faithfulness_figure"]

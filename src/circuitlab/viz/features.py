@@ -3,7 +3,7 @@
     feature_card_html(dash, 12)          # one feature: top contexts with tokens highlighted by activation,
                                          # activation histogram (inline SVG), density, promoted/suppressed tokens
     dashboards_html(dash, [12, 40])      # several cards with their stylesheet (Jupyter, report.html)
-    density_figure(dash)                 # plotly: log10 feature density over the whole dictionary
+    density_figure(dash)                 # a FigureSpec: log10 feature density over the whole dictionary
 
 dash is a circuitlab.dictionaries.features.FeatureDashboards; nothing here reads or writes files.
 """
@@ -14,11 +14,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import plotly.graph_objects as go
+import numpy as np
 
 from circuitlab.dictionaries.features import FeatureDashboards
 from circuitlab.display import renders
 from circuitlab.viz import token_label
+from circuitlab.viz.spec import FigureSpec, Panel, Series
 
 CARD_CSS = """
 .feature-card { border: 1px solid #d9dee7; border-radius: .4rem; padding: .6rem .9rem; margin: .6rem 0 1rem; }
@@ -105,19 +106,19 @@ def dashboards_html(dash, features: Sequence[int]) -> str:
     return f"<style>{CARD_CSS}</style>" + "".join(feature_card_html(dash, f) for f in features)
 
 
-def density_figure(dash) -> go.Figure:
-    """Histogram of log10(density) over every feature of the dictionary; dead features counted in the title."""
+def density_figure(dash) -> FigureSpec:
+    """Histogram (40 bins) of log10(density) over every feature of the dictionary; dead features counted in
+    the title."""
     density = dash.all_density.double()
-    alive = density[density > 0]
+    alive = density[density > 0].log10().numpy()
     dead = int((density == 0).sum())
-    fig = go.Figure(go.Histogram(x=alive.log10().tolist(), nbinsx=40, marker_color="#2a5db0",
-                                 hovertemplate="log10 density %{x}<br>%{y} features<extra></extra>"))
+    counts, edges = np.histogram(alive, bins=40) if alive.size else (np.zeros(0), np.zeros(1))
+    centres = [round(float(a + b) / 2, 3) for a, b in zip(edges[:-1], edges[1:])]
     floor = math.log10(1 / max(dash.n_tokens, 1))
-    fig.update_layout(template="plotly_white", height=300, margin=dict(l=60, r=20, t=50, b=50),
-                      title=dict(text=f"Feature density over {dash.n_tokens:,} tokens ({dead} of {dash.d_sae} never fired)"),
-                      xaxis=dict(title=dict(text=f"log10 fraction of tokens active (one token = {floor:.1f})")),
-                      yaxis=dict(title=dict(text="features")))
-    return fig
+    bars = Series(centres, counts.tolist(), "", "bar", "#2a5db0")
+    return FigureSpec([Panel(series=[bars], x_title=f"log10 fraction of tokens active (one token = {floor:.1f})",
+                             y_title="features")],
+                      f"Feature density over {dash.n_tokens:,} tokens ({dead} of {dash.d_sae} never fired)", height=300)
 
 
 renders(FeatureDashboards)(lambda dash: dashboards_html(dash, dash.features[:10]))  # Jupyter (circuitlab.display)

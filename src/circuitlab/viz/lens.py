@@ -1,43 +1,62 @@
-"""Figures for the residual stream: logit lens table, direct logit attribution bars."""
+"""Views of the residual stream: the logit lens table and direct logit attribution bars."""
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
+import numpy as np
 
-from circuitlab.analysis.attribution import LogitAttribution
-from circuitlab.analysis.lens import LogitLens
 from circuitlab.viz import token_label
-from circuitlab.viz.png import save_png, subplots
+from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Series, as_array, field_of
 
 
-def plot_logit_lens(lens: LogitLens, path: str | Path, max_positions: int = 24) -> Path:
-    """Rows: residual after embed / each layer; columns: the last max_positions positions. Colour:
-    probability of the top-1 token at that point; text: that token."""
-    n_pos = len(lens.tokens)
-    start = max(0, n_pos - max_positions)
-    probs = lens.top_probs[:, start:, 0].float()
-    fig, ax = subplots(figsize=(1.5 + 0.75 * probs.shape[1], 1.2 + 0.45 * probs.shape[0]))
-    ax.imshow(probs.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    for i in range(probs.shape[0]):
-        for j in range(probs.shape[1]):
-            tok = lens.top_strs[i][start + j][0] if lens.top_strs else str(int(lens.top_tokens[i, start + j, 0]))
-            ax.text(j, i, token_label(tok, 8), ha="center", va="center", fontsize=6,
-                    color="white" if probs[i, j] > 0.6 else "black")
-    inputs = lens.token_strs[start:] if lens.token_strs else [str(t) for t in lens.tokens[start:]]
-    ax.set_xticks(range(len(inputs)), [token_label(s, 8) for s in inputs], rotation=90, fontsize=7)
-    ax.set_yticks(range(len(lens.labels)), lens.labels, fontsize=8)
-    ax.set(xlabel="input token (prediction is for the next one)", ylabel="residual after",
-           title="Logit lens: top-1 next token and its probability")
-    return save_png(fig, path)
+def logit_lens_figure(lens: Any, max_positions: int = 40) -> FigureSpec:
+    """Rows: residual after embed / each layer; columns: the last max_positions positions. Colour: the
+    top-1 next token's probability; text: that token; hover: the top-k with probabilities and the
+    probability of the model's final answer. lens: LogitLens or its to_dict()."""
+    labels = list(field_of(lens, "labels"))
+    top_probs = as_array(field_of(lens, "top_probs"))  # [point, pos, k]
+    tokens = list(field_of(lens, "tokens"))
+    token_strs = field_of(lens, "token_strs") or [str(t) for t in tokens]
+    top_strs = field_of(lens, "top_strs")
+    if top_strs is None:
+        top = field_of(lens, "top_tokens")
+        top = top.tolist() if hasattr(top, "tolist") else top
+        top_strs = [[[str(t) for t in row] for row in point] for point in top]
+    final = field_of(lens, "final_top_probs")
+    final = as_array(final) if final is not None else None
+    n_pos = len(tokens)
+    positions = range(max(0, n_pos - max_positions), n_pos)
+    text, hover = [], []
+    for i in range(len(labels)):
+        text.append([token_label(top_strs[i][p][0], 8) for p in positions])
+        row = []
+        for p in positions:
+            topk = "\n".join(f"{token_label(s, 16)}: {float(top_probs[i, p, j]):.3f}"
+                             for j, s in enumerate(top_strs[i][p]))
+            extra = f"\np(final answer): {float(final[i, p]):.3f}" if final is not None else ""
+            row.append(f"top-{len(top_strs[i][p])}:\n{topk}{extra}")
+        hover.append(row)
+    inputs = [token_label(token_strs[p], 10) for p in positions]
+    heat = Heatmap(top_probs[:, positions.start:, 0], [f"{s} (pos {p})" for s, p in zip(inputs, positions)], labels,
+                   0.0, 1.0, "Blues", x_ticks=inputs, text=text, hover=hover, value_name="p(top-1)",
+                   value_format=".3f")
+    name = str(field_of(lens, "name", None) or "logit lens")  # a tuned lens's read-out names itself
+    title = f"{name[:1].upper() + name[1:]}: top-1 next token and its probability"
+    return FigureSpec([Panel(heatmap=heat, x_title="input token (prediction is for the next one)",
+                             y_title="residual after")], title,
+                      height=max(260, 40 * len(labels) + 200), width=max(700, 38 * len(inputs) + 150))
 
 
-def plot_logit_attribution(dla: LogitAttribution, path: str | Path, n: int = 20) -> Path:
-    """Horizontal bars of the n largest mean direct logit attributions, biggest on top."""
-    top = dla.top(n)[::-1]
-    fig, ax = subplots(figsize=(6, 1 + 0.28 * len(top)))
-    ax.barh([c for c, _ in top], [v for _, v in top], color=["C3" if v < 0 else "C0" for _, v in top])
-    ax.axvline(0, color="black", lw=0.8)
-    what = "logit difference" if dla.wrong is not None else "logit"
-    ax.set(xlabel=f"direct contribution to the {what}", title=f"Direct logit attribution at position {dla.pos}")
-    ax.tick_params(axis="y", labelsize=8)
-    return save_png(fig, path)
+def logit_attribution_figure(dla: Any, n: int = 20, title: str | None = None) -> FigureSpec:
+    """Horizontal bars of the n components with the largest mean |direct logit attribution|, biggest on top
+    (red: negative). dla: LogitAttribution or its to_dict()."""
+    labels = list(field_of(dla, "labels"))
+    mean = field_of(dla, "mean")
+    values = as_array(mean() if callable(mean) else mean)
+    order = np.argsort(-np.abs(np.nan_to_num(values)), kind="stable")[:n]
+    vals = [float(values[i]) for i in order]
+    bars = Series([labels[i] for i in order], vals, kind="hbar",
+                  color=["#d62728" if v < 0 else "#1f77b4" for v in vals])
+    what = "logit difference" if field_of(dla, "wrong") is not None else "logit"
+    return FigureSpec([Panel(series=[bars], x_title=f"direct contribution to the {what}")],
+                      title or f"Direct logit attribution at position {field_of(dla, 'pos')}")

@@ -1,30 +1,31 @@
-"""Figure for linear probes: score by residual point per task, with the random-label control and chance."""
+"""View of linear probes: score by residual point per task, with the random-label control and chance."""
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from circuitlab.viz.spec import FigureSpec, Panel, Series, as_array, field_of
 
 
-from circuitlab.analysis.probing import ProbeResult
-from circuitlab.viz.png import save_png, subplots
-
-
-def plot_probe_accuracy(results: dict[str, ProbeResult] | ProbeResult, path: str | Path) -> Path:
+def probe_figure(results: Any) -> FigureSpec:
     """Val score by residual point, one colour per task: solid = probe, dashed = random-label control,
-    dotted = chance (the most frequent class). Accuracy and R² share the 0..1 axis."""
-    if isinstance(results, ProbeResult):
-        results = {results.task: results}
-    points = next(iter(results.values())).points
-    fig, ax = subplots(figsize=(max(6.0, 0.7 * len(points) + 3.0), 3.8))
-    x = range(len(points))
+    dotted = chance (the most frequent class); accuracy and R² share the 0..1 axis. results: a ProbeResult,
+    or task name -> ProbeResult / ProbeResult.to_dict()."""
+    if field_of(results, "points") is not None and field_of(results, "val_score") is not None:
+        results = {field_of(results, "task", "probe"): results}
+    series = []
     for i, (name, res) in enumerate(results.items()):
-        color = f"C{i}"
-        ax.plot(x, res.val_score.numpy(), color=color, marker="o", label=f"{name} ({res.score})")
-        if not res.control_score.isnan().all():
-            ax.plot(x, res.control_score.numpy(), color=color, ls="--", alpha=0.7, label=f"{name} control")
-        ax.axhline(res.chance, color=color, ls=":", lw=0.8)
-    ax.set_xticks(list(x), points, fontsize=8)
-    ax.set(xlabel="residual stream point", ylabel="val score", ylim=(-0.05, 1.05),
-           title="Linear probes by layer (dashed: random-label control, dotted: chance)")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return save_png(fig, path, crop=False)
+        points = list(field_of(res, "points"))
+        series.append(Series(points, as_array(field_of(res, "val_score")).tolist(),
+                             f"{name} ({field_of(res, 'score', 'score')})", "line+markers", i, group=name))
+        control = as_array(field_of(res, "control_score"))
+        if np.isfinite(control).any():
+            series.append(Series(points, control.tolist(), f"{name} control", color=i, dash="dash", opacity=0.7,
+                                 group=name))
+        chance = field_of(res, "chance")
+        if chance is not None:
+            series.append(Series(points, [float(chance)] * len(points), f"{name} chance", color=i, dash="dot",
+                                 width=1, group=name))
+    return FigureSpec([Panel(series=series, x_title="residual stream point", y_title="val score",
+                             y_range=(-0.05, 1.05))], "Linear probes by layer", height=400)

@@ -1,25 +1,26 @@
-"""Figure for a steering sweep: the target metric and the neutral-text loss cost against the coefficient."""
+"""View of a steering sweep: the target metric and the neutral-text loss cost against the coefficient."""
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
-from circuitlab.analysis.steering import SteeringSweep
-from circuitlab.viz.png import save_png, subplots
+from circuitlab.viz.spec import FigureSpec, Panel, Rule, Series, as_array, field_of
 
 
-def plot_steering(sweep: SteeringSweep, path: str | Path) -> Path:
-    """Left: preference for the positive prompts (and the custom metric, if any) by coefficient;
-    right: the increase of the loss on neutral text."""
-    fig, (left, right) = subplots(1, 2, figsize=(8.5, 3.2))
-    left.plot(sweep.coefs, sweep.preference.numpy(), marker="o", label="preference (nats/token)")
-    if sweep.metric is not None:
-        left.plot(sweep.coefs, sweep.metric.numpy(), marker="s", label=sweep.metric_name or "metric")
-    left.axhline(0, color="black", lw=0.6)
-    left.set(xlabel="coefficient", title=f"Target metric ({sweep.vector.hook_name})")
-    left.legend(fontsize=7)
-    right.plot(sweep.coefs, sweep.neutral_cost().numpy(), marker="o", color="C3")
-    right.axhline(0, color="black", lw=0.6)
-    right.set(xlabel="coefficient", ylabel="Δ loss (nats/token)", title="Cost on neutral text")
-    for ax in (left, right):
-        ax.title.set_fontsize(9)
-    return save_png(fig, path)
+def steering_figure(sweep: Any) -> FigureSpec:
+    """Left: preference for the positive prompts (and the custom metric, if any) by coefficient; right: the
+    increase of the loss on neutral text. sweep: a SteeringSweep or its to_dict() (steering.json)."""
+    coefs = [float(c) for c in field_of(sweep, "coefs")]
+    cost = field_of(sweep, "neutral_cost")
+    target = [Series(coefs, as_array(field_of(sweep, "preference")).tolist(), "preference (nats/token)",
+                     "line+markers", 0)]
+    metric = field_of(sweep, "metric")
+    if metric is not None:
+        target.append(Series(coefs, as_array(metric).tolist(), field_of(sweep, "metric_name") or "metric",
+                             "line+markers", 1))
+    hook = field_of(field_of(sweep, "vector"), "hook_name")
+    zero = [Rule(y=0.0, color="black", dash="solid")]
+    return FigureSpec([Panel(f"Target metric ({hook})", "coefficient", series=target, rules=zero),
+                       Panel("Cost on neutral text", "coefficient", "Δ loss (nats/token)", rules=zero,
+                             series=[Series(coefs, as_array(cost() if callable(cost) else cost).tolist(), "",
+                                            "line+markers", 3)])],
+                      f"Steering along {hook}")

@@ -1,84 +1,90 @@
-"""Figures of training runs: loss and induction score against tokens seen; attention patterns."""
+"""Views of training runs: loss, head scores and in-context learning against tokens seen; induction by period."""
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-import torch
-
-from circuitlab.training.phase import best_head_score
-from circuitlab.viz.png import save_png, subplots
+from circuitlab.training.phase import best_head_score, phase_band
+from circuitlab.viz.spec import FigureSpec, Panel, Rule, Series
 
 
-def plot_training_curves(curves: dict[str, list[dict]], path: str | Path,
-                         phase_change: dict[str, dict | None] | None = None) -> Path:
-    """curves: run name -> metrics.jsonl records. Left: train loss and loss on the repeated half of
-    random sequences; middle: best induction and previous-token head scores, and the best induction
-    score on [r, r] at the longest tracked period; right: the in-context-learning score on natural text;
-    x: tokens seen. phase_change: run name -> the demo's phase_change dict, drawn as a dashed line."""
-    fig, (ax_loss, ax_score, ax_icl) = subplots(1, 3, figsize=(15, 4))
+def _longest_period(tracked: Sequence[Mapping]) -> str | None:
+    """The longest period tracked in "induction_by_period" (keys are periods as strings), if any."""
+    periods = {int(p) for r in tracked for p in (r.get("induction_by_period") or {})}
+    return str(max(periods)) if periods else None
+
+
+def training_curves_figure(curves: Mapping[str, Sequence[Mapping]] | Sequence[Mapping],
+                           phase_change: Mapping[str, Any] | None = None) -> FigureSpec:
+    """Left: train loss, val loss and loss on the repeated half of random sequences; middle: the best
+    head's induction and previous-token scores, and the best induction score on [r, r] at the longest
+    tracked period; right: the in-context-learning score on natural text (loss late in the context minus
+    early: it falls when induction heads form); x: tokens seen.
+
+    curves: run name -> metrics.jsonl records (or one run's records); phase_change: the demo's
+    phase_change dict (keys "tokens", "step", ...), or run name -> such a dict: a dashed line on every
+    panel inside a shaded band (the best induction score's rise, from the last point below 20% of it to
+    the first at 80%)."""
+    if not isinstance(curves, Mapping):
+        curves = {"run": list(curves)}
+    if phase_change is not None and "tokens" in phase_change:
+        phase_change = {next(iter(curves), "run"): phase_change}
+    phase_change = dict(phase_change or {})
+    loss = Panel("Loss", "tokens seen", "loss (nats)")
+    scores = Panel("Head scores", "tokens seen", "score", y_range=(0.0, 1.05))
+    icl = Panel("In-context learning score", "tokens seen", "late minus early loss (nats)")
     for i, (name, records) in enumerate(curves.items()):
-        color = f"C{i}"
         logged = [r for r in records if "loss" in r]
-        ax_loss.plot([r["tokens"] for r in logged], [r["loss"] for r in logged], color=color, alpha=0.5,
-                     label=f"{name} train loss")
+        if logged:
+            loss.series.append(Series([r["tokens"] for r in logged], [r["loss"] for r in logged], f"{name} train loss",
+                                      color=i, width=1, opacity=0.5, group=name))
+        val = [r for r in records if "val_loss" in r]
+        if val:
+            loss.series.append(Series([r["tokens"] for r in val], [r["val_loss"] for r in val], f"{name} val loss",
+                                      "line+markers", i, "dot", group=name))
         tracked = [r for r in records if "induction" in r]
-        tokens = [r["tokens"] for r in tracked]
-        ax_loss.plot(tokens, [r["repeat_loss"] for r in tracked], color=color, ls="--",
-                     label=f"{name} loss on repeated tokens")
-        ax_score.plot(tokens, [best_head_score(r["induction"]) for r in tracked], color=color,
-                      label=f"{name} best induction score")
-        ax_score.plot(tokens, [best_head_score(r["prev_token"]) for r in tracked], color=color, ls=":",
-                      label=f"{name} best previous-token score")
-        periods = {int(p) for r in tracked for p in r.get("induction_by_period") or {}}
-        if periods:
-            longest = str(max(periods))
-            ax_score.plot(tokens, [(r.get("induction_by_period") or {}).get(longest, float("nan")) for r in tracked],
-                          color=color, ls="-.", label=f"{name} best induction, [r, r] period {longest}")
-        icl = [r for r in records if r.get("icl") is not None]
-        ax_icl.plot([r["tokens"] for r in icl], [r["icl"] for r in icl], color=color, marker=".",
-                    label=f"{name} in-context learning score")
-        pc = (phase_change or {}).get(name)
-        if pc:
-            for ax in (ax_loss, ax_score, ax_icl):
-                ax.axvline(pc["tokens"], color=color, ls="--", lw=1, alpha=0.7)
-    ax_loss.set(xlabel="tokens seen", ylabel="loss (nats)", title="Loss")
-    ax_score.set(xlabel="tokens seen", ylabel="score", ylim=(0, 1), title="Head scores")
-    ax_icl.set(xlabel="tokens seen", ylabel="late minus early loss (nats)", title="In-context learning score")
-    for ax in (ax_loss, ax_score, ax_icl):
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    return save_png(fig, path, crop=False)
+        if tracked:
+            x = [r["tokens"] for r in tracked]
+            loss.series.append(Series(x, [r.get("repeat_loss") for r in tracked], f"{name} loss on repeated tokens",
+                                      color=i, dash="dash", group=name))
+            scores.series.append(Series(x, [best_head_score(r["induction"]) for r in tracked],
+                                        f"{name} best induction score", color=i, group=name))
+            scores.series.append(Series(x, [best_head_score(r.get("prev_token")) for r in tracked],
+                                        f"{name} best previous-token score", color=i, dash="dot", group=name))
+            longest = _longest_period(tracked)
+            if longest is not None:
+                scores.series.append(Series(x, [(r.get("induction_by_period") or {}).get(longest) for r in tracked],
+                                            f"{name} best induction score, [r, r] period {longest}", color=i,
+                                            dash="dashdot", group=name))
+        with_icl = [r for r in records if r.get("icl") is not None]
+        if with_icl:
+            icl.series.append(Series([r["tokens"] for r in with_icl], [r["icl"] for r in with_icl],
+                                     f"{name} in-context learning score", "line+markers", i, group=name))
+        pc = phase_change.get(name)
+        if pc and pc.get("tokens") is not None:
+            band = phase_band(records)
+            for panel in (loss, scores, icl):
+                if band and band[1] > band[0]:
+                    panel.rules.append(Rule(x=band[0], x_to=band[1], color=i))
+                label = f"{name} phase change (step {pc.get('step', '?')})" if panel is scores else ""
+                panel.rules.append(Rule(x=pc["tokens"], color=i, label=label))
+    return FigureSpec([loss, scores, icl], height=450)
 
 
-def plot_induction_by_period(sweeps: dict[str, dict], path: str | Path, min_score: float = 0.6,
-                             max_loss: float = 2.0) -> Path:
-    """sweeps: model name -> PeriodSweep.to_dict(). Left: the best head's induction score on [r, r]
-    by period; right: the loss on the first and the second copy; the demo's targets as grey lines."""
-    fig, (ax_score, ax_loss) = subplots(1, 2, figsize=(11, 4))
+def induction_by_period_figure(sweeps: Mapping[str, Mapping[str, Any]], min_score: float = 0.6,
+                               max_loss: float = 2.0) -> FigureSpec:
+    """sweeps: model name -> PeriodSweep.to_dict(). Left: the best head's induction score on [r, r] by
+    period (hover names the head); right: the loss on the first and the second copy; the demo's targets
+    as grey dashed lines."""
+    score = Panel("Induction score on [r, r] by period", "period of r", "induction score", y_range=(0.0, 1.05),
+                  rules=[Rule(y=min_score)])
+    loss = Panel("Loss on [r, r] by period", "period of r", "loss (nats)", y_range=(0.0, None),
+                 rules=[Rule(y=max_loss)])
     for i, (name, sweep) in enumerate(sweeps.items()):
-        color = f"C{i}"
-        ax_score.plot(sweep["periods"], sweep["best"], color=color, marker=".", label=f"{name} best head")
-        ax_loss.plot(sweep["periods"], sweep["loss_second"], color=color, marker=".", label=f"{name} second copy")
-        ax_loss.plot(sweep["periods"], sweep["loss_first"], color=color, ls=":", label=f"{name} first copy")
-    ax_score.axhline(min_score, color="grey", ls="--", lw=1)
-    ax_loss.axhline(max_loss, color="grey", ls="--", lw=1)
-    ax_score.set(xlabel="period of r", ylabel="induction score", ylim=(0, 1.02),
-                 title="Induction score on [r, r] by period")
-    ax_loss.set(xlabel="period of r", ylabel="loss (nats)", ylim=(0, None), title="Loss on [r, r] by period")
-    for ax in (ax_score, ax_loss):
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    return save_png(fig, path, crop=False)
-
-
-
-def plot_attention_heads(model, tokens: torch.Tensor, heads: list[str], path: str | Path) -> Path:
-    """Attention patterns [query, key] of the heads named "L{layer}H{head}" on tokens [pos]."""
-    _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n.endswith("hook_pattern"))
-    fig, axes = subplots(1, len(heads), figsize=(3.6 * len(heads), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], heads):
-        layer, head = (int(x) for x in name[1:].split("H"))
-        ax.imshow(cache["pattern", layer][0, head].numpy(), cmap="Blues", vmin=0, vmax=1)
-        ax.set(title=f"head {name}", xlabel="key position", ylabel="query position")
-    fig.suptitle("Attention on a random 12-token segment repeated 3 times", fontsize=9)
-    return save_png(fig, path, crop=False)
+        score.series.append(Series(sweep["periods"], sweep["best"], f"{name} best head", "line+markers", i,
+                                   text=sweep.get("best_head"), group=name))
+        loss.series.append(Series(sweep["periods"], sweep["loss_second"], f"{name} loss on the second copy",
+                                  "line+markers", i, group=name))
+        loss.series.append(Series(sweep["periods"], sweep["loss_first"], f"{name} loss on the first copy", color=i,
+                                  dash="dot", group=name))
+    return FigureSpec([score, loss], height=400)

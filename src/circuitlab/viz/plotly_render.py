@@ -1,0 +1,190 @@
+"""Any FigureSpec (viz/spec.py) as an interactive plotly figure: report.html, `circuitlab serve`, Jupyter.
+
+Heatmaps get category axes (rows top to bottom, repeated labels numbered so they stay apart), the cell
+values and the spec's hover lines on hover; layout "menu" stacks every panel's traces on one set of axes
+and a dropdown shows one panel at a time. Text from the spec is escaped here: plotly reads a few HTML
+tags in titles, ticks and hovers.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Series
+
+TEMPLATE = "plotly_white"
+DASHES = {"solid": "solid", "dash": "dash", "dot": "dot", "dashdot": "dashdot"}
+MOST_TICKS = 48
+
+
+def esc(s: Any) -> str:
+    return html.escape(str(s), quote=False)
+
+
+def unique(labels: list[str]) -> list[str]:
+    """Labels made unique ("a", "a #2"): a category axis would merge repeated ones into one row."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in labels:
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.append(s if n == 0 else f"{s} #{n + 1}")
+    return out
+
+
+def _heatmap_trace(h: Heatmap, p: Panel, name: str, showscale: bool, colorbar: dict) -> go.Heatmap:
+    x, y = unique([esc(s) for s in h.x]), unique([esc(s) for s in h.y])
+    hover = (f"{esc(p.y_title) or 'row'}: %{{y}}<br>{esc(p.x_title) or 'column'}: %{{x}}<br>"
+             f"{esc(h.value_name) or 'value'}: %{{z:{h.value_format}}}")
+    extra: dict[str, Any] = {}
+    if h.hover is not None:
+        extra["customdata"] = [["<br>".join(esc(line) for line in cell.split("\n")) for cell in row] for row in h.hover]
+        hover += "<br>%{customdata}"
+    if h.text is not None:
+        extra.update(text=[[esc(s) for s in row] for row in h.text], texttemplate="%{text}", textfont=dict(size=9))
+    elif h.annotate:
+        extra.update(texttemplate="%{z:.2f}", textfont=dict(size=10))
+    return go.Heatmap(z=np.round(h.z, 5).astype(np.float32), x=x, y=y, zmin=h.zmin, zmax=h.zmax,
+                      colorscale=h.scale, hoverongaps=False, name=name, showscale=showscale and h.colorbar,
+                      colorbar=dict(title=dict(text=esc(h.value_name)), thickness=12, **colorbar),
+                      hovertemplate=hover + f"<extra>{esc(name)}</extra>", **extra)
+
+
+def _series_trace(s: Series) -> go.BaseTraceType:
+    colour = s.colour()
+    common = dict(name=esc(s.name), legendgroup=s.group, opacity=s.opacity, showlegend=bool(s.name))
+    y = [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in s.y]
+    if s.kind == "hbar":
+        return go.Bar(x=y, y=[esc(c) for c in s.x], orientation="h", marker_color=colour,
+                      hovertemplate="%{y}: %{x:+.4g}<extra></extra>", **common)
+    if s.kind == "bar":
+        return go.Bar(x=[esc(c) if isinstance(c, str) else c for c in s.x], y=y, marker_color=colour,
+                      hovertemplate="%{x}: %{y:+.4g}<extra></extra>", **common)
+    mode = {"line": "lines", "markers": "markers", "line+markers": "lines+markers"}[s.kind]
+    extra: dict[str, Any] = {}
+    if s.text is not None:
+        extra.update(text=[esc(t) for t in s.text], hovertemplate="%{x}: %{y:.4g} (%{text})<extra></extra>")
+    return go.Scatter(x=list(s.x), y=y, mode=mode, line=dict(color=colour, dash=DASHES[s.dash], width=s.width),
+                      marker=dict(size=5), **common, **extra)
+
+
+def _ticks(labels: list[str], ids: list[str]) -> dict:
+    step = max(1, math.ceil(len(ids) / MOST_TICKS))
+    return dict(tickmode="array", tickvals=ids[::step], ticktext=[esc(s) for s in labels[::step]])
+
+
+def _axes(fig: go.Figure, p: Panel, row: int, col: int) -> None:
+    where = dict(row=row, col=col)
+    xa: dict[str, Any] = dict(title_text=esc(p.x_title))
+    ya: dict[str, Any] = dict(title_text=esc(p.y_title))
+    h = p.heatmap
+    if h is not None:
+        x, y = unique([esc(s) for s in h.x]), unique([esc(s) for s in h.y])
+        xa.update(type="category", tickangle=-90 if len(x) > 8 else 0, **_ticks(h.x_ticks or h.x, x))
+        ya.update(type="category", autorange="reversed", **_ticks(h.y_ticks or h.y, y))
+    elif any(s.kind == "hbar" for s in p.series):
+        ya.update(type="category", autorange="reversed")
+        xa.update(zeroline=True, zerolinecolor="black")
+    if p.x_log:
+        xa.update(type="log")
+    if p.y_range is not None:
+        lo, hi = p.y_range
+        ya.update(rangemode="tozero") if hi is None else ya.update(range=[lo, hi])
+    fig.update_xaxes(**xa, **where)
+    fig.update_yaxes(**ya, **where)
+
+
+def _rules(fig: go.Figure, p: Panel, row: int, col: int) -> None:
+    for r in p.rules:
+        line = dict(color=r.colour(), dash=DASHES[r.dash], width=1.5 if r.x is not None else 1)
+        label = dict(annotation_text=esc(r.label), annotation_position="top",
+                     annotation_font=dict(size=10, color=r.colour())) if r.label else {}
+        if r.x is not None and r.x_to is not None:
+            fig.add_vrect(x0=r.x, x1=r.x_to, fillcolor=r.colour(), opacity=r.opacity, line_width=0, row=row, col=col)
+        elif r.x is not None:
+            fig.add_vline(x=r.x, line=line, row=row, col=col, **label)
+        elif r.y is not None:
+            fig.add_hline(y=r.y, line=line, row=row, col=col, **label)
+
+
+def _height(spec: FigureSpec, rows: int, cols: int) -> int:
+    if spec.height:
+        return spec.height
+    panels = spec.panels[:1] if spec.layout == "menu" else spec.panels
+    total = 0
+    for r in range(rows):
+        row = panels[r * cols:(r + 1) * cols]
+        sizes = []
+        for p in row:
+            if p.heatmap is not None:
+                sizes.append(max(160, 22 * len(p.heatmap.y) + 70))
+            elif any(s.kind == "hbar" for s in p.series):
+                sizes.append(max(160, 24 * max(len(s.x) for s in p.series)))
+            else:
+                sizes.append(330)
+        total += max(sizes)
+    return int(min(1400, max(280, total + 130)))
+
+
+def to_plotly(spec: FigureSpec) -> go.Figure:
+    """The spec as a plotly Figure (template plotly_white)."""
+    panels = spec.panels
+    menu = spec.layout == "menu"
+    cols = 1 if menu else spec.n_cols()
+    rows = 1 if menu else -(-len(panels) // cols)
+    many = not menu and len(panels) > 1
+    heat = any(p.heatmap is not None for p in panels)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[esc(p.title) for p in panels] if many else None,
+                        horizontal_spacing=0.12 if heat and cols > 1 else 0.07,
+                        vertical_spacing=min(0.12, 0.3 / rows) if rows > 1 else 0.1)
+    # One colour bar when every heatmap shares its scale and limits, else one beside each panel.
+    scales = {(p.heatmap.zmin, p.heatmap.zmax, p.heatmap.scale) for p in panels if p.heatmap is not None}
+    shared = menu or (len(scales) == 1 and next(iter(scales))[0] is not None)
+    owners: list[int] = []  # the panel of each trace
+    for i, p in enumerate(panels):
+        row, col = (1, 1) if menu else (i // cols + 1, i % cols + 1)
+        visible = None if not menu else i == spec.active
+        if p.heatmap is not None:
+            colorbar: dict[str, Any] = {}
+            if many and not shared:
+                suffix = "" if i == 0 else str(i + 1)
+                xd, yd = fig.layout[f"xaxis{suffix}"].domain, fig.layout[f"yaxis{suffix}"].domain
+                colorbar = dict(x=xd[1] + 0.01, y=(yd[0] + yd[1]) / 2, len=yd[1] - yd[0], thickness=10)
+            trace = _heatmap_trace(p.heatmap, p, p.name or p.title, not many or not shared or i == 0, colorbar)
+            trace.visible = visible
+            fig.add_trace(trace, row=row, col=col)
+            owners.append(i)
+        for s in p.series:
+            trace = _series_trace(s)
+            trace.visible = visible
+            fig.add_trace(trace, row=row, col=col)
+            owners.append(i)
+        if not menu or i == spec.active:
+            _axes(fig, p, row, col)
+        _rules(fig, p, row, col)
+    layout: dict[str, Any] = dict(template=TEMPLATE, height=_height(spec, rows, cols),
+                                  margin=dict(l=80, r=40, t=90 if menu else 60, b=90 if heat else 50))
+    if spec.width:
+        layout["width"] = spec.width
+    if menu:
+        def title(p: Panel) -> str:
+            return esc(f"{spec.title}: {p.menu_label()}" if spec.title else p.menu_label())
+
+        buttons = [dict(label=esc(p.menu_label()), method="update",
+                        args=[{"visible": [o == i for o in owners]}, {"title.text": title(p)}])
+                   for i, p in enumerate(panels)]
+        layout.update(title=dict(text=title(panels[spec.active])),
+                      updatemenus=[dict(buttons=buttons, direction="down", showactive=True, active=spec.active,
+                                        x=1.0, xanchor="right", y=1.15, yanchor="top")])
+    else:
+        layout["title"] = dict(text=esc(spec.title or (panels[0].title if not many else "")))
+    if any(p.series for p in panels):
+        if many:
+            layout.update(legend=dict(orientation="h", y=-0.22, font=dict(size=10)), hovermode="x unified")
+    fig.update_layout(**layout)
+    return fig
