@@ -24,6 +24,7 @@ from circuitlab.analysis._json import round_tensor
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+from circuitlab.names import head_name
 
 # ---------------------------------------------------------------------------- decomposition
 
@@ -78,7 +79,7 @@ def residual_decomposition(model, cache) -> ResidualDecomposition:
             result = cache["result", layer]  # [batch, pos, head, d_model]
         else:
             result = torch.einsum("bphd,hdm->bphm", cache["z", layer], W_O[layer])
-        labels += [f"L{layer}H{h}" for h in range(cfg.n_heads)]
+        labels += [head_name(layer, h) for h in range(cfg.n_heads)]
         parts += list(result.unbind(dim=2))
         bias = bias + model.b_O[layer]
         if cfg.has_mlp:
@@ -130,7 +131,9 @@ class LogitAttribution(Displayed):
 
 
 
-def _token_ids(x: int | torch.Tensor | list[int], batch: int, what: str, d_vocab: int) -> torch.Tensor:
+def token_ids(x: int | torch.Tensor | list[int], batch: int, what: str, d_vocab: int) -> torch.Tensor:
+    """x as [batch] token ids: one id for every sequence, or one per sequence; a one-line error (naming
+    `what`) when the count or a value is wrong."""
     ids = torch.as_tensor(x, dtype=torch.long).flatten()
     if ids.numel() == 1:
         ids = ids.expand(batch)
@@ -160,8 +163,8 @@ def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tenso
         raise CircuitlabError(f"pos {pos} is outside the sequence of length {T}")
     comps = parts.components[:, :, pos]  # [component, batch, d_model]
     B = comps.shape[1]
-    answer_ids = _token_ids(answer, B, "answer", cfg.d_vocab).to(comps.device)
-    wrong_ids = _token_ids(wrong, B, "wrong", cfg.d_vocab).to(comps.device) if wrong is not None else None
+    answer_ids = token_ids(answer, B, "answer", cfg.d_vocab).to(comps.device)
+    wrong_ids = token_ids(wrong, B, "wrong", cfg.d_vocab).to(comps.device) if wrong is not None else None
     W_U, b_U = model.W_U, model.b_U
     direction = W_U[:, answer_ids].T  # [batch, d_model]
     const = b_U[answer_ids]

@@ -33,10 +33,13 @@ import torch
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
+from circuitlab.analysis.folding import weights_model
+from circuitlab.analysis.patching_checks import one_sequence
 from circuitlab.data.synthetic import repeated_random_tokens, tiled_random_segments
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
-from circuitlab.model.transformer import lm_loss
+from circuitlab.model.transformer import lm_loss, model_device
+from circuitlab.names import head_name
 
 DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")
 
@@ -207,7 +210,7 @@ class PeriodSweep:
     def best_head(self) -> list[str]:
         """[period] the name "L{l}H{h}" of the best head at each period."""
         n_heads = self.scores.shape[2]
-        return [f"L{i // n_heads}H{i % n_heads}" for i in self.scores.flatten(1).argmax(dim=1).tolist()]
+        return [head_name(i // n_heads, i % n_heads) for i in self.scores.flatten(1).argmax(dim=1).tolist()]
 
     def passes(self, min_score: float = 0.6, max_loss: float = 2.0) -> bool:
         """Whether the best head scores >= min_score and the second copy's loss is <= max_loss at
@@ -253,7 +256,7 @@ def induction_by_period(model, periods: Sequence[int] | None = None, batch: int 
                               f"{cfg.n_ctx}), got {bad or 'none'}")
     if cfg.n_layers == 0:
         raise CircuitlabError("this model has no layers, so no attention heads to test")
-    device = next(model.parameters()).device
+    device = model_device(model)
     gen = torch.Generator().manual_seed(seed)
     scores, first, second = [], [], []
     for p in periods:
@@ -311,7 +314,7 @@ class HeadLabel:
 
     @property
     def name(self) -> str:
-        return f"L{self.layer}H{self.head}"
+        return head_name(self.layer, self.head)
 
     def to_dict(self) -> dict[str, Any]:
         return {"head": self.name, "layer": self.layer, "index": self.head, "label": self.label,
@@ -384,19 +387,15 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
     if tokens is None:
         gen = torch.Generator().manual_seed(seed)
         tokens = induction_test_tokens(batch, seq_len or min(cfg.n_ctx, 64), cfg.d_vocab, gen)
-    device = next(model.parameters()).device
+    device = model_device(model)
     tokens = (tokens[None] if tokens.dim() == 1 else tokens).to(device)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     scores = detect_heads(cache, tokens)
     periods = induction_by_period(model, detector_periods(seq_len or min(cfg.n_ctx, 256)), batch, seed)
 
-    weights_model = model
-    if cfg.norm != "none":
-        from circuitlab.analysis.folding import fold_layer_norm
-
-        weights_model = fold_layer_norm(model)
-    copying = copying_scores(weights_model, th["copying"])
-    composition = composition_scores(weights_model) if cfg.n_layers > 1 else None
+    folded = weights_model(model)
+    copying = copying_scores(folded, th["copying"])
+    composition = composition_scores(folded) if cfg.n_layers > 1 else None
 
     labels: list[HeadLabel] = []
     rejected: list[HeadLabel] = []
@@ -471,7 +470,7 @@ class AttentionPatterns(Displayed):
 
     @property
     def head_names(self) -> list[str]:
-        return [f"L{l}H{h}" for l in range(self.patterns.shape[0]) for h in range(self.patterns.shape[1])]
+        return [head_name(l, h) for l in range(self.patterns.shape[0]) for h in range(self.patterns.shape[1])]
 
 
 
@@ -488,16 +487,11 @@ def attention_view(model, tokens: torch.Tensor | list[int] | str, tokenizer=None
             raise CircuitlabError("attention_view needs a tokenizer to read text")
         tokens = tokenizer.encode(tokens)
     tokens = torch.as_tensor(tokens, dtype=torch.long)
-    if tokens.dim() == 2 and tokens.shape[0] == 1:
-        tokens = tokens[0]
-    if tokens.dim() != 1 or tokens.numel() == 0:
-        raise CircuitlabError(f"attention_view reads one sequence [pos], got shape {tuple(tokens.shape)}")
-    tokens = tokens[-model.cfg.n_ctx:]
-    device = next(model.parameters()).device
-    _, cache = model.run_with_cache(tokens[None].to(device), names_filter=lambda n: n.endswith("hook_pattern"))
+    tokens = one_sequence(model, tokens[..., -model.cfg.n_ctx:], "attention_view")  # the last n_ctx tokens
+    _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n.endswith("hook_pattern"))
     patterns = attention_patterns(cache)[:, 0].float().cpu()  # [layer, head, q, k]
     if isinstance(labels, HeadClasses):
-        labels = {f"L{l}H{h}": ", ".join(labels.labels_of(l, h))
+        labels = {head_name(l, h): ", ".join(labels.labels_of(l, h))
                   for l in range(patterns.shape[0]) for h in range(patterns.shape[1]) if labels.labels_of(l, h)}
     ids = tokens.tolist()
     strs = [tokenizer.decode([t]) for t in ids] if tokenizer is not None else [str(t) for t in ids]

@@ -15,7 +15,7 @@ import torch
 
 from circuitlab.analysis.heads import MIN_PERIOD, detect_heads, induction_by_period, induction_test_tokens
 from circuitlab.errors import CircuitlabError
-from circuitlab.model.transformer import lm_loss
+from circuitlab.model.transformer import lm_loss, model_device
 from circuitlab.training.tracking import Probe
 
 # ---------------------------------------------------------------------------- in-context learning
@@ -64,7 +64,7 @@ def in_context_learning_score(model, tokens: torch.Tensor, early: int | None = N
         raise CircuitlabError(f"need 0 <= early < late < {T} (positions in the sequence), "
                               f"got early={early}, late={late}")
     width = max(1, min(width, late - early))
-    device = next(model.parameters()).device
+    device = model_device(model)
     total = torch.zeros(T)
     for start in range(0, tokens.shape[0], batch_size):
         chunk = tokens[start:start + batch_size].to(device)
@@ -105,7 +105,7 @@ def training_probes(batch: int = 16, seed: int = 1234, max_len: int = 128) -> li
     @torch.no_grad()
     def heads(model, data) -> dict[str, Any]:
         tiled, _, _ = sequences(model, data)
-        tokens = tiled.to(next(model.parameters()).device)
+        tokens = tiled.to(model_device(model))
         logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
         losses = lm_loss(logits[:, :-1].float(), tokens[:, 1:], per_token=True)
         found: dict[str, Any] = {"repeat_loss": round(losses[:, tokens.shape[1] // 2:].mean().item(), 4)}

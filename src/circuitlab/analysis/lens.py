@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from circuitlab.analysis._json import round_tensor
+from circuitlab.analysis.patching_checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
-from circuitlab.model import model_device
 
 
 @dataclass
@@ -77,15 +77,9 @@ def logit_lens(model, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=No
     tokenizer: optional, anything with decode(list[int]) -> str, to fill token_strs and top_strs.
     cache: optional ActivationCache of this sequence holding the residual hooks (saves a forward pass).
     """
-    if tokens.dim() == 2:
-        if tokens.shape[0] != 1:
-            raise CircuitlabError(f"logit_lens reads one sequence; got a batch of {tokens.shape[0]} (pass tokens[i])")
-        tokens = tokens[0]
-    if tokens.dim() != 1 or tokens.numel() == 0:
-        raise CircuitlabError(f"logit_lens needs tokens [pos], got shape {tuple(tokens.shape)}")
+    tokens = one_sequence(model, tokens, "logit_lens")
     if cache is None:
-        device = model_device(model)
-        _, cache = model.run_with_cache(tokens[None].to(device),
+        _, cache = model.run_with_cache(tokens[None],
                                         names_filter=lambda n: "resid" in n or n in ("hook_embed", "hook_pos_embed"))
     labels, resid = residual_points(model, cache)  # [point, 1, pos, d_model]
     logits = model.unembed(model.ln_final(resid[:, 0]))  # [point, pos, d_vocab]

@@ -1,5 +1,6 @@
 """Every check of a patching request, made before any compute: tokens, the prompt pair, the metric,
-layers, direction. Each failure is one CircuitlabError line."""
+layers, direction; and the token checks every analysis shares (as_tokens, one_sequence). Each failure is
+one CircuitlabError line."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -19,6 +20,15 @@ DIRECTIONS = ("denoise", "noise")
 def as_tokens(model, tokens: torch.Tensor | Sequence, what: str = "tokens") -> torch.Tensor:
     """tokens [batch, pos] or [pos] -> LongTensor [batch, pos] on the model's device, checked."""
     return check_tokens(tokens, model.cfg, what).long().to(model_device(model))
+
+
+def one_sequence(model, tokens: torch.Tensor | Sequence, who: str) -> torch.Tensor:
+    """tokens [pos] or [1, pos] -> LongTensor [pos] on the model's device, checked as as_tokens does;
+    a batch of several is a one-line error naming `who` (the analysis reads one sequence)."""
+    t = torch.as_tensor(tokens)
+    if t.dim() == 2 and t.shape[0] != 1:
+        raise CircuitlabError(f"{who} reads one sequence; got a batch of {t.shape[0]} (pass tokens[i])")
+    return as_tokens(model, t, f"{who}'s tokens")[0]
 
 
 def check_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ import torch
 
 from circuitlab.analysis._json import rounded
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 
 
 @dataclass
@@ -73,7 +74,7 @@ def _token_sets(prompts: Sequence[torch.Tensor] | torch.Tensor, what: str) -> li
 @torch.no_grad()
 def mean_activation(model, prompts: Sequence[torch.Tensor], hook_name: str, last_only: bool = False) -> torch.Tensor:
     """Mean activation (one position's shape, [d_model] on the residual stream) at hook_name over every position of every prompt (or their last tokens)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     total, count = None, 0
     for p in prompts:
         _, cache = model.run_with_cache(p[None, -model.cfg.n_ctx:].to(device), names_filter=hook_name)
@@ -174,7 +175,7 @@ def steered_generate(model, tokens: torch.Tensor, vector: SteeringVector, coef: 
 
 
 def _mean_loss(model, prompts: list[torch.Tensor]) -> float:
-    device = next(model.parameters()).device
+    device = model_device(model)
     losses = [model.loss(p[None, -model.cfg.n_ctx - 1:].to(device), per_token=True)[0] for p in prompts if p.numel() > 1]
     if not losses:
         raise CircuitlabError("every prompt is a single token: a loss needs at least two")

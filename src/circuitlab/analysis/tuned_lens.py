@@ -24,9 +24,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
+from circuitlab.analysis.patching_checks import one_sequence
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.errors import CircuitlabError
-from circuitlab.model import frozen_parameters
+from circuitlab.model import frozen_parameters, model_device
 
 WEIGHTS_FILE, CONFIG_FILE = "tuned_lens.safetensors", "tuned_lens.json"
 
@@ -155,7 +156,7 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
     batches = [batches] if isinstance(batches, torch.Tensor) else batches
     if len(batches) == 0:
         raise CircuitlabError("the tuned lens needs training data: got no token batches")
-    device = next(model.parameters()).device
+    device = model_device(model)
     labels = ["embed"] + [f"L{l}" for l in range(model.cfg.n_layers)]
     lens = TunedLens(labels, model.cfg.d_model, _model_info(model)).to(device)
     opt = torch.optim.Adam(lens.parameters(), lr=lr)
@@ -258,15 +259,9 @@ class LensComparison:
 def tuned_lens(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LogitLens:
     """The tuned lens's read-outs on one sequence, tokens [pos] (as logit_lens, through the translators)."""
     _check_fits(lens, model)
-    if tokens.dim() == 2:
-        if tokens.shape[0] != 1:
-            raise CircuitlabError(f"the tuned lens reads one sequence; got a batch of {tokens.shape[0]}")
-        tokens = tokens[0]
-    if tokens.dim() != 1 or tokens.numel() == 0:
-        raise CircuitlabError(f"the tuned lens needs tokens [pos], got shape {tuple(tokens.shape)}")
-    device = next(model.parameters()).device
-    labels, resid = _residual_stream(model, tokens[None].to(device))
-    logits = model.unembed(model.ln_final(lens.to(device).translate(resid[:, 0])))
+    tokens = one_sequence(model, tokens, "the tuned lens")
+    labels, resid = _residual_stream(model, tokens[None])
+    logits = model.unembed(model.ln_final(lens.to(tokens.device).translate(resid[:, 0])))
     return lens_readout(labels, tokens, logits, k, tokenizer, name="tuned lens")
 
 
@@ -281,7 +276,7 @@ def mean_kl_to_final(model, batches: Iterable[torch.Tensor] | torch.Tensor, lens
     """KL(final ‖ lens) per residual point [point], averaged over every position of the batches
     (held-out data); lens None = the logit lens."""
     total, count = None, 0
-    device = next(model.parameters()).device
+    device = model_device(model)
     for tokens in ([batches] if isinstance(batches, torch.Tensor) else batches):
         tokens = (tokens[None] if tokens.dim() == 1 else tokens).to(device)
         _, resid = _residual_stream(model, tokens)

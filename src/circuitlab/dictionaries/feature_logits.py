@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.analysis.attribution import token_ids
 from circuitlab.dictionaries.splice import sae_hook_name, splice
 from circuitlab.errors import CircuitlabError
 
@@ -101,14 +102,6 @@ class FeatureAttribution:
                 f"{rows}</table>")
 
 
-def _ids(x: Any, batch: int, what: str, d_vocab: int) -> torch.Tensor:
-    ids = torch.as_tensor(x, dtype=torch.long).flatten()
-    ids = ids.expand(batch) if ids.numel() == 1 else ids
-    if ids.numel() != batch or bool((ids < 0).any() or (ids >= d_vocab).any()):
-        raise CircuitlabError(f"{what} must be one token id in [0, {d_vocab}) or one per sequence ({batch})")
-    return ids
-
-
 @torch.no_grad()
 def feature_logit_attribution(model, dictionary, tokens: torch.Tensor, answer: Any, wrong: Any = None,
                               pos: int = -1) -> FeatureAttribution:
@@ -128,10 +121,11 @@ def feature_logit_attribution(model, dictionary, tokens: torch.Tensor, answer: A
     names += [input_name] if has_skip else []
     with splice(model, dictionary):
         _, cache = model.run_with_cache(tokens, names_filter=names)
-    answer_ids = _ids(answer, B, "answer", cfg.d_vocab)
+    answer_ids = token_ids(answer, B, "answer", cfg.d_vocab)
+    wrong_ids = token_ids(wrong, B, "wrong", cfg.d_vocab) if wrong is not None else None
     direction = model.W_U[:, answer_ids].T  # [batch, d_model]
     if wrong is not None:
-        direction = direction - model.W_U[:, _ids(wrong, B, "wrong", cfg.d_vocab)].T
+        direction = direction - model.W_U[:, wrong_ids].T
     scale = cache["ln_final.hook_scale"][:, pos] if cfg.norm != "none" else torch.ones(B, 1)  # [batch, 1]
     hook = output_hook(dictionary)
     dtype = model.W_U.dtype
@@ -152,5 +146,5 @@ def feature_logit_attribution(model, dictionary, tokens: torch.Tensor, answer: A
         skip = logit_of(to_residual(model, hook, (cache[input_name][:, pos] @ dictionary.W_skip).to(dtype)))
     return FeatureAttribution(dictionary.cfg.hook_name, (acts.T * per_feature).cpu(), error.cpu(), bias.cpu(),
                               skip.cpu(),
-                              answer_ids.tolist(), None if wrong is None else _ids(wrong, B, "wrong", cfg.d_vocab).tolist(),
+                              answer_ids.tolist(), None if wrong_ids is None else wrong_ids.tolist(),
                               pos % T)

@@ -27,6 +27,7 @@ from circuitlab.display import Displayed
 from circuitlab.dictionaries.feature_logits import feature_logit_effects
 from circuitlab.dictionaries.splice import flatten_trailing
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 
 HIST_RANGE = (-4.0, 3.0)  # log10 of the activation
 HIST_BINS = 70
@@ -41,7 +42,7 @@ def feature_activations(model, dictionary, tokens: torch.Tensor) -> torch.Tensor
     """The dictionary's feature activations on tokens [batch, pos]: [batch, pos, d_sae] (the model unchanged)."""
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     name = dictionary.cfg.hook_name
-    device = next(model.parameters()).device
+    device = model_device(model)
     _, cache = model.run_with_cache(tokens.to(device), names_filter=name)
     x = flatten_trailing(cache[name], dictionary.cfg.d_in, name)
     return dictionary.encode(x.to(dictionary.W_enc.device))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
+from circuitlab.dictionaries.splice import splice
 from circuitlab.errors import CircuitlabError
 
 DENSE_ABOVE = 0.1
@@ -109,27 +110,6 @@ class SplicedLoss:
         return asdict(self)
 
 
-def _reconstruction_hooks(sae: SparseDictionary, mode: str):
-    """fwd_hooks replacing the written hook with the dictionary's output ("splice") or zeros ("zero")."""
-    cfg = sae.cfg
-    saved: dict[str, torch.Tensor] = {}
-
-    def read(t: torch.Tensor, hook) -> None:
-        saved["x"] = t
-
-    def write(t: torch.Tensor, hook) -> torch.Tensor:
-        if mode == "zero":
-            return torch.zeros_like(t)
-        x = saved.pop("x") if cfg.is_transcoder else t
-        lead = x.shape[:2]  # [batch, pos, ...] read flattened to [batch, pos, d_in]
-        y_hat, _ = sae(x.reshape(*lead, -1))
-        return y_hat.reshape(t.shape).to(t.dtype)
-
-    if cfg.is_transcoder:
-        return [(cfg.hook_name, read), (cfg.out_hook_name, write)]
-    return [(cfg.hook_name, write)]
-
-
 @torch.no_grad()
 def spliced_loss(model: nn.Module, sae: SparseDictionary, tokens: torch.Tensor) -> SplicedLoss:
     """tokens [batch, pos+1]: next-token CE of the model as is, with the dictionary's reconstruction
@@ -141,8 +121,11 @@ def spliced_loss(model: nn.Module, sae: SparseDictionary, tokens: torch.Tensor) 
     def ce(logp: torch.Tensor) -> float:
         return float(-logp.gather(-1, targets[..., None]).mean())
 
-    logp_spliced = model.run_with_hooks(tokens[:, :-1], fwd_hooks=_reconstruction_hooks(sae, "splice")).log_softmax(-1)
-    logp_zero = model.run_with_hooks(tokens[:, :-1], fwd_hooks=_reconstruction_hooks(sae, "zero")).log_softmax(-1)
+    with splice(model, sae, error_term=False):  # the reconstruction alone in place of the hook it writes
+        logp_spliced = model(tokens[:, :-1]).log_softmax(-1)
+    written = sae.cfg.out_hook_name if sae.cfg.is_transcoder else sae.cfg.hook_name
+    zeroed = [(written, lambda t, hook: torch.zeros_like(t))]
+    logp_zero = model.run_with_hooks(tokens[:, :-1], fwd_hooks=zeroed).log_softmax(-1)
     clean, spliced, zero = ce(logp_clean), ce(logp_spliced), ce(logp_zero)
     kl = float((logp_clean.exp() * (logp_clean - logp_spliced)).sum(-1).mean())
     denom = zero - clean

@@ -28,6 +28,7 @@ from torch import nn
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
+from circuitlab.model import model_device
 
 SPLITS = ("train", "val")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -73,7 +74,7 @@ class ModelActivations:
         self.model, self.data = model, data
         self.hooks = sorted(dict.fromkeys(hooks), key=order.index)
         self.seq_len, self.seqs_per_chunk, self.skip_positions = seq_len, seqs_per_chunk, skip_positions
-        self.device = device if device is not None else next(model.parameters()).device
+        self.device = device if device is not None else model_device(model)
         probe = self._forward(torch.zeros(1, min(2, seq_len), dtype=torch.long, device=self.device))
         self.widths = {name: int(t.shape[-1]) for name, t in probe.items()}
 

@@ -16,6 +16,7 @@ import torch
 from circuitlab.analysis._json import round_tensor
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+from circuitlab.names import head_name
 
 PATTERN_DIGITS = 4   # attention weights are rounded to this many decimals
 VALUE_DIGITS = 5     # probabilities, logits, residual coordinates
@@ -43,10 +44,6 @@ def token_str(tokenizer, token_id: int) -> str:
         return tokenizer.decode([int(token_id)])
     except Exception:  # noqa: BLE001 - a display string must never fail the request
         return f"<{token_id}>"
-
-
-def head_name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 # ---------------------------------------------------------------------------- model summary

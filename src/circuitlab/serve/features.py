@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 
 DEFAULT_TOKENS = 8192
 MAX_PER_PAGE = 100
@@ -50,7 +51,7 @@ class FeatureBrowser:
         from circuitlab.dictionaries.features import FeatureDashboards, feature_dashboards, text_batches
 
         entries: list[_Entry] = []
-        device = next(model.parameters()).device
+        device = model_device(model)
         for folder in folders:
             folder = Path(folder)
             d = SparseDictionary.load(folder, device=device)

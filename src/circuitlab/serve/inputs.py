@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS, attribute_methods
 from circuitlab.errors import CircuitlabError
+from circuitlab.model import model_device
 from circuitlab.serve.analysis import VALUE_DIGITS, resolve_target, token_str
 
 MAX_STEPS = 256            # integrated-gradients steps one request may ask for
@@ -46,7 +47,7 @@ def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None 
         raise CircuitlabError("the foil is the target: give a different token to contrast with")
     tokens = torch.tensor(ids)
     with torch.no_grad():
-        logits = model(tokens[None].to(next(model.parameters()).device))[0, -1]
+        logits = model(tokens[None].to(model_device(model)))[0, -1]
     if target_id is None:
         target_id = int(logits.argmax())
     if foil_id is not None and foil_id == target_id:
@@ -119,7 +120,7 @@ def steer_prompt(model, tokenizer, positive: list[list[int]], negative: list[lis
             generations.append("")
             continue
         with steering(model, vector, c):
-            out = model.generate(start.to(next(model.parameters()).device), max_tokens, temperature=0.0)
+            out = model.generate(start.to(model_device(model)), max_tokens, temperature=0.0)
         generations.append(tokenizer.decode(out[0, start.shape[1]:].tolist()))
     return {"hook_name": vector.hook_name, "norm": _r(vector.direction.norm()), "coefs": sweep.coefs,
             "preference": [_r(x) for x in sweep.preference.tolist()],

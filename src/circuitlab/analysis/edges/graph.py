@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.names import head_name
 
 
 @dataclass(frozen=True)
@@ -56,19 +57,19 @@ class EdgeGraph:
         sources, source_layer, readers, reader_layer, reader_node = ["input"], [-1], [], [], []
         for l in range(cfg.n_layers):
             for h in range(H):
-                sources.append(f"L{l}H{h}")
+                sources.append(head_name(l, h))
                 source_layer.append(l)
             if cfg.has_mlp:
                 sources.append(f"MLP{l}")
                 source_layer.append(l)
-            heads = [f"L{l}H{h}" for h in range(H)]
+            heads = [head_name(l, h) for h in range(H)]
             kv = heads if K == H else [f"L{l}KV{g}" for g in range(K)]
             for kind, names in (("q", heads), ("k", kv), ("v", kv)):
                 for i, name in enumerate(names):
                     readers.append(f"{name}.{kind}")
                     reader_layer.append(l)
                     # a kv reader feeds every head of its group; its node is the group's first head
-                    reader_node.append(name if K == H or kind == "q" else f"L{l}H{i * (H // K)}")
+                    reader_node.append(name if K == H or kind == "q" else head_name(l, i * (H // K)))
             if cfg.has_mlp:
                 readers.append(f"MLP{l}.in")
                 reader_layer.append(l)

@@ -13,7 +13,6 @@ input per head, so grouped-query models (one k and v per kv head) cannot be writ
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from circuitlab.analysis.edges.scoring import EdgeScores
 from circuitlab.atomic import atomic_write_text
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
+from circuitlab.names import parse_head
 
 
 def _graph_of(d: dict[str, Any]) -> EdgeGraph:
@@ -85,7 +85,7 @@ def _mib_node(name: str) -> str:
         return name
     if name.startswith("MLP"):
         return f"m{name[3:]}"
-    layer, head = re.fullmatch(r"L(\d+)H(\d+)", name).groups()
+    layer, head = parse_head(name)
     return f"a{layer}.h{head}"
 
 
