@@ -140,7 +140,8 @@ def write_outputs(result: DemoResult, runs: dict, out: Path) -> None:
 
 def analyse(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
-    from circuitlab.analysis.heads import classify_heads, induction_by_period
+    from circuitlab.analysis.head_detectors import induction_by_period
+    from circuitlab.analysis.heads import classify_heads
     from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
     from circuitlab.experiments.interpret_circuits import EXPERIMENTS
     from circuitlab.analysis.heads import attention_view

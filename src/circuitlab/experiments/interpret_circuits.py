@@ -18,7 +18,8 @@ from circuitlab.analysis.attribution import direct_logit_attribution, neuron_out
 from circuitlab.analysis.circuits import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import weights_model
-from circuitlab.analysis.heads import classify_heads, induction_by_period, induction_test_tokens
+from circuitlab.analysis.head_detectors import induction_by_period, induction_test_tokens
+from circuitlab.analysis.heads import classify_heads
 from circuitlab.analysis.induction import in_context_learning_score
 from circuitlab.analysis.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
