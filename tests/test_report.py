@@ -280,7 +280,7 @@ def test_report_renders_offline_in_a_browser(run_dir):
 
 
 def test_model_card_gives_resolved_head_and_mlp_sizes():
-    from circuitlab.report.build import model_card_section
+    from circuitlab.report.sections import model_card_section
 
     model = Transformer(ModelConfig.from_preset("gpt2-tiny", d_vocab=40, n_ctx=16))  # d_head, d_mlp left None
     card = "".join(p for p in model_card_section([RunData("m", model=model,

@@ -4,7 +4,7 @@
     report_for_run("runs/demo")            # -> runs/demo/report.html (a training run, demo or interpret output)
 
 Building blocks: Section and write_html_report (circuitlab.report.html); RunData, load_run,
-build_sections and the per-section builders (circuitlab.report.build). See docs/report.md.
+build_sections (circuitlab.report.build), the per-section builders (circuitlab.report.sections). See docs/report.md.
 """
 from circuitlab.report.build import (RunData, build_sections, load_run, report_for_run, write_demo_report,
                                      write_interpret_report)
