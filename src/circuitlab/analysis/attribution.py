@@ -144,6 +144,21 @@ def token_ids(x: int | torch.Tensor | list[int], batch: int, what: str, d_vocab:
     return ids
 
 
+def through_final_norm(model, stream: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | None
+                       ) -> torch.Tensor:
+    """Each part of the residual stream's direct contribution to a logit direction: stream [..., batch,
+    d_model] read through the final norm as the linear map it is once its scale [batch, 1] (the cached
+    ln_final.hook_scale) is fixed (centred for LayerNorm, divided by the scale, times the gain), then dotted
+    with direction [batch, d_model] (W_U columns). Returns [..., batch]; the norm's bias is not included."""
+    cfg = model.cfg
+    if cfg.norm == "layernorm":
+        stream = stream - stream.mean(dim=-1, keepdim=True)
+    if cfg.norm != "none":
+        stream = stream / scale
+        direction = direction * model.ln_final.w
+    return (stream * direction).sum(dim=-1)
+
+
 @torch.no_grad()
 def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tensor,
                              wrong: int | list[int] | torch.Tensor | None = None, pos: int = -1,
@@ -171,17 +186,13 @@ def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tenso
     if wrong_ids is not None:
         direction = direction - W_U[:, wrong_ids].T
         const = const - b_U[wrong_ids]
+    scale = None
     if cfg.norm != "none":
         _require(cache, ["ln_final.hook_scale"])
         scale = cache["ln_final.hook_scale"][:, pos]  # [batch, 1]
-        if cfg.norm == "layernorm":
-            comps = comps - comps.mean(dim=-1, keepdim=True)
-        comps = comps / scale
-        norm = model.ln_final
-        if norm.b is not None:
-            const = const + direction @ norm.b
-        direction = direction * norm.w
-    attributions = (comps * direction).sum(dim=-1)  # [component, batch]
+        if model.ln_final.b is not None:
+            const = const + direction @ model.ln_final.b
+    attributions = through_final_norm(model, comps, direction, scale)  # [component, batch]
     final = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"] if cfg.n_layers else parts.total()
     logits = model.unembed(model.ln_final(final[:, pos]))  # [batch, d_vocab]
     logit = logits.gather(1, answer_ids[:, None])[:, 0]

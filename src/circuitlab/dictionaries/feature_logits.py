@@ -7,8 +7,8 @@ logit attribution on a prompt.
 
 A feature writes acts · W_dec[f] into the space the dictionary reconstructs (for a transcoder, the MLP
 output). Into the residual stream that is W_dec[f] itself (resid_*, attn_out, mlp_out), W_dec[f] @ W_out
-(mlp.hook_post), or the heads' W_O (attn.hook_z). The final norm is handled as analysis.attribution
-does: centred for LayerNorm, times the gain, and (for DLA) divided by the cached per-position scale.
+(mlp.hook_post), or the heads' W_O (attn.hook_z). The final norm is read as analysis.attribution reads it
+(through_final_norm: centred for LayerNorm, times the gain, and for DLA divided by the cached scale).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.attribution import token_ids
+from circuitlab.analysis.attribution import through_final_norm, token_ids
 from circuitlab.dictionaries.splice import sae_hook_name, splice
 from circuitlab.errors import CircuitlabError
 
@@ -126,16 +126,12 @@ def feature_logit_attribution(model, dictionary, tokens: torch.Tensor, answer: A
     direction = model.W_U[:, answer_ids].T  # [batch, d_model]
     if wrong is not None:
         direction = direction - model.W_U[:, wrong_ids].T
-    scale = cache["ln_final.hook_scale"][:, pos] if cfg.norm != "none" else torch.ones(B, 1)  # [batch, 1]
+    scale = cache["ln_final.hook_scale"][:, pos] if cfg.norm != "none" else None  # [batch, 1]
     hook = output_hook(dictionary)
     dtype = model.W_U.dtype
 
     def logit_of(stream: torch.Tensor) -> torch.Tensor:  # [..., batch, d_model] -> [..., batch]
-        if cfg.norm == "layernorm":
-            stream = stream - stream.mean(dim=-1, keepdim=True)
-        if cfg.norm != "none":
-            stream = stream * model.ln_final.w
-        return (stream * direction).sum(dim=-1) / scale[:, 0]
+        return through_final_norm(model, stream, direction, scale)
 
     per_feature = logit_of(feature_directions(model, dictionary)[:, None, :])  # [d_sae, batch] per unit
     acts = cache[acts_name][:, pos].to(dtype)  # [batch, d_sae]

@@ -32,7 +32,7 @@ from circuitlab.names import head_name
 SEED = 0
 
 
-def _prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
+def prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
     """The prompt's tokens [pos] (None: the default story prompt), keeping the last n_ctx (with a warning
     when the prompt was the user's)."""
     ids = tokenizer.encode(DEFAULT_PROMPT if prompt is None else prompt)
@@ -70,7 +70,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         ids = list(range(min(24, model.cfg.d_vocab)))
         strs = [f"<{i}>" for i in ids]
     else:
-        ids = list(dict.fromkeys(_prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
+        ids = list(dict.fromkeys(prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
         strs = [tokenizer.decode([i]) for i in ids]
     bigrams = direct_path(wm)
     figures = [circuit_figure(bigrams.submatrix(ids, ids), strs, strs, "direct path W_E W_U", "output logit",
@@ -184,7 +184,7 @@ def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> Exper
     """Logit lens on the prompt (default: a short story)."""
     from circuitlab.viz.lens import logit_lens_figure
 
-    tokens = _prompt_tokens(model, tokenizer, prompt)
+    tokens = prompt_tokens(model, tokenizer, prompt)
     lens = logit_lens(model, tokens.to(model_device(model)), k=5, tokenizer=tokenizer)
     figure = logit_lens_figure(lens, max_positions=24).save_png(Path(out_dir) / "logit_lens.png").name
     # Where did the final answer firm up the most between the embeddings and the output?
@@ -205,7 +205,7 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> Expe
     model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
     from circuitlab.viz.lens import logit_attribution_figure
 
-    tokens = _prompt_tokens(model, tokenizer, prompt).to(model_device(model))[None]
+    tokens = prompt_tokens(model, tokenizer, prompt).to(model_device(model))[None]
     logits, cache = model.run_with_cache(tokens)
     top2 = logits[0, -1].topk(2).indices.tolist()
     parts = residual_decomposition(model, cache)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -16,19 +15,11 @@ from circuitlab.analysis.input_attribution import attribute_methods
 from circuitlab.analysis.tuned_lens import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
                                             train_tuned_lens)
 from circuitlab.data.stories import DEFAULT_PROMPT
-from circuitlab.errors import CircuitlabError
+from circuitlab.experiments.interpret_circuits import prompt_tokens
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.model import model_device
 
 QUICK_LENS_STEPS = 150  # a lens trained inside `interpret` when none is saved (`circuitlab lens train` does more)
-
-
-def prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
-    """The prompt's tokens [pos], keeping the last n_ctx."""
-    ids = tokenizer.encode(prompt or DEFAULT_PROMPT)
-    if not ids:
-        raise CircuitlabError("the prompt encodes to no tokens; give a non-empty --prompt")
-    return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
 
 
 def run_input_attribution(model, tokenizer, out_dir: Path, prompt: str | None, lens: str | None = None
