@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from circuitlab.errors import ConfigError, did_you_mean
+from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("learned", "rotary", "none")
@@ -137,10 +137,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         if not isinstance(data, dict):
             raise ConfigError(f"a model config must be a mapping of fields, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(_FIELD_TYPES))
-        if unknown:
-            hint = "".join(did_you_mean(u, _FIELD_TYPES) for u in unknown)
-            raise ConfigError(f"unknown ModelConfig field(s) {', '.join(unknown)}{hint}")
+        refuse_unknown(data, _FIELD_TYPES, "ModelConfig field(s)")
         return cls(**data)
 
     def to_json(self) -> str:

@@ -54,3 +54,14 @@ def os_error_message(e: OSError) -> str | None:
     where = f"{e.filename}: " if e.filename else ""
     return f"{where}{_OS_ERRORS[name]}"
 
+
+def refuse_unknown(given, known, what: str, list_known: bool = False) -> None:
+    """A ConfigError naming every name in `given` that is not in `known`, each with its did-you-mean hint:
+    what="ModelConfig field(s)" -> "unknown ModelConfig field(s): n_layer (did you mean 'n_layers'?)".
+    list_known: end with the valid names (for short lists)."""
+    known = list(known)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        hint = "".join(did_you_mean(u, known) for u in unknown)
+        valid = f"; valid: {', '.join(map(str, known))}" if list_known else ""
+        raise ConfigError(f"unknown {what}: {', '.join(map(str, unknown))}{hint}{valid}")

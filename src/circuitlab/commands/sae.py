@@ -47,13 +47,11 @@ def _load_yaml(name: str, overrides: list[str]) -> dict[str, Any]:
 
 
 def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
-    from circuitlab.errors import ConfigError
+    from circuitlab.errors import refuse_unknown
 
     known = {"seq_len": 64, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
              "cache_max_gb": None}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown store field(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    refuse_unknown(raw, known, "store field(s)", list_known=True)
     return {**known, **raw}
 
 

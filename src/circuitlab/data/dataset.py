@@ -18,7 +18,7 @@ from circuitlab.data.packing import cache_key, default_cache_dir, load_or_pack
 from circuitlab.data.sources import load_texts, parse_addition_source, source_fingerprint
 from circuitlab.data.synthetic import PERIOD_DISTS, AdditionTask, tiled_random_segments
 from circuitlab.data.tokenizers import CharTokenizer, Tokenizer, build_tokenizer, load_tokenizer, save_tokenizer
-from circuitlab.errors import CircuitlabError, ConfigError
+from circuitlab.errors import CircuitlabError, ConfigError, refuse_unknown
 
 SPLITS = ("train", "val")
 
@@ -105,10 +105,7 @@ class DataConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "DataConfig":
         """Build from a dict (e.g. a YAML section); unknown keys raise ConfigError."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ConfigError(f"Unknown data config field(s) {unknown}; valid fields are {sorted(names)}.")
+        refuse_unknown(d, sorted(f.name for f in dataclasses.fields(cls)), "data config field(s)", list_known=True)
         return cls(**d)
 
 

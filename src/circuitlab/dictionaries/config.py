@@ -7,11 +7,10 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from circuitlab.errors import ConfigError
+from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
 
 # "batchtopk" trains with a batch-level top-k and is saved for inference as "jumprelu" with its threshold.
 ARCHITECTURES = ("relu", "topk", "batchtopk", "jumprelu")
@@ -69,8 +68,7 @@ class DictionaryConfig:
             return isinstance(x, int) and not isinstance(x, bool)
 
         if self.architecture not in ARCHITECTURES:
-            close = difflib.get_close_matches(str(self.architecture), ARCHITECTURES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(self.architecture, ARCHITECTURES)
             raise ConfigError(f"unknown dictionary architecture {self.architecture!r}{hint}; "
                               f"use one of {', '.join(ARCHITECTURES)}")
         for name in ("d_in", "d_sae", "d_out"):
@@ -102,12 +100,7 @@ class DictionaryConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"a dictionary config must be a mapping, got {type(data).__name__}")
         data = {k: v for k, v in data.items() if k != "format"}
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            hints = [difflib.get_close_matches(u, names, n=1) for u in unknown]
-            hint = "".join(f" (did you mean {h[0]!r}?)" for h in hints if h)
-            raise ConfigError(f"unknown dictionary config field(s) {', '.join(unknown)}{hint}")
+        refuse_unknown(data, [f.name for f in dataclasses.fields(cls)], "dictionary config field(s)")
         return cls(**data)
 
     def replace(self, **changes: Any) -> "DictionaryConfig":

@@ -17,7 +17,6 @@ on a mixture of features, silent at inference. Resuming continues exactly as if 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
 from circuitlab.dictionaries.objectives import Coefficients, resample_dead, training_step
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
-from circuitlab.errors import CircuitlabError, ConfigError
+from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
 # Fields a dictionary may override for itself (`train:` under it in a YAML config).
@@ -85,12 +84,7 @@ class DictTrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DictTrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            hints = [difflib.get_close_matches(u, names, n=1) for u in unknown]
-            raise ConfigError(f"unknown train field(s) {', '.join(unknown)}" +
-                              "".join(f" (did you mean {h[0]!r}?)" for h in hints if h))
+        refuse_unknown(data, [f.name for f in dataclasses.fields(cls)], "train field(s)")
         return cls(**data)
 
     def lr_at(self, step: int, lr: float) -> float:
@@ -123,8 +117,7 @@ def check_fits(cfg: DictionaryConfig, widths: dict[str, int]) -> None:
         if name is None:
             continue
         if name not in widths:
-            close = difflib.get_close_matches(name, widths, n=3, cutoff=0.3)
-            raise CircuitlabError(f"the activation store has no hook {name!r}" + (f"; it has {', '.join(close)}" if close else ""))
+            raise CircuitlabError(f"the activation store has no hook {name!r}{did_you_mean(name, widths, n=3, cutoff=0.3)}")
         if widths[name] != width:
             raise CircuitlabError(f"{what} mismatch: the dictionary for {name} has {what}={width} but the hook's "
                                   f"activations have width {widths[name]}")

@@ -15,7 +15,7 @@ import yaml
 
 from circuitlab.config import ModelConfig
 from circuitlab.data import DataConfig
-from circuitlab.errors import ConfigError, did_you_mean
+from circuitlab.errors import ConfigError, refuse_unknown
 from circuitlab.training.sinks import parse_log
 
 
@@ -161,11 +161,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 def _build(cls, data: Any, where: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        hint = "".join(did_you_mean(u, known) for u in unknown)
-        raise ConfigError(f"unknown field(s) in {where}: {', '.join(unknown)}{hint}")
+    refuse_unknown(data, [f.name for f in fields(cls)], f"field(s) in {where}")
     return cls(**data)
 
 
