@@ -56,7 +56,7 @@ def layer_hook(model, layer: int) -> str:
 def hook_shape(model, hook_name: str) -> torch.Size:
     """Shape of one position's activation at hook_name: [d_model] on the residual stream, [d_mlp] at
     mlp.hook_post, [n_heads, d_head] at attn.hook_z. One 1-token forward; an unknown name is a one-line error."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     _, cache = model.run_with_cache(torch.zeros(1, 1, dtype=torch.long, device=device), names_filter=hook_name)
     return cache[hook_name].shape[2:]
 
