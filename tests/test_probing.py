@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError
-from circuitlab.analysis.probing import (ProbeTask, builtin_task, random_sequences, residual_points, train_probe,
+from circuitlab.analysis.probing import (ProbeTask, builtin_task, probe_points, random_sequences, train_probe,
                                          train_probes)
 from circuitlab.viz.probing import probe_figure
 from test_patching_path import V, induction_model
@@ -79,4 +79,4 @@ def test_probe_bad_input():
         train_probes(model, [torch.zeros(1, 8, dtype=torch.long)], ["position"], epochs=1)
     with pytest.raises(CircuitlabError, match="outside the vocabulary"):
         train_probes(model, [torch.full((4, 8), 99)], ["position"], epochs=1)
-    assert residual_points(model) == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]
+    assert probe_points(model) == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]

@@ -177,7 +177,7 @@ class ProbeResult(Displayed):
 
 
 
-def residual_points(model) -> list[str]:
+def probe_points(model) -> list[str]:
     """Hook names of the residual stream before each layer and after the last: n_layers + 1 points."""
     L = model.cfg.n_layers
     if L == 0:
@@ -215,7 +215,7 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
     of batches, or a function returning a fresh iterator (e.g. random_sequences(...)); passes must
     give the same batches in the same order (the control labels are seeded per batch).
     tasks: built-in names (BUILTIN_TASKS) or ProbeTask objects. points: hook names to probe
-    (default residual_points(model)). Each batch's activations get steps_per_batch Adam steps.
+    (default probe_points(model)). Each batch's activations get steps_per_batch Adam steps.
     Returns {task name: ProbeResult} with scores [point].
     """
     if isinstance(tasks, (str, ProbeTask)):
@@ -223,7 +223,7 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
     tasks = [t if isinstance(t, ProbeTask) else builtin_task(model, t) for t in tasks]
     if not tasks:
         raise CircuitlabError("train_probes needs at least one task")
-    points = list(points) if points is not None else residual_points(model)
+    points = list(points) if points is not None else probe_points(model)
     missing = [p for p in points if p not in model.hook_points()]
     if missing:
         raise CircuitlabError(f"no such hook point(s) to probe: {', '.join(missing)} (model.hook_names() lists all)")

@@ -22,7 +22,7 @@ DASHES = {"solid": "solid", "dash": "dash", "dot": "dot", "dashdot": "dashdot"}
 MOST_TICKS = 48
 
 
-def esc(s: Any) -> str:
+def _esc(s: Any) -> str:
     return html.escape(str(s), quote=False)
 
 
@@ -38,53 +38,53 @@ def unique(labels: list[str]) -> list[str]:
 
 
 def _heatmap_trace(h: Heatmap, p: Panel, name: str, showscale: bool, colorbar: dict) -> go.Heatmap:
-    x, y = unique([esc(s) for s in h.x]), unique([esc(s) for s in h.y])
-    hover = (f"{esc(p.y_title) or 'row'}: %{{y}}<br>{esc(p.x_title) or 'column'}: %{{x}}<br>"
-             f"{esc(h.value_name) or 'value'}: %{{z:{h.value_format}}}")
+    x, y = unique([_esc(s) for s in h.x]), unique([_esc(s) for s in h.y])
+    hover = (f"{_esc(p.y_title) or 'row'}: %{{y}}<br>{_esc(p.x_title) or 'column'}: %{{x}}<br>"
+             f"{_esc(h.value_name) or 'value'}: %{{z:{h.value_format}}}")
     extra: dict[str, Any] = {}
     if h.hover is not None:
-        extra["customdata"] = [["<br>".join(esc(line) for line in cell.split("\n")) for cell in row] for row in h.hover]
+        extra["customdata"] = [["<br>".join(_esc(line) for line in cell.split("\n")) for cell in row] for row in h.hover]
         hover += "<br>%{customdata}"
     if h.text is not None:
-        extra.update(text=[[esc(s) for s in row] for row in h.text], texttemplate="%{text}", textfont=dict(size=9))
+        extra.update(text=[[_esc(s) for s in row] for row in h.text], texttemplate="%{text}", textfont=dict(size=9))
     elif h.annotate:
         extra.update(texttemplate="%{z:.2f}", textfont=dict(size=10))
     return go.Heatmap(z=np.round(h.z, 5).astype(np.float32), x=x, y=y, zmin=h.zmin, zmax=h.zmax,
                       colorscale=h.scale, hoverongaps=False, name=name, showscale=showscale and h.colorbar,
-                      colorbar=dict(title=dict(text=esc(h.value_name)), thickness=12, **colorbar),
-                      hovertemplate=hover + f"<extra>{esc(name)}</extra>", **extra)
+                      colorbar=dict(title=dict(text=_esc(h.value_name)), thickness=12, **colorbar),
+                      hovertemplate=hover + f"<extra>{_esc(name)}</extra>", **extra)
 
 
 def _series_trace(s: Series) -> go.BaseTraceType:
     colour = s.colour()
-    common = dict(name=esc(s.name), legendgroup=s.group, opacity=s.opacity, showlegend=bool(s.name))
+    common = dict(name=_esc(s.name), legendgroup=s.group, opacity=s.opacity, showlegend=bool(s.name))
     y = [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in s.y]
     if s.kind == "hbar":
-        return go.Bar(x=y, y=[esc(c) for c in s.x], orientation="h", marker_color=colour,
+        return go.Bar(x=y, y=[_esc(c) for c in s.x], orientation="h", marker_color=colour,
                       hovertemplate="%{y}: %{x:+.4g}<extra></extra>", **common)
     if s.kind == "bar":
-        return go.Bar(x=[esc(c) if isinstance(c, str) else c for c in s.x], y=y, marker_color=colour,
+        return go.Bar(x=[_esc(c) if isinstance(c, str) else c for c in s.x], y=y, marker_color=colour,
                       hovertemplate="%{x}: %{y:+.4g}<extra></extra>", **common)
     mode = {"line": "lines", "markers": "markers", "line+markers": "lines+markers"}[s.kind]
     extra: dict[str, Any] = {}
     if s.text is not None:
-        extra.update(text=[esc(t) for t in s.text], hovertemplate="%{x}: %{y:.4g} (%{text})<extra></extra>")
+        extra.update(text=[_esc(t) for t in s.text], hovertemplate="%{x}: %{y:.4g} (%{text})<extra></extra>")
     return go.Scatter(x=list(s.x), y=y, mode=mode, line=dict(color=colour, dash=DASHES[s.dash], width=s.width),
                       marker=dict(size=5), **common, **extra)
 
 
 def _ticks(labels: list[str], ids: list[str]) -> dict:
     step = max(1, math.ceil(len(ids) / MOST_TICKS))
-    return dict(tickmode="array", tickvals=ids[::step], ticktext=[esc(s) for s in labels[::step]])
+    return dict(tickmode="array", tickvals=ids[::step], ticktext=[_esc(s) for s in labels[::step]])
 
 
 def _axes(fig: go.Figure, p: Panel, row: int, col: int) -> None:
     where = dict(row=row, col=col)
-    xa: dict[str, Any] = dict(title_text=esc(p.x_title))
-    ya: dict[str, Any] = dict(title_text=esc(p.y_title))
+    xa: dict[str, Any] = dict(title_text=_esc(p.x_title))
+    ya: dict[str, Any] = dict(title_text=_esc(p.y_title))
     h = p.heatmap
     if h is not None:
-        x, y = unique([esc(s) for s in h.x]), unique([esc(s) for s in h.y])
+        x, y = unique([_esc(s) for s in h.x]), unique([_esc(s) for s in h.y])
         xa.update(type="category", tickangle=-90 if len(x) > 8 else 0, **_ticks(h.x_ticks or h.x, x))
         ya.update(type="category", autorange="reversed", **_ticks(h.y_ticks or h.y, y))
     elif any(s.kind == "hbar" for s in p.series):
@@ -102,7 +102,7 @@ def _axes(fig: go.Figure, p: Panel, row: int, col: int) -> None:
 def _rules(fig: go.Figure, p: Panel, row: int, col: int) -> None:
     for r in p.rules:
         line = dict(color=r.colour(), dash=DASHES[r.dash], width=1.5 if r.x is not None else 1)
-        label = dict(annotation_text=esc(r.label), annotation_position="top",
+        label = dict(annotation_text=_esc(r.label), annotation_position="top",
                      annotation_font=dict(size=10, color=r.colour())) if r.label else {}
         if r.x is not None and r.x_to is not None:
             fig.add_vrect(x0=r.x, x1=r.x_to, fillcolor=r.colour(), opacity=r.opacity, line_width=0, row=row, col=col)
@@ -139,7 +139,7 @@ def to_plotly(spec: FigureSpec) -> go.Figure:
     rows = 1 if menu else -(-len(panels) // cols)
     many = not menu and len(panels) > 1
     heat = any(p.heatmap is not None for p in panels)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[esc(p.title) for p in panels] if many else None,
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[_esc(p.title) for p in panels] if many else None,
                         horizontal_spacing=0.12 if heat and cols > 1 else 0.07,
                         vertical_spacing=min(0.12, 0.3 / rows) if rows > 1 else 0.1)
     # One colour bar when every heatmap shares its scale and limits, else one beside each panel.
@@ -173,16 +173,16 @@ def to_plotly(spec: FigureSpec) -> go.Figure:
         layout["width"] = spec.width
     if menu:
         def title(p: Panel) -> str:
-            return esc(f"{spec.title}: {p.menu_label()}" if spec.title else p.menu_label())
+            return _esc(f"{spec.title}: {p.menu_label()}" if spec.title else p.menu_label())
 
-        buttons = [dict(label=esc(p.menu_label()), method="update",
+        buttons = [dict(label=_esc(p.menu_label()), method="update",
                         args=[{"visible": [o == i for o in owners]}, {"title.text": title(p)}])
                    for i, p in enumerate(panels)]
         layout.update(title=dict(text=title(panels[spec.active])),
                       updatemenus=[dict(buttons=buttons, direction="down", showactive=True, active=spec.active,
                                         x=1.0, xanchor="right", y=1.15, yanchor="top")])
     else:
-        layout["title"] = dict(text=esc(spec.title or (panels[0].title if not many else "")))
+        layout["title"] = dict(text=_esc(spec.title or (panels[0].title if not many else "")))
     if any(p.series for p in panels):
         if many:
             layout.update(legend=dict(orientation="h", y=-0.22, font=dict(size=10)), hovermode="x unified")
