@@ -69,7 +69,7 @@ def _draw_heatmap(fig: Figure, ax, h: Heatmap, size: tuple[float, float]) -> Non
                 dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
                 ax.text(j, i, _text(s), ha="center", va="center", fontsize=6 if h.text is not None else 7,
                         color="white" if dark else "black")
-    if h.colorbar:
+    if h.colorbar and not h.annotate:  # annotated cells carry their values
         fig.colorbar(im, ax=ax, fraction=0.046, label=_text(h.value_name))
 
 
@@ -109,7 +109,7 @@ def _draw_rules(ax, p: Panel) -> None:
 
 
 def draw(spec: FigureSpec) -> Figure:
-    """The spec as a matplotlib Figure on a private Agg canvas (constrained layout)."""
+    """The spec as a matplotlib Figure on a private Agg canvas (tight layout: faster than constrained)."""
     panels = spec.panels
     cols = spec.n_cols() if spec.layout == "grid" or spec.cols else min(4, len(panels))
     rows = -(-len(panels) // cols)
@@ -118,7 +118,7 @@ def draw(spec: FigureSpec) -> Figure:
     shrink = min(1.0, MAX_SIZE[0] / (cols * w), MAX_SIZE[1] / (rows * h))  # many big panels: keep proportions
     w, h = w * shrink, h * shrink
     width, height = cols * w, rows * h + (0.4 if len(panels) > 1 and spec.title else 0)
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout="tight")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).flat
     many = len(panels) > 1
