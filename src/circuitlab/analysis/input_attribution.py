@@ -26,10 +26,10 @@ from typing import Any, Union
 import torch
 
 from circuitlab.analysis._json import rounded
+from circuitlab.analysis.patching_checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters
-from circuitlab.model.tokens import check_tokens
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
 Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos, d_model] -> explained value [batch]
@@ -101,16 +101,7 @@ class InputAttribution(Displayed):
 
 
 def _sequence(tokens: torch.Tensor, model) -> torch.Tensor:
-    tokens = torch.as_tensor(tokens)
-    if tokens.dim() == 2:
-        if tokens.shape[0] != 1:
-            raise CircuitlabError(f"input attribution explains one sequence; got a batch of {tokens.shape[0]} "
-                                  "(pass tokens[i])")
-        tokens = tokens[0]
-    if tokens.dim() != 1 or tokens.numel() == 0:
-        raise CircuitlabError(f"input attribution needs tokens [pos] with at least one token, got shape "
-                              f"{tuple(tokens.shape)}")
-    return check_tokens(tokens, model.cfg, "the sequence")[0].long().to(next(model.parameters()).device)
+    return one_sequence(model, tokens, "input attribution")
 
 
 def _check_token(t: int, name: str, d_vocab: int) -> int:
