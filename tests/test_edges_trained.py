@@ -38,8 +38,8 @@ def check_induction_circuit(model):
 
 @pytest.mark.slow
 def test_demo_model_induction_circuit_has_k_composition(tmp_path):
-    """The demo recipe's first 500 steps (random segments only; ~45 s on an idle 2-core machine, 10 min under a
-    load of 10). Numbers measured on the full demo: docs/circuits.md."""
+    """The demo recipe's first 500 steps (random segments only): 267 s on the shared 2-core machine at a load
+    average of ~5, 31 min at ~12 (idle not measured). Numbers measured on the full demo: docs/circuits.md."""
     from circuitlab.training import RunConfig, train
     from circuitlab.training.configs import resolve_config
 
