@@ -102,8 +102,8 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
             acts = _JumpReLU.apply(pre, sae.threshold, coef.bandwidth)
             sparsity = coef.sparsity * _Step.apply(pre, sae.threshold, coef.bandwidth).sum(-1).mean()
         y_hat = acts @ sae.W_dec + sae.b_dec + skip
-        active = acts > 0
-        fires, l0 = active.sum(0), float(active.sum()) / len(x)
+        fires = torch.count_nonzero(acts, dim=0)  # no [rows, d_sae] bool-to-int64 copy
+        l0 = float(fires.sum()) / len(x)
     mse = (y_hat - y).pow(2).sum(-1).mean()
     aux = zero
     if arch != "relu" and dead is not None and bool(dead.any()):
