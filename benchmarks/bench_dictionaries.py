@@ -172,6 +172,18 @@ def _write_cache(folder: str, d: int, rows_per_shard: int, shards: int) -> None:
     cache_activations(_Random(d, rows_per_shard), folder, shards, progress=False)
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak RSS in KiB. /proc's VmHWM starts afresh at exec; ru_maxrss does not on Linux
+    (it keeps the forking parent's RSS), which would hide the child's own peak under the parent's."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _train_from_cache(folder: str, d_in: int, d_sae: int, k: int, batch: int) -> None:
     """In a fresh process: train one epoch over the cache; print the RSS before training and the peak (KiB)."""
     from circuitlab.dictionaries import DictionaryConfig
@@ -182,9 +194,9 @@ def _train_from_cache(folder: str, d_in: int, d_sae: int, k: int, batch: int) ->
     cfg = DictionaryConfig("topk", d_in=d_in, d_sae=d_sae, k=k, hook_name="x")
     steps = source.manifest["splits"]["train"]["rows"] // batch
     trainer = DictionaryTrainer([cfg], DictTrainConfig(steps=steps, batch_size=batch), ActivationStore(source, batch))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_rss_kib()
     trainer.fit(progress=False)
-    print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, steps)
+    print(before, _peak_rss_kib(), steps)
 
 
 def peak_memory(d: int, d_sae: int, k: int, batch: int, rows_per_shard: int, shards: int) -> dict[str, float]:
