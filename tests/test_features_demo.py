@@ -85,3 +85,22 @@ def test_sae_demo_command_at_its_real_budget(tmp_path):
     assert len(r["features"]) >= 4 and all(f["top_share"] >= 0.5 for f in r["features"]), r["features"]
     report = (out / "report.md").read_text()
     assert all(sentence in report for sentence in r["summary"])
+
+
+def test_an_earlier_features_demo_is_kept_renamed_and_other_files_are_refused(tmp_path, capsys):
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.experiments.features_demo import _fresh
+
+    out = tmp_path / "fdemo"
+    (out / "dictionary").mkdir(parents=True)
+    (out / "results.json").write_text("{}")
+    assert _fresh(out) == out and not any(out.iterdir())
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("fdemo.")]
+    assert len(kept) == 1 and (kept[0] / "results.json").is_file()
+    assert "moved the previous features demo" in capsys.readouterr().out
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(CircuitlabError, match="already holds other files"):
+        _fresh(other)
+    assert (other / "notes.txt").read_text() == "keep me"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, set_aside
 
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
@@ -157,12 +157,17 @@ def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
 
 
 def _fresh(out: Path) -> Path:
-    if out.exists() and any(out.iterdir()):
-        kept = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        out.rename(kept)  # never overwrite an earlier run
+    """An empty out folder: an earlier features demo there is kept renamed; other files are refused."""
+    kept = set_aside(out, _is_features_demo_output, "features demo")
+    if kept is not None:
         print(f"moved the previous features demo to {kept}")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _is_features_demo_output(folder: Path) -> bool:
+    """A features demo's folder, complete or cut short: its results or one of its two training folders."""
+    return any((folder / name).exists() for name in ("results.json", "report.md", "model", "dictionary"))
 
 
 def _train_model(opts: FeaturesDemoOptions, out: Path):
