@@ -6,6 +6,7 @@ import re
 import shlex
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -48,12 +49,26 @@ def test_every_help_example_is_a_valid_command_line(name, example):
 
 @pytest.mark.slow
 def test_help_examples_run_as_written(tmp_path):
-    """In the order a user meets them: the demo first (its runs are the other examples' input).
-    import precedes export (its model is export's input). serve is left out (it runs until stopped);
-    import and export need gpt2 in the HF cache or the network."""
-    order = ["demo", "import"] + [n for n in command_names() if n not in ("demo", "import", "serve")]
+    """In the order a user meets them: the demo first (its runs are the other examples' input), import before
+    export (its model is export's input); serve is left out (it runs until stopped). steer's example reads the
+    user's two prompt files, made here. import fetches gpt2 from the hub: where the hub cannot be reached (as on
+    the offline CI machine) import says so in one line, and import and export are reported as not run."""
+    (tmp_path / "dragon.txt").write_text("The dragon flew over the hills.\nA big dragon lived in a cave.\n")
+    (tmp_path / "cat.txt").write_text("The cat slept on the mat.\nA little cat chased a ball.\n")
+    names = command_names()  # module names; import's is import_model
+    order = ["demo", "import_model"] + [n for n in names if n not in ("demo", "import_model", "serve")]
+    assert set(order) | {"serve"} == set(names)
+    offline = []
     for name in order:
+        if name == "export" and offline:
+            continue  # its input is import's output
         argv = shlex.split(_load(name).EXAMPLE.split("   (")[0])
         done = subprocess.run([sys.executable, "-m", "circuitlab.cli", *argv[1:]], cwd=tmp_path,
                               capture_output=True, text=True)
+        if name == "import_model" and "could not be fetched from the Hugging Face hub" in done.stderr:
+            assert done.returncode == 2 and "Traceback" not in done.stderr  # the offline case is one line
+            offline = ["import", "export"]
+            continue
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
+    if offline:
+        warnings.warn(f"not run without the Hugging Face hub: {', '.join(offline)} examples", stacklevel=1)
