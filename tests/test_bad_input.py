@@ -121,7 +121,6 @@ CLI_CASES = [
     ("forge adder --digits 0 --check", "n_digits_a must be an integer from 1 to 40"),
     ("forge adder --a 1", "give both --a and --b"),
     ("forge adder --digits 4 --check --samples 0", "argument --samples: must be a whole number >= 1"),
-    ("forge compare --samples -3 --out {tmp}/fc", "argument --samples: must be a whole number >= 1"),
     ("forge compare --steps 0 --out {tmp}/fc", "steps must be a positive whole number"),
     ("forge", "choose a forge command"),
     ("serve --checkpoint {run} --port 0", "--port must be from 1 to 65535"),
