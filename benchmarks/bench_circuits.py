@@ -178,7 +178,8 @@ def main() -> None:
     tl = to_transformer_lens(model)
     tl.set_use_attn_result(True)
     tl.set_use_split_qkv_input(True)
-    tl.set_use_hook_mlp_in(True)
+    if not args.attn_only:  # TransformerLens refuses the MLP-input hook on an attention-only model
+        tl.set_use_hook_mlp_in(True)
     ac_model, ac_eap = auto_circuit_scores(tl, clean, corrupt, answer, wrong)
     t_ac, ac = timed(ac_eap)
     t_ours, ours = timed(lambda: edge_scores(model, clean, corrupt, metric, method="eap", progress=False))
