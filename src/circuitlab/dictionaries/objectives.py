@@ -1,7 +1,7 @@
 """Training-time forward passes and losses of each architecture (inference lives in sae.py).
 
     relu       ReLU; loss = MSE + l1_coeff · Σ_i a_i ‖W_dec,i‖ (the decoder-norm-weighted L1)
-    topk       top k pre-activations per row (ReLU'd); decoded sparsely (k rows of W_dec per token)
+    topk       top k pre-activations per row (ReLU'd)
     batchtopk  top k·batch over the whole batch; tracks the threshold it is saved with (as JumpReLU)
     jumprelu   a · H(a − θ) with a rectangle-kernel straight-through estimator for θ;
                loss = MSE + l0_coeff · Σ_i H(a_i − θ_i)
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from circuitlab.dictionaries.sae import SparseDictionary
+from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, DecodeKept, Kept, KeptPreActs
 
 
 def _rectangle(x: torch.Tensor) -> torch.Tensor:
@@ -70,86 +70,109 @@ class StepOutput:
     l0: float
 
 
-def sparse_decode(sae: SparseDictionary, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """Σ_j values[:, j] · W_dec[indices[:, j]]: [rows, k], [rows, k] -> [rows, d_out] (no bias), k rows per token."""
-    return F.embedding_bag(indices, sae.W_dec, per_sample_weights=values, mode="sum")
-
-
 def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef: Coefficients,
-                  dead: torch.Tensor | None) -> StepOutput:
-    """x [rows, d_in] (normalised), target y [rows, d_out]; dead [d_sae] bool (for AuxK) or None."""
-    arch = sae.cfg.architecture
-    pre = _pre_acts(sae, x)  # [rows, d_sae]
+                  dead: torch.Tensor | None, sparse: bool | None = None) -> StepOutput:
+    """x [rows, d_in] (normalised), target y [rows, d_out]; dead [d_sae] bool (for AuxK) or None.
+
+    Every architecture keeps some (row, latent) pairs of the pre-activations: the top k per row, the
+    top k·rows of the batch, or (ReLU, JumpReLU) those that can fire or move the threshold. With
+    `sparse` (default: on the CPU, when fewer than SPARSE_BELOW of the pairs are kept) the rest of the
+    step reads only those pairs (sparse_ops); otherwise it runs the dense products. Same numbers.
+    """
+    arch, (rows, d_sae) = sae.cfg.architecture, (len(x), sae.cfg.d_sae)
+    sae._check_width(x, sae.cfg.d_in, "input")
+    x = x.to(sae.W_enc.dtype)
+    bias = _pre_bias(sae)
+    pre = x @ sae.W_enc + bias  # [rows, d_sae]; the sparse path takes only its values, not its graph
+    kept, mask = _keep(sae, pre.detach(), coef)
+    n_kept = len(kept) if kept is not None else int(torch.count_nonzero(mask))
+    if sparse is None:
+        sparse = x.device.type == "cpu" and n_kept < SPARSE_BELOW * rows * d_sae
+    threshold = sae.threshold if arch == "jumprelu" else None
+    norms = sae.W_dec.norm(dim=-1) if arch == "relu" else None  # [d_sae]
+    if sparse:
+        kept = kept if kept is not None else Kept.from_mask(mask)
+        pre_kept = KeptPreActs.apply(pre.detach(), x, sae.W_enc, bias, kept)      # [nnz]
+        at = kept.latents
+        threshold = threshold[at] if threshold is not None else None
+        norms = norms[at] if norms is not None else None
+    else:  # dense [rows, d_sae]: pairs not kept are masked out
+        pre_kept = pre if kept is None else pre * kept.dense_mask()
+    acts = (_JumpReLU.apply(pre_kept, threshold, coef.bandwidth) if arch == "jumprelu" else pre_kept.relu())
+    y_hat = DecodeKept.apply(acts, sae.W_dec, kept) if sparse else acts @ sae.W_dec
+    y_hat = y_hat + sae.b_dec + (x @ sae.W_skip if sae.cfg.skip else 0.0)
+    fires = (torch.bincount(kept.latents[acts > 0], minlength=d_sae) if sparse
+             else torch.count_nonzero(acts, dim=0))  # [d_sae] long (no [rows, d_sae] bool-to-int64 copy)
     zero = pre.new_zeros(())
-    skip = x @ sae.W_skip if sae.cfg.skip else 0.0
-    if arch in ("topk", "batchtopk"):
-        if arch == "topk":
-            values, indices = pre.topk(sae.cfg.k, dim=-1, sorted=False)
-            values = values.relu()
-            y_hat = sparse_decode(sae, values, indices)
-        else:
-            values, rows, indices = _batch_topk(sae, pre, coef.threshold_decay)
-            y_hat = _decode_pairs(sae, values, rows, indices, len(x))
-        y_hat = y_hat + sae.b_dec + skip
-        fires = torch.bincount(indices[values > 0], minlength=pre.shape[-1])
-        l0 = float((values > 0).sum()) / len(x)
-        sparsity = zero
+    if arch == "relu":
+        sparsity = coef.sparsity * (acts * norms).sum() / rows
+    elif arch == "jumprelu":
+        sparsity = coef.sparsity * _Step.apply(pre_kept, threshold, coef.bandwidth).sum() / rows
     else:
-        if arch == "relu":
-            acts = pre.relu()
-            sparsity = coef.sparsity * (acts * sae.W_dec.norm(dim=-1)).sum(-1).mean()
-        else:  # jumprelu
-            acts = _JumpReLU.apply(pre, sae.threshold, coef.bandwidth)
-            sparsity = coef.sparsity * _Step.apply(pre, sae.threshold, coef.bandwidth).sum(-1).mean()
-        y_hat = acts @ sae.W_dec + sae.b_dec + skip
-        fires = torch.count_nonzero(acts, dim=0)  # no [rows, d_sae] bool-to-int64 copy
-        l0 = float(fires.sum()) / len(x)
+        sparsity = zero
     mse = (y_hat - y).pow(2).sum(-1).mean()
     aux = zero
     if arch != "relu" and dead is not None and bool(dead.any()):
-        aux = coef.aux * _auxk(sae, pre, (y - y_hat).detach(), dead)
-    return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires, l0)
+        dead_pre = x @ sae.W_enc[:, dead] + bias[dead] if sparse else pre[:, dead]  # [rows, n_dead]
+        aux = coef.aux * _auxk(sae, dead_pre, dead.nonzero().squeeze(1), (y - y_hat).detach())
+    return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires,
+                      float(fires.sum()) / rows)
 
 
-def _pre_acts(sae: SparseDictionary, x: torch.Tensor) -> torch.Tensor:
-    """sae.pre_acts(x) [rows, d_sae] as (x @ W_enc) + (b_enc − b_dec @ W_enc): the same numbers, but b_dec's
-    gradient is a vector-matrix product instead of a third [rows, d_sae] x [d_sae, d_in] matmul per step."""
-    sae._check_width(x, sae.cfg.d_in, "input")
-    bias = sae.b_enc - sae.b_dec @ sae.W_enc if sae.cfg.apply_b_dec_to_input else sae.b_enc
-    return x.to(sae.W_enc.dtype) @ sae.W_enc + bias
+def _pre_bias(sae: SparseDictionary) -> torch.Tensor:
+    """The pre-activations' bias [d_sae]: sae.pre_acts(x) = x @ W_enc + (b_enc − b_dec @ W_enc). The same
+    numbers as subtracting b_dec from x, but b_dec's gradient is a vector-matrix product instead of a
+    [rows, d_sae] x [d_sae, d_in] matmul per step."""
+    return sae.b_enc - sae.b_dec @ sae.W_enc if sae.cfg.apply_b_dec_to_input else sae.b_enc
 
 
-def _batch_topk(sae: SparseDictionary, pre: torch.Tensor,
-                decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The k·rows largest ReLU'd pre-activations of the whole batch [rows, d_sae], as (values, row,
-    latent) triples [k·rows] each, grouped by row; updates the running threshold (the smallest kept
-    value, averaged over batches) that inference uses instead."""
-    d_sae = pre.shape[-1]
+def _keep(sae: SparseDictionary, pre: torch.Tensor, coef: Coefficients) -> tuple[Kept | None, torch.Tensor | None]:
+    """The (row, latent) pairs of pre [rows, d_sae] the architecture keeps, as Kept (TopK family) or a
+    [rows, d_sae] bool mask (ReLU: pre > 0; JumpReLU: pre > θ − bandwidth/2, the pairs that fire or are
+    in the threshold's straight-through window — the others get no gradient)."""
+    arch, (rows, d_sae) = sae.cfg.architecture, pre.shape
+    if arch == "topk":
+        latents = pre.topk(sae.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values  # [rows, k]
+        flat = (latents + torch.arange(rows, device=pre.device)[:, None] * d_sae).flatten()
+        return Kept(flat, rows, d_sae), None
+    if arch == "batchtopk":
+        return Kept(_batch_topk(sae, pre, coef.threshold_decay), rows, d_sae), None
+    if arch == "relu":
+        return None, pre > 0
+    return None, pre > sae.threshold.detach() - coef.bandwidth / 2
+
+
+def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch.Tensor:
+    """The flat positions [k·rows] (increasing) of the k·rows largest ReLU'd pre-activations of the whole
+    batch [rows, d_sae]; updates the running threshold (the smallest kept value, averaged over batches)
+    that inference uses instead."""
     n_keep = min(sae.cfg.k * pre.shape[0], pre.numel())
-    values, flat = pre.relu().flatten().topk(n_keep, sorted=False)
-    flat, order = flat.sort()  # by row, so that each row's latents are contiguous for the decode
-    values = values[order]
-    with torch.no_grad():
-        kept = values[values > 0]
-        if kept.numel():
-            sae.threshold.copy_(decay * sae.threshold + (1 - decay) * kept.min())
-    return values, flat // d_sae, flat % d_sae
+    pre = pre.flatten()
+    # The kept values sit near the running threshold: when at least n_keep exceed half of it, the top
+    # n_keep of those are the batch's, and topk runs on a few times n_keep values instead of rows · d_sae.
+    candidates = (pre > 0.5 * float(sae.threshold.min())).nonzero().squeeze(1)
+    if len(candidates) >= n_keep:
+        values, which = pre[candidates].topk(n_keep, sorted=False)
+        flat = candidates[which]
+    else:
+        values, flat = pre.relu().topk(n_keep, sorted=False)
+    kept = values[values > 0]
+    if kept.numel():
+        sae.threshold.copy_(decay * sae.threshold + (1 - decay) * kept.min())
+    return flat.sort().values
 
 
-def _decode_pairs(sae: SparseDictionary, values: torch.Tensor, rows: torch.Tensor, latents: torch.Tensor,
-                  n_rows: int) -> torch.Tensor:
-    """Σ over the (value, row, latent) triples of value · W_dec[latent] into its row: [n_rows, d_out]
-    (rows sorted; a row with no latent decodes to 0), reading only the kept rows of W_dec."""
-    counts = torch.bincount(rows, minlength=n_rows)
-    offsets = counts.cumsum(0) - counts
-    return F.embedding_bag(latents, sae.W_dec, offsets, per_sample_weights=values, mode="sum")
-
-
-def _auxk(sae: SparseDictionary, pre: torch.Tensor, residual: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
-    """The dead latents' top pre-activations reconstruct what the live ones missed [rows, d_out]."""
-    k_aux = min(max(sae.cfg.d_out // 2, 1), int(dead.sum()))
-    values, indices = pre.masked_fill(~dead, float("-inf")).topk(k_aux, dim=-1, sorted=False)
-    recon = sparse_decode(sae, values.relu(), indices)
+def _auxk(sae: SparseDictionary, dead_pre: torch.Tensor, dead_ids: torch.Tensor,
+          residual: torch.Tensor) -> torch.Tensor:
+    """The dead latents' top pre-activations (dead_pre [rows, n_dead], latents dead_ids [n_dead])
+    reconstruct what the live ones missed (residual [rows, d_out]): their squared error."""
+    rows, n_dead = dead_pre.shape
+    k_aux = min(max(sae.cfg.d_out // 2, 1), n_dead)
+    values, which = dead_pre.topk(k_aux, dim=-1, sorted=False)                      # [rows, k_aux]
+    which, order = which.sort(dim=-1)
+    latents = dead_ids[which]                                                       # increasing per row (dead_ids is sorted)
+    flat = (latents + torch.arange(rows, device=latents.device)[:, None] * sae.cfg.d_sae).flatten()
+    recon = DecodeKept.apply(values.gather(-1, order).relu().flatten(), sae.W_dec, Kept(flat, rows, sae.cfg.d_sae))
     return (recon - residual).pow(2).sum(-1).mean()
 
 

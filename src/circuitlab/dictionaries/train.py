@@ -139,8 +139,9 @@ class DictionaryTrainer:
                 raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
         self.hyper = [dataclasses.replace(train, **o) for o in overrides]
         self.saes = [SparseDictionary(c, seed=_seed(train.seed, j) % 2**31).to(self.device) for j, c in enumerate(configs)]
+        fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
         self.opts = [torch.optim.Adam([p for p in s.parameters() if p.requires_grad], lr=h.lr,
-                                      betas=(train.beta1, train.beta2)) for s, h in zip(self.saes, self.hyper)]
+                                      betas=(train.beta1, train.beta2), fused=fused) for s, h in zip(self.saes, self.hyper)]
         self.last_fired = [torch.zeros(c.d_sae, dtype=torch.long, device=self.device) for c in configs]
         self.fire_rate = [torch.zeros(c.d_sae, dtype=torch.float64, device=self.device) for c in configs]  # running density
         self.scales: list[tuple[float, float]] = [(1.0, 1.0)] * len(configs)
