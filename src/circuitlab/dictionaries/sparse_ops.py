@@ -30,6 +30,7 @@ import torch
 
 SPARSE_BELOW = 0.10  # kept fraction of [rows, d_sae] under which the sparse products are used (CPU)
 SPARSE_MIN_WORK = 2**24  # rows · d_sae · d: smaller steps stay dense
+SPARSE_DTYPES = (torch.float32, torch.float64)  # torch's CPU sparse products have no half-precision kernels
 
 
 class Kept:
