@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from circuitlab.dictionaries.sae import SparseDictionary
-from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, SPARSE_DTYPES, SPARSE_MIN_WORK, DecodeKept, Kept, KeptPreActs
-from circuitlab.errors import CircuitlabError
+from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, DecodeKept, Kept, KeptPreActs
 
 
 def _rectangle(x: torch.Tensor) -> torch.Tensor:
@@ -77,9 +76,8 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
 
     Every architecture keeps some (row, latent) pairs of the pre-activations: the top k per row, the
     top k·rows of the batch, or (ReLU, JumpReLU) those that can fire or move the threshold. With
-    `sparse` (default: on the CPU, when fewer than SPARSE_BELOW of the pairs are kept and the step is
-    not tiny) the rest of the step reads only those pairs (sparse_ops); otherwise it runs the dense
-    products. Same numbers.
+    `sparse` (default: on the CPU, when fewer than SPARSE_BELOW of the pairs are kept) the rest of the
+    step reads only those pairs (sparse_ops); otherwise it runs the dense products. Same numbers.
     """
     arch, (rows, d_sae) = sae.cfg.architecture, (len(x), sae.cfg.d_sae)
     sae._check_width(x, sae.cfg.d_in, "input")
@@ -89,10 +87,7 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
     kept, mask = _keep(sae, pre.detach(), coef)
     n_kept = len(kept) if kept is not None else int(torch.count_nonzero(mask))
     if sparse is None:
-        sparse = (x.device.type == "cpu" and x.dtype in SPARSE_DTYPES and n_kept < SPARSE_BELOW * rows * d_sae
-                  and rows * d_sae * max(sae.cfg.d_in, sae.cfg.d_out) >= SPARSE_MIN_WORK)
-    elif sparse and x.dtype not in SPARSE_DTYPES:
-        raise CircuitlabError(f"the sparse training step needs a float32 or float64 dictionary, not {x.dtype}")
+        sparse = x.device.type == "cpu" and n_kept < SPARSE_BELOW * rows * d_sae
     threshold = sae.threshold if arch == "jumprelu" else None
     norms = sae.W_dec.norm(dim=-1) if arch == "relu" else None  # [d_sae]
     if sparse:
@@ -183,32 +178,119 @@ def _auxk(sae: SparseDictionary, dead_pre: torch.Tensor, dead_ids: torch.Tensor,
 
 @torch.no_grad()
 def resample_dead(sae: SparseDictionary, optimizer: torch.optim.Optimizer, dead: torch.Tensor, x: torch.Tensor,
-                  y: torch.Tensor, generator: torch.Generator, threshold: float | None = None) -> int:
-    """Re-initialise dead latents toward inputs the dictionary reconstructs worst (Anthropic, 2023).
+                  y: torch.Tensor, generator: torch.Generator, threshold: float | None = None,
+                  method: str = "inputs") -> int:
+    """Re-initialise dead latents [d_sae] bool from rows x [rows, d_in] with targets y [rows, d_out].
 
-    Picks inputs with probability ∝ squared error; the decoder row becomes that input's residual
-    direction, the encoder column its input direction at 0.2 × the live latents' mean encoder norm;
-    the latents' Adam moments are reset (stale moments from when they were alive would freeze them)
-    and, for JumpReLU, their threshold goes back to `threshold`. Returns how many were resampled.
+    "inputs" (Anthropic, 2023): toward inputs the dictionary reconstructs worst. Picks rows with
+    probability ∝ squared error; the decoder row becomes that row's residual direction, the encoder
+    column its input direction at 0.2 × the live latents' mean encoder norm; Adam moments zeroed.
+
+    "split" (SAEs only): each dead latent splits a live latent that serves two features at once
+    (see split_targets); the two take the two directions it was averaging, both at the parent's
+    encoder norm. Both get fresh Adam moments: first moments zeroed (the parent's pointed back to the
+    merge), second moments set to the live latents' mean, because zeroed second moments under Adam's
+    global bias correction make the next ~100 steps 3-6x the learning rate, which throws a latent
+    placed on a good direction off it. Dead latents left without a latent to split (none with
+    structure in its residual) get "inputs".
+
+    For JumpReLU a resampled latent's threshold goes back to `threshold`. Returns how many were resampled.
     """
     idx = dead.nonzero().flatten()
     if not len(idx):
         return 0
-    y_hat, _ = sae(x)
-    err = (y - y_hat).pow(2).sum(-1)
-    pick = torch.multinomial(err.cpu() + 1e-12, len(idx), replacement=True, generator=generator).to(x.device)
-    dec = (y - y_hat)[pick]
-    dec = dec / dec.norm(dim=-1, keepdim=True).clamp(min=1e-8)
-    enc = (x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x)[pick]
-    enc = enc / enc.norm(dim=-1, keepdim=True).clamp(min=1e-8)
-    alive_norm = sae.W_enc[:, ~dead].norm(dim=0).mean() if bool((~dead).any()) else torch.tensor(1.0)
-    sae.W_dec[idx] = dec
-    sae.W_enc[:, idx] = (enc * alive_norm * 0.2).T
+    y_hat, acts = sae(x)  # inference activations: BatchTopK as the threshold it is used with
+    residual = y - y_hat
+    children, parents = idx[:0], idx[:0]
+    if method == "split":
+        children, parents, child_dirs, parent_dirs = split_targets(sae, dead, acts, residual)
+        gain = sae.W_enc[:, parents].norm(dim=0)  # both keep the parent's encoder scale
+        sae.W_dec[children], sae.W_enc[:, children] = child_dirs, (child_dirs * gain[:, None]).T
+        sae.W_dec[parents], sae.W_enc[:, parents] = parent_dirs, (parent_dirs * gain[:, None]).T
+    rest = idx[~torch.isin(idx, children)]
+    if len(rest):
+        err = residual.pow(2).sum(-1)
+        pick = torch.multinomial(err.cpu() + 1e-12, len(rest), replacement=True, generator=generator).to(x.device)
+        enc = (x - sae.b_dec if sae.cfg.apply_b_dec_to_input else x)[pick]
+        alive_norm = sae.W_enc[:, ~dead].norm(dim=0).mean() if bool((~dead).any()) else torch.tensor(1.0)
+        sae.W_dec[rest] = _unit(residual[pick])
+        sae.W_enc[:, rest] = (_unit(enc) * alive_norm * 0.2).T
     sae.b_enc[idx] = 0
     if threshold is not None and sae.cfg.architecture == "jumprelu":
         sae.threshold[idx] = threshold
-    for p, where in ((sae.W_dec, (idx,)), (sae.W_enc, (slice(None), idx)), (sae.b_enc, (idx,))):
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in optimizer.state.get(p, {}):
-                optimizer.state[p][key][where] = 0
+    live = (~dead).nonzero().flatten()
+    for p, axis in ((sae.W_dec, 0), (sae.W_enc, 1), (sae.b_enc, 0)):
+        state = optimizer.state.get(p, {})
+        if "exp_avg" not in state:
+            continue
+        moved = torch.cat([idx, parents])  # a split parent moved too: its old moments point back to the merge
+        where = (slice(None), moved) if axis else (moved,)
+        state["exp_avg"][where] = 0
+        if method == "split" and len(live):
+            state["exp_avg_sq"][where] = state["exp_avg_sq"].index_select(axis, live).mean(axis, keepdim=True)
+        else:
+            state["exp_avg_sq"][where] = 0
     return len(idx)
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+
+
+@torch.no_grad()
+def split_targets(sae: SparseDictionary, dead: torch.Tensor, acts: torch.Tensor, residual: torch.Tensor,
+                  candidates: int = 64, iters: int = 20) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which live latents to split for the dead ones, and into what (k-means' cluster splitting).
+
+    A latent that serves two features (two features merged into one latent, the usual reason a
+    threshold dictionary leaves a latent dead) decodes their average direction, so on the rows where
+    it fires the residual [rows, d_out] is large and two-sided along the direction that separates
+    them. Score each of the `candidates` live latents carrying the most squared error by how much more
+    residual energy its rows have along their own principal direction than the other rows have; the
+    best-scoring (score > 0) are split, one per dead latent: 2-means on what the latent explains
+    there (residual + its own contribution), started from the sign of the residual along that
+    direction. The child takes the centroid farther from the parent's decoder, the parent the other.
+
+    Returns (children, parents) [n] latent indices and their unit directions (child_dirs, parent_dirs) [n, d_out].
+    """
+    fired = acts > 0                                                  # [rows, d_sae]
+    err = residual.pow(2).sum(-1)                                     # [rows]
+    load = (fired.to(err.dtype) * err[:, None]).sum(0).masked_fill(dead | (fired.sum(0) < 8), -1)
+    cand = load.topk(min(candidates, int((load > 0).sum()))).indices  # [m]
+    mask = fired[:, cand].to(err.dtype)                               # [rows, m]
+    # principal direction of each candidate's residuals on its rows (power iteration), from its worst row
+    v = _unit(residual[(mask * err[:, None]).argmax(0)])              # [m, d_out]
+    for _ in range(iters):
+        v = _unit((mask * (residual @ v.T)).T @ residual)
+    along = (residual @ v.T).pow(2)                                   # [rows, m]
+    n = mask.sum(0)
+    elsewhere = ((1 - mask) * along).sum(0) / (len(residual) - n).clamp(min=1)
+    score = (mask * along).sum(0) - n * elsewhere                     # [m]
+    order = score.argsort(descending=True)
+    free = dead.nonzero().flatten().tolist()
+    children, parents, child_dirs, parent_dirs = [], [], [], []
+    for c in order[score[order] > 0].tolist():
+        if len(children) == len(free):
+            break
+        latent, rows = int(cand[c]), mask[:, c] > 0
+        explained = residual[rows] + acts[rows, latent, None] * sae.W_dec[latent]  # [n, d_out]
+        side = residual[rows] @ v[c] > 0
+        for _ in range(5):
+            if side.all() or not side.any():
+                break
+            a, b = _unit(explained[side].sum(0)), _unit(explained[~side].sum(0))
+            side = explained @ a > explained @ b
+        if side.all() or not side.any():  # one group only: nothing to split here
+            continue
+        a, b = _unit(explained[side].sum(0)), _unit(explained[~side].sum(0))
+        if a @ sae.W_dec[latent] > b @ sae.W_dec[latent]:
+            a, b = b, a
+        children.append(free[len(children)])
+        parents.append(latent)
+        child_dirs.append(a)
+        parent_dirs.append(b)
+    index = torch.tensor(children, dtype=torch.long, device=residual.device)
+    if not children:
+        empty = residual.new_zeros(0, residual.shape[-1])
+        return index, index, empty, empty
+    return index, torch.tensor(parents, dtype=torch.long, device=residual.device), torch.stack(child_dirs), torch.stack(parent_dirs)

@@ -9,10 +9,17 @@ transpose; b_dec starts at the data mean; inputs are scaled to E‖x‖ = √d_i
 that scale is folded into the weights at save; the L1 / L0 coefficient warms up linearly; the
 learning rate warms up, then decays linearly to 0 over the last lr_decay_frac of the steps;
 TopK-family and JumpReLU decoders keep unit-norm rows; dead latents get AuxK (TopK family and
-JumpReLU) and, every resample_every steps until the learning rate decays, resampling (any architecture). A latent is dead when it
-has not fired for dead_after steps or, with dead_density > 0, when it fires on fewer than that
-fraction of rows (running average over ~dead_after steps): such rarely-firing latents otherwise sit
-on a mixture of features, silent at inference. Resuming continues exactly as if never stopped.
+JumpReLU) and, every resample_every steps until the learning rate decays, resampling (any
+architecture) on the current batch and the next resample_batches - 1. A latent is dead when it has
+not fired for dead_after steps or, with dead_density > 0, when it fires on fewer than that fraction
+of rows (running average over ~dead_after steps): such rarely-firing latents otherwise sit on a
+mixture of features, silent at inference. resample_method "inputs" points a dead latent at the
+worst-reconstructed rows (Anthropic, 2023); "split" makes it split a live latent that serves two
+features (k-means' cluster splitting, see objectives.split_targets): the usual reason a threshold
+dictionary (BatchTopK, JumpReLU) leaves a latent dead is two features merged into another one, and a
+latent sent to a worst-reconstructed row lands on a mixture that never beats the threshold.
+Resampling stops once the learning rate decays, so that no latent is counted alive only because it
+was just placed somewhere. Resuming continues exactly as if never stopped.
 """
 from __future__ import annotations
 
@@ -37,7 +44,8 @@ from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse
 CHECKPOINT, STATE = "checkpoint", "state.json"
 # Fields a dictionary may override for itself (`train:` under it in a YAML config).
 PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwidth", "jumprelu_init_threshold",
-                  "aux_coeff", "dead_after", "dead_density", "resample_every")
+                  "aux_coeff", "dead_after", "dead_density", "resample_every", "resample_method")
+RESAMPLE_METHODS = ("inputs", "split")
 
 
 @dataclass
@@ -58,6 +66,8 @@ class DictTrainConfig:
     dead_after: int = 200            # steps without firing before a latent counts as dead
     dead_density: float = 0.0        # also dead: firing on fewer than this fraction of rows (0: off)
     resample_every: int = 0          # resample dead latents every N steps (0: never)
+    resample_method: str = "inputs"  # "inputs": toward the worst-reconstructed rows; "split": split merged latents
+    resample_batches: int = 4        # batches of rows a resampling looks at (the current one and the next ones)
     normalise: bool = True           # scale inputs to E‖x‖ = √d_in in training (folded at save)
     eval_every: int = 0              # held-out evaluation every N steps (0: only at the end)
     eval_batches: int = 4
@@ -76,7 +86,9 @@ class DictTrainConfig:
                     pass
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise ConfigError(f"train.{f.name} must be {want.__name__}, got {value!r}")
-        for name in ("steps", "batch_size", "eval_batches", "log_every"):
+        if self.resample_method not in RESAMPLE_METHODS:
+            raise ConfigError(f"train.resample_method must be one of {', '.join(RESAMPLE_METHODS)}, got {self.resample_method!r}")
+        for name in ("steps", "batch_size", "eval_batches", "log_every", "resample_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.lr_decay_frac <= 1:
@@ -138,6 +150,10 @@ class DictionaryTrainer:
             if bad:
                 raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
         self.hyper = [dataclasses.replace(train, **o) for o in overrides]
+        for cfg, h in zip(configs, self.hyper):
+            if h.resample_method == "split" and cfg.is_transcoder:
+                raise ConfigError(f"resample_method 'split' needs an SAE (it splits decoder directions in the input's "
+                                  f"space); the transcoder for {cfg.hook_name} can use 'inputs'")
         self.saes = [SparseDictionary(c, seed=_seed(train.seed, j) % 2**31).to(self.device) for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
         self.opts = [torch.optim.Adam([p for p in s.parameters() if p.requires_grad], lr=h.lr,
@@ -172,6 +188,7 @@ class DictionaryTrainer:
     def train_step(self, batch: dict[str, torch.Tensor]) -> list[dict[str, float]]:
         """One optimizer step of every dictionary on the same batch; returns each one's losses."""
         logs = []
+        extra: list[dict[str, torch.Tensor]] = []  # more rows for resampling, drawn once per step when needed
         for j, (sae, opt, h) in enumerate(zip(self.saes, self.opts, self.hyper)):
             x, y = self._inputs(j, batch)
             dead = self.dead(j, self.step)
@@ -196,8 +213,16 @@ class DictionaryTrainer:
             settling = self.step + 1 > self.train.steps * (1 - self.train.lr_decay_frac)  # no resampling while lr decays
             if h.resample_every and (self.step + 1) % h.resample_every == 0 and not settling:
                 dead = self.dead(j, self.step + 1)
+                if bool(dead.any()) and not extra:
+                    # One batch is too few rows to see a rare latent's two groups (a latent firing on 3% of
+                    # rows fires ~15 times in 512); Anthropic's resampling looked at ~800k inputs.
+                    extra = [self.store.next_batch() for _ in range(self.train.resample_batches - 1)]
+                if extra:
+                    xs, ys = zip(*(self._inputs(j, b) for b in extra))
+                    x, y = torch.cat([x, *xs]), torch.cat([y, *ys])
                 gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
-                resampled = resample_dead(sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold)
+                resampled = resample_dead(sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold,
+                                          method=h.resample_method)
                 self.last_fired[j][dead] = self.step + 1
             logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse), "sparsity": float(out.sparsity),
                          "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled})
