@@ -22,6 +22,7 @@ the machine hits both alike; absolute figures still drop on a busy machine, rati
 
     PYTHONPATH=src python benchmarks/bench_dictionaries.py            # full size, ~3 min on 2 idle cores
     PYTHONPATH=src python benchmarks/bench_dictionaries.py --quick    # smoke run, ~30 s
+    PYTHONPATH=src python benchmarks/bench_dictionaries.py --crossover --threads 1   # where SPARSE_BELOW comes from
 """
 from __future__ import annotations
 
@@ -153,6 +154,33 @@ def _at_the_truth(sae: Any, directions: torch.Tensor, l0: int, x: torch.Tensor) 
         sae.threshold.fill_(float(cut))
 
 
+def sparse_crossover(rows: int, d_in: int, d_sae: int, fractions: tuple[float, ...], repeats: int) -> dict[float, float]:
+    """Dense step time / sparse step time of one ReLU training step (training_step + backward + Adam)
+    at each fraction of (row, latent) pairs kept (set through b_enc): where SPARSE_BELOW comes from."""
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
+    from circuitlab.dictionaries.objectives import Coefficients, training_step
+
+    x = torch.randn(rows, d_in, generator=torch.Generator().manual_seed(0))
+    sae = SparseDictionary(DictionaryConfig("relu", d_in=d_in, d_sae=d_sae, hook_name="x"), seed=0)
+    opt = torch.optim.Adam(sae.parameters(), lr=1e-9, fused=True)  # a step that leaves the density alone
+    with torch.no_grad():
+        pre = (x @ sae.W_enc).flatten()
+    ratios = {}
+    for frac in fractions:
+        with torch.no_grad():
+            sae.b_enc.fill_(-float(pre.kthvalue(int(pre.numel() * (1 - frac))).values))
+
+        def step(sparse: bool) -> None:
+            out = training_step(sae, x, x, Coefficients(sparsity=1.0, aux=0.0, bandwidth=0.05), None, sparse=sparse)
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+
+        sec = round_robin({"dense": lambda: step(False), "sparse": lambda: step(True)}, repeats)
+        ratios[frac] = sec["dense"] / sec["sparse"]
+    return ratios
+
+
 class _Random:
     """An activation source of seeded Gaussian rows {"x": [rows, d]} (the cost of making it is negligible)."""
 
@@ -274,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: the machine's cores)")
+    p.add_argument("--crossover", action="store_true",
+                   help="only: the sparse step's speed-up over the dense one by kept fraction (ReLU)")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -298,6 +328,14 @@ def main(argv: list[str] | None = None) -> int:
           f"to a {REFERENCE_GFLOPS:.0f} GFLOP/s machine by x{gflops / REFERENCE_GFLOPS:.2f}")
 
     d_in, d_sae, k, batch, steps, repeats = size["train"]
+    if args.crossover:
+        fractions = (0.02, 0.05, 0.1, 0.15, 0.2)
+        print("\n## sparse step vs dense step, ReLU, by fraction of (row, latent) pairs kept (dense time / sparse time)")
+        print(f"{'rows x d_in -> d_sae':22s}" + "".join(f"{f:>8.0%}" for f in fractions))
+        for shape in ((batch, d_in, d_sae), (batch, d_in // 4, d_sae // 4), (4 * batch, 3 * d_in // 2, 4 * d_sae)):
+            r = sparse_crossover(*shape, fractions, repeats=2)
+            print(f"{'%d x %d -> %d' % shape:22s}" + "".join(f"{r[f]:7.1f}x" for f in fractions))
+        return 0
     print(f"\n## 1. training throughput, d_in {d_in}, d_sae {d_sae}, k {k}, batch {batch} "
           f"(median of {repeats} x {steps} steps)")
     print("trained: both sides at a dictionary that has learned planted features (decoder = the true directions),\n"

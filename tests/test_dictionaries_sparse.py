@@ -9,6 +9,7 @@ from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.dictionaries import objectives
 from circuitlab.dictionaries.objectives import Coefficients, training_step
 from circuitlab.dictionaries.sparse_ops import DecodeKept, Kept, KeptPreActs
+from circuitlab.errors import CircuitlabError
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu")
 
@@ -92,12 +93,24 @@ def test_sparse_products_pass_gradcheck():
     torch.testing.assert_close(kept_pre(W_enc, bias), (x @ W_enc + bias)[mask])
 
 
-@pytest.mark.parametrize("bias, sparse", [(-3.0, True), (0.0, False)], ids=["few-fire", "half-fire"])
-def test_the_sparse_path_is_taken_when_few_latents_fire(bias, sparse):
-    sae = _dictionary("relu", d_sae=256)
+@pytest.mark.parametrize("rows, bias, sparse", [(512, -3.0, True), (512, 0.0, False), (16, -3.0, False)],
+                         ids=["few-fire", "half-fire", "tiny-step"])
+def test_the_sparse_path_is_taken_when_few_latents_fire_in_a_step_of_some_size(rows, bias, sparse):
+    sae = _dictionary("relu", d_sae=4096)
     sae.b_enc.data.fill_(bias)
-    x = torch.randn(64, 12, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    x = torch.randn(rows, 12, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     with mock.patch.object(DecodeKept, "apply", wraps=DecodeKept.apply) as decode:
         out = training_step(sae, x, x, Coefficients(sparsity=0.1, aux=0.0, bandwidth=0.1), None)
-    assert (out.l0 / 256 < objectives.SPARSE_BELOW) == sparse
+    assert (out.l0 / 4096 < objectives.SPARSE_BELOW) == (bias < 0)
     assert decode.called == sparse
+
+
+def test_half_precision_dictionaries_train_with_the_dense_step():
+    """torch's CPU sparse products have no bf16/fp16 kernels: the default falls back, forcing says so."""
+    sae = SparseDictionary(DictionaryConfig("topk", d_in=64, d_sae=1024, k=4, hook_name="a", dtype="bfloat16"), seed=0)
+    x = torch.randn(512, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    out = training_step(sae, x, x, Coefficients(sparsity=0.0, aux=0.0, bandwidth=0.1), None)
+    out.loss.backward()
+    assert out.l0 == 4 and sae.W_enc.grad is not None
+    with pytest.raises(CircuitlabError, match="needs a float32 or float64 dictionary"):
+        training_step(sae, x, x, Coefficients(sparsity=0.0, aux=0.0, bandwidth=0.1), None, sparse=True)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from circuitlab.dictionaries.sae import SparseDictionary
-from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, DecodeKept, Kept, KeptPreActs
+from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, SPARSE_DTYPES, SPARSE_MIN_WORK, DecodeKept, Kept, KeptPreActs
+from circuitlab.errors import CircuitlabError
 
 
 def _rectangle(x: torch.Tensor) -> torch.Tensor:
@@ -76,8 +77,9 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
 
     Every architecture keeps some (row, latent) pairs of the pre-activations: the top k per row, the
     top k·rows of the batch, or (ReLU, JumpReLU) those that can fire or move the threshold. With
-    `sparse` (default: on the CPU, when fewer than SPARSE_BELOW of the pairs are kept) the rest of the
-    step reads only those pairs (sparse_ops); otherwise it runs the dense products. Same numbers.
+    `sparse` (default: on the CPU, when fewer than SPARSE_BELOW of the pairs are kept and the step is
+    not tiny) the rest of the step reads only those pairs (sparse_ops); otherwise it runs the dense
+    products. Same numbers.
     """
     arch, (rows, d_sae) = sae.cfg.architecture, (len(x), sae.cfg.d_sae)
     sae._check_width(x, sae.cfg.d_in, "input")
@@ -87,7 +89,10 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
     kept, mask = _keep(sae, pre.detach(), coef)
     n_kept = len(kept) if kept is not None else int(torch.count_nonzero(mask))
     if sparse is None:
-        sparse = x.device.type == "cpu" and n_kept < SPARSE_BELOW * rows * d_sae
+        sparse = (x.device.type == "cpu" and x.dtype in SPARSE_DTYPES and n_kept < SPARSE_BELOW * rows * d_sae
+                  and rows * d_sae * max(sae.cfg.d_in, sae.cfg.d_out) >= SPARSE_MIN_WORK)
+    elif sparse and x.dtype not in SPARSE_DTYPES:
+        raise CircuitlabError(f"the sparse training step needs a float32 or float64 dictionary, not {x.dtype}")
     threshold = sae.threshold if arch == "jumprelu" else None
     norms = sae.W_dec.norm(dim=-1) if arch == "relu" else None  # [d_sae]
     if sparse:

@@ -10,9 +10,17 @@ of a training step touches only the kept (row, latent) pairs:
     grad of W_dec           acts^T @ grad_y         [d_sae, d_out]  CSR(acts)^T @ grad_y
     grad of W_enc           x^T @ grad_pre          [d_in, d_sae]   (CSR(grad_pre)^T @ x)^T
 
-Each costs nnz · d instead of rows · d_sae · d. On 2 CPU cores at d_in 512, d_sae 4096 and 1,024 rows
-one dense product takes ~30 ms; the sparse one ~2 ms at 32 kept per row and ~20 ms at 512
-(12.5% of the latents): the crossover is near 15%, and training_step switches below SPARSE_BELOW.
+Each costs nnz · d instead of rows · d_sae · d, plus some bookkeeping per pair. A whole ReLU step on
+one CPU core, dense time / sparse time (`benchmarks/bench_dictionaries.py --crossover --threads 1`):
+
+    kept fraction          2%      5%      10%     15%     20%
+    1024 x 512 -> 4096     2.9x    1.9x    1.2x    1.1x    1.0x
+    1024 x 128 -> 1024     2.0x    1.7x    1.2x    0.8x    0.7x
+    4096 x 768 -> 16384    3.3x    2.1x    1.2x    0.7x    0.6x
+
+so training_step switches to these products below SPARSE_BELOW = 10% of the pairs kept, when a dense
+product is large enough (SPARSE_MIN_WORK) for the per-pair bookkeeping not to dominate: at 256 x 32 ->
+256 the sparse step is slower even at 2%.
 """
 from __future__ import annotations
 
@@ -20,7 +28,9 @@ import warnings
 
 import torch
 
-SPARSE_BELOW = 0.05  # kept fraction of [rows, d_sae] under which the sparse products are used (CPU)
+SPARSE_BELOW = 0.10  # kept fraction of [rows, d_sae] under which the sparse products are used (CPU)
+SPARSE_MIN_WORK = 2**24  # rows · d_sae · d: smaller steps stay dense
+SPARSE_DTYPES = (torch.float32, torch.float64)  # torch's CPU sparse products have no half-precision kernels
 
 
 class Kept:
