@@ -373,13 +373,13 @@ def main(argv: list[str] | None = None) -> int:
     growth = mem[10]["peak_mib"] / mem[1]["peak_mib"]
 
     print("\n## summary")
-    print(f"{'target':58s} {'measured':>10s}  met")
+    print(f"{'target':62s} {'measured':>10s}  met")
     for arch, ratio in ratios.items():
-        print(f"{'training throughput vs SAELens, ' + arch + ', trained (>= 1.5x)':58s} {ratio:9.2f}x  "
+        print(f"{'training throughput vs SAELens, ' + arch + ', trained (>= 1.5x)':62s} {ratio:9.2f}x  "
               f"{'yes' if ratio >= 1.5 else 'NO'}  (at init {at_init[arch]:.2f}x)")
-    print(f"{'store overhead over the forward (<= +10%)':58s} {100 * overhead:+9.1f}%  {'yes' if overhead <= 0.10 else 'NO'}")
-    print(f"{'peak RSS, 10x tokens / 1x tokens (flat: <= 1.10)':58s} {growth:9.2f}x  {'yes' if growth <= 1.10 else 'NO'}")
-    print(f"{'  (what training added at 10x / the 10x activations as fp32)':58s} "
+    print(f"{'store overhead over the forward (<= +10%)':62s} {100 * overhead:+9.1f}%  {'yes' if overhead <= 0.10 else 'NO'}")
+    print(f"{'peak RSS, 10x tokens / 1x tokens (flat: <= 1.10)':62s} {growth:9.2f}x  {'yes' if growth <= 1.10 else 'NO'}")
+    print(f"{'  (what training added at 10x / the 10x activations as fp32)':62s} "
           f"{mem[10]['added_mib'] / mem[10]['held_mib']:9.2f}x")
     print(f"# {time.perf_counter() - start:.0f} s; load avg at the end {os.getloadavg()[0]:.2f}")
     return 0
