@@ -9,8 +9,8 @@ transpose; b_dec starts at the data mean; inputs are scaled to E‖x‖ = √d_i
 that scale is folded into the weights at save; the L1 / L0 coefficient warms up linearly; the
 learning rate warms up, then decays linearly to 0 over the last lr_decay_frac of the steps;
 TopK-family and JumpReLU decoders keep unit-norm rows; dead latents get AuxK (TopK family and
-JumpReLU) and, every resample_every steps until the learning rate decays, resampling (any
-architecture) on the current batch and the next resample_batches - 1. A latent is dead when it has
+JumpReLU) and, every resample_every steps until the learning rate decays (for "split", until half
+way through the decay), resampling (any architecture) on the current batch and the next resample_batches - 1. A latent is dead when it has
 not fired for dead_after steps or, with dead_density > 0, when it fires on fewer than that fraction
 of rows (running average over ~dead_after steps): such rarely-firing latents otherwise sit on a
 mixture of features, silent at inference. resample_method "inputs" points a dead latent at the
@@ -18,8 +18,10 @@ worst-reconstructed rows (Anthropic, 2023); "split" makes it split a live latent
 features (k-means' cluster splitting, see objectives.split_targets): the usual reason a threshold
 dictionary (BatchTopK, JumpReLU) leaves a latent dead is two features merged into another one, and a
 latent sent to a worst-reconstructed row lands on a mixture that never beats the threshold.
-Resampling stops once the learning rate decays, so that no latent is counted alive only because it
-was just placed somewhere. Resuming continues exactly as if never stopped.
+"inputs" resampling stops once the learning rate decays, so that no latent is counted alive only
+because it was just placed somewhere; a split child starts on a direction the data has, and splitting
+goes on through the first half of the decay (a latent split just before the decay can lose its
+feature back to its parent as the rate falls). Resuming continues exactly as if never stopped.
 """
 from __future__ import annotations
 
@@ -210,7 +212,11 @@ class DictionaryTrainer:
             decay = 1 - 1 / h.dead_after
             self.fire_rate[j].mul_(decay).add_(out.fires.double() / len(x), alpha=1 - decay)
             resampled = 0
-            settling = self.step + 1 > self.train.steps * (1 - self.train.lr_decay_frac)  # no resampling while lr decays
+            # No resampling once the learning rate decays: a latent pointed at badly reconstructed rows needs
+            # steps at the full rate to find a feature, or it ends silent or firing on junk. A split child
+            # starts on a direction the data has, so splitting goes on through the first half of the decay.
+            decay_start = self.train.steps * (1 - self.train.lr_decay_frac * (0.5 if h.resample_method == "split" else 1))
+            settling = self.step + 1 > decay_start
             if h.resample_every and (self.step + 1) % h.resample_every == 0 and not settling:
                 dead = self.dead(j, self.step + 1)
                 if bool(dead.any()) and not extra:
