@@ -212,7 +212,7 @@ def run_dashboards(args: argparse.Namespace) -> int:
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
     p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the 1-layer model (default 600)")
-    p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 350)")
+    p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 500)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

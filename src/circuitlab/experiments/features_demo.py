@@ -37,7 +37,7 @@ class FeaturesDemoOptions:
     d_mlp: int = 512
     d_sae: int = 2048
     k: int = 16                   # active features per token (TopK)
-    dictionary_steps: int = 350
+    dictionary_steps: int = 500
     dictionary_batch: int = 4096  # activations per dictionary step
     dashboard_tokens: int = 32_768
     shown: int = 8                # features written up in the report
