@@ -106,11 +106,14 @@ def test_the_sparse_path_is_taken_when_few_latents_fire_in_a_step_of_some_size(r
 
 
 def test_half_precision_dictionaries_train_with_the_dense_step():
-    """torch's CPU sparse products have no bf16/fp16 kernels: the default falls back, forcing says so."""
+    """torch's CPU sparse products have no bf16/fp16 kernels: the default falls back (AuxK included),
+    forcing says so."""
     sae = SparseDictionary(DictionaryConfig("topk", d_in=64, d_sae=1024, k=4, hook_name="a", dtype="bfloat16"), seed=0)
     x = torch.randn(512, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
-    out = training_step(sae, x, x, Coefficients(sparsity=0.0, aux=0.0, bandwidth=0.1), None)
+    dead = torch.zeros(1024, dtype=torch.bool)
+    dead[::3] = True
+    out = training_step(sae, x, x, Coefficients(sparsity=0.0, aux=0.5, bandwidth=0.1), dead)
     out.loss.backward()
-    assert out.l0 == 4 and sae.W_enc.grad is not None
+    assert out.l0 == 4 and float(out.aux) > 0 and sae.W_enc.grad is not None
     with pytest.raises(CircuitlabError, match="needs a float32 or float64 dictionary"):
         training_step(sae, x, x, Coefficients(sparsity=0.0, aux=0.0, bandwidth=0.1), None, sparse=True)

@@ -119,7 +119,7 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
     aux = zero
     if arch != "relu" and dead is not None and bool(dead.any()):
         dead_pre = x @ sae.W_enc[:, dead] + bias[dead] if sparse else pre[:, dead]  # [rows, n_dead]
-        aux = coef.aux * _auxk(sae, dead_pre, dead.nonzero().squeeze(1), (y - y_hat).detach())
+        aux = coef.aux * _auxk(sae, dead_pre, dead.nonzero().squeeze(1), (y - y_hat).detach(), sparse)
     return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires,
                       float(fires.sum()) / rows)
 
@@ -137,9 +137,7 @@ def _keep(sae: SparseDictionary, pre: torch.Tensor, coef: Coefficients) -> tuple
     in the threshold's straight-through window — the others get no gradient)."""
     arch, (rows, d_sae) = sae.cfg.architecture, pre.shape
     if arch == "topk":
-        latents = pre.topk(sae.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values  # [rows, k]
-        flat = (latents + torch.arange(rows, device=pre.device)[:, None] * d_sae).flatten()
-        return Kept(flat, rows, d_sae), None
+        return Kept.per_row(pre.topk(sae.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values, d_sae), None
     if arch == "batchtopk":
         return Kept(_batch_topk(sae, pre, coef.threshold_decay), rows, d_sae), None
     if arch == "relu":
@@ -167,17 +165,20 @@ def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch
     return flat.sort().values
 
 
-def _auxk(sae: SparseDictionary, dead_pre: torch.Tensor, dead_ids: torch.Tensor,
-          residual: torch.Tensor) -> torch.Tensor:
+def _auxk(sae: SparseDictionary, dead_pre: torch.Tensor, dead_ids: torch.Tensor, residual: torch.Tensor,
+          sparse: bool) -> torch.Tensor:
     """The dead latents' top pre-activations (dead_pre [rows, n_dead], latents dead_ids [n_dead])
     reconstruct what the live ones missed (residual [rows, d_out]): their squared error."""
     rows, n_dead = dead_pre.shape
     k_aux = min(max(sae.cfg.d_out // 2, 1), n_dead)
     values, which = dead_pre.topk(k_aux, dim=-1, sorted=False)                      # [rows, k_aux]
-    which, order = which.sort(dim=-1)
-    latents = dead_ids[which]                                                       # increasing per row (dead_ids is sorted)
-    flat = (latents + torch.arange(rows, device=latents.device)[:, None] * sae.cfg.d_sae).flatten()
-    recon = DecodeKept.apply(values.gather(-1, order).relu().flatten(), sae.W_dec, Kept(flat, rows, sae.cfg.d_sae))
+    values = values.relu()
+    if sparse:
+        which, order = which.sort(dim=-1)  # dead_ids is sorted, so the latents are too, as CSR wants
+        kept = Kept.per_row(dead_ids[which], sae.cfg.d_sae)
+        recon = DecodeKept.apply(values.gather(-1, order).flatten(), sae.W_dec, kept)
+    else:
+        recon = values.new_zeros(rows, sae.cfg.d_sae).scatter(-1, dead_ids[which], values) @ sae.W_dec
     return (recon - residual).pow(2).sum(-1).mean()
 
 

@@ -49,6 +49,12 @@ class Kept:
         """mask [rows, d_sae] bool."""
         return cls(mask.view(-1).nonzero().squeeze(1), *mask.shape)
 
+    @classmethod
+    def per_row(cls, latents: torch.Tensor, d_sae: int) -> "Kept":
+        """latents [rows, k] long, increasing along each row: the same number of pairs in every row."""
+        rows = torch.arange(len(latents), device=latents.device)[:, None]
+        return cls((latents + rows * d_sae).flatten(), len(latents), d_sae)
+
     def __len__(self) -> int:
         return len(self.flat)
 
