@@ -10,10 +10,11 @@ that scale is folded into the weights at save; the L1 / L0 coefficient warms up 
 learning rate warms up, then decays linearly to 0 over the last lr_decay_frac of the steps;
 TopK-family and JumpReLU decoders keep unit-norm rows; dead latents get AuxK (TopK family and
 JumpReLU) and, every resample_every steps until the learning rate decays (for "split", until half
-way through the decay), resampling (any architecture) on the current batch and the next resample_batches - 1. A latent is dead when it has
-not fired for dead_after steps or, with dead_density > 0, when it fires on fewer than that fraction
-of rows (running average over ~dead_after steps): such rarely-firing latents otherwise sit on a
-mixture of features, silent at inference. resample_method "inputs" points a dead latent at the
+way through the decay), resampling (any architecture) on the current batch and the next
+resample_batches - 1. A latent is dead when it has not fired for dead_after steps or, with
+dead_density > 0, when it fires on fewer than that fraction of rows (running average over
+~dead_after steps): such rarely-firing latents otherwise sit on a mixture of features, silent at
+inference. resample_method "inputs" points a dead latent at the
 worst-reconstructed rows (Anthropic, 2023); "split" makes it split a live latent that serves two
 features (k-means' cluster splitting, see objectives.split_targets): the usual reason a threshold
 dictionary (BatchTopK, JumpReLU) leaves a latent dead is two features merged into another one, and a
@@ -215,9 +216,8 @@ class DictionaryTrainer:
             # No resampling once the learning rate decays: a latent pointed at badly reconstructed rows needs
             # steps at the full rate to find a feature, or it ends silent or firing on junk. A split child
             # starts on a direction the data has, so splitting goes on through the first half of the decay.
-            decay_start = self.train.steps * (1 - self.train.lr_decay_frac * (0.5 if h.resample_method == "split" else 1))
-            settling = self.step + 1 > decay_start
-            if h.resample_every and (self.step + 1) % h.resample_every == 0 and not settling:
+            resample_until = self.train.steps * (1 - self.train.lr_decay_frac * (0.5 if h.resample_method == "split" else 1))
+            if h.resample_every and (self.step + 1) % h.resample_every == 0 and self.step + 1 <= resample_until:
                 dead = self.dead(j, self.step + 1)
                 if bool(dead.any()) and not extra:
                     # One batch is too few rows to see a rare latent's two groups (a latent firing on 3% of
