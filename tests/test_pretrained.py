@@ -323,7 +323,7 @@ def test_missing_folder_and_missing_files(tmp_path, imported):
 
 
 def test_unsupported_architectures_are_named():
-    with pytest.raises(CircuitlabError, match="'bert'.*GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral and Qwen2"):
+    with pytest.raises(CircuitlabError, match="'bert'.*GPT-2, GPT-NeoX/Pythia, LLaMA, .*Gemma-2.*GPT-J"):
         model_config_from_hf({"model_type": "bert"})
     llama = dict(model_type="llama", hidden_size=16, num_attention_heads=2, num_hidden_layers=1,
                  intermediate_size=8, vocab_size=10, max_position_embeddings=8)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("learned", "rotary", "none")
-MLPS = ("gelu", "gelu_new", "relu", "swiglu")
+MLPS = ("gelu", "gelu_new", "relu", "swiglu", "geglu")
+BLOCK_NORMS = ("pre", "sandwich", "post")
+QK_NORMS = ("none", "head", "full")
 
 
 @dataclass
@@ -45,12 +48,24 @@ class ModelConfig:
     # Rotary frequency scaling as in HF configs: {"type": "linear", "factor": f} or {"type": "llama3",
     # "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; None = plain.
     rope_scaling: dict | None = None
-    mlp: str = "gelu"                # gelu | gelu_new (tanh approx., GPT-2) | relu | swiglu
+    mlp: str = "gelu"                # gelu | gelu_new (tanh approx., GPT-2) | relu | swiglu | geglu (tanh GELU gate)
     bias: bool = True
     tied_embeddings: bool = False
     use_attn_out: bool = True        # False: "V-only" heads, z written straight into the residual (d_head == d_model)
     scale_scores: bool = True        # divide attention scores by sqrt(d_head); hand-built models turn it off
     parallel_attn_mlp: bool = False  # GPT-NeoX style: attn and MLP both read resid_pre
+    # The switches of the newer families (Gemma-2/3, Qwen3, OLMo-2, Phi-3, GPT-J); defaults = off.
+    block_norms: str = "pre"         # pre (ln1, ln2) | sandwich (also ln1_post, ln2_post on each sublayer's
+                                     # output, Gemma) | post (ln1_post, ln2_post only, OLMo-2)
+    qk_norm: str = "none"            # none | head (RMSNorm over d_head, Qwen3/Gemma-3) | full (over all heads, OLMo-2)
+    embed_scale: float = 1.0         # token embeddings times this (Gemma: sqrt(d_model))
+    attn_scale: float | None = None  # scores divided by this (None: sqrt(d_head); Gemma: sqrt(query_pre_attn_scalar))
+    attn_softcap: float | None = None   # scores -> c * tanh(scores / c) before the mask (Gemma-2)
+    logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma-2)
+    sliding_window: int | None = None   # a query attends only its last `sliding_window` keys (itself included) ...
+    sliding_layers: list | None = None  # ... in these layers (None: every layer)
+    local_rotary_base: float | None = None  # rotary base of the sliding layers, unscaled (Gemma-3); None: rotary_base
+    rotary_interleaved: bool = False    # rotate adjacent pairs (GPT-J) instead of the two halves (NeoX/LLaMA)
     init_std: float = 0.02
     scale_out_init: bool = False     # scale output projections' init by 1/sqrt(2 * n_layers)
     name: str = ""
@@ -128,6 +143,38 @@ class ModelConfig:
             )
         if self.parallel_attn_mlp and self.attn_only:
             raise ConfigError("ModelConfig.parallel_attn_mlp needs an MLP; it cannot be set with attn_only=True")
+        _check_choice("block_norms", self.block_norms, BLOCK_NORMS)
+        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
+        if self.norm == "none" and (self.block_norms != "pre" or self.qk_norm != "none"):
+            raise ConfigError("ModelConfig.block_norms / qk_norm need a norm kind; they cannot be set with norm='none'")
+        if self.parallel_attn_mlp and self.block_norms != "pre":
+            raise ConfigError("ModelConfig.parallel_attn_mlp needs block_norms='pre'")
+        for name in ("embed_scale", "attn_scale", "attn_softcap", "logit_softcap", "local_rotary_base",
+                     "sliding_window"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"ModelConfig.{name} must be positive, got {value}")
+        if self.sliding_layers is not None:
+            if self.sliding_window is None:
+                raise ConfigError("ModelConfig.sliding_layers needs sliding_window")
+            bad = [i for i in self.sliding_layers
+                   if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers]
+            if bad or len(set(self.sliding_layers)) != len(self.sliding_layers):
+                raise ConfigError(f"ModelConfig.sliding_layers must list distinct layer indices in "
+                                  f"[0, {self.n_layers}), got {self.sliding_layers}")
+        if self.local_rotary_base is not None and (self.positional != "rotary" or self.sliding_window is None):
+            raise ConfigError("ModelConfig.local_rotary_base needs rotary positions and sliding_window")
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` attends through the sliding window."""
+        return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
+
+    @property
+    def score_scale(self) -> float:
+        """What attention scores are multiplied by: 1 / attn_scale, 1 / sqrt(d_head), or 1 (scale_scores=False)."""
+        if not self.scale_scores:
+            return 1.0
+        return 1.0 / (self.attn_scale if self.attn_scale is not None else math.sqrt(self.head_dim))
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -208,7 +255,7 @@ def _check_rope_scaling(scaling: dict) -> None:
         raise ConfigError("ModelConfig.rope_scaling: high_freq_factor must be above low_freq_factor")
 
 
-_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
+_TYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict, "list": list}
 _FIELD_TYPES: dict[str, type] = {f.name: _TYPE_NAMES[f.type.split(" |")[0]] for f in fields(ModelConfig)}
 
 

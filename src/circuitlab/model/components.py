@@ -23,12 +23,13 @@ class Norm(nn.Module):
     [batch, pos, d_model] is the output before the gain/bias.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, length: int | None = None) -> None:
         super().__init__()
         self.kind = cfg.norm
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(cfg.d_model))
-        self.b = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.norm == "layernorm" and cfg.bias else None
+        length = cfg.d_model if length is None else length  # q/k norms: d_head or all heads' width
+        self.w = nn.Parameter(torch.ones(length))
+        self.b = nn.Parameter(torch.zeros(length)) if cfg.norm == "layernorm" and cfg.bias else None
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
 
@@ -48,11 +49,13 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return Norm(cfg) if cfg.norm != "none" else nn.Identity()
 
 
-def rotary_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """Angular frequency of each rotated pair [rot_dim / 2] (float64), after cfg.rope_scaling."""
+def rotary_frequencies(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Angular frequency of each rotated pair [rot_dim / 2] (float64), after cfg.rope_scaling; `local`: the
+    sliding-window layers' frequencies (cfg.local_rotary_base, unscaled; Gemma-3)."""
     d = cfg.rot_dim
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    scaling = cfg.rope_scaling
+    base = cfg.local_rotary_base if local else cfg.rotary_base
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scaling = None if local else cfg.rope_scaling
     if scaling is None:
         return inv_freq
     factor = scaling["factor"]
@@ -68,18 +71,22 @@ def rotary_frequencies(cfg: ModelConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding on the first rot_dim dims of each head (rotate-half layout, as LLaMA/NeoX).
+    """Rotary position embedding on the first rot_dim dims of each head: rotate-half layout (LLaMA/NeoX), or
+    adjacent pairs when cfg.rotary_interleaved (GPT-J).
 
-    One instance serves every layer (the Transformer passes it to each Attention): its cos/sin tables
-    are [n_ctx, rot_dim] each, which for long-context checkpoints is too much to repeat per layer.
+    One instance serves every layer of a kind (the Transformer passes it to each Attention): its cos/sin
+    tables are [n_ctx, rot_dim] each, which for long-context checkpoints is too much to repeat per layer.
+    `local` builds the table of the sliding-window layers (cfg.local_rotary_base, unscaled; Gemma-3).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, local: bool = False) -> None:
         super().__init__()
         self.rot_dim = cfg.rot_dim
-        inv_freq = rotary_frequencies(cfg)
+        self.local = local
+        self.interleaved = cfg.rotary_interleaved
+        inv_freq = rotary_frequencies(cfg, local)
         angles = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), inv_freq)  # [n_ctx, rot_dim/2]
-        angles = torch.cat([angles, angles], dim=-1)
+        angles = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
@@ -89,8 +96,11 @@ class Rotary(nn.Module):
         cos = self.cos[offset:offset + T, None, :].to(x.dtype)
         sin = self.sin[offset:offset + T, None, :].to(x.dtype)
         x_rot, x_pass = x[..., : self.rot_dim], x[..., self.rot_dim:]
-        half = self.rot_dim // 2
-        rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+        if self.interleaved:  # pairs (x0, x1), (x2, x3), ... -> (-x1, x0), (-x3, x2), ...
+            rotated = torch.stack([-x_rot[..., 1::2], x_rot[..., ::2]], dim=-1).flatten(-2)
+        else:
+            half = self.rot_dim // 2
+            rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
         return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
 
 
@@ -99,9 +109,12 @@ class Attention(nn.Module):
 
     Fused weights: qkv.weight [(n_heads + 2*n_kv_heads) * d_head, d_model] (q heads, then k, then v);
     out.weight [d_model, n_heads * d_head] (absent for V-only heads).
+    Per cfg: q/k norms (q_norm, k_norm: Norm modules, after hook_q/hook_k and before rotary), a sliding
+    window (this layer's, cfg.is_sliding(layer)), scores times cfg.score_scale then soft-capped
+    (cfg.attn_softcap) before the mask; hook_attn_scores sees the capped, masked scores.
     """
 
-    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
@@ -111,8 +124,14 @@ class Attention(nn.Module):
             self.rotary = rotary if rotary is not None else Rotary(cfg)  # shared across layers when given
         else:
             self.rotary = None
-        self.scale = 1.0 / math.sqrt(self.d_head) if cfg.scale_scores else 1.0
+        self.scale = cfg.score_scale
+        self.softcap = cfg.attn_softcap
+        self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        if cfg.qk_norm != "none":  # per head (length d_head) or over all heads' concatenation (OLMo-2)
+            full = cfg.qk_norm == "full"
+            self.q_norm = Norm(cfg, self.n_heads * self.d_head if full else self.d_head)
+            self.k_norm = Norm(cfg, self.n_kv * self.d_head if full else self.d_head)
         if self.rotary is not None:
             self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
         self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos], after the causal mask
@@ -128,6 +147,10 @@ class Attention(nn.Module):
         q = self.hook_q(q.view(B, T, H, D))
         k = self.hook_k(k.view(B, T, K, D))
         v = self.hook_v(v.view(B, T, K, D))
+        if self.cfg.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.cfg.qk_norm == "full":
+            q, k = self.q_norm(q.flatten(2)).view(B, T, H, D), self.k_norm(k.flatten(2)).view(B, T, K, D)
         offset = kv_cache.length if kv_cache is not None else 0
         if self.rotary is not None:
             q = self.hook_rot_q(self.rotary(q, offset))
@@ -136,12 +159,14 @@ class Attention(nn.Module):
             k, v = kv_cache.append(k, v)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [batch, head, pos, d_head]
         S = k.shape[2]
-        if self.hook_attn_scores.active or self.hook_pattern.active:
+        # SDPA's fused kernels have no soft-cap: soft-capped attention always takes the eager path.
+        if self.hook_attn_scores.active or self.hook_pattern.active or self.softcap is not None:
             z = self._eager(q, k, v, offset)
         else:
-            # Bottom-right aligned causal mask is only needed when new queries follow cached keys.
-            mask = None if offset == 0 else _causal_mask(T, S, offset, x.device)
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=offset == 0,
+            # An explicit mask when new queries follow cached keys (bottom-right aligned) or for a sliding window.
+            plain = offset == 0 and self.window is None
+            mask = None if plain else _causal_mask(T, S, offset, x.device, self.window)
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plain,
                                                scale=self.scale, enable_gqa=K != H)
         z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
         if self.hook_result.active:
@@ -164,15 +189,20 @@ class Attention(nn.Module):
         T, S = q.shape[2], k.shape[2]
         # In place on the fresh product: the same numbers as (q @ k^T) * scale, two [b, H, T, S] copies fewer.
         scores = (q @ k.transpose(-1, -2)).mul_(self.scale)
-        scores.masked_fill_(~_causal_mask(T, S, offset, q.device), float("-inf"))
+        if self.softcap is not None:  # c * tanh(s / c), in Gemma-2's order of operations
+            scores = scores.div_(self.softcap).tanh_().mul_(self.softcap)
+        scores.masked_fill_(~_causal_mask(T, S, offset, q.device, self.window), float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         return pattern @ v
 
 
-def _causal_mask(T: int, S: int, offset: int, device: torch.device) -> torch.Tensor:
-    """[T, S] bool, True where query i (absolute offset + i) may attend key j."""
-    return torch.arange(S, device=device)[None, :] <= (torch.arange(T, device=device)[:, None] + offset)
+def _causal_mask(T: int, S: int, offset: int, device: torch.device, window: int | None = None) -> torch.Tensor:
+    """[T, S] bool, True where query i (absolute offset + i) may attend key j: j <= i, and i - j < window."""
+    query = torch.arange(T, device=device)[:, None] + offset
+    key = torch.arange(S, device=device)[None, :]
+    mask = key <= query
+    return mask & (key > query - window) if window is not None else mask
 
 
 class LayerKV:
@@ -193,9 +223,10 @@ class LayerKV:
 
 
 class MLP(nn.Module):
-    """GELU/ReLU MLP, or SwiGLU (fc_in holds gate then up, [2 * d_mlp, d_model]).
+    """GELU/ReLU MLP, or a gated one: SwiGLU (SiLU gate) / GeGLU (tanh-GELU gate, Gemma); fc_in holds gate
+    then up, [2 * d_mlp, d_model].
 
-    hook_pre [batch, pos, d_mlp]: pre-activation (the gate for SwiGLU); hook_pre_linear: SwiGLU's
+    hook_pre [batch, pos, d_mlp]: pre-activation (the gate when gated); hook_pre_linear: the gated MLP's
     up projection; hook_post [batch, pos, d_mlp]: the neuron activations fed to fc_out.
     """
 
@@ -203,19 +234,22 @@ class MLP(nn.Module):
         super().__init__()
         self.kind = cfg.mlp
         self.d_mlp = cfg.mlp_dim
-        width = 2 * self.d_mlp if self.kind == "swiglu" else self.d_mlp
+        self.gated = self.kind in ("swiglu", "geglu")
+        width = 2 * self.d_mlp if self.gated else self.d_mlp
         self.fc_in = nn.Linear(cfg.d_model, width, bias=cfg.bias)
         self.fc_out = nn.Linear(self.d_mlp, cfg.d_model, bias=cfg.bias)
         self.hook_pre = HookPoint()
-        if self.kind == "swiglu":
+        if self.gated:
             self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc_in(x)
-        if self.kind == "swiglu":
+        if self.gated:
             gate, up = h.split(self.d_mlp, dim=-1)
-            h = F.silu(self.hook_pre(gate)) * self.hook_pre_linear(up)
+            gate = self.hook_pre(gate)
+            gate = F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate="tanh")
+            h = gate * self.hook_pre_linear(up)
         elif self.kind == "gelu":
             h = F.gelu(self.hook_pre(h))
         elif self.kind == "gelu_new":
@@ -226,32 +260,39 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post = resid_mid + mlp(ln2(...))."""
+    """Residual block. Pre-norm (default): resid_mid = resid_pre + attn(ln1(resid_pre)); resid_post =
+    resid_mid + mlp(ln2(resid_mid)). cfg.block_norms "sandwich" also normalises each sublayer's output
+    (ln1_post, ln2_post; Gemma), "post" only that (no ln1/ln2; OLMo-2). hook_attn_out / hook_mlp_out are
+    what is added to the residual stream (after the post-norm, as in TransformerLens)."""
 
-    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None = None, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        pre = cfg.block_norms != "post"
+        post = cfg.block_norms != "pre"
         # Registration order is forward order, so model.hook_names() reads top to bottom.
         self.hook_resid_pre = HookPoint()
-        self.ln1 = make_norm(cfg)
-        self.attn = Attention(cfg, rotary)
+        self.ln1 = make_norm(cfg) if pre else nn.Identity()
+        self.attn = Attention(cfg, rotary, layer)
+        self.ln1_post = make_norm(cfg) if post else nn.Identity()
         self.hook_attn_out = HookPoint()
         if cfg.has_mlp:
             if not cfg.parallel_attn_mlp:
                 self.hook_resid_mid = HookPoint()
-            self.ln2 = make_norm(cfg)
+            self.ln2 = make_norm(cfg) if pre else nn.Identity()
             self.mlp = MLP(cfg)
+            self.ln2_post = make_norm(cfg) if post else nn.Identity()
             self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: torch.Tensor, kv_cache: LayerKV | None = None) -> torch.Tensor:
         """x [batch, pos, d_model] -> [batch, pos, d_model]."""
         x = self.hook_resid_pre(x)
-        attn_out = self.hook_attn_out(self.attn(self.ln1(x), kv_cache))
+        attn_out = self.hook_attn_out(self.ln1_post(self.attn(self.ln1(x), kv_cache)))
         if not self.cfg.has_mlp:
             return self.hook_resid_post(x + attn_out)
         if self.cfg.parallel_attn_mlp:
             mlp_out = self.hook_mlp_out(self.mlp(self.ln2(x)))
             return self.hook_resid_post(x + attn_out + mlp_out)
         mid = self.hook_resid_mid(x + attn_out)
-        return self.hook_resid_post(mid + self.hook_mlp_out(self.mlp(self.ln2(mid))))
+        return self.hook_resid_post(mid + self.hook_mlp_out(self.ln2_post(self.mlp(self.ln2(mid)))))

@@ -38,11 +38,12 @@ def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
     if cfg.tied_embeddings:  # moving off the meta device makes a new tensor per module: tie them again
         model.unembed.weight = model.embed.weight
     rotaries = [m for m in model.modules() if isinstance(m, Rotary)]
-    if rotaries:  # the cos/sin tables are computed, not stored: compute them for real
-        with torch.device(device):
-            fresh = Rotary(cfg)
-        for rotary in rotaries:
-            rotary.cos, rotary.sin = fresh.cos, fresh.sin
+    fresh: dict[bool, Rotary] = {}
+    for rotary in rotaries:  # the cos/sin tables are computed, not stored: compute them for real
+        if rotary.local not in fresh:
+            with torch.device(device):
+                fresh[rotary.local] = Rotary(cfg, local=rotary.local)
+        rotary.cos, rotary.sin = fresh[rotary.local].cos, fresh[rotary.local].sin
     return model
 
 

@@ -70,8 +70,11 @@ class Transformer(WeightViews, nn.Module):
         if cfg.positional == "learned":
             self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        rotary = Rotary(cfg) if cfg.positional == "rotary" else None  # one cos/sin table for all layers
-        self.blocks = nn.ModuleList(Block(cfg, rotary) for _ in range(cfg.n_layers))
+        # One cos/sin table for all layers (and one for the sliding layers when they have their own base).
+        rotary = Rotary(cfg) if cfg.positional == "rotary" else None
+        local = Rotary(cfg, local=True) if rotary is not None and cfg.local_rotary_base is not None else None
+        self.blocks = nn.ModuleList(Block(cfg, local if local is not None and cfg.is_sliding(i) else rotary, i)
+                                    for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg)
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.bias)
         if cfg.tied_embeddings:
@@ -102,7 +105,10 @@ class Transformer(WeightViews, nn.Module):
         offset = kv_cache.length if kv_cache is not None else 0
         tokens = check_tokens(tokens, self.cfg, offset=offset, allow_empty=True)
         T = tokens.shape[1]
-        x = self.hook_embed(self.embed(tokens))
+        x = self.embed(tokens)
+        if self.cfg.embed_scale != 1.0:  # Gemma: times sqrt(d_model), rounded to the weights' dtype as HF does
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        x = self.hook_embed(x)
         if self.cfg.positional == "learned":
             pos = torch.arange(offset, offset + T, device=tokens.device)
             x = x + self.hook_pos_embed(self.pos_embed(pos).expand_as(x))
@@ -110,7 +116,13 @@ class Transformer(WeightViews, nn.Module):
             x = block(x, kv_cache.layers[i] if kv_cache is not None else None)
         if kv_cache is not None:
             kv_cache.length += T
-        return self.unembed(self.ln_final(x))
+        return self.soft_cap_logits(self.unembed(self.ln_final(x)))
+
+    def soft_cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """cfg.logit_softcap applied to unembedded logits [..., d_vocab]: c * tanh(logits / c) (Gemma-2);
+        the logits themselves when the model has no cap."""
+        cap = self.cfg.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor | None = None,
              per_token: bool = False) -> torch.Tensor:

@@ -37,6 +37,7 @@ def _style_problems(cfg: ModelConfig) -> dict[str, list[str]]:
         common.append("attn_only=True (HF models all have MLPs)")
     if not cfg.use_attn_out:
         common.append("use_attn_out=False (V-only heads)")
+    common += _newer_switches(cfg)
     sequential = ["parallel_attn_mlp=True"] if cfg.parallel_attn_mlp else []
     scaled = [] if cfg.scale_scores else ["scale_scores=False"]
     mha = [] if cfg.kv_heads == cfg.n_heads else [f"n_kv_heads={cfg.kv_heads} (grouped-query attention)"]
@@ -59,18 +60,42 @@ def _style_problems(cfg: ModelConfig) -> dict[str, list[str]]:
     neox = common + scaled + mha + square + activation + layernorm
     if cfg.positional != "rotary":
         neox.append(f"positional={cfg.positional!r} (needs rotary)")
-    return {"llama": llama, "gpt2": gpt2, "gpt_neox": neox}
+    found = {"llama": llama, "gpt2": gpt2, "gpt_neox": neox}
+    for style in NEWER_STYLES:
+        found[style] = family_named(style).export_problems(cfg)
+    return found
 
 
-def export_style(cfg: ModelConfig) -> str:
-    """'llama', 'gpt2' or 'gpt_neox': the HF architecture this config exports to."""
+# The architectures the newer families export to, after LLaMA / GPT-2 / GPT-NeoX (Phi-3 last: a model that
+# fits it also fits LLaMA, unless it has a sliding window; ask for it with export_hf(..., style="phi3")).
+NEWER_STYLES = ("qwen3", "gemma2", "gemma3_text", "olmo2", "gptj", "phi3")
+STYLES = ("llama", "gpt2", "gpt_neox") + NEWER_STYLES
+
+
+def _newer_switches(cfg: ModelConfig) -> list[str]:
+    """The newer families' switches that are on: LLaMA, GPT-2 and GPT-NeoX have none of them."""
+    defaults = dict(block_norms="pre", qk_norm="none", embed_scale=1.0, attn_scale=None, attn_softcap=None,
+                    logit_softcap=None, sliding_window=None, local_rotary_base=None, rotary_interleaved=False)
+    return [f"{k}={getattr(cfg, k)!r}" for k, v in defaults.items() if getattr(cfg, k) != v]
+
+
+def export_style(cfg: ModelConfig, style: str | None = None) -> str:
+    """The HF architecture (its model_type: 'llama', 'gpt2', 'gpt_neox', 'qwen3', 'gemma2', 'gemma3_text',
+    'olmo2', 'gptj' or 'phi3') this config exports to: the first that holds it exactly, or `style` when
+    given and it fits (a CircuitlabError says what does not)."""
     problems = _style_problems(cfg)
-    for style, found in problems.items():
+    if style is not None:
+        if style not in problems:
+            raise CircuitlabError(f"unknown export style {style!r}; choose one of {', '.join(STYLES)}")
+        if problems[style]:
+            raise CircuitlabError(f"this model cannot be exported as {style}: {'; '.join(problems[style])}")
+        return style
+    for name, found in problems.items():
         if not found:
-            return style
+            return name
     closest = min(problems, key=lambda s: len(problems[s]))
-    raise CircuitlabError(f"this model cannot be exported to Hugging Face: it is neither LLaMA-, GPT-2- nor "
-                          f"GPT-NeoX-style; closest is {closest}, which it misses by {'; '.join(problems[closest])}")
+    raise CircuitlabError(f"this model cannot be exported to Hugging Face: it fits none of {', '.join(STYLES)}; "
+                          f"closest is {closest}, which it misses by {'; '.join(problems[closest])}")
 
 
 # ---------------------------------------------------------------------------------------- configs
@@ -94,6 +119,8 @@ def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> d
     common = {"vocab_size": cfg.d_vocab, "tie_word_embeddings": cfg.tied_embeddings,
               "dtype": str(dtype).removeprefix("torch."), "torch_dtype": str(dtype).removeprefix("torch."),
               "use_cache": True, **_special_ids(tokenizer)}
+    if style in NEWER_STYLES:
+        return {**common, **family_named(style).hf_config(cfg)}
     if style == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
                 "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,
@@ -132,19 +159,20 @@ def _as_hf_tokenizer(tokenizer):
 
 
 # ---------------------------------------------------------------------------------------- export
-def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None) -> Path:
+def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None, style: str | None = None) -> Path:
     """Write `model` as a Hugging Face checkpoint folder (config.json, model.safetensors and, when
     given and convertible, the tokenizer's files). Returns the folder.
 
+    style: the HF model_type to write (see export_style); None picks the first that holds the model.
     Raises CircuitlabError when the config fits no HF architecture, or the unembedding has a
-    non-zero bias (none of the HF architectures has one).
+    non-zero bias (only GPT-J's has one).
     """
     from safetensors.torch import save_file
 
     cfg = model.cfg
-    style = export_style(cfg)
+    style = export_style(cfg, style)
     b_U = model.unembed.bias
-    if b_U is not None and bool((b_U != 0).any()):
+    if style != "gptj" and b_U is not None and bool((b_U != 0).any()):
         raise CircuitlabError("this model's unembedding has a non-zero bias, which no Hugging Face architecture "
                               "we export to can hold; the export would change its logits")
     tensors = family_named(style).export_tensors(model)

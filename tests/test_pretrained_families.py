@@ -1,0 +1,199 @@
+"""The newer families in and out: Gemma-2, Gemma-3 (text), Qwen3, OLMo-2, Phi-3 and GPT-J.
+
+Tiny random HF models built from configs (no hub), on odd sizes: widths not a multiple of anything,
+several GQA ratios, sliding windows shorter than the prompt (so the window matters), soft-caps small
+enough to bind. Import gives HF's logits (<= 1e-4, fp32); export gives a folder `transformers` loads
+with our logits; a saved circuitlab checkpoint reloads the same model.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from circuitlab import CircuitlabError  # noqa: E402
+from circuitlab.pretrained import export_hf, load_pretrained  # noqa: E402
+from circuitlab.training import load_checkpoint, save_checkpoint  # noqa: E402
+from test_pretrained import randomise  # noqa: E402
+
+VOCAB = 61
+TOL = 1e-4
+PROMPT = 14  # longer than every window below
+
+# name -> (HF config class, HF model class, config fields)
+CASES = {
+    # 3 layers (sliding, full, sliding), MQA, head_dim 10 != d_model / heads, binding soft-caps, window 4
+    "gemma2-mqa-caps": ("Gemma2Config", "Gemma2ForCausalLM",
+                        dict(num_hidden_layers=3, hidden_size=36, num_attention_heads=3, num_key_value_heads=1,
+                             head_dim=10, intermediate_size=50, max_position_embeddings=32,
+                             query_pre_attn_scalar=20, attn_logit_softcapping=1.5, final_logit_softcapping=2.5,
+                             sliding_window=4)),
+    "gemma2-gqa-untied": ("Gemma2Config", "Gemma2ForCausalLM",
+                          dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=6, intermediate_size=22, max_position_embeddings=32, sliding_window=5,
+                               tie_word_embeddings=False, rope_parameters={"rope_type": "default",
+                                                                           "rope_theta": 500.0})),
+    # local/global pattern with their own rope bases (global scaled linearly), window 3
+    "gemma3-pattern": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                       dict(num_hidden_layers=4, hidden_size=28, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, intermediate_size=34, max_position_embeddings=32, sliding_window=3,
+                            query_pre_attn_scalar=12,
+                            layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                         "full_attention"],
+                            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                "rope_theta": 3000.0},
+                                             "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
+    "qwen3-gqa5": ("Qwen3Config", "Qwen3ForCausalLM",
+                   dict(num_hidden_layers=2, hidden_size=40, num_attention_heads=5, num_key_value_heads=1,
+                        head_dim=6, intermediate_size=26, max_position_embeddings=32, rope_theta=7000.0,
+                        tie_word_embeddings=True)),
+    "qwen3-window-bias": ("Qwen3Config", "Qwen3ForCausalLM",
+                          dict(num_hidden_layers=3, hidden_size=24, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=8, intermediate_size=20, max_position_embeddings=32, use_sliding_window=True,
+                               sliding_window=4, max_window_layers=1, attention_bias=True)),
+    "olmo2-gqa": ("Olmo2Config", "Olmo2ForCausalLM",
+                  dict(num_hidden_layers=2, hidden_size=36, num_attention_heads=6, num_key_value_heads=2,
+                       intermediate_size=46, max_position_embeddings=32, rope_theta=900.0)),
+    "olmo2-mha": ("Olmo2Config", "Olmo2ForCausalLM",
+                  dict(num_hidden_layers=3, hidden_size=20, num_attention_heads=2, num_key_value_heads=2,
+                       intermediate_size=18, max_position_embeddings=32)),
+    "phi3-gqa-window": ("Phi3Config", "Phi3ForCausalLM",
+                        dict(num_hidden_layers=2, hidden_size=48, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=38, max_position_embeddings=32, sliding_window=5,
+                             pad_token_id=0)),
+    "phi3-partial": ("Phi3Config", "Phi3ForCausalLM",
+                     dict(num_hidden_layers=2, hidden_size=40, num_attention_heads=4, num_key_value_heads=4,
+                          intermediate_size=30, max_position_embeddings=32, partial_rotary_factor=0.6,
+                          pad_token_id=0, tie_word_embeddings=True)),
+    "gptj-partial": ("GPTJConfig", "GPTJForCausalLM",
+                     dict(n_layer=2, n_embd=48, n_head=4, rotary_dim=6, n_inner=50, n_positions=32)),
+    "gptj-full-rotary": ("GPTJConfig", "GPTJForCausalLM",
+                         dict(n_layer=3, n_embd=30, n_head=3, rotary_dim=10, n_positions=32,
+                              activation_function="gelu")),
+}
+
+
+def make_hf(case: str, folder, seed: int = 0):
+    config_cls, model_cls, fields = CASES[case]
+    config = getattr(transformers, config_cls)(vocab_size=VOCAB, bos_token_id=1, eos_token_id=1, **fields)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    randomise(model, seed)
+    model.save_pretrained(folder)
+    return model
+
+
+def hf_logits(hf, ids):
+    with torch.no_grad():
+        return hf(input_ids=ids).logits
+
+
+def prompt(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, PROMPT), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    out = {}
+    for case in CASES:
+        folder = tmp_path_factory.mktemp(case)
+        hf = make_hf(case, folder)
+        model, _ = load_pretrained(folder, tokenizer=False)
+        out[case] = (hf, model, folder)
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_gives_hf_logits(imported, case):
+    hf, model, _ = imported[case]
+    ids = prompt()
+    ours = model(ids)
+    theirs = hf_logits(hf, ids)
+    assert (ours - theirs).abs().max().item() <= TOL
+    # the hooked (eager) path computes the same function as the fast one
+    with model.hooks([(lambda n: n.endswith("hook_pattern"), lambda t, hook: None)]):
+        assert (model(ids) - ours).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_export_loads_in_transformers_with_our_logits(imported, case, tmp_path):
+    hf, model, _ = imported[case]
+    style = {"phi3": "phi3"}.get(CASES[case][0].removesuffix("Config").lower())
+    out = export_hf(model, tmp_path / "hf", style=style)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    assert type(back).__name__ == CASES[case][1]
+    ids = prompt(2)
+    assert (hf_logits(back, ids) - model(ids)).abs().max().item() <= TOL
+    again, _ = load_pretrained(out, tokenizer=False)
+    assert again.cfg == dataclasses.replace(model.cfg, name=again.cfg.name)
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("case", ["gemma2-mqa-caps", "gemma3-pattern", "olmo2-gqa", "gptj-partial"])
+def test_saved_checkpoint_reloads_exactly(imported, case, tmp_path):
+    _, model, _ = imported[case]
+    save_checkpoint(tmp_path / "m", model)
+    back = load_checkpoint(tmp_path / "m")[0]
+    assert back.cfg == model.cfg
+    ids = prompt(3)
+    assert torch.equal(back(ids), model(ids))
+
+
+def test_the_switches_matter_on_these_configs(imported):
+    """Turning a switch off changes the logits: the tests above exercise each one (the window is shorter
+    than the prompt, the soft-caps bind, the local rope base differs)."""
+    def changed(case, **off):
+        _, model, _ = imported[case]
+        other = type(model)(model.cfg.replace(**off)).eval()
+        other.load_state_dict(model.state_dict())
+        ids = prompt()
+        return (other(ids) - model(ids)).abs().max().item()
+
+    assert changed("gemma2-mqa-caps", attn_softcap=None) > 1e-2
+    assert changed("gemma2-mqa-caps", logit_softcap=None) > 1e-1
+    assert changed("gemma2-mqa-caps", sliding_window=None, sliding_layers=None) > 1e-2
+    assert changed("gemma3-pattern", local_rotary_base=None) > 1e-2
+    assert changed("qwen3-window-bias", sliding_window=None, sliding_layers=None) > 1e-2
+    assert changed("phi3-gqa-window", sliding_window=None) > 1e-2
+    assert changed("gptj-partial", rotary_interleaved=False) > 1e-2
+
+
+def test_generation_with_the_kv_cache_respects_windows(imported):
+    for case in ("gemma2-mqa-caps", "gemma3-pattern", "phi3-gqa-window"):
+        _, model, _ = imported[case]
+        ids = prompt()[:, :3]
+        cached = model.generate(ids, 12, temperature=0, use_cache=True)
+        assert torch.equal(cached, model.generate(ids, 12, temperature=0, use_cache=False))
+
+
+def test_unsupported_switches_are_refused_in_one_line(tmp_path):
+    from circuitlab.pretrained import model_config_from_hf
+
+    base = dict(model_type="phi3", hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=50,
+                intermediate_size=20, max_position_embeddings=64)
+    with pytest.raises(CircuitlabError, match="'dynamic' rotary scaling") as e:
+        model_config_from_hf({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+    assert "\n" not in str(e.value)
+    with pytest.raises(CircuitlabError, match="activation 'relu'"):
+        model_config_from_hf({**base, "model_type": "gemma2", "hidden_activation": "relu"})
+    with pytest.raises(CircuitlabError, match="chunked_attention"):
+        model_config_from_hf({**base, "model_type": "gemma3_text",
+                              "layer_types": ["chunked_attention", "full_attention"]})
+
+
+def test_unhooked_attention_takes_sdpa_except_under_a_soft_cap(imported, monkeypatch):
+    import torch.nn.functional as F
+
+    calls = []
+    real = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _, gemma3, _ = imported["gemma3-pattern"]  # sliding windows, no soft-cap: SDPA with a mask
+    gemma3(prompt())
+    assert len(calls) == gemma3.cfg.n_layers
+    calls.clear()
+    _, gemma2, _ = imported["gemma2-mqa-caps"]  # soft-capped: the eager path (SDPA has no soft-cap)
+    gemma2(prompt())
+    assert calls == []
