@@ -81,9 +81,15 @@ def test_float64_and_copies_not_shares():
 
 
 def test_what_transformer_lens_cannot_express_is_one_clear_error():
-    model = Transformer(ModelConfig(n_layers=1, d_model=32, n_heads=4, mlp="swiglu", bias=True, **SMALL))
-    with pytest.raises(BridgeError, match="SwiGLU MLP with biases"):
+    model = helpers.random_model(ModelConfig(n_layers=1, d_model=32, n_heads=4, mlp="swiglu", bias=True, **SMALL))
+    with pytest.raises(BridgeError, match="gated .SwiGLU / GeGLU. MLP with biases"):
         to_transformer_lens(model)
+    with torch.no_grad():  # zero input biases (as a Qwen3 with attention biases has): expressible
+        model.blocks[0].mlp.fc_in.bias.zero_()
+    assert_same(model, to_transformer_lens(model), torch.randint(0, SMALL["d_vocab"], (2, 8)))
+    post_only = ModelConfig(n_layers=1, d_model=32, n_heads=4, norm="rmsnorm", block_norms="post", **SMALL)
+    with pytest.raises(BridgeError, match="post-only block norms only with q/k norms"):
+        to_transformer_lens(Transformer(post_only))
 
 
 def test_nnsight_trace_reads_and_patches_what_our_hooks_do():

@@ -197,3 +197,30 @@ def test_unhooked_attention_takes_sdpa_except_under_a_soft_cap(imported, monkeyp
     _, gemma2, _ = imported["gemma2-mqa-caps"]  # soft-capped: the eager path (SDPA has no soft-cap)
     gemma2(prompt())
     assert calls == []
+
+
+# ---------------------------------------------------------------- TransformerLens 3.x parity
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("case", list(CASES))
+def test_transformer_lens_gives_the_same_logits_and_hook_values(imported, case):
+    from circuitlab.pretrained import to_transformer_lens
+
+    pytest.importorskip("transformer_lens")
+    _, model, _ = imported[case]
+    ref = to_transformer_lens(model)
+    ids = prompt(4)
+    logits, cache = model.run_with_cache(ids)
+    ref_logits, ref_cache = ref.run_with_cache(ids)
+    torch.testing.assert_close(ref_logits, logits, atol=TOL, rtol=1e-5)
+    rename = {}
+    if model.cfg.block_norms == "post":  # TransformerLens's OLMo-2 calls our ln1_post / ln2_post ln1 / ln2
+        rename = {f"blocks.{l}.{ours}.{h}": f"blocks.{l}.{theirs}.{h}" for l in range(model.cfg.n_layers)
+                  for ours, theirs in (("ln1_post", "ln1"), ("ln2_post", "ln2"))
+                  for h in ("hook_scale", "hook_normalized")}
+    names = [n for n in model.hook_names() if rename.get(n, n) in ref_cache.cache_dict]
+    assert len(names) >= 10 * model.cfg.n_layers  # resid, q/k/v, z, pattern, scores, norms, mlp...
+    for name in names:
+        theirs = ref_cache[rename.get(name, name)]
+        if ".attn.q_norm." in name or ".attn.k_norm." in name:  # TransformerLens flattens (batch, pos, head)
+            theirs = theirs.reshape(cache[name].shape)
+        torch.testing.assert_close(theirs, cache[name], atol=TOL, rtol=1e-4, msg=name)

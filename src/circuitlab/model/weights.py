@@ -124,14 +124,14 @@ class WeightViews:
 
     @property
     def W_in(self) -> torch.Tensor:
-        """[layer, d_model, d_mlp]; for SwiGLU the up projection (the gate is W_gate)."""
+        """[layer, d_model, d_mlp]; for a gated MLP (SwiGLU / GeGLU) the up projection (the gate is W_gate)."""
         d = self.cfg.mlp_dim
         return self._mlp_stack(lambda m: m.fc_in.weight[-d:].T)
 
     @property
     def W_gate(self) -> torch.Tensor:
-        if self.cfg.mlp != "swiglu":
-            raise CircuitlabError("W_gate exists only for SwiGLU MLPs")
+        if self.cfg.mlp not in ("swiglu", "geglu"):
+            raise CircuitlabError("W_gate exists only for gated (SwiGLU / GeGLU) MLPs")
         d = self.cfg.mlp_dim
         return self._mlp_stack(lambda m: m.fc_in.weight[:d].T)
 

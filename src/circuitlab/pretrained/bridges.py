@@ -42,8 +42,9 @@ _ACT_FN = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "swiglu": "si
 def to_transformer_lens(model, use_attn_result: bool = False, device: str | torch.device | None = None):
     """A TransformerLens ``HookedTransformer`` computing the same function as ``model``.
 
-    model: a circuitlab Transformer of any architecture circuitlab builds except SwiGLU MLPs with
-    biases (a BridgeError says so). The weights are copied (the two models do not share storage);
+    model: a circuitlab Transformer of any architecture circuitlab builds except gated MLPs with
+    non-zero input biases, and post-only block norms without whole-projection q/k norms (a BridgeError
+    says so). The weights are copied (the two models do not share storage);
     dtype and device follow the model unless ``device`` is given. ``use_attn_result`` is passed on
     to TransformerLens (it computes ``hook_result`` [batch, pos, head, d_model] on every call).
     Logits agree within 1e-4 in float32 (tested on every preset).
@@ -54,8 +55,9 @@ def to_transformer_lens(model, use_attn_result: bool = False, device: str | torc
         raise BridgeError("to_transformer_lens needs TransformerLens 3.x: pip install 'transformer-lens>=3,<4'"
                           ) from None
     cfg = model.cfg
-    if cfg.mlp == "swiglu" and cfg.bias and cfg.has_mlp:
-        raise BridgeError("TransformerLens cannot express a SwiGLU MLP with biases (its gated MLP adds the bias "
+    gated_bias = cfg.has_mlp and cfg.mlp in ("swiglu", "geglu") and cfg.bias
+    if gated_bias and any(bool((block.mlp.fc_in.bias != 0).any()) for block in model.blocks):
+        raise BridgeError("TransformerLens cannot express a gated (SwiGLU / GeGLU) MLP with biases (its gated MLP adds the bias "
                           "after the gate); use bias=False for a model you want to bring to TransformerLens")
     param = next(model.parameters())
     device = param.device if device is None else torch.device(device)
@@ -66,19 +68,49 @@ def to_transformer_lens(model, use_attn_result: bool = False, device: str | torc
         use_attn_scale=cfg.scale_scores, parallel_attn_mlp=cfg.parallel_attn_mlp,
         dtype=param.dtype, device=str(device), seed=0, default_prepend_bos=False)
     if cfg.has_mlp:
-        options.update(d_mlp=cfg.mlp_dim, act_fn=_ACT_FN[cfg.mlp], gated_mlp=cfg.mlp == "swiglu")
+        options.update(d_mlp=cfg.mlp_dim, act_fn=_ACT_FN.get(cfg.mlp), gated_mlp=cfg.mlp == "swiglu")
     if cfg.kv_heads != cfg.n_heads:
         options["n_key_value_heads"] = cfg.kv_heads
     if cfg.positional == "rotary":
         options.update(positional_embedding_type="rotary", rotary_dim=cfg.rot_dim, rotary_base=cfg.rotary_base,
-                       rotary_adjacent_pairs=False)  # our rotary is rotate-half, as GPT-NeoX / LLaMA
+                       rotary_adjacent_pairs=cfg.rotary_interleaved)  # rotate-half (NeoX, LLaMA) or pairs (GPT-J)
         options.update(_rope_scaling_options(cfg.rope_scaling))
     else:
         options["positional_embedding_type"] = "standard"
+    options.update(_newer_switches(cfg))
     with _quiet():
         ref = HookedTransformer(HookedTransformerConfig(**options))
     ref.load_state_dict(_tl_state(model, ref.state_dict()), strict=True)
     return ref.eval()
+
+
+def _newer_switches(cfg) -> dict[str, Any]:
+    """TransformerLens's options for the newer families' switches (Gemma-2/3, Qwen3, OLMo-2, Phi-3, GPT-J)."""
+    out: dict[str, Any] = {}
+    if cfg.has_mlp and cfg.mlp == "geglu":
+        out.update(act_fn="gelu_pytorch_tanh", gated_mlp=True)
+    if cfg.block_norms == "sandwich":
+        out["use_normalization_before_and_after"] = True
+    if (cfg.block_norms == "post") != (cfg.qk_norm == "full"):
+        # TransformerLens has post-only norms and whole-projection q/k norms only together, as OLMo-2
+        raise BridgeError("TransformerLens has post-only block norms only with q/k norms over the whole projection "
+                          "(OLMo-2); this model has one without the other")
+    if cfg.block_norms == "post":
+        out["original_architecture"] = "Olmo2ForCausalLM"  # its ln1 / ln2 are our ln1_post / ln2_post
+    if cfg.qk_norm == "head":
+        out["use_qk_norm"] = True
+    if cfg.attn_scale is not None:
+        out["attn_scale"] = float(cfg.attn_scale)
+    if cfg.attn_softcap is not None:
+        out["attn_scores_soft_cap"] = float(cfg.attn_softcap)
+    if cfg.logit_softcap is not None:
+        out["output_logits_soft_cap"] = float(cfg.logit_softcap)
+    if cfg.sliding_window is not None:
+        out.update(use_local_attn=True, window_size=cfg.sliding_window,
+                   attn_types=["local" if cfg.is_sliding(i) else "global" for i in range(cfg.n_layers)])
+    if cfg.local_rotary_base is not None:
+        out["rotary_base_local"] = cfg.local_rotary_base
+    return out
 
 
 def _rope_scaling_options(scaling: dict | None) -> dict[str, Any]:
@@ -96,7 +128,10 @@ def _tl_state(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """TransformerLens's state dict (its buffers kept) with our weights in TransformerLens's layout."""
     cfg = model.cfg
     H, K, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-    new: dict[str, torch.Tensor] = {"embed.W_E": model.W_E, "unembed.W_U": model.W_U, "unembed.b_U": model.b_U}
+    W_E = model.W_E
+    if cfg.embed_scale != 1.0:  # TransformerLens scales Gemma's W_E itself (as HF does, in the weights' dtype)
+        W_E = W_E * torch.tensor(cfg.embed_scale, dtype=W_E.dtype)
+    new: dict[str, torch.Tensor] = {"embed.W_E": W_E, "unembed.W_U": model.W_U, "unembed.b_U": model.b_U}
     if cfg.positional == "learned":
         new["pos_embed.W_pos"] = model.W_pos
     elif cfg.positional == "none":
@@ -115,13 +150,20 @@ def _tl_state(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 new[p + f"attn.W_{name}"], new[p + f"attn.b_{name}"] = w, b
             else:
                 new[p + f"attn._W_{name}"], new[p + f"attn._b_{name}"] = w, b
-        norms = [("ln1", block.ln1)] + ([("ln2", block.ln2)] if cfg.has_mlp else [])
+        if cfg.block_norms == "post":  # TransformerLens's OLMo-2 calls its post-norms ln1 and ln2
+            norms = [("ln1", block.ln1_post)] + ([("ln2", block.ln2_post)] if cfg.has_mlp else [])
+        else:
+            norms = [("ln1", block.ln1)] + ([("ln2", block.ln2)] if cfg.has_mlp else [])
+            if cfg.block_norms == "sandwich":
+                norms += [("ln1_post", block.ln1_post)] + ([("ln2_post", block.ln2_post)] if cfg.has_mlp else [])
+        if cfg.qk_norm != "none":
+            norms += [("attn.q_norm", block.attn.q_norm), ("attn.k_norm", block.attn.k_norm)]
         for name, norm in norms:
             new.update(_norm_state(cfg, p + name, norm))
         if cfg.has_mlp:
             new.update({p + "mlp.W_in": model.W_in[l], p + "mlp.W_out": model.W_out[l],
                         p + "mlp.b_in": model.b_in[l], p + "mlp.b_out": model.b_out[l]})
-            if cfg.mlp == "swiglu":
+            if cfg.mlp in ("swiglu", "geglu"):
                 new[p + "mlp.W_gate"] = model.W_gate[l]
     new.update(_norm_state(cfg, "ln_final", model.ln_final))
     unknown = set(new) - set(state)
