@@ -7,12 +7,14 @@ the eager path that builds them. Both compute the same function.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from circuitlab.config import ModelConfig
+from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import HookPoint
 
 
@@ -21,6 +23,9 @@ class Norm(nn.Module):
 
     hook_scale [batch, pos, 1] is the factor the input is divided by; hook_normalized
     [batch, pos, d_model] is the output before the gain/bias.
+
+    frozen_scale: set by Transformer.frozen() (None otherwise): the scale [batch, pos, 1] of a
+    reference run, detached, used instead of the input's own, so the norm is an affine map of its input.
     """
 
     def __init__(self, cfg: ModelConfig, length: int | None = None) -> None:
@@ -32,17 +37,48 @@ class Norm(nn.Module):
         self.b = nn.Parameter(torch.zeros(length)) if cfg.norm == "layernorm" and cfg.bias else None
         self.hook_scale = HookPoint()
         self.hook_normalized = HookPoint()
+        self.frozen_scale: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.hook_scale.active or self.hook_normalized.active):
+        """x [..., batch, pos, d_model] -> same shape."""
+        frozen = self.frozen_scale
+        if frozen is None and not (self.hook_scale.active or self.hook_normalized.active):
             if self.kind == "layernorm":
                 return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
             return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
         if self.kind == "layernorm":
             x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        if frozen is None:
+            scale = (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        else:
+            scale = fit_reference(frozen, x.shape, "a norm's scale").to(x.dtype)
+        scale = self.hook_scale(scale)
         x = self.hook_normalized(x / scale) * self.w
         return x + self.b if self.b is not None else x
+
+
+def fit_reference(ref: torch.Tensor, shape: Sequence[int], what: str, pos_dims: tuple[int, ...] = (1,)
+                  ) -> torch.Tensor:
+    """A frozen reference tensor ref [batch, pos, ...] fitted to a run's activation of `shape` [..., batch',
+    pos', ...] (ref.dim() trailing dims): its first pos' positions (attention is causal: they do not depend on
+    later ones), the batch repeated when batch' is a multiple of batch (copies stacked along the batch, as
+    the patching engine stacks them). Leading dims beyond ref's broadcast. pos_dims: ref's position dims."""
+    if len(shape) < ref.dim():
+        raise CircuitlabError(f"frozen mode: {what} was recorded as {list(ref.shape)}; this run's activation "
+                              f"{list(shape)} has fewer dims")
+    shape = shape[len(shape) - ref.dim():]
+    for d in pos_dims:
+        if shape[d] > ref.shape[d]:
+            raise CircuitlabError(f"frozen mode: the reference run has {ref.shape[d]} positions, this run "
+                                  f"{shape[d]}; run at most as many positions as the reference")
+        if shape[d] < ref.shape[d]:
+            ref = ref.narrow(d, 0, shape[d])
+    if shape[0] != ref.shape[0]:
+        if shape[0] % ref.shape[0]:
+            raise CircuitlabError(f"frozen mode: the reference run has batch {ref.shape[0]}, this run "
+                                  f"{shape[0]}; use the same batch or a multiple of it (stacked copies)")
+        ref = ref.repeat(shape[0] // ref.shape[0], *([1] * (ref.dim() - 1)))
+    return ref
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -138,15 +174,59 @@ class Attention(nn.Module):
         self.hook_pattern = HookPoint()      # [batch, head, query_pos, key_pos]
         self.hook_z = HookPoint()            # [batch, pos, head, d_head]
         self.hook_result = HookPoint()       # [batch, pos, head, d_model]; computed only when hooked
+        # Set by Transformer.frozen() (None otherwise): a reference run's pattern [batch, head, query_pos,
+        # key_pos], detached; attention then mixes values with it and computes no scores.
+        self.frozen_pattern: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, kv_cache: "LayerKV | None" = None) -> torch.Tensor:
         """x [batch, pos, d_model] -> attention output [batch, pos, d_model]."""
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv, self.d_head
         q, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=-1)
-        q = self.hook_q(q.view(B, T, H, D))
-        k = self.hook_k(k.view(B, T, K, D))
-        v = self.hook_v(v.view(B, T, K, D))
+        z = self._attend(q.view(B, T, H, D), k.view(B, T, K, D), v.view(B, T, K, D), kv_cache)
+        if self.hook_result.active:
+            out = self.hook_result(self._per_head(z)).sum(dim=2)
+            return out + self.out.bias if self.out is not None and self.out.bias is not None else out
+        if self.out is None:
+            return z.sum(dim=2)
+        return self.out(z.reshape(B, T, H * D))
+
+    def split_forward(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
+        """Attention with a separate input per head and role (TransformerLens's use_split_qkv_input).
+
+        q_in [..., pos, n_heads, d_model]: each query head's input; k_in, v_in [..., pos, n_kv_heads,
+        d_model]: each key / value head's input (already normalised: Block.split_attention applies ln1).
+        Leading dims (copies, batch) are flattened into one batch. Returns each head's output z @ W_O,
+        without b_O: [..., pos, n_heads, d_model]; with equal inputs their sum + b_O is forward(x).
+        Hooks fire as in forward (hook_q .. hook_z, hook_result on [batch, pos, head, d_model]).
+        """
+        H, K, D = self.n_heads, self.n_kv, self.d_head
+        lead, T = q_in.shape[:-3], q_in.shape[-3]
+        W = self.qkv.weight.view(H + 2 * K, D, -1)  # [q heads, k heads, v heads; d_head, d_model]
+        b = self.qkv.bias.view(H + 2 * K, D) if self.qkv.bias is not None else None
+        parts = []
+        for x, rows in ((q_in, slice(0, H)), (k_in, slice(H, H + K)), (v_in, slice(H + K, H + 2 * K))):
+            t = torch.einsum("...phm,hdm->...phd", x, W[rows])
+            parts.append((t + b[rows] if b is not None else t).reshape(-1, T, t.shape[-2], D))
+        z = self._attend(*parts, None)  # [batch', pos, n_heads, d_head]
+        return self.hook_result(self._per_head(z)).reshape(*lead, T, H, -1)
+
+    def _per_head(self, z: torch.Tensor) -> torch.Tensor:
+        """z [batch, pos, head, d_head] -> each head's output [batch, pos, head, d_model] (no b_O)."""
+        if self.out is None:  # V-only heads write z itself (d_head == d_model)
+            return z
+        w_o = self.out.weight.T.reshape(self.n_heads, self.d_head, -1)  # [head, d_head, d_model]
+        return torch.einsum("bphd,hdm->bphm", z, w_o)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: "LayerKV | None"
+                ) -> torch.Tensor:
+        """q [batch, pos, n_heads, d_head]; k, v [batch, pos, n_kv_heads, d_head] (as projected) ->
+        z [batch, pos, n_heads, d_head] (through hook_z). In frozen mode the pattern is the reference's."""
+        B, T, H, D = q.shape
+        K = k.shape[2]
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if self.frozen_pattern is not None:
+            return self.hook_z(self._frozen(v, kv_cache))
         if self.cfg.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         elif self.cfg.qk_norm == "full":
@@ -165,21 +245,22 @@ class Attention(nn.Module):
         else:
             # An explicit mask when new queries follow cached keys (bottom-right aligned) or for a sliding window.
             plain = offset == 0 and self.window is None
-            mask = None if plain else _causal_mask(T, S, offset, x.device, self.window)
+            mask = None if plain else _causal_mask(T, S, offset, q.device, self.window)
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=plain,
                                                scale=self.scale, enable_gqa=K != H)
-        z = self.hook_z(z.transpose(1, 2))  # [batch, pos, head, d_head]
-        if self.hook_result.active:
-            if self.out is None:
-                result = z
-            else:
-                w_o = self.out.weight.T.reshape(H, D, -1)  # [head, d_head, d_model]
-                result = torch.einsum("bphd,hdm->bphm", z, w_o)
-            out = self.hook_result(result).sum(dim=2)
-            return out + self.out.bias if self.out is not None and self.out.bias is not None else out
-        if self.out is None:
-            return z.sum(dim=2)
-        return self.out(z.reshape(B, T, H * D))
+        return self.hook_z(z.transpose(1, 2))
+
+    def _frozen(self, v: torch.Tensor, kv_cache: "LayerKV | None") -> torch.Tensor:
+        """pattern (the reference's, detached) @ v: v [batch, pos, n_kv_heads, d_head] -> z [batch, pos, head, d_head]."""
+        if kv_cache is not None:
+            raise CircuitlabError("frozen mode runs whole sequences: it cannot decode with a KV cache")
+        B, T = v.shape[:2]
+        pattern = fit_reference(self.frozen_pattern, (B, self.n_heads, T, T), "an attention pattern", (2, 3))
+        pattern = self.hook_pattern(pattern.to(v.dtype))
+        v = v.transpose(1, 2)  # [batch, kv_head, pos, d_head]
+        if self.n_kv != self.n_heads:
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        return (pattern @ v).transpose(1, 2)
 
     def _eager(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offset: int) -> torch.Tensor:
         """Scores and pattern made explicit (hookable). q [b, H, T, D]; k, v [b, K, S, D] -> z [b, H, T, D]."""
@@ -296,3 +377,18 @@ class Block(nn.Module):
             return self.hook_resid_post(x + attn_out + mlp_out)
         mid = self.hook_resid_mid(x + attn_out)
         return self.hook_resid_post(mid + self.hook_mlp_out(self.ln2_post(self.mlp(self.ln2(mid)))))
+
+    def split_attention(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
+        """This block's attention with a separate residual-stream input per head and role (TransformerLens's
+        use_split_qkv_input): q_in [..., batch, pos, n_heads, d_model], k_in, v_in [..., batch, pos,
+        n_kv_heads, d_model], each normalised by ln1 on its own -> each head's output [..., batch, pos,
+        n_heads, d_model] without b_O and before any post-norm (ln1_post; Attention.split_forward). In a
+        pre-norm block (cfg.additive_heads), with every input equal to resid_pre, the heads' sum + b_O is
+        this block's hook_attn_out."""
+        return self.attn.split_forward(*(per_head_norm(self.ln1, x) for x in (q_in, k_in, v_in)))
+
+
+def per_head_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """norm applied to per-head residual inputs x [..., batch, pos, head, d_model] (the head dim moved in
+    front, so a frozen scale [batch, pos, 1] broadcasts over heads)."""
+    return norm(x.movedim(-2, 0)).movedim(0, -2)

@@ -20,7 +20,7 @@ from torch import nn
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model import hooks as H
-from circuitlab.model.components import Block, LayerKV, Rotary, make_norm
+from circuitlab.model.components import Attention, Block, LayerKV, Norm, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.tokens import check_tokens
 from circuitlab.model.weights import WeightViews
@@ -103,26 +103,106 @@ class Transformer(WeightViews, nn.Module):
     def forward(self, tokens: torch.Tensor, kv_cache: "KVCache | None" = None) -> torch.Tensor:
         """tokens [batch, pos] (int) -> logits [batch, pos, d_vocab]."""
         offset = kv_cache.length if kv_cache is not None else 0
-        tokens = check_tokens(tokens, self.cfg, offset=offset, allow_empty=True)
-        T = tokens.shape[1]
-        x = self.embed(tokens)
-        if self.cfg.embed_scale != 1.0:  # Gemma: times sqrt(d_model), rounded to the weights' dtype as HF does
-            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
-        x = self.hook_embed(x)
-        if self.cfg.positional == "learned":
-            pos = torch.arange(offset, offset + T, device=tokens.device)
-            x = x + self.hook_pos_embed(self.pos_embed(pos).expand_as(x))
+        x = self.embed_tokens(tokens, offset)
         for i, block in enumerate(self.blocks):
             x = block(x, kv_cache.layers[i] if kv_cache is not None else None)
         if kv_cache is not None:
-            kv_cache.length += T
-        return self.soft_cap_logits(self.unembed(self.ln_final(x)))
+            kv_cache.length += x.shape[1]
+        return self.readout(x)
+
+    # The model's own arithmetic, once: analyses call these instead of re-deriving embedding or read-out.
+    def token_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [...] (valid ids) -> their embeddings [..., d_model]: the rows of W_E times cfg.embed_scale.
+        This is what hook_embed carries (input attribution's 'embeddings')."""
+        x = self.embed(tokens)
+        if self.cfg.embed_scale != 1.0:  # Gemma: times sqrt(d_model), rounded to the weights' dtype as HF does
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        return x
+
+    def resid_from_embeds(self, token_embeds: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """The residual stream entering block 0 from token embeddings [batch, pos, d_model]: through
+        hook_embed, plus learned positions offset .. offset + pos - 1 through hook_pos_embed (rotary
+        positions act inside attention instead). Returns [batch, pos, d_model]."""
+        x = self.hook_embed(token_embeds)
+        if self.cfg.positional == "learned":
+            pos = torch.arange(offset, offset + x.shape[-2], device=x.device)
+            x = x + self.hook_pos_embed(self.pos_embed(pos).expand_as(x))
+        return x
+
+    def embed_tokens(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """tokens [batch, pos] or [pos] -> the residual stream entering block 0 [batch, pos, d_model]
+        (blocks.0.hook_resid_pre): token embeddings and positions, as forward computes them."""
+        tokens = check_tokens(tokens, self.cfg, offset=offset, allow_empty=True)
+        return self.resid_from_embeds(self.token_embeddings(tokens), offset)
+
+    def readout(self, resid: torch.Tensor) -> torch.Tensor:
+        """A final residual stream [..., d_model] -> logits [..., d_vocab]: the final norm (ln_final),
+        the unembedding (W_U, b_U), then any logit soft-cap, as forward ends. In frozen mode the final
+        norm's scale is the reference's, so resid must then be [..., batch, pos, d_model] of the
+        reference's batch and positions (or stacked copies of them)."""
+        return self.soft_cap_logits(self.unembed(self.ln_final(resid)))
 
     def soft_cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """cfg.logit_softcap applied to unembedded logits [..., d_vocab]: c * tanh(logits / c) (Gemma-2);
         the logits themselves when the model has no cap."""
         cap = self.cfg.logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    # ------------------------------------------------------------------ frozen mode
+    def frozen_hook_names(self) -> list[str]:
+        """The hooks a reference run must cache for frozen(): every norm's hook_scale (whatever its place:
+        ln1, ln2, post-norms, q/k norms, ln_final) and every attention's hook_pattern."""
+        return [name for name, _, _ in self._freezable()]
+
+    def _freezable(self) -> list[tuple[str, nn.Module, str]]:
+        out = []
+        for name, m in self.named_modules():
+            if isinstance(m, Norm):
+                out.append((f"{name}.hook_scale", m, "frozen_scale"))
+            elif isinstance(m, Attention):
+                out.append((f"{name}.hook_pattern", m, "frozen_pattern"))
+        return out
+
+    @property
+    def is_frozen(self) -> bool:
+        return any(getattr(m, attr) is not None for _, m, attr in self._freezable())
+
+    @contextlib.contextmanager
+    def frozen(self, reference: torch.Tensor | ActivationCache) -> Iterator["Transformer"]:
+        """Inside: every attention pattern and every norm's scale is the reference run's, detached, so the
+        model is affine in its residual stream from any point on, except through the MLPs (hook their
+        outputs to replace them, e.g. with a transcoder's output plus a frozen error) and a logit soft-cap
+        (cfg.linear_readout False).
+
+        reference: tokens [batch, pos] (run once here), or an ActivationCache of such a run holding
+        frozen_hook_names(). Runs inside may use the reference's batch (or stacked copies of it:
+        batch k * batch) and its first positions; each attention computes values only (no scores, no
+        q/k norms or rotary), its pattern passes through hook_pattern; hooks work as usual. Run on the
+        reference's own tokens, the logits equal the normal forward's. Restored on exit, even on error.
+
+            with model.frozen(tokens):
+                logits = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", add)])
+        """
+        if self.is_frozen:
+            raise CircuitlabError("the model is already in frozen mode; leave it before freezing it again")
+        parts = self._freezable()
+        names = [name for name, _, _ in parts]
+        if isinstance(reference, ActivationCache):
+            acts = reference.acts
+            missing = [n for n in names if n not in acts]
+            if missing:
+                raise InputError(f"frozen mode: the reference cache lacks {missing[0]} (and {len(missing) - 1} "
+                                 "more); cache model.frozen_hook_names() in the reference run")
+        else:
+            _, cache = self.run_with_cache(reference, names_filter=names)
+            acts = cache.acts
+        try:
+            for name, m, attr in parts:
+                setattr(m, attr, acts[name].detach())
+            yield self
+        finally:
+            for _, m, attr in parts:
+                setattr(m, attr, None)
 
     def loss(self, tokens: torch.Tensor, loss_mask: torch.Tensor | None = None,
              per_token: bool = False) -> torch.Tensor:
