@@ -194,7 +194,7 @@ def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tenso
             const = const + direction @ model.ln_final.b
     attributions = through_final_norm(model, comps, direction, scale)  # [component, batch]
     final = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"] if cfg.n_layers else parts.total()
-    logits = model.unembed(model.ln_final(final[:, pos]))  # [batch, d_vocab]
+    logits = model.readout(final[:, pos])  # [batch, d_vocab]
     logit = logits.gather(1, answer_ids[:, None])[:, 0]
     if wrong_ids is not None:
         logit = logit - logits.gather(1, wrong_ids[:, None])[:, 0]

@@ -159,13 +159,10 @@ def _logits_at(model, embeds: torch.Tensor, pos: int) -> torch.Tensor:
     d_model]. model.forward's steps (and hook points), with two savings: positions after pos are not run
     (attention is causal, they cannot change pos) and the unembedding reads pos alone (it would cost as much
     as the blocks for a small model with a large vocabulary)."""
-    T = pos + 1
-    x = model.hook_embed(embeds[:, :T])
-    if model.cfg.positional == "learned":
-        x = x + model.hook_pos_embed(model.pos_embed(torch.arange(T, device=x.device)).expand_as(x))
+    x = model.resid_from_embeds(embeds[:, :pos + 1])
     for block in model.blocks:
         x = block(x)
-    return model.unembed(model.ln_final(x[:, pos:]))
+    return model.readout(x[:, pos:])
 
 
 def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
@@ -186,7 +183,8 @@ def baseline_embeddings(model, tokens: torch.Tensor, baseline: Baseline) -> torc
                                   "or embeddings [pos, d_model]")
         return torch.zeros(T, W_E.shape[1], dtype=W_E.dtype, device=W_E.device)
     if isinstance(baseline, int) and not isinstance(baseline, bool):
-        return W_E[_check_token(baseline, "the baseline token", model.cfg.d_vocab)].detach().expand(T, -1).clone()
+        token = torch.tensor(_check_token(baseline, "the baseline token", model.cfg.d_vocab), device=W_E.device)
+        return model.token_embeddings(token).detach().expand(T, -1).clone()
     base = torch.as_tensor(baseline)
     if base.dim() == 2 and base.is_floating_point():
         if base.shape != (T, W_E.shape[1]):
@@ -200,7 +198,7 @@ def baseline_embeddings(model, tokens: torch.Tensor, baseline: Baseline) -> torc
                               "they must have the same length")
     if bool((base < 0).any() or (base >= model.cfg.d_vocab).any()):
         raise CircuitlabError(f"baseline token ids must be in [0, {model.cfg.d_vocab})")
-    return W_E[base.long().to(W_E.device)].detach()
+    return model.token_embeddings(base.long().to(W_E.device)).detach()
 
 
 def _baseline_name(baseline: Baseline) -> str:
@@ -224,7 +222,7 @@ def _decorate(result: InputAttribution, tokenizer) -> InputAttribution:
 
 def _gradient(model, tokens: torch.Tensor, explain: Explain) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(embeddings x [pos, d_model], d metric / d x [pos, d_model], metric value)."""
-    x = model.embed(tokens).detach()
+    x = model.token_embeddings(tokens).detach()
     with torch.enable_grad(), frozen_parameters(model):
         e = x[None].clone().requires_grad_(True)
         out = explain(e)
@@ -288,7 +286,7 @@ def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None,
                                    or batch_size <= 0):
         raise CircuitlabError(f"batch_size must be a positive integer, got {batch_size!r}")
     chunk = batch_size or steps
-    x = model.embed(tokens).detach()
+    x = model.token_embeddings(tokens).detach()
     base = baseline_embeddings(model, tokens, baseline)
     delta = x - base
     total = torch.zeros_like(x, dtype=torch.float64)
@@ -326,11 +324,12 @@ def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int 
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
     if isinstance(span, bool) or not isinstance(span, int) or not 1 <= span <= pos + 1:
         raise CircuitlabError(f"span must be an integer from 1 to {pos + 1} (the positions up to pos), got {span!r}")
-    x = model.embed(tokens)  # [pos, d_model]
+    x = model.token_embeddings(tokens)  # [pos, d_model]
     if replacement is None:
         fill = torch.zeros_like(x[0])
     else:
-        fill = model.W_E[_check_token(replacement, "the replacement token", model.cfg.d_vocab)]
+        fill = model.token_embeddings(torch.tensor(_check_token(replacement, "the replacement token",
+                                                                model.cfg.d_vocab), device=x.device))
     starts = torch.arange(pos + 2 - span, device=x.device)
     offsets = torch.arange(x.shape[0], device=x.device)
     covered = (offsets[None] >= starts[:, None]) & (offsets[None] < starts[:, None] + span)  # [window, pos]

@@ -82,7 +82,7 @@ def logit_lens(model, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=No
         _, cache = model.run_with_cache(tokens[None],
                                         names_filter=lambda n: "resid" in n or n in ("hook_embed", "hook_pos_embed"))
     labels, resid = residual_points(model, cache)  # [point, 1, pos, d_model]
-    logits = model.unembed(model.ln_final(resid[:, 0]))  # [point, pos, d_vocab]
+    logits = model.readout(resid[:, 0])  # [point, pos, d_vocab]
     return lens_readout(labels, tokens, logits, k, tokenizer)
 
 

@@ -157,14 +157,14 @@ def patched_logits(model, base: BaseRun, resid: torch.Tensor, positions: Sequenc
     base_logits = base.logits[None].expand(C, -1, -1, -1)
     if reads is None:  # positions are then one run, start .. done - 1
         start, done = positions[0], positions[-1] + 1
-        logits = model.unembed(model.ln_final(resid))
+        logits = model.readout(resid)
         return torch.cat([base_logits[:, :, :start], logits, base_logits[:, :, done:]], dim=2)
     out = buffer[:C]
     where = {p: i for i, p in enumerate(positions)}
     inside = [p for p in reads if p in where]
     outside = [p for p in reads if p not in where]
     if inside:
-        out[:, :, inside] = model.unembed(model.ln_final(resid[:, :, [where[p] for p in inside]])).to(out.dtype)
+        out[:, :, inside] = model.readout(resid[:, :, [where[p] for p in inside]]).to(out.dtype)
     if outside:
         out[:, :, outside] = base_logits[:, :, outside]
     return out

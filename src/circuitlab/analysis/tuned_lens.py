@@ -120,7 +120,7 @@ def _residual_stream(model, tokens: torch.Tensor) -> tuple[list[str], torch.Tens
 
 
 def _lens_log_probs(model, resid: torch.Tensor) -> torch.Tensor:
-    return model.unembed(model.ln_final(resid)).float().log_softmax(dim=-1)
+    return model.readout(resid).float().log_softmax(dim=-1)
 
 
 def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: int = 64, seed: int = 1
@@ -261,7 +261,7 @@ def tuned_lens(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokeniz
     _check_fits(lens, model)
     tokens = one_sequence(model, tokens, "the tuned lens")
     labels, resid = _residual_stream(model, tokens[None])
-    logits = model.unembed(model.ln_final(lens.to(tokens.device).translate(resid[:, 0])))
+    logits = model.readout(lens.to(tokens.device).translate(resid[:, 0]))
     return lens_readout(labels, tokens, logits, k, tokenizer, name="tuned lens")
 
 

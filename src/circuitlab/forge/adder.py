@@ -361,7 +361,7 @@ class CarryAdder(TokenAdder):
             lines.append(f"{i:>3} {t:>5} {role:<26}" + "".join(
                 f"{_fmt(vals[s]) if s in keep else '·':>6}" for s in show))
         lines += ["", "where each answer position attends, and what it predicts:"]
-        digit_logits = self.model.unembed(final)[:, :10]
+        digit_logits = self.model.readout(final)[:, :10]
         for r in range(K):
             pos, column = P - 1 + r, K - 1 - r
             att = []

@@ -8,9 +8,13 @@ Every reader input gets its own copy of the residual stream: the input of reader
 where out_s is writer s's output in this run (so effects propagate) and ref_s its reference output
 (the corrupted run's, zero, or a mean). mask 0 keeps an edge, 1 patches it fully, values between
 interpolate (EAP-IG over edges). The reader then applies its own norm to its input. Each head gets
-its own query, key and value inputs (TransformerLens's use_split_qkv_input), computed here from the
-model's fused weights, so the model itself carries no extra cost. Copies run in one batch:
-tensors are [copies, batch, pos, ...].
+its own query, key and value inputs (TransformerLens's use_split_qkv_input: Block.split_attention), so
+the model's plain forward carries no extra cost. Copies run in one batch: tensors are [copies, batch,
+pos, ...]. Embedding, attention and read-out are the model's own (embed_tokens, split_attention, readout).
+
+Architecture: heads must write additively into the residual stream (their outputs sum to attn_out, no
+norm after attention), each reader normalising its own input (pre-norm blocks);
+check_additive_heads refuses other models in one line.
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from circuitlab.analysis.edges.graph import EdgeGraph
 
@@ -47,10 +50,7 @@ class GraphRun:
 
 def input_output(model, tokens: torch.Tensor) -> torch.Tensor:
     """The input node's output: token + position embeddings, tokens [batch, pos] -> [1, batch, pos, d_model]."""
-    x = model.embed(tokens)
-    if model.cfg.positional == "learned":
-        x = x + model.pos_embed(torch.arange(tokens.shape[1], device=tokens.device))
-    return x[None]
+    return model.embed_tokens(tokens)[None]
 
 
 def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.Tensor | None = None,
@@ -67,7 +67,7 @@ def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.T
     logits are computed (others NaN). Gradients flow when enabled.
     """
     cfg = model.cfg
-    H, K, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    H, K = cfg.n_heads, cfg.kv_heads
     if base is not None and start > 0:
         n_before = 1 + sum(1 for l in graph.source_layer if 0 <= l < start)
         outputs = [(idx, o) for idx, o in base.outputs if idx[0] < n_before]
@@ -102,7 +102,8 @@ def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.T
         mlp_in = None
         if cfg.has_mlp and cfg.parallel_attn_mlp:  # the MLP reads what attention reads
             mlp_in = reader_inputs(readers[-1:])
-        head_out = _heads(block.attn, block.ln1(x_attn), H, K, D)  # [c, b, p, H, d]
+        head_out = block.split_attention(x_attn[..., :H, :], x_attn[..., H:H + K, :],
+                                         x_attn[..., H + K:, :])  # [c, b, p, H, d]
         first = 1 + l * (H + int(cfg.has_mlp))
         run.outputs.append((list(range(first, first + H)), head_out))
         resid = resid + head_out.sum(-2)
@@ -118,33 +119,12 @@ def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.T
     run.resid.append(resid)
     x_final = reader_inputs([len(graph.readers) - 1])
     run.inputs.append(([len(graph.readers) - 1], x_final))
-    final = model.ln_final(x_final[..., 0, :])  # [c, b, p, d]
+    final = x_final[..., 0, :]  # [c, b, p, d]
     if reads is None:
-        run.logits = model.unembed(final)
+        run.logits = model.readout(final)
     else:
         run.logits = torch.full((*final.shape[:-1], cfg.d_vocab), float("nan"), dtype=final.dtype,
                                 device=final.device)
-        run.logits[..., list(reads), :] = model.unembed(final[..., list(reads), :])
+        run.logits[..., list(reads), :] = model.readout(final[..., list(reads), :])
     return run
 
-
-def _heads(attn, x: torch.Tensor, H: int, K: int, D: int) -> torch.Tensor:
-    """Per-head attention from per-head normalised inputs.
-
-    x [c, b, p, H + 2K, d_model]: each query head's input, then each kv head's key input, then its value
-    input -> each head's output z @ W_O (no b_O) [c, b, p, H, d_model].
-    """
-    C, B, T = x.shape[:3]
-    W = attn.qkv.weight.view(H + 2 * K, D, -1)
-    qkv = torch.einsum("cbprm,rdm->cbprd", x, W)
-    if attn.qkv.bias is not None:
-        qkv = qkv + attn.qkv.bias.view(H + 2 * K, D)
-    q, k, v = (t.reshape(C * B, T, -1, D) for t in qkv.split([H, K, K], dim=3))
-    if attn.rotary is not None:
-        q, k = attn.rotary(q), attn.rotary(k)
-    z = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                       scale=attn.scale, enable_gqa=K != H)
-    z = z.transpose(1, 2).reshape(C, B, T, H, D)
-    if attn.out is None:  # V-only heads write z itself (d_head == d_model)
-        return z
-    return torch.einsum("cbphd,hdm->cbphm", z, attn.out.weight.T.reshape(H, D, -1))
