@@ -94,6 +94,25 @@ class ModelConfig:
     def has_mlp(self) -> bool:
         return not self.attn_only
 
+    # ------------------------------------------------------------------ what analyses assume (model/assumptions.py)
+    # A new switch that breaks one of these must turn it off here; analyses relying on it then refuse the model.
+    @property
+    def is_pre_norm(self) -> bool:
+        """Every norm reads a block's input (ln1, ln2) or the final stream (ln_final): none after
+        attention or the MLP (block_norms "sandwich" / "post" add them)."""
+        return self.block_norms == "pre"
+
+    @property
+    def additive_heads(self) -> bool:
+        """Each head's output z @ W_O adds straight into the residual stream: the heads' sum + b_O is attn_out
+        and resid_mid = resid_pre + attn_out."""
+        return self.is_pre_norm
+
+    @property
+    def linear_readout(self) -> bool:
+        """The logits are the final norm then W_U, b_U: nothing after the unembedding (no logit soft-cap)."""
+        return self.logit_softcap is None
+
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Raise ConfigError naming the field and the rule it breaks."""

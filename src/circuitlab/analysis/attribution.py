@@ -10,6 +10,11 @@ The final residual stream is a sum: token embedding + position embedding + every
 `residual_decomposition` returns exactly those parts. Direct logit attribution sends each part
 through the final norm, using the norm's cached per-position scale (so the parts still add up),
 and onto an unembedding direction.
+
+Architecture: the decomposition needs heads and MLPs that add straight into the residual stream
+(cfg.additive_heads: pre-norm blocks, no post / sandwich norms) and the attribution a read-out that is
+the final norm then W_U (cfg.linear_readout: no logit soft-cap); other models are refused in one line
+(circuitlab.model.assumptions).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from circuitlab.analysis._json import round_tensor
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+from circuitlab.model.assumptions import require
 from circuitlab.names import head_name
 
 # ---------------------------------------------------------------------------- decomposition
@@ -60,7 +66,8 @@ def _require(cache, names: list[str]) -> None:
 def residual_decomposition(model, cache) -> ResidualDecomposition:
     """Split the final residual stream into embed, pos_embed (learned positions), each head L{l}H{h}
     (hook_result if cached, else z @ W_O), each MLP "L{l} MLP" (hook_mlp_out minus b_out) and
-    "biases" (all b_O and b_out). Components: [component, batch, pos, d_model]."""
+    "biases" (all b_O and b_out). Components: [component, batch, pos, d_model]. Pre-norm models only."""
+    require(model, "the residual decomposition", "additive_heads")
     cfg = model.cfg
     names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "learned" else [])
     for layer in range(cfg.n_layers):
@@ -149,7 +156,9 @@ def through_final_norm(model, stream: torch.Tensor, direction: torch.Tensor, sca
     """Each part of the residual stream's direct contribution to a logit direction: stream [..., batch,
     d_model] read through the final norm as the linear map it is once its scale [batch, 1] (the cached
     ln_final.hook_scale) is fixed (centred for LayerNorm, divided by the scale, times the gain), then dotted
-    with direction [batch, d_model] (W_U columns). Returns [..., batch]; the norm's bias is not included."""
+    with direction [batch, d_model] (W_U columns). Returns [..., batch]; the norm's bias is not included.
+    Exact only when the logits are that linear map's output (cfg.linear_readout); others are refused."""
+    require(model, "direct logit attribution", "linear_readout")
     cfg = model.cfg
     if cfg.norm == "layernorm":
         stream = stream - stream.mean(dim=-1, keepdim=True)
@@ -249,7 +258,9 @@ def neuron_output_tokens(model, layer: int, neurons: list[int] | None = None, k:
     its "value" is that direction read through the final norm's gain (centred for LayerNorm) and W_U,
     a logit change [d_vocab] per unit of activation. The norm's per-token scale is left out: it is
     positive and does not change which tokens rank highest. neurons default: all of the layer.
+    Pre-norm models only: a post-norm (ln2_post) would stand between W_out and the residual stream.
     """
+    require(model, "the neurons' output tokens", "pre_norm")
     neurons = _check_neurons(model, layer, neurons)
     logits = model.unembed_directions(model.W_out[layer, neurons])  # [neuron, d_vocab]
     k = min(k, logits.shape[-1])

@@ -19,6 +19,11 @@ call `circuitlab.analysis.folding.fold_layer_norm(model)` first: it moves the no
 into the weights, so all that is left of each norm is a positive scale per token (and, for
 LayerNorm, a centring the folded weights already ignore). The circuits leave that scale out, as the
 Framework paper does. Rotary models have no W_pos; their token QK circuit leaves the rotation out.
+
+Architecture: the QK circuits read the residual stream through ln1 only and hold for every block layout.
+Whatever involves W_O writing into the residual stream (OV circuits, OV eigenvalues and copying scores,
+composition) needs heads whose outputs add straight into it (cfg.additive_heads: no post / sandwich
+norm between W_O and the stream); other models are refused in one line (circuitlab.model.assumptions).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import torch
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.factored import FactoredMatrix
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.assumptions import require
 from circuitlab.names import head_name
 
 # ---------------------------------------------------------------------------- circuits as matrices
@@ -81,6 +87,7 @@ def ov_circuit(model, layer: int | None = None) -> FactoredMatrix:
     Returns FactoredMatrix [layer, head, d_vocab (attended token), d_vocab (output logit)]
     ([head, ...] when layer is given). A copying head has a large positive diagonal.
     """
+    require(model, "the OV circuit", "additive_heads")
     sel = _layers(model, layer)
     return FactoredMatrix(model.W_E @ model.W_V[sel], model.W_O[sel] @ model.W_U)
 
@@ -100,6 +107,7 @@ def k_composition_qk_circuit(model, head: tuple[int, int], prev_head: tuple[int,
     For an induction head composed with a previous-token head this is the "attend to the token whose
     predecessor is me" circuit: a positive diagonal.
     """
+    require(model, "K-composition through an OV circuit", "additive_heads")
     (layer, h), (prev_layer, prev_h) = head, prev_head
     _check_head(model, layer, h)
     _check_head(model, prev_layer, prev_h)
@@ -176,6 +184,7 @@ def ov_eigenvalues(model, layer: int) -> torch.Tensor:
     They are those of the small matrix W_O W_U W_E W_V [d_head, d_head] (AB and BA share non-zero
     eigenvalues); W_U W_E [d_model, d_model] is formed once, so nothing of size d_vocab per head is built.
     """
+    require(model, "OV eigenvalues (copying scores)", "additive_heads")
     sel = _layers(model, layer)
     with torch.no_grad():
         unembed_embed = model.W_U @ model.W_E  # [d_model, d_model]
@@ -267,6 +276,7 @@ def composition_scores(model, n_baseline: int = 200, seed: int = 0) -> Compositi
     for i.i.d. factors the three modes share one distribution, so one baseline serves all three.
     Returns CompositionScores with q, k, v [layer, head, layer, head].
     """
+    require(model, "composition scores", "additive_heads")
     L, H = model.cfg.n_layers, model.cfg.n_heads
     out = {m: torch.full((L, H, L, H), float("nan")) for m in MODES}
     ov = FactoredMatrix(model.W_V, model.W_O)                        # [layer, head, d_model, d_model]

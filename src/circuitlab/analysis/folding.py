@@ -25,6 +25,12 @@ every logit at a position by the same amount, so probabilities and loss stay the
 
 Tied embeddings are untied in the copy (folding ln_final changes W_U but must not change W_E), and
 the copy's config says tied_embeddings=False.
+
+Architecture: norms after a sublayer (block_norms "sandwich" / "post") stay as they are (only norms
+that read the residual stream fold: ln1, ln2, ln_final). Centering writing weights needs pre-norm
+blocks (cfg.is_pre_norm: every reader of the residual stream a LayerNorm); centering the unembedding
+needs a linear read-out (cfg.linear_readout: a logit soft-cap is not shift-invariant). Those steps are
+skipped by default and refused when asked for on other models (circuitlab.model.assumptions).
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ import torch
 from torch import nn
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.assumptions import require, unmet
 
 
 def weights_model(model):
@@ -42,30 +49,38 @@ def weights_model(model):
     return fold_layer_norm(model) if model.cfg.norm != "none" else model
 
 
-def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: bool = True,
+def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: bool | None = None,
                     fold_value_biases: bool = True):
     """A copy of model with norms folded (and weights centered); logits [batch, pos, d_vocab] unchanged,
     up to a per-position constant when center_unembed.
 
-    center_writing: None (default) centers the writing weights when the model uses LayerNorm and
-    skips it otherwise; True on a non-LayerNorm model raises a CircuitlabError.
+    center_writing: None (default) centers the writing weights when the model uses LayerNorm in pre-norm
+    blocks and skips it otherwise; True on another model raises a CircuitlabError.
+    center_unembed: None (default) centers W_U unless a logit soft-cap follows it; True then raises.
     """
     cfg = model.cfg
     if center_writing is None:
-        center_writing = cfg.norm == "layernorm"
+        center_writing = cfg.norm == "layernorm" and not unmet(cfg, "pre_norm")
     elif center_writing and cfg.norm != "layernorm":
         raise CircuitlabError(
             f"center_writing needs LayerNorm (it relies on the norm removing the mean); this model uses {cfg.norm!r}"
         )
+    elif center_writing:
+        require(cfg, "center_writing", "pre_norm")
+    if center_unembed is None:
+        center_unembed = not unmet(cfg, "linear_readout")
+    elif center_unembed:
+        require(cfg, "center_unembed", "linear_readout")
     folded = copy.deepcopy(model)
     with torch.no_grad():
         if folded.cfg.tied_embeddings:
             folded.unembed.weight = nn.Parameter(folded.embed.weight.detach().clone())
             folded.cfg.tied_embeddings = False  # the copy owns its cfg (deepcopy), so this touches only it
         if cfg.norm != "none":
-            for block in folded.blocks:
-                _fold_norm(block.ln1, block.attn.qkv)
-                if cfg.has_mlp:
+            for block in folded.blocks:  # a block without a pre-norm (block_norms "post") has Identity there
+                if not isinstance(block.ln1, nn.Identity):
+                    _fold_norm(block.ln1, block.attn.qkv)
+                if cfg.has_mlp and not isinstance(block.ln2, nn.Identity):
                     _fold_norm(block.ln2, block.mlp.fc_in)
             _fold_norm(folded.ln_final, folded.unembed)
         if fold_value_biases:

@@ -13,8 +13,8 @@ the model's plain forward carries no extra cost. Copies run in one batch: tensor
 pos, ...]. Embedding, attention and read-out are the model's own (embed_tokens, split_attention, readout).
 
 Architecture: heads must write additively into the residual stream (their outputs sum to attn_out, no
-norm after attention), each reader normalising its own input (pre-norm blocks);
-check_additive_heads refuses other models in one line.
+norm after attention), each reader normalising its own input (pre-norm blocks); EdgeGraph.of refuses
+other models in one line.
 """
 from __future__ import annotations
 

@@ -16,6 +16,11 @@ biases b_O belong to no node: they are the same in every run, so they are never 
 A reader's input is the sum of the outputs of the writers upstream of it (plus the b_O constants);
 the reader applies its own norm (ln1 for heads, ln2 for MLPs, ln_final for the logits) to that sum,
 so patching an edge changes the reader's input before its norm, as in ACDC and auto-circuit.
+
+Architecture: this needs writers that add straight into the residual stream and readers that normalise
+their own input (cfg.additive_heads: pre-norm blocks); a model with post / sandwich norms is refused in
+one line (circuitlab.model.assumptions). Any positions (learned: part of "input"; rotary) and any
+read-out (the logits reader runs model.readout) are fine.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from typing import Any
 import torch
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.assumptions import require
 from circuitlab.names import head_name
 
 
@@ -53,6 +59,7 @@ class EdgeGraph:
     @classmethod
     def of(cls, model_or_cfg) -> "EdgeGraph":
         cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
+        require(cfg, "the edge graph", "additive_heads")
         H, K = cfg.n_heads, cfg.kv_heads
         sources, source_layer, readers, reader_layer, reader_node = ["input"], [-1], [], [], []
         for l in range(cfg.n_layers):
