@@ -8,7 +8,7 @@ import importlib
 import sys
 import warnings
 
-from circuitlab.errors import CircuitlabError, os_error_message
+from circuitlab.errors import CircuitlabError, os_error_message, set_command_line
 
 # Order in `circuitlab --help`; any other module in circuitlab/commands is listed after these.
 PREFERRED = ["demo", "train", "generate", "info"]
@@ -61,6 +61,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    set_command_line(list(argv) if argv is not None else sys.argv[1:])
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0

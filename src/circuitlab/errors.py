@@ -65,3 +65,26 @@ def refuse_unknown(given, known, what: str, list_known: bool = False) -> None:
         hint = "".join(did_you_mean(u, known) for u in unknown)
         valid = f"; valid: {', '.join(map(str, known))}" if list_known else ""
         raise ConfigError(f"unknown {what}: {', '.join(map(str, unknown))}{hint}{valid}")
+
+
+# The command line being run (set by circuitlab.cli.main), so that a message can say what to run next
+# ("continue with: circuitlab sae train ... --resume"). None when called from Python.
+_COMMAND_LINE: list[str] | None = None
+
+
+def set_command_line(argv: list[str] | None) -> None:
+    global _COMMAND_LINE
+    _COMMAND_LINE = list(argv) if argv is not None else None
+
+
+def command_line(add: str | None = None, drop: tuple[str, ...] = ()) -> str | None:
+    """The running `circuitlab ...` command line, shell-quoted, with `add` appended when missing and the
+    `drop` flags removed (e.g. add="--resume", drop=("--overwrite",)); None outside the CLI."""
+    import shlex
+
+    if _COMMAND_LINE is None:
+        return None
+    argv = [a for a in _COMMAND_LINE if a not in drop]
+    if add and add not in argv:
+        argv.append(add)
+    return " ".join(shlex.quote(a) for a in ["circuitlab", *argv])

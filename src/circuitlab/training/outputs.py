@@ -1,0 +1,87 @@
+"""One policy for every command that writes a folder (circuit, steer --out, sae dashboards, lens train,
+and what comes next: graphs, traces, CLTs).
+
+    out = default_out(args.checkpoint, "circuit")               # never inside a checkpoint folder
+    kept = output_folder(out, "circuit", overwrite=args.overwrite)
+    ... write into out ...
+
+output_folder makes `out` ready and marks it as a `kind` output (a small MARKER file written first, so a
+folder an interrupt cut short is still recognised as ours). Before that:
+  absent or empty            -> created;
+  an earlier `kind` output   -> set aside as OUT.YYYYmmdd-HHMMSS (returned), or deleted with overwrite=True,
+                                or refused when keep_previous=False and overwrite is not given;
+  anything else              -> refused in one line (not ours to move);
+  a checkpoint folder, or a folder inside one -> refused: a checkpoint save replaces the whole folder,
+                                which would delete what was written there.
+Commands that continue an earlier output (training with --resume) check for that themselves first and
+call output_folder only for a fresh start.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.errors import CircuitlabError, command_line
+from circuitlab.training.checkpoint import is_checkpoint
+
+MARKER = ".circuitlab-output.json"
+
+
+def output_kind(folder: str | Path) -> str | None:
+    """The kind of output `folder` holds according to its marker ("circuit", "steer", ...), or None."""
+    try:
+        return json.loads((Path(folder) / MARKER).read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def inside_checkpoint(folder: str | Path) -> Path | None:
+    """The checkpoint folder that `folder` is (or lies inside), or None."""
+    p = Path(folder).resolve()
+    for candidate in (p, *p.parents):
+        if is_checkpoint(candidate):
+            return candidate
+    return None
+
+
+def default_out(model_path: str | Path, name: str) -> Path:
+    """Where a command reading the model at `model_path` writes by default: <run folder>/<name> for a run
+    folder, beside a checkpoint folder (<parent>/<checkpoint name>-<name>) for a checkpoint folder, so that
+    a later checkpoint save (which replaces its folder) never deletes it."""
+    p = Path(model_path)
+    if is_checkpoint(p) or inside_checkpoint(p) is not None:
+        return p.parent / f"{p.name}-{name}"
+    return p / name
+
+
+def output_folder(out: str | Path, kind: str, *, overwrite: bool = False, keep_previous: bool = True,
+                  is_previous: Callable[[Path], bool] | None = None, option: str = "--out") -> Path | None:
+    """Make `out` ready for a new `kind` output (see the module docstring); returns where an earlier one was
+    set aside, or None. is_previous: also recognise earlier outputs written before the marker existed.
+    option: the flag that names the folder, for messages."""
+    out = Path(out)
+    ckpt = inside_checkpoint(out)
+    if ckpt is not None:
+        raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}, which a checkpoint save replaces as a "
+                              f"whole; give another {option} (e.g. {default_out(ckpt, kind)})")
+
+    def ours(folder: Path) -> bool:
+        return output_kind(folder) == kind or bool(is_previous and is_previous(folder))
+
+    kept = None
+    if out.is_dir() and any(out.iterdir()) and ours(out):
+        if overwrite:
+            shutil.rmtree(out)
+        elif not keep_previous:
+            raise CircuitlabError(f"{out} already holds a {kind} output: pass --overwrite to replace it, "
+                                  f"or give another {option}")
+        else:
+            kept = set_aside(out, ours, f"{kind} output")
+    else:
+        set_aside(out, lambda _: False, f"{kind} output")  # refuses a file or a folder holding other files
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / MARKER, json.dumps({"kind": kind, "command": command_line()}) + "\n")
+    return kept
