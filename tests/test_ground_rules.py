@@ -180,6 +180,8 @@ def test_metrics_log_survives_sigkill_and_resume_keeps_each_step_once(tmp_path):
     # a torn last line as a kill during a write leaves it
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 8, "lo')
+    with pytest.warns(UserWarning, match="torn last line"):  # read once to be cut off, and said
+        assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 8))
     _run_until_killed(tmp_path, 5, 9)  # resumed from a checkpoint at step 5
     assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, 10))
     with MetricsLog(tmp_path, resume_step=0) as log:  # a fresh start empties it

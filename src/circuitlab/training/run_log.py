@@ -31,9 +31,7 @@ def truncate_metrics(run_dir: str | Path, after_step: int) -> None:
     duplicated steps and no torn line; after_step 0 empties the log. run_dir may be the .jsonl itself."""
     path = _log_path(run_dir)
     if path.is_file():
-        with warnings.catch_warnings():  # a torn last line is expected here: it is what is being cut off
-            warnings.simplefilter("ignore")
-            keep = [r for r in read_metrics(path) if r.get("step", 0) <= after_step] if after_step else []
+        keep = [r for r in read_metrics(path) if r.get("step", 0) <= after_step] if after_step else []
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
