@@ -43,7 +43,7 @@ from circuitlab.analysis.patching_engine import (CHUNK_BUDGET, BaseRun, Site, ch
                                                  logits_buffer, patched_logits, patched_run, sweep)
 from circuitlab.analysis.patching_metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,
-                                                  normalized, read_positions)
+                                                  normalized, probability, read_positions)
 from circuitlab.analysis.patching_targets import (DEFAULT_TARGETS, TARGETS, Target, available_targets,  # noqa: F401
                                                   default_targets, get_target)
 from circuitlab.display import Displayed

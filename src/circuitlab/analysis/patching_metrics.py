@@ -50,6 +50,11 @@ def _pick(x: torch.Tensor, index: int | torch.Tensor) -> torch.Tensor:
     return x[torch.arange(x.shape[0], device=x.device), index.to(x.device)]
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 for softmax; float32 and float64 as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence[int] | torch.Tensor,
                pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
     """Metric: logit[answer] - logit[wrong] at `pos`, averaged over the batch.
@@ -72,11 +77,23 @@ def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int]
     answer, pos = _index(answer), _index(pos)
 
     def rows(logits: torch.Tensor) -> torch.Tensor:
-        return _pick(_pick(logits, pos).float().log_softmax(-1), answer)
+        return _pick(_wide(_pick(logits, pos)).log_softmax(-1), answer)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return rows(logits).mean()
     return _named(metric, "logprob", pos, rows)
+
+
+def probability(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+    """Metric: probability of `answer` at `pos`, averaged over the batch (causal tracing's metric)."""
+    answer, pos = _index(answer), _index(pos)
+
+    def rows(logits: torch.Tensor) -> torch.Tensor:
+        return _pick(_wide(_pick(logits, pos)).softmax(-1), answer)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return rows(logits).mean()
+    return _named(metric, "probability", pos, rows)
 
 
 def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+from circuitlab.analysis.patching_noise import NOISE_KINDS
+
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
-        "attribution, tuned lens")
-EXAMPLE = ('circuitlab interpret --checkpoint runs/demo/2l --experiments heads logit_lens '
-           '--prompt "Once upon a time" --out runs/demo/interpret')
+        "attribution, tuned lens, causal tracing")
+EXAMPLE = ('circuitlab interpret --checkpoint runs/demo/2l --experiments heads logit_lens causal_tracing '
+           '--prompt "One day, Lily saw a big" --subject Lily --out runs/demo/interpret')
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,16 +20,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corrupt", default=None, help="corrupted prompt for patching (same token length as --clean)")
     p.add_argument("--lens", default=None, help="a tuned-lens folder for the tuned_lens experiment (default: "
                                                 "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
+    tracing = p.add_argument_group("causal tracing (--experiments causal_tracing; docs/causal.md)")
+    tracing.add_argument("--subject", default=None, help="the words of --prompt whose token embeddings are corrupted")
+    tracing.add_argument("--noise", choices=NOISE_KINDS, default=None,
+                         help="gaussian (default, the paper's), uniform, or replace (symmetric token replacement)")
+    tracing.add_argument("--noise-scale", type=float, default=None, metavar="K",
+                         help="noise std = K x the subject embeddings' std (default 3)")
+    tracing.add_argument("--noise-samples", type=int, default=None, metavar="N",
+                         help="corrupted runs averaged (default 10)")
+    tracing.add_argument("--window", type=int, default=None, metavar="W",
+                         help="layers restored together for MLP and attention (default: 10/48 of the depth)")
+    tracing.add_argument("--replace-with", nargs="+", default=None, metavar="TEXT",
+                         help="with --noise replace: other subjects of the same token length, one run each")
     p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/interpret)")
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from circuitlab.analysis.patching_noise import check_positive
+    from circuitlab.errors import InputError
     from circuitlab.experiments.interpret import run_interpret
 
+    if args.noise_scale is not None:  # checked before the checkpoint loads
+        check_positive(args.noise_scale, "--noise-scale")
+    if args.noise_samples is not None and args.noise_samples < 1:
+        raise InputError(f"--noise-samples must be a whole number >= 1, got {args.noise_samples}")
+    if args.window is not None and args.window < 1:
+        raise InputError(f"--window must be a whole number of layers >= 1, got {args.window}")
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
-                            corrupt=args.corrupt, lens=args.lens)
+                            corrupt=args.corrupt, lens=args.lens, subject=args.subject, noise=args.noise,
+                            noise_scale=args.noise_scale, noise_samples=args.noise_samples, window=args.window,
+                            replace_with=args.replace_with)
     print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0

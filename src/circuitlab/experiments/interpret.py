@@ -35,7 +35,7 @@ class InterpretResult:
 
 
 def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
-    from circuitlab.experiments import interpret_causal, interpret_circuits, interpret_inputs
+    from circuitlab.experiments import interpret_causal, interpret_circuits, interpret_inputs, interpret_tracing
 
     table: dict[str, Callable[..., ExperimentResult]] = {}
     for name, fn in interpret_circuits.EXPERIMENTS.items():
@@ -44,6 +44,7 @@ def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"), opts.get("lens"))
     for name, fn in interpret_causal.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("clean"), opts.get("corrupt"))
+    table.update(interpret_tracing.EXPERIMENTS)  # fn(model, tokenizer, out, opts)
     return table
 
 
@@ -51,7 +52,8 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
                   **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
     out/report.html (interactive, self-contained). opts: prompt; clean and corrupt (patching); lens (a
-    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none)."""
+    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none); subject, noise,
+    noise_scale, noise_samples, window, replace_with (causal_tracing)."""
     from circuitlab.report import write_interpret_report
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint

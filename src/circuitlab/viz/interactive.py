@@ -11,6 +11,7 @@ gathered here for convenience (`from circuitlab.viz.interactive import heatmap_f
     patching_figure, path_patching_figure, ablation_figure,
     attribution_vs_patching_figure                                      viz.patching
     probe_figure                                                        viz.probing
+    causal_trace_figure, average_trace_figure                           viz.tracing
     steering_figure                                                     viz.steering
 
 `spec.to_plotly()` is the plotly Figure (report.html, serve), `spec.save_png(path)` the PNG (report.md);
@@ -23,6 +24,7 @@ import uuid
 from typing import Any
 
 from circuitlab.analysis.attribution import LogitAttribution
+from circuitlab.analysis.causal_tracing import AverageTrace, CausalTrace
 from circuitlab.analysis.heads import AttentionPatterns
 from circuitlab.analysis.lens import LogitLens
 from circuitlab.analysis.patching import PatchResult
@@ -36,6 +38,7 @@ from circuitlab.viz.patching import (ablation_figure, attribution_vs_patching_fi
 from circuitlab.viz.probing import probe_figure
 from circuitlab.viz.spec import FigureSpec, heatmap_figure, lines_figure
 from circuitlab.viz.steering import steering_figure
+from circuitlab.viz.tracing import average_trace_figure, causal_trace_figure
 from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
 
 # ---------------------------------------------------------------------------- Jupyter
@@ -83,9 +86,12 @@ renders(LogitLens)(lambda lens: notebook_html(logit_lens_figure(lens)))
 renders(LogitAttribution)(lambda dla: notebook_html(logit_attribution_figure(dla)))
 renders(PatchResult)(lambda result: notebook_html(patching_figure(result)))
 renders(ProbeResult)(lambda result: notebook_html(probe_figure(result)))
+renders(CausalTrace)(lambda trace: notebook_html(causal_trace_figure(trace)))
+renders(AverageTrace)(lambda average: notebook_html(average_trace_figure(average)))
 
 __all__ = ["FigureSpec", "ablation_figure", "attention_figure", "attention_patterns_figure",
-           "attribution_vs_patching_figure", "circuit_figure", "composition_figure", "copying_scores_figure",
+           "attribution_vs_patching_figure", "average_trace_figure", "causal_trace_figure", "circuit_figure",
+           "composition_figure", "copying_scores_figure",
            "head_scores_figure", "heatmap_figure", "induction_by_period_figure", "lines_figure",
            "logit_attribution_figure", "logit_lens_figure", "notebook_html", "path_patching_figure",
            "patching_figure", "probe_figure", "reset_notebook", "steering_figure", "training_curves_figure"]

@@ -20,7 +20,8 @@ DASHES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
 MOST_TICKS = 48
 MAX_SIZE = (18.0, 16.0)  # inches, the whole figure
 BLANK = "#f2f2f2"  # NaN cells
-CMAPS = {"Blues": "Blues", "RdBu": "RdBu", "RdBu_r": "RdBu_r", "Viridis": "viridis", "Magma": "magma"}  # spec.SCALES
+CMAPS = {"Blues": "Blues", "RdBu": "RdBu", "RdBu_r": "RdBu_r", "Viridis": "viridis", "Magma": "magma",
+         "Purples": "Purples", "Greens": "Greens", "Reds": "Reds"}  # spec.SCALES
 
 
 def _text(s: str) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 # matplotlib's tab10 = plotly's default sequence: a series' colour i is the same in both renderers.
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 # Colour scales both renderers know (plotly name; matplotlib takes it lower-cased).
-SCALES = ("Blues", "RdBu", "RdBu_r", "Viridis", "Magma")
+SCALES = ("Blues", "RdBu", "RdBu_r", "Viridis", "Magma", "Purples", "Greens", "Reds")
 
 
 @dataclass

@@ -1,0 +1,417 @@
+"""Causal tracing (Meng et al. 2022, "Locating and Editing Factual Associations in GPT").
+
+Run the prompt with the subject's token embeddings corrupted by noise (patching_noise), then restore one
+piece of the clean run and measure how much of the answer comes back:
+
+    hidden   the residual stream leaving layer l at position p (blocks.l.hook_resid_post)
+    mlp      the MLP outputs at position p of a window of `window` layers centred on l
+    attn     the attention outputs, likewise
+    hidden_no_mlp / hidden_no_attn   hidden, with every later MLP (attention) output frozen at its corrupted
+             value: the "severed" traces, which show whether the effect travels through that path.
+
+    trace = causal_trace(model, tokens, subject="Eiffel Tower", tokenizer=tok)   # one prompt
+    trace.values["mlp"]            # [layer, pos]: the metric with that window of MLP outputs restored
+    trace.indirect_effect("mlp")   # values - corrupted; trace.total_effect = clean - corrupted
+    trace.peak("mlp")              # {"layer", "pos", "effect", "share"}: share = effect / total effect
+    avg = average_causal_trace(model, prompts, subjects, tokenizer=tok)   # AIE by token category
+
+The metric is the answer's probability at the last position (or its log-prob, or a logit difference),
+averaged over the noise samples. Every (layer, position) of one kind is one batched sweep of the patching
+engine (patching_engine.sweep): noise samples x restorations go in the batch dimension, in chunks that
+bound memory; each restoration starts from the corrupted run's residual stream at its first layer and
+position. Results equal restoring one state at a time with plain hooks (tested in float64).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from circuitlab.analysis._json import rounded
+from circuitlab.analysis.patching_checks import one_sequence
+from circuitlab.analysis.patching_engine import BaseRun, Site, sweep
+from circuitlab.analysis.patching_metrics import Metric, logit_diff, logprob, metric_value, probability
+from circuitlab.analysis.patching_noise import Corrupted, Noise, corrupt_positions, embedding_std
+from circuitlab.display import Displayed
+from circuitlab.errors import InputError
+from circuitlab.model.hooks import act_name
+
+# What each kind restores, and for the severed kinds which outputs are frozen downstream.
+RESTORES = {"hidden": "resid_post", "mlp": "mlp_out", "attn": "attn_out", "hidden_no_mlp": "resid_post",
+            "hidden_no_attn": "resid_post"}
+FROZEN = {"hidden_no_mlp": "mlp_out", "hidden_no_attn": "attn_out"}
+KINDS = tuple(RESTORES)
+DEFAULT_KINDS = ("hidden", "mlp", "attn")
+METRICS = ("prob", "logprob", "logit_diff")
+# The paper's window: 10 layers of GPT-2 XL's 48; the default keeps that share of the depth.
+PAPER_WINDOW, PAPER_LAYERS = 10, 48
+CATEGORIES = ("first subject token", "middle subject tokens", "last subject token", "first subsequent token",
+              "further tokens", "last token")
+
+
+def default_window(n_layers: int) -> int:
+    """The paper's window scaled to the depth: round(n_layers x 10 / 48), at least 1."""
+    return max(1, round(n_layers * PAPER_WINDOW / PAPER_LAYERS))
+
+
+def window_layers(layer: int, window: int, n_layers: int) -> range:
+    """The layers restored together for centre `layer`: layer - window//2 .. layer + ceil(window/2) - 1,
+    cut to the model (the paper's windows)."""
+    return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))
+
+
+def check_window(model, window: int | None) -> int:
+    n = model.cfg.n_layers
+    if window is None:
+        return default_window(n)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise InputError(f"the window must be a whole number of layers >= 1, got {window!r}")
+    if window > n:
+        raise InputError(f"a window of {window} layers is wider than the model ({n} layers); give --window 1..{n}")
+    return window
+
+
+def check_kinds(model, kinds: Sequence[str] | None) -> list[str]:
+    """The kinds to trace (default: hidden, mlp, attn that the model has), or a one-line InputError."""
+    has = [k for k in KINDS if model.cfg.has_mlp or "mlp" not in k]
+    if kinds is None:
+        return [k for k in DEFAULT_KINDS if k in has]
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    for k in kinds:
+        if k not in KINDS:
+            raise InputError(f"unknown causal tracing kind {k!r}; kinds: {', '.join(KINDS)}")
+        if k not in has:
+            raise InputError(f"kind {k!r} needs MLPs, and this model is attention-only; kinds: {', '.join(has)}")
+    return kinds
+
+
+def _pieces(tokens: Sequence[int], tokenizer) -> list[str] | None:
+    return None if tokenizer is None else [tokenizer.decode([int(t)]) for t in tokens]
+
+
+def subject_span(tokens: Sequence[int], subject: Any, tokenizer=None) -> tuple[int, int]:
+    """The subject's token positions start..end-1 in tokens [pos], as (start, end).
+
+    subject: a (start, end) pair of positions; a list of token ids (found in the prompt); or text (needs
+    the tokenizer; the tokens whose text overlaps its first occurrence in the decoded prompt). A subject
+    not in the prompt is a one-line InputError listing the prompt's tokens.
+    """
+    tokens = [int(t) for t in tokens]
+    T = len(tokens)
+    pieces = _pieces(tokens, tokenizer)
+    shown = ", ".join(repr(p) for p in pieces) if pieces is not None else ", ".join(map(str, tokens))
+    if isinstance(subject, str):
+        if tokenizer is None:
+            raise InputError("a subject given as text needs the tokenizer (tokenizer=...)")
+        if not subject.strip():
+            raise InputError("the subject is empty; give the words of the prompt to corrupt")
+        text = "".join(pieces)
+        at = text.find(subject)
+        if at < 0:
+            raise InputError(f"subject {subject!r} is not in the prompt; the prompt's tokens are: {shown}")
+        ends = torch.tensor([len(p) for p in pieces]).cumsum(0).tolist()
+        starts = [e - len(p) for e, p in zip(ends, pieces)]
+        inside = [i for i in range(T) if starts[i] < at + len(subject) and ends[i] > at]
+        return inside[0], inside[-1] + 1
+    if isinstance(subject, tuple) and len(subject) == 2 and all(isinstance(x, int) for x in subject):
+        start, end = subject
+        if not 0 <= start < end <= T:
+            raise InputError(f"subject span {subject} is not within the prompt's {T} tokens (give start < end <= {T})")
+        return start, end
+    ids = [int(t) for t in subject]
+    for i in range(T - len(ids) + 1):
+        if ids and tokens[i:i + len(ids)] == ids:
+            return i, i + len(ids)
+    raise InputError(f"subject tokens {ids} are not in the prompt; the prompt's tokens are: {shown}")
+
+
+def _metric(kind: str, answer: int, wrong: int | None) -> Metric:
+    if kind == "prob":
+        return probability(answer)
+    if kind == "logprob":
+        return logprob(answer)
+    if kind == "logit_diff":
+        if wrong is None:
+            raise InputError("metric logit_diff needs a wrong answer token (wrong=...)")
+        return logit_diff(answer, wrong)
+    raise InputError(f"unknown metric {kind!r}; metrics: {', '.join(METRICS)}")
+
+
+@dataclass
+class TraceRun:
+    """What every restoration of one prompt shares: the corrupted runs (base: noise samples in the batch),
+    the clean run's activations [1, pos, ...] and the corrupted run's [samples, pos, ...] by hook name."""
+
+    base: BaseRun
+    clean: dict[str, torch.Tensor]
+    corrupted: dict[str, torch.Tensor]
+    metric: Metric
+    clean_value: float
+    corrupt_value: float
+
+
+def trace_run(model, tokens: torch.Tensor, corrupted: Corrupted, metric: Metric) -> TraceRun:
+    """Run tokens [pos] clean and corrupted, caching the states restoration reads."""
+    L = range(model.cfg.n_layers)
+    names = [act_name(h, l) for h in sorted({*RESTORES.values()}) for l in L
+             if act_name(h, l) in model.hook_points()]
+    clean_logits, clean = model.run_with_cache(tokens[None], names_filter=names)
+    with model.hooks(corrupted.hooks()):
+        base, corrupt = BaseRun.of(model, corrupted.tokens, names)
+    return TraceRun(base, dict(clean.items()), dict(corrupt.items()), metric,
+                    metric_value(metric, clean_logits), metric_value(metric, base.logits))
+
+
+def _position_sites(run: TraceRun, hook: str, layers: Sequence[int], T: int) -> list[Site]:
+    index = torch.arange(T)[:, None]
+    return [Site(act_name(hook, l), run.clean[act_name(hook, l)], (0,), index, pos_dim=0) for l in layers]
+
+
+def _frozen_sites(run: TraceRun, hook: str, layers: Sequence[int], T: int) -> list[Site]:
+    """Every position of `hook` at `layers` held at its corrupted value (dims () patch the whole activation)."""
+    none = torch.zeros(T, 0, dtype=torch.long)
+    return [Site(act_name(hook, l), run.corrupted[act_name(hook, l)], (), none, pos_dim=0) for l in layers]
+
+
+def restoration_sweep(model, run: TraceRun, kind: str, window: int = 1, batch_size: int | None = None,
+                      progress: bool = True) -> torch.Tensor:
+    """The metric with each (layer, position) of `kind` restored from the clean run: [layer, pos].
+
+    One batched sweep per layer; patches sit in the batch dimension beside the noise samples.
+    """
+    L, T = model.cfg.n_layers, run.base.logits.shape[1]
+    positions = torch.arange(T)
+    out = []
+    for l in tqdm(range(L), desc=f"tracing {kind}", unit="layer", delay=2.0, disable=not progress):
+        if kind in ("mlp", "attn"):
+            layers = window_layers(l, window, L)
+            sites, first = _position_sites(run, RESTORES[kind], layers, T), layers[0]
+        else:
+            sites, first = _position_sites(run, "resid_post", [l], T), l
+            if kind in FROZEN:
+                sites += _frozen_sites(run, FROZEN[kind], range(l + 1, L), T)
+        # The width shortcut (one block at the patched position) holds for one site at one layer only.
+        local = len(sites) == 1
+        out.append(sweep(model, run.base, first, sites, run.metric, batch_size, False, positions=positions,
+                         local=local))
+    return torch.stack(out)
+
+
+def restore_everything(model, run: TraceRun, layer: int, kind: str = "hidden") -> float:
+    """The metric with `kind` restored at every position at once (hidden: the residual stream leaving
+    `layer`): the whole clean state at that layer, so it equals the clean metric (a check)."""
+    site = Site(act_name(RESTORES[kind], layer), run.clean[act_name(RESTORES[kind], layer)], (),
+                torch.zeros(1, 0, dtype=torch.long), pos_dim=0)
+    return float(sweep(model, run.base, layer, [site], run.metric, progress=False)[0])
+
+
+@dataclass
+class CausalTrace(Displayed):
+    """Causal tracing of one prompt.
+
+    values: kind -> [layer, pos], the metric with that state restored (mlp / attn: the window of `window`
+    layers centred on the layer); clean_value / corrupt_value: the metric on the clean prompt and averaged
+    over the corrupted runs; subject: the corrupted positions start..end-1; answer: the token measured.
+    """
+
+    tokens: list[int]
+    subject: tuple[int, int]
+    answer: int
+    metric: str
+    clean_value: float
+    corrupt_value: float
+    values: dict[str, torch.Tensor]
+    window: int
+    noise: dict[str, Any]
+    token_strs: list[str] | None = None
+    answer_str: str | None = None
+
+    @property
+    def total_effect(self) -> float:
+        """clean - corrupted: what the corruption took away."""
+        return self.clean_value - self.corrupt_value
+
+    def indirect_effect(self, kind: str) -> torch.Tensor:
+        """values - corrupted [layer, pos]: how much each restoration gave back."""
+        return self.values[kind] - self.corrupt_value
+
+    def peak(self, kind: str) -> dict[str, Any]:
+        """The restoration that gave back most: layer, pos, token, effect and share of the total effect."""
+        ie = self.indirect_effect(kind)
+        i = int(ie.nan_to_num(-math.inf).flatten().argmax())
+        layer, pos = divmod(i, ie.shape[1])
+        effect = float(ie[layer, pos])
+        share = effect / self.total_effect if self.total_effect else float("nan")
+        token = self.token_strs[pos] if self.token_strs else str(self.tokens[pos])
+        return {"layer": layer, "pos": pos, "token": token, "effect": effect, "share": share}
+
+    def summary(self) -> list[str]:
+        answer = repr(self.answer_str) if self.answer_str is not None else str(self.answer)
+        s, e = self.subject
+        subject = "".join(self.token_strs[s:e]) if self.token_strs else str(self.tokens[s:e])
+        lines = [f"{self.metric} of {answer}: clean {self.clean_value:.4g}, subject {subject!r} corrupted "
+                 f"{self.corrupt_value:.4g} (total effect {self.total_effect:+.4g})"]
+        for kind in self.values:
+            p = self.peak(kind)
+            where = f"layer {p['layer']}" + (f" (window of {self.window})" if kind in ("mlp", "attn") else "")
+            lines.append(f"{kind}: strongest at {where}, position {p['pos']} {p['token']!r}: indirect effect "
+                         f"{p['effect']:+.4g}, {p['share']:.0%} of the total")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "token_strs": self.token_strs, "subject": list(self.subject),
+                "answer": self.answer, "answer_str": self.answer_str, "metric": self.metric,
+                "clean_value": round(self.clean_value, 8), "corrupt_value": round(self.corrupt_value, 8),
+                "total_effect": round(self.total_effect, 8), "window": self.window, "noise": self.noise,
+                "axes": ["layer", "pos"], "values": {k: rounded(v, 8) for k, v in self.values.items()},
+                "peaks": {k: {**p, "effect": round(p["effect"], 8), "share": round(p["share"], 6)}
+                          for k, p in ((k, self.peak(k)) for k in self.values)}}
+
+
+@torch.no_grad()
+def causal_trace(model, tokens, subject: Any, answer: int | str | None = None, *, tokenizer=None,
+                 kinds: Sequence[str] | None = None, window: int | None = None, metric: str = "prob",
+                 wrong: int | str | None = None, noise: Noise | None = None, batch_size: int | None = None,
+                 progress: bool = True) -> CausalTrace:
+    """Causal tracing of one prompt: tokens [pos] (or [1, pos]).
+
+    subject: the tokens to corrupt (text with tokenizer, token ids, or a (start, end) span). answer: the
+    token measured at the last position (default: the clean run's top token; text needs the tokenizer).
+    kinds: see the module docstring (default hidden, mlp, attn). window: layers restored together for mlp
+    and attn (default default_window(n_layers)). metric: "prob" (the paper's), "logprob" or "logit_diff"
+    (answer - wrong). noise: Noise() by default. batch_size: restorations per forward pass (default: a
+    memory budget; 1 = one at a time). Returns a CausalTrace with values [layer, pos] per kind.
+    """
+    noise = noise if noise is not None else Noise()
+    kinds = check_kinds(model, kinds)
+    window = check_window(model, window)
+    if metric not in METRICS:
+        raise InputError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
+    tokens = one_sequence(model, tokens, "causal tracing")
+    start, end = subject_span(tokens.tolist(), subject, tokenizer)
+    noise.check(end - start, model.cfg.d_vocab)
+    answer, wrong = _token(answer, tokenizer, "answer"), _token(wrong, tokenizer, "wrong answer")
+    if answer is None:
+        answer = int(model(tokens[None])[0, -1].argmax())
+    corrupted = corrupt_positions(model, tokens, range(start, end), noise)
+    return _trace(model, tokens, (start, end), answer, wrong, kinds, window, metric, noise, corrupted, tokenizer,
+                  batch_size, progress)
+
+
+def _trace(model, tokens, span, answer, wrong, kinds, window, metric, noise, corrupted, tokenizer, batch_size,
+           progress) -> CausalTrace:
+    run = trace_run(model, tokens, corrupted, _metric(metric, answer, wrong))
+    values = {k: restoration_sweep(model, run, k, window, batch_size, progress) for k in kinds}
+    return CausalTrace(tokens.tolist(), span, answer, {"prob": "probability"}.get(metric, metric), run.clean_value,
+                       run.corrupt_value, values, window, noise.describe(corrupted.nu), _pieces(tokens, tokenizer),
+                       None if tokenizer is None else tokenizer.decode([answer]))
+
+
+def _token(value: int | str | None, tokenizer, what: str) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    if tokenizer is None:
+        raise InputError(f"an {what} given as text needs the tokenizer (tokenizer=...)")
+    return tokenizer.token_id(value, what)
+
+
+# ---------------------------------------------------------------------------- many prompts
+
+
+def token_categories(n_pos: int, subject: tuple[int, int]) -> list[list[int]]:
+    """The positions of each of CATEGORIES (the paper's grouping for averages over prompts); a one-token
+    subject is both its first and its last token."""
+    s, e = subject
+    return [[s], list(range(s + 1, e - 1)), [e - 1], [e] if e < n_pos - 1 else [],
+            list(range(e + 1, n_pos - 1)), [n_pos - 1]]
+
+
+@dataclass
+class AverageTrace(Displayed):
+    """Causal tracing averaged over prompts: the average indirect effect (AIE) of restoring each kind,
+    [layer, category] per kind, the categories being CATEGORIES (NaN where no prompt has that category),
+    and the average total effect (ATE)."""
+
+    values: dict[str, torch.Tensor]
+    total_effect: float
+    counts: list[int]
+    metric: str
+    window: int
+    noise: dict[str, Any]
+    traces: list[CausalTrace] = field(default_factory=list)
+    categories: tuple[str, ...] = CATEGORIES
+
+    def peak(self, kind: str) -> dict[str, Any]:
+        v = self.values[kind]
+        i = int(v.nan_to_num(-math.inf).flatten().argmax())
+        layer, c = divmod(i, v.shape[1])
+        effect = float(v[layer, c])
+        return {"layer": layer, "category": self.categories[c], "effect": effect,
+                "share": effect / self.total_effect if self.total_effect else float("nan")}
+
+    def summary(self) -> list[str]:
+        lines = [f"{len(self.traces)} prompts; average total effect {self.total_effect:+.4g} ({self.metric})"]
+        for kind in self.values:
+            p = self.peak(kind)
+            lines.append(f"{kind}: average indirect effect strongest at layer {p['layer']}, {p['category']}: "
+                         f"{p['effect']:+.4g}, {p['share']:.0%} of the average total effect")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"categories": list(self.categories), "counts": self.counts, "metric": self.metric,
+                "window": self.window, "noise": self.noise, "total_effect": round(self.total_effect, 8),
+                "axes": ["layer", "category"], "values": {k: rounded(v, 8) for k, v in self.values.items()},
+                "peaks": {k: self.peak(k) for k in self.values},
+                "prompts": [t.to_dict() for t in self.traces]}
+
+
+def average_traces(traces: Sequence[CausalTrace]) -> AverageTrace:
+    """The average indirect effect by token category and the average total effect of several traces."""
+    if not traces:
+        raise InputError("average_traces needs at least one trace")
+    kinds = list(traces[0].values)
+    sums = {k: torch.zeros(traces[0].values[k].shape[0], len(CATEGORIES), dtype=torch.float64) for k in kinds}
+    counts = [0] * len(CATEGORIES)
+    for t in traces:
+        for c, pos in enumerate(token_categories(len(t.tokens), t.subject)):
+            if not pos:
+                continue
+            counts[c] += 1
+            for k in kinds:
+                sums[k][:, c] += t.indirect_effect(k)[:, pos].double().mean(1)
+    n = torch.tensor([float(c) if c else float("nan") for c in counts], dtype=torch.float64)
+    first = traces[0]
+    return AverageTrace({k: s / n for k, s in sums.items()}, sum(t.total_effect for t in traces) / len(traces),
+                        counts, first.metric, first.window, first.noise, list(traces))
+
+
+@torch.no_grad()
+def average_causal_trace(model, prompts: Sequence, subjects: Sequence, answers: Sequence | None = None, *,
+                         tokenizer=None, kinds: Sequence[str] | None = None, window: int | None = None,
+                         metric: str = "prob", wrongs: Sequence | None = None, noise: Noise | None = None,
+                         batch_size: int | None = None, progress: bool = True) -> AverageTrace:
+    """Causal tracing of many prompts (each tokens [pos], or text with tokenizer), averaged by token category.
+
+    The noise's std is measured once over every prompt's subject tokens (as the paper does over its data
+    set), so all prompts get the same nu. answers / wrongs: one per prompt (default: each clean top token).
+    """
+    if len(prompts) != len(subjects) or not prompts:
+        raise InputError(f"give one subject per prompt (got {len(prompts)} prompts and {len(subjects)} subjects)")
+    noise = noise if noise is not None else Noise()
+    kinds, window = check_kinds(model, kinds), check_window(model, window)
+    seqs = [one_sequence(model, tokenizer.encode(p) if isinstance(p, str) else p, "causal tracing") for p in prompts]
+    spans = [subject_span(t.tolist(), s, tokenizer) for t, s in zip(seqs, subjects)]
+    if noise.kind != "replace" and noise.std is None:
+        subject_tokens = torch.cat([t[s:e] for t, (s, e) in zip(seqs, spans)])
+        noise = replace(noise, std=embedding_std(model, subject_tokens))
+    answers = list(answers) if answers is not None else [None] * len(seqs)
+    wrongs = list(wrongs) if wrongs is not None else [None] * len(seqs)
+    traces = [causal_trace(model, t, span, a, tokenizer=tokenizer, kinds=kinds, window=window, metric=metric,
+                           wrong=w, noise=noise, batch_size=batch_size, progress=False)
+              for t, span, a, w in tqdm(list(zip(seqs, spans, answers, wrongs)), desc="causal tracing",
+                                        unit="prompt", delay=2.0, disable=not progress)]
+    return average_traces(traces)

@@ -1,0 +1,158 @@
+"""Noise corruption: the corrupted runs are the clean prompt with some positions' token embeddings
+disturbed, instead of a second prompt (causal tracing, Meng et al. 2022).
+
+    noise = Noise()                                         # Gaussian, nu = 3 x the embeddings' std, 10 samples
+    run = corrupt_positions(model, tokens, [3, 4], noise)   # tokens [pos] -> Corrupted: [samples, pos] rows
+    with model.hooks(run.hooks()):                          # the noise is added at hook_embed
+        logits = model(run.tokens)                          # [samples, pos, d_vocab]
+
+Kinds:
+  gaussian  N(0, nu^2) added to every coordinate of the chosen positions' token embeddings (the paper's);
+  uniform   U(-a, a) with a = nu * sqrt(3): the same standard deviation, bounded;
+  replace   symmetric token replacement (Zhang & Nanda 2023): the chosen tokens are replaced by other
+            tokens of the same length (`replacements`, one sequence per sample), so the corrupted inputs
+            stay on the model's input distribution; no noise is added.
+nu = scale (k, default 3) x std, where std is the standard deviation of the token embeddings' coordinates
+of the corrupted tokens (the paper measures it over the subjects of its data set; embedding_std), unless
+given. Gaussian and uniform noise can push activations off the distribution the model was trained on
+(a 3-sigma vector is far from any token's embedding): a restored state then competes with states no real
+input produces. Replacement avoids that, at the price of choosing the replacements.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from circuitlab.errors import InputError
+from circuitlab.model import model_device
+
+NOISE_KINDS = ("gaussian", "uniform", "replace")
+
+
+def check_positive(value: float, what: str) -> float:
+    """value as a float when it is a finite number > 0, else a one-line InputError naming `what`."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be a finite number > 0, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(x) or x <= 0:
+        raise InputError(f"{what} must be a finite number > 0, got {value!r}")
+    return x
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How the corrupted runs are made.
+
+    kind: "gaussian", "uniform" or "replace" (see the module docstring). scale: k in nu = k x std.
+    samples: corrupted runs averaged (gaussian and uniform; replace has one run per replacement).
+    seed: the noise's random seed (the same seed gives the same noise). std: the embeddings' standard
+    deviation (default: measured, embedding_std). replacements: for "replace", token id sequences, each
+    as long as the corrupted span.
+    """
+
+    kind: str = "gaussian"
+    scale: float = 3.0
+    samples: int = 10
+    seed: int = 0
+    std: float | None = None
+    replacements: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+
+    def check(self, n_positions: int | None = None, d_vocab: int | None = None) -> "Noise":
+        """This noise, or a one-line InputError for a kind, scale, sample count, std or replacement that
+        cannot be used (n_positions: the corrupted span's length, for the replacements)."""
+        if self.kind not in NOISE_KINDS:
+            raise InputError(f"noise kind must be one of {', '.join(NOISE_KINDS)}, got {self.kind!r}")
+        check_positive(self.scale, "the noise scale")
+        if self.std is not None:
+            check_positive(self.std, "the embeddings' std")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise InputError(f"noise samples must be a whole number >= 1, got {self.samples!r}")
+        if self.kind == "replace":
+            if not self.replacements:
+                raise InputError("symmetric token replacement needs replacements: other subjects as long as "
+                                 "this one (e.g. --replace-with NAME ...)")
+            for r in self.replacements:
+                if n_positions is not None and len(r) != n_positions:
+                    raise InputError(f"a replacement must be as many tokens as the corrupted span ({n_positions}); "
+                                     f"got {len(r)} tokens {list(r)}")
+                if d_vocab is not None and any(not 0 <= int(t) < d_vocab for t in r):
+                    raise InputError(f"replacement tokens {list(r)} are outside the vocabulary [0, {d_vocab})")
+        return self
+
+    @property
+    def n_runs(self) -> int:
+        return len(self.replacements) if self.kind == "replace" else self.samples
+
+    def describe(self, nu: float) -> dict:
+        if self.kind == "replace":
+            return {"kind": "replace", "replacements": [list(r) for r in self.replacements]}
+        return {"kind": self.kind, "scale": self.scale, "nu": round(nu, 6), "samples": self.samples,
+                "seed": self.seed}
+
+
+@dataclass
+class Corrupted:
+    """The corrupted runs of one prompt: tokens [samples, pos] (the prompt, or with replacements) and
+    offsets [samples, pos, d_model] added to hook_embed (None when nothing is added); nu: the noise's
+    standard deviation (0.0 for replacement)."""
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor | None
+    nu: float
+
+    def hooks(self) -> list:
+        """Forward hooks that add the noise (empty for replacement)."""
+        if self.offsets is None:
+            return []
+        offsets = self.offsets
+
+        def add(x: torch.Tensor, hook) -> torch.Tensor:
+            return x + offsets.to(x.dtype)
+        return [("hook_embed", add)]
+
+
+def token_embeddings(model, tokens: torch.Tensor) -> torch.Tensor:
+    """hook_embed's output for tokens [batch, pos] -> [batch, pos, d_model] (read through the model's forward)."""
+    _, cache = model.run_with_cache(tokens, names_filter="hook_embed")
+    return cache["hook_embed"]
+
+
+def embedding_std(model, tokens: torch.Tensor | Sequence) -> float:
+    """The standard deviation of the token embeddings' coordinates of `tokens` (any shape, flattened into one
+    sequence): the paper takes it over the subjects of its prompts."""
+    flat = torch.as_tensor(tokens).long().flatten()[None].to(model_device(model))
+    chunks = [token_embeddings(model, flat[:, i:i + model.cfg.n_ctx]) for i in range(0, flat.shape[1], model.cfg.n_ctx)]
+    return float(torch.cat(chunks, dim=1).double().std())
+
+
+def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noise: Noise,
+                      nu: float | None = None) -> Corrupted:
+    """The corrupted runs of tokens [pos] with `positions` disturbed by `noise`.
+
+    nu: the noise's standard deviation (default noise.scale x (noise.std or the std measured on the
+    tokens at `positions`)); passing 0.0 gives uncorrupted runs (a check that restoring changes nothing).
+    """
+    tokens = torch.as_tensor(tokens).long()
+    positions = list(positions)
+    device = model_device(model)
+    if noise.kind == "replace":
+        rows = tokens[None].repeat(noise.n_runs, 1)
+        rows[:, positions] = torch.tensor(noise.replacements, dtype=torch.long)
+        return Corrupted(rows.to(device), None, 0.0)
+    if nu is None:
+        std = noise.std if noise.std is not None else embedding_std(model, tokens[positions])
+        nu = noise.scale * std
+    S, T, D = noise.samples, tokens.shape[0], model.cfg.d_model
+    gen = torch.Generator().manual_seed(noise.seed)
+    if noise.kind == "gaussian":
+        draw = torch.randn(S, len(positions), D, generator=gen)
+    else:  # uniform on [-a, a] has std a / sqrt(3)
+        draw = (torch.rand(S, len(positions), D, generator=gen) * 2 - 1) * math.sqrt(3)
+    offsets = torch.zeros(S, T, D, dtype=torch.float64)
+    offsets[:, positions] = draw.double() * nu
+    dtype = next(model.parameters()).dtype
+    return Corrupted(tokens[None].repeat(S, 1).to(device), offsets.to(device, dtype), float(nu))

@@ -1,0 +1,186 @@
+"""Causal tracing: the batched sweep == one restoration at a time with plain hooks (float64), the endpoints
+(no noise: nothing to restore; everything restored: the clean run), and the planted fact found where it was
+planted."""
+import json
+
+import pytest
+import torch
+
+import helpers
+
+from circuitlab import ModelConfig
+from circuitlab.analysis.causal_tracing import (KINDS, average_causal_trace, causal_trace, default_window,
+                                                restoration_sweep, restore_everything, subject_span, trace_run,
+                                                window_layers)
+from circuitlab.analysis.patching_noise import Noise, corrupt_positions
+from circuitlab.analysis.patching_metrics import probability
+from circuitlab.errors import InputError
+from circuitlab.forge import build_planted_fact_model
+from circuitlab.model.hooks import act_name
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+RESTORES = {"hidden": "resid_post", "mlp": "mlp_out", "attn": "attn_out", "hidden_no_mlp": "resid_post",
+            "hidden_no_attn": "resid_post"}
+FROZEN = {"hidden_no_mlp": "mlp_out", "hidden_no_attn": "attn_out"}
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return build_planted_fact_model()
+
+
+def gpt2_float64(n_layers=3):
+    cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=n_layers, d_model=32, n_heads=4, d_mlp=64, d_vocab=40,
+                                  n_ctx=16)
+    return helpers.random_model(cfg, seed=0).double()
+
+
+def naive_trace(model, tokens, corrupted, metric, kind, window):
+    """One full forward per restored state, with plain hooks: the definition, no batching and no shortcuts."""
+    _, clean = model.run_with_cache(tokens[None])
+    with model.hooks(corrupted.hooks()):
+        _, corrupt = model.run_with_cache(corrupted.tokens)
+    L, T = model.cfg.n_layers, tokens.shape[0]
+    out = torch.empty(L, T, dtype=torch.float64)
+    for l in range(L):
+        layers = window_layers(l, window, L) if kind in ("mlp", "attn") else [l]
+        for p in range(T):
+            def restore(act, hook, p=p):
+                act = act.clone()
+                act[:, p] = clean[hook.name][0, p]
+                return act
+
+            def freeze(act, hook):
+                return corrupt[hook.name].clone()
+            hooks = [(act_name(RESTORES[kind], j), restore) for j in layers]
+            if kind in FROZEN:
+                hooks += [(act_name(FROZEN[kind], j), freeze) for j in range(l + 1, L)]
+            with torch.no_grad():
+                logits = model.run_with_hooks(corrupted.tokens, fwd_hooks=corrupted.hooks() + hooks)
+            out[l, p] = float(metric(logits))
+    return out
+
+
+@pytest.mark.parametrize("noise, kinds", [(Noise(samples=3), KINDS), (Noise("uniform", samples=2, seed=4), ["mlp"]),
+                                          (Noise("replace", replacements=((5, 6), (7, 8), (9, 1))), ["hidden_no_mlp"])])
+def test_batched_sweep_equals_one_restoration_at_a_time_with_hooks(noise, kinds):
+    """Every kind (hidden, mlp, attn, both severed) and noise kind: batched == naive to 1e-8 in float64;
+    chunks of 3 restorations give the same numbers."""
+    model = gpt2_float64()
+    tokens = torch.randint(0, 40, (6,), generator=torch.Generator().manual_seed(3))
+    corrupted = corrupt_positions(model, tokens, [2, 3], noise)
+    with torch.no_grad():
+        metric = probability(int(model(tokens[None])[0, -1].argmax()))
+    run = trace_run(model, tokens, corrupted, metric)
+    for kind in kinds:
+        window = 2 if kind in ("mlp", "attn") else 1
+        batched = restoration_sweep(model, run, kind, window, progress=False)
+        threes = restoration_sweep(model, run, kind, window, batch_size=3, progress=False)
+        naive = naive_trace(model, tokens, corrupted, metric, kind, window)
+        torch.testing.assert_close(batched, naive, atol=1e-8, rtol=0, msg=kind)
+        torch.testing.assert_close(threes, naive, atol=1e-8, rtol=0, msg=kind)
+        assert (batched - run.corrupt_value).abs().max() > 1e-4, f"{kind}: nothing restored anything (vacuous)"
+
+
+def test_no_noise_restores_nothing_and_the_whole_state_restores_everything():
+    model = gpt2_float64()
+    tokens = torch.randint(0, 40, (6,), generator=torch.Generator().manual_seed(1))
+    metric = probability(7)
+    quiet = trace_run(model, tokens, corrupt_positions(model, tokens, [1, 2], Noise(samples=2), nu=0.0), metric)
+    assert quiet.clean_value == pytest.approx(quiet.corrupt_value, abs=1e-12)
+    for kind in KINDS:
+        values = restoration_sweep(model, quiet, kind, 2, progress=False)
+        assert (values - quiet.corrupt_value).abs().max() < 1e-12, kind
+    same = trace_run(model, tokens, corrupt_positions(model, tokens, [1, 2], Noise("replace", replacements=(
+        tuple(tokens[1:3].tolist()),))), metric)  # replacing the subject by itself
+    assert (restoration_sweep(model, same, "hidden", progress=False) - same.corrupt_value).abs().max() < 1e-12
+    noisy = trace_run(model, tokens, corrupt_positions(model, tokens, [1, 2], Noise(samples=3)), metric)
+    assert abs(noisy.clean_value - noisy.corrupt_value) > 1e-3
+    for l in range(model.cfg.n_layers):  # the whole prompt's hidden state restored: indirect = total effect
+        assert restore_everything(model, noisy, l) == pytest.approx(noisy.clean_value, abs=1e-10)
+
+
+def test_the_planted_fact_is_found_where_it_was_planted(planted):
+    tok = planted.tokenizer
+    trace = causal_trace(planted.model, tok.encode("we met Al at"), "Al", tokenizer=tok, window=1,
+                         kinds=["hidden", "mlp", "attn", "hidden_no_mlp"], noise=Noise(samples=5), progress=False)
+    s, e = trace.subject
+    last, T = len(trace.tokens) - 1, len(trace.tokens)
+    assert trace.answer_str == "1" and trace.clean_value > 0.99 and trace.corrupt_value < 0.1
+    peak = trace.peak("mlp")
+    assert (peak["layer"], peak["pos"]) == (planted.fact_layer, e - 1) and peak["share"] > 0.95
+    share = {k: trace.indirect_effect(k) / trace.total_effect for k in trace.values}
+    others = [l for l in range(5) if l != planted.fact_layer]
+    assert share["mlp"][others].abs().max() < 1e-6  # empty MLPs: restoring them changes nothing
+    assert share["hidden"][planted.mover_layer:, last].min() > 0.999  # any hidden state after the fact layer
+    assert share["hidden"][:planted.mover_layer, last].abs().max() < 0.01
+    assert share["hidden"][:planted.fact_layer + 1, e - 1].min() > 0.95  # the subject's last token, early
+    # Severed: with the later MLPs frozen, restoring the subject's last token before the memory gives nothing.
+    assert share["hidden_no_mlp"][:planted.fact_layer, e - 1].max() < 0.05
+    assert share["hidden_no_mlp"][planted.fact_layer, e - 1] > 0.95
+    assert trace.peak("attn")["layer"] == planted.mover_layer and trace.peak("attn")["pos"] == last
+    assert T == 12
+    json.dumps(trace.to_dict())
+    # Moved, the memory is found at its new layer: nothing about the layer is assumed.
+    moved = build_planted_fact_model(n_layers=4, fact_layer=1)
+    found = causal_trace(moved.model, tok.encode("so Cy is"), "Cy", tokenizer=tok, window=1, kinds=["mlp"],
+                         noise=Noise(samples=5), progress=False)
+    assert found.answer_str == "3" and found.peak("mlp")["layer"] == 1 and found.peak("mlp")["share"] > 0.95
+
+
+def test_average_over_prompts_and_replacement(planted):
+    tok = planted.tokenizer
+    prompts = [p for p, _, _ in planted.prompts()[::5]]  # one template per fact
+    subjects = [s for _, s, _ in planted.prompts()[::5]]
+    avg = average_causal_trace(planted.model, prompts, subjects, tokenizer=tok, kinds=["mlp"], window=1,
+                               noise=Noise(samples=4), progress=False)
+    assert len(avg.traces) == 4 and avg.total_effect > 0.8
+    peak = avg.peak("mlp")
+    assert (peak["layer"], peak["category"]) == (planted.fact_layer, "last subject token") and peak["share"] > 0.9
+    assert {t.noise["nu"] for t in avg.traces} == {avg.noise["nu"]}  # one std, measured over all subjects
+    json.dumps(avg.to_dict())
+    # Symmetric token replacement: "Bo" in place of "Al" makes the answer "2"; the memory restores "1".
+    swap = causal_trace(planted.model, tok.encode("we met Al at"), "Al", tokenizer=tok, kinds=["mlp"], window=1,
+                        noise=Noise("replace", replacements=(tuple(tok.encode("Bo")),)), progress=False)
+    assert swap.corrupt_value < 0.01 and swap.peak("mlp")["layer"] == planted.fact_layer
+
+
+def test_windows():
+    assert default_window(48) == 10 and default_window(5) == 1 and default_window(12) == 2
+    assert list(window_layers(0, 10, 48)) == list(range(0, 5))
+    assert list(window_layers(20, 10, 48)) == list(range(15, 25))
+    assert list(window_layers(47, 10, 48)) == list(range(42, 48))
+    assert list(window_layers(3, 1, 5)) == [3]
+
+
+def test_noise_has_the_asked_scale():
+    model = gpt2_float64()
+    tokens = torch.arange(10)
+    for kind in ("gaussian", "uniform"):
+        c = corrupt_positions(model, tokens, [4, 5, 6], Noise(kind, scale=2.0, samples=200, std=0.5))
+        assert c.nu == 1.0 and c.offsets[:, 4:7].std().item() == pytest.approx(1.0, rel=0.03)
+        assert c.offsets[:, :4].abs().max() == 0 and c.offsets[:, 7:].abs().max() == 0
+    again = corrupt_positions(model, tokens, [4], Noise(samples=2, seed=9, std=1.0))
+    assert torch.equal(again.offsets, corrupt_positions(model, tokens, [4], Noise(samples=2, seed=9, std=1.0)).offsets)
+
+
+def test_bad_input_is_one_line(planted):
+    tok, model = planted.tokenizer, planted.model
+    ids = tok.encode("so Al is")
+    with pytest.raises(InputError, match=r"subject 'Bo' is not in the prompt; the prompt's tokens are: 's', 'o', "):
+        causal_trace(model, ids, "Bo", tokenizer=tok)
+    with pytest.raises(InputError, match="window of 6 layers is wider than the model \\(5 layers\\)"):
+        causal_trace(model, ids, "Al", tokenizer=tok, window=6)
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(InputError, match="noise scale must be a finite number > 0"):
+            causal_trace(model, ids, "Al", tokenizer=tok, noise=Noise(scale=bad))
+    with pytest.raises(InputError, match="as many tokens as the corrupted span"):
+        causal_trace(model, ids, "Al", tokenizer=tok, noise=Noise("replace", replacements=((1, 2, 3),)))
+    with pytest.raises(InputError, match="needs MLPs"):
+        attn_only = helpers.random_model(ModelConfig.from_preset("attn-only-2l", d_model=16, n_heads=2, d_vocab=40,
+                                                                 n_ctx=16))
+        causal_trace(attn_only, [1, 2, 3], (0, 1), kinds=["mlp"])
+    assert subject_span([4, 5, 6, 7], [6, 7]) == (2, 4) and subject_span([4, 5, 6], (0, 2)) == (0, 2)
+    with pytest.raises(InputError, match=r"subject tokens \[9\] are not in the prompt; .*: 4, 5, 6"):
+        subject_span([4, 5, 6], [9])
