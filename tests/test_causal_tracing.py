@@ -184,3 +184,40 @@ def test_bad_input_is_one_line(planted):
     assert subject_span([4, 5, 6, 7], [6, 7]) == (2, 4) and subject_span([4, 5, 6], (0, 2)) == (0, 2)
     with pytest.raises(InputError, match=r"subject tokens \[9\] are not in the prompt; .*: 4, 5, 6"):
         subject_span([4, 5, 6], [9])
+
+
+def test_interpret_causal_tracing_on_the_planted_fact(planted, tmp_path, capsys):
+    """`circuitlab interpret --experiments causal_tracing` end to end: results.json, the PNG of the three
+    panels (plus the severed trace) in report.md, and the interactive figure in report.html."""
+    from circuitlab.cli import main
+    from circuitlab.training import save_checkpoint
+    from circuitlab.viz.tracing import causal_trace_figure
+
+    save_checkpoint(tmp_path / "facts", planted.model, planted.tokenizer)
+    out = tmp_path / "tracing"
+    assert main(["interpret", "--checkpoint", str(tmp_path / "facts"), "--experiments", "causal_tracing",
+                 "--prompt", "then Di had", "--subject", "Di", "--noise-samples", "4", "--out", str(out)]) == 0
+    found = json.loads((out / "results.json").read_text())["causal_tracing"]
+    trace = found["trace"]
+    assert trace["answer_str"] == "4" and trace["subject"] == [5, 7] and trace["window"] == 1
+    assert set(trace["values"]) == {"hidden", "mlp", "attn", "hidden_no_mlp"}
+    assert trace["peaks"]["mlp"]["layer"] == planted.fact_layer and trace["peaks"]["mlp"]["pos"] == 6
+    assert trace["peaks"]["mlp"]["share"] > 0.95
+    assert "![causal_tracing](causal_tracing.png)" in (out / "report.md").read_text()
+    assert (out / "causal_tracing.png").stat().st_size > 1000
+    html = (out / "report.html").read_text()
+    assert "Causal tracing" in html and "restoring MLP outputs" in html
+    spec = causal_trace_figure(trace)
+    assert [p.name for p in spec.panels] == ["hidden", "mlp", "attn", "hidden_no_mlp"]
+    assert spec.panels[0].heatmap.y[5:7] == ["5 D*", "6 i*"] and spec.panels[1].heatmap.scale == "Greens"
+
+
+@pytest.mark.slow
+def test_interpret_defaults_and_all_experiments_without_a_subject(planted, tmp_path):
+    from circuitlab.experiments.interpret_tracing import EXPERIMENTS
+
+    short = build_planted_fact_model(n_ctx=24)  # the default story's last 24 characters hold no "Lily"
+    found = EXPERIMENTS["causal_tracing"](short.model, short.tokenizer, tmp_path, {"noise_samples": 2})
+    assert found.data["trace"]["subject"] == [0, 1] and any("does not fit the context" in s for s in found.summary)
+    with pytest.raises(InputError, match="needs --subject"):
+        EXPERIMENTS["causal_tracing"](planted.model, planted.tokenizer, tmp_path, {"prompt": "so Al is"})

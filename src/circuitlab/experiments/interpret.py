@@ -65,6 +65,12 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     unknown = [n for n in names if n not in table]
     if unknown:
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(table)}")
+    if "causal_tracing" in names and opts.get("prompt") is not None and opts.get("subject") is None:
+        if experiments is not None:
+            raise CircuitlabError("causal_tracing needs --subject: the words of --prompt to corrupt")
+        names.remove("causal_tracing")
+        warnings.warn("causal_tracing left out: give --subject (the words of --prompt to corrupt) to run it",
+                      stacklevel=2)
     if bool(opts.get("clean")) != bool(opts.get("corrupt")):
         raise CircuitlabError("--clean and --corrupt go together: give both or neither")
     from circuitlab.analysis.tuned_lens import TunedLens, default_lens_dir

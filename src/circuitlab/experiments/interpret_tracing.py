@@ -2,7 +2,7 @@
 
 EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, opts) -> ExperimentResult, opts holding prompt,
 subject, noise, noise_scale, noise_samples, window and replace_with (None = the defaults). Without a
-prompt the default story prompt is traced with subject "Lily".
+prompt the default story prompt is traced with subject "Lily" (its first token if the context cuts Lily off).
 """
 from __future__ import annotations
 
@@ -42,10 +42,16 @@ def run_causal_tracing(model, tokenizer, out_dir: Path, opts: dict[str, Any]) ->
     window = check_window(model, opts.get("window"))
     kinds = check_kinds(model, None) + (["hidden_no_mlp"] if model.cfg.has_mlp else [])
     tokens = prompt_tokens(model, tokenizer, prompt)
-    trace = causal_trace(model, tokens, subject or DEFAULT_SUBJECT, tokenizer=tokenizer, kinds=kinds, window=window,
-                         noise=noise)
+    note = None
+    if subject is None:  # the default story prompt: its "Lily", unless the context cut it off
+        text = tokenizer.decode(tokens.tolist())
+        subject = DEFAULT_SUBJECT if DEFAULT_SUBJECT in text else (0, 1)
+        note = None if subject == DEFAULT_SUBJECT else (f"the default prompt's {DEFAULT_SUBJECT!r} does not fit the "
+                                                        "context: its first token is the subject (give --prompt and "
+                                                        "--subject)")
+    trace = causal_trace(model, tokens, subject, tokenizer=tokenizer, kinds=kinds, window=window, noise=noise)
     figure = causal_trace_figure(trace).save_png(Path(out_dir) / "causal_tracing.png").name
-    summary = trace.summary()
+    summary = trace.summary() + ([note] if note else [])
     if "hidden_no_mlp" in trace.values:
         s, e = trace.subject
         with_mlp, without = trace.indirect_effect("hidden")[:, e - 1], trace.indirect_effect("hidden_no_mlp")[:, e - 1]

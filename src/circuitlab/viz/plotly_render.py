@@ -51,7 +51,7 @@ def _heatmap_trace(h: Heatmap, p: Panel, name: str, showscale: bool, colorbar: d
         extra.update(texttemplate="%{z:.2f}", textfont=dict(size=10))
     return go.Heatmap(z=np.round(h.z, 5).astype(np.float32), x=x, y=y, zmin=h.zmin, zmax=h.zmax,
                       colorscale=h.scale, hoverongaps=False, name=name, showscale=showscale and h.colorbar,
-                      colorbar=dict(title=dict(text=_esc(h.value_name)), thickness=12, **colorbar),
+                      colorbar={"title": dict(text=_esc(h.value_name)), "thickness": 12, **colorbar},
                       hovertemplate=hover + f"<extra>{_esc(name)}</extra>", **extra)
 
 
