@@ -144,7 +144,8 @@ def _metric(kind: str, answer: int, wrong: int | None) -> Metric:
 @dataclass
 class TraceRun:
     """What every restoration of one prompt shares: the corrupted runs (base: noise samples in the batch),
-    the clean run's activations [1, pos, ...] and the corrupted run's [samples, pos, ...] by hook name."""
+    the clean run's activations [1, pos, ...] and the corrupted run's [samples, pos, ...] by hook name;
+    first: the first corrupted position."""
 
     base: BaseRun
     clean: dict[str, torch.Tensor]
@@ -152,6 +153,7 @@ class TraceRun:
     metric: Metric
     clean_value: float
     corrupt_value: float
+    first: int = 0
 
 
 def trace_run(model, tokens: torch.Tensor, corrupted: Corrupted, metric: Metric) -> TraceRun:
@@ -163,17 +165,17 @@ def trace_run(model, tokens: torch.Tensor, corrupted: Corrupted, metric: Metric)
     with model.hooks(corrupted.hooks()):
         base, corrupt = BaseRun.of(model, corrupted.tokens, names)
     return TraceRun(base, dict(clean.items()), dict(corrupt.items()), metric,
-                    metric_value(metric, clean_logits), metric_value(metric, base.logits))
+                    metric_value(metric, clean_logits), metric_value(metric, base.logits), corrupted.first)
 
 
-def _position_sites(run: TraceRun, hook: str, layers: Sequence[int], T: int) -> list[Site]:
-    index = torch.arange(T)[:, None]
+def _position_sites(run: TraceRun, hook: str, layers: Sequence[int], positions: torch.Tensor) -> list[Site]:
+    index = positions[:, None]
     return [Site(act_name(hook, l), run.clean[act_name(hook, l)], (0,), index, pos_dim=0) for l in layers]
 
 
-def _frozen_sites(run: TraceRun, hook: str, layers: Sequence[int], T: int) -> list[Site]:
+def _frozen_sites(run: TraceRun, hook: str, layers: Sequence[int], n: int) -> list[Site]:
     """Every position of `hook` at `layers` held at its corrupted value (dims () patch the whole activation)."""
-    none = torch.zeros(T, 0, dtype=torch.long)
+    none = torch.zeros(n, 0, dtype=torch.long)
     return [Site(act_name(hook, l), run.corrupted[act_name(hook, l)], (), none, pos_dim=0) for l in layers]
 
 
@@ -181,23 +183,26 @@ def restoration_sweep(model, run: TraceRun, kind: str, window: int = 1, batch_si
                       progress: bool = True) -> torch.Tensor:
     """The metric with each (layer, position) of `kind` restored from the clean run: [layer, pos].
 
-    One batched sweep per layer; patches sit in the batch dimension beside the noise samples.
+    One batched sweep per layer; patches sit in the batch dimension beside the noise samples. States before
+    the first corrupted position are the clean run's already (attention is causal): restoring them gives
+    the corrupted value, which is filled in without a forward pass.
     """
     L, T = model.cfg.n_layers, run.base.logits.shape[1]
-    positions = torch.arange(T)
+    positions = torch.arange(run.first, T)
+    before = torch.full((run.first,), run.corrupt_value, dtype=torch.float64)
     out = []
     for l in tqdm(range(L), desc=f"tracing {kind}", unit="layer", delay=2.0, disable=not progress):
         if kind in ("mlp", "attn"):
             layers = window_layers(l, window, L)
-            sites, first = _position_sites(run, RESTORES[kind], layers, T), layers[0]
+            sites, first = _position_sites(run, RESTORES[kind], layers, positions), layers[0]
         else:
-            sites, first = _position_sites(run, "resid_post", [l], T), l
+            sites, first = _position_sites(run, "resid_post", [l], positions), l
             if kind in FROZEN:
-                sites += _frozen_sites(run, FROZEN[kind], range(l + 1, L), T)
+                sites += _frozen_sites(run, FROZEN[kind], range(l + 1, L), len(positions))
         # The width shortcut (one block at the patched position) holds for one site at one layer only.
         local = len(sites) == 1
-        out.append(sweep(model, run.base, first, sites, run.metric, batch_size, False, positions=positions,
-                         local=local))
+        out.append(torch.cat([before, sweep(model, run.base, first, sites, run.metric, batch_size, False,
+                                            positions=positions, local=local)]))
     return torch.stack(out)
 
 

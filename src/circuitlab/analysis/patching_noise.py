@@ -98,11 +98,13 @@ class Noise:
 class Corrupted:
     """The corrupted runs of one prompt: tokens [samples, pos] (the prompt, or with replacements) and
     offsets [samples, pos, d_model] added to hook_embed (None when nothing is added); nu: the noise's
-    standard deviation (0.0 for replacement)."""
+    standard deviation (0.0 for replacement); first: the first corrupted position (attention is causal, so
+    every state before it is the clean run's)."""
 
     tokens: torch.Tensor
     offsets: torch.Tensor | None
     nu: float
+    first: int = 0
 
     def hooks(self) -> list:
         """Forward hooks that add the noise (empty for replacement)."""
@@ -142,7 +144,7 @@ def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noi
     if noise.kind == "replace":
         rows = tokens[None].repeat(noise.n_runs, 1)
         rows[:, positions] = torch.tensor(noise.replacements, dtype=torch.long)
-        return Corrupted(rows.to(device), None, 0.0)
+        return Corrupted(rows.to(device), None, 0.0, min(positions))
     if nu is None:
         std = noise.std if noise.std is not None else embedding_std(model, tokens[positions])
         nu = noise.scale * std
@@ -155,4 +157,4 @@ def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noi
     offsets = torch.zeros(S, T, D, dtype=torch.float64)
     offsets[:, positions] = draw.double() * nu
     dtype = next(model.parameters()).dtype
-    return Corrupted(tokens[None].repeat(S, 1).to(device), offsets.to(device, dtype), float(nu))
+    return Corrupted(tokens[None].repeat(S, 1).to(device), offsets.to(device, dtype), float(nu), min(positions))
