@@ -140,10 +140,31 @@ def test_average_over_prompts_and_replacement(planted):
     assert (peak["layer"], peak["category"]) == (planted.fact_layer, "last subject token") and peak["share"] > 0.9
     assert {t.noise["nu"] for t in avg.traces} == {avg.noise["nu"]}  # one std, measured over all subjects
     json.dumps(avg.to_dict())
+    import circuitlab.viz.interactive  # noqa: F401 - registers the Jupyter displays
+    from circuitlab.viz.tracing import average_trace_figure
+
+    figure = average_trace_figure(avg.to_dict())
+    assert figure.panels[0].heatmap.y[2] == "last subject token" and figure.to_plotly() is not None
+    assert "plotly" in avg._repr_html_() and "plotly" in avg.traces[0]._repr_html_()
     # Symmetric token replacement: "Bo" in place of "Al" makes the answer "2"; the memory restores "1".
     swap = causal_trace(planted.model, tok.encode("we met Al at"), "Al", tokenizer=tok, kinds=["mlp"], window=1,
                         noise=Noise("replace", replacements=(tuple(tok.encode("Bo")),)), progress=False)
     assert swap.corrupt_value < 0.01 and swap.peak("mlp")["layer"] == planted.fact_layer
+
+
+def test_other_metrics(planted):
+    tok = planted.tokenizer
+    diff = causal_trace(planted.model, tok.encode("so Bo is"), "Bo", "2", tokenizer=tok, kinds=["mlp"], window=1,
+                        metric="logit_diff", wrong="3", noise=Noise(samples=2), progress=False)
+    assert diff.metric == "logit_diff" and diff.clean_value == pytest.approx(10.0, abs=1e-4)  # out = 10 x one-hot
+    assert diff.peak("mlp")["layer"] == planted.fact_layer
+    logp = causal_trace(planted.model, tok.encode("so Bo is"), (3, 5), tokenizer=tok, kinds=["mlp"], window=1,
+                        metric="logprob", noise=Noise(samples=2), progress=False)
+    assert logp.metric == "logprob" and logp.answer_str == "2" and logp.clean_value < 0
+    with pytest.raises(InputError, match="needs a wrong answer"):
+        causal_trace(planted.model, tok.encode("so Bo is"), "Bo", tokenizer=tok, metric="logit_diff")
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        causal_trace(planted.model, tok.encode("so Bo is"), "Bo", 999, tokenizer=tok)
 
 
 def test_windows():

@@ -300,19 +300,17 @@ def causal_trace(model, tokens, subject: Any, answer: int | str | None = None, *
     start, end = subject_span(tokens.tolist(), subject, tokenizer)
     noise.check(end - start, model.cfg.d_vocab)
     answer, wrong = _token(answer, tokenizer, "answer"), _token(wrong, tokenizer, "wrong answer")
+    for t, what in ((answer, "answer"), (wrong, "wrong answer")):
+        if t is not None and not 0 <= t < model.cfg.d_vocab:
+            raise InputError(f"the {what} token {t} is outside the vocabulary [0, {model.cfg.d_vocab})")
     if answer is None:
         answer = int(model(tokens[None])[0, -1].argmax())
+    measure = _metric(metric, answer, wrong)
     corrupted = corrupt_positions(model, tokens, range(start, end), noise)
-    return _trace(model, tokens, (start, end), answer, wrong, kinds, window, metric, noise, corrupted, tokenizer,
-                  batch_size, progress)
-
-
-def _trace(model, tokens, span, answer, wrong, kinds, window, metric, noise, corrupted, tokenizer, batch_size,
-           progress) -> CausalTrace:
-    run = trace_run(model, tokens, corrupted, _metric(metric, answer, wrong))
+    run = trace_run(model, tokens, corrupted, measure)
     values = {k: restoration_sweep(model, run, k, window, batch_size, progress) for k in kinds}
-    return CausalTrace(tokens.tolist(), span, answer, {"prob": "probability"}.get(metric, metric), run.clean_value,
-                       run.corrupt_value, values, window, noise.describe(corrupted.nu), _pieces(tokens, tokenizer),
+    return CausalTrace(tokens.tolist(), (start, end), answer, measure.__name__, run.clean_value, run.corrupt_value,
+                       values, window, noise.describe(corrupted.nu), _pieces(tokens, tokenizer),
                        None if tokenizer is None else tokenizer.decode([answer]))
 
 
@@ -408,6 +406,8 @@ def average_causal_trace(model, prompts: Sequence, subjects: Sequence, answers: 
         raise InputError(f"give one subject per prompt (got {len(prompts)} prompts and {len(subjects)} subjects)")
     noise = noise if noise is not None else Noise()
     kinds, window = check_kinds(model, kinds), check_window(model, window)
+    if tokenizer is None and any(isinstance(p, str) for p in prompts):
+        raise InputError("prompts given as text need the tokenizer (tokenizer=...)")
     seqs = [one_sequence(model, tokenizer.encode(p) if isinstance(p, str) else p, "causal tracing") for p in prompts]
     spans = [subject_span(t.tolist(), s, tokenizer) for t, s in zip(seqs, subjects)]
     if noise.kind != "replace" and noise.std is None:
