@@ -117,18 +117,12 @@ class Corrupted:
         return [("hook_embed", add)]
 
 
-def token_embeddings(model, tokens: torch.Tensor) -> torch.Tensor:
-    """hook_embed's output for tokens [batch, pos] -> [batch, pos, d_model] (read through the model's forward)."""
-    _, cache = model.run_with_cache(tokens, names_filter="hook_embed")
-    return cache["hook_embed"]
-
-
+@torch.no_grad()
 def embedding_std(model, tokens: torch.Tensor | Sequence) -> float:
-    """The standard deviation of the token embeddings' coordinates of `tokens` (any shape, flattened into one
-    sequence): the paper takes it over the subjects of its prompts."""
-    flat = torch.as_tensor(tokens).long().flatten()[None].to(model_device(model))
-    chunks = [token_embeddings(model, flat[:, i:i + model.cfg.n_ctx]) for i in range(0, flat.shape[1], model.cfg.n_ctx)]
-    return float(torch.cat(chunks, dim=1).double().std())
+    """The standard deviation of the token embeddings' coordinates (what hook_embed carries) of `tokens`
+    (any shape): the paper takes it over the subjects of its prompts."""
+    flat = torch.as_tensor(tokens).long().flatten().to(model_device(model))
+    return float(model.token_embeddings(flat).double().std())
 
 
 def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noise: Noise,
