@@ -30,9 +30,9 @@ def planted():
     return build_planted_fact_model()
 
 
-def gpt2_float64(n_layers=3):
-    cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=n_layers, d_model=32, n_heads=4, d_mlp=64, d_vocab=40,
-                                  n_ctx=16)
+def gpt2_float64(n_layers=3, preset="gpt2-tiny", **extra):
+    cfg = ModelConfig.from_preset(preset, n_layers=n_layers, d_model=32, n_heads=4, d_mlp=64, d_vocab=40,
+                                  n_ctx=16, **extra)
     return helpers.random_model(cfg, seed=0).double()
 
 
@@ -62,12 +62,14 @@ def naive_trace(model, tokens, corrupted, metric, kind, window):
     return out
 
 
-@pytest.mark.parametrize("noise, kinds", [(Noise(samples=3), KINDS), (Noise("uniform", samples=2, seed=4), ["mlp"]),
-                                          (Noise("replace", replacements=((5, 6), (7, 8), (9, 1))), ["hidden_no_mlp"])])
-def test_batched_sweep_equals_one_restoration_at_a_time_with_hooks(noise, kinds):
+@pytest.mark.parametrize("noise, kinds, llama", [
+    (Noise(samples=3), KINDS, False), (Noise("uniform", samples=2, seed=4), ["mlp"], False),
+    (Noise("replace", replacements=((5, 6), (7, 8), (9, 1))), ["hidden_no_mlp"], False),
+    (Noise(samples=2), ["attn", "hidden_no_attn"], True)])  # rotary, grouped-query attention, SwiGLU
+def test_batched_sweep_equals_one_restoration_at_a_time_with_hooks(noise, kinds, llama):
     """Every kind (hidden, mlp, attn, both severed) and noise kind: batched == naive to 1e-8 in float64;
     chunks of 3 restorations give the same numbers."""
-    model = gpt2_float64()
+    model = gpt2_float64(preset="llama-tiny", n_kv_heads=2) if llama else gpt2_float64()
     tokens = torch.randint(0, 40, (6,), generator=torch.Generator().manual_seed(3))
     corrupted = corrupt_positions(model, tokens, [2, 3], noise)
     with torch.no_grad():
