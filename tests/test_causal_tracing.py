@@ -229,7 +229,7 @@ def test_interpret_causal_tracing_on_the_planted_fact(planted, tmp_path, capsys)
     assert "![causal_tracing](causal_tracing.png)" in (out / "report.md").read_text()
     assert (out / "causal_tracing.png").stat().st_size > 1000
     html = (out / "report.html").read_text()
-    assert "Causal tracing" in html and "restoring MLP outputs" in html
+    assert "Causal tracing" in html and "MLP outputs (window of 1 layer)" in html
     spec = causal_trace_figure(trace)
     assert [p.name for p in spec.panels] == ["hidden", "mlp", "attn", "hidden_no_mlp"]
     assert spec.panels[0].heatmap.y[5:7] == ["5 D*", "6 i*"] and spec.panels[1].heatmap.scale == "Greens"

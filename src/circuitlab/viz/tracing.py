@@ -16,11 +16,10 @@ SCALE = {"hidden": "Purples", "mlp": "Greens", "attn": "Reds", "hidden_no_mlp": 
 
 
 def _what(kind: str, window: int) -> str:
-    return {"hidden": "restoring the hidden state (residual stream after the layer)",
-            "mlp": f"restoring MLP outputs (window of {window} layers)",
-            "attn": f"restoring attention outputs (window of {window} layers)",
-            "hidden_no_mlp": "restoring the hidden state, later MLPs frozen (corrupted)",
-            "hidden_no_attn": "restoring the hidden state, later attention frozen (corrupted)"}[kind]
+    layers = f"window of {window} layer{'s' if window != 1 else ''}"
+    return {"hidden": "hidden states (after each layer)", "mlp": f"MLP outputs ({layers})",
+            "attn": f"attention outputs ({layers})", "hidden_no_mlp": "hidden, later MLPs frozen",
+            "hidden_no_attn": "hidden, later attention frozen"}[kind]
 
 
 def _token_rows(trace: Any) -> list[str]:
@@ -50,7 +49,7 @@ def causal_trace_figure(trace: Any) -> FigureSpec:
         panels.append(Panel(_what(kind, window), "layer", "token", heat, name=kind))
     title = (f"Causal tracing: {metric} of {answer!r} (clean {clean:.3g}, subject* corrupted {corrupt:.3g}) "
              "with one state restored")
-    return FigureSpec(panels, title, cols=min(3, len(panels)))
+    return FigureSpec(panels, title, cols=min(4, len(panels)))
 
 
 def average_trace_figure(average: Any) -> FigureSpec:
@@ -69,4 +68,4 @@ def average_trace_figure(average: Any) -> FigureSpec:
     n = len(field_of(average, "prompts", None) or field_of(average, "traces", None) or [])
     title = (f"Average indirect effect over {n} prompts ({field_of(average, 'metric')}; average total effect "
              f"{float(field_of(average, 'total_effect')):.3g})")
-    return FigureSpec(panels, title, cols=min(3, len(panels)))
+    return FigureSpec(panels, title, cols=min(4, len(panels)))
