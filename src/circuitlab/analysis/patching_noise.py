@@ -26,21 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from circuitlab.checks import COUNT, POSITIVE
 from circuitlab.errors import InputError
 from circuitlab.model import model_device
 
 NOISE_KINDS = ("gaussian", "uniform", "replace")
-
-
-def check_positive(value: float, what: str) -> float:
-    """value as a float when it is a finite number > 0, else a one-line InputError naming `what`."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{what} must be a finite number > 0, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(x) or x <= 0:
-        raise InputError(f"{what} must be a finite number > 0, got {value!r}")
-    return x
 
 
 @dataclass(frozen=True)
@@ -66,11 +56,10 @@ class Noise:
         cannot be used (n_positions: the corrupted span's length, for the replacements)."""
         if self.kind not in NOISE_KINDS:
             raise InputError(f"noise kind must be one of {', '.join(NOISE_KINDS)}, got {self.kind!r}")
-        check_positive(self.scale, "the noise scale")
+        POSITIVE.check(self.scale, "the noise scale")
         if self.std is not None:
-            check_positive(self.std, "the embeddings' std")
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise InputError(f"noise samples must be a whole number >= 1, got {self.samples!r}")
+            POSITIVE.check(self.std, "the embeddings' std")
+        COUNT.check(self.samples, "noise samples")
         if self.kind == "replace":
             if not self.replacements:
                 raise InputError("symmetric token replacement needs replacements: other subjects as long as "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from circuitlab.analysis.patching_noise import NOISE_KINDS
+from circuitlab.checks import COUNT, POSITIVE
 
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
         "attribution, tuned lens, causal tracing")
@@ -24,11 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tracing.add_argument("--subject", default=None, help="the words of --prompt whose token embeddings are corrupted")
     tracing.add_argument("--noise", choices=NOISE_KINDS, default=None,
                          help="gaussian (default, the paper's), uniform, or replace (symmetric token replacement)")
-    tracing.add_argument("--noise-scale", type=float, default=None, metavar="K",
+    tracing.add_argument("--noise-scale", type=POSITIVE.arg, default=None, metavar="K",
                          help="noise std = K x the subject embeddings' std (default 3)")
-    tracing.add_argument("--noise-samples", type=int, default=None, metavar="N",
+    tracing.add_argument("--noise-samples", type=COUNT.arg, default=None, metavar="N",
                          help="corrupted runs averaged (default 10)")
-    tracing.add_argument("--window", type=int, default=None, metavar="W",
+    tracing.add_argument("--window", type=COUNT.arg, default=None, metavar="W",
                          help="layers restored together for MLP and attention (default: 10/48 of the depth)")
     tracing.add_argument("--replace-with", nargs="+", default=None, metavar="TEXT",
                          help="with --noise replace: other subjects of the same token length, one run each")
@@ -38,16 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from circuitlab.analysis.patching_noise import check_positive
-    from circuitlab.errors import InputError
     from circuitlab.experiments.interpret import run_interpret
 
-    if args.noise_scale is not None:  # checked before the checkpoint loads
-        check_positive(args.noise_scale, "--noise-scale")
-    if args.noise_samples is not None and args.noise_samples < 1:
-        raise InputError(f"--noise-samples must be a whole number >= 1, got {args.noise_samples}")
-    if args.window is not None and args.window < 1:
-        raise InputError(f"--window must be a whole number of layers >= 1, got {args.window}")
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
                             corrupt=args.corrupt, lens=args.lens, subject=args.subject, noise=args.noise,
