@@ -135,7 +135,7 @@ EVAL_EXAMPLE = "circuitlab sae eval --dictionary runs/sae-demo/dictionaries/bloc
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dictionary", required=True, help="a dictionary folder (ours or SAELens format)")
+    p.add_argument("--dictionary", required=True, help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one layer_N.safetensors of a circuit-tracer set")
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
     p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
     p.add_argument("--batches", type=positive_int, default=8, help="sequences of held-out text to evaluate on")
@@ -146,7 +146,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 def _run_eval(args: argparse.Namespace) -> int:
     from circuitlab.atomic import atomic_write_text
     from circuitlab.data import DataConfig, build_data
-    from circuitlab.dictionaries import SparseDictionary, check_base_model
+    from circuitlab.dictionaries import SparseDictionary
     from circuitlab.dictionaries.metrics import evaluate, spliced_loss
     from circuitlab.dictionaries.store import ActivationStore, ModelActivations
     from circuitlab.dictionaries.train import check_fits
@@ -155,9 +155,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     if args.batches < 1 or args.seq_len < 2:
         raise CircuitlabError("--batches must be positive and --seq-len at least 2")
-    sae = SparseDictionary.load(args.dictionary)
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    check_base_model(sae, model, where=f"dictionary {args.dictionary}")
+    sae = SparseDictionary.load(args.dictionary, model=model)  # checked against the model, hooks bound
     if tokenizer is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
     data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
@@ -183,7 +182,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dictionary", required=True, metavar="DIR", help="the dictionary folder")
+    p.add_argument("--dictionary", required=True, metavar="DIR", help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one layer_N.safetensors of a circuit-tracer set")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="the run or checkpoint it was trained on")
     p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
     p.add_argument("--data", default="stories",

@@ -13,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a run or checkpoint directory for the explorer page (without one, only the adder "
                         "page works)")
     p.add_argument("--dictionary", action="append", default=[], metavar="DIR",
-                   help="a sparse dictionary folder trained on the checkpoint's model, for the feature browser at "
+                   help="a sparse dictionary for the checkpoint's model (ours, SAELens, Gemma Scope 1/2, Llama Scope, "
+                        "a circuit-tracer layer_N.safetensors), for the feature browser at "
                         "/features (repeat for several; its dashboards/ subfolder is used when present)")
     p.add_argument("--lens", default=None, metavar="DIR",
                    help="a tuned lens trained on the checkpoint's model (`circuitlab lens train`) for the /inputs page "

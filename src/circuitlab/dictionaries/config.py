@@ -31,6 +31,8 @@ class DictionaryConfig:
     normalisation: how inputs were scaled in training ({"method": "none"} or
         {"method": "expected_norm", "in_scale": s, "out_scale": s_out, "folded": True}); a saved
         dictionary has the scale folded into its weights, so it takes raw activations.
+    apply_b_dec_to_input: whether the encoder reads x − b_dec (SAELens's SAEs) or x (Gemma Scope, Llama
+        Scope); default True for an SAE, False for a transcoder (whose b_dec lives in its output space).
     """
 
     architecture: str = "relu"
@@ -45,20 +47,18 @@ class DictionaryConfig:
     normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
     dtype: str = "float32"
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form: training summary, source...
+    apply_b_dec_to_input: bool | None = None
 
     def __post_init__(self) -> None:
         if self.d_out is None:
             self.d_out = self.d_in
+        if self.apply_b_dec_to_input is None:  # SAELens's convention for an SAE; a transcoder's b_dec is an output
+            self.apply_b_dec_to_input = not self.is_transcoder
         self.validate()
 
     @property
     def is_transcoder(self) -> bool:
         return self.out_hook_name is not None
-
-    @property
-    def apply_b_dec_to_input(self) -> bool:
-        """An SAE centres its input on b_dec (SAELens convention); a transcoder's b_dec lives in output space."""
-        return not self.is_transcoder
 
     def validate(self) -> None:
         def bad(name: str, want: str) -> None:
@@ -84,6 +84,10 @@ class DictionaryConfig:
             bad("hook_name", "a hook name string")
         if self.skip and not self.is_transcoder:
             raise ConfigError("skip=True needs a transcoder (set out_hook_name); an SAE has no skip connection")
+        if self.apply_b_dec_to_input not in (True, False):
+            bad("apply_b_dec_to_input", "true or false")
+        if self.apply_b_dec_to_input and self.is_transcoder:
+            raise ConfigError("apply_b_dec_to_input=True needs an SAE: a transcoder's b_dec lives in its output space")
         if self.d_out != self.d_in and not self.is_transcoder:
             raise ConfigError(f"an SAE reconstructs its input: d_out ({self.d_out}) must equal d_in ({self.d_in})")
         if self.dtype not in ("float32", "float64", "bfloat16", "float16"):

@@ -153,16 +153,22 @@ class SparseDictionary(nn.Module):
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> "SparseDictionary":
-        """Load a folder written by save(); a SAELens folder (cfg.json + sae_weights.safetensors) also works."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise CircuitlabError(f"dictionary folder not found: {folder}")
-        if not (folder / WEIGHTS_FILE).is_file():
-            from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: nn.Module | None = None
+             ) -> "SparseDictionary":
+        """Load a folder written by save(), or a published layout (the folder or its file): SAELens, Gemma
+        Scope 1 and 2, Llama Scope, one layer of a circuit-tracer set (see dictionaries/published.py).
 
-            if is_saelens_folder(folder):
-                return load_saelens(folder, device=device)
+        model: check the dictionary against it (base model, hooks, widths) and bind the reading points
+        that need it (a published transcoder reading the MLP input after ln2's gain)."""
+        from circuitlab.dictionaries.published import load_dictionary
+
+        return load_dictionary(path, device=device, model=model)
+
+    @classmethod
+    def load_own(cls, folder: str | Path, device: str | torch.device = "cpu") -> "SparseDictionary":
+        """Load a folder written by save() (dictionary.safetensors + config.json)."""
+        folder = Path(folder)
+        if not (folder / WEIGHTS_FILE).is_file():
             raise CircuitlabError(f"{folder} holds no dictionary (expected {WEIGHTS_FILE} and {CONFIG_FILE})")
         try:
             cfg_json = (folder / CONFIG_FILE).read_text()
@@ -221,6 +227,10 @@ def base_model_id(model: nn.Module, name: str | None = None) -> dict[str, Any]:
 
 def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the dictionary") -> None:
     """Raise if the dictionary records a base model other than `model` (a missing record passes)."""
+    for hook in (sae.cfg.hook_name, sae.cfg.out_hook_name or ""):
+        if hook.endswith(("mlp.hook_in", "mlp.hook_out")):
+            raise CircuitlabError(f"{where} reads or writes {hook}, which becomes a hook of this model only when "
+                                  "bound to it: load it with the model, SparseDictionary.load(path, model=model)")
     rec = sae.cfg.base_model or {}
     if not rec.get("config_sha"):
         return

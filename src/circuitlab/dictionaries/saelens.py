@@ -72,9 +72,6 @@ def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
         out_hook = meta.get("hook_name_out") or raw.get("hook_name_out") or f"{hook}.out"
     elif arch in _SAES:
         arch_here, skip, out_hook = _SAES[arch], False, None
-        if raw.get("apply_b_dec_to_input", True) is False:
-            raise CircuitlabError(f"SAELens dictionary {folder} does not centre its input on b_dec "
-                                  "(apply_b_dec_to_input=false); not supported")
     else:
         raise CircuitlabError(f"SAELens architecture {arch!r} in {folder} is not supported; "
                               f"supported: {', '.join([*_SAES, *_TRANSCODERS])}")
@@ -84,6 +81,7 @@ def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
         out_hook_name=out_hook, d_out=int(raw.get("d_out", raw["d_in"])), k=int(k) if arch == "topk" else None,
         skip=skip, base_model=base, dtype=str(raw.get("dtype", "float32")).replace("torch.", ""),
         metadata={"source": "saelens", "saelens_architecture": arch},
+        apply_b_dec_to_input=None if out_hook else bool(raw.get("apply_b_dec_to_input", True)),
     )
 
 

@@ -37,7 +37,7 @@ class DashboardResult:
 
 
 def build_dashboards(opts: DashboardOptions) -> DashboardResult:
-    from circuitlab.dictionaries import SparseDictionary, check_base_model
+    from circuitlab.dictionaries import SparseDictionary
     from circuitlab.dictionaries.features import feature_dashboards, text_batches
     from circuitlab.report.features import write_dashboards_report
     from circuitlab.training import load_checkpoint
@@ -45,8 +45,7 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
     model, tokenizer, _ = load_checkpoint(opts.checkpoint, device=opts.device)
     if tokenizer is None:
         raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it, so text cannot be encoded")
-    sae = SparseDictionary.load(opts.dictionary, device=opts.device)
-    check_base_model(sae, model, f"the dictionary in {opts.dictionary}")
+    sae = SparseDictionary.load(opts.dictionary, device=opts.device, model=model)  # checked, hooks bound
     if opts.n_tokens < 1 or opts.seq_len < 1:
         raise CircuitlabError("--tokens and --seq-len must be positive")
     bad = [f for f in opts.features or [] if not 0 <= f < sae.cfg.d_sae]

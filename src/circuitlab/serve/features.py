@@ -47,15 +47,14 @@ class FeatureBrowser:
              n_tokens: int = DEFAULT_TOKENS) -> "FeatureBrowser":
         """Load each dictionary folder (checked against the model) and its dashboards (folder/dashboards,
         written by `circuitlab sae dashboards`), computing them when absent."""
-        from circuitlab.dictionaries import SparseDictionary, check_base_model
+        from circuitlab.dictionaries import SparseDictionary
         from circuitlab.dictionaries.features import FeatureDashboards, feature_dashboards, text_batches
 
         entries: list[_Entry] = []
         device = model_device(model)
         for folder in folders:
             folder = Path(folder)
-            d = SparseDictionary.load(folder, device=device)
-            check_base_model(d, model, f"the dictionary in {folder}")
+            d = SparseDictionary.load(folder, device=device, model=model)  # checked against the model, hooks bound
             name, n = folder.name or "dictionary", 2
             while name in {e.name for e in entries}:
                 name, n = f"{folder.name}-{n}", n + 1
