@@ -244,3 +244,51 @@ def test_interpret_defaults_and_all_experiments_without_a_subject(planted, tmp_p
     assert found.data["trace"]["subject"] == [0, 1] and any("does not fit the context" in s for s in found.summary)
     with pytest.raises(InputError, match="needs --subject"):
         EXPERIMENTS["causal_tracing"](planted.model, planted.tokenizer, tmp_path, {"prompt": "so Al is"})
+
+
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_activation_patching_with_a_noise_corruption(direction):
+    """Noised(...) in place of a corrupted prompt: batched == one patch at a time with plain hooks in every
+    noise run (per-prompt answers, two prompts), and the resid_post sweep is causal tracing's hidden panel."""
+    from circuitlab.analysis.patching import TARGETS, Noised, logit_diff, patching_sweep
+
+    model = gpt2_float64()
+    clean = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(5))
+    noised = Noised((1, 2), Noise(samples=2))
+    metric = logit_diff([3, 4], [5, 6])
+    res = patching_sweep(model, clean, noised, metric, ["resid_post", "head_out"], direction=direction,
+                         progress=False)
+    corrupted = corrupt_positions(model, clean, [1, 2], noised.noise)
+    _, clean_cache = model.run_with_cache(clean)
+    with model.hooks(corrupted.hooks()):
+        _, noised_cache = model.run_with_cache(corrupted.tokens)
+    for name in ("resid_post", "head_out"):
+        t = TARGETS[name]
+        naive = torch.empty_like(res[name].values)
+        for l in range(model.cfg.n_layers):
+            hook = act_name(t.hook, l)
+            source = clean_cache[hook].repeat(2, *[1] * (clean_cache[hook].dim() - 1)) if direction == "denoise" \
+                else noised_cache[hook]
+            for i in range(naive.shape[1]):
+                def patch(act, hook, i=i, source=source):
+                    act = act.clone()
+                    act[(slice(None),) + (slice(None),) * t.dims[0] + (i,)] = \
+                        source[(slice(None),) + (slice(None),) * t.dims[0] + (i,)]
+                    return act
+                extra = corrupted.hooks() if direction == "denoise" else []
+                with torch.no_grad():
+                    logits = model.run_with_hooks(corrupted.tokens if direction == "denoise" else clean.repeat(2, 1),
+                                                  fwd_hooks=extra + [(hook, patch)])
+                naive[l, i] = sum(float(metric(chunk)) for chunk in logits.chunk(2)) / 2
+        torch.testing.assert_close(res[name].values, naive, atol=1e-8, rtol=0, msg=name)
+        assert (res[name].values - res[name].base_value).abs().max() > 1e-3
+    if direction == "denoise":
+        from circuitlab.analysis.patching import probability
+
+        one = clean[0]
+        answer = int(model(one[None])[0, -1].argmax())
+        trace = causal_trace(model, one, (1, 3), answer, kinds=["hidden"], noise=noised.noise, progress=False)
+        swept = patching_sweep(model, one, noised, probability(answer), ["resid_post"], progress=False)
+        torch.testing.assert_close(swept["resid_post"].values, trace.values["hidden"], atol=1e-10, rtol=0)
+    with pytest.raises(InputError, match="noised positions \\[7\\] must be some of the prompt's positions 0..5"):
+        patching_sweep(model, clean, Noised((7,)), metric, ["resid_post"], progress=False)

@@ -6,6 +6,10 @@
     res.values        # [layer, pos, head]: the metric of the corrupted run with that one piece clean
     res.recovery()    # (patched - corrupted) / (clean - corrupted)
 
+The corrupted run can also be the clean prompt with some positions' token embeddings noised
+(patching_noise: `activation_patching(model, clean, Noised([3, 4]), metric, "resid_pre")`): every patch
+then runs in each noise run (runs x patches in the batch) and the metric is their mean.
+
 Directions: "denoise" (default) runs the corrupted prompt and patches in clean activations, so a
 high value means "this piece is enough to restore the answer"; "noise" runs the clean prompt with
 corrupted activations, so a low value means "the answer needs this piece".
@@ -41,6 +45,7 @@ from circuitlab.analysis.patching_checks import (DIRECTIONS, as_tokens, check_di
                                                  check_metric, check_pair, check_request)
 from circuitlab.analysis.patching_engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
                                                  logits_buffer, patched_logits, patched_run, sweep)
+from circuitlab.analysis.patching_noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
 from circuitlab.analysis.patching_metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,
                                                   normalized, probability, read_positions)
@@ -126,9 +131,40 @@ class PatchResult(Displayed):
 # ---------------------------------------------------------------------------- activation patching
 
 
+def _prepare_noised(model, clean, noised: Noised, metric: Metric, targets: Sequence[str], direction: str,
+                    layers: Sequence[int] | None):
+    """_prepare for a noise corruption: the base run and the source hold every noise run of every prompt
+    (run-major), and the metric is averaged over the runs."""
+    check_direction(direction)
+    clean = as_tokens(model, clean, "clean tokens")
+    check_metric(model, metric, tuple(clean.shape))
+    chosen, layers = [get_target(model, t) for t in targets], check_layers(model, layers)
+    positions = noised.check(clean.shape[1], model.cfg.d_vocab)
+    hooks = sorted({act_name(t.hook, l) for t in chosen for l in layers})
+    corrupted = corrupt_positions(model, clean, positions, noised.noise)
+    runs = corrupted.tokens.shape[0] // clean.shape[0]
+    over_runs = averaged_over_runs(metric, runs)
+    if direction == "denoise":  # the noised runs, with clean activations (the same for every run)
+        with model.hooks(corrupted.hooks()):
+            base, _ = BaseRun.of(model, corrupted.tokens)
+        clean_logits, cache = model.run_with_cache(clean, names_filter=hooks)
+        source = {h: cache[h].repeat(runs, *[1] * (cache[h].dim() - 1)) for h in hooks}
+        noised_logits = base.logits
+    else:  # the clean prompts once per run, with each run's noised activations
+        base, _ = BaseRun.of(model, clean.repeat(runs, 1))
+        clean_logits = base.logits[:clean.shape[0]]
+        with model.hooks(corrupted.hooks()):
+            noised_logits, source = model.run_with_cache(corrupted.tokens, names_filter=hooks)
+    values = (metric_value(metric, clean_logits), metric_value(over_runs, noised_logits), 0.0)
+    return chosen, layers, base, source, values, over_runs
+
+
 def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
              layers: Sequence[int] | None):
-    """Every check (before any compute), then the two cached runs shared by all targets."""
+    """Every check (before any compute), then the two cached runs shared by all targets, and the metric the
+    patched runs are measured with."""
+    if isinstance(corrupt, Noised):
+        return _prepare_noised(model, clean, corrupt, metric, targets, direction, layers)
     chosen, layers, base_tokens, source_tokens, hooks = check_request(model, clean, corrupt, metric, targets,
                                                                       direction, layers)
     base, _ = BaseRun.of(model, base_tokens)
@@ -137,7 +173,7 @@ def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], dire
         (base.logits, source_logits)
     values = (metric_value(metric, clean_logits), metric_value(metric, corrupt_logits),
               gap_noise(metric, clean_logits, corrupt_logits))
-    return chosen, layers, base, source_cache, values
+    return chosen, layers, base, source_cache, values, metric
 
 
 def _patch_target(model, target: Target, layers: list[int], base: BaseRun, source_cache, metric: Metric,
@@ -163,7 +199,9 @@ def activation_patching(model, clean_tokens, corrupt_tokens, metric: Metric, tar
                         batch_size: int | None = None, progress: bool = True) -> PatchResult:
     """Patch every piece of `target` one at a time (batched) and record the metric.
 
-    clean_tokens, corrupt_tokens [batch, pos] (same shape; [pos] is one prompt).
+    clean_tokens, corrupt_tokens [batch, pos] (same shape; [pos] is one prompt); or corrupt_tokens =
+    Noised(positions, Noise(...)): the clean prompts with those positions' token embeddings noised (causal
+    tracing's corruption), each patch applied in every noise run and the metric averaged over the runs.
     metric: fn(logits [batch, pos, d_vocab]) -> scalar, e.g. logit_diff(...).
     target: a name in TARGETS. layers: which layers to sweep (default all).
     batch_size: patches per forward pass (default: as many as fit a memory budget); 1 is one at a time.
@@ -183,7 +221,7 @@ def patching_sweep(model, clean_tokens, corrupt_tokens, metric: Metric, targets:
     Returns {target: PatchResult}.
     """
     targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
-    chosen, layers, base, source_cache, values = _prepare(model, clean_tokens, corrupt_tokens, metric, targets,
-                                                          direction, layers)
-    return {t.name: _patch_target(model, t, layers, base, source_cache, metric, values, direction, batch_size,
+    chosen, layers, base, source_cache, values, measure = _prepare(model, clean_tokens, corrupt_tokens, metric,
+                                                                   targets, direction, layers)
+    return {t.name: _patch_target(model, t, layers, base, source_cache, measure, values, direction, batch_size,
                                   progress) for t in chosen}

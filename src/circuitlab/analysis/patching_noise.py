@@ -116,28 +116,63 @@ def embedding_std(model, tokens: torch.Tensor | Sequence) -> float:
 
 def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noise: Noise,
                       nu: float | None = None) -> Corrupted:
-    """The corrupted runs of tokens [pos] with `positions` disturbed by `noise`.
+    """The corrupted runs of tokens [pos] or [batch, pos] with `positions` disturbed by `noise`: rows
+    [runs * batch, pos], run-major (row r * batch + b is prompt b in run r), each with its own noise draw.
 
     nu: the noise's standard deviation (default noise.scale x (noise.std or the std measured on the
     tokens at `positions`)); passing 0.0 gives uncorrupted runs (a check that restoring changes nothing).
     """
     tokens = torch.as_tensor(tokens).long()
+    rows = tokens if tokens.dim() == 2 else tokens[None]  # [batch, pos]
+    B, T = rows.shape
     positions = list(positions)
     device = model_device(model)
     if noise.kind == "replace":
-        rows = tokens[None].repeat(noise.n_runs, 1)
-        rows[:, positions] = torch.tensor(noise.replacements, dtype=torch.long)
-        return Corrupted(rows.to(device), None, 0.0, min(positions))
+        out = rows.repeat(noise.n_runs, 1)
+        out[:, positions] = torch.tensor(noise.replacements, dtype=torch.long).repeat_interleave(B, dim=0)
+        return Corrupted(out.to(device), None, 0.0, min(positions))
     if nu is None:
-        std = noise.std if noise.std is not None else embedding_std(model, tokens[positions])
+        std = noise.std if noise.std is not None else embedding_std(model, rows[:, positions])
         nu = noise.scale * std
-    S, T, D = noise.samples, tokens.shape[0], model.cfg.d_model
+    S, D = noise.samples, model.cfg.d_model
     gen = torch.Generator().manual_seed(noise.seed)
     if noise.kind == "gaussian":
-        draw = torch.randn(S, len(positions), D, generator=gen)
+        draw = torch.randn(S, B, len(positions), D, generator=gen)
     else:  # uniform on [-a, a] has std a / sqrt(3)
-        draw = (torch.rand(S, len(positions), D, generator=gen) * 2 - 1) * math.sqrt(3)
-    offsets = torch.zeros(S, T, D, dtype=torch.float64)
-    offsets[:, positions] = draw.double() * nu
+        draw = (torch.rand(S, B, len(positions), D, generator=gen) * 2 - 1) * math.sqrt(3)
+    offsets = torch.zeros(S, B, T, D, dtype=torch.float64)
+    offsets[:, :, positions] = draw.double() * nu
     dtype = next(model.parameters()).dtype
-    return Corrupted(tokens[None].repeat(S, 1).to(device), offsets.to(device, dtype), float(nu), min(positions))
+    return Corrupted(rows.repeat(S, 1).to(device), offsets.view(S * B, T, D).to(device, dtype), float(nu),
+                     min(positions))
+
+
+@dataclass(frozen=True)
+class Noised:
+    """A corruption for activation patching in place of a corrupted prompt: the clean prompts with the token
+    embeddings at `positions` disturbed by `noise` (activation_patching(model, clean, Noised([3, 4]), ...)).
+    Every patch is then applied in each of the noise's runs, and the metric averaged over them."""
+
+    positions: tuple[int, ...]
+    noise: Noise = field(default_factory=Noise)
+
+    def check(self, n_pos: int, d_vocab: int) -> list[int]:
+        """The positions as a sorted list within [0, n_pos), with the noise checked; else a one-line InputError."""
+        pos = sorted({int(p) for p in ([self.positions] if isinstance(self.positions, int) else self.positions)})
+        if not pos or any(not 0 <= p < n_pos for p in pos):
+            raise InputError(f"noised positions {list(self.positions)} must be some of the prompt's positions "
+                             f"0..{n_pos - 1}")
+        self.noise.check(len(pos), d_vocab)
+        return pos
+
+
+def averaged_over_runs(metric, runs: int):
+    """metric over logits [runs * batch, pos, d_vocab] (run-major): the mean of metric over each run's batch,
+    so a metric written for [batch, ...] (answers per prompt) reads every run alike. Keeps its name and
+    declared positions."""
+    def averaged(logits: torch.Tensor):
+        return sum(metric(chunk) for chunk in logits.chunk(runs)) / runs
+    averaged.__name__ = getattr(metric, "__name__", "metric")
+    if getattr(metric, "positions", None) is not None:
+        averaged.positions = metric.positions
+    return averaged
