@@ -11,10 +11,14 @@ The final residual stream is a sum: token embedding + position embedding + every
 through the final norm, using the norm's cached per-position scale (so the parts still add up),
 and onto an unembedding direction.
 
-Architecture: the decomposition needs heads and MLPs that add straight into the residual stream
-(cfg.additive_heads: pre-norm blocks, no post / sandwich norms) and the attribution a read-out that is
-the final norm then W_U (cfg.linear_readout: no logit soft-cap); other models are refused in one line
-(circuitlab.model.assumptions).
+Under post-norms (Gemma's ln1_post / ln2_post, OLMo-2) a sublayer's output is normalised before it
+joins the residual stream, so the heads' outputs do not add up to it by themselves. A head's part is
+then its share of the normalised attention output: the post-norm read as the linear map it is once its
+scale is fixed to this run's (cached ln1_post.hook_scale), applied to the head's z @ W_O, i.e.
+w ⊙ result_h / scale (centred first for LayerNorm). The heads' parts plus the biases' share (b_O through
+the same map, plus the norm's bias) are exactly hook_attn_out; likewise for the MLP. With a final-logit
+soft-cap, direct logit attribution explains the logit before the cap (the unembedding's output); the
+model's logit is c·tanh(that / c), a monotone function of it.
 """
 from __future__ import annotations
 
@@ -66,14 +70,17 @@ def _require(cache, names: list[str]) -> None:
 def residual_decomposition(model, cache) -> ResidualDecomposition:
     """Split the final residual stream into embed, pos_embed (learned positions), each head L{l}H{h}
     (hook_result if cached, else z @ W_O), each MLP "L{l} MLP" (hook_mlp_out minus b_out) and
-    "biases" (all b_O and b_out). Components: [component, batch, pos, d_model]. Pre-norm models only."""
-    require(model, "the residual decomposition", "additive_heads")
+    "biases" (all b_O and b_out). Components: [component, batch, pos, d_model]. Under post-norms a head's
+    part is its share of the post-normed output at this run's scale (Block.attn_out_shares; module doc)."""
     cfg = model.cfg
+    post = cfg.block_norms != "pre"
     names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "learned" else [])
     for layer in range(cfg.n_layers):
         names.append(f"blocks.{layer}.attn.hook_z")
+        names += [f"blocks.{layer}.ln1_post.hook_scale"] if post else []
         if cfg.has_mlp:
             names.append(f"blocks.{layer}.hook_mlp_out")
+            names += [f"blocks.{layer}.ln2_post.hook_scale"] if post else []
     _require(cache, names)
     labels, parts = ["embed"], [cache["hook_embed"]]
     if cfg.positional == "learned":
@@ -82,21 +89,42 @@ def residual_decomposition(model, cache) -> ResidualDecomposition:
     W_O = model.W_O
     bias = torch.zeros(cfg.d_model, device=parts[0].device, dtype=parts[0].dtype)
     for layer in range(cfg.n_layers):
+        block = model.blocks[layer]
         if f"blocks.{layer}.attn.hook_result" in cache:
             result = cache["result", layer]  # [batch, pos, head, d_model]
         else:
             result = torch.einsum("bphd,hdm->bphm", cache["z", layer], W_O[layer])
+        b_O = model.b_O[layer]
+        if post:  # each head's share of the post-normed output, at this run's scale [batch, pos, 1]
+            scale = cache[f"blocks.{layer}.ln1_post.hook_scale"]
+            result = through_norm(block.ln1_post, result, scale[:, :, None])
+            b_O = through_norm(block.ln1_post, b_O, scale) + _norm_bias(block.ln1_post)
         labels += [head_name(layer, h) for h in range(cfg.n_heads)]
         parts += list(result.unbind(dim=2))
-        bias = bias + model.b_O[layer]
+        bias = bias + b_O
         if cfg.has_mlp:
             b_out = model.b_out[layer]
+            if post:
+                b_out = through_norm(block.ln2_post, b_out, cache[f"blocks.{layer}.ln2_post.hook_scale"]) \
+                    + _norm_bias(block.ln2_post)
             labels.append(f"L{layer} MLP")
             parts.append(cache["mlp_out", layer] - b_out)
             bias = bias + b_out
     labels.append("biases")
     parts.append(bias.expand_as(parts[0]))
     return ResidualDecomposition(labels, torch.stack(parts))
+
+
+def through_norm(norm, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A norm as the linear map it is once its scale is fixed: x [..., d_model] centred (LayerNorm), divided
+    by scale (broadcastable, e.g. a cached hook_scale [batch, pos, 1]), times the gain; the bias left out."""
+    if norm.kind == "layernorm":
+        x = x - x.mean(dim=-1, keepdim=True)
+    return x / scale * norm.w
+
+
+def _norm_bias(norm) -> torch.Tensor | float:
+    return norm.b if norm.b is not None else 0.0
 
 
 # ---------------------------------------------------------------------------- direct logit attribution
@@ -157,8 +185,7 @@ def through_final_norm(model, stream: torch.Tensor, direction: torch.Tensor, sca
     d_model] read through the final norm as the linear map it is once its scale [batch, 1] (the cached
     ln_final.hook_scale) is fixed (centred for LayerNorm, divided by the scale, times the gain), then dotted
     with direction [batch, d_model] (W_U columns). Returns [..., batch]; the norm's bias is not included.
-    Exact only when the logits are that linear map's output (cfg.linear_readout); others are refused."""
-    require(model, "direct logit attribution", "linear_readout")
+    With a logit soft-cap (cfg.linear_readout False) this explains the logit before the cap."""
     cfg = model.cfg
     if cfg.norm == "layernorm":
         stream = stream - stream.mean(dim=-1, keepdim=True)

@@ -24,10 +24,12 @@ every logit at a position by the same amount, so probabilities and loss stay the
    position all shift by one constant, and softmax is shift-invariant.
 
 Tied embeddings are untied in the copy (folding ln_final changes W_U but must not change W_E), and
-the copy's config says tied_embeddings=False.
+the copy's config says tied_embeddings=False. An embedding scale (Gemma's √d_model) moves into W_E
+(embed_scale becomes 1), so W_E is what the residual stream receives.
 
 Architecture: norms after a sublayer (block_norms "sandwich" / "post") stay as they are (only norms
-that read the residual stream fold: ln1, ln2, ln_final). Centering writing weights needs pre-norm
+that read the residual stream fold: ln1, ln2, ln_final; q/k norms stay too: their gain acts after
+normalising, before rotary, which mixes pairs of dims). Centering writing weights needs pre-norm
 blocks (cfg.is_pre_norm: every reader of the residual stream a LayerNorm); centering the unembedding
 needs a linear read-out (cfg.linear_readout: a logit soft-cap is not shift-invariant). Those steps are
 skipped by default and refused when asked for on other models (circuitlab.model.assumptions).
@@ -76,6 +78,9 @@ def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: b
         if folded.cfg.tied_embeddings:
             folded.unembed.weight = nn.Parameter(folded.embed.weight.detach().clone())
             folded.cfg.tied_embeddings = False  # the copy owns its cfg (deepcopy), so this touches only it
+        if cfg.embed_scale != 1.0:  # the same products as the forward's x * scale, in the weights' dtype
+            folded.embed.weight *= torch.tensor(cfg.embed_scale, dtype=folded.embed.weight.dtype)
+            folded.cfg.embed_scale = 1.0
         if cfg.norm != "none":
             for block in folded.blocks:  # a block without a pre-norm (block_norms "post") has Identity there
                 if not isinstance(block.ln1, nn.Identity):

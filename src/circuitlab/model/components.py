@@ -270,8 +270,8 @@ class Attention(nn.Module):
         T, S = q.shape[2], k.shape[2]
         # In place on the fresh product: the same numbers as (q @ k^T) * scale, two [b, H, T, S] copies fewer.
         scores = (q @ k.transpose(-1, -2)).mul_(self.scale)
-        if self.softcap is not None:  # c * tanh(s / c), in Gemma-2's order of operations
-            scores = scores.div_(self.softcap).tanh_().mul_(self.softcap)
+        if self.softcap is not None:  # c * tanh(s / c), in Gemma-2's order; out of place (tanh's backward needs it)
+            scores = torch.tanh(scores / self.softcap) * self.softcap
         scores.masked_fill_(~_causal_mask(T, S, offset, q.device, self.window), float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))

@@ -17,10 +17,12 @@ A reader's input is the sum of the outputs of the writers upstream of it (plus t
 the reader applies its own norm (ln1 for heads, ln2 for MLPs, ln_final for the logits) to that sum,
 so patching an edge changes the reader's input before its norm, as in ACDC and auto-circuit.
 
-Architecture: this needs writers that add straight into the residual stream and readers that normalise
-their own input (cfg.additive_heads: pre-norm blocks); a model with post / sandwich norms is refused in
-one line (circuitlab.model.assumptions). Any positions (learned: part of "input"; rotary) and any
-read-out (the logits reader runs model.readout) are fine.
+Architecture: every block layout. Readers normalise their own input (ln1 for heads, ln2 for MLPs; a
+post-norm-only block has none). A writer's output is what it adds to the residual stream: under a
+post-norm (block_norms "sandwich" / "post") a head's output is its share of the normalised attention
+output at that run's scale (Block.attn_out_shares), the MLP's is hook_mlp_out, so the graph's forward is
+the model's exactly (forward.py). Any positions (learned: part of "input"; rotary) and any read-out (the
+logits reader runs model.readout, soft-cap included) are fine.
 """
 from __future__ import annotations
 
@@ -31,7 +33,6 @@ from typing import Any
 import torch
 
 from circuitlab.errors import CircuitlabError
-from circuitlab.model.assumptions import require
 from circuitlab.names import head_name
 
 
@@ -59,7 +60,6 @@ class EdgeGraph:
     @classmethod
     def of(cls, model_or_cfg) -> "EdgeGraph":
         cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-        require(cfg, "the edge graph", "additive_heads")
         H, K = cfg.n_heads, cfg.kv_heads
         sources, source_layer, readers, reader_layer, reader_node = ["input"], [-1], [], [], []
         for l in range(cfg.n_layers):
