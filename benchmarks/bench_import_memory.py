@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Memory benchmark: peak resident memory of importing a Hugging Face checkpoint, vs its size.
 
-Builds a random LLaMA-style HF model of about --size-gb (fp32, grouped-query attention, untied
+Builds a random HF model of about --size-gb (fp32; --family llama (default), gemma2, gemma3,
+qwen3, olmo2, phi3, gptj or all; grouped-query attention where the family has it, untied
 unembedding), saves it with save_pretrained (sharded safetensors), then imports it in a fresh
 subprocess with circuitlab.pretrained.load_pretrained and reads the peak resident set size
 (resource.getrusage ru_maxrss; /proc VmHWM alongside as a cross-check).
@@ -20,6 +21,7 @@ inflate the figures.
 
     .venv/bin/python benchmarks/bench_import_memory.py                     # ~0.5 GB, ~30 s on 2 cores
     .venv/bin/python benchmarks/bench_import_memory.py --size-gb 1 --compare-hf --json mem.json
+    .venv/bin/python benchmarks/bench_import_memory.py --family all --size-gb 0.3
 """
 from __future__ import annotations
 
@@ -71,27 +73,40 @@ LOADERS = {
 }
 
 
-def llama_config(size_gb: float):
-    """A LLaMA-style config whose fp32 weights take about size_gb."""
-    from transformers import LlamaConfig
+FAMILIES = ("llama", "gemma2", "gemma3", "qwen3", "olmo2", "phi3", "gptj")
+
+
+def family_config(family: str, size_gb: float):
+    """A random-checkpoint config of `family` whose fp32 weights take about size_gb (d_model 1024,
+    grouped-query attention where the family has it)."""
+    import transformers
 
     d_model, d_mlp, vocab, kv_dim = 1024, 2816, 32000, 256  # 8 heads of 128, 2 kv heads
     per_layer = d_model * (2 * d_model + 2 * kv_dim) + 3 * d_model * d_mlp + 2 * d_model
     embeddings = 2 * vocab * d_model + d_model
     n_layers = max(1, round((size_gb * 1e9 / 4 - embeddings) / per_layer))
-    return LlamaConfig(hidden_size=d_model, intermediate_size=d_mlp, num_hidden_layers=n_layers,
-                       num_attention_heads=8, num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=2048,
-                       tie_word_embeddings=False)
+    if family == "gptj":  # plain multi-head attention, a non-gated MLP of 4 d_model
+        per_layer = 4 * d_model * d_model + 8 * d_model * d_model
+        n_layers = max(1, round((size_gb * 1e9 / 4 - embeddings) / per_layer))
+        return transformers.GPTJConfig(n_embd=d_model, n_layer=n_layers, n_head=8, rotary_dim=32, vocab_size=vocab,
+                                       n_positions=2048)
+    common = dict(hidden_size=d_model, intermediate_size=d_mlp, num_hidden_layers=n_layers, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=False)
+    cls = {"llama": "LlamaConfig", "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig", "qwen3": "Qwen3Config",
+           "olmo2": "Olmo2Config", "phi3": "Phi3Config"}[family]
+    extra = {"head_dim": 128} if family in ("gemma2", "gemma3", "qwen3") else {}
+    extra |= {"pad_token_id": 0} if family == "phi3" else {}
+    return getattr(transformers, cls)(**common, **extra)
 
 
-def build_checkpoint(folder: Path, size_gb: float) -> None:
-    """Save a random LLaMA-style model into folder (runs in a subprocess, see run_build)."""
+def build_checkpoint(folder: Path, size_gb: float, family: str = "llama") -> None:
+    """Save a random model of `family` into folder (runs in a subprocess, see run_build)."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = LlamaForCausalLM(llama_config(size_gb))
+        model = AutoModelForCausalLM.from_config(family_config(family, size_gb))
     model = model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():
@@ -99,11 +114,11 @@ def build_checkpoint(folder: Path, size_gb: float) -> None:
     model.save_pretrained(folder, max_shard_size="200MB")
 
 
-def run_build(folder: Path, size_gb: float) -> int:
+def run_build(folder: Path, size_gb: float, family: str = "llama") -> int:
     """Build the checkpoint in a subprocess; returns the weight files' total bytes."""
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
             f"import bench_import_memory as b; from pathlib import Path; "
-            f"b.build_checkpoint(Path({str(folder)!r}), {size_gb!r})")
+            f"b.build_checkpoint(Path({str(folder)!r}), {size_gb!r}, {family!r})")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"building the checkpoint failed:\n{proc.stderr}")
@@ -127,17 +142,30 @@ def measure(loader: str, folder: Path, size: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gb", type=float, default=0.5, help="checkpoint size to build (fp32)")
+    parser.add_argument("--family", choices=FAMILIES + ("all",), default="llama",
+                        help="the architecture of the random checkpoint (all: each in turn)")
     parser.add_argument("--folder", type=Path, default=None, help="keep the checkpoint here (default: a temp dir)")
     parser.add_argument("--compare-hf", action="store_true", help="also measure transformers' from_pretrained")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args()
 
+    families = FAMILIES if args.family == "all" else (args.family,)
+    results, ok = {}, True
+    for family in families:
+        results[family] = one_family(family, args)
+        ok = ok and results[family]["circuitlab"]["import_growth_ratio"] <= 1.5
+    if args.json:
+        args.json.write_text(json.dumps(results if len(families) > 1 else results[families[0]], indent=2))
+    return 0 if ok else 1
+
+
+def one_family(family: str, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        folder = args.folder or Path(tmp) / "llama"
+        folder = args.folder or Path(tmp) / family
         start = time.perf_counter()
-        size = run_build(folder, args.size_gb)
+        size = run_build(folder, args.size_gb, family)
         shards = len(list(folder.glob("*.safetensors")))
-        print(f"checkpoint: {size / 2**20:.0f} MiB in {shards} safetensors shards "
+        print(f"{family} checkpoint: {size / 2**20:.0f} MiB in {shards} safetensors shards "
               f"({time.perf_counter() - start:.0f} s to build)")
         results = {"checkpoint_mib": size / 2**20, "shards": shards}
         for loader in ["circuitlab"] + (["transformers"] if args.compare_hf else []):
@@ -152,9 +180,7 @@ def main() -> int:
     print(f"target: the import's added peak memory <= 1.5x the checkpoint: {'met' if ok else 'NOT met'} "
           f"({ours['import_growth_ratio']:.2f}x growth; {ours['import_peak_ratio']:.2f}x with the interpreter's "
           f"own {ours['before_mb']:.0f} MiB)")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
-    return 0 if ok else 1
+    return results
 
 
 if __name__ == "__main__":

@@ -224,3 +224,88 @@ def test_transformer_lens_gives_the_same_logits_and_hook_values(imported, case):
         if ".attn.q_norm." in name or ".attn.k_norm." in name:  # TransformerLens flattens (batch, pos, head)
             theirs = theirs.reshape(cache[name].shape)
         torch.testing.assert_close(theirs, cache[name], atol=TOL, rtol=1e-4, msg=name)
+
+
+# ---------------------------------------------------------------- hub names, shards, bf16
+HUB_NAMES = {"google/gemma-2-2b": "gemma2-mqa-caps", "google/gemma-3-1b-pt": "gemma3-pattern",
+             "Qwen/Qwen3-0.6B": "qwen3-gqa5", "allenai/OLMo-2-0425-1B": "olmo2-gqa",
+             "microsoft/Phi-3-mini-4k-instruct": "phi3-gqa-window", "EleutherAI/gpt-j-6b": "gptj-partial"}
+
+
+def test_hub_names_resolve_to_their_family_from_the_local_cache(imported, tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    from circuitlab.cli import main
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    cache = tmp_path / "cache"
+    for hub_name, case in HUB_NAMES.items():
+        repo = cache / ("models--" + hub_name.replace("/", "--"))
+        snapshot = repo / "snapshots" / ("b" * 40)
+        snapshot.mkdir(parents=True)
+        for file in imported[case][2].iterdir():
+            (snapshot / file.name).write_bytes(file.read_bytes())
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("b" * 40)
+        out = tmp_path / hub_name.replace("/", "_")
+        assert main(["import", hub_name, "--out", str(out), "--cache-dir", str(cache), "--no-tokenizer"]) == 0
+        model = load_checkpoint(out)[0]
+        reference = imported[case][1]
+        assert model.cfg == dataclasses.replace(reference.cfg, name=hub_name)
+        assert torch.equal(model(prompt(5)), reference(prompt(5)))
+    capsys.readouterr()
+    assert main(["import", "google/gemma-2-9b", "--out", str(tmp_path / "x"), "--cache-dir", str(cache)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "could not be fetched" in err and "\n" not in err and not (tmp_path / "x").exists()
+
+
+def test_sharded_bf16_checkpoints_load_in_bf16(imported, tmp_path):
+    hf = imported["gemma3-pattern"][0]
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16", max_shard_size="20KB")
+    hf.float()
+    assert len(list((tmp_path / "bf16").glob("model-*.safetensors"))) > 2
+    model, _ = load_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, tokenizer=False)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert torch.equal(model.embed.weight, hf.model.embed_tokens.weight.to(torch.bfloat16))
+    as_fp32, _ = load_pretrained(tmp_path / "bf16", tokenizer=False)
+    hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16,
+                                                                attn_implementation="eager").eval()
+    ids = prompt(6)
+    exact = as_fp32(ids)  # the bf16 weights in fp32 arithmetic
+    ours = (model(ids).float() - exact).abs().mean().item()
+    theirs = (hf_logits(hf_bf16, ids).float() - exact).abs().mean().item()
+    assert ours < 2 * theirs  # bf16 arithmetic about as close to fp32 as transformers' own bf16 run
+
+
+# ---------------------------------------------------------------- TransformerLens's TransformerBridge (TL 4)
+def assert_bridge_matches(model, bridge, ids) -> int:
+    """Same logits and the same values under every shared hook name (masked scores: finfo.min there, -inf
+    here; q/k norm scales laid out [batch, head, pos, 1] there); returns how many hooks were compared.
+    TransformerLens's GPT-J adapter fires hook_attn_scores with the pattern (a TransformerLens quirk,
+    checked: it equals our hook_pattern), so GPT-J's scores are compared with our pattern."""
+    logits, cache = model.run_with_cache(ids)
+    ref_logits, ref_cache = bridge.run_with_cache(ids)
+    torch.testing.assert_close(ref_logits, logits, atol=TOL, rtol=1e-5)
+    names = [n for n in cache.acts if n in ref_cache.cache_dict]
+    for name in names:
+        ours, theirs = cache[name], ref_cache[name]
+        if theirs.shape != ours.shape and theirs.dim() == 4 and theirs.transpose(1, 2).shape == ours.shape:
+            theirs = theirs.transpose(1, 2)
+        if name.endswith("hook_attn_scores") and model.cfg.rotary_interleaved:
+            ours = cache[name.replace("hook_attn_scores", "hook_pattern")]
+        elif name.endswith("hook_attn_scores"):
+            keep = torch.isfinite(ours)
+            ours, theirs = ours[keep], theirs[keep]
+        torch.testing.assert_close(theirs, ours, atol=TOL, rtol=1e-4, msg=name)
+    return len(names)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("case", ["gemma2-mqa-caps", "gemma3-pattern", "qwen3-gqa5", "olmo2-gqa", "phi3-partial",
+                                  "gptj-partial"])
+def test_transformer_bridge_gives_the_same_logits_and_hook_values(imported, case):
+    pytest.importorskip("transformer_lens.model_bridge")
+    from circuitlab.pretrained import to_transformer_bridge
+
+    _, model, _ = imported[case]
+    assert assert_bridge_matches(model, to_transformer_bridge(model), prompt(7)) >= 8 * model.cfg.n_layers

@@ -39,8 +39,87 @@ class BridgeError(CircuitlabError):
 _ACT_FN = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "swiglu": "silu"}
 
 
-def to_transformer_lens(model, use_attn_result: bool = False, device: str | torch.device | None = None):
-    """A TransformerLens ``HookedTransformer`` computing the same function as ``model``.
+def transformer_lens_major() -> int | None:
+    """The installed TransformerLens's major version (3, 4, ...), or None when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("transformer-lens").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def to_transformer_lens(model, use_attn_result: bool = False, device: str | torch.device | None = None,
+                        tokenizer=None):
+    """model in the TransformerLens the user has: on 3.x a ``HookedTransformer`` (below); on 4.x, which has
+    no HookedTransformer, a ``TransformerBridge`` over the model exported to Hugging Face
+    (``to_transformer_bridge``; ``use_attn_result`` is then not available). Same logits and hook values.
+    """
+    major = transformer_lens_major()
+    if major is None:
+        raise BridgeError("to_transformer_lens needs TransformerLens: pip install transformer-lens")
+    if major >= 4:
+        if use_attn_result:
+            raise BridgeError("TransformerLens 4's TransformerBridge has no use_attn_result; read hook_z and W_O, "
+                              "or use circuitlab's own cache (hook_result)")
+        return to_transformer_bridge(model, tokenizer=tokenizer, device=device)
+    return to_hooked_transformer(model, use_attn_result, device)
+
+
+def to_transformer_bridge(model, tokenizer=None, device: str | torch.device | None = None):
+    """A TransformerLens ``TransformerBridge`` (TransformerLens 4, also in 3.9) over ``model`` exported to a
+    Hugging Face model (export_hf, then transformers in eager attention): the same logits and, under
+    TransformerLens's names (ours), the same hook values (masked attention scores are the dtype's minimum
+    there, -inf here).
+
+    tokenizer: a transformers tokenizer for the bridge's string methods; without one, a placeholder
+    whose token i is "t{i}" (pass token ids). A model the export cannot hold, or a family TransformerLens
+    has no adapter for, is a BridgeError in one line.
+    """
+    import tempfile
+
+    try:
+        import transformers
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        raise BridgeError("to_transformer_bridge needs TransformerLens >= 3.9 (its model_bridge): "
+                          "pip install 'transformer-lens>=4'") from None
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.pretrained.export import export_hf
+
+    param = next(model.parameters())
+    device = param.device if device is None else torch.device(device)
+    with tempfile.TemporaryDirectory(prefix="circuitlab-bridge-") as tmp:
+        try:
+            folder = export_hf(model, f"{tmp}/model")
+        except CircuitlabError as e:
+            raise BridgeError(f"TransformerLens 4 bridges Hugging Face models, and {e}") from None
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=param.dtype,
+                                                               attn_implementation="eager").eval()
+        tok = tokenizer if tokenizer is not None else _placeholder_tokenizer(model.cfg.d_vocab)
+        try:
+            with _quiet():
+                bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf, tokenizer=tok,
+                                                             device=str(device), dtype=param.dtype)
+        except Exception as e:  # noqa: BLE001 - TransformerLens's own refusal (no adapter for this family)
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise BridgeError(f"TransformerLens's TransformerBridge cannot take this model "
+                              f"({hf.config.model_type}): {type(e).__name__}: {first[:200]}") from None
+    return bridge.eval()
+
+
+def _placeholder_tokenizer(d_vocab: int):
+    """A word-level tokenizer whose token i is "t{i}": enough for a bridge driven by token ids."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(d_vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")
+
+
+def to_hooked_transformer(model, use_attn_result: bool = False, device: str | torch.device | None = None):
+    """A TransformerLens 3.x ``HookedTransformer`` computing the same function as ``model``.
 
     model: a circuitlab Transformer of any architecture circuitlab builds except gated MLPs with
     non-zero input biases, and post-only block norms without whole-projection q/k norms (a BridgeError
@@ -52,8 +131,8 @@ def to_transformer_lens(model, use_attn_result: bool = False, device: str | torc
     try:
         from transformer_lens import HookedTransformer, HookedTransformerConfig
     except ImportError:
-        raise BridgeError("to_transformer_lens needs TransformerLens 3.x: pip install 'transformer-lens>=3,<4'"
-                          ) from None
+        raise BridgeError("a HookedTransformer needs TransformerLens 3.x (4.x removed it: use to_transformer_bridge): "
+                          "pip install 'transformer-lens>=3,<4'") from None
     cfg = model.cfg
     gated_bias = cfg.has_mlp and cfg.mlp in ("swiglu", "geglu") and cfg.bias
     if gated_bias and any(bool((block.mlp.fc_in.bias != 0).any()) for block in model.blocks):
