@@ -233,3 +233,18 @@ def test_edge_graph_forward_equals_the_model(models, name):
     graph = EdgeGraph.of(model)
     run = graph_forward(model, graph, tokens)
     close(run.logits[0], model(tokens))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_patching_every_edge_gives_the_reference_run(models, name):
+    """Every edge patched to the corrupted run's writer outputs: the corrupted run's logits (these families'
+    attention has no bias inside a post-norm, so nothing but the writers differs between the runs)."""
+    from circuitlab.analysis.edges import EdgeGraph, graph_forward
+
+    model = models[name]
+    graph = EdgeGraph.of(model)
+    clean, corrupt = toks(12), toks(13)
+    ref = graph_forward(model, graph, corrupt).source_outputs()[0]
+    mask = torch.ones(1, len(graph.sources), len(graph.readers), dtype=torch.float64)
+    run = graph_forward(model, graph, clean, ref=ref, mask=mask)
+    close(run.logits[0], model(corrupt), 1e-8)

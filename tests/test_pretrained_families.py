@@ -309,3 +309,19 @@ def test_transformer_bridge_gives_the_same_logits_and_hook_values(imported, case
 
     _, model, _ = imported[case]
     assert assert_bridge_matches(model, to_transformer_bridge(model), prompt(7)) >= 8 * model.cfg.n_layers
+
+
+def test_cli_exports_phi3_when_asked_and_refuses_a_style_that_does_not_fit(imported, tmp_path, capsys):
+    from circuitlab.cli import main
+
+    _, model, _ = imported["phi3-partial"]
+    save_checkpoint(tmp_path / "phi", model)
+    assert main(["export", "--checkpoint", str(tmp_path / "phi"), "--out", str(tmp_path / "hf"), "--style", "phi3"]) == 0
+    assert "Phi3ForCausalLM" in capsys.readouterr().out
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    assert (hf_logits(back, prompt(8)) - model(prompt(8))).abs().max().item() <= TOL
+    assert main(["export", "--checkpoint", str(tmp_path / "phi"), "--out", str(tmp_path / "g"), "--style", "gemma2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after transformers' loading bar above)
+    assert err.startswith("error:") or "cannot be exported as gemma2" in err
+    assert "cannot be exported as gemma2" in err and "mlp='swiglu'" in err
+    assert not (tmp_path / "g").exists()

@@ -77,7 +77,6 @@ def residual_decomposition(model, cache) -> ResidualDecomposition:
     names = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional == "learned" else [])
     for layer in range(cfg.n_layers):
         names.append(f"blocks.{layer}.attn.hook_z")
-        names += [f"blocks.{layer}.ln1_post.hook_scale"] if post else []
         if cfg.has_mlp:
             names.append(f"blocks.{layer}.hook_mlp_out")
             names += [f"blocks.{layer}.ln2_post.hook_scale"] if post else []
@@ -94,37 +93,21 @@ def residual_decomposition(model, cache) -> ResidualDecomposition:
             result = cache["result", layer]  # [batch, pos, head, d_model]
         else:
             result = torch.einsum("bphd,hdm->bphm", cache["z", layer], W_O[layer])
-        b_O = model.b_O[layer]
-        if post:  # each head's share of the post-normed output, at this run's scale [batch, pos, 1]
-            scale = cache[f"blocks.{layer}.ln1_post.hook_scale"]
-            result = through_norm(block.ln1_post, result, scale[:, :, None])
-            b_O = through_norm(block.ln1_post, b_O, scale) + _norm_bias(block.ln1_post)
+        result, b_O = block.attn_out_shares(result)  # post-norm: each head's share at this run's scale
         labels += [head_name(layer, h) for h in range(cfg.n_heads)]
         parts += list(result.unbind(dim=2))
         bias = bias + b_O
         if cfg.has_mlp:
             b_out = model.b_out[layer]
-            if post:
-                b_out = through_norm(block.ln2_post, b_out, cache[f"blocks.{layer}.ln2_post.hook_scale"]) \
-                    + _norm_bias(block.ln2_post)
+            if post:  # b_out's share of the post-normed MLP output, at this run's scale
+                norm = block.ln2_post
+                b_out = norm.linear(b_out, cache[f"blocks.{layer}.ln2_post.hook_scale"]) + norm.bias
             labels.append(f"L{layer} MLP")
             parts.append(cache["mlp_out", layer] - b_out)
             bias = bias + b_out
     labels.append("biases")
     parts.append(bias.expand_as(parts[0]))
     return ResidualDecomposition(labels, torch.stack(parts))
-
-
-def through_norm(norm, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """A norm as the linear map it is once its scale is fixed: x [..., d_model] centred (LayerNorm), divided
-    by scale (broadcastable, e.g. a cached hook_scale [batch, pos, 1]), times the gain; the bias left out."""
-    if norm.kind == "layernorm":
-        x = x - x.mean(dim=-1, keepdim=True)
-    return x / scale * norm.w
-
-
-def _norm_bias(norm) -> torch.Tensor | float:
-    return norm.b if norm.b is not None else 0.0
 
 
 # ---------------------------------------------------------------------------- direct logit attribution
@@ -230,7 +213,7 @@ def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tenso
             const = const + direction @ model.ln_final.b
     attributions = through_final_norm(model, comps, direction, scale)  # [component, batch]
     final = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"] if cfg.n_layers else parts.total()
-    logits = model.readout(final[:, pos])  # [batch, d_vocab]
+    logits = model.readout(final[:, pos], soft_cap=False)  # [batch, d_vocab], before any soft-cap
     logit = logits.gather(1, answer_ids[:, None])[:, 0]
     if wrong_ids is not None:
         logit = logit - logits.gather(1, wrong_ids[:, None])[:, 0]

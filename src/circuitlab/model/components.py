@@ -48,13 +48,31 @@ class Norm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
         if self.kind == "layernorm":
             x = x - x.mean(-1, keepdim=True)
-        if frozen is None:
-            scale = (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-        else:
-            scale = fit_reference(frozen, x.shape, "a norm's scale").to(x.dtype)
-        scale = self.hook_scale(scale)
+        scale = self.hook_scale(self.scale_of(x, centred=True))
         x = self.hook_normalized(x / scale) * self.w
         return x + self.b if self.b is not None else x
+
+    def scale_of(self, x: torch.Tensor, centred: bool = False) -> torch.Tensor:
+        """The factor x [..., batch, pos, d] is divided by [..., batch, pos, 1] (the frozen reference's in
+        frozen mode). centred: x is already centred (LayerNorm)."""
+        if self.frozen_scale is not None:
+            return fit_reference(self.frozen_scale, x.shape, "a norm's scale").to(x.dtype)
+        if self.kind == "layernorm" and not centred:
+            x = x - x.mean(-1, keepdim=True)
+        return (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def linear(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The norm as the linear map it is once its scale is fixed: x [..., d] centred (LayerNorm), divided by
+        scale (broadcastable), times the gain; without the bias. norm(x) = linear(x, scale_of(x)) + b, and
+        linear is additive: a sum's parts go through it one by one (a head's share of a post-norm's output)."""
+        if self.kind == "layernorm":
+            x = x - x.mean(-1, keepdim=True)
+        return x / scale * self.w
+
+    @property
+    def bias(self) -> torch.Tensor | float:
+        """b, or 0 for a norm without one."""
+        return self.b if self.b is not None else 0.0
 
 
 def fit_reference(ref: torch.Tensor, shape: Sequence[int], what: str, pos_dims: tuple[int, ...] = (1,)
@@ -378,13 +396,31 @@ class Block(nn.Module):
         mid = self.hook_resid_mid(x + attn_out)
         return self.hook_resid_post(mid + self.hook_mlp_out(self.ln2_post(self.mlp(self.ln2(mid)))))
 
+    def attn_out_shares(self, result: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's share of what attention adds to the residual stream: result [..., pos, n_heads, d_model]
+        (each head's z W_O, without b_O) -> (shares [..., pos, n_heads, d_model], rest [..., pos, d_model]) with
+        shares.sum(-2) + rest == hook_attn_out. Pre-norm: the results themselves and b_O. Under a post-norm
+        (ln1_post) a head's share is its result through the norm as the linear map it is at the scale of the
+        whole output (this run's; the reference's in frozen mode), rest is b_O's share plus the norm's bias."""
+        out = self.attn.out
+        b_O = out.bias if out is not None and out.bias is not None else torch.zeros_like(result[..., 0, :])
+        if self.cfg.block_norms == "pre":
+            return result, b_O.expand_as(result[..., 0, :])
+        norm = self.ln1_post
+        scale = norm.scale_of(result.sum(-2) + b_O)  # [..., pos, 1]
+        return norm.linear(result, scale[..., None, :]), norm.linear(b_O, scale) + norm.bias
+
+    def mlp_out(self, x: torch.Tensor) -> torch.Tensor:
+        """What the MLP adds to the residual stream given the block's stream x [..., pos, d_model] (ln2, the MLP,
+        ln2_post when there is one): hook_mlp_out."""
+        return self.ln2_post(self.mlp(self.ln2(x)))
+
     def split_attention(self, q_in: torch.Tensor, k_in: torch.Tensor, v_in: torch.Tensor) -> torch.Tensor:
         """This block's attention with a separate residual-stream input per head and role (TransformerLens's
         use_split_qkv_input): q_in [..., batch, pos, n_heads, d_model], k_in, v_in [..., batch, pos,
         n_kv_heads, d_model], each normalised by ln1 on its own -> each head's output [..., batch, pos,
-        n_heads, d_model] without b_O and before any post-norm (ln1_post; Attention.split_forward). In a
-        pre-norm block (cfg.additive_heads), with every input equal to resid_pre, the heads' sum + b_O is
-        this block's hook_attn_out."""
+        n_heads, d_model] without b_O and before any post-norm (ln1_post; Attention.split_forward). With every
+        input equal to resid_pre, attn_out_shares of them sum to this block's hook_attn_out."""
         return self.attn.split_forward(*(per_head_norm(self.ln1, x) for x in (q_in, k_in, v_in)))
 
 

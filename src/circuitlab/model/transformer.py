@@ -135,12 +135,14 @@ class Transformer(WeightViews, nn.Module):
         tokens = check_tokens(tokens, self.cfg, offset=offset, allow_empty=True)
         return self.resid_from_embeds(self.token_embeddings(tokens), offset)
 
-    def readout(self, resid: torch.Tensor) -> torch.Tensor:
+    def readout(self, resid: torch.Tensor, soft_cap: bool = True) -> torch.Tensor:
         """A final residual stream [..., d_model] -> logits [..., d_vocab]: the final norm (ln_final),
         the unembedding (W_U, b_U), then any logit soft-cap, as forward ends. In frozen mode the final
         norm's scale is the reference's, so resid must then be [..., batch, pos, d_model] of the
-        reference's batch and positions (or stacked copies of them)."""
-        return self.soft_cap_logits(self.unembed(self.ln_final(resid)))
+        reference's batch and positions (or stacked copies of them). soft_cap=False: the logits before
+        cfg.logit_softcap (what direct logit attribution explains)."""
+        logits = self.unembed(self.ln_final(resid))
+        return self.soft_cap_logits(logits) if soft_cap else logits
 
     def soft_cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """cfg.logit_softcap applied to unembedded logits [..., d_vocab]: c * tanh(logits / c) (Gemma-2);

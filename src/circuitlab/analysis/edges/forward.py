@@ -12,9 +12,12 @@ its own query, key and value inputs (TransformerLens's use_split_qkv_input: Bloc
 the model's plain forward carries no extra cost. Copies run in one batch: tensors are [copies, batch,
 pos, ...]. Embedding, attention and read-out are the model's own (embed_tokens, split_attention, readout).
 
-Architecture: heads must write additively into the residual stream (their outputs sum to attn_out, no
-norm after attention), each reader normalising its own input (pre-norm blocks); EdgeGraph.of refuses
-other models in one line.
+Architecture: every family circuitlab builds. A head writer's output is what it adds to the residual
+stream: z_h W_O in a pre-norm block; under a post-norm (Gemma's ln1_post, OLMo-2) its share of the
+normalised attention output, the norm read as the linear map it is at the scale of that copy's whole
+attention output (Block.attn_out_shares), so with no edge patched the graph computes the model exactly,
+and a patched edge carries the reference run's share. An MLP writer's output is hook_mlp_out (after any
+post-norm).
 """
 from __future__ import annotations
 
@@ -104,16 +107,15 @@ def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.T
             mlp_in = reader_inputs(readers[-1:])
         head_out = block.split_attention(x_attn[..., :H, :], x_attn[..., H:H + K, :],
                                          x_attn[..., H + K:, :])  # [c, b, p, H, d]
+        head_out, rest = block.attn_out_shares(head_out)  # post-norm: each head's share at this copy's scale
         first = 1 + l * (H + int(cfg.has_mlp))
         run.outputs.append((list(range(first, first + H)), head_out))
-        resid = resid + head_out.sum(-2)
-        if block.attn.out is not None and block.attn.out.bias is not None:
-            resid = resid + block.attn.out.bias
+        resid = resid + head_out.sum(-2) + rest
         if cfg.has_mlp:
             if mlp_in is None:
                 mlp_in = reader_inputs(readers[-1:])
             run.inputs.append((readers[-1:], mlp_in))
-            mlp_out = block.mlp(block.ln2(mlp_in[..., 0, :]))
+            mlp_out = block.mlp_out(mlp_in[..., 0, :])
             run.outputs.append(([first + H], mlp_out[..., None, :]))
             resid = resid + mlp_out
     run.resid.append(resid)
