@@ -325,3 +325,31 @@ def test_cli_exports_phi3_when_asked_and_refuses_a_style_that_does_not_fit(impor
     assert err.startswith("error:") or "cannot be exported as gemma2" in err
     assert "cannot be exported as gemma2" in err and "mlp='swiglu'" in err
     assert not (tmp_path / "g").exists()
+
+
+def test_phi3_longrope_switches_to_its_long_factors_past_the_original_context(tmp_path):
+    """Phi-3's LongRoPE (128k-context Phi-3, Phi-3.5): short factors up to the original context, long ones for
+    longer sequences, cos/sin times the attention factor; both sides of the switch equal transformers."""
+    half = 5  # head_dim 10
+    CASES["phi3-longrope"] = ("Phi3Config", "Phi3ForCausalLM",
+                              dict(num_hidden_layers=2, hidden_size=40, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=30, max_position_embeddings=32, original_max_position_embeddings=8,
+                                   pad_token_id=0, rope_parameters={
+                                       "rope_type": "longrope", "rope_theta": 10000.0,
+                                       "short_factor": [1.0 + 0.3 * i for i in range(half)],
+                                       "long_factor": [2.0 + 1.5 * i for i in range(half)]}))
+    try:
+        hf = make_hf("phi3-longrope", tmp_path / "hf")
+    finally:
+        del CASES["phi3-longrope"]
+    model, _ = load_pretrained(tmp_path / "hf", tokenizer=False)
+    assert model.cfg.rope_scaling["type"] == "longrope"
+    for length in (6, 8, 9, 20):  # short, at the switch, long
+        ids = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+        assert (model(ids) - hf_logits(hf, ids)).abs().max().item() <= TOL, length
+    out = export_hf(model, tmp_path / "out", style="phi3")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    ids = torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(1))
+    assert (hf_logits(back, ids) - model(ids)).abs().max().item() <= TOL
+    again, _ = load_pretrained(out, tokenizer=False)
+    assert again.cfg.rope_scaling == model.cfg.rope_scaling

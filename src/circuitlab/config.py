@@ -155,6 +155,10 @@ class ModelConfig:
             )
         if self.rope_scaling is not None:
             _check_rope_scaling(self.rope_scaling)
+            if self.rope_scaling["type"] == "longrope" and any(
+                    len(self.rope_scaling[k]) != self.rot_dim // 2 for k in _LIST_KEYS):
+                raise ConfigError(f"ModelConfig.rope_scaling longrope factors need one entry per rotated pair "
+                                  f"({self.rot_dim // 2})")
         if not self.use_attn_out and self.head_dim != self.d_model:
             raise ConfigError(
                 f"ModelConfig.use_attn_out=False (V-only heads) needs d_head == d_model, "
@@ -254,7 +258,12 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 ROPE_SCALING_KEYS = {"linear": ("factor",),
-                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+                     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                     # Phi-3's LongRoPE: per-frequency factors, the short ones up to the original context and the long
+                     # ones for sequences longer than it; cos and sin times attention_factor
+                     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings",
+                                  "attention_factor")}
+_LIST_KEYS = ("short_factor", "long_factor")
 
 
 def _check_rope_scaling(scaling: dict) -> None:
@@ -268,6 +277,11 @@ def _check_rope_scaling(scaling: dict) -> None:
                           f"{', '.join(sorted(wanted))}; got {', '.join(sorted(scaling))}")
     for key in wanted:
         value = scaling[key]
+        if key in _LIST_KEYS:
+            if not isinstance(value, list) or not value or any(
+                    isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in value):
+                raise ConfigError(f"ModelConfig.rope_scaling[{key!r}] must be a list of positive numbers")
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"ModelConfig.rope_scaling[{key!r}] must be a positive number, got {value!r}")
     if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:

@@ -103,15 +103,18 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return Norm(cfg) if cfg.norm != "none" else nn.Identity()
 
 
-def rotary_frequencies(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+def rotary_frequencies(cfg: ModelConfig, local: bool = False, long: bool = False) -> torch.Tensor:
     """Angular frequency of each rotated pair [rot_dim / 2] (float64), after cfg.rope_scaling; `local`: the
-    sliding-window layers' frequencies (cfg.local_rotary_base, unscaled; Gemma-3)."""
+    sliding-window layers' frequencies (cfg.local_rotary_base, unscaled; Gemma-3); `long`: LongRoPE's set for
+    sequences longer than its original context (else its short set)."""
     d = cfg.rot_dim
     base = cfg.local_rotary_base if local else cfg.rotary_base
     inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     scaling = None if local else cfg.rope_scaling
     if scaling is None:
         return inv_freq
+    if scaling["type"] == "longrope":  # each frequency divided by its own factor
+        return inv_freq / torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
     factor = scaling["factor"]
     if scaling["type"] == "linear":  # positions divided by factor
         return inv_freq / factor
@@ -138,17 +141,24 @@ class Rotary(nn.Module):
         self.rot_dim = cfg.rot_dim
         self.local = local
         self.interleaved = cfg.rotary_interleaved
-        inv_freq = rotary_frequencies(cfg, local)
-        angles = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), inv_freq)  # [n_ctx, rot_dim/2]
-        angles = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        scaling = None if local else cfg.rope_scaling
+        longrope = scaling is not None and scaling["type"] == "longrope"
+        # LongRoPE (Phi-3): the long set serves sequences longer than the original context, as transformers does
+        self.switch_at = scaling["original_max_position_embeddings"] if longrope else None
+        gain = scaling["attention_factor"] if longrope else 1.0
+        for suffix, long in [("", False)] + ([("_long", True)] if longrope and cfg.n_ctx > self.switch_at else []):
+            angles = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), rotary_frequencies(cfg, local, long))
+            angles = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
+            self.register_buffer("cos" + suffix, (angles.cos() * gain).float(), persistent=False)
+            self.register_buffer("sin" + suffix, (angles.sin() * gain).float(), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """x [batch, pos, head, d_head] -> same, rotated by absolute position offset + i."""
         T = x.shape[1]
-        cos = self.cos[offset:offset + T, None, :].to(x.dtype)
-        sin = self.sin[offset:offset + T, None, :].to(x.dtype)
+        long = self.switch_at is not None and offset + T > self.switch_at  # LongRoPE's long set
+        table_cos, table_sin = (self.cos_long, self.sin_long) if long else (self.cos, self.sin)
+        cos = table_cos[offset:offset + T, None, :].to(x.dtype)
+        sin = table_sin[offset:offset + T, None, :].to(x.dtype)
         x_rot, x_pass = x[..., : self.rot_dim], x[..., self.rot_dim:]
         if self.interleaved:  # pairs (x0, x1), (x2, x3), ... -> (-x1, x0), (-x3, x2), ...
             rotated = torch.stack([-x_rot[..., 1::2], x_rot[..., ::2]], dim=-1).flatten(-2)

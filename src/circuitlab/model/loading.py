@@ -43,7 +43,8 @@ def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
         if rotary.local not in fresh:
             with torch.device(device):
                 fresh[rotary.local] = Rotary(cfg, local=rotary.local)
-        rotary.cos, rotary.sin = fresh[rotary.local].cos, fresh[rotary.local].sin
+        for name, table in fresh[rotary.local].named_buffers():
+            setattr(rotary, name, table)
     return model
 
 

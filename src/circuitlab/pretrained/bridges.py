@@ -197,6 +197,9 @@ def _rope_scaling_options(scaling: dict | None) -> dict[str, Any]:
         return {}
     if scaling["type"] == "linear":
         return {"rotary_scaling_factor": float(scaling["factor"])}
+    if scaling["type"] == "longrope":
+        raise BridgeError("TransformerLens 3.x has no LongRoPE rotary scaling (Phi-3's long-context checkpoints); "
+                          "with TransformerLens 4, to_transformer_lens bridges the exported model instead")
     return {"use_NTK_by_parts_rope": True, "NTK_by_parts_factor": float(scaling["factor"]),
             "NTK_by_parts_low_freq_factor": float(scaling["low_freq_factor"]),
             "NTK_by_parts_high_freq_factor": float(scaling["high_freq_factor"]),

@@ -17,6 +17,7 @@ Linear weights are [out, in].
 """
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -63,6 +64,7 @@ def _rope(hf: dict, default_partial: float) -> tuple[float, float, dict | None]:
                               "Transformer cannot express")
     kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type") \
         or "default"
+    kind = "longrope" if kind == "su" else kind  # Phi-3's first name for LongRoPE
     if kind not in ("default", *ROPE_SCALING_KEYS):
         raise CircuitlabError(f"this checkpoint uses {kind!r} rotary scaling, which circuitlab's Transformer does "
                               f"not implement (supported: default, {', '.join(ROPE_SCALING_KEYS)})")
@@ -70,7 +72,20 @@ def _rope(hf: dict, default_partial: float) -> tuple[float, float, dict | None]:
     partial = params.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or hf.get("rotary_pct") \
         or default_partial
     ours = None
-    if kind != "default":
+    if kind == "longrope":
+        source = {**scaling, **params}
+        original = source.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+        if original is None or source.get("short_factor") is None or source.get("long_factor") is None:
+            raise CircuitlabError("the checkpoint's 'longrope' rotary scaling lacks short_factor, long_factor or "
+                                  "original_max_position_embeddings")
+        factor = source.get("factor") or hf["max_position_embeddings"] / original
+        attention = source.get("attention_factor")
+        if attention is None:  # as transformers derives it
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        ours = {"type": "longrope", "short_factor": [float(v) for v in source["short_factor"]],
+                "long_factor": [float(v) for v in source["long_factor"]],
+                "original_max_position_embeddings": int(original), "attention_factor": float(attention)}
+    elif kind != "default":
         source = {**scaling, **params}
         missing = [k for k in ROPE_SCALING_KEYS[kind] if source.get(k) is None]
         if missing:

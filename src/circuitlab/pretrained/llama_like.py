@@ -396,7 +396,9 @@ class Phi3(_Decoder):
         return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **self._hf_common(cfg),
                 "hidden_act": "silu", "sliding_window": cfg.sliding_window, "rope_theta": cfg.rotary_base,
                 "partial_rotary_factor": partial, "rope_parameters": rope, "resid_pdrop": 0.0,
-                "embd_pdrop": 0.0, "original_max_position_embeddings": cfg.n_ctx, "pad_token_id": None}
+                "embd_pdrop": 0.0, "pad_token_id": None,
+                "original_max_position_embeddings": (cfg.rope_scaling or {}).get("original_max_position_embeddings",
+                                                                                cfg.n_ctx)}
 
 
 def is_gemma3_multimodal(hf: dict) -> bool:
