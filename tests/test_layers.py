@@ -54,6 +54,7 @@ LAYERS = [
     ("data", "training"),
     ("forge", "pretrained"),
     ("analysis", "dictionaries"),
+    ("graphs",),
     ("viz",),
     ("report", "serve"),
     ("experiments",),

@@ -1,0 +1,348 @@
+"""The attribution graph: a plain container with a documented node order, its scores and its pruning.
+
+Nodes, in this order (circuit-tracer's, so adjacency matrices compare index for index):
+
+    [selected features (sorted by layer, pos, feature) | errors (layer-major: layer 0 pos 0..T-1, layer 1 ...)
+     | tokens (pos 0..T-1) | logits (targets in order)]
+
+adjacency [n_nodes, n_nodes]: rows are targets, columns sources; error and token rows are zero.
+
+Scores and pruning as the field defines them (Ameisen et al. 2025): Â = |A| with each row divided by
+its sum; the influence of every node on the logits is I = w (Â + Â² + ...) for the logit weights w
+(each target's probability); the replacement score is the tokens' influence over the tokens' and
+errors' together; the completeness score is the share of every node's input that does not come from
+errors, weighted by the node's influence (+ its own logit weight). Pruning keeps the nodes holding
+node_threshold of the influence, then the edges holding edge_threshold of the edge influence
+(Â[t, s] * (influence of t + its weight)), and drops, until none is left, features and errors with no
+kept outgoing edge and features with no kept incoming edge. Tokens and logits are always kept.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from circuitlab.atomic import atomic_dir
+from circuitlab.display import Displayed
+from circuitlab.errors import CircuitlabError, InputError
+
+FORMAT = "circuitlab-graph-1"
+TENSORS, META = "graph.safetensors", "graph.json"
+
+
+# ---------------------------------------------------------------------------- influence
+
+def normalized(adjacency: torch.Tensor) -> torch.Tensor:
+    """Â = |A| with every row divided by its sum (rows summing to 0 stay 0). [n, n] -> [n, n]."""
+    a = adjacency.abs()
+    return a / a.sum(dim=1, keepdim=True).clamp(min=1e-10)
+
+
+def influence(a_hat: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
+    """w (Â + Â² + ...) for weights w [n] on the rows: a graph's edges run from earlier layers to later
+    ones, so the powers of Â reach zero after at most depth steps. [n]."""
+    step = weights.to(a_hat.dtype) @ a_hat
+    total = step.clone()
+    for _ in range(max_iter):
+        if not bool(step.any()):
+            return total
+        step = step @ a_hat
+        total += step
+    raise CircuitlabError("influence did not converge: the adjacency has a cycle (not an attribution graph)")
+
+
+def node_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each node's influence on the weighted logits [n]."""
+    return influence(normalized(adjacency), weights)
+
+
+def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each edge's influence [n, n]: Â[t, s] * (influence of t + weight of t)."""
+    a_hat = normalized(adjacency)
+    return a_hat * (influence(a_hat, weights) + weights.to(a_hat.dtype))[:, None]
+
+
+def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The smallest score among the top scores holding `fraction` of their total."""
+    ordered = scores.flatten().sort(descending=True).values
+    cum = ordered.cumsum(0) / ordered.sum()
+    i = int(torch.searchsorted(cum, torch.tensor(fraction, dtype=cum.dtype)))
+    return ordered[min(i, len(ordered) - 1)]
+
+
+def check_threshold(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise InputError(f"{name} must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+@dataclass
+class Pruned:
+    """node_mask [n_nodes], edge_mask [n_nodes, n_nodes] (target, source), cumulative [n_nodes]: the share
+    of all influence held by the nodes at least as influential as each node."""
+
+    node_mask: torch.Tensor
+    edge_mask: torch.Tensor
+    cumulative: torch.Tensor
+    node_threshold: float
+    edge_threshold: float
+
+
+# ---------------------------------------------------------------------------- the graph
+
+@dataclass
+class Graph(Displayed):
+    """An attribution graph (see the module docstring for the node order).
+
+    tokens [pos]; active_features [n_active, 3] (layer, pos, feature) with activations [n_active];
+    selected [n_feat]: the active features that are nodes (all unless capped); adjacency [n, n];
+    logit_tokens [n_logit] (-1 for a direction), logit_weights [n_logit]; info: timings, memory."""
+
+    tokens: torch.Tensor
+    active_features: torch.Tensor
+    activations: torch.Tensor
+    selected: torch.Tensor
+    adjacency: torch.Tensor
+    logit_labels: list[str]
+    logit_tokens: torch.Tensor
+    logit_weights: torch.Tensor
+    n_layers: int
+    bos: bool = False
+    token_strs: list[str] | None = None
+    prompt: str | None = None
+    transcoders: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ node bookkeeping
+    @property
+    def n_pos(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.selected)
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.logit_labels)
+
+    @property
+    def n_nodes(self) -> int:
+        return self.adjacency.shape[0]
+
+    @property
+    def error_start(self) -> int:
+        return self.n_features
+
+    @property
+    def token_start(self) -> int:
+        return self.n_features + self.n_layers * self.n_pos
+
+    @property
+    def logit_start(self) -> int:
+        return self.token_start + self.n_pos
+
+    @property
+    def features(self) -> torch.Tensor:
+        """[n_feat, 3] (layer, pos, feature) of the feature nodes."""
+        return self.active_features[self.selected]
+
+    @property
+    def feature_activations(self) -> torch.Tensor:
+        return self.activations[self.selected]
+
+    def weights(self) -> torch.Tensor:
+        """[n_nodes] the logit weights on the logit rows, 0 elsewhere."""
+        w = torch.zeros(self.n_nodes, dtype=torch.float64)
+        w[self.logit_start:] = self.logit_weights.double()
+        return w
+
+    def node(self, i: int) -> dict[str, Any]:
+        """What node i is: {"kind": "feature"|"error"|"token"|"logit", "layer", "pos", ...}."""
+        if i < self.error_start:
+            layer, pos, feat = self.features[i].tolist()
+            return {"kind": "feature", "layer": layer, "pos": pos, "feature": feat,
+                    "activation": float(self.feature_activations[i])}
+        if i < self.token_start:
+            layer, pos = divmod(i - self.error_start, self.n_pos)
+            return {"kind": "error", "layer": layer, "pos": pos}
+        if i < self.logit_start:
+            pos = i - self.token_start
+            return {"kind": "token", "pos": pos, "token": int(self.tokens[pos])}
+        j = i - self.logit_start
+        return {"kind": "logit", "pos": self.n_pos - 1, "token": int(self.logit_tokens[j]),
+                "label": self.logit_labels[j], "weight": float(self.logit_weights[j])}
+
+    def index(self, kind: str, layer: int | None = None, pos: int | None = None, feature: int | None = None,
+              logit: int | None = None) -> int:
+        """The node index of a feature (layer, pos, feature), error (layer, pos), token (pos) or logit
+        (its index among the targets)."""
+        if kind == "feature":
+            hit = ((self.features == torch.tensor([layer, pos, feature])).all(1)).nonzero()
+            if not len(hit):
+                raise InputError(f"feature {feature} of layer {layer} at position {pos} is not a node")
+            return int(hit[0, 0])
+        if kind == "error":
+            return self.error_start + layer * self.n_pos + pos
+        if kind == "token":
+            return self.token_start + pos
+        if kind == "logit":
+            return self.logit_start + logit
+        raise InputError(f"unknown node kind {kind!r}; use feature, error, token or logit")
+
+    def label(self, i: int) -> str:
+        n = self.node(i)
+        tok = (lambda p: repr(self.token_strs[p]) if self.token_strs else str(int(self.tokens[p])))
+        if n["kind"] == "feature":
+            return f"L{n['layer']} F{n['feature']} @{n['pos']} {tok(n['pos'])}"
+        if n["kind"] == "error":
+            return f"error L{n['layer']} @{n['pos']}"
+        if n["kind"] == "token":
+            return f"token {tok(n['pos'])} @{n['pos']}"
+        return f"logit {n['label']!r}"
+
+    # ------------------------------------------------------------------ scores and pruning
+    def node_influence(self) -> torch.Tensor:
+        return node_influence(self.adjacency.double(), self.weights())
+
+    def scores(self) -> dict[str, float]:
+        """{"replacement": ..., "completeness": ...} (both 1.0 when the errors carry nothing)."""
+        a_hat = normalized(self.adjacency.double())
+        w = self.weights()
+        infl = influence(a_hat, w)
+        errors = infl[self.error_start:self.token_start].sum()
+        tokens = infl[self.token_start:self.logit_start].sum()
+        replacement = tokens / (tokens + errors) if float(tokens + errors) > 0 else torch.tensor(1.0)
+        non_error = 1 - a_hat[:, self.error_start:self.token_start].sum(1)
+        out_infl = infl + w
+        completeness = (non_error * out_infl).sum() / out_infl.sum()
+        return {"replacement": float(replacement), "completeness": float(completeness)}
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
+        """Keep the nodes holding node_threshold of the influence and the edges holding edge_threshold
+        of the edge influence, then drop dangling features and errors until none is left."""
+        node_threshold = check_threshold(node_threshold, "the node threshold")
+        edge_threshold = check_threshold(edge_threshold, "the edge threshold")
+        A, w = self.adjacency.double(), self.weights()
+        infl = node_influence(A, w)
+        nodes = infl >= threshold_for(infl, node_threshold)
+        nodes[self.token_start:] = True  # tokens and logits always stay
+        kept = A.clone()
+        kept[~nodes] = 0
+        kept[:, ~nodes] = 0
+        scores = edge_influence(kept, w)
+        edges = scores >= threshold_for(scores, edge_threshold)
+        inner, nf = slice(0, self.token_start), self.n_features
+
+        def drop_dangling() -> None:
+            nodes[inner] &= edges[:, inner].any(0)      # features and errors need an outgoing edge
+            nodes[:nf] &= edges[:nf].any(1)             # features need an incoming edge
+
+        before = nodes.clone()
+        drop_dangling()
+        while not torch.equal(nodes, before):
+            before = nodes.clone()
+            edges[~nodes] = False
+            edges[:, ~nodes] = False
+            drop_dangling()
+        order = infl.sort(descending=True)
+        cumulative = torch.zeros_like(infl)
+        cumulative[order.indices] = order.values.cumsum(0) / order.values.sum()
+        return Pruned(nodes, edges, cumulative, node_threshold, edge_threshold)
+
+    def top_paths(self, k: int = 5, pruned: Pruned | None = None, beam: int = 64) -> list[dict[str, Any]]:
+        """The k strongest token -> ... -> logit paths: strength = logit weight x the product of Â along
+        the path (each step's share of its target's input), searched backward from the logits."""
+        a_hat = normalized(self.adjacency.double())
+        if pruned is not None:
+            a_hat = a_hat * pruned.edge_mask
+        w = self.weights()
+        frontier = [(float(w[i]), [i]) for i in range(self.logit_start, self.n_nodes) if w[i] > 0]
+        done: list[tuple[float, list[int]]] = []
+        while frontier:
+            grown = []
+            for score, path in frontier:
+                row = a_hat[path[-1]]
+                nz = row.nonzero().flatten()
+                for s in nz[row[nz].argsort(descending=True)[:beam]].tolist():
+                    item = (score * float(row[s]), path + [s])
+                    (done if self.token_start <= s < self.logit_start else grown).append(item)
+            frontier = sorted(grown, key=lambda t: -t[0])[:beam]
+        done.sort(key=lambda t: -t[0])
+        return [{"strength": s, "nodes": list(reversed(p)), "words": " -> ".join(self.label(i) for i in reversed(p))}
+                for s, p in done[:k]]
+
+    # ------------------------------------------------------------------ results
+    def summary(self, pruned: Pruned | None = None) -> dict[str, Any]:
+        s = self.scores()
+        out = {"n_nodes": self.n_nodes, "n_feature_nodes": self.n_features,
+               "n_active_features": len(self.active_features), "n_logits": self.n_logits,
+               "logits": [{"label": l_, "token": int(t), "weight": float(w)}
+                          for l_, t, w in zip(self.logit_labels, self.logit_tokens, self.logit_weights)],
+               "replacement_score": s["replacement"], "completeness_score": s["completeness"]}
+        if pruned is not None:
+            out["pruned"] = {"node_threshold": pruned.node_threshold, "edge_threshold": pruned.edge_threshold,
+                             "nodes": int(pruned.node_mask.sum()), "edges": int(pruned.edge_mask.sum()),
+                             "features": int(pruned.node_mask[:self.n_features].sum())}
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "n_layers": self.n_layers, "bos": self.bos, "prompt": self.prompt,
+                "token_strs": self.token_strs, "logit_labels": self.logit_labels, "transcoders": self.transcoders,
+                "info": self.info, "summary": self.summary()}
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.n_pos} positions, {self.n_features} feature nodes of {len(self.active_features)} "
+                f"active, {self.n_logits} logits, {self.n_nodes} nodes)")
+
+    def _repr_html_(self) -> str:
+        from circuitlab.display import renderer_for
+
+        if renderer_for(self) is not None:
+            return super()._repr_html_()
+        return summary_html(self)
+
+    # ------------------------------------------------------------------ files
+    def save(self, folder: str | Path) -> Path:
+        """graph.safetensors (every tensor, exact) + graph.json (the rest), written as one folder atomically."""
+        tensors = {"tokens": self.tokens, "active_features": self.active_features, "activations": self.activations,
+                   "selected": self.selected, "adjacency": self.adjacency, "logit_tokens": self.logit_tokens,
+                   "logit_weights": self.logit_weights}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        meta = self.to_dict()
+        with atomic_dir(Path(folder)) as tmp:
+            save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+        return Path(folder)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "Graph":
+        folder = Path(folder)
+        if not (folder / TENSORS).is_file() or not (folder / META).is_file():
+            raise CircuitlabError(f"{folder} holds no graph (expected {TENSORS} and {META})")
+        meta = json.loads((folder / META).read_text())
+        if meta.get("format") != FORMAT:
+            raise CircuitlabError(f"{folder / META} is not a {FORMAT} file")
+        t = load_file(str(folder / TENSORS))
+        return cls(tokens=t["tokens"], active_features=t["active_features"], activations=t["activations"],
+                   selected=t["selected"], adjacency=t["adjacency"], logit_labels=meta["logit_labels"],
+                   logit_tokens=t["logit_tokens"], logit_weights=t["logit_weights"], n_layers=meta["n_layers"],
+                   bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
+                   transcoders=meta["transcoders"], info=meta["info"])
+
+
+def summary_html(graph: Graph, pruned: Pruned | None = None) -> str:
+    """A small HTML summary: scores, logits, top paths."""
+    s = graph.summary(pruned)
+    rows = "".join(f"<tr><td>{html.escape(p['words'])}</td><td>{p['strength']:.3g}</td></tr>"
+                   for p in graph.top_paths(5, pruned))
+    logits = ", ".join(f"{html.escape(repr(x['label']))} ({x['weight']:.2f})" for x in s["logits"])
+    return (f"<div><b>Attribution graph</b>: {graph.n_pos} positions, {s['n_feature_nodes']} feature nodes, "
+            f"{s['n_nodes']} nodes; logits {logits}<br>replacement score {s['replacement_score']:.3f}, "
+            f"completeness score {s['completeness_score']:.3f}"
+            f"<table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table></div>")

@@ -1,0 +1,256 @@
+"""The local replacement model of a prompt: MLPs replaced by transcoders, attention and norms frozen.
+
+    rm = ReplacementModel(model, transcoders, tokens)         # tokens [pos]; one reference run
+    out = rm.run()                                            # logits equal the model's (error terms)
+    out.acts[1]                                               # [1, pos, d_sae] feature activations
+    out = rm.run([Intervention(layer=0, feature=7, value=0.0, pos=3)])             # set a feature
+    out = rm.run(interventions, mode="model", freeze_attention=False)             # the real model, edited
+    text_ids = rm.generate(tokens, 10, [Intervention(0, 7, scale=4.0)])            # steered generation
+
+In the replacement model every MLP output is rebuilt as decode(features) + skip(input) + error, the
+error being what the transcoder missed on the reference run (a constant), so with no intervention the
+replacement model computes exactly what the model computed. Attention patterns and every norm's
+scale are the reference run's, detached: what remains is linear in the residual stream apart from the
+features' own activation functions. With features="frozen" those are fixed too (the reference
+activations), and the whole model is the linear system an attribution graph describes.
+
+Hooks follow the model's names; `rm.hooks()` attaches the replacement to the model (user hooks added
+after it see the replaced values), so run_with_hooks / run_with_cache work on the replacement model.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from circuitlab.errors import InputError
+from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.model.hooks import HookPoint
+from circuitlab.model.tokens import check_tokens
+
+MODES = ("replacement", "model")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """Set (value) or scale (scale) one feature of one layer, at some positions (None: every position,
+    generated ones included). A cross-layer feature is edited once; its decoders carry the edit into
+    every layer it writes."""
+
+    layer: int
+    feature: int
+    value: float | None = None
+    scale: float | None = None
+    pos: int | Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.value is None) == (self.scale is None):
+            raise InputError("an intervention sets a feature (value=...) or scales it (scale=...), one of the two")
+
+    def positions(self, n_pos: int) -> list[int] | slice:
+        if self.pos is None:
+            return slice(None)
+        pos = [self.pos] if isinstance(self.pos, int) else list(self.pos)
+        bad = [p for p in pos if not -n_pos <= p < n_pos]
+        if bad:
+            raise InputError(f"intervention position(s) {bad} outside the prompt's {n_pos} positions")
+        return [p % n_pos for p in pos]
+
+
+@dataclass
+class ReplacementRun:
+    """What one run of the replacement (or edited real) model computed.
+
+    logits [batch, pos, d_vocab]; acts / pre_acts {layer: [batch, pos, d_sae]} (after the interventions)."""
+
+    logits: torch.Tensor
+    acts: dict[int, torch.Tensor] = field(default_factory=dict)
+    pre_acts: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class ReplacementModel:
+    """A model, its transcoders and a reference run on one prompt (tokens [pos]).
+
+    bos: treat position 0 as an attention sink, as circuit-tracer does: no features there, its MLP output
+    kept whole in the error term (and, in a graph, not a node)."""
+
+    def __init__(self, model: Any, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False) -> None:
+        transcoders.check_model(model)
+        self.model, self.tc, self.bos = model, transcoders, bos
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 1:
+            raise InputError(f"a replacement model is built on one prompt: tokens [pos], got shape "
+                             f"{tuple(tokens.shape)}")
+        self.tokens = check_tokens(tokens[None], model.cfg, "the prompt")[0]
+        if len(self.tokens) > model.cfg.n_ctx:
+            raise InputError(f"the prompt has {len(self.tokens)} tokens but the model's context is "
+                             f"{model.cfg.n_ctx}; shorten it")
+        self.n_pos = len(self.tokens)
+        self._reference()
+
+    # ------------------------------------------------------------------ the reference run
+    @torch.no_grad()
+    def _reference(self) -> None:
+        points = self.model.hook_points()
+        self.frozen_names = [n for n in points if n.endswith("attn.hook_pattern") or n.endswith("hook_scale")]
+        ins = [self.tc.input_hook(layer) for layer in self.tc.layers]
+        outs = [self.tc.output_hook(layer) for layer in range(self.tc.n_layers)]
+        embeds = [n for n in ("hook_embed", "hook_pos_embed") if n in points]
+        logits, cache = self.model.run_with_cache(self.tokens[None], names_filter=self.frozen_names + ins + outs + embeds)
+        self.logits = logits[0]                                                     # [pos, d_vocab]
+        self.frozen = {n: cache[n] for n in self.frozen_names}
+        self.inputs = {layer: cache[self.tc.input_hook(layer)][0] for layer in self.tc.layers}   # [pos, d_in]
+        self.mlp_out = {layer: cache[outs[layer]][0] for layer in range(self.tc.n_layers)}       # [pos, d_model]
+        self.embeddings = sum(cache[n][0] for n in embeds)                          # [pos, d_model]: token nodes
+        self.acts = {}
+        for layer in self.tc.layers:
+            a = self.tc.encode(layer, self.inputs[layer])
+            if self.bos:
+                a[0] = 0
+            self.acts[layer] = a                                                    # [pos, d_sae]
+        self.errors = {}                                                            # [pos, d_model]
+        for layer in range(self.tc.n_layers):
+            if not self.tc.has(layer):
+                self.errors[layer] = self.mlp_out[layer].clone()
+                continue
+            self.errors[layer] = self.mlp_out[layer] - self._rebuild(layer, self.acts, self.inputs[layer])
+
+    def _rebuild(self, layer: int, acts: dict[int, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """decode + skip of `layer` from source activations and its input (no error)."""
+        y = self.tc.decode(layer, acts)
+        skip = self.tc.skip(layer, x)
+        return y if skip is None else y + skip
+
+    @property
+    def active_features(self) -> torch.Tensor:
+        """[n, 3] (layer, pos, feature) of every active feature, sorted; with activation_values [n]."""
+        rows = []
+        for layer in self.tc.layers:
+            pos, feat = self.acts[layer].nonzero(as_tuple=True)
+            rows.append(torch.stack([torch.full_like(pos, layer), pos, feat], 1))
+        return torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.long)
+
+    # ------------------------------------------------------------------ runs
+    @contextlib.contextmanager
+    def hooks(self, interventions: Sequence[Intervention] = (), mode: str = "replacement",
+              features: str = "live", freeze_attention: bool = True, freeze_norms: bool | None = None,
+              record: ReplacementRun | None = None, batch: int = 1) -> Iterator[Any]:
+        """Attach the replacement (or, mode="model", edits of the real model) to the model for the block.
+
+        features: "live" (encoded from the current input) or "frozen" (the reference activations; with
+        them the model is linear). freeze_norms defaults to True in the replacement model and to
+        freeze_attention in the real model. record: filled with each layer's acts and pre-acts."""
+        if mode not in MODES:
+            raise InputError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+        if features not in ("live", "frozen"):
+            raise InputError(f"features must be 'live' or 'frozen', got {features!r}")
+        if mode == "replacement" and not (freeze_attention and freeze_norms is not False):
+            raise InputError("the replacement model freezes attention and norms; to let them move, run the real "
+                             "model (mode='model')")
+        freeze_norms = freeze_attention if freeze_norms is None else freeze_norms
+        by_layer: dict[int, list[Intervention]] = {}
+        for iv in interventions:
+            if not self.tc.has(iv.layer):
+                raise InputError(f"no transcoder at layer {iv.layer} to intervene on")
+            if not 0 <= iv.feature < self.tc.d_sae(iv.layer):
+                raise InputError(f"feature {iv.feature} is outside layer {iv.layer}'s {self.tc.d_sae(iv.layer)}")
+            by_layer.setdefault(iv.layer, []).append(iv)
+        fns: list[tuple[str, Any]] = []
+        frozen = [n for n in self.frozen_names if (freeze_attention and n.endswith("hook_pattern"))
+                  or (freeze_norms and n.endswith("hook_scale"))]
+        for name in frozen:
+            fns.append((name, self._frozen_fn(self.frozen[name])))
+        inputs: dict[int, torch.Tensor] = {}
+        acts: dict[int, torch.Tensor] = {}        # this pass's activations, by source layer
+        deltas: dict[int, torch.Tensor] = {}      # real model: decoder image of the edits, by target layer
+
+        def read(x: torch.Tensor, hook: HookPoint) -> None:
+            layer = int(hook.name.split(".")[1])
+            inputs[layer] = x
+            live_pre = self.tc.pre_acts(layer, x)
+            if features == "frozen" and mode == "replacement":
+                now = self.acts[layer].to(x.dtype).expand(x.shape[0], *self.acts[layer].shape).clone()
+                pre = live_pre
+            else:
+                pre = live_pre
+                now = self.tc.activate(layer, pre)
+                if self.bos:
+                    now = now.clone()
+                    now[:, 0] = 0
+            edited = self._edit(now, by_layer.get(layer, ()), now.shape[1])
+            acts[layer] = edited
+            if record is not None:
+                record.acts[layer] = edited.detach()
+                record.pre_acts[layer] = pre.detach()
+            if mode == "model" and edited is not now:
+                change = self.tc.decoder_vectors(layer, torch.arange(self.tc.d_sae(layer)))  # [d_sae, w, d]
+                diff = (edited - now).to(change.dtype)
+                for i, target in enumerate(self.tc.writes(layer)):
+                    d = diff @ change[:, i]
+                    deltas[target] = deltas[target] + d if target in deltas else d
+
+        def write(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+            layer = int(hook.name.split(".")[1])
+            if mode == "model":
+                return y + deltas.pop(layer).to(y.dtype) if layer in deltas else y
+            err = self.errors[layer].to(y.dtype)
+            if not self.tc.has(layer):
+                return err.expand_as(y)
+            return (self._rebuild(layer, acts, inputs[layer]).to(y.dtype) + err).expand_as(y)
+
+        for layer in self.tc.layers:
+            fns.append((self.tc.input_hook(layer), read))
+        if mode == "replacement":
+            fns += [(self.tc.output_hook(layer), write) for layer in range(self.tc.n_layers)]
+        else:
+            fns += [(self.tc.output_hook(layer), write) for layer in range(self.tc.n_layers)
+                    if any(layer in self.tc.writes(src) for src in by_layer)]
+        with self.model.hooks(fns):
+            yield self.model
+
+    def _frozen_fn(self, ref: torch.Tensor):
+        def fn(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+            if x.shape[1:] != ref.shape[1:]:
+                raise InputError(f"{hook.name} is frozen for the reference prompt's {self.n_pos} positions; the "
+                                 "input has a different length (generate with attention free)")
+            return ref.to(x.dtype).expand_as(x)
+
+        return fn
+
+    def _edit(self, acts: torch.Tensor, edits: Sequence[Intervention], n_pos: int) -> torch.Tensor:
+        if not edits:
+            return acts
+        acts = acts.clone()
+        for iv in edits:
+            where = iv.positions(n_pos)
+            if iv.value is not None:
+                acts[:, where, iv.feature] = iv.value
+            else:
+                acts[:, where, iv.feature] = acts[:, where, iv.feature] * iv.scale
+        return acts
+
+    @torch.no_grad()
+    def run(self, interventions: Sequence[Intervention] = (), mode: str = "replacement", features: str = "live",
+            freeze_attention: bool = True, freeze_norms: bool | None = None,
+            fwd_hooks: Sequence[tuple[str, Any]] = ()) -> ReplacementRun:
+        """Run the prompt through the replacement model (or the real model, mode="model") with the
+        interventions; user fwd_hooks run after the replacement's own. Returns logits and features."""
+        out = ReplacementRun(logits=torch.empty(0))
+        with self.hooks(interventions, mode, features, freeze_attention, freeze_norms, record=out):
+            with self.model.hooks(fwd_hooks):
+                out.logits = self.model(self.tokens[None])
+        return out
+
+    @torch.no_grad()
+    def generate(self, max_new_tokens: int, interventions: Sequence[Intervention] = (), temperature: float = 0.0,
+                 seed: int | None = None) -> torch.Tensor:
+        """Continue the prompt with the real model (attention free: new positions have no reference), the
+        interventions applied at their positions (pos=None: every position, new ones included).
+        Returns tokens [pos + new]."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        with self.hooks(interventions, mode="model", freeze_attention=False):
+            return self.model.generate(self.tokens[None], max_new_tokens, temperature=temperature,
+                                       use_cache=False, generator=gen)[0]

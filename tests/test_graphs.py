@@ -1,0 +1,248 @@
+"""Attribution graphs against truth: a forged model whose MLPs are planted sparse dictionaries (exact
+transcoders: zero errors, scores 1.0, the planted path strongest, decoys pruned), and every edge of a
+random model's graph checked as an effect in the frozen replacement model (float64, 1e-8)."""
+import json
+
+import pytest
+import torch
+
+from circuitlab import ModelConfig
+from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
+from circuitlab.errors import CircuitlabError
+from circuitlab.graphs import Graph, Intervention, ReplacementModel, Transcoders, attribute, logit_difference
+from circuitlab.graphs.export import neuronpedia_json
+from circuitlab.graphs.graph import edge_influence, threshold_for
+from circuitlab.graphs.planted import VOCAB, planted_path_model
+from helpers import random_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def random_transcoder(layer: int, d_model: int, d_sae: int = 40, seed: int = 0, skip: bool = True) -> SparseDictionary:
+    cfg = DictionaryConfig("relu", d_in=d_model, d_sae=d_sae, hook_name=f"blocks.{layer}.ln2.hook_normalized",
+                           out_hook_name=f"blocks.{layer}.hook_mlp_out", skip=skip, dtype="float64")
+    d = SparseDictionary(cfg, seed=seed + layer)
+    g = torch.Generator().manual_seed(100 + seed + layer)
+    with torch.no_grad():
+        d.W_enc.copy_(torch.randn(d.W_enc.shape, generator=g, dtype=torch.float64) / d_model**0.5)
+        d.b_enc.copy_(-0.8 + 0.1 * torch.randn(d_sae, generator=g, dtype=torch.float64))  # sparse: a few fire
+        d.b_dec.copy_(0.1 * torch.randn(d_model, generator=g, dtype=torch.float64))
+        if skip:
+            d.W_skip.copy_(0.1 * torch.randn(d.W_skip.shape, generator=g, dtype=torch.float64))
+    return d
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=3, d_model=32, n_heads=4, d_mlp=64, n_ctx=16, d_vocab=50)
+    model = random_model(cfg, scale=1.0).double().eval()
+    tc = Transcoders.per_layer(model, [random_transcoder(layer, 32) for layer in range(3)])
+    tokens = torch.randint(0, 50, (10,), generator=torch.Generator().manual_seed(3))
+    graph = attribute(model, tc, tokens, batch_size=16)
+    return model, tc, tokens, graph
+
+
+# ---------------------------------------------------------------------------- planted truth
+
+def test_exact_transcoders_give_zero_errors_scores_one_and_the_models_logits():
+    p = planted_path_model()
+    rm = ReplacementModel(p.model, p.transcoders, p.tokens)
+    assert all(float(e.abs().max()) < 1e-12 for e in rm.errors.values())
+    real = p.model(p.tokens[None])
+    for features in ("live", "frozen"):
+        torch.testing.assert_close(rm.run(features=features).logits, real, atol=1e-12, rtol=0)
+    graph = attribute(p.model, p.transcoders, p.tokens)
+    assert float(graph.adjacency[:, graph.error_start:graph.token_start].abs().max()) < 1e-12
+    s = graph.scores()
+    assert s["replacement"] == pytest.approx(1.0, abs=1e-12) and s["completeness"] == pytest.approx(1.0, abs=1e-12)
+
+
+def auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
+    """Probability that a random positive outranks a random negative (ties count half)."""
+    pos, neg = scores[positive], scores[~positive]
+    greater = (pos[:, None] > neg[None, :]).double().mean()
+    ties = (pos[:, None] == neg[None, :]).double().mean()
+    return float(greater + 0.5 * ties)
+
+
+def test_the_planted_path_is_the_strongest_and_the_decoys_are_pruned():
+    p = planted_path_model()
+    graph = attribute(p.model, p.transcoders, p.tokens)
+    path = [graph.index("token", pos=spec[1]) if spec[0] == "token" else
+            graph.index("feature", *spec[1:]) if spec[0] == "feature" else graph.logit_start for spec in p.path]
+    pruned = graph.prune()
+    best = graph.top_paths(1, pruned)[0]
+    assert best["nodes"] == path, best["words"]
+    kept = pruned.node_mask.nonzero().flatten().tolist()
+    kept_features = [tuple(graph.features[i].tolist()) for i in kept if i < graph.n_features]
+    assert sorted(kept_features) == [(0, 1, 0), (1, len(p.tokens) - 1, 0)]
+    decoys = [i for i in range(graph.n_features) if tuple(graph.features[i, [0, 2]].tolist()) in p.decoys]
+    assert decoys and not pruned.node_mask[decoys].any()
+    # Edge weights rank the planted edges first: AUC over every (target, source) pair.
+    planted = torch.zeros_like(graph.adjacency, dtype=torch.bool)
+    for s, t in zip(path[:-1], path[1:]):
+        planted[t, s] = True
+    area = auc(graph.adjacency.abs().flatten(), planted.flatten())
+    print(f"planted-path edge AUC {area:.4f}")
+    assert area > 0.99
+
+
+# ---------------------------------------------------------------------------- every edge is an effect
+
+def measured_effect(rm: ReplacementModel, graph: Graph, target: int, source: int) -> float:
+    """How much the target (feature pre-activation or demeaned logit) drops when the source's contribution
+    is removed from the frozen replacement model (features held at their reference values)."""
+    s = graph.node(source)
+    interventions, hooks = [], []
+    if s["kind"] == "feature":
+        interventions.append(Intervention(s["layer"], s["feature"], value=0.0, pos=s["pos"]))
+    elif s["kind"] == "error":
+        def drop_error(y, hook, layer=s["layer"], pos=s["pos"]):
+            y = y.clone()
+            y[:, pos] -= rm.errors[layer][pos]
+            return y
+        hooks.append((f"blocks.{s['layer']}.hook_mlp_out", drop_error))
+    else:
+        def drop_token(x, hook, pos=s["pos"]):
+            x = x.clone()
+            x[:, pos] -= rm.embeddings[pos]
+            return x
+        hooks.append(("blocks.0.hook_resid_pre", drop_token))
+
+    def value(out):
+        t = graph.node(target)
+        if t["kind"] == "feature":
+            return float(out.pre_acts[t["layer"]][0, t["pos"], t["feature"]])
+        last = out.logits[0, -1]
+        return float(last[t["token"]] - last.mean())
+
+    base = value(rm.run(features="frozen"))
+    return base - value(rm.run(interventions, features="frozen", fwd_hooks=hooks))
+
+
+def test_every_kept_edge_and_sampled_dropped_pair_is_an_exact_effect(setup):
+    model, tc, tokens, graph = setup
+    rm = ReplacementModel(model, tc, tokens)
+    pruned = graph.prune()
+    gen = torch.Generator().manual_seed(0)
+    kept = pruned.edge_mask.nonzero()
+    kept = kept[torch.randperm(len(kept), generator=gen)[:12]]
+    targets = torch.cat([torch.arange(graph.n_features), torch.arange(graph.logit_start, graph.n_nodes)])
+    sources = torch.arange(graph.logit_start)
+    pairs = torch.stack([targets[torch.randint(len(targets), (40,), generator=gen)],
+                         sources[torch.randint(len(sources), (40,), generator=gen)]], 1)
+    dropped = pairs[~pruned.edge_mask[pairs[:, 0], pairs[:, 1]]][:12]
+    assert len(kept) >= 5 and len(dropped) >= 5
+    for t, s in kept.tolist() + dropped.tolist():
+        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
+            (graph.label(t), graph.label(s))
+    # Dropped edges carry less edge influence than the least kept one.
+    w = graph.weights()
+    A = graph.adjacency.clone()
+    A[~pruned.node_mask] = 0
+    A[:, ~pruned.node_mask] = 0
+    scores = edge_influence(A, w)
+    cut = threshold_for(scores, pruned.edge_threshold)
+    assert bool((scores[dropped[:, 0], dropped[:, 1]] < cut).all())
+
+
+def test_batching_and_the_feature_cap_do_not_change_rows(setup):
+    model, tc, tokens, graph = setup
+    one = attribute(model, tc, tokens, batch_size=1)
+    torch.testing.assert_close(one.adjacency, graph.adjacency, atol=1e-10, rtol=0)
+    n = graph.n_features
+    capped = attribute(model, tc, tokens, batch_size=4, max_feature_nodes=n // 2)
+    assert capped.n_features == n // 2
+    keep = torch.cat([capped.selected, torch.arange(n, graph.n_nodes)])
+    rows = torch.cat([capped.selected, torch.arange(n, graph.n_nodes)])
+    torch.testing.assert_close(capped.adjacency, graph.adjacency[rows][:, keep], atol=1e-10, rtol=0)
+    # The cap keeps the most influential features first.
+    infl = graph.node_influence()[:n]
+    assert float(infl[capped.selected].sum()) >= float(infl.sort(descending=True).values[:n // 2].sum()) * 0.8
+
+
+def test_replacement_model_is_exact_and_interventions_match_the_graph(setup):
+    model, tc, tokens, graph = setup
+    rm = ReplacementModel(model, tc, tokens)
+    real = model(tokens[None])
+    torch.testing.assert_close(rm.run().logits, real, atol=1e-10, rtol=0)
+    torch.testing.assert_close(rm.run(mode="model").logits, real, atol=1e-10, rtol=0)
+    # A last-layer feature has only direct effects: scaling it by 0 moves the logit by exactly its edge,
+    # in the replacement model and in the real model with attention (and norms) frozen.
+    last = [i for i in range(graph.n_features) if graph.node(i)["layer"] == 2 and graph.node(i)["pos"] == 9]
+    i = max(last, key=lambda j: abs(float(graph.adjacency[graph.logit_start, j])))
+    n, tok = graph.node(i), int(graph.logit_tokens[0])
+    iv = [Intervention(n["layer"], n["feature"], scale=0.0, pos=n["pos"])]
+
+    def demeaned(logits):
+        return float((logits[0, -1, tok] - logits[0, -1].mean()).detach())
+
+    for out in (rm.run(iv), rm.run(iv, mode="model")):
+        assert demeaned(real) - demeaned(out.logits) == pytest.approx(float(graph.adjacency[graph.logit_start, i]),
+                                                                      abs=1e-8)
+        assert float(out.acts[2][0, n["pos"], n["feature"]]) == 0.0
+    free = rm.run(iv, mode="model", freeze_attention=False).logits   # attention and norms free: close, not equal
+    assert torch.isfinite(free).all()
+
+
+def test_steered_generation_follows_the_feature(setup):
+    model, tc, tokens, graph = setup
+    rm = ReplacementModel(model, tc, tokens)
+    assert torch.equal(rm.generate(5), model.generate(tokens[None], 5, temperature=0.0)[0])
+    # Planted model, no "A" in the prompt: it predicts "y"; the late feature turned on writes "Z".
+    p = planted_path_model()
+    prompt = torch.tensor([VOCAB.index(c) for c in "xxBxy"])
+    rm = ReplacementModel(p.model, p.transcoders, prompt)
+    assert VOCAB[int(rm.generate(1)[-1])] == "y"
+    steered = rm.generate(3, [Intervention(1, 0, value=2.0)])
+    assert [VOCAB[int(t)] for t in steered[-3:]] == ["Z", "Z", "Z"]
+
+
+def test_named_targets_and_a_logit_difference(setup):
+    model, tc, tokens, graph = setup
+    diff = logit_difference(None, 3, 7, 50)
+    g = attribute(model, tc, tokens, targets=[3, 7, diff])
+    assert g.n_logits == 3 and g.logit_labels[2] == "tok3 - tok7"
+    torch.testing.assert_close(g.adjacency[g.logit_start + 2], g.adjacency[g.logit_start] - g.adjacency[g.logit_start + 1],
+                               atol=1e-10, rtol=0)
+
+
+# ---------------------------------------------------------------------------- files
+
+def test_graph_files_round_trip_and_the_viewer_json(setup, tmp_path):
+    model, tc, tokens, graph = setup
+    graph.save(tmp_path / "g")
+    back = Graph.load(tmp_path / "g")
+    assert torch.equal(back.adjacency, graph.adjacency) and torch.equal(back.active_features, graph.active_features)
+    assert back.scores() == graph.scores()
+    pruned = graph.prune()
+    data = json.loads(json.dumps(neuronpedia_json(graph, pruned, slug="t")))
+    assert set(data) == {"metadata", "qParams", "nodes", "links"}
+    ids = {n["node_id"] for n in data["nodes"]}
+    assert all(link["source"] in ids and link["target"] in ids for link in data["links"])
+    assert len(data["links"]) == int(pruned.edge_mask[pruned.node_mask][:, pruned.node_mask].sum())
+    f = next(n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder")
+    layer, feat, pos = map(int, f["node_id"].split("_"))
+    assert graph.index("feature", layer, pos, feat) is not None
+    assert sum(n["feature_type"] == "embedding" for n in data["nodes"]) == len(tokens)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+def test_bad_input_is_one_line(setup):
+    model, tc, tokens, graph = setup
+    dicts = [random_transcoder(layer, 32) for layer in (0, 2)]
+    with pytest.raises(CircuitlabError, match=r"not \[1\]"):
+        Transcoders.per_layer(model, dicts)
+    assert Transcoders.per_layer(model, dicts, allow_partial=True).layers == [0, 2]
+    wide = random_transcoder(1, 32)
+    wide_cfg = wide.cfg.replace(d_out=48)
+    with pytest.raises(CircuitlabError, match="d_model"):
+        Transcoders.per_layer(model, dicts + [SparseDictionary(wide_cfg)])
+    with pytest.raises(CircuitlabError, match="context"):
+        attribute(model, tc, torch.zeros(17, dtype=torch.long))
+    for bad in (0, 1.5, -0.1, True):
+        with pytest.raises(CircuitlabError, match="threshold"):
+            graph.prune(node_threshold=bad)
+        with pytest.raises(CircuitlabError, match="threshold"):
+            graph.prune(edge_threshold=bad)
