@@ -246,3 +246,54 @@ def test_bad_input_is_one_line(setup):
             graph.prune(node_threshold=bad)
         with pytest.raises(CircuitlabError, match="threshold"):
             graph.prune(edge_threshold=bad)
+
+
+# ---------------------------------------------------------------------------- the command
+
+def cli(*argv, cwd):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import circuitlab
+
+    env = {**os.environ, "PYTHONPATH": str(Path(circuitlab.__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "circuitlab.cli", "graph", *argv], cwd=cwd, capture_output=True,
+                          text=True, env=env)
+
+
+def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_path):
+    done = cli("--planted", "--prompt", "xAxBxyx", "--out", "g", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "g"
+    assert {p.name for p in out.iterdir()} == {"graph", "graph.json", "graph-metadata.json", "graph.svg",
+                                               "results.json", "report.md", "report.html"}
+    results = json.loads((out / "results.json").read_text())
+    assert results["graph"]["replacement_score"] == pytest.approx(1.0)
+    assert results["top_paths"][0]["words"].startswith("token 'A' @1 -> L0 F0 @1")
+    assert Graph.load(out / "graph").n_features == 29
+    viewer = json.loads((out / "graph.json").read_text())
+    assert {n["node_id"] for n in viewer["nodes"] if n["feature_type"] == "cross layer transcoder"} == {"0_0_1", "1_0_6"}
+    for bad, message in [(["--node-threshold", "0"], "node-threshold"), (["--edge-threshold", "1.01"], "edge-threshold"),
+                         (["--target", "ZZ"], "not one token"), (["--prompt", "xA" + "x" * 20], "context")]:
+        args = ["--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad
+        done = cli(*args, cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 or "warning" in done.stderr
+        assert not (tmp_path / "bad").exists()
+
+
+def test_an_interrupted_write_leaves_no_graph_folder(tmp_path, monkeypatch):
+    import circuitlab.experiments.graph as experiment
+    from circuitlab.graphs.planted import PlantedTokenizer
+
+    def interrupted(run):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment, "_markdown", interrupted)
+    p = planted_path_model()
+    with pytest.raises(KeyboardInterrupt):
+        experiment.graph_experiment(p.model, p.transcoders, "xAxBxyx", PlantedTokenizer(), out=tmp_path / "g",
+                                    progress=False)
+    assert not (tmp_path / "g").exists() and not list(tmp_path.iterdir())

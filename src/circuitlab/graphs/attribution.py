@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, node_influence
@@ -282,8 +283,6 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         rows = backward(inject, None)
         feature_rows[idx] = rows[:len(idx)]
         visited[idx] = True
-
-    from tqdm.auto import tqdm
 
     bar = tqdm(total=cap, desc="attribution", unit="feature", disable=not progress)
     if cap == n_feat:

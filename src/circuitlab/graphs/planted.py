@@ -77,3 +77,27 @@ def planted_path_model(prompt: str = "xAxBxyx") -> PlantedPath:
     last = len(prompt) - 1
     path = [("token", 1), ("feature", 0, 1, 0), ("feature", 1, last, 0), ("logit", VOCAB.index("Z"))]
     return PlantedPath(model, exact_transcoders(model), tokens, path, decoys=[(0, 1), (0, 2), (1, 1), (1, 2)])
+
+
+class PlantedTokenizer:
+    """One character per token over VOCAB (what `circuitlab graph --planted` reads its prompt with)."""
+
+    name = "planted"
+
+    def encode(self, text: str) -> list[int]:
+        from circuitlab.errors import InputError
+
+        bad = sorted(set(text) - set(VOCAB))
+        if bad:
+            raise InputError(f"the planted model's tokens are {', '.join(VOCAB)}; the prompt has {bad}")
+        return [VOCAB.index(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(VOCAB[int(i)] for i in ids)
+
+    def token_id(self, text: str, what: str = "token") -> int:
+        from circuitlab.errors import InputError
+
+        if text not in VOCAB:
+            raise InputError(f"{what} {text!r} is not one token of the planted model ({', '.join(VOCAB)})")
+        return VOCAB.index(text)

@@ -1,0 +1,74 @@
+"""circuitlab graph: the attribution graph of one prediction (features, errors, tokens, logits), pruned."""
+from __future__ import annotations
+
+import argparse
+
+HELP = ("attribution graph of a next-token prediction: transcoder features, error and token nodes, logits; "
+        "pruned, scored, written for Neuronpedia's viewer (also: --checkpoint DIR --transcoders DIR --prompt TEXT)")
+EXAMPLE = "circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands._args import finite_float, positive_int
+
+    p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
+    p.add_argument("--transcoders", default=None,
+                   help="a folder of per-layer transcoders (one dictionary folder per layer, or a `sae train` run)")
+    p.add_argument("--planted", action="store_true",
+                   help="use the built-in forged model whose MLPs are planted features (tokens x A B Z y)")
+    p.add_argument("--prompt", required=True, help="the text whose next-token prediction the graph explains")
+    p.add_argument("--target", default=None, help="explain this token (one token) instead of the top predictions")
+    p.add_argument("--foil", default=None, help="with --target: explain the logit difference target - foil")
+    p.add_argument("--node-threshold", type=finite_float, default=0.8,
+                   help="keep the nodes holding this share of the influence, in (0, 1] (default 0.8)")
+    p.add_argument("--edge-threshold", type=finite_float, default=0.98,
+                   help="keep the edges holding this share of the edge influence, in (0, 1] (default 0.98)")
+    p.add_argument("--max-logits", type=positive_int, default=10, help="at most this many logit nodes (default 10)")
+    p.add_argument("--logit-prob", type=finite_float, default=0.95,
+                   help="logit nodes until their probability adds to this (default 0.95)")
+    p.add_argument("--max-feature-nodes", type=positive_int, default=None,
+                   help="keep at most this many feature nodes, the most influential first (long prompts)")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
+    p.add_argument("--partial", action="store_true",
+                   help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
+    p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from circuitlab.errors import InputError
+    from circuitlab.experiments.graph import graph_experiment
+    from circuitlab.graphs import Transcoders
+    from circuitlab.graphs.graph import check_threshold
+
+    check_threshold(args.node_threshold, "--node-threshold")
+    check_threshold(args.edge_threshold, "--edge-threshold")
+    if not 0 < args.logit_prob <= 1:
+        raise InputError(f"--logit-prob must be in (0, 1], got {args.logit_prob}")
+    if args.planted:
+        if args.checkpoint or args.transcoders:
+            raise InputError("--planted uses the built-in model: drop --checkpoint/--transcoders")
+        from circuitlab.graphs.planted import PlantedTokenizer, planted_path_model
+
+        p = planted_path_model()
+        model, tc, tok = p.model, p.transcoders, PlantedTokenizer()
+    else:
+        if not args.checkpoint or not args.transcoders:
+            raise InputError("give --checkpoint DIR and --transcoders DIR (or --planted for the built-in model)")
+        from circuitlab.training import load_checkpoint
+
+        model, tok, _ = load_checkpoint(args.checkpoint)
+        if tok is None:
+            raise InputError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
+        tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial)
+    if len(tok.encode(args.prompt)) > model.cfg.n_ctx:
+        raise InputError(f"the prompt is {len(tok.encode(args.prompt))} tokens but the model's context is "
+                         f"{model.cfg.n_ctx}; shorten it")
+    result = graph_experiment(model, tc, args.prompt, tok, out=args.out, target=args.target, foil=args.foil,
+                              node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
+                              max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
+                              max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size)
+    for line in result.summary:
+        print(line)
+    print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "
+          f"report.html ({result.data['files']['viewer_json_kb']:.1f} KB viewer JSON)")
+    return 0

@@ -1,0 +1,135 @@
+"""The attribution graph of one prompt, end to end: attribute, score, prune, write every file.
+
+    run = graph_experiment(model, transcoders, "Lily saw a cat. Lily", tokenizer=tok, out="runs/graph")
+    run.summary            # findings in words; run.graph, run.pruned; run (in Jupyter) shows them
+
+Files in `out` (built in a temporary folder and swapped in whole, so an interrupted run leaves nothing
+that looks complete): graph/ (graph.safetensors + graph.json, the unpruned graph, exact and reloadable),
+graph.json (the pruned graph for Neuronpedia / circuit-tracer's viewer), graph.svg (a static drawing),
+results.json (scores, top paths in words, timings, sizes), report.md and report.html.
+"""
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitlab.atomic import atomic_dir
+from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_difference
+from circuitlab.graphs.draw import graph_svg
+from circuitlab.graphs.export import neuronpedia_json
+from circuitlab.graphs.graph import check_threshold
+
+GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
+
+
+@dataclass
+class GraphRun:
+    graph: Graph
+    pruned: Pruned
+    summary: list[str]
+    data: dict[str, Any] = field(default_factory=dict)
+    out: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.data, "summary": self.summary}
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary)
+        return f"<b>attribution graph</b><ul>{items}</ul>{graph_svg(self.graph, self.pruned)}"
+
+
+def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
+                     target: str | None = None, foil: str | None = None, node_threshold: float = 0.8,
+                     edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
+                     max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
+                     slug: str = "graph") -> GraphRun:
+    """Attribute the prediction after `prompt`, prune, and (with `out`) write the files."""
+    node_threshold = check_threshold(node_threshold, "--node-threshold")
+    edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        from circuitlab.errors import InputError
+
+        raise InputError("the prompt is empty: give some text whose next token the graph explains")
+    targets = None
+    if target is not None:
+        t = tokenizer.token_id(target, "target")
+        targets = [t] if foil is None else [logit_difference(tokenizer, t, tokenizer.token_id(foil, "foil"),
+                                                             model.cfg.d_vocab)]
+    elif foil is not None:
+        from circuitlab.errors import InputError
+
+        raise InputError("--foil needs --target (the graph explains target minus foil)")
+    graph = attribute(model, transcoders, torch.tensor(ids), targets=targets, max_n_logits=max_n_logits,
+                      desired_logit_prob=desired_logit_prob, batch_size=batch_size,
+                      max_feature_nodes=max_feature_nodes, tokenizer=tokenizer, progress=progress, prompt=prompt,
+                      verbose=progress)
+    t0 = time.perf_counter()
+    pruned = graph.prune(node_threshold, edge_threshold)
+    paths = graph.top_paths(5, pruned)
+    t_prune = time.perf_counter() - t0
+    s = graph.summary(pruned)
+    summary = [f"{graph.n_pos} tokens, {s['n_active_features']} active features, {graph.n_nodes} nodes; logits: "
+               + ", ".join(f"{x['label']!r} ({x['weight']:.2f})" for x in s["logits"]),
+               f"replacement score {s['replacement_score']:.3f}, completeness score {s['completeness_score']:.3f}",
+               f"pruned (nodes {node_threshold}, edges {edge_threshold}): {s['pruned']['nodes']} nodes "
+               f"({s['pruned']['features']} features), {s['pruned']['edges']} edges"]
+    if paths:
+        summary.append(f"strongest path: {paths[0]['words']} (strength {paths[0]['strength']:.3g})")
+    info = dict(graph.info)
+    info["seconds"] = {**info.get("seconds", {}), "prune": t_prune}
+    data = {"prompt": prompt, "graph": s, "top_paths": [{"strength": p["strength"], "words": p["words"]}
+                                                         for p in paths],
+            "transcoders": graph.transcoders, "timings_s": info["seconds"],
+            "memory": {"adjacency_mb": info.get("adjacency_mb"), "peak_rss_mb": info.get("peak_rss_mb")}}
+    run = GraphRun(graph, pruned, summary, data)
+    if out is not None:
+        run.out = write_graph_run(run, Path(out), slug)
+    return run
+
+
+def write_graph_run(run: GraphRun, out: Path, slug: str) -> Path:
+    data = neuronpedia_json(run.graph, run.pruned, slug=slug)
+    viewer = json.dumps(data)
+    svg = graph_svg(run.graph, run.pruned)
+    with atomic_dir(out) as tmp:
+        run.graph.save(tmp / GRAPH_DIR)
+        (tmp / VIEWER_JSON).write_text(viewer)
+        # what circuit-tracer's local viewer lists (`circuit-tracer start-server --graph_file_dir OUT`)
+        (tmp / "graph-metadata.json").write_text(json.dumps({"graphs": [data["metadata"]]}))
+        (tmp / SVG).write_text(svg)
+        sizes = {"viewer_json_kb": len(viewer.encode()) / 1024,
+                 "graph_safetensors_kb": (tmp / GRAPH_DIR / "graph.safetensors").stat().st_size / 1024}
+        run.data["files"] = sizes
+        (tmp / "results.json").write_text(json.dumps(run.to_dict(), indent=1))
+        (tmp / "report.md").write_text(_markdown(run))
+        (tmp / "report.html").write_text(_html(run, svg))
+    return out
+
+
+def _markdown(run: GraphRun) -> str:
+    lines = ["# Attribution graph", "", f"Prompt: `{run.data['prompt']}`", ""]
+    lines += [f"- {s}" for s in run.summary]
+    lines += ["", "| strongest paths | strength |", "|---|---|"]
+    lines += [f"| {p['words']} | {p['strength']:.3g} |" for p in run.data["top_paths"]]
+    lines += ["", f"![pruned graph]({SVG})", "",
+              f"Files: `{GRAPH_DIR}/` (the full graph, reload with `Graph.load`), `{VIEWER_JSON}` (open in "
+              "Neuronpedia's or circuit-tracer's graph viewer), `results.json`.", ""]
+    return "\n".join(lines)
+
+
+def _html(run: GraphRun, svg: str) -> str:
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in run.summary)
+    rows = "".join(f"<tr><td>{html.escape(p['words'])}</td><td>{p['strength']:.3g}</td></tr>"
+                   for p in run.data["top_paths"])
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>attribution graph</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left}</style></head>"
+            f"<body><h1>Attribution graph</h1><p>Prompt: <code>{html.escape(run.data['prompt'])}</code></p>"
+            f"<ul>{items}</ul><table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table>"
+            f"<div style='overflow-x:auto'>{svg}</div></body></html>")
