@@ -17,10 +17,11 @@ grouped by layer, so a pass for layer-l targets runs backward through layers < l
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,22 +104,58 @@ def _token_label(tokenizer: Any, i: int) -> str:
         return f"tok{i}"
 
 
+N_SPANS = 4  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
+
+
 class _Stop(Exception):
     """Raised in a hook to end a forward pass once everything attribution needs is computed."""
 
 
+class _MLPStandIn(torch.nn.Module):
+    """Takes an MLP's place during a linear pass: its output is replaced at hook_mlp_out anyway (by the
+    skip path plus a constant), so running the real MLP on every copy would be wasted work."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(*x.shape[:-1], self.d_model)
+
+
+@contextlib.contextmanager
+def _mlps_stood_in(model: Any) -> Iterator[None]:
+    """Swap every block's MLP for an _MLPStandIn for the block; restored on exit, even on error."""
+    saved = [(block, block.mlp) for block in model.blocks if getattr(block, "mlp", None) is not None]
+    try:
+        for block, _ in saved:
+            block._modules["mlp"] = _MLPStandIn(model.cfg.d_model)
+        yield
+    finally:
+        for block, mlp in saved:
+            block._modules["mlp"] = mlp
+
+
+def _prefix(ref: torch.Tensor, n: int) -> torch.Tensor:
+    """A frozen reference cut to the first n positions: a pattern [1, head, q, k] on both position axes,
+    a norm scale [1, pos, 1] on its position axis."""
+    return ref[..., :n, :n] if ref.dim() == 4 else ref[:, :n]
+
+
 class _LinearPass:
-    """One forward of `batch` copies of the prompt through the frozen linear system, kept for backward.
+    """One forward of `batch` copies of the prompt's first `n_pos` positions through the frozen linear
+    system, kept for backward (causal: targets at positions < n_pos see only those positions).
 
-    x[l]: each layer's transcoder input [batch, pos, d_in] (feature targets are injected here);
-    out[l]: each layer's MLP output [batch, pos, d_model] (where feature and error sources add);
-    embed: the embedding [batch, pos, d_model] (token sources); final: the final norm's output."""
+    x[l]: each layer's transcoder input [batch, n_pos, d_in] (feature targets are injected here);
+    out[l]: each layer's MLP output [batch, n_pos, d_model] (where feature and error sources add);
+    embed: the embedding [batch, n_pos, d_model] (token sources); logits: the last position's [batch, d_vocab]."""
 
-    def __init__(self, rm: ReplacementModel, batch: int) -> None:
+    def __init__(self, rm: ReplacementModel, batch: int, n_pos: int | None = None, logits: bool = True) -> None:
         model, tc = rm.model, rm.tc
+        P = self.n_pos = n_pos or rm.n_pos
         self.x: dict[int, torch.Tensor] = {}
         self.out: dict[int, torch.Tensor] = {}
-        fns: list[tuple[str, Any]] = [(n, rm._frozen_fn(rm.frozen[n])) for n in rm.frozen_names]
+        fns: list[tuple[str, Any]] = [(n, rm._frozen_fn(_prefix(rm.frozen[n], P))) for n in rm.frozen_names]
 
         def embed(t: torch.Tensor, hook: HookPoint) -> torch.Tensor:
             self.embed = t.detach().requires_grad_(True)
@@ -129,12 +166,12 @@ class _LinearPass:
 
         def write(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
             layer = int(hook.name.split(".")[1])
-            const = rm.mlp_out[layer]
+            const = rm.mlp_out[layer][:P]
             skip = tc.skip(layer, self.x[layer]) if tc.has(layer) else None
             if skip is None:
                 out = const.to(y.dtype).expand_as(y).clone().requires_grad_(True)
             else:  # the skip path stays linear in the input; the rest of the output is constant
-                ref_skip = tc.skip(layer, rm.inputs[layer])
+                ref_skip = tc.skip(layer, rm.inputs[layer][:P])
                 out = skip.to(y.dtype) + (const - ref_skip).to(y.dtype)
             self.out[layer] = out
             return out
@@ -149,14 +186,15 @@ class _LinearPass:
         fns += [(tc.input_hook(layer), read) for layer in tc.layers]
         fns += [(tc.output_hook(layer), write) for layer in range(tc.n_layers)]
         fns.append((f"blocks.{tc.n_layers - 1}.hook_resid_post", stop))
-        with torch.enable_grad(), model.hooks(fns):
+        with torch.enable_grad(), model.hooks(fns), _mlps_stood_in(model):
             try:
-                model(rm.tokens[None].expand(batch, -1))
+                model(rm.tokens[None, :P].expand(batch, -1))
             except _Stop:
                 pass
             # The read-out of the last position, for logit targets: the model's own final norm (its
             # scale frozen by the hook above) and unembedding.
-            self.logits = model.unembed(model.ln_final(self.resid))[:, -1]       # [batch, d_vocab]
+            if logits:
+                self.logits = model.unembed(model.ln_final(self.resid)[:, -1])       # [batch, d_vocab]
 
 
 class _Columns:
@@ -188,15 +226,16 @@ class _Columns:
     @torch.no_grad()
     def rows(self, grads_out: dict[int, torch.Tensor], grad_embed: torch.Tensor) -> torch.Tensor:
         """grads_out {layer: [batch, pos, d_model]}, grad_embed [batch, pos, d_model] -> [batch, n_cols]."""
-        B = grad_embed.shape[0]
+        B, P = grad_embed.shape[:2]  # a pass over the first P positions: later sources get no gradient
         rows = grad_embed.new_zeros(B, self.n_cols)
         for k, g in grads_out.items():
             for p, cols, vecs in self.writes.get(k, ()):
-                rows[:, cols] += g[:, p] @ vecs.T
+                if p < P:
+                    rows[:, cols] += g[:, p] @ vecs.T
             start = self.n_feat + k * self.T
-            rows[:, start:start + self.T] = torch.einsum("btd,td->bt", g, self.errors[k])
+            rows[:, start:start + P] = torch.einsum("btd,td->bt", g, self.errors[k][:P])
         start = self.n_feat + self.L * self.T
-        rows[:, start:start + self.T] = torch.einsum("btd,td->bt", grad_embed, self.embeds)
+        rows[:, start:start + P] = torch.einsum("btd,td->bt", grad_embed, self.embeds[:P])
         return rows
 
 
@@ -239,12 +278,23 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     cols = _Columns(rm, features, values, dtype)
     B = max(1, min(batch_size, max(n_logit, cap)))
     t1 = time.perf_counter()
-    lp = _LinearPass(rm, B)
-    t_forward = time.perf_counter() - t1
-    out_layers = sorted(lp.out)
-    out_list = [lp.out[k] for k in out_layers]
+    t_forward = 0.0
+    n_passes = 0
+    current: dict[int, _LinearPass] = {}
 
-    def backward(inject: dict[int, torch.Tensor], logit_dirs: torch.Tensor | None) -> torch.Tensor:
+    def linear_pass(n_pos: int) -> _LinearPass:
+        """The kept forward over the first n_pos positions (one at a time: the last one is dropped)."""
+        nonlocal t_forward
+        if n_pos not in current:
+            current.clear()
+            t = time.perf_counter()
+            current[n_pos] = _LinearPass(rm, B, n_pos, logits=n_pos == T)
+            t_forward += time.perf_counter() - t
+        return current[n_pos]
+
+    def backward(lp: _LinearPass, inject: dict[int, torch.Tensor], logit_dirs: torch.Tensor | None) -> torch.Tensor:
+        nonlocal n_passes
+        n_passes += 1
         outputs, grads = [], []
         for layer, g in inject.items():
             outputs.append(lp.x[layer])
@@ -252,7 +302,9 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         if logit_dirs is not None:
             outputs.append(lp.logits)
             grads.append(logit_dirs.to(lp.logits.dtype))
-        found = torch.autograd.grad(outputs, out_list + [lp.embed], grads, retain_graph=True, allow_unused=True)
+        out_layers = sorted(lp.out)
+        found = torch.autograd.grad(outputs, [lp.out[k] for k in out_layers] + [lp.embed], grads,
+                                    retain_graph=True, allow_unused=True)
         g_out = {k: g for k, g in zip(out_layers, found[:-1]) if g is not None}
         g_emb = found[-1] if found[-1] is not None else torch.zeros_like(lp.embed)
         return cols.rows({k: g.to(dtype) for k, g in g_out.items()}, g_emb.to(dtype))
@@ -264,34 +316,40 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         chunk = dirs[i:i + B]
         pad = torch.zeros(B, chunk.shape[1], dtype=chunk.dtype)
         pad[:len(chunk)] = chunk
-        logit_rows.append(backward({}, pad)[:len(chunk)])
+        logit_rows.append(backward(linear_pass(T), {}, pad)[:len(chunk)])
     logit_rows_t = torch.cat(logit_rows)
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
 
     feature_rows = torch.zeros(n_feat, cols.n_cols, dtype=dtype)
     visited = torch.zeros(n_feat, dtype=torch.bool)
 
-    def feature_batch(idx: torch.Tensor) -> None:
+    def feature_batch(idx: torch.Tensor, n_pos: int) -> None:
+        lp = linear_pass(n_pos)
         inject: dict[int, torch.Tensor] = {}
         for layer in features[idx, 0].unique().tolist():
             sel = (features[idx, 0] == layer).nonzero().flatten()
             x = lp.x[layer]
-            g = torch.zeros(B, T, x.shape[-1], dtype=x.dtype)
+            g = torch.zeros(B, n_pos, x.shape[-1], dtype=x.dtype)
             vecs = transcoders.encoder_vectors(layer, features[idx[sel], 2]).detach().to(x.dtype)  # [n, d_in]
             g[sel, features[idx[sel], 1]] = vecs
             inject[layer] = g
-        rows = backward(inject, None)
+        rows = backward(lp, inject, None)
         feature_rows[idx] = rows[:len(idx)]
         visited[idx] = True
 
     bar = tqdm(total=cap, desc="attribution", unit="feature", disable=not progress)
     if cap == n_feat:
-        # Every feature: batches of one layer each (a pass then runs backward through the layers below only).
-        for layer in features[:, 0].unique().tolist() if n_feat else []:
-            mine = (features[:, 0] == layer).nonzero().flatten()
-            for i in range(0, len(mine), B):
-                feature_batch(mine[i:i + B])
-                bar.update(len(mine[i:i + B]))
+        # Every feature, in batches of one layer and one span of positions: a pass for layer-l targets runs
+        # backward through the layers below l only, and (attention is causal) over the positions up to the
+        # span's end only.
+        span = T if T < 16 else math.ceil(T / N_SPANS)
+        ends = ((features[:, 1] // span + 1) * span).clamp(max=T)
+        for end in ends.unique().tolist():
+            for layer in features[:, 0].unique().tolist():
+                mine = ((ends == end) & (features[:, 0] == layer)).nonzero().flatten()
+                for i in range(0, len(mine), B):
+                    feature_batch(mine[i:i + B], int(end))
+                    bar.update(len(mine[i:i + B]))
     else:
         # Greedy: the features with the most influence on the logits so far, a few batches at a time.
         while int(visited.sum()) < cap:
@@ -303,9 +361,10 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
             todo = influence.argsort(descending=True)[:min(4 * B, cap - int(visited.sum()))]
             todo = todo[features[todo, 0].argsort(stable=True)]
             for i in range(0, len(todo), B):
-                feature_batch(todo[i:i + B])
+                feature_batch(todo[i:i + B], T)
                 bar.update(len(todo[i:i + B]))
     bar.close()
+    current.clear()
     t_backward = time.perf_counter() - t1 - t_forward
 
     # Assemble: nodes = [selected features, errors (layer-major), tokens, logits].
@@ -319,7 +378,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
                         "total": time.perf_counter() - t0},
             "n_active_features": n_active, "n_feature_nodes": len(selected), "batch_size": B,
-            "backward_passes": math.ceil(n_logit / B) + _n_batches(features[selected, 0], B, cap < n_feat),
+            "backward_passes": n_passes,
             "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20, "peak_rss_mb": peak}
     if verbose:
         s = info["seconds"]
@@ -343,9 +402,3 @@ def _partial_rows(feature_rows: torch.Tensor, visited: torch.Tensor, logit_rows:
     m[:n_feat, :n_cols] = torch.where(visited[:, None], feature_rows, 0).double()
     m[n_cols:, :n_cols] = logit_rows.double()
     return m
-
-
-def _n_batches(layers: torch.Tensor, B: int, greedy: bool) -> int:
-    if greedy:
-        return math.ceil(len(layers) / B)
-    return sum(math.ceil(int((layers == v).sum()) / B) for v in layers.unique().tolist())
