@@ -32,6 +32,7 @@ from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, node_influence
 from circuitlab.graphs.replacement import ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.model.assumptions import require
 from circuitlab.model.hooks import HookPoint
 
 
@@ -136,12 +137,6 @@ def _mlps_stood_in(model: Any) -> Iterator[None]:
             block._modules["mlp"] = mlp
 
 
-def _prefix(ref: torch.Tensor, n: int) -> torch.Tensor:
-    """A frozen reference cut to the first n positions: a pattern [1, head, q, k] on both position axes,
-    a norm scale [1, pos, 1] on its position axis."""
-    return ref[..., :n, :n] if ref.dim() == 4 else ref[:, :n]
-
-
 class _LinearPass:
     """One forward of `batch` copies of the prompt's first `n_pos` positions through the frozen linear
     system, kept for backward (causal: targets at positions < n_pos see only those positions).
@@ -155,7 +150,7 @@ class _LinearPass:
         P = self.n_pos = n_pos or rm.n_pos
         self.x: dict[int, torch.Tensor] = {}
         self.out: dict[int, torch.Tensor] = {}
-        fns: list[tuple[str, Any]] = [(n, rm._frozen_fn(_prefix(rm.frozen[n], P))) for n in rm.frozen_names]
+        fns: list[tuple[str, Any]] = []
 
         def embed(t: torch.Tensor, hook: HookPoint) -> torch.Tensor:
             self.embed = t.detach().requires_grad_(True)
@@ -186,15 +181,13 @@ class _LinearPass:
         fns += [(tc.input_hook(layer), read) for layer in tc.layers]
         fns += [(tc.output_hook(layer), write) for layer in range(tc.n_layers)]
         fns.append((f"blocks.{tc.n_layers - 1}.hook_resid_post", stop))
-        with torch.enable_grad(), model.hooks(fns), _mlps_stood_in(model):
+        with torch.enable_grad(), model.frozen(rm.frozen), model.hooks(fns), _mlps_stood_in(model):
             try:
                 model(rm.tokens[None, :P].expand(batch, -1))
             except _Stop:
                 pass
-            # The read-out of the last position, for logit targets: the model's own final norm (its
-            # scale frozen by the hook above) and unembedding.
-            if logits:
-                self.logits = model.unembed(model.ln_final(self.resid)[:, -1])       # [batch, d_vocab]
+            if logits:  # the model's read-out (its final norm's scale frozen), at the last position
+                self.logits = model.readout(self.resid)[:, -1]                       # [batch, d_vocab]
 
 
 class _Columns:
@@ -261,6 +254,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         raise InputError(f"max_feature_nodes must be a whole number >= 0, got {max_feature_nodes!r}")
     if not 0 < desired_logit_prob <= 1:
         raise InputError(f"desired_logit_prob must be in (0, 1], got {desired_logit_prob}")
+    require(model, "attribution graphs (demeaned logits)", "linear_readout")
     dtype = dtype or next(model.parameters()).dtype
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
@@ -288,7 +282,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         if n_pos not in current:
             current.clear()
             t = time.perf_counter()
-            current[n_pos] = _LinearPass(rm, B, n_pos, logits=n_pos == T)
+            current[n_pos] = _LinearPass(rm, B, n_pos, logits=False)
             t_forward += time.perf_counter() - t
         return current[n_pos]
 
@@ -311,13 +305,11 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
     # Logit rows first (they also seed the influence order when feature nodes are capped).
     dirs = torch.stack([t.direction - t.direction.mean() for t in logit_targets])     # demeaned [n_logit, V]
-    logit_rows = []
-    for i in range(0, n_logit, B):
-        chunk = dirs[i:i + B]
-        pad = torch.zeros(B, chunk.shape[1], dtype=chunk.dtype)
-        pad[:len(chunk)] = chunk
-        logit_rows.append(backward(linear_pass(T), {}, pad)[:len(chunk)])
-    logit_rows_t = torch.cat(logit_rows)
+    t = time.perf_counter()
+    logit_pass = _LinearPass(rm, n_logit, T, logits=True)  # its own pass: n_logit rows of [pos, d_vocab] logits
+    t_forward += time.perf_counter() - t
+    logit_rows_t = backward(logit_pass, {}, dirs)
+    del logit_pass
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
 
     feature_rows = torch.zeros(n_feat, cols.n_cols, dtype=dtype)

@@ -28,7 +28,7 @@ import torch
 
 from circuitlab.errors import InputError
 from circuitlab.graphs.transcoders import Transcoders
-from circuitlab.model.hooks import HookPoint
+from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.tokens import check_tokens
 
 MODES = ("replacement", "model")
@@ -95,13 +95,14 @@ class ReplacementModel:
     @torch.no_grad()
     def _reference(self) -> None:
         points = self.model.hook_points()
-        self.frozen_names = [n for n in points if n.endswith("attn.hook_pattern") or n.endswith("hook_scale")]
+        frozen_names = self.model.frozen_hook_names()
         ins = [self.tc.input_hook(layer) for layer in self.tc.layers]
         outs = [self.tc.output_hook(layer) for layer in range(self.tc.n_layers)]
         embeds = [n for n in ("hook_embed", "hook_pos_embed") if n in points]
-        logits, cache = self.model.run_with_cache(self.tokens[None], names_filter=self.frozen_names + ins + outs + embeds)
+        logits, cache = self.model.run_with_cache(self.tokens[None], names_filter=frozen_names + ins + outs + embeds)
         self.logits = logits[0]                                                     # [pos, d_vocab]
-        self.frozen = {n: cache[n] for n in self.frozen_names}
+        # What the model's frozen mode reads: every attention pattern and norm scale of this run.
+        self.frozen = ActivationCache({n: cache[n] for n in frozen_names}, {}, self.model)
         self.inputs = {layer: cache[self.tc.input_hook(layer)][0] for layer in self.tc.layers}   # [pos, d_in]
         self.mlp_out = {layer: cache[outs[layer]][0] for layer in range(self.tc.n_layers)}       # [pos, d_model]
         self.embeddings = sum(cache[n][0] for n in embeds)                          # [pos, d_model]: token nodes
@@ -136,21 +137,21 @@ class ReplacementModel:
     # ------------------------------------------------------------------ runs
     @contextlib.contextmanager
     def hooks(self, interventions: Sequence[Intervention] = (), mode: str = "replacement",
-              features: str = "live", freeze_attention: bool = True, freeze_norms: bool | None = None,
-              record: ReplacementRun | None = None, batch: int = 1) -> Iterator[Any]:
+              features: str = "live", freeze_attention: bool = True,
+              record: ReplacementRun | None = None) -> Iterator[Any]:
         """Attach the replacement (or, mode="model", edits of the real model) to the model for the block.
 
         features: "live" (encoded from the current input) or "frozen" (the reference activations; with
-        them the model is linear). freeze_norms defaults to True in the replacement model and to
-        freeze_attention in the real model. record: filled with each layer's acts and pre-acts."""
+        them the model is linear). freeze_attention: attention patterns and norm scales are the reference
+        run's (the model's frozen mode; always in the replacement model). record: filled with each layer's
+        acts and pre-acts."""
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
         if features not in ("live", "frozen"):
             raise InputError(f"features must be 'live' or 'frozen', got {features!r}")
-        if mode == "replacement" and not (freeze_attention and freeze_norms is not False):
+        if mode == "replacement" and not freeze_attention:
             raise InputError("the replacement model freezes attention and norms; to let them move, run the real "
                              "model (mode='model')")
-        freeze_norms = freeze_attention if freeze_norms is None else freeze_norms
         by_layer: dict[int, list[Intervention]] = {}
         for iv in interventions:
             if not self.tc.has(iv.layer):
@@ -159,10 +160,6 @@ class ReplacementModel:
                 raise InputError(f"feature {iv.feature} is outside layer {iv.layer}'s {self.tc.d_sae(iv.layer)}")
             by_layer.setdefault(iv.layer, []).append(iv)
         fns: list[tuple[str, Any]] = []
-        frozen = [n for n in self.frozen_names if (freeze_attention and n.endswith("hook_pattern"))
-                  or (freeze_norms and n.endswith("hook_scale"))]
-        for name in frozen:
-            fns.append((name, self._frozen_fn(self.frozen[name])))
         inputs: dict[int, torch.Tensor] = {}
         acts: dict[int, torch.Tensor] = {}        # this pass's activations, by source layer
         deltas: dict[int, torch.Tensor] = {}      # real model: decoder image of the edits, by target layer
@@ -208,17 +205,9 @@ class ReplacementModel:
         else:
             fns += [(self.tc.output_hook(layer), write) for layer in range(self.tc.n_layers)
                     if any(layer in self.tc.writes(src) for src in by_layer)]
-        with self.model.hooks(fns):
+        freeze = self.model.frozen(self.frozen) if freeze_attention else contextlib.nullcontext()
+        with freeze, self.model.hooks(fns):
             yield self.model
-
-    def _frozen_fn(self, ref: torch.Tensor):
-        def fn(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
-            if x.shape[1:] != ref.shape[1:]:
-                raise InputError(f"{hook.name} is frozen for the reference prompt's {self.n_pos} positions; the "
-                                 "input has a different length (generate with attention free)")
-            return ref.to(x.dtype).expand_as(x)
-
-        return fn
 
     def _edit(self, acts: torch.Tensor, edits: Sequence[Intervention], n_pos: int) -> torch.Tensor:
         if not edits:
@@ -234,12 +223,11 @@ class ReplacementModel:
 
     @torch.no_grad()
     def run(self, interventions: Sequence[Intervention] = (), mode: str = "replacement", features: str = "live",
-            freeze_attention: bool = True, freeze_norms: bool | None = None,
-            fwd_hooks: Sequence[tuple[str, Any]] = ()) -> ReplacementRun:
+            freeze_attention: bool = True, fwd_hooks: Sequence[tuple[str, Any]] = ()) -> ReplacementRun:
         """Run the prompt through the replacement model (or the real model, mode="model") with the
         interventions; user fwd_hooks run after the replacement's own. Returns logits and features."""
         out = ReplacementRun(logits=torch.empty(0))
-        with self.hooks(interventions, mode, features, freeze_attention, freeze_norms, record=out):
+        with self.hooks(interventions, mode, features, freeze_attention, record=out):
             with self.model.hooks(fwd_hooks):
                 out.logits = self.model(self.tokens[None])
         return out
