@@ -384,3 +384,59 @@ def test_trained_model_graph_shows_the_earlier_name_reaching_its_logit_through_a
           f"{moved_live:+.3f} (features live)")
     assert moved == pytest.approx(float(row[top]), rel=1e-4, abs=1e-5)
     assert moved_live * float(row[top]) > 0
+
+
+# ---------------------------------------------------------------------------- cross-layer transcoders
+
+class FakeCLT(torch.nn.Module):
+    """A ReLU cross-layer transcoder with the interface of circuitlab.dictionaries.clt.CrossLayerTranscoder
+    (cfg.in_hook / out_hook, pre_acts, encode_layer, decoder(l, t), W_enc, b_dec, W_skip), built from
+    per-layer transcoders plus random cross-layer decoders (cross=0: exactly the per-layer set)."""
+
+    def __init__(self, dicts, cross: float = 0.3, seed: int = 0) -> None:
+        super().__init__()
+        L, d = len(dicts), dicts[0].cfg.d_out
+        self.cfg = type("cfg", (), dict(n_layers=L, d_model=d, d_sae=dicts[0].cfg.d_sae, skip=True,
+                                         architecture="relu", in_hook=staticmethod(lambda l: dicts[l].cfg.hook_name),
+                                         out_hook=staticmethod(lambda l: f"blocks.{l}.hook_mlp_out")))()
+        g = torch.Generator().manual_seed(seed)
+        self.W_enc = torch.nn.ParameterList([dd.W_enc for dd in dicts])
+        self.b_enc = torch.nn.ParameterList([dd.b_enc for dd in dicts])
+        self.b_dec = torch.nn.ParameterList([dd.b_dec for dd in dicts])
+        self.W_skip = torch.nn.ParameterList([dd.W_skip for dd in dicts])
+        self.W_dec = torch.nn.ParameterDict({
+            f"{l}_{t}": dicts[l].W_dec if t == l else
+            torch.nn.Parameter(cross * torch.randn(dicts[l].W_dec.shape, generator=g, dtype=torch.float64))
+            for l in range(L) for t in range(l, L)})
+
+    def pre_acts(self, x, layer):
+        return x @ self.W_enc[layer] + self.b_enc[layer]
+
+    def encode_layer(self, x, layer):
+        return self.pre_acts(x, layer).relu()
+
+    def decoder(self, layer, target):
+        return self.W_dec[f"{layer}_{target}"]
+
+
+def test_a_cross_layer_transcoder_is_exact_and_its_edges_are_effects(setup):
+    model, tc, tokens, graph = setup
+    dicts = [tc.dictionary(layer) for layer in range(3)]
+    same = attribute(model, Transcoders.cross_layer(model, FakeCLT(dicts, cross=0.0)), tokens, batch_size=16)
+    torch.testing.assert_close(same.adjacency, graph.adjacency, atol=1e-10, rtol=0)
+    clt = Transcoders.cross_layer(model, FakeCLT(dicts, cross=0.3))
+    g = attribute(model, clt, tokens, batch_size=16)
+    rm = ReplacementModel(model, clt, tokens)
+    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-10, rtol=0)
+    # A layer-0 feature writes layers 0, 1, 2: its edge to a layer-2 feature sums both decoders' paths.
+    gen = torch.Generator().manual_seed(1)
+    first = [i for i in range(g.n_features) if g.node(i)["layer"] == 0]
+    last = [i for i in range(g.n_features) if g.node(i)["layer"] == 2] + [g.logit_start]
+    for _ in range(8):
+        s = first[int(torch.randint(len(first), (1,), generator=gen))]
+        t = last[int(torch.randint(len(last), (1,), generator=gen))]
+        assert measured_effect(rm, g, t, s) == pytest.approx(float(g.adjacency[t, s]), abs=1e-8)
+    # Real-model interventions write every layer the feature writes.
+    n = g.node(first[0])
+    iv = [Intervention(0, n["feature"], value=0.0, pos=n["pos"])]
+    assert not torch.allclose(rm.run(iv, mode="model").logits, rm.run(mode="model").logits)

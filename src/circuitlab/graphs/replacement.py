@@ -167,13 +167,11 @@ class ReplacementModel:
         def read(x: torch.Tensor, hook: HookPoint) -> None:
             layer = int(hook.name.split(".")[1])
             inputs[layer] = x
-            live_pre = self.tc.pre_acts(layer, x)
+            pre = self.tc.pre_acts(layer, x)
             if features == "frozen" and mode == "replacement":
                 now = self.acts[layer].to(x.dtype).expand(x.shape[0], *self.acts[layer].shape).clone()
-                pre = live_pre
             else:
-                pre = live_pre
-                now = self.tc.activate(layer, pre)
+                now = self.tc.encode(layer, x)
                 if self.bos:
                     now = now.clone()
                     now[:, 0] = 0

@@ -122,9 +122,6 @@ class Transcoders:
         """x [..., d_in] -> encoder pre-activations [..., d_sae]."""
         return self._dicts[layer].pre_acts(x)
 
-    def activate(self, layer: int, pre: torch.Tensor) -> torch.Tensor:
-        return self._dicts[layer].activate(pre)
-
     def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """x [..., d_in] -> feature activations [..., d_sae]."""
         return self._dicts[layer].encode(x)
@@ -151,7 +148,17 @@ class Transcoders:
 
     def to(self, dtype: torch.dtype) -> "Transcoders":
         """A copy with every dictionary in dtype (float64 for exact checks)."""
-        return type(self)(self.n_layers, self.d_model, {k: v.to(dtype) for k, v in self._dicts.items()})
+        return Transcoders(self.n_layers, self.d_model, {k: v.to(dtype) for k, v in self._dicts.items()})
+
+    @classmethod
+    def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
+        """A cross-layer transcoder (circuitlab.dictionaries.clt.CrossLayerTranscoder): layer l's features
+        read layer l's MLP input and write every MLP output l' >= l."""
+        c = clt.cfg
+        if c.n_layers != model.cfg.n_layers or c.d_model != model.cfg.d_model:
+            raise InputError(f"the cross-layer transcoder has {c.n_layers} layers of width {c.d_model}; the model "
+                             f"{model.cfg.n_layers} of width {model.cfg.d_model} (a transcoder of another model?)")
+        return CrossLayerTranscoders(clt)
 
     def describe(self) -> str:
         first = self._dicts[self.layers[0]].cfg
@@ -162,3 +169,62 @@ class Transcoders:
         if model.cfg.n_layers != self.n_layers or model.cfg.d_model != self.d_model:
             raise CircuitlabError(f"these transcoders are for a model of {self.n_layers} layers and d_model "
                                   f"{self.d_model}, not this one")
+
+
+class CrossLayerTranscoders(Transcoders):
+    """A cross-layer transcoder through the same interface: writes(l) = l .. n_layers - 1, and a layer's MLP
+    output is rebuilt from the features of every layer at or below it."""
+
+    def __init__(self, clt: Any) -> None:
+        c = clt.cfg
+        self.n_layers, self.d_model, self.clt = c.n_layers, c.d_model, clt
+        self.layers = list(range(c.n_layers))
+        self._dicts = {}
+
+    def has(self, layer: int) -> bool:
+        return 0 <= layer < self.n_layers
+
+    def dictionary(self, layer: int) -> Any:
+        return self.clt
+
+    def input_hook(self, layer: int) -> str:
+        return self.clt.cfg.in_hook(layer)
+
+    def d_sae(self, layer: int) -> int:
+        return self.clt.cfg.d_sae
+
+    def writes(self, layer: int) -> range:
+        return range(layer, self.n_layers)
+
+    def pre_acts(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return self.clt.pre_acts(x, layer)
+
+    def encode(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        return self.clt.encode_layer(x, layer)
+
+    def encoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
+        return self.clt.W_enc[layer][:, features].T
+
+    def decoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.clt.decoder(layer, t)[features] for t in self.writes(layer)], dim=1)
+
+    def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
+        out = self.clt.b_dec[layer]
+        for src in range(layer + 1):
+            dec = self.clt.decoder(src, layer)
+            out = out + acts[src].to(dec.dtype) @ dec
+        return out
+
+    def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
+        if not self.clt.cfg.skip:
+            return None
+        w = self.clt.W_skip[layer]
+        return x.to(w.dtype) @ w
+
+    def to(self, dtype: torch.dtype) -> "CrossLayerTranscoders":
+        return CrossLayerTranscoders(self.clt.to(dtype))
+
+    def describe(self) -> str:
+        c = self.clt.cfg
+        return (f"a {c.architecture} cross-layer transcoder over {c.n_layers} layers (d_sae {c.d_sae} per layer"
+                f"{', with skip' if c.skip else ''})")
