@@ -146,11 +146,15 @@ def ours_child(folder: str, batch: int, repeats: int, threads: int) -> None:
     pruned = graph.prune(0.8, 0.98)
     scores = graph.scores()
     prune_s = time.perf_counter() - t0
+    from circuitlab.graphs import neuronpedia_json
+
+    viewer_kb = len(json.dumps(neuronpedia_json(graph, pruned)).encode()) / 1024
     save_file({"adjacency": graph.adjacency.contiguous(), "active_features": graph.active_features.contiguous(),
                "node_mask": pruned.node_mask.contiguous(), "logit_tokens": graph.logit_tokens.contiguous()},
               str(Path(folder) / "ours.safetensors"))
     (Path(folder) / "ours.json").write_text(json.dumps({
-        "seconds": seconds, "prune_seconds": prune_s, **scores, "peak_rss_mb": peak_mb(), "info": graph.info}))
+        "seconds": seconds, "prune_seconds": prune_s, **scores, "peak_rss_mb": peak_mb(), "info": graph.info,
+        "viewer_kb": viewer_kb, "pruned_nodes": int(pruned.node_mask.sum()), "pruned_edges": int(pruned.edge_mask.sum())}))
 
 
 def main() -> None:
@@ -215,6 +219,8 @@ def main() -> None:
     print(f"pruning + scores: ours {oj['prune_seconds']:.2f} s, circuit-tracer {pj['prune_seconds']:.2f} s")
     print(f"peak RSS: ours {oj['peak_rss_mb']:.0f} MB, circuit-tracer {pj['peak_rss_mb']:.0f} MB; dense adjacency "
           f"{dense_mb:.0f} MB (fp32)")
+    print(f"pruned graph ({oj['pruned_nodes']} nodes, {oj['pruned_edges']} edges) as Neuronpedia JSON: "
+          f"{oj['viewer_kb']:.0f} KB")
 
 
 if __name__ == "__main__":
