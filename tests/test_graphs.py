@@ -280,13 +280,20 @@ def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_p
     assert done.returncode == 0, done.stderr
     out = tmp_path / "g"
     assert {p.name for p in out.iterdir()} == {"graph", "graph.json", "graph-metadata.json", "graph.svg",
-                                               "results.json", "report.md", "report.html"}
+                                               "results.json", "report.md", "report.html", ".circuitlab-output.json"}
     results = json.loads((out / "results.json").read_text())
     assert results["graph"]["replacement_score"] == pytest.approx(1.0)
     assert results["top_paths"][0]["words"].startswith("token 'A' @1 -> L0 F0 @1")
     assert Graph.load(out / "graph").n_features == 29
     viewer = json.loads((out / "graph.json").read_text())
     assert {n["node_id"] for n in viewer["nodes"] if n["feature_type"] == "cross layer transcoder"} == {"0_0_1", "1_0_6"}
+    # Again: the earlier graph is set aside, not mixed in; a folder holding something else is refused.
+    assert cli("--planted", "--prompt", "xAxBxyx", "--out", "g", cwd=tmp_path).returncode == 0
+    assert len(list(tmp_path.glob("g.*"))) == 1 and (out / "results.json").is_file()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    done = cli("--planted", "--prompt", "xAxBxyx", "--out", "mine", cwd=tmp_path)
+    assert done.returncode == 2 and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     for bad, message in [(["--node-threshold", "0"], "node-threshold"), (["--edge-threshold", "1.01"], "edge-threshold"),
                          (["--target", "ZZ"], "not one token"), (["--prompt", "xA" + "x" * 20], "context")]:
         args = ["--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad
@@ -308,7 +315,7 @@ def test_an_interrupted_write_leaves_no_graph_folder(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         experiment.graph_experiment(p.model, p.transcoders, "xAxBxyx", PlantedTokenizer(), out=tmp_path / "g",
                                     progress=False)
-    assert not (tmp_path / "g").exists() and not list(tmp_path.iterdir())
+    assert not (tmp_path / "g" / "results.json").exists() and not (tmp_path / "g" / "graph").exists()
 
 
 # ---------------------------------------------------------------------------- a trained model

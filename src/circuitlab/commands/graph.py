@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
-    p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph)")
+    p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
+                                                       "is set aside as OUT.<time>")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier graph in --out instead")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     result = graph_experiment(model, tc, args.prompt, tok, out=args.out, target=args.target, foil=args.foil,
                               node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
-                              max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size)
+                              max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
+                              overwrite=args.overwrite)
     for line in result.summary:
         print(line)
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "

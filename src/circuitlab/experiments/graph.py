@@ -24,6 +24,7 @@ from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_diffe
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
 from circuitlab.graphs.graph import check_threshold
+from circuitlab.training.outputs import MARKER, output_folder
 
 GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
 
@@ -48,7 +49,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      target: str | None = None, foil: str | None = None, node_threshold: float = 0.8,
                      edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
                      max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
-                     slug: str = "graph") -> GraphRun:
+                     slug: str = "graph", overwrite: bool = False) -> GraphRun:
     """Attribute the prediction after `prompt`, prune, and (with `out`) write the files."""
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
@@ -90,15 +91,20 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
             "memory": {"adjacency_mb": info.get("adjacency_mb"), "peak_rss_mb": info.get("peak_rss_mb")}}
     run = GraphRun(graph, pruned, summary, data)
     if out is not None:
-        run.out = write_graph_run(run, Path(out), slug)
+        run.out = write_graph_run(run, Path(out), slug, overwrite)
     return run
 
 
-def write_graph_run(run: GraphRun, out: Path, slug: str) -> Path:
+def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False) -> Path:
+    """Write every file of the run into `out` (the output-folder policy: an earlier graph folder is set aside,
+    or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
     data = neuronpedia_json(run.graph, run.pruned, slug=slug)
     viewer = json.dumps(data)
     svg = graph_svg(run.graph, run.pruned)
+    output_folder(out, "graph", overwrite=overwrite)
+    marker = (out / MARKER).read_text()
     with atomic_dir(out) as tmp:
+        (tmp / MARKER).write_text(marker)
         run.graph.save(tmp / GRAPH_DIR)
         (tmp / VIEWER_JSON).write_text(viewer)
         # what circuit-tracer's local viewer lists (`circuit-tracer start-server --graph_file_dir OUT`)
