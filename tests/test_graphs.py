@@ -447,3 +447,14 @@ def test_a_cross_layer_transcoder_is_exact_and_its_edges_are_effects(setup):
     n = g.node(first[0])
     iv = [Intervention(0, n["feature"], value=0.0, pos=n["pos"])]
     assert not torch.allclose(rm.run(iv, mode="model").logits, rm.run(mode="model").logits)
+
+
+def test_transcoders_load_from_circuit_tracers_layout_and_give_the_same_graph(setup, tmp_path):
+    from circuitlab.dictionaries.published import save_transcoders
+
+    model, tc, tokens, graph = setup
+    save_transcoders([tc.dictionary(layer) for layer in range(3)], tmp_path / "set")
+    loaded = Transcoders.load(model, tmp_path / "set")
+    again = attribute(model, loaded, tokens, batch_size=16)   # the layout stores float32: equal to its precision
+    assert float((again.adjacency - graph.adjacency).abs().max()) <= 1e-5 * float(graph.adjacency.abs().max())
+    assert torch.equal(again.active_features, graph.active_features)

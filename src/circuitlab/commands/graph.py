@@ -13,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
-                   help="a folder of per-layer transcoders (one dictionary folder per layer, or a `sae train` run)")
+                   help="per-layer transcoders: a folder of dictionary folders (a `sae train` run) or circuit-tracer's "
+                        "layout (config.yaml + layer_{i}.safetensors)")
     p.add_argument("--planted", action="store_true",
                    help="use the built-in forged model whose MLPs are planted features (tokens x A B Z y)")
     p.add_argument("--prompt", required=True, help="the text whose next-token prediction the graph explains")

@@ -85,10 +85,16 @@ class Transcoders:
     @classmethod
     def load(cls, model: Any, folder: str | Path, allow_partial: bool = False) -> "Transcoders":
         """Transcoders from a folder holding one dictionary folder per layer (what `circuitlab sae train`
-        writes under its dictionaries/), or the folder of such a run."""
+        writes under its dictionaries/), the folder of such a run, or circuit-tracer's per-layer layout
+        (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders)."""
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
+        if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
+            from circuitlab.dictionaries import load_transcoders
+
+            return cls.per_layer(model, load_transcoders(folder, model=None if allow_partial else model),
+                                 allow_partial=allow_partial)
         if (folder / "dictionaries").is_dir():
             folder = folder / "dictionaries"
         subs = sorted(p for p in folder.iterdir() if p.is_dir())
