@@ -73,12 +73,14 @@ def test_resuming_gives_exactly_the_uninterrupted_run(tmp_path):
     def trainer():
         cfgs = _configs(8, 16, k=2)
         return DictionaryTrainer(cfgs, DictTrainConfig(steps=24, batch_size=128, dead_after=3, dead_density=0.1, resample_every=5),
-                                 ActivationStore(planted, 128), overrides=[{}, {}, {"resample_method": "split"}, {"resample_method": "split"}])
+                                 ActivationStore(planted, 128), overrides=[{"target_l0": 2.0}, {}, {"resample_method": "split"},
+                                                                           {"resample_method": "split", "target_l0": 2.0}])
 
     whole = trainer().fit(tmp_path / "whole", progress=False)
     trainer().fit(tmp_path / "halves", progress=False, stop_at=12)
     halves = trainer().fit(tmp_path / "halves", progress=False)
-    assert halves.steps == whole.steps == 24
+    assert halves.steps == whole.steps == 24  # stopped at 12, while the target-L0 controller steers (until 19)
+    assert whole.dictionaries[0].cfg.metadata["sparsity_coeff"] == halves.dictionaries[0].cfg.metadata["sparsity_coeff"]
     for a, b in zip(whole.dictionaries, halves.dictionaries):
         for name, t in a.state_dict().items():
             assert torch.equal(t, b.state_dict()[name]), name

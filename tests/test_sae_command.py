@@ -40,7 +40,7 @@ def _config(root, **changes):
 def test_sae_train_then_eval(tiny_checkpoint, capsys):
     root = tiny_checkpoint
     out = root / "run"
-    assert main(["sae", "train", "--config", str(_config(root)), "--out", str(out), "--no-progress"]) == 0
+    assert main(["sae", "train", "--config", str(_config(root)), "--out", str(out), "--no-progress", "--target-l0", "6"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert len(results["dictionaries"]) == 2
     assert "ce_recovered" in results["dictionaries"][0]["metrics"]["spliced"]
@@ -48,6 +48,9 @@ def test_sae_train_then_eval(tiny_checkpoint, capsys):
     folder = out / "dictionaries" / "blocks.1.ln2.hook_normalized-relu"
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["out_hook_name"] == "blocks.1.hook_mlp_out" and cfg["normalisation"]["folded"]
+    assert cfg["metadata"]["target_l0"] == 6.0 and cfg["metadata"]["sparsity_coeff"] > 0  # --target-l0: ReLU steered
+    topk = json.loads((out / "dictionaries" / "blocks.0.hook_resid_post-topk" / "config.json").read_text())
+    assert "target_l0" not in topk["metadata"]  # TopK keeps its k
     capsys.readouterr()
     assert main(["sae", "eval", "--dictionary", str(folder), "--checkpoint", str(root / "model"), "--batches", "2",
                  "--seq-len", "16", "--json", str(root / "m.json")]) == 0

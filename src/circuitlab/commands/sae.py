@@ -27,6 +27,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
+    p.add_argument("--target-l0", type=float, default=None, metavar="L0",
+                   help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 (train.target_l0; "
+                        "TopK-family dictionaries keep their k)")
     p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -64,7 +67,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from circuitlab.errors import CircuitlabError, ConfigError
     from circuitlab.training import load_checkpoint
 
-    data = _load_yaml(args.config, args.set)
+    overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
+    data = _load_yaml(args.config, overrides)
     out = Path(args.out or f"runs/{data['name']}")
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise CircuitlabError(f"{out} already holds files; pass --resume to continue it, or choose another --out")

@@ -22,7 +22,9 @@ latent sent to a worst-reconstructed row lands on a mixture that never beats the
 "inputs" resampling stops once the learning rate decays, so that no latent is counted alive only
 because it was just placed somewhere; a split child starts on a direction the data has, and splitting
 goes on through the first half of the decay (a latent split just before the decay can lose its
-feature back to its parent as the rate falls). Resuming continues exactly as if never stopped.
+feature back to its parent as the rate falls). With target_l0 (ReLU, JumpReLU) the sparsity
+coefficient is steered to that L0 until the learning rate decays, then held (target_l0.L0Controller).
+Resuming continues exactly as if never stopped.
 """
 from __future__ import annotations
 
@@ -42,12 +44,14 @@ from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
 from circuitlab.dictionaries.objectives import Coefficients, resample_dead, training_step
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
+from circuitlab.dictionaries.target_l0 import L0Controller
 from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
 # Fields a dictionary may override for itself (`train:` under it in a YAML config).
 PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwidth", "jumprelu_init_threshold",
-                  "aux_coeff", "dead_after", "dead_density", "resample_every", "resample_method")
+                  "aux_coeff", "dead_after", "dead_density", "resample_every", "resample_method", "target_l0")
+PENALTY_ARCHITECTURES = ("relu", "jumprelu")  # their L0 follows a coefficient: target_l0 steers it
 RESAMPLE_METHODS = ("inputs", "split")
 
 
@@ -63,6 +67,7 @@ class DictTrainConfig:
     l1_coeff: float = 1.0            # relu: coefficient of the decoder-norm-weighted L1
     l0_coeff: float = 0.1            # jumprelu: coefficient of the L0 (straight-through)
     sparsity_warmup_steps: int = 200
+    target_l0: float = 0.0           # relu / jumprelu: steer the coefficient to this L0 until the lr decays (0: off)
     bandwidth: float = 0.05          # jumprelu: straight-through kernel width (normalised units)
     jumprelu_init_threshold: float = 0.1
     aux_coeff: float = 1 / 32        # TopK family: AuxK
@@ -96,6 +101,8 @@ class DictTrainConfig:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
         if self.lr <= 0 or not 0 <= self.lr_decay_frac <= 1:
             raise ConfigError("train.lr must be positive and train.lr_decay_frac in [0, 1]")
+        if self.target_l0 < 0:
+            raise ConfigError(f"train.target_l0 must be positive (or 0: off), got {self.target_l0}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DictTrainConfig":
@@ -157,6 +164,14 @@ class DictionaryTrainer:
             if h.resample_method == "split" and cfg.is_transcoder:
                 raise ConfigError(f"resample_method 'split' needs an SAE (it splits decoder directions in the input's "
                                   f"space); the transcoder for {cfg.hook_name} can use 'inputs'")
+        for cfg, o in zip(configs, overrides):
+            if o.get("target_l0") and cfg.architecture not in PENALTY_ARCHITECTURES:
+                raise ConfigError(f"target_l0 steers a sparsity coefficient ({', '.join(PENALTY_ARCHITECTURES)}); the "
+                                  f"{cfg.architecture} dictionary for {cfg.hook_name} sets its L0 with k")
+        # Target-L0 mode: the coefficient is steered until the learning rate decays, then held.
+        self.controllers = [L0Controller(h.target_l0, self._base_coeff(c, h), round(train.steps * (1 - train.lr_decay_frac)))
+                            if h.target_l0 > 0 and c.architecture in PENALTY_ARCHITECTURES else None
+                            for c, h in zip(configs, self.hyper)]
         self.saes = [SparseDictionary(c, seed=_seed(train.seed, j) % 2**31).to(self.device) for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
         self.opts = [torch.optim.Adam([p for p in s.parameters() if p.requires_grad], lr=h.lr,
@@ -167,6 +182,18 @@ class DictionaryTrainer:
         self.step = 0
 
     # ------------------------------------------------------------------ the pieces
+    @staticmethod
+    def _base_coeff(cfg: DictionaryConfig, h: DictTrainConfig) -> float:
+        return h.l1_coeff if cfg.architecture == "relu" else h.l0_coeff
+
+    def sparsity_coeff(self, j: int, step: int) -> float:
+        """Dictionary j's sparsity coefficient at a step: warmed up linearly, or steered to its target L0."""
+        ctl = self.controllers[j]
+        if ctl is not None:
+            return float(ctl.coefficient(step)[0])
+        h = self.hyper[j]
+        return self._base_coeff(self.saes[j].cfg, h) * min(1.0, (step + 1) / max(h.sparsity_warmup_steps, 1))
+
     @torch.no_grad()
     def init_from_data(self) -> None:
         """Input/output scales and b_dec (the data mean) from the store's first chunk."""
@@ -195,9 +222,7 @@ class DictionaryTrainer:
         for j, (sae, opt, h) in enumerate(zip(self.saes, self.opts, self.hyper)):
             x, y = self._inputs(j, batch)
             dead = self.dead(j, self.step)
-            coef = Coefficients(sparsity=(h.l1_coeff if sae.cfg.architecture == "relu" else h.l0_coeff)
-                                * min(1.0, (self.step + 1) / max(h.sparsity_warmup_steps, 1)),
-                                aux=h.aux_coeff, bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
+            coef = Coefficients(sparsity=self.sparsity_coeff(j, self.step), aux=h.aux_coeff, bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
             for group in opt.param_groups:
                 group["lr"] = self.train.lr_at(self.step, h.lr)
             out = training_step(sae, x, y, coef, dead)
@@ -210,6 +235,8 @@ class DictionaryTrainer:
                 if sae.cfg.architecture == "jumprelu":
                     sae.threshold.clamp_(min=1e-4)
             self.last_fired[j][out.fires > 0] = self.step + 1
+            if self.controllers[j] is not None:
+                self.controllers[j].update(self.step, out.l0)
             decay = 1 - 1 / h.dead_after
             self.fire_rate[j].mul_(decay).add_(out.fires.double() / len(x), alpha=1 - decay)
             resampled = 0
@@ -231,7 +258,8 @@ class DictionaryTrainer:
                                           method=h.resample_method)
                 self.last_fired[j][dead] = self.step + 1
             logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse), "sparsity": float(out.sparsity),
-                         "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled})
+                         "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled,
+                         "coeff": coef.sparsity})
         self.step += 1
         return logs
 
@@ -248,9 +276,11 @@ class DictionaryTrainer:
     def dictionaries(self) -> list[SparseDictionary]:
         """The dictionaries as saved: normalisation folded (raw activations in and out), BatchTopK as JumpReLU."""
         out = []
-        for sae, (s_in, s_out), h in zip(self.saes, self.scales, self.hyper):
+        for sae, (s_in, s_out), h, ctl in zip(self.saes, self.scales, self.hyper, self.controllers):
             method = "expected_norm" if h.normalise else "none"
             meta = {**sae.cfg.metadata, "trained_steps": self.step, "batch_size": self.train.batch_size}
+            if ctl is not None:  # the coefficient it settled on (set it as l1_coeff / l0_coeff to train without a target)
+                meta.update(target_l0=h.target_l0, sparsity_coeff=float(ctl.held()[0]))
             trained = sae._copy_with(sae.cfg.replace(normalisation={"method": method}, metadata=meta))
             out.append(trained.folded(s_in, s_out).for_inference())
         return out
@@ -277,6 +307,8 @@ class DictionaryTrainer:
                 for key, value in st.items():
                     tensors[f"{j}.adam.{names[id(p)]}.{key}"] = torch.as_tensor(value)
             tensors[f"{j}.last_fired"] = self.last_fired[j]
+            if self.controllers[j] is not None:
+                tensors.update({f"{j}.target_l0.{k}": v for k, v in self.controllers[j].state_dict().items()})
             tensors[f"{j}.fire_rate"] = self.fire_rate[j]
         name = f"trainer-{self.step:08d}.safetensors"
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
@@ -307,6 +339,9 @@ class DictionaryTrainer:
                     opt.state[p] = {k.rsplit(".", 1)[1]: tensors[k].to(self.device) for k in keys}
             self.last_fired[j] = tensors[f"{j}.last_fired"].to(self.device)
             self.fire_rate[j] = tensors.get(f"{j}.fire_rate", self.fire_rate[j]).to(self.device)
+            if self.controllers[j] is not None:
+                self.controllers[j].load_state_dict({k[len(f"{j}.target_l0."):]: v for k, v in tensors.items()
+                                                     if k.startswith(f"{j}.target_l0.")})
         self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
         self.store.load_state_dict(state["store"])
 
