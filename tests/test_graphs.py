@@ -275,8 +275,10 @@ def cli(*argv, cwd):
                           text=True, env=env)
 
 
-def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_path):
-    done = cli("--planted", "--prompt", "xAxBxyx", "--out", "g", cwd=tmp_path)
+def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch):
+    from circuitlab.cli import main
+
+    done = cli("--planted", "--prompt", "xAxBxyx", "--out", "g", cwd=tmp_path)   # the real command line, once
     assert done.returncode == 0, done.stderr
     out = tmp_path / "g"
     assert {p.name for p in out.iterdir()} == {"graph", "graph.json", "graph-metadata.json", "graph.svg",
@@ -287,19 +289,20 @@ def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_p
     assert Graph.load(out / "graph").n_features == 29
     viewer = json.loads((out / "graph.json").read_text())
     assert {n["node_id"] for n in viewer["nodes"] if n["feature_type"] == "cross layer transcoder"} == {"0_0_1", "1_0_6"}
-    # Again: the earlier graph is set aside, not mixed in; a folder holding something else is refused.
-    assert cli("--planted", "--prompt", "xAxBxyx", "--out", "g", cwd=tmp_path).returncode == 0
+    # Again (in process from here): the earlier graph is set aside, not mixed in; another folder is refused.
+    monkeypatch.chdir(tmp_path)
+    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "g"]) == 0
     assert len(list(tmp_path.glob("g.*"))) == 1 and (out / "results.json").is_file()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
-    done = cli("--planted", "--prompt", "xAxBxyx", "--out", "mine", cwd=tmp_path)
-    assert done.returncode == 2 and (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "mine"]) == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    capsys.readouterr()
     for bad, message in [(["--node-threshold", "0"], "node-threshold"), (["--edge-threshold", "1.01"], "edge-threshold"),
                          (["--target", "ZZ"], "not one token"), (["--prompt", "xA" + "x" * 20], "context")]:
-        args = ["--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad
-        done = cli(*args, cwd=tmp_path)
-        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1 or "warning" in done.stderr
+        assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "bad").exists()
 
 
