@@ -18,6 +18,7 @@ from circuitlab.analysis.probing import ProbeResult
 from circuitlab.cli import main
 from circuitlab.report import RunData, report_for_run, write_demo_report
 from circuitlab.viz import interactive as I
+from circuitlab.viz import notebook as N
 
 TINY_RUN = """\
 name: tiny-report
@@ -143,8 +144,8 @@ def test_training_curves_mark_the_phase_change():
 
 
 def test_repr_html_is_the_interactive_view(model, monkeypatch):
-    monkeypatch.setattr(I, "NOTEBOOK_PLOTLYJS", "once")
-    I.reset_notebook()
+    monkeypatch.setattr(N, "NOTEBOOK_PLOTLYJS", "once")
+    N.reset_notebook()
     view = attention_view(model, "abcabc", CharTokenizer())
     assert isinstance(view, AttentionPatterns) and view.patterns.shape == (2, 2, 6, 6)
     assert view.head_names == ["L0H0", "L0H1", "L1H0", "L1H1"] and view.tokens[0] == "A"
@@ -152,7 +153,7 @@ def test_repr_html_is_the_interactive_view(model, monkeypatch):
     assert all(name in first and name in second for name in view.head_names)
     assert len(first) > 1_000_000 > len(second)  # plotly.js inlined once, then reused
     assert "window.Plotly" in second and not re.search(r"<script[^>]*\bsrc", first + second)
-    monkeypatch.setattr(I, "NOTEBOOK_PLOTLYJS", "always")
+    monkeypatch.setattr(N, "NOTEBOOK_PLOTLYJS", "always")
     assert len(view._repr_html_()) > 1_000_000
     lens = logit_lens(model, torch.arange(8), k=2)
     assert "Logit lens" in lens._repr_html_()

@@ -49,7 +49,7 @@ from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.dictionaries.config import DictionaryConfig
-from circuitlab.dictionaries.sae import CONFIG_FILE, WEIGHTS_FILE, SparseDictionary, check_base_model
+from circuitlab.dictionaries.sae import CONFIG_FILE, LOAD_ANY, WEIGHTS_FILE, SparseDictionary, check_base_model
 from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
 from circuitlab.errors import CircuitlabError, did_you_mean
 
@@ -633,3 +633,6 @@ def save_transcoders(saes: list[SparseDictionary], folder: str | Path, model_nam
         atomic_write_file(folder / f"layer_{i}.safetensors", lambda tmp, t=t: save_file(t, tmp))
     atomic_write_text(folder / CT_CONFIG, yaml.safe_dump(raw, sort_keys=False))
     return folder
+
+
+LOAD_ANY.append(load_dictionary)  # SparseDictionary.load reads every layout through this module

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ from circuitlab.errors import CircuitlabError
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# The reader of every layout SparseDictionary.load accepts: dictionaries/published.py's load_dictionary, which
+# registers itself here when the package is imported (its __init__ imports published.py). So this module,
+# which every layout reader imports, imports none of them: no import circle.
+LOAD_ANY: list[Callable[..., Any]] = []
 
 
 class SparseDictionary(nn.Module):
@@ -160,9 +166,7 @@ class SparseDictionary(nn.Module):
 
         model: check the dictionary against it (base model, hooks, widths) and bind the reading points
         that need it (a published transcoder reading the MLP input after ln2's gain)."""
-        from circuitlab.dictionaries.published import load_dictionary
-
-        return load_dictionary(path, device=device, model=model)
+        return LOAD_ANY[0](path, device=device, model=model)
 
     @classmethod
     def load_own(cls, folder: str | Path, device: str | torch.device = "cpu") -> "SparseDictionary":

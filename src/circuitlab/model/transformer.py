@@ -19,7 +19,7 @@ from torch import nn
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError, InputError
-from circuitlab.model import hooks as H
+import circuitlab.model.hooks as H
 from circuitlab.model.components import Attention, Block, LayerKV, Norm, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.tokens import check_tokens

@@ -17,7 +17,7 @@ circuitlab's own model folders are training checkpoints (circuitlab.training.che
 from circuitlab.pretrained.bridges import (BridgeError, every_hook_point, to_hooked_transformer, to_nnsight,
                                            to_transformer_bridge, to_transformer_lens, transformer_lens_major)
 from circuitlab.pretrained.export import export_hf, export_style
-from circuitlab.pretrained.families import SUPPORTED, model_config_from_hf
+from circuitlab.pretrained.catalog import SUPPORTED, model_config_from_hf
 from circuitlab.pretrained.importer import load_hf_tokenizer, load_pretrained
 
 __all__ = ["SUPPORTED", "BridgeError", "every_hook_point", "export_hf", "export_style", "load_hf_tokenizer",

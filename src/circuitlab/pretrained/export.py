@@ -24,7 +24,7 @@ from circuitlab.atomic import atomic_dir
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
-from circuitlab.pretrained.families import family_named
+from circuitlab.pretrained.catalog import family_named
 
 _HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}
 

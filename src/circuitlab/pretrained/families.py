@@ -515,15 +515,6 @@ class GPTJ(Family):
 _EXPORT_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}
 
 
-def _all_families() -> tuple[Family, ...]:
-    from circuitlab.pretrained.llama_like import Gemma2, Gemma3, Olmo2, Phi3, Qwen3
-
-    return (GPT2(), GPTNeoX(), Llama(), GPTJ(), Gemma2(), Gemma3(), Qwen3(), Olmo2(), Phi3())
-
-
-SUPPORTED = "GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 (text), OLMo-2, Phi-3 and GPT-J"
-
-
 _BY_ARCHITECTURE = {"GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox", "LlamaForCausalLM": "llama",
                     "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text", "Olmo2ForCausalLM": "olmo2",
@@ -538,33 +529,3 @@ def model_type(hf: dict) -> str | None:
         if arch in _BY_ARCHITECTURE:
             return _BY_ARCHITECTURE[arch]
     return None
-
-
-def family_for(hf: dict) -> Family:
-    """The family of a checkpoint's config.json."""
-    kind = model_type(hf)
-    for family in _all_families():
-        if kind in family.model_types:
-            return family
-    what = f"model_type {kind!r}" if kind else f"architectures {hf.get('architectures')}"
-    raise CircuitlabError(f"this checkpoint's architecture ({what}) is not supported; circuitlab imports "
-                          f"{SUPPORTED} checkpoints")
-
-
-def family_named(model_type: str) -> Family:
-    """The family that imports and exports HF model_type (e.g. "gpt2", "gpt_neox", "llama")."""
-    return family_for({"model_type": model_type})
-
-
-def model_config_from_hf(hf: dict, n_ctx: int | None = None) -> ModelConfig:
-    """The ModelConfig equivalent to a Hugging Face config.json (a dict).
-
-    n_ctx shortens the context (for rotary models any length works; learned positions keep
-    their first n_ctx rows).
-    """
-    family = family_for(hf)
-    try:
-        return family.config(hf, n_ctx)
-    except KeyError as e:
-        raise CircuitlabError(f"this {family.name} config.json lacks the field {e.args[0]!r}; "
-                              "is it complete?") from None

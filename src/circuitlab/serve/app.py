@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from circuitlab.errors import CircuitlabError
-from circuitlab.serve import analysis
+import circuitlab.serve.analysis as analysis
 
 log = logging.getLogger("circuitlab.serve")
 

@@ -26,7 +26,7 @@ from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
-from circuitlab.training import distributed as D
+import circuitlab.training.distributed as D
 from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
 from circuitlab.training.run_log import METRICS_FILE, truncate_metrics

@@ -1,4 +1,4 @@
-"""Figures in Jupyter, offline: `notebook_html(fig)` and the display of each result object.
+"""Every view in one place, and how each result object displays in Jupyter (offline, viz/notebook.py).
 
 Every view is defined once, as a FigureSpec (circuitlab.viz.spec) built in its topic module; they are
 gathered here for convenience (`from circuitlab.viz.interactive import heatmap_figure`):
@@ -15,13 +15,10 @@ gathered here for convenience (`from circuitlab.viz.interactive import heatmap_f
     steering_figure                                                     viz.steering
 
 `spec.to_plotly()` is the plotly Figure (report.html, serve), `spec.save_png(path)` the PNG (report.md);
-a spec displays itself in Jupyter. Nothing here reads or writes files.
+a spec displays itself in Jupyter (viz/notebook.py; notebook_html and reset_notebook are re-exported here).
+Nothing here reads or writes files.
 """
 from __future__ import annotations
-
-import sys
-import uuid
-from typing import Any
 
 from circuitlab.analysis.attribution import LogitAttribution
 from circuitlab.analysis.causal_tracing import AverageTrace, CausalTrace
@@ -33,6 +30,7 @@ from circuitlab.display import renders
 from circuitlab.viz.circuits import circuit_figure, composition_figure, copying_scores_figure
 from circuitlab.viz.heads import attention_figure, attention_patterns_figure, head_scores_figure
 from circuitlab.viz.lens import logit_attribution_figure, logit_lens_figure
+from circuitlab.viz.notebook import notebook_html, reset_notebook
 from circuitlab.viz.patching import (ablation_figure, attribution_vs_patching_figure, path_patching_figure,
                                      patching_figure)
 from circuitlab.viz.probing import probe_figure
@@ -40,45 +38,6 @@ from circuitlab.viz.spec import FigureSpec, heatmap_figure, lines_figure
 from circuitlab.viz.steering import steering_figure
 from circuitlab.viz.tracing import average_trace_figure, causal_trace_figure
 from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
-
-# ---------------------------------------------------------------------------- Jupyter
-
-# "once": plotly.js (about 4.8 MB) goes into the first figure a Python process displays, later ones
-# reuse it (the page's window.Plotly); "always": into every figure (needed where each output is its own
-# page, as in Colab, which "auto" detects). Both work offline.
-NOTEBOOK_PLOTLYJS = "auto"
-_sent = False
-
-
-def notebook_html(fig: Any, include_plotlyjs: bool | None = None) -> str:
-    """A FigureSpec (or plotly figure) as an HTML fragment for Jupyter's _repr_html_, with no network
-    access: plotly.js is inlined the first time (or every time, see NOTEBOOK_PLOTLYJS), and later
-    fragments check that it is there."""
-    global _sent
-    if isinstance(fig, FigureSpec):
-        fig = fig.to_plotly()
-    if include_plotlyjs is None:
-        mode = NOTEBOOK_PLOTLYJS
-        if mode == "auto":
-            mode = "always" if "google.colab" in sys.modules else "once"
-        include_plotlyjs = mode == "always" or not _sent
-    div_id = f"circuitlab-{uuid.uuid4().hex[:12]}"
-    body = fig.to_html(full_html=False, include_plotlyjs=bool(include_plotlyjs), div_id=div_id)
-    if include_plotlyjs:
-        _sent = True
-        return body
-    note = ("plotly.js is not loaded on this page: run circuitlab.viz.interactive.reset_notebook() and "
-            "display this again")
-    guard = (f'<script>if (typeof window.Plotly === "undefined") {{ var e = document.getElementById("{div_id}");'
-             f' if (e) e.textContent = "{note}"; }}</script>')
-    return body + guard
-
-
-def reset_notebook() -> None:
-    """Inline plotly.js again in the next figure displayed (after outputs holding it were cleared)."""
-    global _sent
-    _sent = False
-
 
 # How each result object displays in Jupyter (circuitlab.display): its figure, plotly.js inlined.
 renders(AttentionPatterns)(lambda view: notebook_html(attention_patterns_figure(view)))

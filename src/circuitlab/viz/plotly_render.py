@@ -1,4 +1,4 @@
-"""Any FigureSpec (viz/spec.py) as an interactive plotly figure: report.html, `circuitlab serve`, Jupyter.
+"""Any FigureSpec (viz/spec.py; it reads only the data, viz/parts.py) as an interactive plotly figure: report.html, `circuitlab serve`, Jupyter.
 
 Heatmaps get category axes (rows top to bottom, repeated labels numbered so they stay apart), the cell
 values and the spec's hover lines on hover; layout "menu" stacks every panel's traces on one set of axes
@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Series
+from circuitlab.viz.parts import FigureData, Heatmap, Panel, Series
 
 TEMPLATE = "plotly_white"
 DASHES = {"solid": "solid", "dash": "dash", "dot": "dot", "dashdot": "dashdot"}
@@ -112,7 +112,7 @@ def _rules(fig: go.Figure, p: Panel, row: int, col: int) -> None:
             fig.add_hline(y=r.y, line=line, row=row, col=col, **label)
 
 
-def _height(spec: FigureSpec, rows: int, cols: int) -> int:
+def _height(spec: FigureData, rows: int, cols: int) -> int:
     if spec.height:
         return spec.height
     panels = spec.panels[:1] if spec.layout == "menu" else spec.panels
@@ -131,7 +131,7 @@ def _height(spec: FigureSpec, rows: int, cols: int) -> int:
     return int(min(1400, max(280, total + 130)))
 
 
-def to_plotly(spec: FigureSpec) -> go.Figure:
+def to_plotly(spec: FigureData) -> go.Figure:
     """The spec as a plotly Figure (template plotly_white)."""
     panels = spec.panels
     menu = spec.layout == "menu"

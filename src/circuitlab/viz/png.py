@@ -1,4 +1,4 @@
-"""Any FigureSpec (viz/spec.py) as a PNG, for report.md: a matplotlib Figure drawn on its own Agg canvas,
+"""Any FigureSpec (viz/spec.py; it reads only the data, viz/parts.py) as a PNG, for report.md: a matplotlib Figure drawn on its own Agg canvas,
 so writing a PNG never touches the global backend (pyplot's state machine, a notebook's inline backend)
 and needs no display. Layout "menu" draws every panel side by side (pass the view only the panels worth
 a static picture, e.g. the heads named)."""
@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel
+from circuitlab.viz.parts import FigureData, Heatmap, Panel
 
 DPI = 110
 DASHES = {"solid": "-", "dash": "--", "dot": ":", "dashdot": "-."}
@@ -109,7 +109,7 @@ def _draw_rules(ax, p: Panel) -> None:
             ax.axhline(r.y, color=r.colour(), ls=DASHES[r.dash], lw=1, label=_text(r.label) if r.label else None)
 
 
-def draw(spec: FigureSpec) -> Figure:
+def draw(spec: FigureData) -> Figure:
     """The spec as a matplotlib Figure on a private Agg canvas (tight layout: faster than constrained)."""
     panels = spec.panels
     cols = spec.n_cols() if spec.layout == "grid" or spec.cols else min(4, len(panels))
@@ -148,7 +148,7 @@ def draw(spec: FigureSpec) -> Figure:
     return fig
 
 
-def to_png(spec: FigureSpec, path: str | Path) -> Path:
+def to_png(spec: FigureData, path: str | Path) -> Path:
     """Draw the spec and write it to path as PNG; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
