@@ -134,7 +134,7 @@ def test_config_errors_name_the_field(tmp_path):
         RunConfig.from_dict({"model": {"preset": "attn-only-1l", "n_ctx": 16}, "train": {"seq_len": 32}}).model_config(10)
 
 
-@pytest.mark.parametrize("name", ["demo", "attn-only-1l", "attn-only-8l", "quick", "small", "medium"])
+@pytest.mark.parametrize("name", ["demo", "attn-only-1l", "attn-only-8l", "quick", "small", "medium", "mlp-4l"])
 def test_bundled_configs_parse(name):
     from circuitlab.training.configs import resolve_config
 

@@ -24,7 +24,8 @@ TRAIN_EXAMPLE = "circuitlab sae train --config sae-demo --set train.steps=500 --
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo)")
+    p.add_argument("--config", required=True,
+                   help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo, clt-demo)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
     p.add_argument("--target-l0", type=float, default=None, metavar="L0",
@@ -49,6 +50,44 @@ def _load_yaml(name: str, overrides: list[str]) -> dict[str, Any]:
     return data
 
 
+KINDS = ("dictionary", "clt", "transcoders")
+
+
+def _layer_transcoder(d: dict[str, Any], layer: int) -> dict[str, Any]:
+    """One layer's transcoder of a `kind: transcoders` entry (a transcoder per MLP, reading its input)."""
+    from circuitlab.dictionaries.clt import CLTConfig
+
+    d = {k: v for k, v in d.items() if k != "kind"}
+    in_hook, out_hook = d.pop("input_hook", CLTConfig.input_hook), d.pop("output_hook", CLTConfig.output_hook)
+    meta = {**d.pop("metadata", {})}
+    meta["name"] = f"{meta.get('name', 'transcoders')}-{layer}"
+    return {**d, "hook_name": in_hook.format(layer=layer), "out_hook_name": out_hook.format(layer=layer), "metadata": meta}
+
+
+def _expand_layers(entries: list, model) -> tuple[list, dict[str, list[int]]]:
+    """CLT entries get the model's layer count and width; a `transcoders` entry becomes one transcoder per layer
+    (grouped, so that they are also evaluated replacing every MLP at once)."""
+    from circuitlab.errors import CircuitlabError
+
+    out, groups = [], {}
+    L, d_model = model.cfg.n_layers, model.cfg.d_model
+    for d, own in entries:
+        kind = d.get("kind", "dictionary")
+        if kind == "clt":
+            if d.get("n_layers", L) != L:
+                raise CircuitlabError(f"the CLT config says n_layers={d['n_layers']} but the model has {L} layers")
+            if d.get("d_model", d_model) != d_model:
+                raise CircuitlabError(f"the CLT config says d_model={d['d_model']} but the model's d_model is {d_model}")
+            out.append(({**d, "n_layers": L, "d_model": d_model}, own))
+        elif kind == "transcoders":
+            name = (d.get("metadata") or {}).get("name", "transcoders")
+            groups[name] = list(range(len(out), len(out) + L))
+            out += [(_layer_transcoder(d, layer), own) for layer in range(L)]
+        else:
+            out.append((d, own))
+    return out, groups
+
+
 def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
     from circuitlab.errors import refuse_unknown
 
@@ -61,6 +100,7 @@ def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
 def _run_train(args: argparse.Namespace) -> int:
     from circuitlab.data import DataConfig, build_data
     from circuitlab.dictionaries import DictionaryConfig, base_model_id
+    from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
     from circuitlab.dictionaries.metrics import spliced_loss
     from circuitlab.dictionaries.store import ActivationStore, CachedActivations, ModelActivations, cache_activations
     from circuitlab.dictionaries.train import PER_DICTIONARY, CHECKPOINT, DictionaryTrainer, DictTrainConfig
@@ -84,7 +124,16 @@ def _run_train(args: argparse.Namespace) -> int:
         own = d.pop("train", None) or {}
         entries.append((d, own))
     for d, own in entries:  # validate what can be validated before the model is loaded
-        DictionaryConfig.from_dict({"d_in": 1, "d_out": 1 if d.get("out_hook_name") else None, **d} if "d_in" not in d else d)
+        kind = d.get("kind", "dictionary")
+        if kind not in KINDS:
+            raise ConfigError(f"unknown dictionary kind {kind!r}; use one of {', '.join(KINDS)}")
+        if kind == "clt":
+            CLTConfig.from_dict({"n_layers": 1, "d_model": 1, **d})
+        elif kind == "transcoders":
+            DictionaryConfig.from_dict({"d_in": 1, **_layer_transcoder(d, 0)})
+        else:
+            d.pop("kind", None)
+            DictionaryConfig.from_dict({"d_in": 1, "d_out": 1 if d.get("out_hook_name") else None, **d} if "d_in" not in d else d)
         bad = sorted(set(own) - set(PER_DICTIONARY))
         if bad:
             raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
@@ -93,12 +142,17 @@ def _run_train(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
     tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
-    hooks = [h for d, _ in entries for h in (d.get("hook_name"), d.get("out_hook_name")) if h]
+    entries, groups = _expand_layers(entries, model)
+    hooks = [h for d, _ in entries for h in
+             (CLTConfig.from_dict(d).hooks() if d.get("kind") == "clt" else (d.get("hook_name"), d.get("out_hook_name"))) if h]
     source = ModelActivations(model, hooks, tokens, seq_len=store_cfg["seq_len"], seqs_per_chunk=store_cfg["seqs_per_chunk"],
                               skip_positions=store_cfg["skip_positions"])
     base = base_model_id(model, name=str(data["model"]))
     configs = []
     for d, _ in entries:
+        if d.get("kind") == "clt":
+            configs.append(CLTConfig.from_dict({**d, "base_model": base}))
+            continue
         d = {"d_in": source.widths[d["hook_name"]], **d, "base_model": base}
         if d.get("out_hook_name"):
             d.setdefault("d_out", source.widths[d["out_hook_name"]])
@@ -123,8 +177,19 @@ def _run_train(args: argparse.Namespace) -> int:
         s = spliced_loss(model, sae, toks)
         entry["metrics"]["spliced"] = s.to_dict()
         m = entry["metrics"]
-        print(f"{folder}: L0 {m['l0']:.1f}, explained variance {m['explained_variance']:.3f}, dead {m['dead_frac']:.1%}, "
+        per_layer = " per layer" if isinstance(sae, CrossLayerTranscoder) else ""
+        print(f"{folder}: L0 {m['l0']:.1f}{per_layer}, explained variance {m['explained_variance']:.3f}, dead {m['dead_frac']:.1%}, "
               f"CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; zero-ablated {s.ce_zero:.3f})")
+    summary["replacements"] = []
+    for name, members in groups.items():  # a transcoder per layer, every MLP replaced at once, beside the CLTs
+        s = spliced_loss(model, [result.dictionaries[i] for i in members], toks)
+        ms = [summary["dictionaries"][i]["metrics"] for i in members]
+        fvu = sum(m["fvu"] for m in ms) / len(ms)
+        summary["replacements"].append({"name": name, "dictionaries": [summary["dictionaries"][i]["name"] for i in members],
+                                        "mean_layer_explained_variance": 1 - fvu,
+                                        "mean_l0": sum(m["l0"] for m in ms) / len(ms), "spliced": s.to_dict()})
+        print(f"{name} ({len(members)} per-layer transcoders, every MLP replaced at once): mean explained variance "
+              f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}), KL {s.kl:.4f}")
     from circuitlab.atomic import atomic_write_text
 
     atomic_write_text(out / "results.json", json.dumps(summary, indent=2))
@@ -194,6 +259,8 @@ def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=positive_int, default=32_768, help="tokens to run (default 32768)")
     p.add_argument("--features", type=int, nargs="+", default=None, metavar="N",
                    help="features to draw cards for in report.html (default: the 50 most frequent)")
+    p.add_argument("--layer", type=int, default=None, metavar="L",
+                   help="for a cross-layer transcoder: the layer whose features to draw (their cards list the layers they write to)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -202,7 +269,7 @@ def run_dashboards(args: argparse.Namespace) -> int:
     from circuitlab.experiments.dashboards import DashboardOptions, build_dashboards
 
     found = build_dashboards(DashboardOptions(args.dictionary, args.checkpoint, args.out, args.data, args.tokens,
-                                              features=args.features, device=args.device,
+                                              features=args.features, layer=args.layer, device=args.device,
                                               progress=not args.no_progress))
     s = found.summary
     print(f"{s['d_sae']} features of {s['hook_name']} on {s['n_tokens']:,} tokens: {s['dead_fraction']:.1%} never "

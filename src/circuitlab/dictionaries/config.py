@@ -57,6 +57,11 @@ class DictionaryConfig:
         self.validate()
 
     @property
+    def n_latents(self) -> int:
+        """Latents in all (a CLT has d_sae per layer)."""
+        return self.d_sae
+
+    @property
     def is_transcoder(self) -> bool:
         return self.out_hook_name is not None
 

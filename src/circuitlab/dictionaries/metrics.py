@@ -111,20 +111,29 @@ class SplicedLoss:
 
 
 @torch.no_grad()
-def spliced_loss(model: nn.Module, sae: SparseDictionary, tokens: torch.Tensor) -> SplicedLoss:
+def spliced_loss(model: nn.Module, sae, tokens: torch.Tensor) -> SplicedLoss:
     """tokens [batch, pos+1]: next-token CE of the model as is, with the dictionary's reconstruction
-    in place of its hook (a transcoder replaces the MLP output), and with that hook zeroed."""
-    check_base_model(sae, model)
+    in place of its hook (a transcoder replaces the MLP output), and with that hook zeroed.
+
+    `sae` may be a list of dictionaries (all replaced at once: a transcoder per layer replaces every MLP)
+    or a CrossLayerTranscoder (every MLP output replaced by what the CLT's features write into it)."""
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder
+
+    dictionaries = list(sae) if isinstance(sae, (list, tuple)) else [sae]
+    for d in dictionaries:
+        check_base_model(d, model)
     logp_clean = model(tokens[:, :-1]).log_softmax(-1)
     targets = tokens[:, 1:]
 
     def ce(logp: torch.Tensor) -> float:
         return float(-logp.gather(-1, targets[..., None]).mean())
 
-    with splice(model, sae, error_term=False):  # the reconstruction alone in place of the hook it writes
+    with splice(model, dictionaries, error_term=False):  # the reconstructions alone in place of the hooks they write
         logp_spliced = model(tokens[:, :-1]).log_softmax(-1)
-    written = sae.cfg.out_hook_name if sae.cfg.is_transcoder else sae.cfg.hook_name
-    zeroed = [(written, lambda t, hook: torch.zeros_like(t))]
+    written = [h for d in dictionaries for h in (
+        [d.cfg.out_hook(l) for l in range(d.cfg.n_layers)] if isinstance(d, CrossLayerTranscoder)
+        else [d.cfg.out_hook_name if d.cfg.is_transcoder else d.cfg.hook_name])]
+    zeroed = [(h, lambda t, hook: torch.zeros_like(t)) for h in written]
     logp_zero = model.run_with_hooks(tokens[:, :-1], fwd_hooks=zeroed).log_softmax(-1)
     clean, spliced, zero = ce(logp_clean), ce(logp_spliced), ce(logp_zero)
     kl = float((logp_clean.exp() * (logp_clean - logp_spliced)).sum(-1).mean())

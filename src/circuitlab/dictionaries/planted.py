@@ -50,3 +50,88 @@ def recovery(decoder: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
     dec = decoder / decoder.norm(dim=-1, keepdim=True).clamp(min=1e-12)
     true = directions / directions.norm(dim=-1, keepdim=True)
     return (true @ dec.T).max(dim=-1).values
+
+
+class PlantedCrossLayer:
+    """Planted cross-layer features: ground truth for cross-layer transcoders.
+
+    n_layers layers of width d; each layer is the source of n_per_layer true features. Feature f of
+    source layer l fires on a row with probability ∝ 1/(i+1)^zipf (on average l0 per layer, magnitude
+    uniform in [0.5, 1.5]). Its input direction e_f stays in the inputs of layers l, l+1, ... (the residual
+    stream keeps it), and it writes a_f · o_f^t into the outputs of layers t = l..l+reach (known unit
+    directions). A CLT needs one latent per feature (reading e_f at l, decoders o_f^l..o_f^{l+reach});
+    per-layer transcoders need one per layer it writes to.
+
+        planted = PlantedCrossLayer(n_layers=3, d=16, n_per_layer=24, reach=2)
+        store = ActivationStore(planted, batch_size=512)   # hooks blocks.{l}.ln2.hook_normalized / hook_mlp_out
+    """
+
+    def __init__(self, n_layers: int = 3, d: int = 16, n_per_layer: int = 24, reach: int = 1, l0: float = 2.0,
+                 zipf: float = 0.5, rows_per_chunk: int = 8192, seed: int = 0,
+                 input_hook: str = "blocks.{layer}.ln2.hook_normalized",
+                 output_hook: str = "blocks.{layer}.hook_mlp_out") -> None:
+        g = torch.Generator().manual_seed(seed)
+        L, n = n_layers, n_layers * n_per_layer
+
+        def unit(*shape: int) -> torch.Tensor:
+            v = torch.randn(*shape, generator=g)
+            return v / v.norm(dim=-1, keepdim=True)
+
+        self.inputs = unit(n, d)                                            # [n_features, d]: e_f
+        self.source = torch.arange(L).repeat_interleave(n_per_layer)        # [n_features]: l_f
+        writes = torch.arange(L)[None, :] - self.source[:, None]            # target − source
+        self.writes = (writes >= 0) & (writes <= reach)                     # [n_features, L]
+        self.outputs = unit(n, L, d) * self.writes[..., None]               # [n_features, L, d]: o_f^t (0 elsewhere)
+        p = 1.0 / torch.arange(1, n_per_layer + 1, dtype=torch.float64) ** zipf
+        self.probs = (p * l0 / p.sum()).clamp(max=1.0).float().repeat(L)    # [n_features]
+        self.n_layers, self.d, self.n_per_layer, self.reach, self.l0 = L, d, n_per_layer, reach, l0
+        self.zipf, self.rows_per_chunk, self.seed = zipf, rows_per_chunk, seed
+        self.input_hook, self.output_hook = input_hook, output_hook
+        self.widths = {h.format(layer=l): d for l in range(L) for h in (input_hook, output_hook)}
+
+    @property
+    def n_features(self) -> int:
+        return self.n_layers * self.n_per_layer
+
+    def sample(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(inputs [n, L, d], outputs [n, L, d], feature activations [n, n_features])."""
+        on = torch.rand(n, self.n_features, generator=generator) < self.probs
+        feats = on * (0.5 + torch.rand(n, self.n_features, generator=generator))
+        present = (torch.arange(self.n_layers)[None, :] >= self.source[:, None]).float()   # [n_features, L]
+        xs = torch.einsum("rf,fl,fd->rld", feats, present, self.inputs)
+        ys = torch.einsum("rf,fld->rld", feats, self.outputs)
+        return xs, ys, feats
+
+    def chunk(self, index: int, split: str = "train") -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(_seed("planted-clt", self.seed, split, index))
+        xs, ys, _ = self.sample(self.rows_per_chunk, g)
+        out = {}
+        for l in range(self.n_layers):
+            out[self.input_hook.format(layer=l)] = xs[:, l]
+            out[self.output_hook.format(layer=l)] = ys[:, l]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "planted-cross-layer", "n_layers": self.n_layers, "d": self.d, "n_per_layer": self.n_per_layer,
+                "reach": self.reach, "l0": self.l0, "zipf": self.zipf, "seed": self.seed}
+
+    def clt_recovery(self, clt) -> torch.Tensor:
+        """For each true feature [n_features], the best cosine between its whole output (layers l_f..L-1,
+        concatenated) and any decoder of a latent of its source layer in the CLT."""
+        best = torch.zeros(self.n_features)
+        for l in range(self.n_layers):
+            mine = (self.source == l).nonzero().squeeze(1)
+            true = self.outputs[mine, l:].flatten(1)                                  # [n_per_layer, (L-l)·d]
+            dec = clt.decode_layer(torch.eye(clt.cfg.d_sae, dtype=clt.dtype), l).flatten(1).float()
+            best[mine] = recovery(dec.detach(), true)
+        return best
+
+    def latents_per_feature(self, decoders: list[torch.Tensor], cutoff: float = 0.9) -> torch.Tensor:
+        """Per-layer transcoders' decoders [d_sae, d] (one per layer): for each true feature [n_features], how
+        many latents (over all layers) have a decoder within `cutoff` cosine of its output direction there."""
+        counts = torch.zeros(self.n_features, dtype=torch.long)
+        for t, W in enumerate(decoders):
+            dec = W / W.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+            cos = self.outputs[:, t] @ dec.float().T                                   # [n_features, d_sae]
+            counts += ((cos > cutoff) & self.writes[:, t, None]).sum(-1)
+        return counts

@@ -22,6 +22,10 @@ exactly the decoder's image of the edit. Gradients are exact too: the gradient r
 W_dec · (gradient at the output), and the gradient reaching the activations upstream is the unspliced
 model's (the path through the encoder is cancelled by a second, hook-free encoding; see _splice_output).
 
+A cross-layer transcoder splices in like a set of transcoders, one per layer: layer l's hook points hang
+under cfg.in_hook(l) (acts_post [..., d_sae] there), and the output at layer l's MLP is what layers 0..l's
+features write into it (plus its error term). Splice.name(clt, part, layer=l) names them.
+
 Nothing changes in an unspliced model: splicing adds one hook function to the dictionary's hook and
 child hook points under it, and removes both on exit (even when the body raises).
 """
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
 from circuitlab.dictionaries.sae import check_base_model
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
@@ -86,21 +91,40 @@ class Splice:
     def dictionaries(self) -> list[Any]:
         return [a.dictionary for a in self._attached]
 
-    def name(self, dictionary: Any | int, part: str = "acts_post") -> str:
+    def name(self, dictionary: Any | int, part: str = "acts_post", layer: int | None = None) -> str:
         """The hook name of one part ("input", "acts_post", "recons", "error", "output") of a spliced
-        dictionary, given as the object or its index in the order spliced."""
+        dictionary, given as the object or its index in the order spliced; a CLT's at `layer`."""
         if isinstance(dictionary, int):
             dictionary = self._attached[dictionary].dictionary
         if not any(a.dictionary is dictionary for a in self._attached):
             raise CircuitlabError("that dictionary is not spliced into this model")
+        if isinstance(dictionary, CrossLayerTranscoder):
+            if layer is None or not 0 <= layer < dictionary.cfg.n_layers:
+                raise CircuitlabError(f"a CLT's hook points are per layer: name(clt, {part!r}, layer=0..{dictionary.cfg.n_layers - 1})")
+            if part not in PARTS:
+                raise CircuitlabError(f"unknown spliced hook part {part!r}; use one of {', '.join(PARTS)}")
+            return f"{dictionary.cfg.in_hook(layer)}.hook_sae_{part}"
         return sae_hook_name(dictionary, part)
 
     def hook_names(self) -> list[str]:
         """Every spliced hook name, dictionary by dictionary."""
-        return [hp.name for a in self._attached for hp in a.points.values()]
+        return [hp.name for a in self._attached for hp in (a.points.values() if isinstance(a, _Attached) else a.all_points())]
 
     def __repr__(self) -> str:
         return f"Splice({', '.join(a.dictionary.cfg.hook_name for a in self._attached)})"
+
+
+@dataclass
+class _AttachedCLT:
+    """A CLT's hook points, layer by layer, and what its input hooks saw in the current forward pass."""
+
+    dictionary: Any
+    points: list[dict[str, HookPoint]]
+    error_term: bool
+    seen: dict[int, tuple] = field(default_factory=dict)  # layer -> (x_in, acts, acts_hooked, parts, edit, again)
+
+    def all_points(self) -> list[HookPoint]:
+        return [hp for layer in self.points for hp in layer.values()]
 
 
 @contextlib.contextmanager
@@ -119,6 +143,9 @@ def splice(model: nn.Module, dictionaries: Any | Sequence[Any], error_term: bool
     children: list[tuple[HookPoint, str]] = []
     try:
         for d in dictionaries:
+            if isinstance(d, CrossLayerTranscoder):
+                attached.append(_attach_clt(model, points, d, error_term, added, children))
+                continue
             cfg = d.cfg
             out_name = getattr(cfg, "out_hook_name", None)
             check_base_model(d, model, f"the dictionary for {cfg.hook_name}")
@@ -208,3 +235,82 @@ def _splice_output(att: _Attached, x_in: torch.Tensor, y: torch.Tensor) -> torch
             again = d(x_in)[0]
             out = out - (again - again.detach())
     return p["output"](out.to(y.dtype))
+
+
+# ---------------------------------------------------------------------------- cross-layer transcoders
+
+
+def _attach_clt(model: nn.Module, points: dict[str, HookPoint], clt: CrossLayerTranscoder, error_term: bool,
+                added: list, children: list) -> _AttachedCLT:
+    check_clt_fits(clt, model, "the CLT")
+    cfg = clt.cfg
+    att = _AttachedCLT(clt, [], error_term)
+    for layer in range(cfg.n_layers):
+        target_in, target_out = H.resolve(points, cfg.in_hook(layer))[0], H.resolve(points, cfg.out_hook(layer))[0]
+        for hp in (target_in, target_out):
+            if any(getattr(fn, "_splice", False) for fn in hp.fwd_fns):
+                raise CircuitlabError(f"a dictionary is already spliced at {hp.name}; splice one per hook")
+        mine: dict[str, HookPoint] = {}
+        for part in PARTS:
+            hp = HookPoint()
+            hp.name = f"{target_in.name}.hook_sae_{part}"
+            target_in.add_module(f"hook_sae_{part}", hp)
+            children.append((target_in, f"hook_sae_{part}"))
+            mine[part] = hp
+        att.points.append(mine)
+        for hp, fn in ((target_in, _clt_in_fn(att, layer)), (target_out, _clt_out_fn(att, layer))):
+            fn._splice = True
+            hp.fwd_fns.insert(0, fn)
+            added.append((hp, fn))
+    return att
+
+
+def _clt_in_fn(att: _AttachedCLT, layer: int):
+    def fn(x: torch.Tensor, hook: HookPoint) -> None:
+        clt, p = att.dictionary, att.points[layer]
+        if layer == 0:
+            att.seen.clear()  # a new forward pass
+        x_in = p["input"](flatten_trailing(x, clt.cfg.d_model, hook.name))
+        acts = clt.encode_layer(x_in, layer)                                   # [..., d_sae]
+        acts_h = p["acts_post"](acts)
+        parts = clt.decode_layer(acts, layer)                                  # [..., L - layer, d_model]
+        edit = None if acts_h is acts else clt.decode_layer(acts_h - acts, layer)
+        again = None
+        if att.error_term and torch.is_grad_enabled() and x_in.requires_grad:  # the hook-free path, to cancel
+            again = clt.decode_layer(clt.encode_layer(x_in, layer), layer)
+        att.seen[layer] = (x_in, parts, edit, again)
+
+    return fn
+
+
+def _clt_out_fn(att: _AttachedCLT, layer: int):
+    def fn(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        clt, p = att.dictionary, att.points[layer]
+        if any(s not in att.seen for s in range(layer + 1)):
+            raise CircuitlabError(f"the CLT's output at {hook.name} ran before its input hooks of layers 0..{layer}")
+        y_flat = flatten_trailing(y, clt.cfg.d_model, hook.name)
+        x_in = att.seen[layer][0]
+        recons_clean = clt.b_dec[layer] + sum(att.seen[s][1][..., layer - s, :] for s in range(layer + 1))
+        if clt.cfg.skip:
+            recons_clean = recons_clean + x_in.to(clt.dtype) @ clt.W_skip[layer]
+        edits = [att.seen[s][2][..., layer - s, :] for s in range(layer + 1) if att.seen[s][2] is not None]
+        recons = recons_clean + sum(edits) if edits else recons_clean
+        recons = p["recons"](recons)
+        fixed = recons_clean.detach()
+        error_clean = y_flat - fixed
+        error = p["error"](error_clean)
+        if not att.error_term:
+            out = recons
+        elif error is not error_clean:
+            out = recons + error
+        else:
+            out = y_flat + (recons - fixed)
+            agains = [att.seen[s][3][..., layer - s, :] for s in range(layer + 1) if att.seen[s][3] is not None]
+            if clt.cfg.skip and torch.is_grad_enabled() and x_in.requires_grad:
+                agains.append(x_in.to(clt.dtype) @ clt.W_skip[layer])
+            if agains:
+                again = sum(agains)
+                out = out - (again - again.detach())
+        return p["output"](out.to(y.dtype)).reshape(y.shape)
+
+    return fn

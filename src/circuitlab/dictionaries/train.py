@@ -39,6 +39,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.dictionaries import clt_train
+from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
 from circuitlab.dictionaries.objectives import Coefficients, resample_dead, training_step
@@ -50,7 +52,8 @@ from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse
 CHECKPOINT, STATE = "checkpoint", "state.json"
 # Fields a dictionary may override for itself (`train:` under it in a YAML config).
 PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwidth", "jumprelu_init_threshold",
-                  "aux_coeff", "dead_after", "dead_density", "resample_every", "resample_method", "target_l0")
+                  "aux_coeff", "dead_after", "dead_density", "resample_every", "resample_method", "target_l0",
+                  "clt_tanh_scale", "clt_preact_coeff")
 PENALTY_ARCHITECTURES = ("relu", "jumprelu")  # their L0 follows a coefficient: target_l0 steers it
 RESAMPLE_METHODS = ("inputs", "split")
 
@@ -76,6 +79,8 @@ class DictTrainConfig:
     resample_every: int = 0          # resample dead latents every N steps (0: never)
     resample_method: str = "inputs"  # "inputs": toward the worst-reconstructed rows; "split": split merged latents
     resample_batches: int = 4        # batches of rows a resampling looks at (the current one and the next ones)
+    clt_tanh_scale: float = 4.0      # CLT (jumprelu, relu): c in its penalty l0_coeff · tanh(c · a · ‖W_dec‖)
+    clt_preact_coeff: float = 0.003  # CLT (jumprelu): the pre-activation penalty on latents below threshold
     normalise: bool = True           # scale inputs to E‖x‖ = √d_in in training (folded at save)
     eval_every: int = 0              # held-out evaluation every N steps (0: only at the end)
     eval_batches: int = 4
@@ -133,8 +138,10 @@ class TrainResult:
                        for d, m in zip(self.dictionaries, self.metrics))
 
 
-def check_fits(cfg: DictionaryConfig, widths: dict[str, int]) -> None:
+def check_fits(cfg: DictionaryConfig | CLTConfig, widths: dict[str, int]) -> None:
     """The hooks a dictionary reads and writes are in the store, with its widths."""
+    if isinstance(cfg, CLTConfig):
+        return clt_train.check_fits(cfg, widths)
     for name, width, what in ((cfg.hook_name, cfg.d_in, "d_in"), (cfg.out_hook_name, cfg.d_out, "d_out")):
         if name is None:
             continue
@@ -146,7 +153,7 @@ def check_fits(cfg: DictionaryConfig, widths: dict[str, int]) -> None:
 
 
 class DictionaryTrainer:
-    def __init__(self, configs: list[DictionaryConfig], train: DictTrainConfig, store: ActivationStore,
+    def __init__(self, configs: list[DictionaryConfig | CLTConfig], train: DictTrainConfig, store: ActivationStore,
                  val_store: ActivationStore | None = None, overrides: list[dict[str, Any]] | None = None,
                  device: str | torch.device = "cpu") -> None:
         if not configs:
@@ -161,6 +168,9 @@ class DictionaryTrainer:
                 raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
         self.hyper = [dataclasses.replace(train, **o) for o in overrides]
         for cfg, h in zip(configs, self.hyper):
+            if isinstance(cfg, CLTConfig) and h.resample_every:
+                raise ConfigError("a CLT's dead latents get AuxK (TopK family) or the pre-activation penalty (JumpReLU), "
+                                  "not resampling: set resample_every: 0 in its own train settings")
             if h.resample_method == "split" and cfg.is_transcoder:
                 raise ConfigError(f"resample_method 'split' needs an SAE (it splits decoder directions in the input's "
                                   f"space); the transcoder for {cfg.hook_name} can use 'inputs'")
@@ -172,12 +182,13 @@ class DictionaryTrainer:
         self.controllers = [L0Controller(h.target_l0, self._base_coeff(c, h), round(train.steps * (1 - train.lr_decay_frac)))
                             if h.target_l0 > 0 and c.architecture in PENALTY_ARCHITECTURES else None
                             for c, h in zip(configs, self.hyper)]
-        self.saes = [SparseDictionary(c, seed=_seed(train.seed, j) % 2**31).to(self.device) for j, c in enumerate(configs)]
+        self.saes = [(CrossLayerTranscoder if isinstance(c, CLTConfig) else SparseDictionary)(c, seed=_seed(train.seed, j) % 2**31)
+                     .to(self.device) for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
         self.opts = [torch.optim.Adam([p for p in s.parameters() if p.requires_grad], lr=h.lr,
                                       betas=(train.beta1, train.beta2), fused=fused) for s, h in zip(self.saes, self.hyper)]
-        self.last_fired = [torch.zeros(c.d_sae, dtype=torch.long, device=self.device) for c in configs]
-        self.fire_rate = [torch.zeros(c.d_sae, dtype=torch.float64, device=self.device) for c in configs]  # running density
+        self.last_fired = [torch.zeros(c.n_latents, dtype=torch.long, device=self.device) for c in configs]
+        self.fire_rate = [torch.zeros(c.n_latents, dtype=torch.float64, device=self.device) for c in configs]  # running density
         self.scales: list[tuple[float, float]] = [(1.0, 1.0)] * len(configs)
         self.step = 0
 
@@ -200,6 +211,9 @@ class DictionaryTrainer:
         sample = self.store.source.chunk(0, self.store.split)
         for j, (sae, h) in enumerate(zip(self.saes, self.hyper)):
             cfg = sae.cfg
+            if isinstance(sae, CrossLayerTranscoder):
+                self.scales[j] = clt_train.init_from_data(sae, sample, h.normalise, h.jumprelu_init_threshold)
+                continue
             x = sample[cfg.hook_name].to(self.device)
             y = sample[cfg.out_hook_name].to(self.device) if cfg.is_transcoder else x
             s_in = math.sqrt(cfg.d_in) / float(x.norm(dim=-1).mean()) if h.normalise else 1.0
@@ -211,6 +225,8 @@ class DictionaryTrainer:
 
     def _inputs(self, j: int, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, (s_in, s_out) = self.saes[j].cfg, self.scales[j]
+        if isinstance(self.saes[j], CrossLayerTranscoder):
+            return clt_train.scaled_inputs(self.saes[j], batch, self.scales[j])
         x = batch[cfg.hook_name].to(self.device) * s_in
         y = batch[cfg.out_hook_name].to(self.device) * s_out if cfg.is_transcoder else x
         return x, y
@@ -225,14 +241,21 @@ class DictionaryTrainer:
             coef = Coefficients(sparsity=self.sparsity_coeff(j, self.step), aux=h.aux_coeff, bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
             for group in opt.param_groups:
                 group["lr"] = self.train.lr_at(self.step, h.lr)
-            out = training_step(sae, x, y, coef, dead)
+            is_clt = isinstance(sae, CrossLayerTranscoder)
+            if is_clt:  # its tanh penalty is an L0 of sorts: l0_coeff for ReLU too
+                coef = clt_train.CLTCoefficients(**{**vars(coef), "sparsity": coef.sparsity * h.l0_coeff / (
+                    h.l1_coeff if sae.cfg.architecture == "relu" else h.l0_coeff)}, tanh_scale=h.clt_tanh_scale,
+                    preact=h.clt_preact_coeff)
+            out = (clt_train.clt_training_step if is_clt else training_step)(sae, x, y, coef, dead)
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             opt.step()
             with torch.no_grad():
-                if sae.cfg.architecture != "relu":  # unit-norm decoder rows (the L1 weighting handles relu)
+                if is_clt:
+                    clt_train.after_step(sae)
+                elif sae.cfg.architecture != "relu":  # unit-norm decoder rows (the L1 weighting handles relu)
                     sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8))
-                if sae.cfg.architecture == "jumprelu":
+                if sae.cfg.architecture == "jumprelu" and not is_clt:
                     sae.threshold.clamp_(min=1e-4)
             self.last_fired[j][out.fires > 0] = self.step + 1
             if self.controllers[j] is not None:
@@ -290,7 +313,8 @@ class DictionaryTrainer:
             return []
         self.val_store.load_state_dict({"chunk": 0, "offset": 0})
         batches = [self.val_store.next_batch() for _ in range(self.train.eval_batches)]
-        return [evaluate(sae, batches) for sae in self.dictionaries()]
+        return [clt_train.evaluate_clt(sae, batches) if isinstance(sae, CrossLayerTranscoder) else evaluate(sae, batches)
+                for sae in self.dictionaries()]
 
     # ------------------------------------------------------------------ resume
     def save_checkpoint(self, folder: str | Path) -> None:
@@ -396,7 +420,7 @@ def dictionary_names(configs: list[DictionaryConfig]) -> list[str]:
     """Folder names: metadata.name, else <hook>-<architecture>[-<d_sae>], made unique."""
     names: list[str] = []
     for c in configs:
-        base = c.metadata.get("name") or f"{c.hook_name}-{c.architecture}"
+        base = c.metadata.get("name") or (f"clt-{c.architecture}" if isinstance(c, CLTConfig) else f"{c.hook_name}-{c.architecture}")
         name, i = base, 2
         while name in names:
             name, i = f"{base}-{i}", i + 1

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ class DashboardOptions:
     seq_len: int = 64
     features: list[int] | None = None  # cards in the report (default: the 50 most frequent)
     k: int = 10
+    layer: int | None = None           # a cross-layer transcoder's layer
     device: str = "cpu"
     progress: bool = True
 
@@ -45,7 +47,18 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
     model, tokenizer, _ = load_checkpoint(opts.checkpoint, device=opts.device)
     if tokenizer is None:
         raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it, so text cannot be encoded")
-    sae = SparseDictionary.load(opts.dictionary, device=opts.device, model=model)  # checked, hooks bound
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits, is_clt_folder
+
+    if is_clt_folder(opts.dictionary):
+        clt = CrossLayerTranscoder.load(opts.dictionary, device=opts.device)
+        check_clt_fits(clt, model, f"the CLT in {opts.dictionary}")
+        if opts.layer is None:
+            raise CircuitlabError(f"{opts.dictionary} is a cross-layer transcoder: choose its layer (--layer 0..{clt.cfg.n_layers - 1})")
+        sae = clt.residual_view(opts.layer)  # the layer's features; decoder: their whole write into the residual stream
+    else:
+        if opts.layer is not None:
+            raise CircuitlabError("--layer is for a cross-layer transcoder; this dictionary reads one hook")
+        sae = SparseDictionary.load(opts.dictionary, device=opts.device, model=model)  # checked, hooks bound
     if opts.n_tokens < 1 or opts.seq_len < 1:
         raise CircuitlabError("--tokens and --seq-len must be positive")
     bad = [f for f in opts.features or [] if not 0 <= f < sae.cfg.d_sae]
@@ -53,7 +66,19 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
         raise CircuitlabError(f"--features {bad} are outside the dictionary's {sae.cfg.d_sae} features")
     batches = text_batches(tokenizer, opts.data, opts.n_tokens, min(opts.seq_len, model.cfg.n_ctx))
     dash = feature_dashboards(model.eval(), sae, batches, k=opts.k, tokenizer=tokenizer, progress=opts.progress)
-    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / "dashboards"
+    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / (
+        "dashboards" if opts.layer is None else f"dashboards-layer{opts.layer}")
+    notes = None
+    if "clt_layer" in sae.cfg.metadata:  # a CLT feature's card says which layers it writes into
+        layer, writes = sae.cfg.metadata["clt_layer"], sae.cfg.metadata["clt_write_norms"]
+        dash.dictionary_info["clt"] = {"layer": layer, "n_layers": sae.cfg.metadata["clt_n_layers"]}
+        notes = {f: "Writes into the MLP outputs of layers " + ", ".join(
+            f"{layer + j} ({w:.2f})" for j, w in enumerate(writes[f]) if w > 0.05 * max(max(writes[f]), 1e-12))
+            + " (decoder norm per layer)." for f in range(sae.cfg.d_sae)}
     dash.save(folder)
-    report = write_dashboards_report(folder, dash, opts.features)
+    if notes is not None:
+        from circuitlab.atomic import atomic_write_text
+
+        atomic_write_text(folder / "clt_writes.json", json.dumps({"layer": layer, "write_norms": writes}))
+    report = write_dashboards_report(folder, dash, opts.features, notes=notes)
     return DashboardResult(folder, report, dash.summary())

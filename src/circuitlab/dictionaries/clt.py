@@ -1,0 +1,437 @@
+"""Cross-layer transcoders (CLTs): one encoder per layer, decoders from each layer to its own MLP output and every later one.
+
+    cfg = CLTConfig("topk", n_layers=4, d_model=128, d_sae=512, k=16)
+    clt = CrossLayerTranscoder(cfg)
+    acts = clt.encode_layer(x_l, l)             # MLP input of layer l [..., d_model] -> [..., d_sae]
+    out = clt.decode_layer(acts, l)             # [..., d_sae] -> [..., n_layers - l, d_model]: what layer l's
+                                                #   features write into the MLP outputs of layers l..L-1 (no bias)
+    y_hat, acts = clt(xs)                       # xs [..., L, d_model] -> ([..., L, d_model], [..., L, d_sae])
+    clt.save("dicts/clt"); clt = CrossLayerTranscoder.load("dicts/clt")   # also circuit-tracer / sparsify folders
+
+The output at layer l' is Σ_{l ≤ l'} W_dec^{l→l'} a^l + b_dec^{l'} (+ W_skip^{l'} x^{l'} with a skip). A *tied*
+CLT has one decoder per source layer, shared by every layer it writes to. The inputs are read at
+`input_hook` (default each block's MLP input, ``blocks.{layer}.ln2.hook_normalized``) and the outputs
+predict `output_hook` (``blocks.{layer}.hook_mlp_out``). Inference only: training lives in clt_train.py.
+A saved CLT takes raw activations (training's scaling is folded into its weights), and a BatchTopK
+CLT is saved as the JumpReLU it is at inference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from circuitlab.atomic import atomic_dir
+from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
+
+CLT_ARCHITECTURES = ("jumprelu", "topk", "batchtopk", "relu")
+CLT_FORMAT = "circuitlab-clt-1"
+WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CLTConfig:
+    """A cross-layer transcoder: architecture, sizes, hooks, base model.
+
+    architecture: "jumprelu" (tanh sparsity penalty in training), "topk" / "batchtopk" (k per layer;
+        BatchTopK is saved as JumpReLU), "relu" (loading circuit-tracer's ReLU CLTs; trains like JumpReLU
+        without a threshold).
+    n_layers: L, the number of MLP layers it reads and writes (all of the model's, from layer 0).
+    d_sae: latents per layer (L · d_sae in all).
+    tied: one decoder per source layer, shared by every later layer, instead of one per (source, target).
+    skip: a linear skip W_skip^l [d_model, d_model] from each layer's input to its own output.
+    input_hook / output_hook: hook name templates with {layer}.
+    """
+
+    architecture: str = "jumprelu"
+    n_layers: int = 0
+    d_model: int = 0
+    d_sae: int = 0
+    k: int | None = None
+    tied: bool = False
+    skip: bool = False
+    input_hook: str = "blocks.{layer}.ln2.hook_normalized"
+    output_hook: str = "blocks.{layer}.hook_mlp_out"
+    base_model: dict[str, Any] = field(default_factory=dict)
+    normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
+    dtype: str = "float32"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    kind = "clt"  # what a YAML entry names to get one (`kind: clt`)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def is_int(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        if self.architecture not in CLT_ARCHITECTURES:
+            raise ConfigError(f"unknown CLT architecture {self.architecture!r}"
+                              f"{did_you_mean(self.architecture, CLT_ARCHITECTURES)}; use one of {', '.join(CLT_ARCHITECTURES)}")
+        for name in ("n_layers", "d_model", "d_sae"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ConfigError(f"CLTConfig.{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.architecture in ("topk", "batchtopk"):
+            if not is_int(self.k) or self.k < 1:
+                raise ConfigError(f"CLTConfig.k must be a positive int for architecture {self.architecture!r}, got {self.k!r}")
+            if self.k > self.d_sae:
+                raise ConfigError(f"k={self.k} is larger than d_sae={self.d_sae}; a TopK CLT cannot keep more latents "
+                                  "per layer than it has")
+        for name in ("input_hook", "output_hook"):
+            if not isinstance(getattr(self, name), str) or "{layer}" not in getattr(self, name):
+                raise ConfigError(f"CLTConfig.{name} must be a hook name template with {{layer}}, got {getattr(self, name)!r}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"CLTConfig.dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.normalisation, dict) or "method" not in self.normalisation:
+            raise ConfigError('CLTConfig.normalisation must be a mapping with a "method"')
+
+    # the fields the trainer and metrics share with DictionaryConfig
+    @property
+    def n_latents(self) -> int:
+        return self.n_layers * self.d_sae
+
+    @property
+    def is_transcoder(self) -> bool:
+        return True
+
+    @property
+    def hook_name(self) -> str:
+        return self.input_hook
+
+    def in_hook(self, layer: int) -> str:
+        return self.input_hook.format(layer=layer)
+
+    def out_hook(self, layer: int) -> str:
+        return self.output_hook.format(layer=layer)
+
+    def hooks(self) -> list[str]:
+        """Every hook a CLT reads or writes, layer by layer."""
+        return [h for layer in range(self.n_layers) for h in (self.in_hook(layer), self.out_hook(layer))]
+
+    def n_targets(self, source: int) -> int:
+        """How many decoder blocks layer `source` has: L - source, or 1 when tied."""
+        return 1 if self.tied else self.n_layers - source
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": CLT_FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CLTConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a CLT config must be a mapping, got {type(data).__name__}")
+        data = {k: v for k, v in data.items() if k not in ("format", "kind")}
+        refuse_unknown(data, [f.name for f in dataclasses.fields(cls)], "CLT config field(s)")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "CLTConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """Each feature's decoder, all its blocks together ([d_sae, T, d] -> norm over T and d), scaled to norm 1."""
+    return t / t.flatten(1).norm(dim=-1).clamp(min=1e-12)[:, None, None]
+
+
+class CrossLayerTranscoder(nn.Module):
+    """Per layer l: W_enc[l] [d_model, d_sae], b_enc[l] [d_sae], W_dec[l] [d_sae, T_l, d_model] (T_l = L - l
+    blocks for layers l..L-1; 1 when tied), b_dec[l] [d_model] (of output layer l), threshold[l] [d_sae]
+    (JumpReLU, BatchTopK), W_skip[l] [d_model, d_model] (skip).
+
+    Initialised the way training starts: each feature's decoder (all its blocks together) a random unit
+    vector, each encoder column a random unit vector, zero biases.
+    """
+
+    def __init__(self, cfg: CLTConfig, seed: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        dtype = _DTYPES[cfg.dtype]
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        L, d, n = cfg.n_layers, cfg.d_model, cfg.d_sae
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+        enc = [randn(d, n) for _ in range(L)]
+        self.W_enc = nn.ParameterList([(e / e.norm(dim=0, keepdim=True)).to(dtype) for e in enc])
+        self.b_enc = nn.ParameterList([torch.zeros(n, dtype=dtype) for _ in range(L)])
+        self.W_dec = nn.ParameterList([_unit_rows(randn(n, cfg.n_targets(l), d)).to(dtype) for l in range(L)])
+        self.b_dec = nn.ParameterList([torch.zeros(d, dtype=dtype) for _ in range(L)])
+        if cfg.architecture in ("jumprelu", "batchtopk"):
+            self.threshold = nn.ParameterList([torch.full((n,), 1e-3, dtype=dtype) for _ in range(L)])
+            for t in self.threshold:
+                t.requires_grad_(cfg.architecture == "jumprelu")
+        if cfg.skip:
+            self.W_skip = nn.ParameterList([torch.zeros(d, d, dtype=dtype) for _ in range(L)])
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def device(self) -> torch.device:
+        return self.W_enc[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.W_enc[0].dtype
+
+    def _check(self, x: torch.Tensor, layer: int) -> None:
+        if not 0 <= layer < self.cfg.n_layers:
+            raise CircuitlabError(f"layer {layer} is outside the CLT's {self.cfg.n_layers} layers")
+        if x.shape[-1] != self.cfg.d_model:
+            raise CircuitlabError(f"the input has width {x.shape[-1]} but the CLT expects d_model={self.cfg.d_model}")
+
+    def pre_acts(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """x [..., d_model] (layer `layer`'s MLP input) -> pre-activations [..., d_sae]."""
+        self._check(x, layer)
+        return x.to(self.dtype) @ self.W_enc[layer] + self.b_enc[layer]
+
+    def activate(self, pre: torch.Tensor, layer: int) -> torch.Tensor:
+        """Inference activation [..., d_sae]: ReLU, TopK (k per layer), or JumpReLU (BatchTopK too)."""
+        arch = self.cfg.architecture
+        if arch == "relu":
+            return pre.relu()
+        if arch == "topk":
+            values, indices = pre.topk(self.cfg.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
+        return pre * (pre > self.threshold[layer])
+
+    def encode_layer(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Layer `layer`'s MLP input x [..., d_model] -> its feature activations [..., d_sae]."""
+        return self.activate(self.pre_acts(x, layer), layer)
+
+    def encode(self, xs: torch.Tensor) -> torch.Tensor:
+        """Every layer's MLP input xs [..., L, d_model] -> feature activations [..., L, d_sae]."""
+        self._check_stack(xs)
+        return torch.stack([self.encode_layer(xs[..., l, :], l) for l in range(self.cfg.n_layers)], dim=-2)
+
+    def decoder(self, source: int, target: int) -> torch.Tensor:
+        """W_dec^{source→target} [d_sae, d_model]: how layer `source`'s features write into layer `target`'s MLP output."""
+        if not 0 <= source <= target < self.cfg.n_layers:
+            raise CircuitlabError(f"a CLT decodes from layer {source} only to layers {source}..{self.cfg.n_layers - 1}, "
+                                  f"not {target}")
+        return self.W_dec[source][:, 0 if self.cfg.tied else target - source]
+
+    def decode_layer(self, acts: torch.Tensor, source: int) -> torch.Tensor:
+        """Layer `source`'s activations [..., d_sae] -> what they write into the MLP outputs of layers
+        source..L-1 [..., L - source, d_model] (no bias, no skip)."""
+        W = self.W_dec[source]
+        out = acts.to(self.dtype) @ W.flatten(1)                              # [..., T * d_model]
+        out = out.unflatten(-1, W.shape[1:])
+        if self.cfg.tied:
+            out = out.expand(*out.shape[:-2], self.cfg.n_layers - source, self.cfg.d_model)
+        return out
+
+    def decode(self, acts: torch.Tensor, xs: torch.Tensor | None = None) -> torch.Tensor:
+        """acts [..., L, d_sae] -> every layer's MLP output [..., L, d_model]. A skip CLT also needs xs [..., L, d_model]."""
+        L = self.cfg.n_layers
+        parts = [self.decode_layer(acts[..., l, :], l) for l in range(L)]
+        outs = []
+        for t in range(L):
+            y = self.b_dec[t] + sum(parts[s][..., t - s, :] for s in range(t + 1))
+            if self.cfg.skip:
+                if xs is None:
+                    raise CircuitlabError("a skip CLT's decode needs its inputs too: decode(acts, xs)")
+                y = y + xs[..., t, :].to(self.dtype) @ self.W_skip[t]
+            outs.append(y)
+        return torch.stack(outs, dim=-2)
+
+    def forward(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """xs [..., L, d_model] -> (every layer's predicted MLP output [..., L, d_model], acts [..., L, d_sae])."""
+        acts = self.encode(xs)
+        return self.decode(acts, xs), acts
+
+    def _check_stack(self, xs: torch.Tensor) -> None:
+        if xs.dim() < 2 or xs.shape[-2] != self.cfg.n_layers or xs.shape[-1] != self.cfg.d_model:
+            raise CircuitlabError(f"a CLT takes every layer's input stacked [..., {self.cfg.n_layers}, {self.cfg.d_model}], "
+                                  f"got {tuple(xs.shape)}")
+
+    # ------------------------------------------------------------------ views
+    def decoder_norms(self) -> torch.Tensor:
+        """[L, d_sae]: the norm of each feature's whole decoder (all the layers it writes to together)."""
+        return torch.stack([W.flatten(1).norm(dim=-1) for W in self.W_dec])
+
+    def write_norms(self, layer: int) -> torch.Tensor:
+        """[d_sae, L - layer]: how strongly each feature of `layer` writes into each layer from `layer` on."""
+        norms = self.W_dec[layer].norm(dim=-1)
+        return norms.expand(-1, self.cfg.n_layers - layer) if self.cfg.tied else norms
+
+    @torch.no_grad()
+    def residual_view(self, layer: int):
+        """Layer `layer`'s features as a SparseDictionary: its encoder (threshold, k), and as decoder each
+        feature's total direct write into the residual stream, Σ_{t ≥ layer} W_dec^{layer→t} [d_sae, d_model]
+        (every MLP output adds into it). For dashboards and logit effects; metadata.clt_write_norms
+        [d_sae][L - layer] says how strongly each feature writes into each layer from `layer` on."""
+        from circuitlab.dictionaries.config import DictionaryConfig
+        from circuitlab.dictionaries.sae import SparseDictionary
+
+        c = self.cfg
+        if not 0 <= layer < c.n_layers:
+            raise CircuitlabError(f"layer {layer} is outside the CLT's {c.n_layers} layers")
+        arch = "jumprelu" if c.architecture == "batchtopk" else c.architecture
+        meta = {"clt_layer": layer, "clt_n_layers": c.n_layers,
+                "clt_write_norms": [[round(float(v), 5) for v in row] for row in self.write_norms(layer)]}
+        cfg = DictionaryConfig(arch, d_in=c.d_model, d_sae=c.d_sae, k=c.k if arch == "topk" else None,
+                               hook_name=c.in_hook(layer), out_hook_name=c.out_hook(layer), base_model=c.base_model,
+                               dtype=c.dtype, metadata=meta)
+        view = SparseDictionary(cfg).to(device=self.device, dtype=self.dtype)
+        view.W_enc.copy_(self.W_enc[layer])
+        view.b_enc.copy_(self.b_enc[layer])
+        view.W_dec.copy_(self.decode_layer(torch.eye(c.d_sae, dtype=self.dtype, device=self.device), layer).sum(-2))
+        view.b_dec.zero_()
+        if arch == "jumprelu":
+            view.threshold.copy_(self.threshold[layer])
+        return view
+
+    @torch.no_grad()
+    def folded(self, in_scales: list[float], out_scales: list[float]) -> "CrossLayerTranscoder":
+        """A copy taking raw activations, from one trained on layer l's inputs times in_scales[l] and outputs
+        times out_scales[l] (a tied CLT needs one out scale for all layers). Latents are unchanged."""
+        L = self.cfg.n_layers
+        if len(in_scales) != L or len(out_scales) != L:
+            raise CircuitlabError(f"folded needs {L} input and output scales")
+        if self.cfg.tied and len(set(out_scales)) > 1:
+            raise CircuitlabError("a tied CLT shares each decoder across layers: it needs one output scale for all")
+        norm = {**self.cfg.normalisation, "in_scales": [float(s) for s in in_scales],
+                "out_scales": [float(s) for s in out_scales], "folded": True}
+        new = self._copy_with(self.cfg.replace(normalisation=norm))
+        out = torch.tensor(out_scales, dtype=torch.float64)
+        for l in range(L):
+            new.W_enc[l].mul_(in_scales[l])
+            per_target = out[l:] if not self.cfg.tied else out[:1]
+            new.W_dec[l].div_(per_target.to(new.dtype)[None, :, None])
+            new.b_dec[l].div_(out_scales[l])
+            if self.cfg.skip:
+                new.W_skip[l].mul_(in_scales[l] / out_scales[l])
+        return new
+
+    def for_inference(self) -> "CrossLayerTranscoder":
+        """BatchTopK becomes the JumpReLU it is at inference (same weights, its thresholds); others unchanged."""
+        if self.cfg.architecture != "batchtopk":
+            return self
+        meta = {**self.cfg.metadata, "trained_as": "batchtopk", "k": self.cfg.k}
+        return self._copy_with(self.cfg.replace(architecture="jumprelu", k=None, metadata=meta))
+
+    def _copy_with(self, cfg: CLTConfig) -> "CrossLayerTranscoder":
+        new = CrossLayerTranscoder(cfg).to(device=self.device, dtype=self.dtype)
+        new.load_state_dict(self.state_dict())
+        return new
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        k = f", k={c.k}" if c.k else ""
+        return (f"{c.architecture} CLT: {c.n_layers} layers x d_sae={c.d_sae}{k}, d_model={c.d_model}"
+                f"{', tied' if c.tied else ''}{', skip' if c.skip else ''}")
+
+    # ------------------------------------------------------------------ disk
+    def save(self, folder: str | Path, layout: str = "circuitlab") -> Path:
+        """Write the CLT as a folder, whole or not at all: layout "circuitlab" (clt.safetensors + config.json),
+        "circuit-tracer" or "sparsify" (see clt_formats)."""
+        from circuitlab.dictionaries import clt_formats
+
+        clt = self.for_inference()
+        writers = {"circuitlab": _write_ours, "circuit-tracer": clt_formats.write_circuit_tracer,
+                   "sparsify": clt_formats.write_sparsify}
+        if layout not in writers:
+            raise CircuitlabError(f"unknown CLT layout {layout!r}; use one of {', '.join(writers)}")
+        clt_formats.check_writable(clt, layout)
+        folder = Path(folder)
+        with atomic_dir(folder) as tmp:
+            writers[layout](clt, tmp)
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> "CrossLayerTranscoder":
+        """Load a CLT folder in any of the three layouts (found from its files)."""
+        from circuitlab.dictionaries import clt_formats
+
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise CircuitlabError(f"CLT folder not found: {folder}")
+        if (folder / WEIGHTS_FILE).is_file():
+            clt = _read_ours(folder)
+        elif (folder / "W_enc_0.safetensors").is_file():
+            clt = clt_formats.read_circuit_tracer(folder)
+        elif clt_formats.is_sparsify_clt(folder):
+            clt = clt_formats.read_sparsify(folder)
+        else:
+            raise CircuitlabError(f"{folder} holds no CLT (expected {WEIGHTS_FILE}, circuit-tracer's W_enc_0.safetensors, "
+                                  "or sparsify's one folder per layer with cfg.json and sae.safetensors)")
+        return clt.to(device)
+
+    @classmethod
+    def from_tensors(cls, cfg: CLTConfig, tensors: dict[str, torch.Tensor], where: str = "tensors") -> "CrossLayerTranscoder":
+        """Build from a config and a state dict (names like W_dec.2), checking every shape against the config."""
+        clt = cls(cfg)
+        expected = {k: tuple(v.shape) for k, v in clt.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in tensors.items()}
+        if expected != got:
+            diff = sorted(set(expected.items()) ^ set(got.items()))
+            raise CircuitlabError(f"CLT {where} does not match its config ({cfg.n_layers} layers, d_model={cfg.d_model}, "
+                                  f"d_sae={cfg.d_sae}{', tied' if cfg.tied else ''}): {diff[:4]}")
+        clt.load_state_dict({k: v.to(_DTYPES[cfg.dtype]) for k, v in tensors.items()})
+        return clt
+
+
+def is_clt_folder(folder: str | Path) -> bool:
+    """Whether a folder holds a CLT in one of the layouts CrossLayerTranscoder.load reads."""
+    from circuitlab.dictionaries import clt_formats
+
+    folder = Path(folder)
+    if (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
+        return True
+    return folder.is_dir() and ((folder / "W_enc_0.safetensors").is_file() or clt_formats.is_sparsify_clt(folder))
+
+
+def _write_ours(clt: CrossLayerTranscoder, folder: Path) -> None:
+    tensors = {k: v.detach().cpu().contiguous() for k, v in clt.state_dict().items()}
+    cfg_json = json.dumps(clt.cfg.to_dict(), indent=2)
+    header = {"config": cfg_json, "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest()}
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata=header)
+    (folder / CONFIG_FILE).write_text(cfg_json)
+
+
+def _read_ours(folder: Path) -> CrossLayerTranscoder:
+    try:
+        cfg_json = (folder / CONFIG_FILE).read_text()
+        with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
+            header = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        data = json.loads(cfg_json)
+        if data.get("format") != CLT_FORMAT:
+            raise CircuitlabError(f"its {CONFIG_FILE} is not a CLT's (format {data.get('format')!r})")
+        cfg = CLTConfig.from_dict(data)
+    except CircuitlabError as e:
+        raise CircuitlabError(f"CLT {folder} has a bad config: {e}") from None
+    except FileNotFoundError as e:
+        raise CircuitlabError(f"CLT {folder} is incomplete: {Path(e.filename).name} is missing") from None
+    except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to replace
+        raise CircuitlabError(f"CLT {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
+    if header.get("config_sha256") != hashlib.sha256(cfg_json.encode()).hexdigest():
+        raise CircuitlabError(f"CLT {folder}: {CONFIG_FILE} does not match {WEIGHTS_FILE}; save it again")
+    return CrossLayerTranscoder.from_tensors(cfg, tensors, str(folder))
+
+
+def check_clt_fits(clt: CrossLayerTranscoder, model: nn.Module, where: str = "the CLT") -> None:
+    """Refuse a CLT made for another model: layer count, width, hooks, and (when recorded) the base model's identity."""
+    from circuitlab.dictionaries.sae import check_base_model
+    from circuitlab.model import hooks as H
+
+    cfg, mcfg = clt.cfg, model.cfg
+    if cfg.n_layers != mcfg.n_layers:
+        raise CircuitlabError(f"{where} has {cfg.n_layers} layers but the model has {mcfg.n_layers}; a CLT needs one "
+                              "encoder and one output per MLP layer")
+    if cfg.d_model != mcfg.d_model:
+        raise CircuitlabError(f"{where} reads width {cfg.d_model} but the model's d_model is {mcfg.d_model}: "
+                              "was it made for another model?")
+    points = H.hook_points(model)
+    for name in (cfg.in_hook(0), cfg.out_hook(0)):
+        H.resolve(points, name)
+    check_base_model(clt, model, where)
