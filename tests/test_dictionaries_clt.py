@@ -454,3 +454,23 @@ def test_dashboards_of_a_clt_layer_name_the_layers_its_features_write_to(tiny_ch
     x = torch.randn(5, 16)
     torch.testing.assert_close(view.encode(x), clt.encode_layer(x, 1))
     torch.testing.assert_close(view.W_dec, clt.decoder(1, 1) + clt.decoder(1, 2))
+
+
+def test_resampling_points_dead_latents_at_the_worst_rows():
+    clt = _clt("jumprelu")
+    xs, ys = _data(rows=64)
+    opt = torch.optim.Adam(clt.parameters())
+    clt_training_step(clt, xs, ys, CLTCoefficients(0.1, 0.0, 0.2), None).loss.backward()
+    opt.step()
+    before = {k: v.clone() for k, v in clt.state_dict().items()}
+    dead = torch.zeros(L * N, dtype=torch.bool)
+    dead[[3, N + 5]] = True  # latent 3 of layer 0, latent 5 of layer 1
+    n = clt_train.resample_dead(clt, opt, dead, xs, ys, torch.Generator().manual_seed(0), threshold=0.1)
+    assert n == 2
+    after = clt.state_dict()
+    assert not torch.equal(after["W_dec.0"][3], before["W_dec.0"][3]) and not torch.equal(after["W_enc.1"][:, 5], before["W_enc.1"][:, 5])
+    assert torch.equal(after["W_dec.0"][4], before["W_dec.0"][4]) and torch.equal(after["W_dec.2"], before["W_dec.2"])
+    assert float(after["W_dec.1"][5].norm()) == pytest.approx(1.0) and float(after["threshold.0"][3]) == pytest.approx(0.1)
+    assert float(opt.state[clt.W_dec[0]]["exp_avg"][3].abs().sum()) == 0
+    with pytest.raises(CircuitlabError, match="not 'split'"):
+        clt_train.resample_dead(clt, opt, dead, xs, ys, torch.Generator(), method="split")

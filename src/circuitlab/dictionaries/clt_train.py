@@ -20,7 +20,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
+from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder, _unit_rows
 from circuitlab.dictionaries.objectives import Coefficients, StepOutput, _batch_topk, _JumpReLU
 from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, SPARSE_DTYPES, SPARSE_MIN_WORK, DecodeKept, Kept, KeptPreActs
 from circuitlab.errors import CircuitlabError
@@ -181,6 +181,46 @@ def after_step(clt: CrossLayerTranscoder) -> None:
     if clt.cfg.architecture == "jumprelu":
         for t in clt.threshold:
             t.clamp_(min=1e-4)
+
+
+@torch.no_grad()
+def resample_dead(clt: CrossLayerTranscoder, optimizer: torch.optim.Optimizer, dead: torch.Tensor, xs: torch.Tensor,
+                  ys: torch.Tensor, generator: torch.Generator, threshold: float | None = None, method: str = "inputs") -> int:
+    """Re-initialise dead latents [L · d_sae] bool toward the rows the CLT reconstructs worst (Anthropic, 2023):
+    a dead latent of layer l gets as decoder the residual of a row (picked ∝ its squared error in layers
+    l..L-1) over those layers, as encoder that row's layer-l input at 0.2 × the live encoders' mean norm;
+    its bias goes to 0, its JumpReLU threshold to `threshold`, its Adam moments to 0. xs, ys [rows, L, d].
+    Returns how many were resampled."""
+    if method != "inputs":
+        raise CircuitlabError(f"a CLT resamples toward its worst-reconstructed rows ('inputs'), not {method!r}")
+    cfg = clt.cfg
+    L, n = cfg.n_layers, cfg.d_sae
+    y_hat, _ = clt(xs)
+    residual = ys.to(clt.dtype) - y_hat                                              # [rows, L, d]
+    total = 0
+    for l in range(L):
+        idx = dead[l * n:(l + 1) * n].nonzero().flatten()
+        if not len(idx):
+            continue
+        res = residual[:, l:] if not cfg.tied else residual[:, l:].mean(1, keepdim=True)
+        err = res.pow(2).sum((1, 2))
+        pick = torch.multinomial(err.cpu() + 1e-12, len(idx), replacement=True, generator=generator).to(xs.device)
+        live = torch.ones(n, dtype=torch.bool, device=xs.device)
+        live[idx] = False
+        scale = clt.W_enc[l][:, live].norm(dim=0).mean() if bool(live.any()) else torch.tensor(1.0)
+        clt.W_dec[l][idx] = _unit_rows(res[pick])
+        enc = xs[pick, l].to(clt.dtype)
+        clt.W_enc[l][:, idx] = (enc / enc.norm(dim=-1, keepdim=True).clamp(min=1e-8) * scale * 0.2).T
+        clt.b_enc[l][idx] = 0
+        if threshold is not None and cfg.architecture == "jumprelu":
+            clt.threshold[l][idx] = threshold
+        for p, axis in ((clt.W_dec[l], 0), (clt.W_enc[l], 1), (clt.b_enc[l], 0)):
+            state = optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key][(slice(None), idx) if axis else (idx,)] = 0
+        total += len(idx)
+    return total
 
 
 def check_fits(cfg: CLTConfig, widths: dict[str, int]) -> None:

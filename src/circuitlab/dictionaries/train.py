@@ -168,9 +168,6 @@ class DictionaryTrainer:
                 raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
         self.hyper = [dataclasses.replace(train, **o) for o in overrides]
         for cfg, h in zip(configs, self.hyper):
-            if isinstance(cfg, CLTConfig) and h.resample_every:
-                raise ConfigError("a CLT's dead latents get AuxK (TopK family) or the pre-activation penalty (JumpReLU), "
-                                  "not resampling: set resample_every: 0 in its own train settings")
             if h.resample_method == "split" and cfg.is_transcoder:
                 raise ConfigError(f"resample_method 'split' needs an SAE (it splits decoder directions in the input's "
                                   f"space); the transcoder for {cfg.hook_name} can use 'inputs'")
@@ -277,8 +274,8 @@ class DictionaryTrainer:
                     xs, ys = zip(*(self._inputs(j, b) for b in extra))
                     x, y = torch.cat([x, *xs]), torch.cat([y, *ys])
                 gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
-                resampled = resample_dead(sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold,
-                                          method=h.resample_method)
+                resampled = (clt_train.resample_dead if is_clt else resample_dead)(
+                    sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold, method=h.resample_method)
                 self.last_fired[j][dead] = self.step + 1
             logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse), "sparsity": float(out.sparsity),
                          "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled,
