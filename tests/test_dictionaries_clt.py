@@ -371,6 +371,12 @@ def test_sae_train_trains_a_clt_beside_per_layer_transcoders(tiny_checkpoint, ca
     assert results["replacements"][0]["dictionaries"] == names[1:]
     clt = CrossLayerTranscoder.load(root / "run" / "dictionaries" / "clt-batchtopk")
     assert clt.cfg.architecture == "jumprelu" and clt.cfg.normalisation["folded"] and clt.cfg.base_model["n_layers"] == 3
+    # sae eval takes it too: per layer, and with every MLP replaced
+    assert main(["sae", "eval", "--dictionary", str(root / "run" / "dictionaries" / "clt-batchtopk"), "--checkpoint",
+                 str(root / "model"), "--batches", "2", "--seq-len", "16", "--json", str(root / "clt-eval.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "layer 2: explained variance" in printed and "every MLP replaced" in printed
+    assert len(json.loads((root / "clt-eval.json").read_text())["layer_l0"]) == 3
 
 
 @pytest.mark.parametrize("arch", ["jumprelu", "topk"])

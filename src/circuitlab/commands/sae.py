@@ -204,7 +204,9 @@ EVAL_EXAMPLE = "circuitlab sae eval --dictionary runs/sae-demo/dictionaries/bloc
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dictionary", required=True, help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one layer_N.safetensors of a circuit-tracer set")
+    p.add_argument("--dictionary", required=True,
+                   help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one "
+                        "layer_N.safetensors of a circuit-tracer set; or a CLT (ours, circuit-tracer's or sparsify's layout)")
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
     p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
     p.add_argument("--batches", type=positive_int, default=8, help="sequences of held-out text to evaluate on")
@@ -224,6 +226,10 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     if args.batches < 1 or args.seq_len < 2:
         raise CircuitlabError("--batches must be positive and --seq-len at least 2")
+    from circuitlab.dictionaries.clt import is_clt_folder
+
+    if is_clt_folder(args.dictionary):
+        return _eval_clt(args)
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     sae = SparseDictionary.load(args.dictionary, model=model)  # checked against the model, hooks bound
     if tokenizer is None:
@@ -241,6 +247,40 @@ def _run_eval(args: argparse.Namespace) -> int:
           f"cosine {metrics.cosine:.4f}  L2 ratio {metrics.l2_ratio:.3f}")
     print(f"  dead {metrics.dead_frac:.1%}  dense (>10%) {metrics.dense_frac:.1%}")
     print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
+          f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))
+    return 0
+
+
+def _eval_clt(args: argparse.Namespace) -> int:
+    """sae eval for a cross-layer transcoder: per-layer reconstruction, and the model with every MLP replaced."""
+    from circuitlab.atomic import atomic_write_text
+    from circuitlab.data import DataConfig, build_data
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
+    from circuitlab.dictionaries.clt_train import evaluate_clt
+    from circuitlab.dictionaries.metrics import spliced_loss
+    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training import load_checkpoint
+
+    clt = CrossLayerTranscoder.load(args.dictionary)
+    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    check_clt_fits(clt, model, f"the CLT in {args.dictionary}")
+    if tokenizer is None:
+        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
+    data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
+    source = ModelActivations(model, clt.cfg.hooks(), data, seq_len=args.seq_len, seqs_per_chunk=args.batches)
+    metrics = evaluate_clt(clt, [ActivationStore(source, batch_size=args.batches * args.seq_len, split="val").next_batch()])
+    metrics.spliced = s = spliced_loss(model, clt, data.get_batch("val", 0, args.batches, args.seq_len))
+    c = clt.cfg
+    print(f"{args.dictionary} ({c.architecture} CLT, {c.n_layers} layers x d_sae {c.d_sae}) on {metrics.n_rows} tokens:")
+    for layer in range(c.n_layers):
+        print(f"  layer {layer}: explained variance {metrics.layer_explained_variance[layer]:.4f}  "
+              f"L0 {metrics.layer_l0[layer]:.2f}  dead {metrics.layer_dead_frac[layer]:.1%}")
+    print(f"  all layers: explained variance {metrics.explained_variance:.4f}  dead {metrics.dead_frac:.1%}  "
+          f"dense (>10%) {metrics.dense_frac:.1%}")
+    print(f"  every MLP replaced: CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
           f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))

@@ -239,10 +239,8 @@ class DictionaryTrainer:
             for group in opt.param_groups:
                 group["lr"] = self.train.lr_at(self.step, h.lr)
             is_clt = isinstance(sae, CrossLayerTranscoder)
-            if is_clt:  # its tanh penalty is an L0 of sorts: l0_coeff for ReLU too
-                coef = clt_train.CLTCoefficients(**{**vars(coef), "sparsity": coef.sparsity * h.l0_coeff / (
-                    h.l1_coeff if sae.cfg.architecture == "relu" else h.l0_coeff)}, tanh_scale=h.clt_tanh_scale,
-                    preact=h.clt_preact_coeff)
+            if is_clt:  # the same coefficient scales its tanh penalty (l0_coeff; l1_coeff for a ReLU CLT)
+                coef = clt_train.CLTCoefficients(**vars(coef), tanh_scale=h.clt_tanh_scale, preact=h.clt_preact_coeff)
             out = (clt_train.clt_training_step if is_clt else training_step)(sae, x, y, coef, dead)
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
