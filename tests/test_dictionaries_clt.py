@@ -480,3 +480,17 @@ def test_resampling_points_dead_latents_at_the_worst_rows():
     assert float(opt.state[clt.W_dec[0]]["exp_avg"][3].abs().sum()) == 0
     with pytest.raises(CircuitlabError, match="not 'split'"):
         clt_train.resample_dead(clt, opt, dead, xs, ys, torch.Generator(), method="split")
+
+
+@pytest.mark.parametrize("layout,arch", [("circuit-tracer", "jumprelu"), ("sparsify", "topk"), ("circuitlab", "topk")])
+def test_load_transcoders_returns_a_clt(tmp_path, model, layout, arch):
+    from circuitlab.dictionaries import load_transcoders
+
+    clt = _model_clt(model, arch=arch)
+    clt.save(tmp_path / "c", layout=layout)
+    got = load_transcoders(tmp_path / "c", model=model)
+    assert isinstance(got, CrossLayerTranscoder) and torch.equal(got.W_dec[1], clt.W_dec[1].detach())
+    other = CrossLayerTranscoder(clt.cfg.replace(n_layers=2, base_model={}))
+    other.save(tmp_path / "two", layout=layout)
+    with pytest.raises(CircuitlabError, match="has 2 layers but the model has 3"):
+        load_transcoders(tmp_path / "two", model=model)

@@ -108,6 +108,10 @@ class CLTConfig:
     def hook_name(self) -> str:
         return self.input_hook
 
+    @property
+    def out_hook_name(self) -> str:
+        return self.output_hook
+
     def in_hook(self, layer: int) -> str:
         return self.input_hook.format(layer=layer)
 

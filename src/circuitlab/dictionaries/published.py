@@ -466,17 +466,37 @@ def _load_our_set(folder: Path, device: Any, model: Any) -> list[SparseDictionar
     return sorted(saes, key=lambda s: _layer_of(s.cfg.hook_name) if _layer_of(s.cfg.hook_name) is not None else -1)
 
 
-# (name, detect(folder), load(folder, device, model)) tried in order; cross-layer layouts go here too.
+def _load_clt(folder: Path, device: Any, model: Any):
+    """A cross-layer transcoder (ours, circuit-tracer's model_kind: cross_layer_transcoder, sparsify's), checked
+    against the model when given."""
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
+
+    clt = CrossLayerTranscoder.load(folder, device=device)
+    if model is not None:
+        check_clt_fits(clt, model, f"the CLT in {folder}")
+    return clt
+
+
+def _is_clt(folder: Path) -> bool:
+    from circuitlab.dictionaries.clt import is_clt_folder
+
+    return is_clt_folder(folder)
+
+
+# (name, detect(folder), load(folder, device, model)) tried in order; a CLT first (its circuit-tracer folder
+# has a config.yaml too).
 SET_LAYOUTS: list[tuple[str, Callable[[Path], bool], Callable[[Path, Any, Any], Any]]] = [
+    ("cross-layer transcoder", _is_clt, _load_clt),
     ("circuit-tracer transcoder set", _is_ct_set, _load_ct_set),
     ("folder of circuitlab transcoders", _is_our_set, _load_our_set),
 ]
 
 
-def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Any = None) -> list[SparseDictionary]:
+def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Any = None) -> list[SparseDictionary] | Any:
     """A set of per-layer transcoders, one per layer in layer order (circuit-tracer's config.yaml +
     layer_{i}.safetensors, or a folder of our transcoder folders). With model: each bound and checked,
-    and the set must cover every layer of the model."""
+    and the set must cover every layer of the model. A cross-layer transcoder folder (any of
+    CrossLayerTranscoder.load's layouts) gives the CrossLayerTranscoder itself."""
     folder = Path(path)
     if not folder.is_dir():
         raise CircuitlabError(f"transcoder set not found: {folder} (a folder)")
