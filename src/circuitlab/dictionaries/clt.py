@@ -17,10 +17,8 @@ CLT is saved as the JumpReLU it is at inference.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,115 +28,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from circuitlab.atomic import atomic_dir
-from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
+import circuitlab.dictionaries.clt_formats as clt_formats
+from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
+from circuitlab.errors import CircuitlabError
 
-CLT_ARCHITECTURES = ("jumprelu", "topk", "batchtopk", "relu")
-CLT_FORMAT = "circuitlab-clt-1"
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class CLTConfig:
-    """A cross-layer transcoder: architecture, sizes, hooks, base model.
-
-    architecture: "jumprelu" (tanh sparsity penalty in training), "topk" / "batchtopk" (k per layer;
-        BatchTopK is saved as JumpReLU), "relu" (loading circuit-tracer's ReLU CLTs; trains like JumpReLU
-        without a threshold).
-    n_layers: L, the number of MLP layers it reads and writes (all of the model's, from layer 0).
-    d_sae: latents per layer (L · d_sae in all).
-    tied: one decoder per source layer, shared by every later layer, instead of one per (source, target).
-    skip: a linear skip W_skip^l [d_model, d_model] from each layer's input to its own output.
-    input_hook / output_hook: hook name templates with {layer}.
-    """
-
-    architecture: str = "jumprelu"
-    n_layers: int = 0
-    d_model: int = 0
-    d_sae: int = 0
-    k: int | None = None
-    tied: bool = False
-    skip: bool = False
-    input_hook: str = "blocks.{layer}.ln2.hook_normalized"
-    output_hook: str = "blocks.{layer}.hook_mlp_out"
-    base_model: dict[str, Any] = field(default_factory=dict)
-    normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
-    dtype: str = "float32"
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    kind = "clt"  # what a YAML entry names to get one (`kind: clt`)
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        def is_int(x: Any) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool)
-
-        if self.architecture not in CLT_ARCHITECTURES:
-            raise ConfigError(f"unknown CLT architecture {self.architecture!r}"
-                              f"{did_you_mean(self.architecture, CLT_ARCHITECTURES)}; use one of {', '.join(CLT_ARCHITECTURES)}")
-        for name in ("n_layers", "d_model", "d_sae"):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ConfigError(f"CLTConfig.{name} must be a positive int, got {getattr(self, name)!r}")
-        if self.architecture in ("topk", "batchtopk"):
-            if not is_int(self.k) or self.k < 1:
-                raise ConfigError(f"CLTConfig.k must be a positive int for architecture {self.architecture!r}, got {self.k!r}")
-            if self.k > self.d_sae:
-                raise ConfigError(f"k={self.k} is larger than d_sae={self.d_sae}; a TopK CLT cannot keep more latents "
-                                  "per layer than it has")
-        for name in ("input_hook", "output_hook"):
-            if not isinstance(getattr(self, name), str) or "{layer}" not in getattr(self, name):
-                raise ConfigError(f"CLTConfig.{name} must be a hook name template with {{layer}}, got {getattr(self, name)!r}")
-        if self.dtype not in _DTYPES:
-            raise ConfigError(f"CLTConfig.dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.normalisation, dict) or "method" not in self.normalisation:
-            raise ConfigError('CLTConfig.normalisation must be a mapping with a "method"')
-
-    # the fields the trainer and metrics share with DictionaryConfig
-    @property
-    def n_latents(self) -> int:
-        return self.n_layers * self.d_sae
-
-    @property
-    def is_transcoder(self) -> bool:
-        return True
-
-    @property
-    def hook_name(self) -> str:
-        return self.input_hook
-
-    @property
-    def out_hook_name(self) -> str:
-        return self.output_hook
-
-    def in_hook(self, layer: int) -> str:
-        return self.input_hook.format(layer=layer)
-
-    def out_hook(self, layer: int) -> str:
-        return self.output_hook.format(layer=layer)
-
-    def hooks(self) -> list[str]:
-        """Every hook a CLT reads or writes, layer by layer."""
-        return [h for layer in range(self.n_layers) for h in (self.in_hook(layer), self.out_hook(layer))]
-
-    def n_targets(self, source: int) -> int:
-        """How many decoder blocks layer `source` has: L - source, or 1 when tied."""
-        return 1 if self.tied else self.n_layers - source
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": CLT_FORMAT, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CLTConfig":
-        if not isinstance(data, dict):
-            raise ConfigError(f"a CLT config must be a mapping, got {type(data).__name__}")
-        data = {k: v for k, v in data.items() if k not in ("format", "kind")}
-        refuse_unknown(data, [f.name for f in dataclasses.fields(cls)], "CLT config field(s)")
-        return cls(**data)
-
-    def replace(self, **changes: Any) -> "CLTConfig":
-        return dataclasses.replace(self, **changes)
 
 
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
@@ -338,8 +233,6 @@ class CrossLayerTranscoder(nn.Module):
     def save(self, folder: str | Path, layout: str = "circuitlab") -> Path:
         """Write the CLT as a folder, whole or not at all: layout "circuitlab" (clt.safetensors + config.json),
         "circuit-tracer" or "sparsify" (see clt_formats)."""
-        from circuitlab.dictionaries import clt_formats
-
         clt = self.for_inference()
         writers = {"circuitlab": _write_ours, "circuit-tracer": clt_formats.write_circuit_tracer,
                    "sparsify": clt_formats.write_sparsify}
@@ -354,17 +247,15 @@ class CrossLayerTranscoder(nn.Module):
     @classmethod
     def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> "CrossLayerTranscoder":
         """Load a CLT folder in any of the three layouts (found from its files)."""
-        from circuitlab.dictionaries import clt_formats
-
         folder = Path(folder)
         if not folder.is_dir():
             raise CircuitlabError(f"CLT folder not found: {folder}")
         if (folder / WEIGHTS_FILE).is_file():
             clt = _read_ours(folder)
         elif (folder / "W_enc_0.safetensors").is_file():
-            clt = clt_formats.read_circuit_tracer(folder)
+            clt = cls.from_tensors(*clt_formats.read_circuit_tracer(folder), str(folder))
         elif clt_formats.is_sparsify_clt(folder):
-            clt = clt_formats.read_sparsify(folder)
+            clt = cls.from_tensors(*clt_formats.read_sparsify(folder), str(folder))
         else:
             raise CircuitlabError(f"{folder} holds no CLT (expected {WEIGHTS_FILE}, circuit-tracer's W_enc_0.safetensors, "
                                   "or sparsify's one folder per layer with cfg.json and sae.safetensors)")
@@ -386,8 +277,6 @@ class CrossLayerTranscoder(nn.Module):
 
 def is_clt_folder(folder: str | Path) -> bool:
     """Whether a folder holds a CLT in one of the layouts CrossLayerTranscoder.load reads."""
-    from circuitlab.dictionaries import clt_formats
-
     folder = Path(folder)
     if (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
         return True

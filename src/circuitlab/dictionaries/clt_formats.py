@@ -36,6 +36,7 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from circuitlab.dictionaries.clt_config import CLTConfig
 from circuitlab.errors import CircuitlabError
 
 CT_CONFIG = "config.yaml"
@@ -104,9 +105,7 @@ def write_circuit_tracer(clt, folder: Path) -> None:
     (folder / CT_CONFIG).write_text(yaml.safe_dump(meta, sort_keys=False))
 
 
-def read_circuit_tracer(folder: Path):
-    from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
-
+def read_circuit_tracer(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:
     meta: dict[str, Any] = {}
     if (folder / CT_CONFIG).is_file():
         try:
@@ -150,7 +149,7 @@ def read_circuit_tracer(folder: Path):
                 raise CircuitlabError(f"{where}: the config says tied, but layer {i}'s decoder blocks differ")
             W = W[:, :1].contiguous()
         state[f"W_dec.{i}"] = W
-    return CrossLayerTranscoder.from_tensors(cfg, state, str(folder))
+    return cfg, state
 
 
 # ---------------------------------------------------------------------------- sparsify
@@ -197,9 +196,7 @@ def write_sparsify(clt, folder: Path) -> None:
         (sub / SP_CONFIG).write_text(json.dumps(meta, indent=2))
 
 
-def read_sparsify(folder: Path):
-    from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
-
+def read_sparsify(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:
     layers = _sparsify_layers(folder)
     L = max(layers) + 1
     if sorted(layers) != list(range(L)):
@@ -270,4 +267,4 @@ def read_sparsify(folder: Path):
         for b in others:
             total = total + b
         state[f"b_dec.{target}"] = total
-    return CrossLayerTranscoder.from_tensors(cfg, state, str(folder))
+    return cfg, state

@@ -39,7 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
-from circuitlab.dictionaries import clt_train
+import circuitlab.dictionaries.clt_train as clt_train
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
