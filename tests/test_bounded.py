@@ -33,41 +33,71 @@ def where(tmp_path_factory):
     return root
 
 
-def capped(args: list[str], cwd: Path, cap_kb: int = CAP_KB, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`circuitlab ARGS` in a subprocess whose address space is capped at cap_kb (ulimit -v), on one thread."""
+_RUNNER = """
+import contextlib, io, json, sys, traceback
+from circuitlab.cli import main
+answers = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except BaseException:
+            rc = "raised"
+            traceback.print_exc(file=err)
+    answers.append([rc, err.getvalue()])
+print(json.dumps(answers))
+"""
+
+
+def capped(calls: list[list[str]], cwd: Path, cap_kb: int = CAP_KB, timeout: float = 400) -> list[tuple]:
+    """Run each `circuitlab ARGV` of calls, in one subprocess whose address space is capped at cap_kb
+    (ulimit -v), on one thread; [(exit code, stderr)] per call. One process for all (torch's import is the
+    slow part); an out-of-memory kill shows as a non-zero exit of the whole."""
+    import json
+    import shlex
+
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = f"ulimit -v {cap_kb}; exec {sys.executable} -m circuitlab.cli " + " ".join(f"'{a}'" for a in args)
-    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    cmd = f"ulimit -v {cap_kb}; exec {shlex.quote(sys.executable)} -c {shlex.quote(_RUNNER)} " \
+          f"{shlex.quote(json.dumps(calls))}"
+    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    return [tuple(a) for a in json.loads(r.stdout.strip().splitlines()[-1])]
 
 
-def clean_refusal(r: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+def clean_refusal(answer: tuple, *fragments: str) -> None:
+    rc, err = answer
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err[-2000:])
     for f in fragments:
         assert f in lines[0], lines[0]
 
 
-def clean_finish(r: subprocess.CompletedProcess) -> None:
-    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
-    assert "Traceback" not in r.stderr
+def clean_finish(answer: tuple) -> None:
+    rc, err = answer
+    assert rc == 0 and "Traceback" not in err, (rc, err[-3000:])
 
 
 def test_attribute_ig_steps_and_occlusion_are_bounded(where):
     ckpt = str(where / "run")
     long_prompt = (TEXT * 2)[:60]
     # the largest accepted step count, on the longest prompt, runs in chunks within the cap
-    clean_finish(capped(["attribute", "--checkpoint", ckpt, "--prompt", long_prompt, "--method", "ig",
-                         "--steps", "1024"], where))
-    # beyond it: one line naming the limit and why (it used to allocate 18.6 GiB at 50 000)
-    clean_refusal(capped(["attribute", "--checkpoint", ckpt, "--prompt", "Lily", "--steps", "50000"], where),
-                  "--steps", "from 1 to 1024", "eigenproblem")
-    clean_refusal(capped(["attribute", "--checkpoint", ckpt, "--prompt", "Lily", "--steps", HUGE], where), "--steps")
-    clean_finish(capped(["attribute", "--checkpoint", ckpt, "--prompt", long_prompt, "--method", "occlusion",
-                         "--span", "1"], where))
-    clean_refusal(capped(["attribute", "--checkpoint", ckpt, "--prompt", "Lily", "--method", "occlusion",
-                          "--span", HUGE], where), "span")
-    clean_refusal(capped(["attribute", "--checkpoint", ckpt, "--prompt", "Lily", "--pos", HUGE], where), "pos")
+    base = ["attribute", "--checkpoint", ckpt, "--prompt"]
+    ig, over, huge, occ, span, pos = capped([
+        base + [long_prompt, "--method", "ig", "--steps", "1024"],  # the largest count, longest prompt: in chunks
+        base + ["Lily", "--steps", "50000"],  # one line naming the limit and why (it used to take 18.6 GiB)
+        base + ["Lily", "--steps", HUGE],
+        base + [long_prompt, "--method", "occlusion", "--span", "1"],
+        base + ["Lily", "--method", "occlusion", "--span", HUGE],
+        base + ["Lily", "--pos", HUGE]], where)
+    clean_finish(ig)
+    clean_refusal(over, "--steps", "from 1 to 1024", "eigenproblem")
+    clean_refusal(huge, "--steps")
+    clean_finish(occ)
+    clean_refusal(span, "span")
+    clean_refusal(pos, "pos")
 
 
 def test_ig_chunks_agree_with_one_pass():
@@ -84,3 +114,19 @@ def test_ig_chunks_agree_with_one_pass():
     torch.testing.assert_close(auto, one)
     riemann = integrated_gradients(model, tokens, target=2, steps=5000, rule="riemann")
     assert riemann.completeness_error < 1e-3
+
+
+def test_circuit_rows_steps_and_edges_are_bounded(where):
+    ckpt = str(where / "run")
+    many = where / "many.txt"
+    many.write_text(("Lily saw a cat. The cat was happy. Lily said hello to the dog.\n") * 20_000)
+    rows, steps, edges = capped([
+        ["circuit", "--checkpoint", ckpt, "--clean", str(many), "--corrupt", str(many), "--method", "eap",
+         "--metric", "kl", "--out", str(where / "c1")],
+        ["circuit", "--checkpoint", ckpt, "--task", "induction", "--steps", "10001", "--out", str(where / "c2")],
+        ["circuit", "--checkpoint", ckpt, "--task", "induction", "--method", "eap", "--edges", HUGE,
+         "--no-progress", "--out", str(where / "c3")]], where)
+    clean_refusal(rows, "20000 rows", "give at most")
+    clean_refusal(steps, "--steps", "from 1 to 10000")
+    clean_finish(edges)
+    assert (where / "c3" / "results.json").is_file()

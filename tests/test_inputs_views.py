@@ -140,7 +140,7 @@ def test_attribute_endpoint_all_methods_and_one(client, run):
     ({"prompt": PROMPT, "target": "a", "foil": "a"}, "the foil is the target"),
     ({"prompt": PROMPT, "foil": "ab"}, "unknown foil token 'ab'"),
     ({"prompt": PROMPT, "method": "magic"}, "method"),
-    ({"prompt": PROMPT, "steps": 0}, "steps must be from 1"),
+    ({"prompt": PROMPT, "steps": 0}, "steps must be a whole number from 1 to 256"),
     ({"prompt": ""}, "the prompt is empty"),
 ])
 def test_attribute_endpoint_bad_input_is_one_line(client, body, message):
