@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,46 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 (train.target_l0; "
                         "TopK-family dictionaries keep their k)")
     p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (a run "
+                                                          "stopped before its first checkpoint starts over)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _is_sae_run(folder: Path) -> bool:
+    """Our own earlier output (also one written before output folders were marked)."""
+    from circuitlab.dictionaries.train import CHECKPOINT
+
+    return any((folder / n).exists() for n in ("results.json", "dictionaries", CHECKPOINT, "metrics.jsonl"))
+
+
+def _start_or_resume(out: Path, resume: bool, overwrite: bool) -> bool:
+    """Whether this run resumes a checkpoint in out. A fresh start is refused over a checkpoint (pointing at
+    --resume) and over a finished run (pointing at --overwrite); a folder an interrupt left before the first
+    checkpoint is reused, with or without --resume, and said."""
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training.outputs import MARKER
+
+    saved = (out / CHECKPOINT / STATE).is_file()
+    if resume and overwrite:
+        raise CircuitlabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    unsaved = not saved and held and not held - {MARKER, "metrics.jsonl", CHECKPOINT}
+    if unsaved:  # what an interrupt before the first checkpoint leaves: nothing to keep
+        print(f"{out} holds no checkpoint yet (the earlier run stopped before its first): starting from step 0")
+        for name in held - {MARKER}:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        return False
+    if resume:
+        if saved:
+            return True
+        raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)"
+                              + ("; run without --resume to start" if not held else "; give another --out"))
+    if saved and not overwrite:
+        raise CircuitlabError(f"{out} holds an unfinished run (its {CHECKPOINT}/): pass --resume to continue it, "
+                              "or --overwrite to start over")
+    return False
 
 
 def _load_yaml(name: str, overrides: list[str]) -> dict[str, Any]:
@@ -66,14 +105,12 @@ def _run_train(args: argparse.Namespace) -> int:
     from circuitlab.dictionaries.train import PER_DICTIONARY, CHECKPOINT, DictionaryTrainer, DictTrainConfig
     from circuitlab.errors import CircuitlabError, ConfigError
     from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import output_folder
 
     overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
     data = _load_yaml(args.config, overrides)
     out = Path(args.out or f"runs/{data['name']}")
-    if out.exists() and any(out.iterdir()) and not args.resume:
-        raise CircuitlabError(f"{out} already holds files; pass --resume to continue it, or choose another --out")
-    if args.resume and not (out / CHECKPOINT).is_dir():
-        raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)")
+    resume = _start_or_resume(out, args.resume, args.overwrite)
     train = DictTrainConfig.from_dict(data.get("train") or {})
     store_cfg = _store_settings(data.get("store") or {})
     entries = []
@@ -116,6 +153,11 @@ def _run_train(args: argparse.Namespace) -> int:
     trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed),
                                 ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
                                 overrides=[own for _, own in entries])
+    # what else decides the result: a resume with other values is refused, naming them
+    trainer.run_settings = {"model": str(data["model"]), "data": data.get("data") or {},
+                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb")}}
+    if not resume:
+        output_folder(out, "sae-train", overwrite=args.overwrite, keep_previous=False, is_previous=_is_sae_run)
     result = trainer.fit(out, progress=not args.no_progress)
     toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"])
     summary = result.to_dict()
