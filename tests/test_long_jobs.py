@@ -134,3 +134,49 @@ def test_non_finite_learning_rates_are_refused(root, capsys):
         err = capsys.readouterr().err
         assert "train.lr must be a finite number > 0" in err and len(err.strip().splitlines()) == 1
         assert not (root / f"lr_{value}").exists()
+
+
+def test_lens_train_interrupted_resumes_and_refuses_other_settings(root, capsys, monkeypatch):
+    import circuitlab.analysis.tuned_lens as tl
+
+    lens = ["lens", "train", "--checkpoint", str(root / "model"), "--out", str(root / "lens"), "--steps", "8",
+            "--batches", "2", "--batch-size", "2", "--seq-len", "16", "--save-every", "100", "--no-progress"]
+    calls = {"n": 0}
+    real = tl._lens_log_probs
+
+    def interrupting(model, resid):
+        calls["n"] += 1
+        if calls["n"] == 7:  # in step 3 (two calls a step): before any periodic save
+            signal.raise_signal(signal.SIGINT)
+        return real(model, resid)
+
+    monkeypatch.setattr(tl, "_lens_log_probs", interrupting)
+    assert main(lens) == 130
+    err = capsys.readouterr().err
+    assert "stopped at step 4 and saved" in err and "--resume" in err
+    monkeypatch.setattr(tl, "_lens_log_probs", real)
+    for option, value, named in (("--seq-len", "8", "--seq-len (16 -> 8)"), ("--batch-size", "1", "--batch-size (2 -> 1)"),
+                                 ("--lr", "0.5", "lr (0.01 -> 0.5)")):
+        changed = list(lens)
+        if option in changed:
+            changed[changed.index(option) + 1] = value
+        else:
+            changed += [option, value]
+        assert main([*changed, "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1, err
+    (root / "other.txt").write_text(stories_text(20, seed=5))
+    assert main([*lens, "--resume", "--text", str(root / "other.txt")]) == 2
+    assert "--text (None -> " in capsys.readouterr().err
+    assert main([*lens, "--resume"]) == 0
+    straight = ["lens", "train", *lens[2:]]
+    straight[straight.index("--out") + 1] = str(root / "lens_straight")
+    assert main(straight) == 0
+    from circuitlab.analysis.tuned_lens import TunedLens
+
+    a, b = TunedLens.load(root / "lens"), TunedLens.load(root / "lens_straight")
+    assert torch.allclose(a.weight, b.weight, atol=1e-6) and torch.allclose(a.bias, b.bias, atol=1e-6)
+    for value in ("inf", "nan", "0"):
+        with pytest.raises(SystemExit):
+            main([*lens, "--overwrite", "--lr", value])
+        assert "argument --lr: must be a finite number > 0" in capsys.readouterr().err

@@ -28,13 +28,9 @@ Resuming continues exactly as if never stopped.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import signal
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +46,8 @@ from circuitlab.dictionaries.objectives import Coefficients, resample_dead, trai
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
 from circuitlab.dictionaries.target_l0 import L0Controller
-from circuitlab.errors import CircuitlabError, ConfigError, command_line, did_you_mean, refuse_unknown
+from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
+from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
 from circuitlab.training.run_log import MetricsLog
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
@@ -372,19 +369,15 @@ class DictionaryTrainer:
 
     def _interrupted(self, ckpt: Path | None, saved: bool) -> str:
         """What an interrupt leaves and how to go on: the step of the last checkpoint and the command."""
-        again = command_line(add="--resume", drop=("--overwrite",))
         if ckpt is None:
             return f"stopped at step {self.step}; nothing was saved (no output folder)"
         if saved:
-            head = f"stopped at step {self.step} and saved {ckpt}"
-        else:
-            try:
-                last = json.loads((ckpt / STATE).read_text())["step"]
-                head = f"stopped at step {self.step}; the last checkpoint ({ckpt}) is at step {last}"
-            except (OSError, ValueError, KeyError):
-                return (f"stopped at step {self.step}, before the first checkpoint; start again with the same command "
-                        f"(the folder is reused){f': {command_line()}' if command_line() else ''}")
-        return f"{head}; continue with{f': {again}' if again else ' fit() on the same folder'}"
+            return interrupted_message(self.step, self.step, ckpt)
+        try:
+            last = int(json.loads((ckpt / STATE).read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            last = None
+        return interrupted_message(self.step, last, ckpt)
 
     # ------------------------------------------------------------------ the loop
     def fit(self, out: str | Path | None = None, progress: bool = True, stop_at: int | None = None) -> TrainResult:
@@ -406,7 +399,7 @@ class DictionaryTrainer:
         log = MetricsLog(out, resume_step=self.step) if out is not None else None
         bar = tqdm(total=end, initial=self.step, desc="training dictionaries", disable=not progress, unit="step")
         try:
-            with _stop_after_step_on_ctrl_c() as stop:
+            with stop_after_step_on_ctrl_c() as stop:
                 while self.step < end:
                     logs = self.train_step(self.store.next_batch())
                     bar.update(1)
@@ -462,28 +455,6 @@ def refuse_changed_settings(saved: dict[str, Any], now: dict[str, Any], folder: 
         raise CircuitlabError(f"cannot resume {folder} with other settings: {', '.join(changed[:4])}"
                               f"{' ...' if len(changed) > 4 else ''}; resume with the settings it started with, "
                               "or start a new run in another folder")
-
-
-@contextlib.contextmanager
-def _stop_after_step_on_ctrl_c():
-    """The first Ctrl-C sets the yielded event (the loop finishes its step, saves a checkpoint and stops); a
-    second one stops at once. Only in the main thread, where Python delivers signals."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum, frame):
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        print("\nstopping after this step to save a checkpoint (Ctrl-C again to stop at once)", file=sys.stderr)
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def dictionary_names(configs: list[DictionaryConfig]) -> list[str]:
