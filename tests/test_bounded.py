@@ -23,7 +23,9 @@ HUGE = "1000000000000"
 def where(tmp_path_factory):
     root = tmp_path_factory.mktemp("bounded")
     torch.manual_seed(0)
-    tok = CharTokenizer.from_texts([TEXT])
+    from circuitlab.data.stories import stories_text
+
+    tok = CharTokenizer.from_texts([TEXT, stories_text(2000)])  # built-in stories too (sae eval's default text)
     cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=tok.vocab_size, n_ctx=64)
     save_checkpoint(root / "run" / "checkpoint", Transformer(cfg), tok)
     (root / "pos.txt").write_text("Lily saw a cat.\nThe cat was happy.\n")
@@ -130,3 +132,46 @@ def test_circuit_rows_steps_and_edges_are_bounded(where):
     clean_refusal(steps, "--steps", "from 1 to 10000")
     clean_finish(edges)
     assert (where / "c3" / "results.json").is_file()
+
+
+def test_steer_lens_and_sae_sizes_are_bounded(where):
+    """The largest values of every other count option: a clean finish where the work is chunked or small, a
+    one-line refusal naming the limit otherwise (one capped process for all: the import is the slow part)."""
+    import yaml
+
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
+    from circuitlab.training import load_checkpoint
+
+    ckpt = str(where / "run")
+    model, _, _ = load_checkpoint(ckpt)
+    cfg = DictionaryConfig("relu", d_in=16, d_sae=24, hook_name="blocks.0.hook_resid_post",
+                           base_model=base_model_id(model))
+    SparseDictionary(cfg, seed=0).save(where / "sae")
+    (where / "sae.yaml").write_text(yaml.safe_dump({
+        "model": ckpt, "data": {"source": "stories", "n_stories": 50, "tokenizer": "char"},
+        "dictionaries": [{"architecture": "relu", "hook_name": "blocks.0.hook_resid_post", "d_sae": 24}],
+        "train": {"steps": 2, "batch_size": 10**9}}))
+    steer = ["steer", "--checkpoint", ckpt, "--positive", str(where / "pos.txt"), "--negative", str(where / "neg.txt"),
+             "--neutral", str(where / "pos.txt"), "--layer", "0", "--no-progress"]
+    lens = ["lens", "train", "--checkpoint", ckpt, "--out", str(where / "lens"), "--no-progress", "--steps", "1"]
+    sae = ["--dictionary", str(where / "sae"), "--checkpoint", ckpt]
+    answers = capped([
+        steer + ["--samples", HUGE], steer + ["--max-tokens", HUGE], steer + ["--coef", *["1"] * 65],
+        steer + ["--samples", "1024", "--max-tokens", "64", "--coef", "1"],  # the largest accepted: finishes
+        lens + ["--batch-size", HUGE], lens + ["--batches", HUGE], lens + ["--seq-len", HUGE, "--batch-size", "100000"],
+        ["sae", "eval", *sae, "--batches", HUGE], ["sae", "eval", *sae],
+        ["sae", "dashboards", *sae, "--tokens", HUGE, "--no-progress"],
+        ["sae", "train", "--config", str(where / "sae.yaml"), "--out", str(where / "sae_run"), "--no-progress"],
+    ], where)
+    samples, tokens, coefs, steer_ok, lens_bs, lens_batches, lens_seq, eval_big, eval_ok, dash, train = answers
+    clean_refusal(samples, "--samples", "from 1 to 1024", "one batch")
+    clean_refusal(tokens, "--max-tokens", "from 1 to 4096")
+    clean_refusal(coefs, "at most 64 coefficients")
+    clean_finish(steer_ok)
+    clean_refusal(lens_bs, "batch_size", "give a batch_size of at most")
+    clean_refusal(lens_batches, "give at most", "batches")
+    clean_refusal(lens_seq, "batch_size")
+    clean_refusal(eval_big, "--batches", "give at most")
+    clean_finish(eval_ok)
+    clean_refusal(dash, "--tokens", "from 1 to 4194304")
+    clean_refusal(train, "train.batch_size", "give at most")
