@@ -147,6 +147,13 @@ def test_sae_dashboards_command_writes_dashboards_and_report(tmp_path, capsys):
     assert "never fired" in capsys.readouterr().out
     assert main(args + ["--features", "12"]) == 2
     assert "outside the dictionary's 12 features" in capsys.readouterr().err
+    # a second run keeps the first (renamed), --overwrite replaces it; never silently
+    assert main(args) == 0 and "kept the earlier dashboards as" in capsys.readouterr().out
+    assert len(list(tmp_path.joinpath("sae").glob("dashboards.*"))) == 1
+    assert main(args + ["--overwrite"]) == 0 and len(list(tmp_path.joinpath("sae").glob("dashboards.*"))) == 1
+    with pytest.raises(SystemExit):
+        main(args[:-3] + ["--tokens", "100000000000", "--no-progress"])
+    assert "argument --tokens: must be a whole number from 1 to 4194304" in capsys.readouterr().err
     other = SparseDictionary(cfg.replace(base_model={**cfg.base_model, "weights_sha": "0" * 16}))
     other.save(tmp_path / "other")
     assert main(["sae", "dashboards", "--dictionary", str(tmp_path / "other"), "--checkpoint", str(tmp_path / "run")]) == 2

@@ -134,7 +134,7 @@ def test_bad_inputs_raise_one_line_errors():
     model = induction_model()
     seq = repeated_batch(1, torch.Generator().manual_seed(3))[0]
     for kwargs, message in [(dict(target=99), "target must be a token id"), (dict(target=3, foil=3), "foil is the"),
-                            (dict(steps=0), "steps must be a positive"), (dict(baseline=seq[:4]), "same length"),
+                            (dict(steps=0), "steps must be a whole number from 1"), (dict(baseline=seq[:4]), "same length"),
                             (dict(pos=40), "outside the sequence"), (dict(baseline="ones"), "unknown baseline")]:
         with pytest.raises(CircuitlabError, match=message):
             integrated_gradients(model, seq, **kwargs)
@@ -159,6 +159,10 @@ def test_attribute_command(tmp_path, capsys):
     assert "<span" in (tmp_path / "a.html").read_text()
     for bad in (["--target", "jj"], ["--target", "j", "--foil", "j"], ["--steps", "0"], ["--baseline", "ab"],
                 ["--method", "context-mixing", "--target", "j"]):
-        assert main(args + bad) == 2
+        try:
+            code = main(args + bad)
+        except SystemExit as e:  # argparse's refusals exit 2 themselves
+            code = e.code
+        assert code == 2
     assert main(["attribute", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", ""]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 6

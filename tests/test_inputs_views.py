@@ -140,7 +140,7 @@ def test_attribute_endpoint_all_methods_and_one(client, run):
     ({"prompt": PROMPT, "target": "a", "foil": "a"}, "the foil is the target"),
     ({"prompt": PROMPT, "foil": "ab"}, "unknown foil token 'ab'"),
     ({"prompt": PROMPT, "method": "magic"}, "method"),
-    ({"prompt": PROMPT, "steps": 0}, "steps must be from 1"),
+    ({"prompt": PROMPT, "steps": 0}, "steps must be a whole number from 1 to 256"),
     ({"prompt": ""}, "the prompt is empty"),
 ])
 def test_attribute_endpoint_bad_input_is_one_line(client, body, message):
@@ -191,7 +191,9 @@ def test_lens_command_trains_refuses_to_overwrite_and_shows(run, tmp_path, capsy
     assert saved.train_info["steps"] == 6 and saved.train_info["batch_size"] == 4
     assert main(train) == 2 and "already holds a tuned lens" in capsys.readouterr().err
     assert main([*train, "--resume"]) == 2 and "nothing to resume" in capsys.readouterr().err
-    assert main([*train, "--steps", "0", "--overwrite"]) == 2 and "--steps must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse's one-line refusal: the rule of circuitlab.checks
+        main([*train, "--steps", "0", "--overwrite"])
+    assert exited.value.code == 2 and "argument --steps: must be a whole number >= 1" in capsys.readouterr().err
     (tmp_path / "text.txt").write_text(stories_text(20, seed=3))
     text = [*train[:5], str(tmp_path / "text_lens"), *train[6:], "--text", str(tmp_path / "text.txt")]
     assert main(text) == 0 and TunedLens.load(tmp_path / "text_lens").train_info["data"].endswith("text.txt")

@@ -180,3 +180,11 @@ def test_no_import_circles_between_modules():
 def test_the_circle_finder_finds_circles():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
     assert import_circles(graph) == [["a", "b", "c"]]
+
+
+def test_analysis_does_not_import_dictionaries():
+    """Dictionaries stand on analysis (and graphs on both); the reverse would be a circle in the making."""
+    offenders = [f"{module_name(p)}:{line} imports {name}" for p in library_files()
+                 if module_name(p).startswith("circuitlab.analysis")
+                 for name, line in imports_of(p) if name.startswith("circuitlab.dictionaries")]
+    assert not offenders, "\n".join(offenders)

@@ -66,14 +66,14 @@ def test_discovery_runs_on_the_loaded_model(setup):
     assert client.get("/api/circuit.svg", params={"name": found["name"]}).status_code == 200
     pairs = client.post("/api/circuits/run", json={"clean": ["abcab"], "corrupt": ["abcad"], "method": "eap",
                                                    "metric": "kl"})
-    assert pairs.status_code == 200 and pairs.json()["name"].endswith("1 prompt pairs, eap")
+    assert pairs.status_code == 200 and pairs.json()["name"].endswith("1 prompt pair, eap")
 
 
 @pytest.mark.parametrize("method, path, body, message", [
     ("get", "/api/circuit?name=nope", None, "unknown circuit 'nope'"),
     ("get", "/api/circuit.svg?name=nope", None, "unknown circuit 'nope'"),
     ("post", "/api/circuits/run", {"method": "acdc"}, "method"),
-    ("post", "/api/circuits/run", {"edges": 0}, "positive number of edges"),
+    ("post", "/api/circuits/run", {"edges": 0}, "edges must be a whole number >= 1"),
     ("post", "/api/circuits/run", {"clean": ["abc"], "corrupt": ["abcd"]}, "same token length"),
     ("post", "/api/circuits/run", {"clean": ["abc"]}, "give both clean and corrupt"),
 ])

@@ -119,5 +119,5 @@ def test_training_resumes_where_it_stopped(tmp_path):
     resumed = train_tuned_lens(model, batches, steps=10, state_file=state, save_every=4)
     assert torch.allclose(resumed.weight, whole.weight, atol=1e-6) and torch.allclose(resumed.bias, whole.bias, atol=1e-6)
     assert resumed.train_info["first_loss"] == pytest.approx(whole.train_info["first_loss"])
-    with pytest.raises(CircuitlabError, match="resume it with the same settings"):
+    with pytest.raises(CircuitlabError, match=r"with other settings: steps \(10 -> 20\)"):
         train_tuned_lens(model, batches, steps=20, state_file=state)

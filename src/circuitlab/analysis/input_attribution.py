@@ -10,8 +10,9 @@ What is explained is a metric of the logits: by default the logit of `target` at
 any function `metric(logits [batch, pos, d_vocab]) -> [batch]`. Gradient methods differentiate with
 respect to the token embeddings (the output of hook_embed; positional embeddings stay as they are),
 the convention of Captum's LayerIntegratedGradients on the embedding layer. Integrated gradients runs
-all its steps as batched forward/backward passes (chunks of `batch_size`), never one call per step;
-occlusion runs every occluded copy in one batched pass. Context mixing reads no gradient: it is the
+all its steps as batched forward/backward passes in chunks (of `batch_size`; by default as many path points
+as fit ROW_BUDGET floats of saved activations, as Captum's internal_batch_size bounds its memory), never one
+call per step; occlusion runs its occluded copies the same way. Memory stays bounded whatever the count. Context mixing reads no gradient: it is the
 norm-based measure (Kobayashi et al. 2020) of how much each source position's value vector, weighted
 by attention and sent through W_O, moves into each position, with the residual stream kept, rolled out
 through every layer.
@@ -26,6 +27,7 @@ from typing import Any, Union
 import torch
 
 from circuitlab.analysis._json import rounded
+from circuitlab.checks import COUNT, Number
 from circuitlab.analysis.patching_checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
@@ -36,6 +38,12 @@ Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos
 Baseline = Union[str, int, torch.Tensor]
 METHODS = ("ig", "saliency", "grad-x-input", "occlusion", "context-mixing")
 DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model: docs/attribution.md
+# Limits on the path's points: Gauss-Legendre nodes come from an [n, n] eigenproblem (1024: 8 MB, 0.3 s;
+# 50 000 would need 18.6 GiB), so beyond it use the midpoint (riemann) rule, whose points cost nothing.
+STEPS = {"gausslegendre": Number(int, low=1, high=1024, why="Gauss-Legendre nodes solve an n x n eigenproblem; "
+                                                            "rule='riemann' takes up to 100000"),
+         "riemann": Number(int, low=1, high=100_000, why="more points take longer without a measurable change")}
+ROW_BUDGET = 2 ** 26  # floats of activations a chunk of path points (or occluded copies) may hold: 256 MB
 
 
 @dataclass
@@ -254,8 +262,9 @@ def path_nodes(steps: int, rule: str = "gausslegendre") -> tuple[torch.Tensor, t
     """Points alpha in (0, 1) on the straight path and their quadrature weights (summing to 1), [steps] each.
 
     "gausslegendre" (default; exact for polynomials of degree < 2·steps) or "riemann" (midpoints)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
+    if rule not in STEPS:
+        raise CircuitlabError(f"unknown integration rule {rule!r}; choose gausslegendre or riemann")
+    STEPS[rule].check(steps, "steps")
     if rule == "gausslegendre":
         import numpy as np
 
@@ -267,6 +276,15 @@ def path_nodes(steps: int, rule: str = "gausslegendre") -> tuple[torch.Tensor, t
     raise CircuitlabError(f"unknown integration rule {rule!r}; choose gausslegendre or riemann")
 
 
+def rows_per_chunk(model, n_pos: int, backward: bool = True) -> int:
+    """How many copies of a sequence of n_pos positions one batched pass may run so that the activations it
+    holds (all layers' when backward: autograd keeps them) stay within ROW_BUDGET floats; at least 1."""
+    cfg = model.cfg
+    per_layer = n_pos * (12 * cfg.d_model + (0 if cfg.attn_only else 3 * cfg.mlp_dim) + 3 * cfg.n_heads * n_pos)
+    per_row = (per_layer * max(cfg.n_layers, 1) if backward else 2 * per_layer) + 2 * cfg.d_vocab + n_pos * cfg.d_model
+    return max(1, ROW_BUDGET // per_row)
+
+
 def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
                          pos: int = -1, metric: Metric | None = None, baseline: Baseline = "zeros",
                          steps: int = DEFAULT_STEPS, rule: str = "gausslegendre", batch_size: int | None = None,
@@ -274,7 +292,8 @@ def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None,
     """Integrated gradients on the straight path from the baseline's embeddings to the input's.
 
     scores [pos] = Σ_d (x − x')_d · ∫ ∂f/∂x_d (x' + α(x − x')) dα, the integral by `rule` with `steps`
-    points. All points run as batched forward/backward passes of `batch_size` (default: all at once).
+    points. The points run as batched forward/backward passes of `batch_size` (default: as many as fit
+    ROW_BUDGET, rows_per_chunk), so memory stays bounded whatever `steps`.
     completeness_error = |Σ scores − (f(x) − f(x'))| / |f(x) − f(x')|: raise steps if it is large.
     baseline: "zeros", a token id (pad / EOS) at every position, a prompt's token ids [pos] or
     embeddings [pos, d_model] (see baseline_embeddings).
@@ -282,10 +301,7 @@ def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None,
     tokens = _sequence(tokens, model)
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
     alphas, weights = path_nodes(steps, rule)
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                   or batch_size <= 0):
-        raise CircuitlabError(f"batch_size must be a positive integer, got {batch_size!r}")
-    chunk = batch_size or steps
+    chunk = COUNT.check(batch_size, "batch_size") if batch_size is not None else rows_per_chunk(model, pos + 1)
     x = model.token_embeddings(tokens).detach()
     base = baseline_embeddings(model, tokens, baseline)
     delta = x - base
@@ -317,7 +333,7 @@ def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int 
               batch_size: int | None = None, tokenizer=None) -> InputAttribution:
     """Leave-one-out (span 1) or span occlusion: each window of `span` tokens among positions 0..pos is
     replaced by the `replacement` token (None: a zero embedding) and the model re-run, all windows in
-    one batched pass (chunks of batch_size). A window's effect is f(input) − f(occluded); a position's
+    batched passes (chunks of batch_size; default as many as fit ROW_BUDGET). A window's effect is f(input) − f(occluded); a position's
     score is the mean effect of the windows covering it. Later positions cannot matter (causal): 0.
     """
     tokens = _sequence(tokens, model)
@@ -333,7 +349,7 @@ def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int 
     starts = torch.arange(pos + 2 - span, device=x.device)
     offsets = torch.arange(x.shape[0], device=x.device)
     covered = (offsets[None] >= starts[:, None]) & (offsets[None] < starts[:, None] + span)  # [window, pos]
-    chunk = batch_size or len(starts)
+    chunk = COUNT.check(batch_size, "batch_size") if batch_size is not None else rows_per_chunk(model, pos + 1, False)
     drops = []
     value = float(explain(x[None])[0])
     for i in range(0, len(starts), chunk):

@@ -15,7 +15,6 @@ weights are never changed.
 """
 from __future__ import annotations
 
-import math
 
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from typing import Any, Iterator
 import torch
 
 from circuitlab.analysis._json import rounded
+from circuitlab.checks import FINITE
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 
@@ -197,11 +197,13 @@ class SteeringSweep:
     vector: SteeringVector
     metric: torch.Tensor | None = None
     metric_name: str | None = None
+    base_loss: float | None = None  # neutral loss of the unsteered model
 
     def neutral_cost(self) -> torch.Tensor:
-        """neutral loss increase over the unsteered model (coef 0 when in the sweep, else the smallest |coef|)."""
-        base = self.coefs.index(0.0) if 0.0 in self.coefs else min(range(len(self.coefs)), key=lambda i: abs(self.coefs[i]))
-        return self.neutral_loss - self.neutral_loss[base]
+        """neutral loss increase over the unsteered model (base_loss, measured whether or not 0 is a
+        coefficient of the sweep)."""
+        base = self.base_loss if self.base_loss is not None else float(self.neutral_loss[self.coefs.index(0.0)])
+        return self.neutral_loss - base
 
     def table(self) -> str:
         head = f"{'coef':>8}{'preference':>12}{'neutral loss':>14}{'cost':>9}"
@@ -218,7 +220,7 @@ class SteeringSweep:
 
     def to_dict(self) -> dict[str, Any]:
         return {"coefs": self.coefs, "preference": rounded(self.preference), "neutral_loss": rounded(self.neutral_loss),
-                "neutral_cost": rounded(self.neutral_cost()), "vector": self.vector.to_dict(),
+                "neutral_cost": rounded(self.neutral_cost()), "unsteered_neutral_loss": self.base_loss, "vector": self.vector.to_dict(),
                 "metric": rounded(self.metric) if self.metric is not None else None, "metric_name": self.metric_name}
 
     def _repr_html_(self) -> str:
@@ -228,21 +230,30 @@ class SteeringSweep:
 @torch.no_grad()
 def steering_sweep(model, vector: SteeringVector, coefs: Sequence[float], positive: Sequence[torch.Tensor],
                    negative: Sequence[torch.Tensor], neutral: Sequence[torch.Tensor],
-                   metric: Callable[[Any], float] | None = None, metric_name: str | None = None) -> SteeringSweep:
+                   metric: Callable[[Any], float] | None = None, metric_name: str | None = None,
+                   progress: bool = False) -> SteeringSweep:
     """For each coefficient (steering at every position): the preference for the positive prompts over the
-    negative ones, the loss on neutral text, and metric(model) -> float if given (run inside the steering)."""
-    coefs = [float(c) for c in coefs]
+    negative ones, the loss on neutral text, and metric(model) -> float if given (run inside the steering).
+    The unsteered model's neutral loss is measured too (the cost's zero), whether or not 0 is a coefficient.
+    progress: a bar over the coefficients."""
+    from tqdm.auto import tqdm
+
+    if isinstance(coefs, (str, bytes)):
+        raise CircuitlabError(f"steering coefficients must be a list of numbers, got {coefs!r}")
+    coefs = [c.item() if isinstance(c, torch.Tensor) else c for c in coefs]
     if not coefs:
         raise CircuitlabError("give at least one steering coefficient")
-    if not all(math.isfinite(c) for c in coefs):
-        raise CircuitlabError(f"steering coefficients must be finite numbers, got {coefs}")
+    coefs = [FINITE.check(c, f"steering coefficient {i + 1}") for i, c in enumerate(coefs)]
     pos, neg, neu = _token_sets(positive, "positive"), _token_sets(negative, "negative"), _token_sets(neutral, "neutral")
     pref, loss, custom = [], [], []
-    for c in coefs:
+    base_loss = None if 0.0 in coefs else _mean_loss(model, neu)
+    for c in tqdm(coefs, desc="steering", unit="coef", disable=not progress):
         with steering(model, vector, c):
             pref.append(_mean_loss(model, neg) - _mean_loss(model, pos))
             loss.append(_mean_loss(model, neu))
             if metric is not None:
                 custom.append(float(metric(model)))
+    if base_loss is None:
+        base_loss = loss[coefs.index(0.0)]
     return SteeringSweep(coefs, torch.tensor(pref), torch.tensor(loss), vector,
-                         torch.tensor(custom) if metric is not None else None, metric_name)
+                         torch.tensor(custom) if metric is not None else None, metric_name, base_loss)

@@ -26,8 +26,13 @@ from tqdm.auto import tqdm
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
 from circuitlab.analysis.patching_checks import one_sequence
 from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.checks import COUNT, POSITIVE
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters, model_device
+from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
+
+LENS_BUDGET = 2 ** 28  # floats one training step may hold (1 GiB): bounds batch_size x seq_len
+LENS_TOKENS = 2 ** 24  # tokens of training batches held in memory (128 MB as int64)
 
 WEIGHTS_FILE, CONFIG_FILE = "tuned_lens.safetensors", "tuned_lens.json"
 
@@ -97,9 +102,12 @@ class TunedLens(nn.Module):
 
 
 def default_lens_dir(checkpoint: str | Path) -> Path:
-    """Where a checkpoint's tuned lens is kept unless told otherwise: <checkpoint>/tuned_lens (the run or
-    checkpoint folder as the user named it)."""
-    return Path(checkpoint) / "tuned_lens"
+    """Where a checkpoint's tuned lens is kept unless told otherwise: <run>/tuned_lens for a run folder,
+    <checkpoint>-tuned_lens beside a checkpoint folder (a checkpoint save replaces its folder as a whole)."""
+    from circuitlab.training.outputs import default_out
+
+    inside = Path(checkpoint) / "tuned_lens"  # where lenses were kept before (still read)
+    return inside if TunedLens.exists(inside) else default_out(checkpoint, "tuned_lens")
 
 
 def _model_info(model) -> dict[str, Any]:
@@ -138,19 +146,53 @@ def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: 
     return list(flat.view(n_batches, batch_size, seq_len))
 
 
+def check_lens_batches(model, n_batches: int, batch_size: int, seq_len: int) -> None:
+    """Refuse, in one line naming the option, sizes whose memory is unbounded: one step holds every point's
+    log-probabilities [point, batch, pos, d_vocab] (LENS_BUDGET floats at most), and all batches are held
+    as tokens (LENS_TOKENS at most). Called before any data is built."""
+    for name, value in (("batches", n_batches), ("batch_size", batch_size), ("seq_len", seq_len)):
+        COUNT.check(value, name)
+    points = model.cfg.n_layers + 2
+    per_row = 3 * points * seq_len * model.cfg.d_vocab  # log-probs, their grads, the KL's terms
+    if batch_size * per_row > LENS_BUDGET:
+        raise CircuitlabError(f"batch_size {batch_size} x seq_len {seq_len} needs "
+                              f"{batch_size * per_row * 4 / 2**30:.1f} GiB per step for this model's {points} points "
+                              f"and {model.cfg.d_vocab} tokens (limit {LENS_BUDGET * 4 / 2**30:.0f} GiB); give a "
+                              f"batch_size of at most {max(1, LENS_BUDGET // per_row)}")
+    if n_batches * batch_size * seq_len > LENS_TOKENS:
+        raise CircuitlabError(f"batches {n_batches} x batch_size {batch_size} x seq_len {seq_len} is "
+                              f"{n_batches * batch_size * seq_len} tokens, all held in memory (limit {LENS_TOKENS}); "
+                              f"give at most {max(1, LENS_TOKENS // (batch_size * seq_len))} batches")
+
+
+def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:
+    """A short hash of the token batches (a resume with other data is refused)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for b in batches:
+        h.update(str(tuple(b.shape)).encode())
+        h.update(b.detach().cpu().to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
-                     progress: bool = False, state_file: str | Path | None = None, save_every: int = 100
-                     ) -> TunedLens:
+                     progress: bool = False, state_file: str | Path | None = None, save_every: int = 100,
+                     settings: dict[str, Any] | None = None) -> TunedLens:
     """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
 
     Adam on Σ_points mean_positions KL(final ‖ translated point), lr warmed up over the first 10% of steps
     and decayed linearly to 0. The model's parameters are not touched (no gradient flows into them).
     state_file: the training state (translators, Adam's moments, step) is written there atomically every
     save_every steps; when the file exists, training continues from it (same steps, lr and batches), and
-    ends where an uninterrupted run would. The caller deletes it once the lens is saved.
+    ends where an uninterrupted run would. The caller deletes it once the lens is saved. A resume whose
+    steps, lr, data (a fingerprint of the batches) or `settings` (the caller's names for what made the data,
+    e.g. {"--seq-len": 64}) differ is refused, naming them. A first Ctrl-C finishes the step, saves the state
+    and stops (KeyboardInterrupt saying the step and how to continue).
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
+    steps = COUNT.check(steps, "steps")
+    lr = POSITIVE.check(lr, "lr")
+    save_every = COUNT.check(save_every, "save_every")
     if model.cfg.n_layers == 0:
         raise CircuitlabError("a tuned lens translates each layer's residual: this model has no layers")
     batches = [batches] if isinstance(batches, torch.Tensor) else batches
@@ -161,12 +203,18 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
     lens = TunedLens(labels, model.cfg.d_model, _model_info(model)).to(device)
     opt = torch.optim.Adam(lens.parameters(), lr=lr)
     warmup = max(1, steps // 10)
-    settings = {"steps": steps, "lr": lr, "n_batches": len(batches)}
-    start, losses = 0, []
+    for b in batches:
+        b = b[None] if b.dim() == 1 else b
+        check_lens_batches(model, 1, b.shape[0], b.shape[1])
+    settings = {"steps": steps, "lr": lr, "n_batches": len(batches), "data": data_fingerprint(batches),
+                **(settings or {})}
+    start, losses, saved_step = 0, [], None
     if state_file is not None and Path(state_file).is_file():
         start, losses = _load_training_state(Path(state_file), lens, opt, settings)
-    with frozen_parameters(model):
-        for step in tqdm(range(start, steps), total=steps, initial=start, desc="tuned lens", disable=not progress):
+        saved_step = start
+    bar = tqdm(range(start, steps), total=steps, initial=start, desc="tuned lens", disable=not progress)
+    with frozen_parameters(model), stop_after_step_on_ctrl_c() as stop:
+        for step in bar:
             tokens = batches[step % len(batches)]
             tokens = tokens[None] if tokens.dim() == 1 else tokens
             with torch.no_grad():
@@ -181,8 +229,12 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
-            if state_file is not None and (step + 1) % save_every == 0 and step + 1 < steps:
+            if state_file is not None and step + 1 < steps and ((step + 1) % save_every == 0 or stop.is_set()):
                 _save_training_state(Path(state_file), lens, opt, settings, step + 1, losses)
+                saved_step = step + 1
+            if stop.is_set() and step + 1 < steps:
+                bar.close()
+                raise KeyboardInterrupt(interrupted_message(step + 1, saved_step, state_file))
     lens.train_info = {"steps": steps, "lr": lr, "final_loss": losses[-1], "first_loss": losses[0]}
     return lens.eval()
 
@@ -202,6 +254,11 @@ def _save_training_state(path: Path, lens: TunedLens, opt: torch.optim.Optimizer
     atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 
+def _named_data_change(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The data fingerprint differs because a named setting does (that one is named instead)."""
+    return any(saved.get(k) != now.get(k) for k in set(saved) | set(now) if k not in ("data", "steps", "lr"))
+
+
 def _load_training_state(path: Path, lens: TunedLens, opt: torch.optim.Optimizer, settings: dict[str, Any]
                          ) -> tuple[int, list[float]]:
     from safetensors import safe_open
@@ -210,9 +267,14 @@ def _load_training_state(path: Path, lens: TunedLens, opt: torch.optim.Optimizer
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     saved = json.loads(meta.get("settings", "{}"))
-    if saved != settings or json.loads(meta.get("labels", "[]")) != lens.labels:
-        raise CircuitlabError(f"the unfinished training in {path} used {saved} on a model with points "
-                              f"{meta.get('labels')}; resume it with the same settings, or delete it to start over")
+    if json.loads(meta.get("labels", "[]")) != lens.labels:
+        raise CircuitlabError(f"the unfinished training in {path} is for a model with points {meta.get('labels')}; "
+                              "resume it with that model, or start over (--overwrite)")
+    changed = [f"{k} ({saved.get(k)!r} -> {settings.get(k)!r})" for k in sorted(set(saved) | set(settings))
+               if saved.get(k) != settings.get(k) and not (k == "data" and _named_data_change(saved, settings))]
+    if changed:
+        raise CircuitlabError(f"cannot resume the training in {path} with other settings: {', '.join(changed)}; "
+                              "resume with the settings it started with, or start over (--overwrite)")
     device = lens.weight.device
     with torch.no_grad():
         lens.weight.copy_(tensors["weight"])

@@ -9,7 +9,8 @@ EXAMPLE = ('circuitlab attribute --checkpoint runs/demo/2l --prompt "Lily saw a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS
+    from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS, STEPS
+    from circuitlab.checks import COUNT, INT
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
     p.add_argument("--prompt", required=True, help="the text whose last token's prediction is explained")
@@ -17,12 +18,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "model's top prediction)")
     p.add_argument("--foil", default=None, help="explain target against this token (logit difference)")
     p.add_argument("--method", default="ig", choices=METHODS)
-    p.add_argument("--pos", type=int, default=-1, help="the position whose prediction is explained (default: last)")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="integrated gradients: points on the path")
+    p.add_argument("--pos", type=INT.arg, default=-1, help="the position whose prediction is explained (default: last)")
+    p.add_argument("--steps", type=STEPS["gausslegendre"].arg, default=DEFAULT_STEPS,
+                   help=f"integrated gradients: points on the path (default {DEFAULT_STEPS}, at most "
+                        f"{STEPS['gausslegendre'].high}; run in chunks that fit memory)")
     p.add_argument("--baseline", default="zeros",
                    help="integrated gradients: 'zeros', 'eos' (the EOS embedding at every position) or a prompt "
                         "of the same number of tokens")
-    p.add_argument("--span", type=int, default=1, help="occlusion: tokens replaced at a time")
+    p.add_argument("--span", type=COUNT.arg, default=1, help="occlusion: tokens replaced at a time")
     p.add_argument("--out", default=None, help="write the result: .html (tokens shaded) or .json")
 
 

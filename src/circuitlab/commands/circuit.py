@@ -8,6 +8,9 @@ EXAMPLE = "circuitlab circuit --checkpoint runs/demo/2l --task induction --metho
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.analysis.edges.scoring import EAP_IG_STEPS
+    from circuitlab.checks import COUNT, NONNEG
+
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
     p.add_argument("--task", choices=["induction"], default=None,
                    help="built-in rows instead of files: induction = repeated random tokens")
@@ -23,26 +26,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", default="logit-diff", help="logit-diff | logprob | kl (default logit-diff)")
     p.add_argument("--method", default="eap-ig", help="eap | eap-ig | exact (default eap-ig)")
     p.add_argument("--intervention", default="counterfactual", help="counterfactual | zero | mean | position-mean")
-    p.add_argument("--steps", type=int, default=5, help="EAP-IG path points (default 5)")
-    p.add_argument("--edges", type=int, default=None,
+    p.add_argument("--steps", type=EAP_IG_STEPS.arg, default=5,
+                   help=f"EAP-IG path points (default 5, at most {EAP_IG_STEPS.high})")
+    p.add_argument("--edges", type=COUNT.arg, default=None,
                    help="circuit size (default: the fewest top edges recovering 90%% of the gap)")
-    p.add_argument("--threshold", type=float, default=None, help="keep edges with |score| >= this instead")
+    p.add_argument("--threshold", type=NONNEG.arg, default=None, help="keep edges with |score| >= this instead")
     p.add_argument("--greedy", action="store_true", help="grow the circuit from the logits (with --edges)")
     p.add_argument("--refine", nargs="?", const="batched", default=None, metavar="batched|acdc",
                    help="then refine it with exact patching: batched per reader (the default when given), or acdc "
                         "(one edge at a time, each against the circuit left so far)")
-    p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/circuit)")
-
-
-def _lines(path: str) -> list[str]:
-    from pathlib import Path
-
-    from circuitlab.errors import CircuitlabError
-
-    p = Path(path)
-    if not p.is_file():
-        raise CircuitlabError(f"prompt file not found: {path}")
-    return [line.rstrip("\n") for line in p.read_text().splitlines() if line.strip()]
+    p.add_argument("--out", default=None,
+                   help="output directory (default: <run>/circuit, or <checkpoint>-circuit beside a checkpoint "
+                        "folder); an earlier circuit there is kept, renamed (or replaced with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier circuit in --out instead of keeping it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
     from circuitlab.errors import CircuitlabError
     from circuitlab.experiments.circuit import find_circuit, induction_rows, rows_from_texts, write_circuit_outputs
+    from circuitlab.textfile import read_lines
     from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import default_out, output_folder
 
     if args.task is None and not (args.clean and args.corrupt):
         raise CircuitlabError("give --clean and --corrupt prompt files, or a built-in --task (induction)")
@@ -66,12 +65,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         if tokenizer is None:
             raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it, so prompt files cannot be read")
-        answers = _lines(args.answers) if args.answers else None
-        data = rows_from_texts(tokenizer, _lines(args.clean), _lines(args.corrupt), answers)
+        answers = read_lines(args.answers, "answer file") if args.answers else None
+        data = rows_from_texts(tokenizer, read_lines(args.clean, "clean prompt file"),
+                               read_lines(args.corrupt, "corrupted prompt file"), answers)
+    out = Path(args.out) if args.out else default_out(args.checkpoint, "circuit")
+    kept = output_folder(out, "circuit", overwrite=args.overwrite, is_previous=_is_circuit_output)
+    if kept:
+        print(f"kept the earlier circuit as {kept}")
     result = find_circuit(model, data, args.metric, args.method, edges=args.edges, threshold=args.threshold,
-                          greedy=args.greedy, refine=args.refine or False, intervention=args.intervention, steps=args.steps)
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "circuit"
+                          greedy=args.greedy, refine=args.refine or False, intervention=args.intervention,
+                          steps=args.steps, progress=not args.no_progress)
     write_circuit_outputs(result, out)
     print("\n".join(result.summary()))
     print(f"-> {out}/results.json, {out}/report.md, {out}/report.html, {out}/circuit.svg")
     return 0
+
+
+def _is_circuit_output(folder) -> bool:
+    """A circuit folder written before output folders were marked: results.json beside circuit.json."""
+    return (folder / "results.json").is_file() and (folder / "circuit.json").is_file()

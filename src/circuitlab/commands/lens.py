@@ -16,16 +16,20 @@ STATE_FILE = "training_state.safetensors"  # inside the output folder while trai
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
+    from circuitlab.checks import COUNT, POSITIVE
+
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
-    p.add_argument("--out", default=None, help="folder for the lens (default: <checkpoint>/tuned_lens)")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
-    p.add_argument("--lr", type=float, default=1e-2, help="Adam's peak learning rate (default 0.01)")
-    p.add_argument("--batches", type=int, default=16, help="distinct token batches, cycled through (default 16)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per batch (default 16)")
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64, capped by the context)")
+    p.add_argument("--out", default=None, help="folder for the lens (default: <checkpoint>/tuned_lens; beside a "
+                                               "checkpoint folder when given one: <checkpoint>-tuned_lens)")
+    p.add_argument("--steps", type=COUNT.arg, default=300, help="optimizer steps (default 300)")
+    p.add_argument("--lr", type=POSITIVE.arg, default=1e-2, help="Adam's peak learning rate (default 0.01)")
+    p.add_argument("--batches", type=COUNT.arg, default=16, help="distinct token batches, cycled through (default 16)")
+    p.add_argument("--batch-size", type=COUNT.arg, default=16, help="sequences per batch (default 16)")
+    p.add_argument("--seq-len", type=COUNT.arg, default=64,
+                   help="tokens per sequence (default 64, capped by the context)")
     p.add_argument("--text", default=None, help="a UTF-8 text file to train on (default: built-in stories the "
                                                 "demo did not train on)")
-    p.add_argument("--save-every", type=int, default=100, help="write the resumable training state every N steps")
+    p.add_argument("--save-every", type=COUNT.arg, default=100, help="write the resumable training state every N steps")
     p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out")
     p.add_argument("--overwrite", action="store_true", help="replace a lens (or an unfinished training) in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -36,9 +40,9 @@ def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len
 
     from circuitlab.errors import CircuitlabError
 
-    if not Path(path).is_file():
-        raise CircuitlabError(f"--text file not found: {path}")
-    ids = tokenizer.encode(Path(path).read_text(encoding="utf-8"))
+    from circuitlab.textfile import read_text
+
+    ids = tokenizer.encode(read_text(path, "--text file"))
     per_batch = batch_size * seq_len
     n = min(n_batches, len(ids) // per_batch)
     if n == 0:
@@ -47,17 +51,17 @@ def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from circuitlab.analysis.tuned_lens import (TunedLens, default_lens_dir, mean_kl_to_final, story_batches,
-                                                train_tuned_lens)
+    from circuitlab.analysis.tuned_lens import (TunedLens, check_lens_batches, default_lens_dir, mean_kl_to_final,
+                                                story_batches, train_tuned_lens)
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import default_out, inside_checkpoint
 
-    for name in ("steps", "batches", "batch_size", "seq_len", "save_every"):
-        if getattr(args, name) <= 0:
-            raise CircuitlabError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise CircuitlabError(f"--lr must be positive, got {args.lr}")
     out = Path(args.out) if args.out else default_lens_dir(args.checkpoint)
+    ckpt = inside_checkpoint(out)
+    if ckpt is not None:  # a checkpoint save replaces its folder as a whole: the lens would be lost
+        raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}; give another --out "
+                              f"(e.g. {default_out(ckpt, 'tuned_lens')})")
     state = out / STATE_FILE
     if args.resume and not state.is_file():
         raise CircuitlabError(f"nothing to resume in {out} (no {STATE_FILE})")
@@ -72,14 +76,17 @@ def _run_train(args: argparse.Namespace) -> int:
     if tok is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode training text")
     seq = min(args.seq_len, model.cfg.n_ctx)
+    check_lens_batches(model, args.batches, args.batch_size, seq)  # before the data is built
     if args.text:
         batches = _text_batches(args.text, tok, args.batches, args.batch_size, seq)
     else:
         batches = story_batches(tok, n_batches=args.batches, batch_size=args.batch_size, seq_len=seq)
     if args.resume:
         print(f"resuming the training in {out}")
+    # the options that made the data, by name: a resume with other values is refused naming them
+    made_by = {"--batches": args.batches, "--batch-size": args.batch_size, "--seq-len": seq, "--text": args.text}
     lens = train_tuned_lens(model, batches, steps=args.steps, lr=args.lr, progress=not args.no_progress,
-                            state_file=state, save_every=args.save_every)
+                            state_file=state, save_every=args.save_every, settings=made_by)
     lens.model_info["checkpoint"] = str(args.checkpoint)
     lens.train_info.update(data=args.text or "built-in stories (seed 1)", batches=len(batches),
                            batch_size=args.batch_size, seq_len=seq)

@@ -8,10 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
+from circuitlab.checks import Number
 from circuitlab.commands._args import positive_int
+
+EVAL_SEQUENCES = 64     # sae eval's default sample: 64 x 64 = 4096 tokens
+EVAL_BUDGET = 2 ** 28   # floats sae eval holds at once (1 GiB): bounds --batches x --seq-len
 
 HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them, draw feature dashboards"
 EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
@@ -32,8 +37,46 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 (train.target_l0; "
                         "TopK-family dictionaries keep their k)")
     p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (a run "
+                                                          "stopped before its first checkpoint starts over)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _is_sae_run(folder: Path) -> bool:
+    """Our own earlier output (also one written before output folders were marked)."""
+    from circuitlab.dictionaries.train import CHECKPOINT
+
+    return any((folder / n).exists() for n in ("results.json", "dictionaries", CHECKPOINT, "metrics.jsonl"))
+
+
+def _start_or_resume(out: Path, resume: bool, overwrite: bool) -> bool:
+    """Whether this run resumes a checkpoint in out. A fresh start is refused over a checkpoint (pointing at
+    --resume) and over a finished run (pointing at --overwrite); a folder an interrupt left before the first
+    checkpoint is reused, with or without --resume, and said."""
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training.outputs import MARKER
+
+    saved = (out / CHECKPOINT / STATE).is_file()
+    if resume and overwrite:
+        raise CircuitlabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    unsaved = not saved and held and not held - {MARKER, "metrics.jsonl", CHECKPOINT}
+    if unsaved:  # what an interrupt before the first checkpoint leaves: nothing to keep
+        print(f"{out} holds no checkpoint yet (the earlier run stopped before its first): starting from step 0")
+        for name in held - {MARKER}:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        return False
+    if resume:
+        if saved:
+            return True
+        raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)"
+                              + ("; run without --resume to start" if not held else "; give another --out"))
+    if saved and not overwrite:
+        raise CircuitlabError(f"{out} holds an unfinished run (its {CHECKPOINT}/): pass --resume to continue it, "
+                              "or --overwrite to start over")
+    return False
 
 
 def _load_yaml(name: str, overrides: list[str]) -> dict[str, Any]:
@@ -106,14 +149,12 @@ def _run_train(args: argparse.Namespace) -> int:
     from circuitlab.dictionaries.train import PER_DICTIONARY, CHECKPOINT, DictionaryTrainer, DictTrainConfig
     from circuitlab.errors import CircuitlabError, ConfigError
     from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import output_folder
 
     overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
     data = _load_yaml(args.config, overrides)
     out = Path(args.out or f"runs/{data['name']}")
-    if out.exists() and any(out.iterdir()) and not args.resume:
-        raise CircuitlabError(f"{out} already holds files; pass --resume to continue it, or choose another --out")
-    if args.resume and not (out / CHECKPOINT).is_dir():
-        raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)")
+    resume = _start_or_resume(out, args.resume, args.overwrite)
     train = DictTrainConfig.from_dict(data.get("train") or {})
     store_cfg = _store_settings(data.get("store") or {})
     entries = []
@@ -170,6 +211,11 @@ def _run_train(args: argparse.Namespace) -> int:
     trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed),
                                 ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
                                 overrides=[own for _, own in entries])
+    # what else decides the result: a resume with other values is refused, naming them
+    trainer.run_settings = {"model": str(data["model"]), "data": data.get("data") or {},
+                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb")}}
+    if not resume:
+        output_folder(out, "sae-train", overwrite=args.overwrite, keep_previous=False, is_previous=_is_sae_run)
     result = trainer.fit(out, progress=not args.no_progress)
     toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"])
     summary = result.to_dict()
@@ -209,8 +255,10 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
                         "layer_N.safetensors of a circuit-tracer set; or a CLT (ours, circuit-tracer's or sparsify's layout)")
     p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
     p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
-    p.add_argument("--batches", type=positive_int, default=8, help="sequences of held-out text to evaluate on")
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--batches", type=positive_int, default=EVAL_SEQUENCES,
+                   help=f"sequences of held-out text to evaluate on (default {EVAL_SEQUENCES}: with --seq-len 64, "
+                        "4096 tokens, so a latent counted dead fired on none of them; the resolution is printed)")
+    p.add_argument("--seq-len", type=Number(int, low=2).arg, default=64, help="tokens per sequence (default 64)")
     p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
 
 
@@ -224,14 +272,22 @@ def _run_eval(args: argparse.Namespace) -> int:
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
 
-    if args.batches < 1 or args.seq_len < 2:
-        raise CircuitlabError("--batches must be positive and --seq-len at least 2")
     from circuitlab.dictionaries.clt import is_clt_folder
 
     if is_clt_folder(args.dictionary):
         return _eval_clt(args)
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     sae = SparseDictionary.load(args.dictionary, model=model)  # checked against the model, hooks bound
+    if args.seq_len > model.cfg.n_ctx:
+        print(f"--seq-len {args.seq_len} is longer than the model's context: using {model.cfg.n_ctx}")
+        args.seq_len = model.cfg.n_ctx
+    rows = args.batches * args.seq_len
+    per_row = 4 * (sae.cfg.d_sae + sae.cfg.d_in + (sae.cfg.d_out or sae.cfg.d_in)) + 2 * model.cfg.d_vocab
+    if rows * per_row > EVAL_BUDGET:
+        raise CircuitlabError(f"--batches {args.batches} x --seq-len {args.seq_len} = {rows} tokens need "
+                              f"{rows * per_row * 4 / 2**30:.1f} GiB at once for this dictionary and model (limit "
+                              f"{EVAL_BUDGET * 4 / 2**30:.0f} GiB); give at most "
+                              f"{max(1, EVAL_BUDGET // (per_row * args.seq_len))} batches")
     if tokenizer is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
     data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
@@ -243,9 +299,11 @@ def _run_eval(args: argparse.Namespace) -> int:
     metrics.spliced = spliced_loss(model, sae, data.get_batch("val", 0, args.batches, args.seq_len))
     s = metrics.spliced
     print(f"{args.dictionary} ({sae.cfg.architecture}, {sae.cfg.hook_name}, d_sae {sae.cfg.d_sae}) on {metrics.n_rows} tokens:")
-    print(f"  L0 {metrics.l0:.2f}  explained variance {metrics.explained_variance:.4f}  MSE {metrics.mse:.4g}  "
+    print(f"  L0 {metrics.l0:.2f}  explained variance {metrics.explained_variance:.4f}  MSE {metrics.mse:.4g} "
+          "(model units, summed over dims; sae train logs the same)  "
           f"cosine {metrics.cosine:.4f}  L2 ratio {metrics.l2_ratio:.3f}")
-    print(f"  dead {metrics.dead_frac:.1%}  dense (>10%) {metrics.dense_frac:.1%}")
+    print(f"  dead {metrics.dead_frac:.1%} (fired on none of the {metrics.n_rows:,} tokens: a rate below "
+          f"1/{metrics.n_rows:,} reads as dead)  dense (>10%) {metrics.dense_frac:.1%}")
     print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
           f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
     if args.json:
@@ -291,12 +349,17 @@ def _eval_clt(args: argparse.Namespace) -> int:
 
 
 def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.experiments.dashboards import TOKENS as DASHBOARD_TOKENS
+
     p.add_argument("--dictionary", required=True, metavar="DIR", help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one layer_N.safetensors of a circuit-tracer set")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="the run or checkpoint it was trained on")
     p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
     p.add_argument("--data", default="stories",
                    help="text for the contexts: stories (held-out built-in stories), file:PATH, folder:PATH, hf:NAME")
-    p.add_argument("--tokens", type=positive_int, default=32_768, help="tokens to run (default 32768)")
+    p.add_argument("--tokens", type=DASHBOARD_TOKENS.arg, default=32_768,
+                   help=f"tokens to run (default 32768, at most {DASHBOARD_TOKENS.high})")
+    p.add_argument("--overwrite", action="store_true", help="replace earlier dashboards in --out (default: keep "
+                                                          "them, renamed)")
     p.add_argument("--features", type=int, nargs="+", default=None, metavar="N",
                    help="features to draw cards for in report.html (default: the 50 most frequent)")
     p.add_argument("--layer", type=int, default=None, metavar="L",
@@ -310,7 +373,9 @@ def run_dashboards(args: argparse.Namespace) -> int:
 
     found = build_dashboards(DashboardOptions(args.dictionary, args.checkpoint, args.out, args.data, args.tokens,
                                               features=args.features, layer=args.layer, device=args.device,
-                                              progress=not args.no_progress))
+                                              progress=not args.no_progress, overwrite=args.overwrite))
+    if found.kept:
+        print(f"kept the earlier dashboards as {found.kept}")
     s = found.summary
     print(f"{s['d_sae']} features of {s['hook_name']} on {s['n_tokens']:,} tokens: {s['dead_fraction']:.1%} never "
           f"fired, {s['dense_fraction']:.1%} fire on more than 10% of tokens")

@@ -85,6 +85,20 @@ def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
     )
 
 
+SAELENS_FORMAT = "6.0.0"  # the SAELens folder layout save_saelens writes (recorded when sae-lens is not installed)
+
+
+def _saelens_version() -> str:
+    """The installed sae-lens's version, read from its package metadata (importing sae_lens would pull in
+    its whole stack, and it is an optional peer); SAELENS_FORMAT when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sae-lens")
+    except PackageNotFoundError:
+        return SAELENS_FORMAT
+
+
 def save_saelens(sae: SparseDictionary, folder: str | Path) -> Path:
     """Write sae as a SAELens 6 folder (BatchTopK as its inference JumpReLU); each file atomically."""
     sae = sae.for_inference()
@@ -97,7 +111,7 @@ def save_saelens(sae: SparseDictionary, folder: str | Path) -> Path:
             raise CircuitlabError(f"SAELens has no {c.architecture} transcoder; save it with sae.save() instead")
     else:
         arch = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[c.architecture]
-    from sae_lens import __version__ as saelens_version
+    saelens_version = _saelens_version()
 
     meta = {"model_name": c.base_model.get("name", ""), "hook_name": c.hook_name,
             "sae_lens_version": saelens_version, "sae_lens_training_version": saelens_version}

@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 import circuitlab.dictionaries.clt_train as clt_train
+from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, check_fields
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
@@ -48,6 +49,8 @@ from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
 from circuitlab.dictionaries.target_l0 import L0Controller
 from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
+from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
+from circuitlab.training.run_log import MetricsLog
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
 # Fields a dictionary may override for itself (`train:` under it in a YAML config).
@@ -56,6 +59,19 @@ PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwi
                   "clt_tanh_scale", "clt_preact_coeff")
 PENALTY_ARCHITECTURES = ("relu", "jumprelu")  # their L0 follows a coefficient: target_l0 steers it
 RESAMPLE_METHODS = ("inputs", "split")
+
+
+# Train settings that do not change the trained dictionaries (a resume may change them).
+NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
+_BETA = Number(float, low=0.0, high=1.0, high_open=True)
+ROWS_BUDGET = 2 ** 28  # floats one step's rows may need across a dictionary's widths (1 GiB): bounds train.batch_size
+# One rule per number field of DictTrainConfig (circuitlab.checks): finite, in range, whole where counted.
+TRAIN_RULES = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_steps": NONNEG_INT,
+               "lr_decay_frac": FRACTION, "beta1": _BETA, "beta2": _BETA, "l1_coeff": NONNEG, "l0_coeff": NONNEG,
+               "sparsity_warmup_steps": NONNEG_INT, "bandwidth": POSITIVE, "jumprelu_init_threshold": NONNEG,
+               "aux_coeff": NONNEG, "dead_after": COUNT, "dead_density": FRACTION, "resample_every": NONNEG_INT,
+               "resample_batches": COUNT, "eval_every": NONNEG_INT, "eval_batches": COUNT, "ckpt_every": NONNEG_INT,
+               "log_every": COUNT, "seed": INT, "target_l0": NONNEG}
 
 
 @dataclass
@@ -89,25 +105,13 @@ class DictTrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_fields(self, TRAIN_RULES, "train")  # the rules the CLI's --set, the YAML and Python share
         for f in dataclasses.fields(self):
             value, want = getattr(self, f.name), type(f.default)
-            if want is float and isinstance(value, (int, str)) and not isinstance(value, bool):
-                try:
-                    value = float(value)
-                    setattr(self, f.name, value)
-                except ValueError:
-                    pass
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise ConfigError(f"train.{f.name} must be {want.__name__}, got {value!r}")
         if self.resample_method not in RESAMPLE_METHODS:
             raise ConfigError(f"train.resample_method must be one of {', '.join(RESAMPLE_METHODS)}, got {self.resample_method!r}")
-        for name in ("steps", "batch_size", "eval_batches", "log_every", "resample_batches"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)}")
-        if self.lr <= 0 or not 0 <= self.lr_decay_frac <= 1:
-            raise ConfigError("train.lr must be positive and train.lr_decay_frac in [0, 1]")
-        if self.target_l0 < 0:
-            raise ConfigError(f"train.target_l0 must be positive (or 0: off), got {self.target_l0}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DictTrainConfig":
@@ -179,6 +183,12 @@ class DictionaryTrainer:
         self.controllers = [L0Controller(h.target_l0, self._base_coeff(c, h), round(train.steps * (1 - train.lr_decay_frac)))
                             if h.target_l0 > 0 and c.architecture in PENALTY_ARCHITECTURES else None
                             for c, h in zip(configs, self.hyper)]
+        per_row = sum(4 * c.n_latents + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
+                      for c in configs)  # pre-acts, acts, grads
+        if train.batch_size * per_row > ROWS_BUDGET:
+            raise ConfigError(f"train.batch_size {train.batch_size} needs {train.batch_size * per_row * 4 / 2**30:.1f} GiB "
+                              f"of activations per step for these dictionaries (limit {ROWS_BUDGET * 4 / 2**30:.0f} GiB); "
+                              f"give at most {max(1, ROWS_BUDGET // per_row)}")
         self.saes = [(CrossLayerTranscoder if isinstance(c, CLTConfig) else SparseDictionary)(c, seed=_seed(train.seed, j) % 2**31)
                      .to(self.device) for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
@@ -188,6 +198,7 @@ class DictionaryTrainer:
         self.fire_rate = [torch.zeros(c.n_latents, dtype=torch.float64, device=self.device) for c in configs]  # running density
         self.scales: list[tuple[float, float]] = [(1.0, 1.0)] * len(configs)
         self.step = 0
+        self.run_settings: dict[str, Any] = {}  # the caller's result-changing settings (see settings())
 
     # ------------------------------------------------------------------ the pieces
     @staticmethod
@@ -275,7 +286,11 @@ class DictionaryTrainer:
                 resampled = (clt_train.resample_dead if is_clt else resample_dead)(
                     sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold, method=h.resample_method)
                 self.last_fired[j][dead] = self.step + 1
-            logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse), "sparsity": float(out.sparsity),
+            # "mse" on sae eval's scale (the model's units: squared error summed over the output dims, mean over
+            # rows); the objective sees inputs scaled to E|x| = sqrt(d_in): its MSE is "mse_normalised".
+            s_out = self.scales[j][1]
+            logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse) / s_out ** 2,
+                         "mse_normalised": float(out.mse), "sparsity": float(out.sparsity),
                          "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled,
                          "coeff": coef.sparsity})
         self.step += 1
@@ -333,7 +348,7 @@ class DictionaryTrainer:
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         atomic_write_file(folder / name, lambda tmp: save_file(tensors, tmp))
         state = {"step": self.step, "weights": name, "store": self.store.state_dict(), "scales": self.scales,
-                 "configs": [s.cfg.to_dict() for s in self.saes]}
+                 "configs": [s.cfg.to_dict() for s in self.saes], "settings": self.settings()}
         atomic_write_text(folder / STATE, json.dumps(state, indent=2))
         for old in folder.glob("trainer-*.safetensors"):
             if old.name != name:
@@ -350,6 +365,7 @@ class DictionaryTrainer:
             raise CircuitlabError(f"cannot resume from {folder}: the checkpoint is corrupt ({type(e).__name__}: {e})") from None
         if [s.cfg.to_dict() for s in self.saes] != state["configs"]:
             raise CircuitlabError(f"{folder} holds a checkpoint of other dictionaries; use a new output folder")
+        refuse_changed_settings(state.get("settings", {}), self.settings(), folder)
         for j, (sae, opt) in enumerate(zip(self.saes, self.opts)):
             sae.load_state_dict({n: tensors[f"{j}.param.{n}"] for n in sae.state_dict()})
             for n, p in sae.named_parameters():
@@ -363,6 +379,25 @@ class DictionaryTrainer:
                                                      if k.startswith(f"{j}.target_l0.")})
         self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
         self.store.load_state_dict(state["store"])
+
+    def settings(self) -> dict[str, Any]:
+        """What decides the result besides the dictionaries' configs: the train settings (each dictionary's own
+        included) and run_settings (set by the caller: data, store, model). Saved with a checkpoint; a resume
+        with other values is refused."""
+        keep = lambda h: {k: v for k, v in dataclasses.asdict(h).items() if k not in NOT_RESULT}  # noqa: E731
+        return {"train": [keep(h) for h in self.hyper], **self.run_settings}
+
+    def _interrupted(self, ckpt: Path | None, saved: bool) -> str:
+        """What an interrupt leaves and how to go on: the step of the last checkpoint and the command."""
+        if ckpt is None:
+            return f"stopped at step {self.step}; nothing was saved (no output folder)"
+        if saved:
+            return interrupted_message(self.step, self.step, ckpt)
+        try:
+            last = int(json.loads((ckpt / STATE).read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            last = None
+        return interrupted_message(self.step, last, ckpt)
 
     # ------------------------------------------------------------------ the loop
     def fit(self, out: str | Path | None = None, progress: bool = True, stop_at: int | None = None) -> TrainResult:
@@ -379,20 +414,31 @@ class DictionaryTrainer:
         elif self.step == 0:
             self.init_from_data()
         end = min(stop_at or self.train.steps, self.train.steps)
-        log = (out / "metrics.jsonl").open("a") if out is not None else None
+        # metrics.jsonl line by line, flushed: a kill keeps every completed line; records after the checkpoint
+        # this run starts from are dropped first, so each step is there once after a resume.
+        log = MetricsLog(out, resume_step=self.step) if out is not None else None
         bar = tqdm(total=end, initial=self.step, desc="training dictionaries", disable=not progress, unit="step")
         try:
-            while self.step < end:
-                logs = self.train_step(self.store.next_batch())
-                bar.update(1)
-                if self.step % self.train.log_every == 0 or self.step == end:
-                    bar.set_postfix(mse=f"{logs[0]['mse']:.3g}", l0=f"{logs[0]['l0']:.1f}")
-                    if log:
-                        log.write(json.dumps({"step": self.step, "dictionaries": logs}) + "\n")
-                if self.train.eval_every and self.step % self.train.eval_every == 0 and log and self.val_store:
-                    log.write(json.dumps({"step": self.step, "eval": [m.to_dict() for m in self.evaluate()]}) + "\n")
-                if ckpt is not None and self.train.ckpt_every and self.step % self.train.ckpt_every == 0:
-                    self.save_checkpoint(ckpt)
+            with stop_after_step_on_ctrl_c() as stop:
+                while self.step < end:
+                    logs = self.train_step(self.store.next_batch())
+                    bar.update(1)
+                    if self.step % self.train.log_every == 0 or self.step == end:
+                        bar.set_postfix(mse=f"{logs[0]['mse']:.3g}", l0=f"{logs[0]['l0']:.1f}")
+                        if log:
+                            log.write({"step": self.step, "dictionaries": logs})
+                    if self.train.eval_every and self.step % self.train.eval_every == 0 and log and self.val_store:
+                        log.write({"step": self.step, "eval": [m.to_dict() for m in self.evaluate()]})
+                    if ckpt is not None and self.train.ckpt_every and self.step % self.train.ckpt_every == 0:
+                        self.save_checkpoint(ckpt)
+                    if stop.is_set() and self.step < end:
+                        if ckpt is not None:
+                            self.save_checkpoint(ckpt)
+                        raise KeyboardInterrupt(self._interrupted(ckpt, saved=ckpt is not None))
+        except KeyboardInterrupt as e:
+            if str(e):
+                raise
+            raise KeyboardInterrupt(self._interrupted(ckpt, saved=False)) from None
         finally:
             bar.close()
             if log:
@@ -409,6 +455,26 @@ class DictionaryTrainer:
                 atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
             return result
         return TrainResult(dictionaries, metrics, folders, self.step)
+
+
+def refuse_changed_settings(saved: dict[str, Any], now: dict[str, Any], folder: Path) -> None:
+    """A resume with a setting that changes the result is refused in one line naming it (saved -> now)."""
+    changed = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(isinstance(x, dict) for x in a + b):
+            for x, y in zip(a, b):
+                changed += [f"{key}.{k} ({x.get(k)!r} -> {y.get(k)!r})" for k in sorted(set(x) | set(y))
+                            if x.get(k) != y.get(k)]
+        elif isinstance(a, dict) and isinstance(b, dict):
+            changed += [f"{key}.{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b and key in saved:
+            changed.append(f"{key} ({a!r} -> {b!r})")
+    changed = list(dict.fromkeys(changed))
+    if changed:
+        raise CircuitlabError(f"cannot resume {folder} with other settings: {', '.join(changed[:4])}"
+                              f"{' ...' if len(changed) > 4 else ''}; resume with the settings it started with, "
+                              "or start a new run in another folder")
 
 
 def dictionary_names(configs: list[DictionaryConfig]) -> list[str]:

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
+from circuitlab.training.outputs import check_output_folder, output_folder
+
+
+# All the text is tokenised and held at once; dashboards settle long before this.
+TOKENS = Number(int, low=1, high=4_194_304, why="the text is tokenised and held in memory at once")
 
 
 @dataclass
@@ -26,6 +32,7 @@ class DashboardOptions:
     layer: int | None = None           # a cross-layer transcoder's layer
     device: str = "cpu"
     progress: bool = True
+    overwrite: bool = False            # replace earlier dashboards in out (default: keep them, renamed)
 
 
 @dataclass
@@ -33,6 +40,7 @@ class DashboardResult:
     folder: Path
     report: Path
     summary: dict[str, Any]
+    kept: Path | None = None  # where earlier dashboards in the folder were set aside
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "report": str(self.report), **self.summary}
@@ -59,15 +67,16 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
         if opts.layer is not None:
             raise CircuitlabError("--layer is for a cross-layer transcoder; this dictionary reads one hook")
         sae = SparseDictionary.load(opts.dictionary, device=opts.device, model=model)  # checked, hooks bound
-    if opts.n_tokens < 1 or opts.seq_len < 1:
-        raise CircuitlabError("--tokens and --seq-len must be positive")
+    TOKENS.check(opts.n_tokens, "tokens")
+    COUNT.check(opts.seq_len, "seq_len")
+    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / (
+        "dashboards" if opts.layer is None else f"dashboards-layer{opts.layer}")
+    check_output_folder(folder, "dashboards", overwrite=opts.overwrite, is_previous=_is_dashboards)
     bad = [f for f in opts.features or [] if not 0 <= f < sae.cfg.d_sae]
     if bad:
         raise CircuitlabError(f"--features {bad} are outside the dictionary's {sae.cfg.d_sae} features")
     batches = text_batches(tokenizer, opts.data, opts.n_tokens, min(opts.seq_len, model.cfg.n_ctx))
     dash = feature_dashboards(model.eval(), sae, batches, k=opts.k, tokenizer=tokenizer, progress=opts.progress)
-    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / (
-        "dashboards" if opts.layer is None else f"dashboards-layer{opts.layer}")
     notes = None
     if "clt_layer" in sae.cfg.metadata:  # a CLT feature's card says which layers it writes into
         layer, writes = sae.cfg.metadata["clt_layer"], sae.cfg.metadata["clt_write_norms"]
@@ -75,10 +84,18 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
         notes = {f: "Writes into the MLP outputs of layers " + ", ".join(
             f"{layer + j} ({w:.2f})" for j, w in enumerate(writes[f]) if w > 0.05 * max(max(writes[f]), 1e-12))
             + " (decoder norm per layer)." for f in range(sae.cfg.d_sae)}
+    kept = output_folder(folder, "dashboards", overwrite=opts.overwrite, is_previous=_is_dashboards)
     dash.save(folder)
     if notes is not None:
         from circuitlab.atomic import atomic_write_text
 
         atomic_write_text(folder / "clt_writes.json", json.dumps({"layer": layer, "write_norms": writes}))
     report = write_dashboards_report(folder, dash, opts.features, notes=notes)
-    return DashboardResult(folder, report, dash.summary())
+    return DashboardResult(folder, report, dash.summary(), kept)
+
+
+def _is_dashboards(folder: Path) -> bool:
+    """Dashboards written before output folders were marked."""
+    from circuitlab.dictionaries.features import META_FILE
+
+    return (folder / META_FILE).is_file()

@@ -19,13 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from fastapi.responses import Response  # at module level: the OpenAPI schema resolves route annotations here
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
 
 MAX_EXACT_EDGES = 2000  # exact patching runs one copy of the batch per edge: keep the server responsive
 MAX_RUNS = 5            # discovery runs kept in memory (oldest dropped)
 MAX_ROWS = 32           # prompt pairs in one run
+SERVER_STEPS = Number(int, low=1, high=50, why="the explorer answers while you wait; `circuitlab circuit` takes more")
 
 
 @dataclass
@@ -106,15 +109,16 @@ class CircuitBrowser:
         if method == "exact" and EdgeGraph.of(model).n_edges > MAX_EXACT_EDGES:
             raise CircuitlabError(f"exact patching of this model's {EdgeGraph.of(model).n_edges} edges is too slow "
                                   f"for the server (limit {MAX_EXACT_EDGES}); use eap-ig, or `circuitlab circuit`")
-        if not 1 <= steps <= 50:
-            raise CircuitlabError(f"steps must be from 1 to 50, got {steps}")
+        SERVER_STEPS.check(steps, "steps")
+        if edges is not None:
+            COUNT.check(edges, "edges")
         if clean is not None or corrupt is not None:
             if not clean or not corrupt:
                 raise CircuitlabError("give both clean and corrupt prompts (one per row), or a task")
             if len(clean) > MAX_ROWS:
                 raise CircuitlabError(f"{len(clean)} prompt pairs; the server's limit is {MAX_ROWS}")
             data = rows_from_texts(self.tokenizer, clean, corrupt)
-            what = f"{len(clean)} prompt pairs"
+            what = f"{len(clean)} prompt pair{'' if len(clean) == 1 else 's'}"
         elif task == "induction":
             data = induction_rows(model.cfg.d_vocab, half=min(10, model.cfg.n_ctx // 2), corruption=corruption)
             what = f"induction ({corruption})"
@@ -147,7 +151,6 @@ class RunRequest(BaseModel):
 def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encode, page_response) -> None:
     """GET /circuits (the page), GET /api/circuits, GET /api/circuit, GET /api/circuit.svg,
     POST /api/circuits/run (409 without a model). encode(prompt) -> ids checks the server's prompt limits."""
-    from fastapi.responses import Response
     from starlette.exceptions import HTTPException
 
     @app.get("/circuits", include_in_schema=False)

@@ -12,14 +12,16 @@ import threading
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS, attribute_methods
+from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.serve.analysis import VALUE_DIGITS, resolve_target, token_str
 
 MAX_STEPS = 256            # integrated-gradients steps one request may ask for
+STEPS = Number(int, low=1, high=MAX_STEPS, why="the explorer answers while you wait; `circuitlab attribute` takes more")
 MAX_STEER_PROMPTS = 32     # prompts per steering set
 MAX_STEER_COEFS = 8
 MAX_STEER_TOKENS = 40      # tokens generated per coefficient
@@ -38,8 +40,7 @@ def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None 
     target against it (logit difference)."""
     if method != "all" and method not in METHODS:
         raise CircuitlabError(f"unknown method {method!r}; choose all or one of {', '.join(METHODS)}")
-    if not 1 <= steps <= MAX_STEPS:
-        raise CircuitlabError(f"steps must be from 1 to {MAX_STEPS}, got {steps}")
+    STEPS.check(steps, "steps")
     d_vocab = model.cfg.d_vocab
     target_id = resolve_target(tokenizer, d_vocab, target, "target")
     foil_id = resolve_target(tokenizer, d_vocab, foil, "foil")
@@ -102,6 +103,7 @@ def steer_prompt(model, tokenizer, positive: list[list[int]], negative: list[lis
 
     if not coefs or len(coefs) > MAX_STEER_COEFS:
         raise CircuitlabError(f"give 1 to {MAX_STEER_COEFS} coefficients")
+    coefs = [FINITE.check(c, f"coefs[{i}]") for i, c in enumerate(coefs)]
     if len(positive) > MAX_STEER_PROMPTS or len(negative) > MAX_STEER_PROMPTS:
         raise CircuitlabError(f"at most {MAX_STEER_PROMPTS} prompts per set")
     if not 1 <= max_tokens <= MAX_STEER_TOKENS:
@@ -152,7 +154,8 @@ class SteerRequest(BaseModel):
     positive: list[str] = Field(description="prompts to steer towards")
     negative: list[str] = Field(description="prompts to steer away from")
     layer: StrictInt = Field(description="add the direction to the residual stream before this layer")
-    coefs: list[float] = Field(default=[0.0, 2.0, 4.0], description="coefficients to try")
+    # Strict: a string or a boolean is not a coefficient (the CLI refuses them too); NaN/inf refused by FINITE.
+    coefs: list[StrictInt | StrictFloat] = Field(default=[0.0, 2.0, 4.0], description="coefficients to try")
     prompt: str = Field(default="Once upon a time,", description="the generations start here")
     max_tokens: StrictInt = Field(default=20, description="tokens generated per coefficient")
 

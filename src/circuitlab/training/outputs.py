@@ -57,31 +57,49 @@ def default_out(model_path: str | Path, name: str) -> Path:
     return p / name
 
 
+def _plan(out: Path, kind: str, overwrite: bool, keep_previous: bool,
+          is_previous: Callable[[Path], bool] | None, option: str) -> str:
+    """What output_folder will do with `out`: "fresh", "remove" or "set aside"; refusals raise."""
+    ckpt = inside_checkpoint(out)
+    if ckpt is not None:
+        raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}, which a checkpoint save replaces as a "
+                              f"whole; give another {option} (e.g. {default_out(ckpt, kind)})")
+    if out.exists() and not out.is_dir():
+        raise CircuitlabError(f"{out} is a file; give a folder for the {kind} output ({option})")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not held or (held == [MARKER] and output_kind(out) == kind):
+        return "fresh"  # absent, empty, or an earlier run of ours that stopped before writing anything
+    if not (output_kind(out) == kind or (is_previous is not None and is_previous(out))):
+        shown = ", ".join(held[:4])
+        raise CircuitlabError(f"{out} already holds other files ({shown}); give a new or empty folder for the "
+                              f"{kind} output ({option})")
+    if overwrite:
+        return "remove"
+    if not keep_previous:
+        raise CircuitlabError(f"{out} already holds a {kind} output: pass --overwrite to replace it, "
+                              f"or give another {option}")
+    return "set aside"
+
+
+def check_output_folder(out: str | Path, kind: str, *, overwrite: bool = False, keep_previous: bool = True,
+                        is_previous: Callable[[Path], bool] | None = None, option: str = "--out") -> None:
+    """Refuse now what output_folder would refuse, touching nothing: call it before long work whose
+    output goes to `out`, then output_folder when the results are ready."""
+    _plan(Path(out), kind, overwrite, keep_previous, is_previous, option)
+
+
 def output_folder(out: str | Path, kind: str, *, overwrite: bool = False, keep_previous: bool = True,
                   is_previous: Callable[[Path], bool] | None = None, option: str = "--out") -> Path | None:
     """Make `out` ready for a new `kind` output (see the module docstring); returns where an earlier one was
     set aside, or None. is_previous: also recognise earlier outputs written before the marker existed.
     option: the flag that names the folder, for messages."""
     out = Path(out)
-    ckpt = inside_checkpoint(out)
-    if ckpt is not None:
-        raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}, which a checkpoint save replaces as a "
-                              f"whole; give another {option} (e.g. {default_out(ckpt, kind)})")
-
-    def ours(folder: Path) -> bool:
-        return output_kind(folder) == kind or bool(is_previous and is_previous(folder))
-
+    plan = _plan(out, kind, overwrite, keep_previous, is_previous, option)
     kept = None
-    if out.is_dir() and any(out.iterdir()) and ours(out):
-        if overwrite:
-            shutil.rmtree(out)
-        elif not keep_previous:
-            raise CircuitlabError(f"{out} already holds a {kind} output: pass --overwrite to replace it, "
-                                  f"or give another {option}")
-        else:
-            kept = set_aside(out, ours, f"{kind} output")
-    else:
-        set_aside(out, lambda _: False, f"{kind} output")  # refuses a file or a folder holding other files
+    if plan == "remove":
+        shutil.rmtree(out)
+    elif plan == "set aside":
+        kept = set_aside(out, lambda _: True, f"{kind} output")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / MARKER, json.dumps({"kind": kind, "command": command_line()}) + "\n")
     return kept

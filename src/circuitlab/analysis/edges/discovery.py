@@ -19,7 +19,7 @@ import torch
 
 from circuitlab.analysis.edges.circuit import Circuit, circuit_metric, refine_circuit, select_circuit
 from circuitlab.analysis.edges.faithfulness import Faithfulness, faithfulness_curve
-from circuitlab.analysis.edges.scoring import EdgeScores, edge_scores
+from circuitlab.analysis.edges.scoring import EdgeScores, check_rows_fit, edge_scores
 from circuitlab.analysis.patching import Metric, kl_to_clean, logit_diff, logprob
 from circuitlab.errors import CircuitlabError
 
@@ -65,7 +65,7 @@ def induction_rows(d_vocab: int, batch: int = 16, half: int = 10, seed: int = 0,
     second = {"no-repeat": d, "first-copy": a, "other-repeat": c}[corruption]
     last = torch.full((batch,), 2 * half - 1)
     return CircuitData(torch.cat([a, a], 1), torch.cat([c, second], 1), last, a[:, 0], c[:, 0],
-                       f"induction: {batch} rows of {half} random tokens repeated (corrupted: {corruption})")
+                       f"induction: {batch} row{'' if batch == 1 else 's'} of {half} random tokens repeated (corrupted: {corruption})")
 
 
 def rows_from_texts(tokenizer, clean: list[str], corrupt: list[str], answers: list[str] | None = None
@@ -91,7 +91,7 @@ def rows_from_texts(tokenizer, clean: list[str], corrupt: list[str], answers: li
         answer = torch.tensor([p[0] for p in parsed])
         if all(len(p) > 1 for p in parsed):
             wrong = torch.tensor([p[1] for p in parsed])
-    return CircuitData(pad(enc_clean), pad(enc_corrupt), last, answer, wrong, f"{len(clean)} prompt pairs")
+    return CircuitData(pad(enc_clean), pad(enc_corrupt), last, answer, wrong, f"{len(clean)} prompt pair{'' if len(clean) == 1 else 's'}")
 
 
 def _one_token(tokenizer, text: str, row: int) -> int:
@@ -181,6 +181,7 @@ def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", 
     time; see refine_circuit), and measure its faithfulness."""
     if refine not in REFINE:
         raise CircuitlabError(f"unknown refinement {refine!r}; choose batched or acdc")
+    check_rows_fit(model, data.clean)  # before any run over all rows (the metric's own reads them)
     fn = make_metric(metric, model, data) if isinstance(metric, str) else metric
     corrupt = data.corrupt if intervention == "counterfactual" else None
     scores = edge_scores(model, data.clean, corrupt, fn, method=method, intervention=intervention, steps=steps,

@@ -35,6 +35,7 @@ from circuitlab.analysis._json import rounded
 from circuitlab.analysis.edges.forward import GraphRun, graph_forward, input_output
 from circuitlab.analysis.edges.graph import EdgeGraph
 from circuitlab.analysis.patching import Metric, as_tokens, check_metric, check_pair, read_positions
+from circuitlab.checks import Number
 from circuitlab.errors import CircuitlabError
 
 METHODS = ("eap", "eap-ig", "exact")
@@ -44,6 +45,10 @@ IG_PATHS = ("inputs", "edges")
 # 2 CPU cores, exact patching of the demo-sized graph ran 2x faster in runs of ~4-8 copies that stay in cache
 # than in one run of every copy (128 MB: 0.19 s vs 0.10 s for 81 edges; EAP-IG unchanged).
 COPY_BUDGET = 2 ** 22
+ROWS_BUDGET = 2 ** 28  # floats one copy of all rows may need (1 GiB): above it, a refusal naming how many rows fit
+# EAP-IG's path points: run in chunks of copies, so memory is bounded; time grows with them.
+EAP_IG_STEPS = Number(int, low=1, high=10_000, why="each point is a forward and backward pass over every row; "
+                                                   "EAP-IG's scores settle by 5 to 50")
 
 
 @dataclass
@@ -211,10 +216,10 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
     if method == "eap-ig":
         if ig_path not in IG_PATHS:
             raise CircuitlabError(f"unknown ig_path {ig_path!r}; choose one of {', '.join(IG_PATHS)}")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise CircuitlabError(f"steps must be a positive integer, got {steps!r}")
+        EAP_IG_STEPS.check(steps, "steps")
     t0 = time.perf_counter()
     graph = EdgeGraph.of(model)
+    check_rows_fit(model, clean, graph)
     reads = read_positions(metric, clean.shape[1])  # logits only where the metric reads them
     if method == "eap":  # the clean run itself carries the gradients: one forward + backward for the clean side
         clean_run, grads = _backward(model, graph, clean, metric, reads=reads)
@@ -243,10 +248,26 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
                       time.perf_counter() - t0, by_position)
 
 
-def _copies_per_run(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
+def _per_copy_floats(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
     cfg = model.cfg
-    per_copy_floats = tokens.numel() * (cfg.d_model * (len(graph.sources) + 3 * cfg.n_heads + 4) + cfg.d_vocab)
-    return max(1, COPY_BUDGET // per_copy_floats)
+    return tokens.numel() * (cfg.d_model * (len(graph.sources) + 3 * cfg.n_heads + 4) + cfg.d_vocab)
+
+
+def _copies_per_run(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
+    return max(1, COPY_BUDGET // _per_copy_floats(model, graph, tokens))
+
+
+def check_rows_fit(model, tokens: torch.Tensor, graph: EdgeGraph | None = None) -> None:
+    """All rows, tokens [batch, pos], run together: one copy of them (every edge source's output at every
+    position) must fit ROWS_BUDGET floats, else a one-line refusal saying how many rows would."""
+    graph = graph or EdgeGraph.of(model)
+    need = _per_copy_floats(model, graph, tokens)
+    if need > ROWS_BUDGET:
+        rows, pos = tokens.shape
+        fit = max(1, ROWS_BUDGET * rows // need)
+        raise CircuitlabError(f"{rows} rows of {pos} tokens are too many for one run: every edge source's output at "
+                              f"every position needs {need * 4 / 2**30:.1f} GiB per copy (limit "
+                              f"{ROWS_BUDGET * 4 / 2**30:.0f} GiB); give at most {fit} rows of this length")
 
 
 def _reference_and_ablated(model, graph, clean, corrupt, metric, intervention, clean_run, reads
@@ -276,7 +297,8 @@ def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path
     clean_outs = clean_run.source_outputs()[0]
     x_clean = clean_outs[..., 0, :]
     x_ref = ref[..., 0, :].expand_as(x_clean)
-    for start in tqdm(range(0, steps, chunk), desc="EAP-IG steps", disable=not progress or steps <= chunk):
+    bar = tqdm(total=steps, desc="EAP-IG", unit="step", disable=not progress or steps <= chunk)
+    for start in range(0, steps, chunk):
         a = alphas[start:start + chunk].to(ref.device, ref.dtype)
         if ig_path == "inputs":  # the input embeddings move from the reference to the clean ones
             input_out = x_ref + a[:, None, None, None] * (x_clean - x_ref)
@@ -287,6 +309,8 @@ def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path
             run, grads = _backward(model, graph, clean, metric, ref=ref, mask=mask, reads=reads)
             diff = ref - run.source_outputs().detach()
         dense = dense + _contract(graph, diff, run.inputs, grads, per_position)
+        bar.update(len(a))  # the bar counts path points (steps), not chunks
+    bar.close()
     return dense / steps
 
 

@@ -1,0 +1,177 @@
+"""Bounded work: every count or size option, at the largest values a user could type, under a memory cap
+(`ulimit -v` in a subprocess) ends in a clean finish or a clean one-line refusal naming the limit, never an
+out-of-memory kill or a traceback. One tiny model (char tokenizer, 1 layer) for all commands."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from circuitlab import ModelConfig, Transformer
+from circuitlab.data.tokenizers import CharTokenizer
+from circuitlab.training import save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "Once upon a time, Lily saw a cat. The cat was happy. Lily said hello to the cat. The dog ran. "
+CAP_KB = 3_000_000  # 3 GB of address space: torch itself takes ~0.6 GB; an unbounded count asks for far more
+HUGE = "1000000000000"
+
+
+@pytest.fixture(scope="module")
+def where(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bounded")
+    torch.manual_seed(0)
+    from circuitlab.data.stories import stories_text
+
+    tok = CharTokenizer.from_texts([TEXT, stories_text(2000)])  # built-in stories too (sae eval's default text)
+    cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=tok.vocab_size, n_ctx=64)
+    save_checkpoint(root / "run" / "checkpoint", Transformer(cfg), tok)
+    (root / "pos.txt").write_text("Lily saw a cat.\nThe cat was happy.\n")
+    (root / "neg.txt").write_text("The dog ran.\nLily said hello.\n")
+    (root / "clean.txt").write_text("Lily saw a cat\n")
+    (root / "corrupt.txt").write_text("Lily saw a dog\n")
+    return root
+
+
+_RUNNER = """
+import contextlib, io, json, sys, traceback
+from circuitlab.cli import main
+answers = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except BaseException:
+            rc = "raised"
+            traceback.print_exc(file=err)
+    answers.append([rc, err.getvalue()])
+print(json.dumps(answers))
+"""
+
+
+def capped(calls: list[list[str]], cwd: Path, cap_kb: int = CAP_KB, timeout: float = 400) -> list[tuple]:
+    """Run each `circuitlab ARGV` of calls, in one subprocess whose address space is capped at cap_kb
+    (ulimit -v), on one thread; [(exit code, stderr)] per call. One process for all (torch's import is the
+    slow part); an out-of-memory kill shows as a non-zero exit of the whole."""
+    import json
+    import shlex
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = f"ulimit -v {cap_kb}; exec {shlex.quote(sys.executable)} -c {shlex.quote(_RUNNER)} " \
+          f"{shlex.quote(json.dumps(calls))}"
+    r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    return [tuple(a) for a in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
+def clean_refusal(answer: tuple, *fragments: str) -> None:
+    rc, err = answer
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err[-2000:])
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def clean_finish(answer: tuple) -> None:
+    rc, err = answer
+    assert rc == 0 and "Traceback" not in err, (rc, err[-3000:])
+
+
+def test_attribute_ig_steps_and_occlusion_are_bounded(where):
+    ckpt = str(where / "run")
+    long_prompt = (TEXT * 2)[:60]
+    # the largest accepted step count, on the longest prompt, runs in chunks within the cap
+    base = ["attribute", "--checkpoint", ckpt, "--prompt"]
+    ig, over, huge, occ, span, pos = capped([
+        base + [long_prompt, "--method", "ig", "--steps", "1024"],  # the largest count, longest prompt: in chunks
+        base + ["Lily", "--steps", "50000"],  # one line naming the limit and why (it used to take 18.6 GiB)
+        base + ["Lily", "--steps", HUGE],
+        base + [long_prompt, "--method", "occlusion", "--span", "1"],
+        base + ["Lily", "--method", "occlusion", "--span", HUGE],
+        base + ["Lily", "--pos", HUGE]], where)
+    clean_finish(ig)
+    clean_refusal(over, "--steps", "from 1 to 1024", "eigenproblem")
+    clean_refusal(huge, "--steps")
+    clean_finish(occ)
+    clean_refusal(span, "span")
+    clean_refusal(pos, "pos")
+
+
+def test_ig_chunks_agree_with_one_pass():
+    """Chunked path points give the same scores as one pass (float64)."""
+    from circuitlab.analysis.input_attribution import integrated_gradients
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8)).double()
+    tokens = torch.tensor([1, 5, 3, 7])
+    one = integrated_gradients(model, tokens, target=2, steps=16, batch_size=16).scores
+    chunked = integrated_gradients(model, tokens, target=2, steps=16, batch_size=3).scores
+    auto = integrated_gradients(model, tokens, target=2, steps=16).scores
+    torch.testing.assert_close(chunked, one)
+    torch.testing.assert_close(auto, one)
+    riemann = integrated_gradients(model, tokens, target=2, steps=5000, rule="riemann")
+    assert riemann.completeness_error < 1e-3
+
+
+def test_circuit_rows_steps_and_edges_are_bounded(where):
+    ckpt = str(where / "run")
+    many = where / "many.txt"
+    many.write_text(("Lily saw a cat. The cat was happy. Lily said hello to the dog.\n") * 20_000)
+    rows, steps, edges = capped([
+        ["circuit", "--checkpoint", ckpt, "--clean", str(many), "--corrupt", str(many), "--method", "eap",
+         "--metric", "kl", "--out", str(where / "c1")],
+        ["circuit", "--checkpoint", ckpt, "--task", "induction", "--steps", "10001", "--out", str(where / "c2")],
+        ["circuit", "--checkpoint", ckpt, "--task", "induction", "--method", "eap", "--edges", HUGE,
+         "--no-progress", "--out", str(where / "c3")]], where)
+    clean_refusal(rows, "20000 rows", "give at most")
+    clean_refusal(steps, "--steps", "from 1 to 10000")
+    clean_finish(edges)
+    assert (where / "c3" / "results.json").is_file()
+
+
+def test_steer_lens_and_sae_sizes_are_bounded(where):
+    """The largest values of every other count option: a clean finish where the work is chunked or small, a
+    one-line refusal naming the limit otherwise (one capped process for all: the import is the slow part)."""
+    import yaml
+
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
+    from circuitlab.training import load_checkpoint
+
+    ckpt = str(where / "run")
+    model, _, _ = load_checkpoint(ckpt)
+    cfg = DictionaryConfig("relu", d_in=16, d_sae=24, hook_name="blocks.0.hook_resid_post",
+                           base_model=base_model_id(model))
+    SparseDictionary(cfg, seed=0).save(where / "sae")
+    (where / "sae.yaml").write_text(yaml.safe_dump({
+        "model": ckpt, "data": {"source": "stories", "n_stories": 50, "tokenizer": "char"},
+        "dictionaries": [{"architecture": "relu", "hook_name": "blocks.0.hook_resid_post", "d_sae": 24}],
+        "train": {"steps": 2, "batch_size": 10**9}}))
+    steer = ["steer", "--checkpoint", ckpt, "--positive", str(where / "pos.txt"), "--negative", str(where / "neg.txt"),
+             "--neutral", str(where / "pos.txt"), "--layer", "0", "--no-progress"]
+    lens = ["lens", "train", "--checkpoint", ckpt, "--out", str(where / "lens"), "--no-progress", "--steps", "1"]
+    sae = ["--dictionary", str(where / "sae"), "--checkpoint", ckpt]
+    answers = capped([
+        steer + ["--samples", HUGE], steer + ["--max-tokens", HUGE], steer + ["--coef", *["1"] * 65],
+        steer + ["--samples", "1024", "--max-tokens", "64", "--coef", "1"],  # the largest accepted: finishes
+        lens + ["--batch-size", HUGE], lens + ["--batches", HUGE], lens + ["--seq-len", HUGE, "--batch-size", "100000"],
+        ["sae", "eval", *sae, "--batches", HUGE], ["sae", "eval", *sae],
+        ["sae", "dashboards", *sae, "--tokens", HUGE, "--no-progress"],
+        ["sae", "train", "--config", str(where / "sae.yaml"), "--out", str(where / "sae_run"), "--no-progress"],
+    ], where)
+    samples, tokens, coefs, steer_ok, lens_bs, lens_batches, lens_seq, eval_big, eval_ok, dash, train = answers
+    clean_refusal(samples, "--samples", "from 1 to 1024", "one batch")
+    clean_refusal(tokens, "--max-tokens", "from 1 to 4096")
+    clean_refusal(coefs, "at most 64 coefficients")
+    clean_finish(steer_ok)
+    clean_refusal(lens_bs, "batch_size", "give a batch_size of at most")
+    clean_refusal(lens_batches, "give at most", "batches")
+    clean_refusal(lens_seq, "batch_size")
+    clean_refusal(eval_big, "--batches", "give at most")
+    clean_finish(eval_ok)
+    clean_refusal(dash, "--tokens", "from 1 to 4194304")
+    clean_refusal(train, "train.batch_size", "give at most")
