@@ -289,7 +289,8 @@ class DictionaryTrainer:
             # "mse" on sae eval's scale (the model's units: squared error summed over the output dims, mean over
             # rows); the objective sees inputs scaled to E|x| = sqrt(d_in): its MSE is "mse_normalised".
             s_out = self.scales[j][1]
-            logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse) / s_out ** 2,
+            s_out2 = sum(v * v for v in s_out) / len(s_out) if is_clt else s_out ** 2  # a CLT: its layers' mean
+            logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse) / s_out2,
                          "mse_normalised": float(out.mse), "sparsity": float(out.sparsity),
                          "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled,
                          "coeff": coef.sparsity})
