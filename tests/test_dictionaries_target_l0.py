@@ -63,6 +63,6 @@ def test_target_l0_is_refused_for_topk_and_negative():
     cfg = DictionaryConfig("topk", d_in=4, d_sae=8, k=2, hook_name="planted")
     with pytest.raises(ConfigError, match="sets its L0 with k"):
         DictionaryTrainer([cfg], DictTrainConfig(), ActivationStore(planted, 64), overrides=[{"target_l0": 2}])
-    with pytest.raises(ConfigError, match="target_l0 must be positive"):
+    with pytest.raises(ConfigError, match="target_l0 must be a finite number >= 0"):
         DictTrainConfig(target_l0=-1)
     assert math.isclose(DictTrainConfig(target_l0="4").target_l0, 4.0)
