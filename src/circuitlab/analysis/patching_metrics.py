@@ -74,26 +74,24 @@ def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence
 
 def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
     """Metric: log-probability of `answer` at `pos`, averaged over the batch."""
-    answer, pos = _index(answer), _index(pos)
-
-    def rows(logits: torch.Tensor) -> torch.Tensor:
-        return _pick(_wide(_pick(logits, pos)).log_softmax(-1), answer)
-
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        return rows(logits).mean()
-    return _named(metric, "logprob", pos, rows)
+    return _answer_metric("logprob", answer, pos, lambda x: x.log_softmax(-1))
 
 
 def probability(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
     """Metric: probability of `answer` at `pos`, averaged over the batch (causal tracing's metric)."""
+    return _answer_metric("probability", answer, pos, lambda x: x.softmax(-1))
+
+
+def _answer_metric(name: str, answer, pos, normalise: Callable[[torch.Tensor], torch.Tensor]) -> Metric:
+    """The batch mean of normalise(logits at pos)[answer]: logprob and probability differ only in normalise."""
     answer, pos = _index(answer), _index(pos)
 
     def rows(logits: torch.Tensor) -> torch.Tensor:
-        return _pick(_wide(_pick(logits, pos)).softmax(-1), answer)
+        return _pick(normalise(_wide(_pick(logits, pos))), answer)
 
     def metric(logits: torch.Tensor) -> torch.Tensor:
         return rows(logits).mean()
-    return _named(metric, "probability", pos, rows)
+    return _named(metric, name, pos, rows)
 
 
 def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
