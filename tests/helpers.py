@@ -51,3 +51,40 @@ def headless_chromium():
         pytest.skip(f"headless Chromium did not start: {type(e).__name__}: {str(e).splitlines()[0]}")
     driver.set_page_load_timeout(30)
     return driver
+
+
+GRAPH_PROMPT = "Lily saw a cat. Lily"
+
+
+def saved_graph_run(root, prompt: str = GRAPH_PROMPT, n_layers: int = 2, d_sae: int = 48, dashboard_tokens: int = 0):
+    """A runs folder for the graph viewer: root/model (a checkpoint with a char tokenizer of the built-in
+    stories), root/transcoders (one random ReLU skip transcoder per layer) and root/graphs/lily (what
+    `circuitlab graph` writes). Returns (model, tokenizer, Transcoders, GraphRun)."""
+    from circuitlab.data.stories import generate_stories
+    from circuitlab.data.tokenizers import CharTokenizer
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
+    from circuitlab.experiments.graph import graph_experiment
+    from circuitlab.graphs import Transcoders
+    from circuitlab.training import save_checkpoint
+
+    tokenizer = CharTokenizer.from_texts(list(generate_stories(300, 0)) + list(generate_stories(300, 1)) + [prompt])
+    cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=n_layers, d_model=32, n_heads=4, d_mlp=64, n_ctx=64,
+                                  d_vocab=tokenizer.vocab_size)
+    model = random_model(cfg, scale=1.0).eval()
+    save_checkpoint(root / "model" / "checkpoint", model, tokenizer)
+    dicts = []
+    for layer in range(n_layers):
+        dcfg = DictionaryConfig("relu", d_in=32, d_sae=d_sae, hook_name=f"blocks.{layer}.ln2.hook_normalized",
+                                out_hook_name=f"blocks.{layer}.hook_mlp_out", skip=True)
+        d = SparseDictionary(dcfg, seed=layer)
+        g = torch.Generator().manual_seed(100 + layer)
+        with torch.no_grad():
+            d.W_enc.copy_(torch.randn(d.W_enc.shape, generator=g) / 32**0.5)
+            d.b_enc.copy_(-0.8 + 0.1 * torch.randn(d_sae, generator=g))
+            d.W_skip.copy_(0.1 * torch.randn(d.W_skip.shape, generator=g))
+        d.save(root / "transcoders" / f"layer{layer}")
+        dicts.append(d)
+    tc = Transcoders.per_layer(model, dicts)
+    run = graph_experiment(model, tc, prompt, tokenizer, out=root / "graphs" / "lily", progress=False,
+                           dashboard_tokens=dashboard_tokens)
+    return model, tokenizer, tc, run

@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-feature-nodes", type=positive_int, default=None,
                    help="keep at most this many feature nodes, the most influential first (long prompts)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
+    p.add_argument("--dashboard-tokens", type=int, default=4096,
+                   help="held-out story tokens the report's feature cards (hover in the viewer) are built on; "
+                        "0: none (default 4096)")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -43,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.graphs import Transcoders
     from circuitlab.graphs.graph import check_threshold
 
+    from circuitlab.checks import NONNEG_INT
+
+    NONNEG_INT.check(args.dashboard_tokens, "--dashboard-tokens")
     check_threshold(args.node_threshold, "--node-threshold")
     check_threshold(args.edge_threshold, "--edge-threshold")
     if not 0 < args.logit_prob <= 1:
@@ -70,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                               node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
                               max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
-                              overwrite=args.overwrite)
+                              overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens)
     for line in result.summary:
         print(line)
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = ("local web explorer: attention of every head, logit lens, attribution, input attribution, tuned lens, "
-        "steering, and the hand-built adder")
+        "steering, attribution graphs (/graphs), and the hand-built adder")
 EXAMPLE = "circuitlab serve --checkpoint runs/demo/2l --port 8000   (then open http://127.0.0.1:8000)"
 
 
@@ -22,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--circuit", action="append", default=[], metavar="DIR",
                    help="a folder written by `circuitlab circuit` to show at /circuits (repeat for several); with "
                         "--checkpoint the page also runs discovery on the model")
+    p.add_argument("--graphs", default=None, metavar="DIR",
+                   help="runs folder whose `circuitlab graph` outputs /graphs lists (default: runs/ when it exists)")
+    p.add_argument("--transcoders", default=None, metavar="DIR",
+                   help="the model's transcoders: interventions, feature cards and new graphs on /graphs")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; anything else exposes the "
                         "explorer to your network)")
@@ -56,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from circuitlab.errors import CircuitlabError
+    from circuitlab.experiments.graph import graph_experiment
     from circuitlab.serve import create_app
     from circuitlab.serve.app import LOOPBACK_HOSTS
 
@@ -65,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
     app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
                      allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device,
-                     dictionaries=args.dictionary, lens=args.lens, circuits=args.circuit)
+                     dictionaries=args.dictionary, lens=args.lens, circuits=args.circuit,
+                     graphs=args.graphs if args.graphs is not None else ("runs" if Path("runs").is_dir() else None),
+                     transcoders=args.transcoders, graph_runner=graph_experiment)
     check_port_free(args.host, args.port)
     import uvicorn
 
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     features = "; features: /features" if args.dictionary else ""
     inputs = "; inputs and lenses: /inputs" if args.checkpoint else ""
     print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder{inputs}{features}; "
-          "circuits: /circuits; Ctrl-C stops)")
+          "circuits: /circuits; graphs: /graphs; Ctrl-C stops)")
     if not args.checkpoint:
         print("no --checkpoint: the explorer page has no model; the adder page works", file=sys.stderr)
     if not loopback:

@@ -6,7 +6,8 @@
 Files in `out` (built in a temporary folder and swapped in whole, so an interrupted run leaves nothing
 that looks complete): graph/ (graph.safetensors + graph.json, the unpruned graph, exact and reloadable),
 graph.json (the pruned graph for Neuronpedia / circuit-tracer's viewer), graph.svg (a static drawing),
-results.json (scores, top paths in words, timings, sizes), report.md and report.html.
+results.json (scores, top paths in words, timings, sizes), report.md and report.html (the interactive
+viewer of circuitlab.viz.graph_view reading graph.json's content, with the pruned features' dashboards).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_diffe
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
 from circuitlab.graphs.graph import check_threshold
+from circuitlab.viz.graph_view import feature_cards, graph_view_html
 from circuitlab.training.outputs import MARKER, output_folder
 
 GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
@@ -36,6 +38,7 @@ class GraphRun:
     summary: list[str]
     data: dict[str, Any] = field(default_factory=dict)
     out: Path | None = None
+    cards: dict[str, Any] = field(default_factory=dict)   # feature dashboards shown by the viewer
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.data, "summary": self.summary}
@@ -49,8 +52,9 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      target: str | None = None, foil: str | None = None, node_threshold: float = 0.8,
                      edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
                      max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
-                     slug: str = "graph", overwrite: bool = False) -> GraphRun:
-    """Attribute the prediction after `prompt`, prune, and (with `out`) write the files."""
+                     slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096) -> GraphRun:
+    """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. dashboard_tokens:
+    held-out story tokens to build the pruned features' dashboards on (0: none)."""
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
     ids = tokenizer.encode(prompt)
@@ -90,6 +94,8 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
             "transcoders": graph.transcoders, "timings_s": info["seconds"],
             "memory": {"adjacency_mb": info.get("adjacency_mb"), "peak_rss_mb": info.get("peak_rss_mb")}}
     run = GraphRun(graph, pruned, summary, data)
+    if dashboard_tokens:
+        run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens)
     if out is not None:
         run.out = write_graph_run(run, Path(out), slug, overwrite)
     return run
@@ -100,6 +106,7 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
     data = neuronpedia_json(run.graph, run.pruned, slug=slug)
     viewer = json.dumps(data)
+    view = graph_view_html(data, features=run.cards)
     svg = graph_svg(run.graph, run.pruned)
     output_folder(out, "graph", overwrite=overwrite)
     marker = (out / MARKER).read_text()
@@ -115,7 +122,7 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
         run.data["files"] = sizes
         (tmp / "results.json").write_text(json.dumps(run.to_dict(), indent=1))
         (tmp / "report.md").write_text(_markdown(run))
-        (tmp / "report.html").write_text(_html(run, svg))
+        (tmp / "report.html").write_text(_html(run, view))
     return out
 
 
@@ -130,7 +137,16 @@ def _markdown(run: GraphRun) -> str:
     return "\n".join(lines)
 
 
-def _html(run: GraphRun, svg: str) -> str:
+def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pruned, tokenizer: Any,
+                        n_tokens: int = 4096) -> dict[str, Any]:
+    """Feature cards (viz.graph_view.feature_cards) of the pruned graph's feature nodes."""
+    wanted: dict[int, list[int]] = {}
+    for layer, _, feat in graph.features[pruned.node_mask[:graph.n_features]].tolist():
+        wanted.setdefault(layer, []).append(feat)
+    return feature_cards(model, transcoders, wanted, tokenizer, n_tokens=n_tokens)
+
+
+def _html(run: GraphRun, view: str) -> str:
     items = "".join(f"<li>{html.escape(s)}</li>" for s in run.summary)
     rows = "".join(f"<tr><td>{html.escape(p['words'])}</td><td>{p['strength']:.3g}</td></tr>"
                    for p in run.data["top_paths"])
@@ -138,4 +154,5 @@ def _html(run: GraphRun, svg: str) -> str:
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left}</style></head>"
             f"<body><h1>Attribution graph</h1><p>Prompt: <code>{html.escape(run.data['prompt'])}</code></p>"
             f"<ul>{items}</ul><table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table>"
-            f"<div style='overflow-x:auto'>{svg}</div></body></html>")
+            f"<h2>The pruned graph</h2>{view}<p>A static drawing: <a href='{SVG}'>{SVG}</a>; the graph file the "
+            f"view reads: <a href='{VIEWER_JSON}'>{VIEWER_JSON}</a>.</p></body></html>")

@@ -4,10 +4,18 @@
     write_neuronpedia(graph, "out/lily.json", slug="lily")
 
 Top-level keys `metadata`, `qParams`, `nodes`, `links`. Node ids follow circuit-tracer:
-feature "{layer}_{feature}_{pos}", error "0_{layer}_{pos}", token "E_{token}_{pos}",
+feature "{layer}_{feature}_{pos}", error "0_{layer}_{pos}" ("0_{layer}_{pos}_error" where that is also
+the id of a feature node of layer 0 in the file), token "E_{token}_{pos}",
 logit "{n_layers + 1}_{token}_{pos}" (pos: the last position). Links hold {source, target, weight}
 with the raw adjacency weight. Only kept nodes and edges are written; a node with no kept edge is left
 out except tokens and logits.
+
+Beyond circuit-tracer's fields (viewers ignore unknown ones), for circuitlab's viewer to re-prune in the
+page by Graph.prune's own rule: every node and link carries `influence_before`, the share of all node
+(edge) influence held by the nodes (edges) strictly more influential than it, so that it is kept at
+threshold t exactly when influence_before < t (edges: scored on the nodes kept at the file's node
+threshold, as prune scores them); `metadata` carries both thresholds and the scores. `qParams` holds
+Neuronpedia's `pinnedIds` [node_id] and `supernodes` [[name, node_id, ...]], written back by the viewer.
 """
 from __future__ import annotations
 
@@ -15,8 +23,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from circuitlab.atomic import atomic_write_text
-from circuitlab.graphs.graph import Graph, Pruned
+from circuitlab.graphs.graph import Graph, Pruned, edge_influence, node_influence, threshold_for
 
 
 def _cantor(x: int, y: int) -> int:
@@ -47,23 +57,60 @@ def _node(graph: Graph, i: int, cumulative: float) -> dict[str, Any]:
             "jsNodeId": f"L_{tok}-{pos}", "clerp": f'Output "{n["label"]}" (p={n["weight"]:.3f})', "influence": None}
 
 
+def _share_before(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """For each of `values`, the share of scores.sum() held by the scores strictly greater than it, from
+    the same cumulative sum threshold_for uses (so `before < t` <=> the value survives threshold_for(t))."""
+    ordered = scores.flatten().sort(descending=True).values
+    cum = ordered.cumsum(0) / ordered.sum()
+    greater = len(ordered) - torch.searchsorted(ordered.flip(0).contiguous(), values.contiguous(), right=True)
+    return torch.where(greater > 0, cum[(greater - 1).clamp(min=0)], torch.zeros_like(values))
+
+
+def pruning_shares(graph: Graph, pruned: Pruned) -> tuple[torch.Tensor, torch.Tensor]:
+    """(node_before [n_nodes], edge_before [n_nodes, n_nodes]): each node's and edge's influence_before
+    (see the module docstring), the edges scored on the nodes kept at pruned.node_threshold."""
+    A, w = graph.adjacency.double(), graph.weights()
+    infl = node_influence(A, w)
+    node_before = _share_before(infl, infl)
+    nodes = infl >= threshold_for(infl, pruned.node_threshold)
+    nodes[graph.token_start:] = True
+    kept = A.clone()
+    kept[~nodes] = 0
+    kept[:, ~nodes] = 0
+    scores = edge_influence(kept, w)
+    edge_before = torch.ones_like(scores)
+    mask = pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None, :]
+    edge_before[mask] = _share_before(scores, scores[mask])
+    return node_before, edge_before
+
+
 def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: str = "circuitlab") -> dict[str, Any]:
     """The viewer's JSON for the pruned graph (a dict; see write_neuronpedia)."""
     keep = pruned.node_mask.nonzero().flatten().tolist()
+    node_before, edge_before = pruning_shares(graph, pruned)
     nodes = {i: _node(graph, i, float(pruned.cumulative[i])) for i in keep}
+    # circuit-tracer's error id "0_{layer}_{pos}" is also layer 0's feature {layer} at pos: keep ids unique
+    taken = {n["node_id"] for i, n in nodes.items() if i < graph.error_start}
+    for i in keep:
+        if graph.error_start <= i < graph.token_start and nodes[i]["node_id"] in taken:
+            nodes[i]["node_id"] += "_error"
+    for i in keep:
+        nodes[i]["influence_before"] = float(node_before[i]) if i < graph.token_start else 0.0
     mask = pruned.edge_mask.clone()
     mask[~pruned.node_mask] = False
     mask[:, ~pruned.node_mask] = False
     targets, sources = mask.nonzero(as_tuple=True)
     weights = graph.adjacency[targets, sources].tolist()
-    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w}
-             for t, s, w in zip(targets.tolist(), sources.tolist(), weights)]
+    befores = edge_before[targets, sources].tolist()
+    links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w, "influence_before": b}
+             for t, s, w, b in zip(targets.tolist(), sources.tolist(), weights, befores)]
     linked = {x["source"] for x in links} | {x["target"] for x in links}
     used = [n for n in nodes.values() if n["node_id"] in linked or n["feature_type"] in ("embedding", "logit")]
     tokens = graph.token_strs or [str(int(t)) for t in graph.tokens]
     metadata = {"slug": slug, "scan": scan, "transcoder_list": [], "prompt_tokens": tokens,
                 "prompt": graph.prompt if graph.prompt is not None else "".join(tokens),
-                "node_threshold": pruned.node_threshold, "schema_version": 1}
+                "node_threshold": pruned.node_threshold, "edge_threshold": pruned.edge_threshold,
+                "n_layers": graph.n_layers, "scores": graph.scores(), "schema_version": 1}
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
 
@@ -75,3 +122,26 @@ def write_neuronpedia(graph: Graph, path: str | Path, pruned: Pruned | None = No
     path = Path(path)
     atomic_write_text(path, json.dumps(neuronpedia_json(graph, pruned, slug, scan)))
     return path
+
+
+def reprune(data: dict[str, Any], node_threshold: float, edge_threshold: float) -> tuple[list[str], list[dict]]:
+    """The viewer's in-page re-pruning of a written graph (its JavaScript does the same): a feature or error
+    node stays when its influence_before < node_threshold, a link when its influence_before < edge_threshold
+    and both ends stay, then features and errors without an outgoing link and features without an incoming
+    link are dropped until none is left; tokens and logits always stay. At the file's node threshold this is
+    Graph.prune(node_threshold, edge_threshold) for any edge_threshold up to the file's; below it, edges keep
+    the ranking computed at the file's node threshold. Returns (node ids, links)."""
+    fixed = {"embedding", "logit"}
+    kinds = {n["node_id"]: n["feature_type"] for n in data["nodes"]}
+    nodes = {n["node_id"] for n in data["nodes"]
+             if n["feature_type"] in fixed or n.get("influence_before", 0.0) < node_threshold}
+    links = [x for x in data["links"] if x.get("influence_before", 0.0) < edge_threshold]
+    while True:
+        links = [x for x in links if x["source"] in nodes and x["target"] in nodes]
+        has_out = {x["source"] for x in links}
+        has_in = {x["target"] for x in links}
+        keep = {i for i in nodes if kinds[i] in fixed or (i in has_out and (kinds[i] != "cross layer transcoder"
+                                                                            or i in has_in))}
+        if keep == nodes:
+            return [n["node_id"] for n in data["nodes"] if n["node_id"] in nodes], links
+        nodes = keep

@@ -7,6 +7,8 @@ Pages (static files from circuitlab/serve/static, by fixed names only):
     /features    the feature browser of the dictionaries loaded with --dictionary (serve/features.py)
     /inputs      input attribution, logit lens vs tuned lens, steering (serve/inputs.py)
     /circuits    circuits saved by `circuitlab circuit` (--circuit) and discovery on the model (serve/circuits.py)
+    /graphs      attribution graphs under the runs folder (--graphs) in the interactive viewer; interventions
+                 and new graphs with --transcoders (serve/graphs.py)
 JSON API:
     GET  /api/model      the loaded model's config, limits and head labels ({"loaded": false} without one)
     POST /api/analyse    {"prompt": str, "target"?: str | int, "position"?: int, "figures"?: bool}
@@ -14,6 +16,8 @@ JSON API:
     GET  /api/dictionaries, GET /api/features, GET /api/feature, POST /api/features/prompt   (features.py)
     POST /api/attribute, POST /api/lens, POST /api/steer                                     (inputs.py)
     GET  /api/circuits, GET /api/circuit, GET /api/circuit.svg, POST /api/circuits/run        (circuits.py)
+    GET  /api/graphs, GET /api/graphs/graph, GET /api/graphs/feature, POST /api/graphs/qparams,
+    POST /api/graphs/intervene, POST /api/graphs/compute                                       (graphs.py)
 
 Every error is JSON {"detail": "<one line>"} with a 4xx status: 422 for bad input, 409 when the explorer
 has no model, 413 for an oversized body, 404 for unknown paths. An unexpected exception is answered
@@ -48,6 +52,7 @@ STATIC_FILES = {
     "features.js": "text/javascript; charset=utf-8",
     "inputs.js": "text/javascript; charset=utf-8",
     "circuits.js": "text/javascript; charset=utf-8",
+    "graphs.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 PAGES = {"/": "index.html", "/adder": "adder.html"}
@@ -207,11 +212,16 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                max_tokens: int = DEFAULT_MAX_TOKENS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                allowed_hosts: list[str] | None = None, device: str = "cpu",
                dictionaries: list[str | Path] | None = None, lens: str | Path | None = None,
-               circuits: list[str | Path] | None = None) -> FastAPI:
+               circuits: list[str | Path] | None = None, graphs: str | Path | None = None,
+               transcoders: str | Path | None = None, graph_runner: Any = None) -> FastAPI:
     """The explorer app for the run (or checkpoint) folder run_dir; None serves the adder page alone.
     dictionaries: dictionary folders for the feature browser (/features); they need run_dir's model.
     lens: a tuned-lens folder for /inputs (default: run_dir/tuned_lens when one is saved there).
     circuits: `circuitlab circuit` output folders for /circuits (shown with or without a model).
+    graphs: the runs folder whose `circuitlab graph` outputs /graphs lists (and where it writes new ones).
+    transcoders: the model's transcoders (a `sae train` run or circuit-tracer's layout), for interventions,
+    feature cards and new graphs on /graphs. graph_runner: what writes a new graph folder
+    (experiments.graph.graph_experiment; `circuitlab serve` passes it, this layer cannot import it).
 
     The model is loaded here, so a missing or corrupt checkpoint is a CircuitlabError before any
     server starts. max_tokens is capped by the model's context. allowed_hosts: Host header names
@@ -252,6 +262,20 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     from circuitlab.serve.circuits import CircuitBrowser, add_circuit_routes
 
     circuit_browser = CircuitBrowser.load(model, tokenizer, circuits or [])
+    tc = None
+    if transcoders is not None:
+        if model is None:
+            raise CircuitlabError("--transcoders needs --checkpoint: the model the transcoders were trained on")
+        from circuitlab.graphs import Transcoders
+
+        tc = Transcoders.load(model, transcoders)
+    if graphs is not None and not Path(graphs).is_dir():
+        raise CircuitlabError(f"--graphs {graphs} is not a folder (give the runs folder holding `circuitlab graph` "
+                              "outputs)")
+    from circuitlab.serve.graphs import GraphBrowser, add_graph_routes
+
+    graph_browser = GraphBrowser(Path(graphs) if graphs is not None else None, model, tokenizer, tc,
+                                 runner=graph_runner)
     lock = threading.Lock()  # one analysis at a time: the machine's cores are better used by torch
     labels_cache: dict[str, Any] = {}
 
@@ -303,6 +327,20 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     def plotly_js() -> Response:
         return Response(_plotly_js(), media_type="text/javascript; charset=utf-8",
                         headers={"cache-control": "max-age=86400"})
+
+    @app.get("/static/graph_view.js", include_in_schema=False)
+    def graph_view_js() -> Response:
+        from circuitlab.viz.graph_view import asset
+
+        return Response(asset("graph_view.js"), media_type=STATIC_FILES["graphs.js"],
+                        headers={"cache-control": "no-cache"})
+
+    @app.get("/static/graph_view.css", include_in_schema=False)
+    def graph_view_css() -> Response:
+        from circuitlab.viz.graph_view import asset
+
+        return Response(asset("graph_view.css"), media_type=STATIC_FILES["style.css"],
+                        headers={"cache-control": "no-cache"})
 
     @app.get("/static/{name}", include_in_schema=False)
     def static_file(name: str) -> FileResponse:
@@ -366,6 +404,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
 
     add_input_routes(app, model, tokenizer, tuned, lock, encode_prompt, _page)
     add_circuit_routes(app, circuit_browser, lock, encode_prompt, _page)
+    add_graph_routes(app, graph_browser, lock, encode_prompt, _page)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
     return app
 

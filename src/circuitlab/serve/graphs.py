@@ -1,0 +1,346 @@
+"""The graph browser behind `circuitlab serve --graphs DIR [--transcoders DIR]`: attribution graphs written by
+`circuitlab graph` under a runs folder, opened in the interactive viewer (viz/graph_view.js), plain JSON-able
+dicts; add_graph_routes puts them on the app.
+
+    browser = GraphBrowser(Path("runs"), model, tokenizer, transcoders)
+    browser.list_graphs()                                   # GET  /api/graphs
+    browser.graph("graph-lily")                             # GET  /api/graphs/graph?id=...  (graph.json itself)
+    browser.save_qparams(id, pinned_ids, supernodes)        # POST /api/graphs/qparams  (written into graph.json)
+    browser.feature_card(id, layer, feature)                # GET  /api/graphs/feature  (dashboards on demand)
+    browser.intervene(id, node_ids, scale)                  # POST /api/graphs/intervene
+    browser.compute(ids, node_threshold, edge_threshold)    # POST /api/graphs/compute  (a new graph, bounded)
+
+A graph is named by its folder relative to the runs folder, and looked up in a fresh listing of that
+folder: no name from a request is ever joined to a path. Interventions, feature cards and new graphs need
+the model (--checkpoint) and its transcoders (--transcoders); listing and viewing do not.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from circuitlab.atomic import atomic_write_text
+from circuitlab.checks import FINITE, Number
+from circuitlab.errors import CircuitlabError
+from circuitlab.viz.graph_view import feature_cards
+
+MAX_GRAPHS = 500            # folders listed
+MAX_DEPTH = 4               # runs/<a>/<b>/<c>/graph.json at most
+MAX_SUPERNODES, MAX_NAME = 200, 100
+CARD_TOKENS = 4096          # held-out story tokens a layer's feature cards are computed on
+COMPUTED = "explorer-graphs"  # where graphs computed from the page are written, under the runs folder
+SCALE = Number(float, low=-1000, high=1000, why="a feature scaled further only saturates the logits")
+THRESHOLD = Number(float, low=0, high=1, low_open=True)
+MAX_GRAPH_TOKENS = Number(int, low=1, high=64, why="a graph runs one backward pass per feature; "
+                                                  "`circuitlab graph` takes longer prompts")
+MAX_GRAPH_MB = 256          # the dense adjacency in float64 (pruning's precision), before it is built
+MAX_NODES_CAP = Number(int, low=1, high=4000, why="each feature node costs a backward row")
+
+
+def _node_count_limit() -> int:
+    return int((MAX_GRAPH_MB * 2**20 / 8) ** 0.5)
+
+
+class QParamsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="the graph (its folder under the runs folder, as /api/graphs lists it)")
+    pinnedIds: list[str] = Field(default=[], description="node ids to pin")
+    supernodes: list[list[str]] = Field(default=[], description="[[name, node_id, ...], ...] (Neuronpedia's layout)")
+
+
+class InterveneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="the graph")
+    nodes: list[str] = Field(description="feature node ids ({layer}_{feature}_{pos}) to scale")
+    scale: StrictInt | StrictFloat = Field(description="multiply their activations by this (0 removes them)")
+    top: StrictInt = Field(default=5, description="top logits per column")
+
+
+class ComputeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(description="the text whose next-token prediction the graph explains")
+    node_threshold: StrictInt | StrictFloat = 0.8
+    edge_threshold: StrictInt | StrictFloat = 0.98
+    max_feature_nodes: StrictInt | None = Field(default=None, description="keep at most this many feature nodes")
+
+
+def _ids(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n["node_id"]: n for n in data["nodes"]}
+
+
+class GraphBrowser:
+    def __init__(self, root: Path | None, model=None, tokenizer=None, transcoders=None, runner=None) -> None:
+        self.root = Path(root).resolve() if root is not None else None
+        self.model, self.tokenizer, self.tc = model, tokenizer, transcoders
+        self.runner = runner   # experiments.graph.graph_experiment (given by the command: serve sits below it)
+        self._cards: dict[tuple[str, float, int], dict[str, Any]] = {}
+        self._replacement: tuple[tuple[int, ...], Any] | None = None
+        self._write = threading.Lock()
+
+    # ------------------------------------------------------------------ listing and files
+    def _folders(self) -> dict[str, Path]:
+        """id -> folder of every graph (a folder holding graph.json and results.json) under the runs folder."""
+        if self.root is None or not self.root.is_dir():
+            return {}
+        found: dict[str, Path] = {}
+        level = [self.root]
+        for _ in range(MAX_DEPTH + 1):
+            nxt = []
+            for folder in sorted(level):
+                if (folder / "graph.json").is_file() and (folder / "results.json").is_file():
+                    found[folder.relative_to(self.root).as_posix() or "."] = folder
+                    if len(found) >= MAX_GRAPHS:
+                        return found
+                try:
+                    nxt += [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()
+                            and not p.name.startswith(".")]
+                except OSError:
+                    continue
+            level = nxt
+        return found
+
+    def _folder(self, graph_id: str) -> Path:
+        folders = self._folders()
+        if graph_id not in folders:
+            raise LookupError(f"unknown graph {graph_id[:200]!r}; /api/graphs lists the "
+                              f"{len(folders)} graph(s) under the runs folder")
+        return folders[graph_id]
+
+    def _read(self, graph_id: str) -> tuple[Path, dict[str, Any]]:
+        folder = self._folder(graph_id)
+        try:
+            data = json.loads((folder / "graph.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CircuitlabError(f"{graph_id}/graph.json cannot be read ({type(e).__name__}); "
+                                  "write it again with `circuitlab graph`") from None
+        if not isinstance(data, dict) or not {"metadata", "nodes", "links"} <= set(data):
+            raise CircuitlabError(f"{graph_id}/graph.json is not a graph viewer file (metadata, nodes, links)")
+        return folder, data
+
+    def list_graphs(self) -> dict[str, Any]:
+        out = []
+        for graph_id, folder in self._folders().items():
+            try:
+                results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+                g = results.get("graph", {})
+                out.append({"id": graph_id, "prompt": results.get("prompt"), "nodes": g.get("pruned", {}).get("nodes"),
+                            "edges": g.get("pruned", {}).get("edges"), "replacement_score": g.get("replacement_score"),
+                            "completeness_score": g.get("completeness_score"),
+                            "modified": (folder / "graph.json").stat().st_mtime})
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+                out.append({"id": graph_id, "prompt": None, "error": "results.json cannot be read"})
+        out.sort(key=lambda g: -(g.get("modified") or 0))
+        return {"root": self.root.name if self.root else None, "graphs": out, "can_compute": self.can_run(),
+                "limits": {"max_tokens": MAX_GRAPH_TOKENS.high, "max_graph_mb": MAX_GRAPH_MB,
+                           "max_nodes": _node_count_limit()}}
+
+    def graph(self, graph_id: str) -> dict[str, Any]:
+        return self._read(graph_id)[1]
+
+    def save_qparams(self, graph_id: str, pinned: list[str], supernodes: list[list[str]]) -> dict[str, Any]:
+        """Write pinnedIds and supernodes into the graph file's qParams (every id must be a node of it)."""
+        with self._write:
+            folder, data = self._read(graph_id)
+            ids = _ids(data)
+            unknown = [i for i in pinned if i not in ids]
+            if len(supernodes) > MAX_SUPERNODES:
+                raise CircuitlabError(f"{len(supernodes)} supernodes; at most {MAX_SUPERNODES}")
+            for s in supernodes:
+                if len(s) < 2 or not s[0].strip() or len(s[0]) > MAX_NAME:
+                    raise CircuitlabError(f"a supernode is [name, node_id, ...] with a name of 1 to {MAX_NAME} "
+                                          f"characters and at least one node, got {json.dumps(s)[:120]}")
+                unknown += [i for i in s[1:] if i not in ids]
+            if unknown:
+                raise CircuitlabError(f"unknown node id(s) {', '.join(repr(u[:60]) for u in unknown[:5])} in "
+                                      f"graph {graph_id!r}")
+            q = data.setdefault("qParams", {})
+            q["pinnedIds"] = list(dict.fromkeys(pinned))
+            q["supernodes"] = [[s[0].strip(), *dict.fromkeys(s[1:])] for s in supernodes]
+            atomic_write_text(folder / "graph.json", json.dumps(data))
+            return {"id": graph_id, "pinnedIds": q["pinnedIds"], "supernodes": q["supernodes"]}
+
+    # ------------------------------------------------------------------ model work
+    def can_run(self) -> bool:
+        return self.model is not None and self.tc is not None
+
+    def _need(self) -> None:
+        if not self.can_run():
+            raise PermissionError("this needs the model and its transcoders: start the server with "
+                                  "`circuitlab serve --checkpoint RUN --transcoders DIR --graphs DIR`")
+
+    def _tokens(self, data: dict[str, Any]) -> list[int]:
+        """The prompt's token ids, read from the token nodes (E_{token}_{pos}), checked against the model."""
+        by_pos = {int(n["ctx_idx"]): int(n["node_id"].split("_")[1]) for n in data["nodes"]
+                  if n.get("feature_type") == "embedding"}
+        tokens = [by_pos.get(p, -1) for p in range(len(by_pos))]
+        cfg = self.model.cfg
+        if not tokens or min(tokens) < 0 or max(tokens) >= cfg.d_vocab or len(tokens) > cfg.n_ctx:
+            raise CircuitlabError("this graph's tokens do not fit the loaded model (another vocabulary or context): "
+                                  "serve the checkpoint the graph was made with")
+        return tokens
+
+    def _feature_nodes(self, data: dict[str, Any], node_ids: list[str]) -> list[tuple[int, int, int]]:
+        ids = _ids(data)
+        out = []
+        for i in node_ids:
+            n = ids.get(i)
+            if n is None:
+                raise CircuitlabError(f"unknown node id {i[:60]!r}: not a node of this graph")
+            if n.get("feature_type") != "cross layer transcoder":
+                raise CircuitlabError(f"node {i!r} is a {n.get('feature_type')} node; only feature nodes can be scaled")
+            layer, feature, pos = (int(x) for x in i.split("_"))
+            if not self.tc.has(layer) or not 0 <= feature < self.tc.d_sae(layer):
+                raise CircuitlabError(f"feature node {i!r} does not fit the loaded transcoders; serve the "
+                                      "transcoders the graph was made with")
+            out.append((layer, feature, pos))
+        return out
+
+    def feature_card(self, graph_id: str, layer: int, feature: int) -> dict[str, Any]:
+        """A feature's dashboard (top contexts, promoted tokens), computed for every feature node of its layer
+        in this graph on first use (CARD_TOKENS held-out story tokens), then cached."""
+        self._need()
+        folder, data = self._read(graph_id)
+        feats = sorted({int(n["node_id"].split("_")[1]) for n in data["nodes"]
+                        if n.get("feature_type") == "cross layer transcoder" and int(n["layer"]) == layer})
+        if feature not in feats:
+            raise CircuitlabError(f"feature {feature} of layer {layer} is not a node of graph {graph_id!r}")
+        key = (graph_id, (folder / "graph.json").stat().st_mtime, layer)
+        if key not in self._cards:
+            self._cards[key] = feature_cards(self.model, self.tc, {layer: feats}, self.tokenizer, n_tokens=CARD_TOKENS)
+            if not self._cards[key]:
+                raise CircuitlabError("this tokenizer cannot read the built-in stories the feature cards are made of")
+        return self._cards[key][f"{layer}_{feature}"]
+
+    def _replacement_model(self, tokens: list[int]):
+        from circuitlab.graphs import ReplacementModel
+
+        if self._replacement is None or self._replacement[0] != tuple(tokens):
+            self._replacement = (tuple(tokens), ReplacementModel(self.model, self.tc, torch.tensor(tokens)))
+        return self._replacement[1]
+
+    def intervene(self, graph_id: str, node_ids: list[str], scale: float, top: int = 5) -> dict[str, Any]:
+        """Scale the features at their positions; the top next tokens in the graph (its logit nodes), the
+        replacement model, the real model with attention and norms frozen, and the real model left free."""
+        from circuitlab.graphs import Intervention
+
+        self._need()
+        scale = SCALE.check(scale, "scale")
+        top = Number(int, low=1, high=20).check(top, "top")
+        if not node_ids:
+            raise CircuitlabError("choose at least one feature node to intervene on")
+        _, data = self._read(graph_id)
+        feats = self._feature_nodes(data, node_ids)
+        rm = self._replacement_model(self._tokens(data))
+        ivs = [Intervention(layer=layer, feature=f, scale=scale, pos=pos) for layer, f, pos in feats]
+        from circuitlab.serve.analysis import token_str
+
+        def best(logits: torch.Tensor) -> list[dict[str, Any]]:
+            probs = logits[0, -1].double().softmax(-1)
+            p, i = probs.topk(min(top, len(probs)))
+            return [{"token": token_str(self.tokenizer, int(t)), "id": int(t), "prob": float(q)}
+                    for q, t in zip(p, i)]
+
+        graph_col = sorted(({"token": (n.get("clerp") or "").removeprefix('Output "').rsplit('" (p=', 1)[0],
+                             "id": int(n["feature"]), "prob": float(n.get("token_prob") or 0)}
+                            for n in data["nodes"] if n.get("feature_type") == "logit"), key=lambda x: -x["prob"])
+        columns = {"graph (no intervention)": graph_col[:top],
+                   "replacement model": best(rm.run(ivs).logits),
+                   "model, attention frozen": best(rm.run(ivs, mode="model").logits),
+                   "model, attention free": best(rm.run(ivs, mode="model", freeze_attention=False).logits)}
+        return {"id": graph_id, "nodes": node_ids, "scale": scale, "columns": columns}
+
+    def compute(self, ids: list[int], prompt: str, node_threshold: float, edge_threshold: float,
+                max_feature_nodes: int | None) -> dict[str, Any]:
+        """A new graph of the prompt (written under the runs folder), refused up front when too large."""
+        from circuitlab.graphs import ReplacementModel
+
+        self._need()
+        if self.runner is None:
+            raise PermissionError("this server was started without a graph runner (circuitlab serve passes one)")
+        if self.root is None:
+            raise PermissionError("start the server with --graphs DIR to write new graphs there")
+        node_threshold = THRESHOLD.check(node_threshold, "node_threshold")
+        edge_threshold = THRESHOLD.check(edge_threshold, "edge_threshold")
+        MAX_GRAPH_TOKENS.check(len(ids), "the prompt's length in tokens")
+        if max_feature_nodes is not None:
+            max_feature_nodes = MAX_NODES_CAP.check(max_feature_nodes, "max_feature_nodes")
+        active = len(ReplacementModel(self.model, self.tc, torch.tensor(ids)).active_features)
+        features = active if max_feature_nodes is None else min(active, max_feature_nodes)
+        n_nodes = features + (self.model.cfg.n_layers + 1) * len(ids) + 10
+        limit = _node_count_limit()
+        if n_nodes > limit:
+            fit = max(0, limit - (self.model.cfg.n_layers + 1) * len(ids) - 10)
+            raise CircuitlabError(f"this graph would have {n_nodes:,} nodes ({active:,} active features): its "
+                                  f"adjacency needs {n_nodes ** 2 * 8 / 2**20:,.0f} MB, over the explorer's "
+                                  f"{MAX_GRAPH_MB} MB; set max_feature_nodes to at most {fit} or shorten the prompt")
+        out = self.root / COMPUTED / time.strftime("graph-%Y%m%d-%H%M%S")
+        n = 2
+        while out.exists():
+            out, n = out.with_name(f"{out.name.split('~')[0]}~{n}"), n + 1
+        self.runner(self.model, self.tc, prompt, self.tokenizer, out=out, node_threshold=node_threshold,
+                         edge_threshold=edge_threshold, max_feature_nodes=max_feature_nodes, progress=False,
+                         dashboard_tokens=0)
+        return {"id": out.relative_to(self.root).as_posix()}
+
+
+def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, page_response) -> None:
+    """GET /graphs (the page) and the /api/graphs endpoints. Unknown graphs answer 404, missing model 409."""
+    from starlette.exceptions import HTTPException
+
+    def call(fn, *args):
+        try:
+            return fn(*args)
+        except LookupError as e:
+            raise HTTPException(404, str(e)) from None
+        except PermissionError as e:
+            raise HTTPException(409, str(e)) from None
+
+    @app.get("/graphs", include_in_schema=False)
+    def graphs_page():
+        return page_response("graphs.html")
+
+    @app.get("/api/graphs")
+    def list_graphs() -> dict[str, Any]:
+        """The graphs under the runs folder (newest first) and whether this server can compute new ones."""
+        return browser.list_graphs()
+
+    @app.get("/api/graphs/graph")
+    def graph(id: str) -> dict[str, Any]:
+        """The graph file itself (the Neuronpedia viewer JSON) of one listed graph."""
+        return call(browser.graph, id)
+
+    @app.post("/api/graphs/qparams")
+    def qparams(req: QParamsRequest) -> dict[str, Any]:
+        """Save pinned nodes and supernodes into the graph file's qParams."""
+        return call(browser.save_qparams, req.id, req.pinnedIds, req.supernodes)
+
+    @app.get("/api/graphs/feature")
+    def feature(id: str, layer: int, feature: int) -> dict[str, Any]:
+        """A feature node's dashboard, computed on first use."""
+        with lock:
+            return call(browser.feature_card, id, layer, feature)
+
+    @app.post("/api/graphs/intervene")
+    def intervene(req: InterveneRequest) -> dict[str, Any]:
+        """Scale feature nodes; top logits in the replacement model and the real model (frozen and free)."""
+        FINITE.check(req.scale, "scale")
+        with lock:
+            return call(browser.intervene, req.id, req.nodes, req.scale, req.top)
+
+    @app.post("/api/graphs/compute")
+    def compute(req: ComputeRequest) -> dict[str, Any]:
+        """Compute a new graph of a prompt (bounded: refused above a size, saying why)."""
+        call(browser._need)
+        ids = encode(req.prompt)
+        with lock:
+            return call(browser.compute, ids, req.prompt, req.node_threshold, req.edge_threshold,
+                        req.max_feature_nodes)
