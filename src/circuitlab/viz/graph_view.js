@@ -458,6 +458,7 @@ window.CLGraphView = window.CLGraphView || (function () {
     }
 
     draw();
+    root.dataset.drawnMs = performance.now().toFixed(0);   // time from navigation to the first drawing
     return { state: state, reprune: reprune, select: select, redraw: draw, data: data };
   }
 
