@@ -90,3 +90,26 @@ def test_node_ids_are_unique_even_where_circuit_tracers_error_ids_collide(graph)
     renamed = [n for n in errors if n["node_id"].endswith("_error")]
     assert all(n["node_id"].removesuffix("_error") in feats for n in renamed)
     assert all(n["node_id"] == f"0_{n['layer']}_{n['ctx_idx']}" for n in errors if n not in renamed)
+
+
+def test_report_carries_a_card_for_every_pruned_feature(tmp_path):
+    import helpers
+
+    _, _, _, run = helpers.saved_graph_run(tmp_path, dashboard_tokens=256)
+    data = json.loads((tmp_path / "graphs/lily/graph.json").read_text())
+    feats = {"_".join(n["node_id"].split("_")[:2]) for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"}
+    assert feats and set(run.cards) == feats
+    assert all(c["contexts"] and c["logits"]["promoted"] for c in run.cards.values())
+    html = (tmp_path / "graphs/lily/report.html").read_text()
+    some = next(iter(run.cards.values()))["contexts"][0]
+    assert json.dumps(some["value"]) in html and "CLGraphView.mount" in html
+    assert "<svg" not in html.split("<h2>The pruned graph</h2>")[0]      # the viewer, not the static drawing
+
+
+def test_graph_command_refuses_negative_dashboard_tokens(tmp_path, monkeypatch, capsys):
+    from circuitlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--dashboard-tokens", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--dashboard-tokens" in err and len(err.splitlines()) == 1
