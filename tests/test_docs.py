@@ -6,6 +6,7 @@ A doc whose examples need names (`model`, `tokenizer`, ...) defines them in a fi
 too. A block that cannot run here says so where a reader sees it, in its info string: ```python no-run
 (with the reason in the text around it); there are few, and this file counts them.
 """
+import functools
 import re
 from pathlib import Path
 
@@ -17,15 +18,17 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 BLOCK = re.compile(r"^```python([^\n]*)\n(.*?)^```", flags=re.S | re.M)
 
 # What each doc reads besides itself (made by the fixtures below, in the layout the commands write).
-NEEDS: dict[str, tuple[str, ...]] = {}
+NEEDS: dict[str, tuple[str, ...]] = {
+    "analysis.md": ("demo", "mlp-4l"), "causal.md": ("mlp-4l",), "circuits.md": ("demo",), "forge.md": ("forge-compare",),
+    "induction.md": ("demo",), "lens.md": ("demo",), "pretrained.md": ("hf-model",), "report.md": ("demo", "mine"),
+    "serve.md": ("demo",), "steering.md": ("demo",)}
 # Docs whose blocks take longer than a few seconds: run by `make test-slow` only, with the reason.
 SLOW: dict[str, str] = {}
 # Docs whose blocks do not run yet (issue 32): expected to fail, strictly, so that a doc made runnable must
 # leave this list. Empty it, do not grow it.
-NOT_YET = {"analysis.md", "causal.md", "circuits.md", "dictionaries.md", "forge.md", "graphs.md", "induction.md",
-           "lens.md", "pretrained.md", "report.md", "serve.md", "steering.md"}
+NOT_YET = {"dictionaries.md", "graphs.md"}
 # The most no-run blocks each doc may have (a block that cannot run here must be the exception).
-NO_RUN: dict[str, int] = {}
+NO_RUN: dict[str, int] = {"pretrained.md": 1}  # GPT-2 small from the hub
 
 
 def blocks(doc: Path) -> list[tuple[int, str, str]]:
@@ -34,22 +37,64 @@ def blocks(doc: Path) -> list[tuple[int, str, str]]:
     return [(text[:m.start()].count("\n") + 1, m.group(1).strip(), m.group(2)) for m in BLOCK.finditer(text)]
 
 
-def demo_run(folder: Path) -> None:
-    """runs/demo/{2l,1l} as `circuitlab demo` writes them: checkpoints of the demo's models (its presets, heads
-    and BPE tokenizer), untrained and narrower (d_model 32) so that every example takes a moment."""
-    from circuitlab import ModelConfig, Transformer
+@functools.lru_cache(maxsize=None)
+def story_tokenizer():
+    """The demo's kind of tokenizer: BPE with 512 tokens, trained on the built-in stories."""
     from circuitlab.data.stories import stories_text
     from circuitlab.data.tokenizers import BPETokenizer
+
+    return BPETokenizer.train([stories_text(200)], vocab_size=512)
+
+
+def save_run(folder: Path, preset: str, **fields) -> None:
+    """A run folder as `circuitlab train` writes it (FOLDER/checkpoint/), holding an untrained model of the
+    preset, narrowed (d_model 32) so that every example takes a moment, with the story tokenizer."""
+    from circuitlab import ModelConfig, Transformer
     from circuitlab.training import save_checkpoint
 
-    tokenizer = BPETokenizer.train([stories_text(200)], vocab_size=512)
-    for name, preset in (("2l", "attn-only-2l"), ("1l", "attn-only-1l")):
-        torch.manual_seed(0)
-        cfg = ModelConfig.from_preset(preset, d_model=32, n_heads=4, d_vocab=tokenizer.vocab_size, n_ctx=64)
-        save_checkpoint(folder / "runs" / "demo" / name, Transformer(cfg), tokenizer)
+    tokenizer = story_tokenizer()
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset(preset, **{"d_model": 32, "n_heads": 4, "d_vocab": tokenizer.vocab_size,
+                                             "n_ctx": 64, **fields})
+    save_checkpoint(folder / "checkpoint", Transformer(cfg), tokenizer)
 
 
-FIXTURES = {"demo": demo_run}
+def demo_run(folder: Path) -> None:
+    """runs/demo/{2l,1l}, the models `circuitlab demo` trains (their presets, 4 heads, BPE tokenizer)."""
+    save_run(folder / "runs" / "demo" / "2l", "attn-only-2l")
+    save_run(folder / "runs" / "demo" / "1l", "attn-only-1l")
+
+
+def mlp_run(folder: Path) -> None:
+    """runs/mlp-4l, the model `circuitlab train --config mlp-4l` trains: GPT-2 style with MLPs, 4 layers."""
+    save_run(folder / "runs" / "mlp-4l", "gpt2-tiny", n_layers=4, d_mlp=128)
+
+
+def mine_run(folder: Path) -> None:
+    """runs/mine, a training run (`circuitlab train --config demo --out runs/mine`)."""
+    save_run(folder / "runs" / "mine", "attn-only-2l")
+
+
+def hf_model(folder: Path) -> None:
+    """models/tiny-gpt2: a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer files)."""
+    from circuitlab import ModelConfig, Transformer
+    from circuitlab.pretrained import export_hf
+
+    tokenizer = story_tokenizer()
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=32, n_heads=4, d_vocab=tokenizer.vocab_size, n_ctx=64)
+    export_hf(Transformer(cfg), folder / "models" / "tiny-gpt2", tokenizer)
+
+
+def forge_compare_run(folder: Path) -> None:
+    """runs/forge-compare/trained, the adder `circuitlab forge compare` trains (its run config, 1 step)."""
+    from circuitlab.experiments.forge_compare import addition_run_config
+    from circuitlab.training import train
+
+    train(addition_run_config(2, 2, steps=1), folder / "runs" / "forge-compare" / "trained", progress=False)
+
+
+FIXTURES = {"forge-compare": forge_compare_run, "demo": demo_run, "mlp-4l": mlp_run, "mine": mine_run, "hf-model": hf_model}
 
 
 def run_doc(doc: Path, folder: Path) -> int:
