@@ -43,9 +43,22 @@ def where(tmp_path_factory):
     for name, text in (("train5", "train: 5\n"), ("data_list", "data: [1, 2]\n"), ("model5", "model: 5\n"),
                        ("a_list", "- 1\n")):
         (root / f"{name}.yaml").write_text(text)
+    # text that is not UTF-8 (Latin-1 "café" on line 2: byte 15 = len(b"Once upon a\ncaf") is 0xe9) as training
+    # data (a file, a folder), a run config and a model config
+    (root / "latin1.txt").write_bytes(b"Once upon a\ncaf\xe9 time.\n")
+    (root / "latin1_data.yaml").write_text(f"model: {{preset: attn-only-1l, d_model: 16, n_heads: 2}}\n"
+                                           f"data: {{source: 'file:{root / 'latin1.txt'}', tokenizer: char}}\n")
+    (root / "latin1_config.yaml").write_bytes(b"name: caf\xe9\n")
+    (root / "latin1_model.json").write_bytes(b'{"n_layers": 1, "d_model": 16, "n_heads": 2}\n# caf\xe9\n')
+    (root / "latin1_folder").mkdir()
+    (root / "latin1_folder" / "a.txt").write_bytes(b"Once upon a\ncaf\xe9 time.\n")
+    (root / "latin1_folder.yaml").write_text(f"model: {{preset: attn-only-1l, d_model: 16, n_heads: 2}}\n"
+                                             f"data: {{source: 'folder:{root / 'latin1_folder'}', tokenizer: char}}\n")
     paths = {"run": root / "run", "bytes": root / "bytes", "notok": root / "notok", "file": root / "afile", "tmp": root,
              "prompts": root / "prompts.txt"}
-    paths.update({f"config_{n}": root / f"{n}.yaml" for n in ("train5", "data_list", "model5", "a_list")})
+    paths.update({f"config_{n}": root / f"{n}.yaml" for n in ("train5", "data_list", "model5", "a_list", "latin1_data",
+                                                                "latin1_config", "latin1_folder")})
+    paths["model_latin1"] = root / "latin1_model.json"
     return {k: str(v) for k, v in paths.items()}
 
 
@@ -93,6 +106,12 @@ CLI_CASES = [
     (DEMO + " --set needs=gpu", "needs must be a list"),
     (DEMO + " --set train.stepz=3", "unknown field(s) in train: stepz (did you mean 'steps'?)"),
     (DEMO + " --set train.steps", "--set expects key=value"),
+    # text files that are not UTF-8: the file, the byte offset and the line (circuitlab.textfile)
+    ("train --config {config_latin1_data} --no-progress --out {tmp}/latin1_run",
+     "latin1.txt is not UTF-8 text: byte 15 (line 2) is 0xe9"),
+    ("train --config {config_latin1_folder} --no-progress --out {tmp}/latin1_run2",
+     "a.txt is not UTF-8 text: byte 15 (line 2) is 0xe9"),
+    ("train --config {config_latin1_config} --out {tmp}/never", "latin1_config.yaml is not UTF-8 text: byte 9 (line 1)"),
     # output paths that cannot be written
     ("train --config demo --no-progress --out {file}", "is a file; give a folder for the run"),
     ("train --config demo --no-progress --out {file}/run", "part of the path is a file, not a folder"),
@@ -183,6 +202,13 @@ def test_bad_command_line_is_one_line_and_exit_2(where, command, fragment, capsy
     argv = [part.format(**where) for part in shlex.split(command)]
     code = _run(argv)
     _assert_one_line_error(code, capsys.readouterr().err, fragment)
+
+
+def test_a_model_config_file_that_is_not_utf8_is_one_line(where):
+    with pytest.raises(InputError, match=r"model config file .*latin1_model.json is not UTF-8 text: byte 50 \(line 2\) "
+                                         r"is 0xe9") as e:
+        ModelConfig.load(where["model_latin1"])
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("err, fragment", [

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
+from circuitlab.textfile import read_text
 
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONALS = ("learned", "rotary", "none")
@@ -228,7 +229,7 @@ class ModelConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"model config file not found: {path}")
-        text = path.read_text()
+        text = read_text(path, "model config file")
         try:
             if path.suffix in (".yaml", ".yml"):
                 import yaml

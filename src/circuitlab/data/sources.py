@@ -18,6 +18,7 @@ from typing import Iterable, Iterator
 
 from circuitlab.data.stories import generate_stories
 from circuitlab.errors import CircuitlabError, ConfigError
+from circuitlab.textfile import read_text
 
 VALID_SOURCES = '"stories", "file:PATH", a .txt path, "folder:PATH", "hf:NAME[:SPLIT][:FIELD]"'
 ADDITION_MAX_DIGITS = 9  # a and b stay far inside int64, and a pair's index a·10^M + b too
@@ -86,7 +87,7 @@ def _split_blocks(text: str) -> list[str]:
 
 
 def _file_texts(path: Path) -> Iterator[str]:
-    yield from _split_blocks(path.read_text(encoding="utf-8", errors="replace"))
+    yield from _split_blocks(read_text(path, "data file"))  # not UTF-8: one line with the byte offset
 
 
 def folder_files(path: Path) -> list[Path]:
@@ -96,7 +97,7 @@ def folder_files(path: Path) -> list[Path]:
 
 def _folder_texts(path: Path) -> Iterator[str]:
     for f in folder_files(path):
-        yield f.read_text(encoding="utf-8", errors="replace").strip()
+        yield read_text(f, "data file").strip()
 
 
 def parse_hf_source(source: str) -> tuple[str, str, str]:

@@ -16,6 +16,7 @@ import yaml
 from circuitlab.config import ModelConfig
 from circuitlab.data import DataConfig
 from circuitlab.errors import ConfigError, refuse_unknown
+from circuitlab.textfile import read_text
 from circuitlab.training.sinks import parse_log
 
 
@@ -41,7 +42,7 @@ class TrainConfig:
     log: str = "jsonl"             # metric sinks besides metrics.jsonl: tensorboard, wandb (comma-separated)
     seed: int = 0
     device: str = "auto"           # auto | cpu | cuda | cuda:N
-    threads: int = 0               # torch CPU threads (0 = leave torch's default)
+    threads: int = 0               # torch CPU threads (0 = by the step's size: circuitlab.perf.threads_for)
 
 
 @dataclass
@@ -130,7 +131,7 @@ def load_yaml_mapping(name_or_path: str, overrides: list[str], holds: str) -> tu
 
     path = resolve_config(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_text(path, "config file")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"could not parse {path}: {e}") from None
     if not isinstance(data, dict):
