@@ -170,3 +170,27 @@ def test_without_transcoders_viewing_works_and_model_work_is_409(served, tmp_pat
     assert client.get("/api/graphs/graph", params={"id": "lily"}).status_code == 200
     _one_line(client.post("/api/graphs/intervene", json={"id": "lily", "nodes": ["0_0_0"], "scale": 0}), 409)
     _one_line(client.post("/api/graphs/compute", json={"prompt": "Lily"}), 409)
+
+
+def test_feature_cards_come_from_saved_dashboards_when_the_transcoders_have_them(served):
+    """`circuitlab sae dashboards` writes <dictionary>/dashboards: the explorer shows those (here built on
+    other text than the on-demand cards, so they differ) and computes only what they lack."""
+    _, root, model, tokenizer, tc, _ = served
+    from circuitlab.dictionaries.features import feature_dashboards
+    from circuitlab.serve import create_app
+
+    data = json.loads((root / "graphs/lily/graph.json").read_text())
+    layer0 = sorted({int(n["node_id"].split("_")[1]) for n in data["nodes"]
+                     if n["feature_type"] == "cross layer transcoder" and n["layer"] == "0"})
+    assert layer0
+    batches = torch.tensor([tokenizer.encode("Lily and Tom saw a big dog. The dog ran to Lily.")[:40]])
+    dash = feature_dashboards(model, tc.dictionary(0), batches, features=layer0[:1], k=3, tokenizer=tokenizer)
+    dash.save(root / "transcoders" / "layer0" / "dashboards")
+    try:
+        client = TestClient(create_app(root / "model", graphs=root / "graphs", transcoders=root / "transcoders"))
+        card = client.get("/api/graphs/feature", params={"id": "lily", "layer": 0, "feature": layer0[0]}).json()
+        assert card["from"].startswith("saved dashboards") and card["contexts"] == dash.feature(layer0[0])["contexts"]
+    finally:
+        import shutil
+
+        shutil.rmtree(root / "transcoders" / "layer0" / "dashboards")

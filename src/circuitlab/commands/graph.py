@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep at most this many feature nodes, the most influential first (long prompts)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
     p.add_argument("--dashboard-tokens", type=int, default=4096,
-                   help="held-out story tokens the report's feature cards (hover in the viewer) are built on; "
-                        "0: none (default 4096)")
+                   help="held-out story tokens the report's feature cards (hover in the viewer) are built on when "
+                        "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096)")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
         p = planted_path_model()
         model, tc, tok = p.model, p.transcoders, PlantedTokenizer()
+        saved = None
     else:
         if not args.checkpoint or not args.transcoders:
             raise InputError("give --checkpoint DIR and --transcoders DIR (or --planted for the built-in model)")
@@ -69,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         if tok is None:
             raise InputError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
         tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial)
+        from circuitlab.viz.graph_view import saved_dashboards
+
+        saved = saved_dashboards(args.transcoders)
     if len(tok.encode(args.prompt)) > model.cfg.n_ctx:
         raise InputError(f"the prompt is {len(tok.encode(args.prompt))} tokens but the model's context is "
                          f"{model.cfg.n_ctx}; shorten it")
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
                               node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
                               max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
-                              overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens)
+                              overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens,
+                              saved_dashboards=saved)
     for line in result.summary:
         print(line)
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "

@@ -52,9 +52,11 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      target: str | None = None, foil: str | None = None, node_threshold: float = 0.8,
                      edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
                      max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
-                     slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096) -> GraphRun:
-    """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. dashboard_tokens:
-    held-out story tokens to build the pruned features' dashboards on (0: none)."""
+                     slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096,
+                     saved_dashboards: dict[int, Any] | None = None) -> GraphRun:
+    """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. The report's feature
+    cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
+    they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none)."""
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
     ids = tokenizer.encode(prompt)
@@ -94,8 +96,9 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
             "transcoders": graph.transcoders, "timings_s": info["seconds"],
             "memory": {"adjacency_mb": info.get("adjacency_mb"), "peak_rss_mb": info.get("peak_rss_mb")}}
     run = GraphRun(graph, pruned, summary, data)
-    if dashboard_tokens:
-        run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens)
+    if dashboard_tokens or saved_dashboards:
+        run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens,
+                                        saved=saved_dashboards)
     if out is not None:
         run.out = write_graph_run(run, Path(out), slug, overwrite)
     return run
@@ -138,12 +141,12 @@ def _markdown(run: GraphRun) -> str:
 
 
 def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pruned, tokenizer: Any,
-                        n_tokens: int = 4096) -> dict[str, Any]:
+                        n_tokens: int = 4096, saved: dict[int, Any] | None = None) -> dict[str, Any]:
     """Feature cards (viz.graph_view.feature_cards) of the pruned graph's feature nodes."""
     wanted: dict[int, list[int]] = {}
     for layer, _, feat in graph.features[pruned.node_mask[:graph.n_features]].tolist():
         wanted.setdefault(layer, []).append(feat)
-    return feature_cards(model, transcoders, wanted, tokenizer, n_tokens=n_tokens)
+    return feature_cards(model, transcoders, wanted, tokenizer, n_tokens=n_tokens, saved=saved)
 
 
 def _html(run: GraphRun, view: str) -> str:

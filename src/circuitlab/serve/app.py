@@ -274,8 +274,10 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                               "outputs)")
     from circuitlab.serve.graphs import GraphBrowser, add_graph_routes
 
+    from circuitlab.viz.graph_view import saved_dashboards
+
     graph_browser = GraphBrowser(Path(graphs) if graphs is not None else None, model, tokenizer, tc,
-                                 runner=graph_runner)
+                                 runner=graph_runner, saved=saved_dashboards(transcoders))
     lock = threading.Lock()  # one analysis at a time: the machine's cores are better used by torch
     labels_cache: dict[str, Any] = {}
 

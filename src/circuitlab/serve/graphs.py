@@ -78,9 +78,11 @@ def _ids(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 class GraphBrowser:
-    def __init__(self, root: Path | None, model=None, tokenizer=None, transcoders=None, runner=None) -> None:
+    def __init__(self, root: Path | None, model=None, tokenizer=None, transcoders=None, runner=None,
+                 saved: dict[int, Any] | None = None) -> None:
         self.root = Path(root).resolve() if root is not None else None
         self.model, self.tokenizer, self.tc = model, tokenizer, transcoders
+        self.saved = saved or {}   # {layer: FeatureDashboards} saved with the transcoders (viz.graph_view)
         self.runner = runner   # experiments.graph.graph_experiment (given by the command: serve sits below it)
         self._cards: dict[tuple[str, float, int], dict[str, Any]] = {}
         self._replacement: tuple[tuple[int, ...], Any] | None = None
@@ -205,8 +207,9 @@ class GraphBrowser:
         return out
 
     def feature_card(self, graph_id: str, layer: int, feature: int) -> dict[str, Any]:
-        """A feature's dashboard (top contexts, promoted tokens), computed for every feature node of its layer
-        in this graph on first use (CARD_TOKENS held-out story tokens), then cached."""
+        """A feature's dashboard (top contexts, promoted tokens): from the dashboards saved with the transcoders
+        (`circuitlab sae dashboards`) when they hold it, else computed for every feature node of its layer in this
+        graph on first use (CARD_TOKENS held-out story tokens); then cached."""
         self._need()
         folder, data = self._read(graph_id)
         feats = sorted({int(n["node_id"].split("_")[1]) for n in data["nodes"]
@@ -215,8 +218,9 @@ class GraphBrowser:
             raise CircuitlabError(f"feature {feature} of layer {layer} is not a node of graph {graph_id!r}")
         key = (graph_id, (folder / "graph.json").stat().st_mtime, layer)
         if key not in self._cards:
-            self._cards[key] = feature_cards(self.model, self.tc, {layer: feats}, self.tokenizer, n_tokens=CARD_TOKENS)
-            if not self._cards[key]:
+            self._cards[key] = feature_cards(self.model, self.tc, {layer: feats}, self.tokenizer, n_tokens=CARD_TOKENS,
+                                             saved=self.saved)
+            if f"{layer}_{feature}" not in self._cards[key]:
                 raise CircuitlabError("this tokenizer cannot read the built-in stories the feature cards are made of")
         return self._cards[key][f"{layer}_{feature}"]
 

@@ -341,7 +341,8 @@ window.CLGraphView = window.CLGraphView || (function () {
       tip.append(el("b", { text: label(n) }));
       if (!card) { tip.append(el("div", { class: "clgv-hint", text: "no dashboard for this feature here" })); return; }
       if (card.error) { tip.append(el("div", { class: "clgv-error", text: card.error })); return; }
-      tip.append(el("div", { class: "clgv-hint", text: `density ${fmt(card.density)}, max activation ${fmt(card.max_act)}` }));
+      tip.append(el("div", { class: "clgv-hint", text: `density ${fmt(card.density)}, max activation ` +
+                                                       `${fmt(card.max_act)}${card.from ? "; " + card.from : ""}` }));
       for (const c of (card.contexts || []).slice(0, 4)) {
         const line = el("div", { class: "clgv-context" });
         c.tokens.forEach((t, k) => {

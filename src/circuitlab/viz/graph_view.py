@@ -17,8 +17,10 @@ from __future__ import annotations
 import html
 import itertools
 import json
+import re
 from collections.abc import Iterable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 ASSETS = ("graph_view.js", "graph_view.css")
@@ -37,29 +39,64 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, allow_nan=False).replace("<", "\\u003c")
 
 
+def saved_dashboards(folder: str | Path | None) -> dict[int, Any]:
+    """{layer: FeatureDashboards} saved by `circuitlab sae dashboards` under a transcoders folder: each
+    layer's dictionary folder's dashboards/ (per-layer transcoders, also under dictionaries/) or a CLT's
+    dashboards-layer{L}/. Unreadable ones are skipped (the cards are then computed)."""
+    from circuitlab.dictionaries.features import META_FILE, FeatureDashboards
+    from circuitlab.errors import CircuitlabError
+
+    if folder is None or not Path(folder).is_dir():
+        return {}
+    found: dict[int, Any] = {}
+    for meta in sorted(Path(folder).glob(f"**/dashboards*/{META_FILE}")):
+        if len(meta.relative_to(folder).parts) > 4:
+            continue
+        try:
+            dash = FeatureDashboards.load(meta.parent)
+        except CircuitlabError:
+            continue
+        match = re.match(r"blocks\.(\d+)\.", dash.hook_name)
+        layer = dash.dictionary_info.get("clt", {}).get("layer", int(match.group(1)) if match else None)
+        if layer is not None:
+            found.setdefault(int(layer), dash)
+    return found
+
+
 def feature_cards(model: Any, transcoders: Any, wanted: dict[int, Iterable[int]], tokenizer: Any,
-                  n_tokens: int = 4096) -> dict[str, Any]:
-    """Feature cards for the viewer: {"{layer}_{feature}": FeatureDashboards.feature(f)} of the features wanted
-    ({layer: features}) of a circuitlab.graphs.Transcoders, each layer's dashboards on n_tokens of held-out
-    built-in stories (a cross-layer transcoder: the layer's total write, clt.residual_view). {} when the
-    tokenizer cannot read the stories (e.g. the planted model's)."""
+                  n_tokens: int = 4096, saved: dict[int, Any] | None = None) -> dict[str, Any]:
+    """Feature cards for the viewer: {"{layer}_{feature}": FeatureDashboards.feature(f) + "from"} of the
+    features wanted ({layer: features}) of a circuitlab.graphs.Transcoders. From the saved dashboards
+    ({layer: FeatureDashboards}, saved_dashboards(folder)) where they hold the feature; the rest computed,
+    each layer's on n_tokens of held-out built-in stories (a cross-layer transcoder: the layer's total write,
+    clt.residual_view); none computed with n_tokens=0 or when the tokenizer cannot read the stories (e.g. the
+    planted model's)."""
     from circuitlab.dictionaries import SparseDictionary
     from circuitlab.dictionaries.features import feature_dashboards, text_batches
     from circuitlab.errors import CircuitlabError
 
-    wanted = {layer: sorted(set(feats)) for layer, feats in wanted.items() if feats}
-    if not wanted or not hasattr(tokenizer, "eos_id"):
-        return {}
+    saved = saved or {}
+    cards: dict[str, Any] = {}
+    missing: dict[int, list[int]] = {}
+    for layer, feats in sorted(wanted.items()):
+        dash = saved.get(layer)
+        for f in sorted(set(feats)):
+            if dash is not None and f in dash.features:
+                cards[f"{layer}_{f}"] = {**dash.feature(f), "from": f"saved dashboards ({dash.n_tokens:,} tokens)"}
+            else:
+                missing.setdefault(layer, []).append(f)
+    if not missing or not n_tokens or not hasattr(tokenizer, "eos_id"):
+        return cards
     try:
         batches = text_batches(tokenizer, n_tokens=n_tokens, seq_len=min(64, model.cfg.n_ctx))
     except CircuitlabError:
-        return {}
-    cards = {}
-    for layer, feats in sorted(wanted.items()):
+        return cards
+    for layer, feats in missing.items():
         d = transcoders.dictionary(layer)
         d = d if isinstance(d, SparseDictionary) else d.residual_view(layer)
         dash = feature_dashboards(model, d, batches, features=feats, k=5, tokenizer=tokenizer)
-        cards.update({f"{layer}_{f}": dash.feature(f) for f in feats})
+        cards.update({f"{layer}_{f}": {**dash.feature(f), "from": f"computed on {dash.n_tokens:,} tokens of "
+                                                                  "held-out stories"} for f in feats})
     return cards
 
 
