@@ -139,6 +139,7 @@ def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server,
     browser.refresh()
     _wait(browser, lambda b: b.find_elements("css selector", ".clgv-supernode[data-name='say Lily']"), "the reload")
     assert len(browser.find_elements("css selector", ".clgv-node.in-supernode")) == len(feats)
+    assert browser.find_element("css selector", ".clgv-supernode-box").get_attribute("data-name") == "say Lily"
     # intervene on the supernode: four columns of top tokens
     from selenium.webdriver.support.ui import Select
 

@@ -221,7 +221,22 @@ window.CLGraphView = window.CLGraphView || (function () {
         }
         nodes.append(grp);
       }
-      g.append(nodes);
+      // each supernode: a dashed box around its shown members, named on top
+      const boxes = svg("g", { class: "clgv-boxes" });
+      for (const sn of state.supernodes) {
+        const pts = sn.slice(1).filter(id => xy[id]).map(id => xy[id]);
+        if (!pts.length) continue;
+        const x0 = Math.min(...pts.map(p => p[0])) - 12, x1 = Math.max(...pts.map(p => p[0])) + 12;
+        const y0 = Math.min(...pts.map(p => p[1])) - 12, y1 = Math.max(...pts.map(p => p[1])) + 12;
+        const box = svg("g", { class: "clgv-supernode-box" });
+        box.dataset.name = sn[0];
+        box.append(svg("rect", { x: x0, y: y0, width: x1 - x0, height: y1 - y0, rx: 6 }));
+        const t = svg("text", { x: x0, y: y0 - 3 });
+        t.textContent = sn[0];
+        box.append(t);
+        boxes.append(box);
+      }
+      g.append(boxes, nodes);
       g.addEventListener("click", () => select(null));
       canvas.textContent = "";
       canvas.append(g);
