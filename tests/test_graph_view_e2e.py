@@ -119,6 +119,28 @@ def test_report_opens_offline_with_the_files_numbers_and_reprunes(runs, browser)
     assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
+def test_a_file_without_our_fields_opens_and_its_node_slider_uses_the_cumulative_influence(runs, browser, tmp_path):
+    """circuit-tracer's / Neuronpedia's files carry no influence_before and no edge threshold."""
+    from circuitlab.viz.graph_view import graph_view_html
+
+    root, _ = runs
+    data = json.loads((root / "graphs/lily/graph.json").read_text())
+    for x in data["nodes"] + data["links"]:
+        x.pop("influence_before", None)
+    for key in ("edge_threshold", "n_layers", "scores"):
+        data["metadata"].pop(key)
+    page = tmp_path / "foreign.html"
+    page.write_text(graph_view_html(data, page=True))
+    browser.get(page.as_uri())
+    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the foreign graph")
+    nodes, links = reprune(data, data["metadata"]["node_threshold"], 1.0)
+    assert _counts(browser) == (len(nodes), len(links))
+    _slide(browser, "clgv-node-threshold", 0.4)
+    nodes, links = reprune(data, 0.4, 1.0)
+    assert _counts(browser) == (len(nodes), len(links)) and len(nodes) < len(data["nodes"])
+    assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
 def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server, browser):
     root, _ = runs
     data = json.loads((root / "graphs/lily/graph.json").read_text())

@@ -133,9 +133,12 @@ def reprune(data: dict[str, Any], node_threshold: float, edge_threshold: float) 
     the ranking computed at the file's node threshold. Returns (node ids, links)."""
     fixed = {"embedding", "logit"}
     kinds = {n["node_id"]: n["feature_type"] for n in data["nodes"]}
-    nodes = {n["node_id"] for n in data["nodes"]
-             if n["feature_type"] in fixed or n.get("influence_before", 0.0) < node_threshold}
-    links = [x for x in data["links"] if x.get("influence_before", 0.0) < edge_threshold]
+
+    def before(x: dict) -> float:   # a file from elsewhere: the cumulative `influence` stands in; links all stay
+        return x["influence_before"] if "influence_before" in x else (x.get("influence") or 0.0)
+
+    nodes = {n["node_id"] for n in data["nodes"] if n["feature_type"] in fixed or before(n) < node_threshold}
+    links = [x for x in data["links"] if before(x) < edge_threshold]
     while True:
         links = [x for x in links if x["source"] in nodes and x["target"] in nodes]
         has_out = {x["source"] for x in links}

@@ -33,12 +33,14 @@ window.CLGraphView = window.CLGraphView || (function () {
   function fmt(x) { return x === null || x === undefined ? "–" : Number(x).toPrecision(3); }
 
   // ------------------------------------------------------------------ pruning (= export.reprune)
+  // a file from elsewhere (circuit-tracer, Neuronpedia) has no influence_before: its nodes' cumulative
+  // `influence` stands in, and its links all stay
+  const before = x => x.influence_before !== undefined ? x.influence_before : (x.influence || 0);
   function reprune(data, tn, te) {
     const kind = {};
     for (const n of data.nodes) kind[n.node_id] = n.feature_type;
-    let nodes = new Set(data.nodes.filter(n => FIXED[n.feature_type] || (n.influence_before || 0) < tn)
-      .map(n => n.node_id));
-    let links = data.links.filter(x => (x.influence_before || 0) < te);
+    let nodes = new Set(data.nodes.filter(n => FIXED[n.feature_type] || before(n) < tn).map(n => n.node_id));
+    let links = data.links.filter(x => before(x) < te);
     for (;;) {
       links = links.filter(x => nodes.has(x.source) && nodes.has(x.target));
       const hasOut = new Set(links.map(x => x.source)), hasIn = new Set(links.map(x => x.target));
@@ -157,7 +159,7 @@ window.CLGraphView = window.CLGraphView || (function () {
       for (const [key, ids] of Object.entries(cells)) {
         const [row, pos] = key.split(":").map(Number);
         if (row === nLayers + 1) continue;
-        ids.sort((a, b) => (byId[a].influence_before || 0) - (byId[b].influence_before || 0));
+        ids.sort((a, b) => before(byId[a]) - before(byId[b]));
         ids.forEach((id, k) => { xy[id] = [xs[pos] + widths[pos] * (k + 1) / (ids.length + 1), yOf(row)]; });
       }
       logits.forEach((id, k) => { xy[id] = [firstLogit + 80 * k, yOf(nLayers + 1)]; });
@@ -325,7 +327,7 @@ window.CLGraphView = window.CLGraphView || (function () {
         return;
       }
       const n = byId[id];
-      const facts = [`influence share before it ${fmt(n.influence_before)}`];
+      const facts = [`influence share before it ${fmt(before(n))}`];
       if (n.activation !== null && n.activation !== undefined) facts.push(`activation ${fmt(n.activation)}`);
       const pinBtn = el("button", { type: "button", class: "clgv-pin", text: state.pinned.has(id) ? "unpin" : "pin",
                                     onclick: () => { togglePin(id); } });
