@@ -25,9 +25,9 @@ import time
 
 import torch
 
-from circuitlab.analysis.causal_tracing import FROZEN, RESTORES, restoration_sweep, trace_run, window_layers
-from circuitlab.analysis.patching_metrics import probability
-from circuitlab.analysis.patching_noise import Noise, corrupt_positions
+from circuitlab.analysis.patching.causal_tracing import FROZEN, RESTORES, restoration_sweep, trace_run, window_layers
+from circuitlab.analysis.patching.metrics import probability
+from circuitlab.analysis.patching.noise import Noise, corrupt_positions
 from circuitlab.config import ModelConfig
 from circuitlab.model import Transformer
 from circuitlab.model.hooks import act_name

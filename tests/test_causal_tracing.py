@@ -9,11 +9,11 @@ import torch
 import helpers
 
 from circuitlab import ModelConfig
-from circuitlab.analysis.causal_tracing import (KINDS, average_causal_trace, causal_trace, default_window,
+from circuitlab.analysis.patching.causal_tracing import (KINDS, average_causal_trace, causal_trace, default_window,
                                                 restoration_sweep, restore_everything, subject_span, trace_run,
                                                 window_layers)
-from circuitlab.analysis.patching_noise import Noise, corrupt_positions
-from circuitlab.analysis.patching_metrics import probability
+from circuitlab.analysis.patching.noise import Noise, corrupt_positions
+from circuitlab.analysis.patching.metrics import probability
 from circuitlab.errors import InputError
 from circuitlab.forge import build_planted_fact_model
 from circuitlab.model.hooks import act_name

@@ -9,7 +9,7 @@ import helpers
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.analysis.ablation import ablate_and_measure, ablation_hooks, parse_component, run_ablated
-from circuitlab.analysis.attribution_patching import attribution_patching, attribution_vs_patching
+from circuitlab.analysis.patching.attribution_patching import attribution_patching, attribution_vs_patching
 from circuitlab.analysis.patching import (TARGETS, activation_patching, available_targets, kl_to_clean, logit_diff,
                                           logprob, next_token_loss, normalized, patching_sweep)
 from circuitlab.model.hooks import act_name
@@ -296,7 +296,7 @@ def test_bad_input_fails_before_any_forward_pass():
 
 
 def test_a_gap_within_noise_is_flagged_and_its_recoveries_called_meaningless():
-    """Rule (patching_metrics.GAP_FLOOR / gap_noise): |clean - corrupted| below max(0.1, 2 standard errors of
+    """Rule (patching.metrics.GAP_FLOOR / gap_noise): |clean - corrupted| below max(0.1, 2 standard errors of
     the per-prompt gaps) means the recovery fractions mean nothing."""
     from circuitlab.analysis.patching import GAP_FLOOR, gap_noise, gap_within_noise
 

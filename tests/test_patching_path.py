@@ -7,7 +7,7 @@ import torch
 from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.experiments.interpret_causal import EXPERIMENTS, induction_pair
 from circuitlab.analysis.patching import activation_patching, next_token_loss
-from circuitlab.analysis.path_patching import path_patching
+from circuitlab.analysis.patching.path import path_patching
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

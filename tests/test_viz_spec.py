@@ -9,10 +9,10 @@ import torch
 from circuitlab import ModelConfig, Transformer
 from circuitlab.analysis.ablation import AblationResult
 from circuitlab.analysis.attribution import direct_logit_attribution
-from circuitlab.analysis.attribution_patching import AttributionCheck
+from circuitlab.analysis.patching.attribution_patching import AttributionCheck
 from circuitlab.analysis.heads import attention_view, classify_heads
 from circuitlab.analysis.lens import logit_lens
-from circuitlab.analysis.path_patching import PathPatchResult
+from circuitlab.analysis.patching.path import PathPatchResult
 from circuitlab.analysis.patching import PatchResult
 from circuitlab.analysis.probing import ProbeResult
 from circuitlab.analysis.steering import SteeringSweep, SteeringVector

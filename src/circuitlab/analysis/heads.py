@@ -21,7 +21,7 @@ from circuitlab.analysis.head_detectors import (DETECTORS, MIN_PERIOD, HeadScore
                                                 attention_entropy, attention_patterns, default_periods,
                                                 detect_heads, detection_masks, induction_by_period,
                                                 induction_test_tokens, mask_score)
-from circuitlab.analysis.patching_checks import one_sequence
+from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.transformer import model_device

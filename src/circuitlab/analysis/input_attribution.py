@@ -28,7 +28,7 @@ import torch
 
 from circuitlab.analysis._json import rounded
 from circuitlab.checks import COUNT, Number
-from circuitlab.analysis.patching_checks import one_sequence
+from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from circuitlab.analysis._json import round_tensor
-from circuitlab.analysis.patching_checks import one_sequence
+from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 

@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
-from circuitlab.analysis.patching_checks import one_sequence
+from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.checks import COUNT, POSITIVE
 from circuitlab.errors import CircuitlabError

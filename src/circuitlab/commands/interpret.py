@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from circuitlab.analysis.patching_noise import NOISE_KINDS
+from circuitlab.analysis.patching.noise import NOISE_KINDS
 from circuitlab.checks import COUNT, POSITIVE
 
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.heads import HeadClasses
-from circuitlab.analysis.patching_metrics import GAP_FLOOR, gap_within_noise
+from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
 from circuitlab.atomic import atomic_write_text, set_aside
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head

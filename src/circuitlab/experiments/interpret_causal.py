@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.ablation import ablate_and_measure, run_ablated
-from circuitlab.analysis.attribution_patching import attribution_vs_patching
-from circuitlab.analysis.path_patching import INPUTS, path_patching
+from circuitlab.analysis.patching.attribution_patching import attribution_vs_patching
+from circuitlab.analysis.patching.path import INPUTS, path_patching
 from circuitlab.analysis.patching import (check_pair, default_targets, logit_diff, logprob, next_token_loss,
                                           patching_sweep)
 from circuitlab.analysis.probing import random_sequences, train_probes

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from circuitlab.analysis.causal_tracing import causal_trace, check_kinds, check_window
-from circuitlab.analysis.patching_noise import Noise
+from circuitlab.analysis.patching.causal_tracing import causal_trace, check_kinds, check_window
+from circuitlab.analysis.patching.noise import Noise
 from circuitlab.errors import InputError
 from circuitlab.experiments.interpret_circuits import prompt_tokens
 from circuitlab.experiments.result import ExperimentResult

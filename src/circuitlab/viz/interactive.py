@@ -21,7 +21,7 @@ Nothing here reads or writes files.
 from __future__ import annotations
 
 from circuitlab.analysis.attribution import LogitAttribution
-from circuitlab.analysis.causal_tracing import AverageTrace, CausalTrace
+from circuitlab.analysis.patching.causal_tracing import AverageTrace, CausalTrace
 from circuitlab.analysis.heads import AttentionPatterns
 from circuitlab.analysis.lens import LogitLens
 from circuitlab.analysis.patching import PatchResult

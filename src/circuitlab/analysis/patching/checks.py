@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from circuitlab.analysis.patching_metrics import Metric
-from circuitlab.analysis.patching_targets import get_target
+from circuitlab.analysis.patching.metrics import Metric
+from circuitlab.analysis.patching.targets import get_target
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.model.hooks import act_name

@@ -1,6 +1,6 @@
 """Causal tracing (Meng et al. 2022, "Locating and Editing Factual Associations in GPT").
 
-Run the prompt with the subject's token embeddings corrupted by noise (patching_noise), then restore one
+Run the prompt with the subject's token embeddings corrupted by noise (patching/noise.py), then restore one
 piece of the clean run and measure how much of the answer comes back:
 
     hidden   the residual stream leaving layer l at position p (blocks.l.hook_resid_post)
@@ -17,7 +17,7 @@ piece of the clean run and measure how much of the answer comes back:
 
 The metric is the answer's probability at the last position (or its log-prob, or a logit difference),
 averaged over the noise samples. Every (layer, position) of one kind is one batched sweep of the patching
-engine (patching_engine.sweep): noise samples x restorations go in the batch dimension, in chunks that
+engine (patching/engine.py: sweep): noise samples x restorations go in the batch dimension, in chunks that
 bound memory; each restoration starts from the corrupted run's residual stream at its first layer and
 position. Results equal restoring one state at a time with plain hooks (tested in float64).
 """
@@ -32,10 +32,10 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.analysis._json import rounded
-from circuitlab.analysis.patching_checks import one_sequence
-from circuitlab.analysis.patching_engine import BaseRun, Site, sweep
-from circuitlab.analysis.patching_metrics import Metric, logit_diff, logprob, metric_value, probability
-from circuitlab.analysis.patching_noise import Corrupted, Noise, corrupt_positions, embedding_std
+from circuitlab.analysis.patching.checks import one_sequence
+from circuitlab.analysis.patching.engine import BaseRun, Site, sweep
+from circuitlab.analysis.patching.metrics import Metric, logit_diff, logprob, metric_value, probability
+from circuitlab.analysis.patching.noise import Corrupted, Noise, corrupt_positions, embedding_std
 from circuitlab.display import Displayed
 from circuitlab.errors import InputError
 from circuitlab.model.hooks import act_name

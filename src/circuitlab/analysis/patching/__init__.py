@@ -7,7 +7,7 @@
     res.recovery()    # (patched - corrupted) / (clean - corrupted)
 
 The corrupted run can also be the clean prompt with some positions' token embeddings noised
-(patching_noise: `activation_patching(model, clean, Noised([3, 4]), metric, "resid_pre")`): every patch
+(patching/noise.py: `activation_patching(model, clean, Noised([3, 4]), metric, "resid_pre")`): every patch
 then runs in each noise run (runs x patches in the batch) and the metric is their mean.
 
 Directions: "denoise" (default) runs the corrupted prompt and patches in clean activations, so a
@@ -30,6 +30,11 @@ head_out_by_pos by (pos, head); q, k, v by head and q_by_pos, k_by_pos, v_by_pos
 (k and v have n_kv_heads heads under grouped-query attention); pattern by head and pattern_by_pos
 by (head, dest_pos). A head's output is patched through its z ([batch, pos, head, d_head]): its
 result is z @ W_O of that head alone, so patching one patches the other.
+
+The package: this module (results, sweeps: what most callers import) over engine.py (the batched
+engine), metrics.py, targets.py, checks.py and noise.py (noise corruption), which import each other by
+full module path, never this facade. path.py (path patching), attribution_patching.py and
+causal_tracing.py (restoration sweeps, Meng et al.) stand on them.
 """
 from __future__ import annotations
 
@@ -41,15 +46,15 @@ import torch
 
 from circuitlab.analysis._json import rounded  # noqa: F401 (also imported from here)
 # The pieces, one module per concern; their public names are importable from here too.
-from circuitlab.analysis.patching_checks import (DIRECTIONS, as_tokens, check_direction, check_layers,  # noqa: F401
+from circuitlab.analysis.patching.checks import (DIRECTIONS, as_tokens, check_direction, check_layers,  # noqa: F401
                                                  check_metric, check_pair, check_request)
-from circuitlab.analysis.patching_engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
+from circuitlab.analysis.patching.engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
                                                  logits_buffer, patched_logits, patched_run, sweep)
-from circuitlab.analysis.patching_noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
-from circuitlab.analysis.patching_metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
+from circuitlab.analysis.patching.noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
+from circuitlab.analysis.patching.metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,
                                                   normalized, probability, read_positions)
-from circuitlab.analysis.patching_targets import (DEFAULT_TARGETS, TARGETS, Target, available_targets,  # noqa: F401
+from circuitlab.analysis.patching.targets import (DEFAULT_TARGETS, TARGETS, Target, available_targets,  # noqa: F401
                                                   default_targets, get_target)
 from circuitlab.display import Displayed
 from circuitlab.model import model_device  # noqa: F401
@@ -64,7 +69,7 @@ class PatchResult(Displayed):
     clean_value / corrupt_value: the metric on the unpatched clean and corrupted runs;
     method: "activation" (real patching) or "attribution" (its linear approximation).
     gap_noise: two standard errors of the per-prompt clean - corrupted gap (0.0 when unknown); with
-    GAP_FLOOR it decides `gap_within_noise`, when recovery fractions mean nothing (patching_metrics).
+    GAP_FLOOR it decides `gap_within_noise`, when recovery fractions mean nothing (patching/metrics.py).
     """
 
     target: str

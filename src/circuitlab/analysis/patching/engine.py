@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab.analysis.patching_metrics import Metric, metric_value, read_positions
+from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name
 
