@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.circuits import k_composition_qk_circuit, ov_circuit, pos_qk_circuit, top_token_pairs
+from circuitlab.analysis.qk_ov import k_composition_qk_circuit, ov_circuit, pos_qk_circuit, top_token_pairs
 from circuitlab.analysis.heads import (
     classify_heads,
     detect_heads,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.experiments.interpret_circuits import EXPERIMENTS
+from circuitlab.experiments.interpret_reading import EXPERIMENTS
 
 
 class CharTokenizer:

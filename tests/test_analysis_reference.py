@@ -6,8 +6,8 @@ import helpers
 
 from circuitlab import ModelConfig, Transformer
 from circuitlab.pretrained import to_transformer_lens as _to_tl
-from circuitlab.analysis.attribution import direct_logit_attribution
-from circuitlab.analysis.circuits import composition_scores, copying_scores
+from circuitlab.analysis.logit_attribution import direct_logit_attribution
+from circuitlab.analysis.qk_ov import composition_scores, copying_scores
 from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.analysis.heads import detect_heads, induction_test_tokens
 from circuitlab.analysis.lens import logit_lens

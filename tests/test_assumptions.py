@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ConfigError, ModelConfig, Transformer
-from circuitlab.analysis import attribution, circuits
+from circuitlab.analysis import logit_attribution, qk_ov
 from circuitlab.analysis.edges.graph import EdgeGraph
 from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.model.assumptions import ASSUMPTIONS, require, unmet
@@ -35,11 +35,11 @@ def test_the_properties_follow_the_switches():
 
 
 @pytest.mark.parametrize("call, what", [
-    (lambda m, c: attribution.neuron_output_tokens(m, 0), "the neurons' output tokens"),
-    (lambda m, c: circuits.ov_circuit(m), "the OV circuit"),
-    (lambda m, c: circuits.copying_scores(m), "OV eigenvalues"),
-    (lambda m, c: circuits.composition_scores(m, n_baseline=2), "composition scores"),
-    (lambda m, c: circuits.k_composition_qk_circuit(m, (1, 0), (0, 0)), "K-composition"),
+    (lambda m, c: logit_attribution.neuron_output_tokens(m, 0), "the neurons' output tokens"),
+    (lambda m, c: qk_ov.ov_circuit(m), "the OV circuit"),
+    (lambda m, c: qk_ov.copying_scores(m), "OV eigenvalues"),
+    (lambda m, c: qk_ov.composition_scores(m, n_baseline=2), "composition scores"),
+    (lambda m, c: qk_ov.k_composition_qk_circuit(m, (1, 0), (0, 0)), "K-composition"),
 ])
 def test_analyses_refuse_post_norm_models_in_one_line(call, what):
     for cfg in (SANDWICH_CAPPED, POST):
@@ -61,16 +61,16 @@ def test_post_norm_models_get_a_decomposition_an_edge_graph_and_dla_of_the_logit
     for cfg in (SANDWICH_CAPPED, POST):
         model = model_of(cfg)
         _, cache = model.run_with_cache(tokens)
-        parts = attribution.residual_decomposition(model, cache)
+        parts = logit_attribution.residual_decomposition(model, cache)
         torch.testing.assert_close(parts.total(), cache["blocks.1.hook_resid_post"])
         assert len(EdgeGraph.of(model).sources) == 1 + cfg.n_layers * (cfg.n_heads + 1)
-        dla = attribution.direct_logit_attribution(model, cache, answer=3)
+        dla = logit_attribution.direct_logit_attribution(model, cache, answer=3)
         raw = model.readout(cache["blocks.1.hook_resid_post"][:, -1], soft_cap=False)[:, 3]
         torch.testing.assert_close(dla.logit, raw)
         torch.testing.assert_close(dla.attributions.sum(0) + dla.constant, dla.logit)
     model = model_of(PRE)
     _, cache = model.run_with_cache(tokens)
-    dla = attribution.direct_logit_attribution(model, cache, answer=3)  # and pre-norm, uncapped: exact
+    dla = logit_attribution.direct_logit_attribution(model, cache, answer=3)  # and pre-norm, uncapped: exact
     assert abs(float(dla.attributions.sum() + dla.constant.sum()) - float(dla.logit.sum())) < 1e-9
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuitlab import ModelConfig
-from circuitlab.analysis.attribution import direct_logit_attribution, neuron_output_tokens
+from circuitlab.analysis.logit_attribution import direct_logit_attribution, neuron_output_tokens
 from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.dictionaries.feature_logits import feature_logit_attribution, feature_logit_effects
 from circuitlab.dictionaries.features import FeatureDashboards, feature_activations, feature_dashboards

@@ -123,7 +123,7 @@ def test_nnsight_reads_the_post_norms(models, name):
 # ---------------------------------------------------------------- decomposition, DLA, folding, lenses
 @pytest.mark.parametrize("name", NAMES)
 def test_residual_decomposition_sums_to_the_stream_and_heads_mean_their_share(models, name):
-    from circuitlab.analysis.attribution import residual_decomposition
+    from circuitlab.analysis.logit_attribution import residual_decomposition
 
     model = models[name]
     _, cache = model.run_with_cache(toks(5))
@@ -144,7 +144,7 @@ def test_residual_decomposition_sums_to_the_stream_and_heads_mean_their_share(mo
 
 @pytest.mark.parametrize("name", NAMES)
 def test_direct_logit_attribution_adds_up_to_the_logit_before_the_cap(models, name):
-    from circuitlab.analysis.attribution import direct_logit_attribution
+    from circuitlab.analysis.logit_attribution import direct_logit_attribution
 
     model = models[name]
     tokens = toks(6)

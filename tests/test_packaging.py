@@ -42,11 +42,11 @@ def test_importing_the_library_leaves_matplotlib_alone():
     code = """
 import sys, matplotlib
 matplotlib.use("svg")
-import circuitlab.viz.circuits, circuitlab.viz.heads, circuitlab.viz.lens, circuitlab.viz.patching
+import circuitlab.viz.qk_ov, circuitlab.viz.heads, circuitlab.viz.lens, circuitlab.viz.patching
 import circuitlab.viz.probing, circuitlab.viz.training, circuitlab.viz.interactive, circuitlab.report
 import circuitlab.experiments.demo, circuitlab.experiments.interpret, circuitlab.pretrained.importer
 import torch, tempfile, pathlib
-from circuitlab.viz.circuits import copying_scores_figure
+from circuitlab.viz.qk_ov import copying_scores_figure
 path = pathlib.Path(tempfile.mkdtemp()) / "c.png"
 copying_scores_figure(torch.zeros(2, 2)).save_png(path)
 assert path.stat().st_size > 0

@@ -10,7 +10,7 @@ import torch
 import helpers
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.attribution import direct_logit_attribution
+from circuitlab.analysis.logit_attribution import direct_logit_attribution
 from circuitlab.analysis.heads import AttentionPatterns, attention_view
 from circuitlab.analysis.lens import logit_lens
 from circuitlab.analysis.patching import PatchResult

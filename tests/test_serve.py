@@ -197,12 +197,12 @@ def test_without_a_checkpoint_the_adder_works_and_the_explorer_says_why_not():
 
 
 def test_an_unexpected_error_is_a_json_500_not_a_traceback(run_dir, monkeypatch):
-    from circuitlab.serve import analysis
+    from circuitlab.serve import prompt as prompt_page
 
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(analysis, "analyse", broken)
+    monkeypatch.setattr(prompt_page, "analyse", broken)
     client = TestClient(create_app(run_dir), raise_server_exceptions=False)
     r = client.post("/api/analyse", json={"prompt": "the cat"})
     assert r.status_code == 500 and r.headers["content-type"].startswith("application/json")

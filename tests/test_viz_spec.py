@@ -8,7 +8,7 @@ import torch
 
 from circuitlab import ModelConfig, Transformer
 from circuitlab.analysis.ablation import AblationResult
-from circuitlab.analysis.attribution import direct_logit_attribution
+from circuitlab.analysis.logit_attribution import direct_logit_attribution
 from circuitlab.analysis.patching.attribution_patching import AttributionCheck
 from circuitlab.analysis.heads import attention_view, classify_heads
 from circuitlab.analysis.lens import logit_lens
@@ -16,7 +16,7 @@ from circuitlab.analysis.patching.path import PathPatchResult
 from circuitlab.analysis.patching import PatchResult
 from circuitlab.analysis.probing import ProbeResult
 from circuitlab.analysis.steering import SteeringSweep, SteeringVector
-from circuitlab.viz import circuits, edges, features, heads, lens, patching, probing, steering, training
+from circuitlab.viz import edges, features, heads, lens, patching, probing, qk_ov, steering, training
 from circuitlab.viz.png import draw
 from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Series, lines_figure
 
@@ -47,9 +47,9 @@ def every_view(model) -> dict[str, FigureSpec]:
         "head scores": heads.head_scores_figure(classes.scores.scores, classes=classes),
         "training curves": training.training_curves_figure({"2l": records}, {"2l": {"step": 4, "tokens": 400}}),
         "induction by period": training.induction_by_period_figure({"2l": sweep}),
-        "circuit": circuits.circuit_figure(torch.randn(4, 4), list("abca"), list("wxyz"), "QK"),
-        "copying": circuits.copying_scores_figure(classes.copying.scores),
-        "composition": circuits.composition_figure({m: getattr(comp, m) for m in "qkv"}, comp.baseline_mean, 0.01),
+        "circuit": qk_ov.qk_ov_figure(torch.randn(4, 4), list("abca"), list("wxyz"), "QK"),
+        "copying": qk_ov.copying_scores_figure(classes.copying.scores),
+        "composition": qk_ov.composition_figure({m: getattr(comp, m) for m in "qkv"}, comp.baseline_mean, 0.01),
         "logit lens": lens.logit_lens_figure(logit_lens(model, tokens, k=3)),
         "logit attribution": lens.logit_attribution_figure(direct_logit_attribution(model, cache, answer=3, wrong=4)),
         "patching": patching.patching_figure(patch.to_dict()),

@@ -3,7 +3,7 @@
     folded = fold_layer_norm(model)   # a new Transformer; `model` is untouched
 
 After folding, every per-head weight view (model.W_Q, W_OV, ...) already contains the norm's gain,
-so the circuits and composition scores in circuits.py describe what the model computes, up to
+so the circuits and composition scores in qk_ov.py describe what the model computes, up to
 the norm's per-token 1/scale.
 
 What happens, in order (each step keeps the output unchanged, except centering W_U which shifts

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.circuits import (CompositionScores, CopyingScores, composition_scores,
+from circuitlab.analysis.qk_ov import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
 from circuitlab.analysis.folding import weights_model
 from circuitlab.analysis.head_detectors import (DETECTORS, MIN_PERIOD, HeadScores, PeriodSweep,  # noqa: F401

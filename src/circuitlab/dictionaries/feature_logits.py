@@ -7,7 +7,7 @@ logit attribution on a prompt.
 
 A feature writes acts · W_dec[f] into the space the dictionary reconstructs (for a transcoder, the MLP
 output). Into the residual stream that is W_dec[f] itself (resid_*, attn_out, mlp_out), W_dec[f] @ W_out
-(mlp.hook_post), or the heads' W_O (attn.hook_z). The final norm is read as analysis.attribution reads it
+(mlp.hook_post), or the heads' W_O (attn.hook_z). The final norm is read as analysis.logit_attribution reads it
 (through_final_norm: centred for LayerNorm, times the gain, and for DLA divided by the cached scale).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.attribution import through_final_norm, token_ids
+from circuitlab.analysis.logit_attribution import through_final_norm, token_ids
 from circuitlab.dictionaries.splice import sae_hook_name, splice
 from circuitlab.errors import CircuitlabError
 

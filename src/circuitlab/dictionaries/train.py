@@ -126,7 +126,7 @@ class DictTrainConfig:
 
 
 @dataclass
-class TrainResult:
+class DictionaryTrainResult:
     dictionaries: list[SparseDictionary]     # folded: they take raw activations
     metrics: list[DictionaryMetrics]         # held-out, at the end
     folders: list[Path]
@@ -401,7 +401,8 @@ class DictionaryTrainer:
         return interrupted_message(self.step, last, ckpt)
 
     # ------------------------------------------------------------------ the loop
-    def fit(self, out: str | Path | None = None, progress: bool = True, stop_at: int | None = None) -> TrainResult:
+    def fit(self, out: str | Path | None = None, progress: bool = True,
+            stop_at: int | None = None) -> DictionaryTrainResult:
         """Train to train.steps (or stop_at), resuming from out/checkpoint when it exists; save the
         dictionaries under out/dictionaries/<name>/ with out/results.json and out/metrics.jsonl."""
         from tqdm.auto import tqdm
@@ -451,11 +452,11 @@ class DictionaryTrainer:
         if out is not None:
             for name, sae in zip(dictionary_names([s.cfg for s in self.saes]), dictionaries):
                 folders.append(sae.save(out / "dictionaries" / name))
-            result = TrainResult(dictionaries, metrics, folders, self.step)
+            result = DictionaryTrainResult(dictionaries, metrics, folders, self.step)
             if metrics:
                 atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
             return result
-        return TrainResult(dictionaries, metrics, folders, self.step)
+        return DictionaryTrainResult(dictionaries, metrics, folders, self.step)
 
 
 def refuse_changed_settings(saved: dict[str, Any], now: dict[str, Any], folder: Path) -> None:

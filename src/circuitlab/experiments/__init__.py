@@ -4,7 +4,7 @@ the commands; nothing in the library imports them.
 
 demo               `circuitlab demo`: a 2-layer and a 1-layer attention-only model, their induction heads
 interpret          `circuitlab interpret`: named experiments on a checkpoint
-interpret_circuits weight-based experiments: circuits, heads, logit lens, attribution
+interpret_reading experiments that read the model without intervening: heads, QK/OV circuits, logit lens, DLA
 interpret_causal   interventions: patching, ablation, probing
 interpret_inputs   inputs and layers: input attribution by every method, the tuned lens against the logit lens
 forge_compare      `circuitlab forge compare`: an adder trained on the addition task against the hand-built one

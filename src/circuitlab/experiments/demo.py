@@ -143,7 +143,7 @@ def analyse(runs: dict, out: Path) -> DemoResult:
     from circuitlab.analysis.head_detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
     from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
-    from circuitlab.experiments.interpret_circuits import EXPERIMENTS
+    from circuitlab.experiments.interpret_reading import EXPERIMENTS
     from circuitlab.analysis.heads import attention_view
     from circuitlab.viz.heads import attention_patterns_figure
     from circuitlab.viz.training import induction_by_period_figure, training_curves_figure

@@ -243,7 +243,7 @@ def _finding(dash, feature: int) -> UnitFinding:
 
 def _neuron_findings(model, batches: list[torch.Tensor], tokenizer, k: int) -> list[UnitFinding]:
     """The same token-specificity measure for every neuron of the MLP (its k strongest contexts)."""
-    from circuitlab.analysis.attribution import top_activating_inputs
+    from circuitlab.analysis.logit_attribution import top_activating_inputs
 
     found = top_activating_inputs(model, batches, 0, list(range(model.cfg.mlp_dim)), k=k, context=0)
     out = []

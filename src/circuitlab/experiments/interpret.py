@@ -1,6 +1,6 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
-Experiments come from circuitlab.experiments.interpret_circuits (circuits, heads, logit_lens,
+Experiments come from circuitlab.experiments.interpret_reading (circuits, heads, logit_lens,
 attribution) and circuitlab.experiments.interpret_causal (patching, ablation, probing).
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ class InterpretResult:
 
 
 def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
-    from circuitlab.experiments import interpret_causal, interpret_circuits, interpret_inputs, interpret_tracing
+    from circuitlab.experiments import interpret_causal, interpret_reading, interpret_inputs, interpret_tracing
 
     table: dict[str, Callable[..., ExperimentResult]] = {}
-    for name, fn in interpret_circuits.EXPERIMENTS.items():
+    for name, fn in interpret_reading.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
     for name, fn in interpret_inputs.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"), opts.get("lens"))
@@ -58,7 +58,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
-    from circuitlab.experiments.interpret_circuits import NO_TEXT
+    from circuitlab.experiments.interpret_reading import NO_TEXT
 
     table = available_experiments()
     names = experiments or list(table)

@@ -15,7 +15,7 @@ from circuitlab.analysis.input_attribution import attribute_methods
 from circuitlab.analysis.tuned_lens import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
                                             train_tuned_lens)
 from circuitlab.data.stories import DEFAULT_PROMPT
-from circuitlab.experiments.interpret_circuits import prompt_tokens
+from circuitlab.experiments.interpret_reading import prompt_tokens
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.model import model_device
 

@@ -13,7 +13,7 @@ from typing import Any
 from circuitlab.analysis.patching.causal_tracing import causal_trace, check_kinds, check_window
 from circuitlab.analysis.patching.noise import Noise
 from circuitlab.errors import InputError
-from circuitlab.experiments.interpret_circuits import prompt_tokens
+from circuitlab.experiments.interpret_reading import prompt_tokens
 from circuitlab.experiments.result import ExperimentResult
 
 DEFAULT_SUBJECT = "Lily"  # in the default story prompt

@@ -194,12 +194,12 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
                      ) -> Section | None:
     """QK (through the previous-token head when there is one) and OV circuits of the induction head on the
     prompt's tokens, copying scores of every head, K-composition between heads. Norms folded first."""
-    from circuitlab.analysis.circuits import (composition_scores, copying_scores, k_composition_qk_circuit,
+    from circuitlab.analysis.qk_ov import (composition_scores, copying_scores, k_composition_qk_circuit,
                                               ov_circuit, qk_circuit)
     from circuitlab.analysis.folding import weights_model
     from circuitlab.data.stories import DEFAULT_PROMPT
     from circuitlab.viz import token_label
-    from circuitlab.viz.circuits import composition_figure, copying_scores_figure
+    from circuitlab.viz.qk_ov import composition_figure, copying_scores_figure
     from circuitlab.viz.spec import heatmap_figure
 
     model = run.model

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from circuitlab.errors import CircuitlabError
-import circuitlab.serve.analysis as analysis
+import circuitlab.serve.prompt as prompt_page
 
 log = logging.getLogger("circuitlab.serve")
 
@@ -94,7 +94,7 @@ class AdderRequest(BaseModel):
     b: StrictInt | str = Field(description="second number")
     design: Literal["post", "carry"] = Field(
         default="post", description="post: the reference post's 2-digit adder; carry: the exact adder")
-    digits: int = Field(default=2, ge=1, le=analysis.ADDER_MAX_DIGITS, description="digits of a and of b")
+    digits: int = Field(default=2, ge=1, le=prompt_page.ADDER_MAX_DIGITS, description="digits of a and of b")
 
 
 # ---------------------------------------------------------------------------- ASGI guard
@@ -240,7 +240,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
         if tokenizer is None:
             raise CircuitlabError(f"{run_dir} has no tokenizer saved with it, so prompts cannot be encoded; "
                                   "serve a run written by `circuitlab train` or `circuitlab import`")
-        max_tokens = analysis.token_limit(model, max_tokens)
+        max_tokens = prompt_page.token_limit(model, max_tokens)
         checkpoint_name = "/".join(Path(run_dir).resolve().parts[-2:])  # e.g. "demo/2l": no full path shown
     tuned = None
     if lens is not None or run_dir is not None:
@@ -284,13 +284,13 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     def labels() -> tuple[dict[str, list[str]], str | None]:
         with lock:
             if "labels" not in labels_cache:
-                labels_cache["labels"] = analysis.head_labels(model)
+                labels_cache["labels"] = prompt_page.head_labels(model)
             return labels_cache["labels"]
 
     app = FastAPI(title="circuitlab explorer", version="1", docs_url=None, redoc_url=None,
                   openapi_url="/api/openapi.json")
     limits = {"max_prompt_chars": max_prompt_chars, "max_tokens": max_tokens, "max_body_bytes": max_body_bytes,
-              "adder_max_digits": analysis.ADDER_MAX_DIGITS}
+              "adder_max_digits": prompt_page.ADDER_MAX_DIGITS}
 
     @app.exception_handler(CircuitlabError)
     async def _user_error(request: Request, exc: CircuitlabError) -> JSONResponse:
@@ -364,7 +364,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                     "message": "no model loaded: start the server with `circuitlab serve --checkpoint RUN` "
                                "to use the explorer (the adder page works without one)"}
         head_labels, note = labels()
-        return {**analysis.model_summary(model, tokenizer, meta, head_labels, note),
+        return {**prompt_page.model_summary(model, tokenizer, meta, head_labels, note),
                 "checkpoint": checkpoint_name, "limits": limits}
 
     @app.post("/api/analyse")
@@ -375,10 +375,10 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                                               "`circuitlab serve --checkpoint RUN` to analyse prompts")
         if len(req.prompt) > max_prompt_chars:
             raise CircuitlabError(f"the prompt is {len(req.prompt)} characters; the limit is {max_prompt_chars}")
-        ids = analysis.encode_prompt(tokenizer, req.prompt, max_tokens)
+        ids = prompt_page.encode_prompt(tokenizer, req.prompt, max_tokens)
         head_labels, _ = labels()
         with lock:
-            found = analysis.analyse(model, tokenizer, ids, req.target, req.position, figures=req.figures,
+            found = prompt_page.analyse(model, tokenizer, ids, req.target, req.position, figures=req.figures,
                                      head_labels=head_labels)
         found["head_labels"] = head_labels
         return found
@@ -392,12 +392,12 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     def adder_post(req: AdderRequest) -> dict[str, Any]:
         """The same as GET, with the fields as a JSON body."""
         with lock:
-            return analysis.adder_walkthrough(req.a, req.b, req.design, req.digits)
+            return prompt_page.adder_walkthrough(req.a, req.b, req.design, req.digits)
 
     def encode_prompt(prompt: str) -> list[int]:
         if len(prompt) > max_prompt_chars:
             raise CircuitlabError(f"the prompt is {len(prompt)} characters; the limit is {max_prompt_chars}")
-        return analysis.encode_prompt(tokenizer, prompt, max_tokens)
+        return prompt_page.encode_prompt(tokenizer, prompt, max_tokens)
 
     from circuitlab.serve.features import add_feature_routes
 

@@ -112,7 +112,7 @@ class FeatureBrowser:
         """Which features fire on a prompt: per token its top features, and the features with the largest
         activation anywhere in the prompt with their activation on every token."""
         from circuitlab.dictionaries.features import feature_activations
-        from circuitlab.serve.analysis import token_str
+        from circuitlab.serve.prompt import token_str
 
         e = self._entry(name)
         if not 1 <= top <= 50:

@@ -18,7 +18,7 @@ from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS, attrib
 from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
-from circuitlab.serve.analysis import VALUE_DIGITS, resolve_target, token_str
+from circuitlab.serve.prompt import VALUE_DIGITS, resolve_target, token_str
 
 MAX_STEPS = 256            # integrated-gradients steps one request may ask for
 STEPS = Number(int, low=1, high=MAX_STEPS, why="the explorer answers while you wait; `circuitlab attribute` takes more")

@@ -159,7 +159,7 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         if done % t.log_every == 0 or done == t.steps:
             record.update(loss=round(loss_value, 5), lr=lr, grad_norm=grad_norm, elapsed=round(time.time() - t0, 2))
         if done % t.eval_every == 0 or done == t.steps:
-            val = evaluate(model, data, t, rank, world, device)
+            val = validation_loss(model, data, t, rank, world, device)
             record.update(val_loss=round(val, 5), val_ppl=round(math.exp(min(val, 50)), 3))
             if val < best_val:
                 best_val = val
@@ -209,7 +209,7 @@ def make_optimizer(model: Transformer, t) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def evaluate(model: Transformer, data, t, rank: int = 0, world: int = 1, device: str = "cpu") -> float:
+def validation_loss(model: Transformer, data, t, rank: int = 0, world: int = 1, device: str = "cpu") -> float:
     """Mean val loss over t.eval_batches fixed batches (the same ones every time)."""
     model.eval()
     total = torch.zeros((), device=device)

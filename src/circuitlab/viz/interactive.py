@@ -5,8 +5,8 @@ gathered here for convenience (`from circuitlab.viz.interactive import heatmap_f
 
     attention_figure, attention_patterns_figure, head_scores_figure     viz.heads
     training_curves_figure, induction_by_period_figure                  viz.training
-    heatmap_figure, lines_figure (viz.spec), circuit_figure, copying_scores_figure,
-    composition_figure                                                  viz.circuits
+    heatmap_figure, lines_figure (viz.spec), qk_ov_figure, copying_scores_figure,
+    composition_figure                                                  viz.qk_ov
     logit_lens_figure, logit_attribution_figure                         viz.lens
     patching_figure, path_patching_figure, ablation_figure,
     attribution_vs_patching_figure                                      viz.patching
@@ -20,20 +20,20 @@ Nothing here reads or writes files.
 """
 from __future__ import annotations
 
-from circuitlab.analysis.attribution import LogitAttribution
-from circuitlab.analysis.patching.causal_tracing import AverageTrace, CausalTrace
 from circuitlab.analysis.heads import AttentionPatterns
 from circuitlab.analysis.lens import LogitLens
+from circuitlab.analysis.logit_attribution import LogitAttribution
 from circuitlab.analysis.patching import PatchResult
+from circuitlab.analysis.patching.causal_tracing import AverageTrace, CausalTrace
 from circuitlab.analysis.probing import ProbeResult
 from circuitlab.display import renders
-from circuitlab.viz.circuits import circuit_figure, composition_figure, copying_scores_figure
 from circuitlab.viz.heads import attention_figure, attention_patterns_figure, head_scores_figure
 from circuitlab.viz.lens import logit_attribution_figure, logit_lens_figure
 from circuitlab.viz.notebook import notebook_html, reset_notebook
 from circuitlab.viz.patching import (ablation_figure, attribution_vs_patching_figure, path_patching_figure,
                                      patching_figure)
 from circuitlab.viz.probing import probe_figure
+from circuitlab.viz.qk_ov import composition_figure, copying_scores_figure, qk_ov_figure
 from circuitlab.viz.spec import FigureSpec, heatmap_figure, lines_figure
 from circuitlab.viz.steering import steering_figure
 from circuitlab.viz.tracing import average_trace_figure, causal_trace_figure
@@ -49,7 +49,7 @@ renders(CausalTrace)(lambda trace: notebook_html(causal_trace_figure(trace)))
 renders(AverageTrace)(lambda average: notebook_html(average_trace_figure(average)))
 
 __all__ = ["FigureSpec", "ablation_figure", "attention_figure", "attention_patterns_figure",
-           "attribution_vs_patching_figure", "average_trace_figure", "causal_trace_figure", "circuit_figure",
+           "attribution_vs_patching_figure", "average_trace_figure", "causal_trace_figure", "qk_ov_figure",
            "composition_figure", "copying_scores_figure",
            "head_scores_figure", "heatmap_figure", "induction_by_period_figure", "lines_figure",
            "logit_attribution_figure", "logit_lens_figure", "notebook_html", "path_patching_figure",

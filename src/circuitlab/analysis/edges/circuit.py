@@ -18,7 +18,7 @@ import torch
 
 from circuitlab.analysis.edges.forward import graph_forward
 from circuitlab.analysis.edges.graph import EdgeGraph
-from circuitlab.analysis.edges.scoring import (EdgeScores, _copies_per_run, check_request, per_copy, reference)
+from circuitlab.analysis.edges.scoring import (EdgeScores, _copies_per_run, check_edge_request, per_copy, reference)
 from circuitlab.analysis.patching import Metric, read_positions
 from circuitlab.errors import CircuitlabError
 
@@ -140,7 +140,7 @@ def circuit_metric(model, clean, corrupt, metric: Metric, circuits: Sequence[tor
     clean, corrupt [batch, pos]; circuits: edge sets, each [n_edges] bool. Returns [n_circuits] (float64);
     the circuits run as copies in batched forward passes.
     """
-    clean, corrupt = check_request(model, clean, corrupt, metric, "exact", intervention)
+    clean, corrupt = check_edge_request(model, clean, corrupt, metric, "exact", intervention)
     graph = EdgeGraph.of(model)
     with torch.no_grad():
         clean_run = graph_forward(model, graph, clean)
@@ -171,7 +171,7 @@ def refine_circuit(model, clean, corrupt, metric: Metric, circuit: Circuit, *, i
     ones are dropped together. sequential=True is ACDC itself: the edges into a reader are tried one at a
     time, each against the circuit left by the removals before it (one run per edge).
     Returns the refined Circuit (pruned again)."""
-    clean, corrupt = check_request(model, clean, corrupt, metric, "exact", intervention)
+    clean, corrupt = check_edge_request(model, clean, corrupt, metric, "exact", intervention)
     graph = circuit.graph
     with torch.no_grad():
         clean_run = graph_forward(model, graph, clean)

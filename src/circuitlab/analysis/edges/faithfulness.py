@@ -19,7 +19,7 @@ import torch
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.edges.circuit import _run_circuits
 from circuitlab.analysis.edges.forward import graph_forward
-from circuitlab.analysis.edges.scoring import EdgeScores, check_request, reference
+from circuitlab.analysis.edges.scoring import EdgeScores, check_edge_request, reference
 from circuitlab.analysis.patching import Metric
 from circuitlab.errors import CircuitlabError
 
@@ -68,7 +68,7 @@ def faithfulness_curve(model, clean, corrupt, metric: Metric, scores: EdgeScores
     """Run the top-n circuits at each fraction of the edges, and on a finer grid for the sizes that reach
     each level. clean, corrupt [batch, pos]; intervention: default the one the scores were made with."""
     intervention = intervention or scores.intervention
-    clean, corrupt = check_request(model, clean, corrupt, metric, "exact", intervention)
+    clean, corrupt = check_edge_request(model, clean, corrupt, metric, "exact", intervention)
     graph, order = scores.graph, scores.order()
     E = graph.n_edges
     sizes = [min(E, max(0, round(f * E))) for f in fractions]

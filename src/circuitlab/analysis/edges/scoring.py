@@ -109,7 +109,7 @@ def per_copy(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return torch.stack([v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values])
 
 
-def check_request(model, clean, corrupt, metric: Metric, method: str, intervention: str
+def check_edge_request(model, clean, corrupt, metric: Metric, method: str, intervention: str
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tokens checked ([batch, pos], same shape when corrupt is given) and the method/intervention names."""
     if method not in METHODS:
@@ -210,7 +210,7 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
     """
     if metric is None:
         raise CircuitlabError("edge_scores needs a metric: a function of the logits, e.g. logit_diff(answer, wrong)")
-    clean, corrupt = check_request(model, clean, corrupt, metric, method, intervention)
+    clean, corrupt = check_edge_request(model, clean, corrupt, metric, method, intervention)
     if per_position and method == "exact":
         raise CircuitlabError("per-position scores come from eap and eap-ig; exact patching patches whole edges")
     if method == "eap-ig":

@@ -47,7 +47,7 @@ import torch
 from circuitlab.analysis._json import rounded  # noqa: F401 (also imported from here)
 # The pieces, one module per concern; their public names are importable from here too.
 from circuitlab.analysis.patching.checks import (DIRECTIONS, as_tokens, check_direction, check_layers,  # noqa: F401
-                                                 check_metric, check_pair, check_request)
+                                                 check_metric, check_pair, check_patching_request)
 from circuitlab.analysis.patching.engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
                                                  logits_buffer, patched_logits, patched_run, sweep)
 from circuitlab.analysis.patching.noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
@@ -170,8 +170,8 @@ def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], dire
     patched runs are measured with."""
     if isinstance(corrupt, Noised):
         return _prepare_noised(model, clean, corrupt, metric, targets, direction, layers)
-    chosen, layers, base_tokens, source_tokens, hooks = check_request(model, clean, corrupt, metric, targets,
-                                                                      direction, layers)
+    chosen, layers, base_tokens, source_tokens, hooks = check_patching_request(model, clean, corrupt, metric,
+                                                                               targets, direction, layers)
     base, _ = BaseRun.of(model, base_tokens)
     source_logits, source_cache = model.run_with_cache(source_tokens, names_filter=hooks)
     clean_logits, corrupt_logits = (source_logits, base.logits) if direction == "denoise" else \

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.patching import (Metric, PatchResult, check_request, default_targets, metric_value,
+from circuitlab.analysis.patching import (Metric, PatchResult, check_patching_request, default_targets, metric_value,
                                           patching_sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
@@ -45,8 +45,8 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
     activation_patching: base metric + estimated change.
     """
     targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
-    chosen, layers, base, source, hooks = check_request(model, clean_tokens, corrupt_tokens, metric, targets,
-                                                        direction, layers)
+    chosen, layers, base, source, hooks = check_patching_request(model, clean_tokens, corrupt_tokens, metric,
+                                                                 targets, direction, layers)
 
     source_logits, source_cache = model.run_with_cache(source, names_filter=hooks)
     # ∂metric/∂activation at the base run: the model's one gradient cache (autograd.grad on the activations).

@@ -78,8 +78,8 @@ def check_direction(direction: str) -> None:
                               f"(corrupted into the clean run), got {direction!r}")
 
 
-def check_request(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
-                  layers: Sequence[int] | None):
+def check_patching_request(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+                           layers: Sequence[int] | None):
     """Every check of a patching request, before any compute. Returns (targets, layers, base tokens,
     source tokens, the hook names to cache): denoising runs the corrupted prompt and takes
     activations from the clean one, noising the other way round."""

@@ -1,4 +1,5 @@
-"""What the explorer shows, as plain JSON-able dicts: no web framework in here.
+"""The explorer's prompt page, the model summary and the adder walk-through, as plain JSON-able dicts:
+no web framework in here.
 
     summary = model_summary(model, tokenizer, meta)            # GET /api/model
     found = analyse(model, tokenizer, ids, target=None)        # POST /api/analyse
@@ -127,7 +128,7 @@ def analyse(model, tokenizer, ids: list[int], target: str | int | None = None, p
     prediction at `position` (default the last). figures: also return the three as plotly figure
     JSON (circuitlab.viz.interactive), under "figures".
     """
-    from circuitlab.analysis.attribution import direct_logit_attribution
+    from circuitlab.analysis.logit_attribution import direct_logit_attribution
     from circuitlab.analysis.lens import logit_lens
 
     cfg = model.cfg

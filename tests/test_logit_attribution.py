@@ -7,7 +7,7 @@ import torch
 import helpers
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.attribution import (
+from circuitlab.analysis.logit_attribution import (
     direct_logit_attribution,
     neuron_output_tokens,
     residual_decomposition,

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
-from circuitlab.analysis.circuits import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
+from circuitlab.analysis.logit_attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
+from circuitlab.analysis.qk_ov import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import weights_model
 from circuitlab.analysis.head_detectors import induction_by_period, induction_test_tokens
@@ -62,7 +62,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
     """The direct path, copying and composition scores, the induction head's QK (through the
     previous-token head) and OV circuits on the prompt's tokens, the previous-token head's positional
     QK circuit. Norms are folded into the weights first."""
-    from circuitlab.viz.circuits import circuit_figure, composition_figure, copying_scores_figure
+    from circuitlab.viz.qk_ov import composition_figure, copying_scores_figure, qk_ov_figure
 
     out_dir = Path(out_dir)
     wm = weights_model(model)
@@ -73,7 +73,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         ids = list(dict.fromkeys(prompt_tokens(model, tokenizer, prompt).tolist()))[:24]  # tokens for heatmaps
         strs = [tokenizer.decode([i]) for i in ids]
     bigrams = direct_path(wm)
-    figures = [circuit_figure(bigrams.submatrix(ids, ids), strs, strs, "direct path W_E W_U", "output logit",
+    figures = [qk_ov_figure(bigrams.submatrix(ids, ids), strs, strs, "direct path W_E W_U", "output logit",
                               "input token", "logit").save_png(out_dir / "direct_path.png").name]
     top_bigrams = top_token_pairs(bigrams, k=10, tokenizer=tokenizer)
     found: dict[str, Any] = {"folded_norms": model.cfg.norm != "none",
@@ -104,16 +104,16 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         labelled = head in classes.heads_with("induction")
         qk = k_composition_qk_circuit(wm, head, prev)
         ov = ov_circuit(wm, head[0])[head[1]]
-        figures.append(circuit_figure(qk.submatrix(ids, ids), strs, strs,
+        figures.append(qk_ov_figure(qk.submatrix(ids, ids), strs, strs,
                                       f"{_name(head)} QK via {_name(prev)}: query token vs token before the key",
                                       "token before the key").save_png(out_dir / "induction_qk.png").name)
-        figures.append(circuit_figure(ov.submatrix(ids, ids), strs, strs, f"{_name(head)} full OV circuit",
+        figures.append(qk_ov_figure(ov.submatrix(ids, ids), strs, strs, f"{_name(head)} full OV circuit",
                                       "output logit", "attended token", "logit"
                                       ).save_png(out_dir / "induction_ov.png").name)
         if model.cfg.positional == "learned":
             n = min(24, model.cfg.n_ctx)
             pos_qk = pos_qk_circuit(wm, prev[0])[prev[1]].submatrix(list(range(n)), list(range(n)))
-            figures.append(circuit_figure(pos_qk, title=f"{_name(prev)} positional QK", x_title="key position",
+            figures.append(qk_ov_figure(pos_qk, title=f"{_name(prev)} positional QK", x_title="key position",
                                           y_title="query position").save_png(out_dir / "prev_token_pos_qk.png").name)
         found["induction"] = {
             "head": _name(head), "labelled": labelled, "prev_token_head": _name(prev),

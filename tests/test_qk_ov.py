@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.circuits import (
+from circuitlab.analysis.qk_ov import (
     composition_baseline,
     composition_scores,
     copying_scores,

@@ -1,4 +1,5 @@
-"""Views of weight-based circuits: a circuit block (QK, OV, direct path), copying scores, composition scores.
+"""Views of QK / OV circuits (weight products): a circuit block (QK, OV, direct path), copying scores,
+composition scores.
 Scores may be tensors or their JSON form (nested lists, None for NaN)."""
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from circuitlab.analysis.circuits import MODES
+from circuitlab.analysis.qk_ov import MODES
 from circuitlab.names import head_name
 from circuitlab.viz import token_label
 from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, as_array, heatmap_figure
 
 
-def circuit_figure(matrix: Any, row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
+def qk_ov_figure(matrix: Any, row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,
                    title: str = "", x_title: str = "key token", y_title: str = "query token",
                    value_name: str = "score") -> FigureSpec:
     """A dense circuit block [rows, cols] (e.g. FactoredMatrix.submatrix on a token subset) on a scale

@@ -1,4 +1,6 @@
-"""Circuits read off the weights: QK and OV circuits, copying scores, composition scores.
+"""QK and OV circuits read off the weights (products of weight matrices), copying scores, composition scores.
+
+(Not to be confused with a circuit as an edge subgraph: analysis/edges/circuit.py.)
 
 Following the Mathematical Framework (Elhage et al. 2021), in the row-vector orientation
 (x @ W) of model.W_Q etc.:
