@@ -12,7 +12,6 @@ TRAIN_EXAMPLE = ("circuitlab lens train --checkpoint runs/demo/2l --steps 300   
                  "(writes runs/demo/2l/tuned_lens; --resume continues an interrupted run)")
 SHOW_HELP = "a prompt through the logit lens and the tuned lens, with KL to the final distribution per layer"
 SHOW_EXAMPLE = 'circuitlab lens show --checkpoint runs/demo/2l --prompt "Once upon a time, Lily" --out lens.html'
-STATE_FILE = "training_state.safetensors"  # inside the output folder while training; removed at the end
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -35,70 +34,17 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len: int) -> list:
-    import torch
-
-    from circuitlab.errors import CircuitlabError
-
-    from circuitlab.textfile import read_text
-
-    ids = tokenizer.encode(read_text(path, "--text file"))
-    per_batch = batch_size * seq_len
-    n = min(n_batches, len(ids) // per_batch)
-    if n == 0:
-        raise CircuitlabError(f"{path} has {len(ids)} tokens; one batch needs {per_batch} (--batch-size × --seq-len)")
-    return list(torch.tensor(ids[:n * per_batch]).view(n, batch_size, seq_len))
-
-
 def _run_train(args: argparse.Namespace) -> int:
-    from circuitlab.analysis.tuned_lens import (TunedLens, check_lens_batches, default_lens_dir, mean_kl_to_final,
-                                                story_batches, train_tuned_lens)
-    from circuitlab.errors import CircuitlabError
-    from circuitlab.training import load_checkpoint
-    from circuitlab.training.outputs import default_out, inside_checkpoint
+    from circuitlab.experiments.lens_train import LensTrainOptions, train_lens
 
-    out = Path(args.out) if args.out else default_lens_dir(args.checkpoint)
-    ckpt = inside_checkpoint(out)
-    if ckpt is not None:  # a checkpoint save replaces its folder as a whole: the lens would be lost
-        raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}; give another --out "
-                              f"(e.g. {default_out(ckpt, 'tuned_lens')})")
-    state = out / STATE_FILE
-    if args.resume and not state.is_file():
-        raise CircuitlabError(f"nothing to resume in {out} (no {STATE_FILE})")
-    if not args.resume and not args.overwrite:
-        if state.is_file():
-            raise CircuitlabError(f"{out} holds an unfinished training: pass --resume to continue it, or --overwrite")
-        if TunedLens.exists(out):
-            raise CircuitlabError(f"{out} already holds a tuned lens: pass --overwrite to replace it, or choose --out")
-    if args.overwrite and not args.resume:
-        state.unlink(missing_ok=True)
-    model, tok, _ = load_checkpoint(args.checkpoint)
-    if tok is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode training text")
-    seq = min(args.seq_len, model.cfg.n_ctx)
-    check_lens_batches(model, args.batches, args.batch_size, seq)  # before the data is built
-    if args.text:
-        batches = _text_batches(args.text, tok, args.batches, args.batch_size, seq)
-    else:
-        batches = story_batches(tok, n_batches=args.batches, batch_size=args.batch_size, seq_len=seq)
-    if args.resume:
-        print(f"resuming the training in {out}")
-    # the options that made the data, by name: a resume with other values is refused naming them
-    made_by = {"--batches": args.batches, "--batch-size": args.batch_size, "--seq-len": seq, "--text": args.text}
-    lens = train_tuned_lens(model, batches, steps=args.steps, lr=args.lr, progress=not args.no_progress,
-                            state_file=state, save_every=args.save_every, settings=made_by)
-    lens.model_info["checkpoint"] = str(args.checkpoint)
-    lens.train_info.update(data=args.text or "built-in stories (seed 1)", batches=len(batches),
-                           batch_size=args.batch_size, seq_len=seq)
-    lens.save(out)
-    state.unlink(missing_ok=True)
-    held_out = story_batches(tok, n_batches=2, batch_size=8, seq_len=seq, seed=2)
-    logit, tuned = mean_kl_to_final(model, held_out), mean_kl_to_final(model, held_out, lens)
+    found = train_lens(LensTrainOptions(args.checkpoint, args.out, args.steps, args.lr, args.batches, args.batch_size,
+                                        args.seq_len, args.text, args.save_every, args.resume, args.overwrite,
+                                        progress=not args.no_progress))
     print("KL to the final distribution on held-out stories (nats per token):")
     print(f"  {'point':<8}{'logit lens':>12}{'tuned lens':>12}")
-    for label, a, b in zip(lens.labels[:-1], logit.tolist(), tuned.tolist()):
+    for label, a, b in zip(found.labels, found.logit_kl, found.tuned_kl):
         print(f"  {label:<8}{a:>12.4f}{b:>12.4f}")
-    print(f"wrote {out} (tuned_lens.safetensors, tuned_lens.json)")
+    print(f"wrote {found.folder} (tuned_lens.safetensors, tuned_lens.json)")
     return 0
 
 

@@ -1,0 +1,102 @@
+"""`circuitlab lens train`: a tuned lens for a checkpoint, trained on built-in stories or a text file, saved
+beside the checkpoint, and measured against the logit lens on held-out stories.
+
+    found = train_lens(LensTrainOptions(checkpoint="runs/demo/2l", steps=300))
+    found.folder           # <checkpoint>/tuned_lens (tuned_lens.safetensors, tuned_lens.json)
+    found.tuned_kl         # [point]: KL to the final distribution per layer, nats per token (found.logit_kl beside)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_FILE = "training_state.safetensors"  # inside the output folder while training; removed at the end
+
+
+@dataclass
+class LensTrainOptions:
+    checkpoint: str | Path
+    out: str | Path | None = None    # default: <checkpoint>/tuned_lens (beside a checkpoint folder)
+    steps: int = 300
+    lr: float = 1e-2
+    batches: int = 16                # distinct token batches, cycled through
+    batch_size: int = 16
+    seq_len: int = 64                # capped by the context
+    text: str | None = None          # a UTF-8 file (default: built-in stories the demo did not train on)
+    save_every: int = 100            # resumable state every N steps
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+
+@dataclass
+class LensTrainResult:
+    folder: Path
+    lens: object                     # the TunedLens
+    labels: list[str]                # the points read (the lens's labels without the final one)
+    logit_kl: list[float]            # KL to the final distribution per point on held-out stories (nats per token)
+    tuned_kl: list[float]
+
+
+def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len: int) -> list:
+    """[n][batch_size, seq_len] token batches from a text file (as many as it holds, up to n_batches)."""
+    import torch
+
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.textfile import read_text
+
+    ids = tokenizer.encode(read_text(path, "--text file"))
+    per_batch = batch_size * seq_len
+    n = min(n_batches, len(ids) // per_batch)
+    if n == 0:
+        raise CircuitlabError(f"{path} has {len(ids)} tokens; one batch needs {per_batch} (--batch-size × --seq-len)")
+    return list(torch.tensor(ids[:n * per_batch]).view(n, batch_size, seq_len))
+
+
+def train_lens(opts: LensTrainOptions) -> LensTrainResult:
+    """Train (or, with opts.resume, continue) a tuned lens and save it in opts.out; refuses in one line an output
+    inside a checkpoint folder, an unfinished training without --resume/--overwrite, an existing lens."""
+    from circuitlab.analysis.tuned_lens import (TunedLens, check_lens_batches, default_lens_dir, mean_kl_to_final,
+                                                story_batches, train_tuned_lens)
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import default_out, inside_checkpoint
+
+    out = Path(opts.out) if opts.out else default_lens_dir(opts.checkpoint)
+    ckpt = inside_checkpoint(out)
+    if ckpt is not None:  # a checkpoint save replaces its folder as a whole: the lens would be lost
+        raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}; give another --out "
+                              f"(e.g. {default_out(ckpt, 'tuned_lens')})")
+    state = out / STATE_FILE
+    if opts.resume and not state.is_file():
+        raise CircuitlabError(f"nothing to resume in {out} (no {STATE_FILE})")
+    if not opts.resume and not opts.overwrite:
+        if state.is_file():
+            raise CircuitlabError(f"{out} holds an unfinished training: pass --resume to continue it, or --overwrite")
+        if TunedLens.exists(out):
+            raise CircuitlabError(f"{out} already holds a tuned lens: pass --overwrite to replace it, or choose --out")
+    if opts.overwrite and not opts.resume:
+        state.unlink(missing_ok=True)
+    model, tok, _ = load_checkpoint(str(opts.checkpoint))
+    if tok is None:
+        raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it; cannot encode training text")
+    seq = min(opts.seq_len, model.cfg.n_ctx)
+    check_lens_batches(model, opts.batches, opts.batch_size, seq)  # before the data is built
+    if opts.text:
+        batches = _text_batches(opts.text, tok, opts.batches, opts.batch_size, seq)
+    else:
+        batches = story_batches(tok, n_batches=opts.batches, batch_size=opts.batch_size, seq_len=seq)
+    if opts.resume:
+        print(f"resuming the training in {out}")
+    # the options that made the data, by name: a resume with other values is refused naming them
+    made_by = {"--batches": opts.batches, "--batch-size": opts.batch_size, "--seq-len": seq, "--text": opts.text}
+    lens = train_tuned_lens(model, batches, steps=opts.steps, lr=opts.lr, progress=opts.progress,
+                            state_file=state, save_every=opts.save_every, settings=made_by)
+    lens.model_info["checkpoint"] = str(opts.checkpoint)
+    lens.train_info.update(data=opts.text or "built-in stories (seed 1)", batches=len(batches),
+                           batch_size=opts.batch_size, seq_len=seq)
+    lens.save(out)
+    state.unlink(missing_ok=True)
+    held_out = story_batches(tok, n_batches=2, batch_size=8, seq_len=seq, seed=2)
+    logit, tuned = mean_kl_to_final(model, held_out), mean_kl_to_final(model, held_out, lens)
+    return LensTrainResult(out, lens, list(lens.labels[:-1]), logit.tolist(), tuned.tolist())

@@ -1,0 +1,216 @@
+"""`circuitlab sae train`: sparse dictionaries (SAEs, transcoders, per-layer transcoder sets, CLTs) trained from a
+YAML config on one stream of a model's activations, then spliced into the model on held-out text.
+
+    data = load_sae_config("sae-demo", ["train.steps=500"])        # a file or a bundled config, --set overrides
+    out = Path("runs/sae-demo")
+    resume = start_or_resume(out, resume=False, overwrite=False)   # the output-folder policy of a resumable run
+    summary = train_dictionaries(data, out, resume=resume)         # = out/results.json
+    summary["dictionaries"][0]["metrics"]["spliced"]["ce_recovered"]
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+def is_sae_run(folder: Path) -> bool:
+    """Our own earlier output (also one written before output folders were marked)."""
+    from circuitlab.dictionaries.train import CHECKPOINT
+
+    return any((folder / n).exists() for n in ("results.json", "dictionaries", CHECKPOINT, "metrics.jsonl"))
+
+
+def start_or_resume(out: Path, resume: bool, overwrite: bool) -> bool:
+    """Whether this run resumes a checkpoint in out. A fresh start is refused over a checkpoint (pointing at
+    --resume) and over a finished run (pointing at --overwrite); a folder an interrupt left before the first
+    checkpoint is reused, with or without --resume, and said."""
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.training.outputs import MARKER
+
+    saved = (out / CHECKPOINT / STATE).is_file()
+    if resume and overwrite:
+        raise CircuitlabError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    held = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    unsaved = not saved and held and not held - {MARKER, "metrics.jsonl", CHECKPOINT}
+    if unsaved:  # what an interrupt before the first checkpoint leaves: nothing to keep
+        print(f"{out} holds no checkpoint yet (the earlier run stopped before its first): starting from step 0")
+        for name in held - {MARKER}:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        return False
+    if resume:
+        if saved:
+            return True
+        raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)"
+                              + ("; run without --resume to start" if not held else "; give another --out"))
+    if saved and not overwrite:
+        raise CircuitlabError(f"{out} holds an unfinished run (its {CHECKPOINT}/): pass --resume to continue it, "
+                              "or --overwrite to start over")
+    return False
+
+
+def load_sae_config(name: str, overrides: list[str]) -> dict[str, Any]:
+    """The YAML config (a file or a bundled name) with `--set` overrides applied, its sections checked."""
+    from circuitlab.errors import ConfigError
+    from circuitlab.training.config import load_yaml_mapping
+
+    path, data = load_yaml_mapping(name, overrides, "model, data, store, dictionaries and train")
+    unknown = sorted(set(data) - {"name", "description", "model", "data", "store", "dictionaries", "train", "needs"})
+    if unknown:
+        raise ConfigError(f"unknown section(s) in {path}: {', '.join(unknown)}")
+    if not data.get("model") or not isinstance(data.get("dictionaries"), list) or not data["dictionaries"]:
+        raise ConfigError(f"{path} needs `model:` (a checkpoint folder) and a non-empty `dictionaries:` list")
+    data.setdefault("name", path.stem)
+    return data
+
+
+KINDS = ("dictionary", "clt", "transcoders")
+
+
+def _layer_transcoder(d: dict[str, Any], layer: int) -> dict[str, Any]:
+    """One layer's transcoder of a `kind: transcoders` entry (a transcoder per MLP, reading its input)."""
+    from circuitlab.dictionaries.clt import CLTConfig
+
+    d = {k: v for k, v in d.items() if k != "kind"}
+    in_hook, out_hook = d.pop("input_hook", CLTConfig.input_hook), d.pop("output_hook", CLTConfig.output_hook)
+    meta = {**d.pop("metadata", {})}
+    meta["name"] = f"{meta.get('name', 'transcoders')}-{layer}"
+    return {**d, "hook_name": in_hook.format(layer=layer), "out_hook_name": out_hook.format(layer=layer), "metadata": meta}
+
+
+def _expand_layers(entries: list, model) -> tuple[list, dict[str, list[int]]]:
+    """CLT entries get the model's layer count and width; a `transcoders` entry becomes one transcoder per layer
+    (grouped, so that they are also evaluated replacing every MLP at once)."""
+    from circuitlab.errors import CircuitlabError
+
+    out, groups = [], {}
+    L, d_model = model.cfg.n_layers, model.cfg.d_model
+    for d, own in entries:
+        kind = d.get("kind", "dictionary")
+        if kind == "clt":
+            if d.get("n_layers", L) != L:
+                raise CircuitlabError(f"the CLT config says n_layers={d['n_layers']} but the model has {L} layers")
+            if d.get("d_model", d_model) != d_model:
+                raise CircuitlabError(f"the CLT config says d_model={d['d_model']} but the model's d_model is {d_model}")
+            out.append(({**d, "n_layers": L, "d_model": d_model}, own))
+        elif kind == "transcoders":
+            name = (d.get("metadata") or {}).get("name", "transcoders")
+            groups[name] = list(range(len(out), len(out) + L))
+            out += [(_layer_transcoder(d, layer), own) for layer in range(L)]
+        else:
+            out.append((d, own))
+    return out, groups
+
+
+def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    from circuitlab.errors import refuse_unknown
+
+    known = {"seq_len": 64, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
+             "cache_max_gb": None}
+    refuse_unknown(raw, known, "store field(s)", list_known=True)
+    return {**known, **raw}
+
+
+def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False, overwrite: bool = False,
+                       progress: bool = True) -> dict[str, Any]:
+    """Train every dictionary of a config (load_sae_config) on one stream of the model's activations; save them,
+    their checkpoint and metrics.jsonl in out, then splice each into the model on held-out text. Returns the
+    summary written to out/results.json (metrics and spliced CE per dictionary, per-layer sets replaced at once).
+    resume: continue out's checkpoint (start_or_resume decides); overwrite: replace an earlier run in out."""
+    from circuitlab.data import DataConfig, build_data
+    from circuitlab.dictionaries import DictionaryConfig, base_model_id
+    from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
+    from circuitlab.dictionaries.metrics import spliced_loss
+    from circuitlab.dictionaries.store import ActivationStore, CachedActivations, ModelActivations, cache_activations
+    from circuitlab.dictionaries.train import PER_DICTIONARY, DictionaryTrainer, DictTrainConfig
+    from circuitlab.errors import CircuitlabError, ConfigError
+    from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import output_folder
+
+    train = DictTrainConfig.from_dict(data.get("train") or {})
+    store_cfg = _store_settings(data.get("store") or {})
+    entries = []
+    for i, d in enumerate(data["dictionaries"]):
+        if not isinstance(d, dict):
+            raise ConfigError(f"dictionaries[{i}] must be a mapping (architecture, hook_name, d_sae, ...)")
+        d = dict(d)
+        own = d.pop("train", None) or {}
+        entries.append((d, own))
+    for d, own in entries:  # validate what can be validated before the model is loaded
+        kind = d.get("kind", "dictionary")
+        if kind not in KINDS:
+            raise ConfigError(f"unknown dictionary kind {kind!r}; use one of {', '.join(KINDS)}")
+        if kind == "clt":
+            CLTConfig.from_dict({"n_layers": 1, "d_model": 1, **d})
+        elif kind == "transcoders":
+            DictionaryConfig.from_dict({"d_in": 1, **_layer_transcoder(d, 0)})
+        else:
+            d.pop("kind", None)
+            DictionaryConfig.from_dict({"d_in": 1, "d_out": 1 if d.get("out_hook_name") else None, **d} if "d_in" not in d else d)
+        bad = sorted(set(own) - set(PER_DICTIONARY))
+        if bad:
+            raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
+
+    model, tokenizer, _ = load_checkpoint(str(data["model"]))
+    if tokenizer is None:
+        raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
+    tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
+    entries, groups = _expand_layers(entries, model)
+    hooks = [h for d, _ in entries for h in
+             (CLTConfig.from_dict(d).hooks() if d.get("kind") == "clt" else (d.get("hook_name"), d.get("out_hook_name"))) if h]
+    source = ModelActivations(model, hooks, tokens, seq_len=store_cfg["seq_len"], seqs_per_chunk=store_cfg["seqs_per_chunk"],
+                              skip_positions=store_cfg["skip_positions"])
+    base = base_model_id(model, name=str(data["model"]))
+    configs = []
+    for d, _ in entries:
+        if d.get("kind") == "clt":
+            configs.append(CLTConfig.from_dict({**d, "base_model": base}))
+            continue
+        d = {"d_in": source.widths[d["hook_name"]], **d, "base_model": base}
+        if d.get("out_hook_name"):
+            d.setdefault("d_out", source.widths[d["out_hook_name"]])
+        configs.append(DictionaryConfig.from_dict(d))
+    val_source = source
+    if store_cfg["cache"]:
+        n_train = math.ceil(train.steps * train.batch_size / source.rows_per_chunk)
+        n_val = math.ceil(train.eval_batches * train.batch_size / source.rows_per_chunk)
+        cap = store_cfg["cache_max_gb"]
+        cap = int(float(cap) * 2**30) if cap else None
+        for split, n in (("train", n_train), ("val", n_val)):
+            cache_activations(source, store_cfg["cache"], n, split=split, dtype=store_cfg["cache_dtype"], max_bytes=cap,
+                              progress=progress)
+        source = val_source = CachedActivations(store_cfg["cache"], seed=train.seed)
+    trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed),
+                                ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
+                                overrides=[own for _, own in entries])
+    # what else decides the result: a resume with other values is refused, naming them
+    trainer.run_settings = {"model": str(data["model"]), "data": data.get("data") or {},
+                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb")}}
+    if not resume:
+        output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
+    result = trainer.fit(out, progress=progress)
+    toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"])
+    summary = result.to_dict()
+    for entry, sae, folder in zip(summary["dictionaries"], result.dictionaries, result.folders):
+        s = spliced_loss(model, sae, toks)
+        entry["metrics"]["spliced"] = s.to_dict()
+        m = entry["metrics"]
+        per_layer = " per layer" if isinstance(sae, CrossLayerTranscoder) else ""
+        print(f"{folder}: L0 {m['l0']:.1f}{per_layer}, explained variance {m['explained_variance']:.3f}, dead {m['dead_frac']:.1%}, "
+              f"CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; zero-ablated {s.ce_zero:.3f})")
+    summary["replacements"] = []
+    for name, members in groups.items():  # a transcoder per layer, every MLP replaced at once, beside the CLTs
+        s = spliced_loss(model, [result.dictionaries[i] for i in members], toks)
+        ms = [summary["dictionaries"][i]["metrics"] for i in members]
+        fvu = sum(m["fvu"] for m in ms) / len(ms)
+        summary["replacements"].append({"name": name, "dictionaries": [summary["dictionaries"][i]["name"] for i in members],
+                                        "mean_layer_explained_variance": 1 - fvu,
+                                        "mean_l0": sum(m["l0"] for m in ms) / len(ms), "spliced": s.to_dict()})
+        print(f"{name} ({len(members)} per-layer transcoders, every MLP replaced at once): mean explained variance "
+              f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}), KL {s.kl:.4f}")
+    from circuitlab.atomic import atomic_write_text
+
+    atomic_write_text(out / "results.json", json.dumps(summary, indent=2))
+    return summary
