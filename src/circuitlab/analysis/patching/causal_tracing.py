@@ -199,10 +199,10 @@ def restoration_sweep(model, run: TraceRun, kind: str, window: int = 1, batch_si
             sites, first = _position_sites(run, "resid_post", [l], positions), l
             if kind in FROZEN:
                 sites += _frozen_sites(run, FROZEN[kind], range(l + 1, L), len(positions))
-        # The width shortcut (one block at the patched position) holds for one site at one layer only.
-        local = len(sites) == 1
+        # Local: the sites at the first layer change its block's output at their own position only (the
+        # width shortcut); later sites, at that position or frozen at the base run's values, keep it true.
         out.append(torch.cat([before, sweep(model, run.base, first, sites, run.metric, batch_size, False,
-                                            positions=positions, local=local)]))
+                                            positions=positions, local=True)]))
     return torch.stack(out)
 
 

@@ -63,18 +63,22 @@ class Site:
     def apply(self, act: torch.Tensor, rows: slice, start: int = 0) -> torch.Tensor:
         """act [chunk * batch, ...] with patch c of the chunk applied to rows c*batch .. c*batch + batch - 1.
 
-        start: the first position the run computes (act holds positions start.. only).
+        start: the first position the run computes (act holds positions start .. start + n - 1 only); a
+        patch at a position outside them changes nothing in this run.
         """
         idx = self.index[rows]
         src = self.source[rows] if self.per_patch else self.source
+        inside = None
         if self.pos_dim is not None:  # the run may compute only some positions: take the same ones
-            lead = 2 if self.per_patch else 1
-            src = src.narrow(lead + self.pos_dim, start, act.shape[1 + self.pos_dim])
+            lead, n = (2 if self.per_patch else 1), act.shape[1 + self.pos_dim]
+            src = src.narrow(lead + self.pos_dim, start, n)
             if self.hook.endswith(("hook_pattern", "hook_attn_scores")):  # and only the keys it has
                 src = src[..., : act.shape[-1]]
-            if start and self.pos_dim in self.dims:
+            if self.pos_dim in self.dims:
+                k = self.dims.index(self.pos_dim)
                 idx = idx.clone()
-                idx[:, self.dims.index(self.pos_dim)] -= start
+                idx[:, k] -= start
+                inside = (idx[:, k] >= 0) & (idx[:, k] < n)
         C = len(idx)
         grouped = act.view(C, -1, *act.shape[1:])  # [chunk, batch, ...]
         shape = [act.shape[1 + d] if d in self.dims else 1 for d in range(act.dim() - 1)]
@@ -82,6 +86,8 @@ class Site:
         where = [torch.arange(C)]
         for d in range(act.dim() - 1):
             where.append(idx[:, self.dims.index(d)] if d in self.dims else torch.zeros(C, dtype=torch.long))
+        if inside is not None:
+            where = [w[inside] for w in where]
         mask[tuple(w.to(act.device) for w in where)] = True
         return torch.where(mask[:, None], src.to(act.device, act.dtype), grouped).view_as(act)
 
@@ -118,7 +124,8 @@ def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: s
     B, T = base.logits.shape[:2]
     C = rows.stop - rows.start
     end = model.cfg.n_layers if stop is None else stop
-    hooks = [(s.hook, lambda act, hook, s=s: s.apply(act, rows, start)) for s in sites] + list(extra_hooks)
+    first = [start]  # the first position the running block computes (a read position in the runs below)
+    hooks = [(s.hook, lambda act, hook, s=s: s.apply(act, rows, first[0])) for s in sites] + list(extra_hooks)
     x = base.resid[layer][:, start:T if width is None else start + width].repeat(C, 1, 1)
     positions = list(range(start, start + x.shape[1]))
     with model.hooks(fwd_hooks=hooks):
@@ -127,11 +134,13 @@ def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: s
             if start:
                 kv.append(base.keys[l][:, :start].repeat(C, 1, 1, 1), base.values[l][:, :start].repeat(C, 1, 1, 1))
             done = start + x.shape[1]
-            if l > layer and done < T and l == end - 1 and reads is not None and stop is None:
+            if (l > layer and done < T and l == end - 1 and reads is not None and stop is None
+                    and not _patches_keys_beyond(sites, l, rows, done)):
                 outputs = [model.blocks[l](x, kv)]
                 for r in (p for p in reads if p >= done):  # unchanged keys and values up to r, then r itself
                     gap = slice(kv.length, r)
                     kv.append(base.keys[l][:, gap].repeat(C, 1, 1, 1), base.values[l][:, gap].repeat(C, 1, 1, 1))
+                    first[0] = r  # the block's hooks now see position r alone
                     outputs.append(model.blocks[l](base.resid[l][:, r:r + 1].repeat(C, 1, 1), kv))
                     positions.append(r)
                 x = torch.cat(outputs, dim=1)
@@ -141,6 +150,24 @@ def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: s
                 positions = list(range(start, T))
             x = model.blocks[l](x, kv)
     return x.view(C, B, *x.shape[1:]), positions
+
+
+# The hooks of a block that its keys and values are computed from (after "blocks.{l}.").
+_KEY_INPUTS = ("hook_resid_pre", "ln1.", "attn.hook_k", "attn.hook_v", "attn.hook_rot_k", "attn.k_norm.")
+
+
+def _patches_keys_beyond(sites: Sequence[Site], layer: int, rows: slice, done: int) -> bool:
+    """Whether a site changes block `layer`'s keys or values at a position >= done (all positions, when it
+    does not address positions): patched_run's read-position shortcut takes those from the base run."""
+    prefix = f"blocks.{layer}."
+    for s in sites:
+        if not (s.hook.startswith(prefix) and s.hook[len(prefix):].startswith(_KEY_INPUTS)):
+            continue
+        if s.pos_dim is None or s.pos_dim not in s.dims:
+            return True
+        if bool((s.index[rows][:, s.dims.index(s.pos_dim)] >= done).any()):
+            return True
+    return False
 
 
 def patched_logits(model, base: BaseRun, resid: torch.Tensor, positions: Sequence[int],
