@@ -245,7 +245,7 @@ class GraphBrowser:
         feats = self._feature_nodes(data, node_ids)
         rm = self._replacement_model(self._tokens(data))
         ivs = [Intervention(layer=layer, feature=f, scale=scale, pos=pos) for layer, f, pos in feats]
-        from circuitlab.serve.analysis import token_str
+        from circuitlab.serve.prompt import token_str
 
         def best(logits: torch.Tensor) -> list[dict[str, Any]]:
             probs = logits[0, -1].double().softmax(-1)
