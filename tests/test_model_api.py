@@ -134,6 +134,27 @@ def test_frozen_logits_are_affine_in_an_added_residual_direction(arch, one_threa
         assert (live[2] - (live[0] - 3 * (live[1] - live[0]))).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama-gqa"])
+def test_frozen_attention_projects_values_alone(arch, one_thread):
+    """Under a frozen pattern queries and keys are dead: they are not computed (hook_q / hook_k do not fire)
+    and a backward pass never reaches the q/k rows of the fused projection, split inputs included."""
+    model, t = model_of(arch), toks()
+    seen = []
+    spy = [(f"blocks.0.attn.hook_{n}", lambda x, hook: seen.append(hook.name)) for n in "qkv"]
+    with model.frozen(t):
+        logits = model.run_with_hooks(t, fwd_hooks=spy)
+        x = model.embed_tokens(t)
+        heads = x[:, :, None].expand(-1, -1, model.cfg.n_heads, -1)
+        kv = x[:, :, None].expand(-1, -1, model.cfg.kv_heads, -1)
+        (logits.sum() + model.blocks[0].split_attention(heads, kv, kv).sum()).backward()
+    assert seen == ["blocks.0.attn.hook_v"]
+    grad = model.blocks[0].attn.qkv.weight.grad
+    v_start = (model.cfg.n_heads + model.cfg.kv_heads) * model.cfg.head_dim
+    assert grad is not None and float(grad[v_start:].abs().max()) > 0
+    assert grad[:v_start].abs().max() == 0
+    model.zero_grad(set_to_none=True)
+
+
 def test_frozen_gradients_are_the_jacobian_of_the_linear_map(one_thread):
     """Under autograd the frozen model's gradient with respect to the residual stream is constant (the
     frozen pattern and scales are detached): the same at the reference and at a far-away point."""

@@ -10,18 +10,18 @@ demeaned already). A source contributes act * decoder vector (a feature; a cross
 layer it writes), its error vector (an error node) or its embedding (a token node); the edge is that
 contribution dotted with the gradient of the target at the place it is added.
 
-Each backward pass computes many target rows at once: the forward runs `batch_size` copies of the
-prompt through the frozen system, row b's target is injected into copy b only, and one
-torch.autograd.grad gives every row's gradient at every MLP output and at the embedding. Rows are
-grouped by layer, so a pass for layer-l targets runs backward through layers < l only.
+Each backward pass computes many target rows at once: the replacement model's linear system runs forward
+once per span of positions (one copy of the prompt, ReplacementModel.linear_pass) and torch.autograd.grad with batched
+gradients (is_grads_batched) gives every row's gradient at every MLP output and at the embedding. Rows
+are grouped by layer, so a pass for layer-l targets runs backward through layers < l only, and by span
+of positions, so it runs over the positions up to the span's end only (attention is causal).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import resource
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +29,10 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.errors import InputError
-from circuitlab.graphs.graph import Graph, node_influence
-from circuitlab.graphs.replacement import ReplacementModel
+from circuitlab.graphs.graph import Graph, normalized
+from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model.assumptions import require
-from circuitlab.model.hooks import HookPoint
 
 
 @dataclass
@@ -108,88 +107,6 @@ def _token_label(tokenizer: Any, i: int) -> str:
 N_SPANS = 4  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
 
 
-class _Stop(Exception):
-    """Raised in a hook to end a forward pass once everything attribution needs is computed."""
-
-
-class _MLPStandIn(torch.nn.Module):
-    """Takes an MLP's place during a linear pass: its output is replaced at hook_mlp_out anyway (by the
-    skip path plus a constant), so running the real MLP on every copy would be wasted work."""
-
-    def __init__(self, d_model: int) -> None:
-        super().__init__()
-        self.d_model = d_model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(*x.shape[:-1], self.d_model)
-
-
-@contextlib.contextmanager
-def _mlps_stood_in(model: Any) -> Iterator[None]:
-    """Swap every block's MLP for an _MLPStandIn for the block; restored on exit, even on error."""
-    saved = [(block, block.mlp) for block in model.blocks if getattr(block, "mlp", None) is not None]
-    try:
-        for block, _ in saved:
-            block._modules["mlp"] = _MLPStandIn(model.cfg.d_model)
-        yield
-    finally:
-        for block, mlp in saved:
-            block._modules["mlp"] = mlp
-
-
-class _LinearPass:
-    """One forward of `batch` copies of the prompt's first `n_pos` positions through the frozen linear
-    system, kept for backward (causal: targets at positions < n_pos see only those positions).
-
-    x[l]: each layer's transcoder input [batch, n_pos, d_in] (feature targets are injected here);
-    out[l]: each layer's MLP output [batch, n_pos, d_model] (where feature and error sources add);
-    embed: the embedding [batch, n_pos, d_model] (token sources); logits: the last position's [batch, d_vocab]."""
-
-    def __init__(self, rm: ReplacementModel, batch: int, n_pos: int | None = None, logits: bool = True) -> None:
-        model, tc = rm.model, rm.tc
-        P = self.n_pos = n_pos or rm.n_pos
-        self.x: dict[int, torch.Tensor] = {}
-        self.out: dict[int, torch.Tensor] = {}
-        fns: list[tuple[str, Any]] = []
-
-        def embed(t: torch.Tensor, hook: HookPoint) -> torch.Tensor:
-            self.embed = t.detach().requires_grad_(True)
-            return self.embed
-
-        def read(x: torch.Tensor, hook: HookPoint) -> None:
-            self.x[int(hook.name.split(".")[1])] = x
-
-        def write(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
-            layer = int(hook.name.split(".")[1])
-            const = rm.mlp_out[layer][:P]
-            skip = tc.skip(layer, self.x[layer]) if tc.has(layer) else None
-            if skip is None:
-                out = const.to(y.dtype).expand_as(y).clone().requires_grad_(True)
-            else:  # the skip path stays linear in the input; the rest of the output is constant
-                ref_skip = tc.skip(layer, rm.inputs[layer][:P])
-                out = skip.to(y.dtype) + (const - ref_skip).to(y.dtype)
-            self.out[layer] = out
-            return out
-
-        def stop(x: torch.Tensor, hook: HookPoint) -> None:
-            self.resid = x
-            raise _Stop
-
-        fns.append(("hook_embed", embed))
-        if "hook_pos_embed" in model.hook_points():
-            fns.append(("hook_pos_embed", lambda t, hook: t.detach()))
-        fns += [(tc.input_hook(layer), read) for layer in tc.layers]
-        fns += [(tc.output_hook(layer), write) for layer in range(tc.n_layers)]
-        fns.append((f"blocks.{tc.n_layers - 1}.hook_resid_post", stop))
-        with torch.enable_grad(), model.frozen(rm.frozen), model.hooks(fns), _mlps_stood_in(model):
-            try:
-                model(rm.tokens[None, :P].expand(batch, -1))
-            except _Stop:
-                pass
-            if logits:  # the model's read-out (its final norm's scale frozen), at the last position
-                self.logits = model.readout(self.resid)[:, -1]                       # [batch, d_vocab]
-
-
 class _Columns:
     """Turns gradients at the sources' places into adjacency columns (all sources, in node order)."""
 
@@ -198,18 +115,20 @@ class _Columns:
         tc, T = rm.tc, rm.n_pos
         self.n_feat, self.T, self.L = len(features), T, tc.n_layers
         self.n_cols = self.n_feat + (self.L + 1) * T
-        # per target layer k: per position, (columns, act * decoder vector into k)
-        self.writes: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        # Per target layer k: (pos, first column, act * decoder vectors into k [n, d_model]). Features are
+        # sorted by (layer, pos, feature), so one source layer's features at one position are adjacent columns.
+        self.writes: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
         for layer in tc.layers:
             mine = (features[:, 0] == layer).nonzero().flatten()
             if not len(mine):
                 continue
             dec = tc.decoder_vectors(layer, features[mine, 2]).to(dtype)          # [n, w, d]
             dec = dec * values[mine].to(dtype)[:, None, None]
+            pos, counts = features[mine, 1].unique_consecutive(return_counts=True)
+            starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
             for i, k in enumerate(tc.writes(layer)):
-                for p in features[mine, 1].unique().tolist():
-                    sel = (features[mine, 1] == p).nonzero().flatten()
-                    self.writes.setdefault(k, []).append((p, mine[sel], dec[sel, i]))
+                for p, a, n in zip(pos.tolist(), starts.tolist(), counts.tolist()):
+                    self.writes.setdefault(k, []).append((p, int(mine[a]), dec[a:a + n, i].contiguous()))
         errs = torch.stack([rm.errors[k] for k in range(self.L)]).to(dtype).clone()   # [L, T, d]
         if rm.bos:
             errs[:, 0] = 0  # position 0's MLP output is a constant, not a node
@@ -218,17 +137,18 @@ class _Columns:
 
     @torch.no_grad()
     def rows(self, grads_out: dict[int, torch.Tensor], grad_embed: torch.Tensor) -> torch.Tensor:
-        """grads_out {layer: [batch, pos, d_model]}, grad_embed [batch, pos, d_model] -> [batch, n_cols]."""
-        B, P = grad_embed.shape[:2]  # a pass over the first P positions: later sources get no gradient
-        rows = grad_embed.new_zeros(B, self.n_cols)
+        """grads_out {layer: [rows, pos, d_model]}, grad_embed [rows, pos, d_model] -> [rows, n_cols]."""
+        R, P = grad_embed.shape[:2]  # a pass over the first P positions: later sources get no gradient
+        rows = grad_embed.new_zeros(R, self.n_cols)
         for k, g in grads_out.items():
-            for p, cols, vecs in self.writes.get(k, ()):
+            for p, a, vecs in self.writes.get(k, ()):
                 if p < P:
-                    rows[:, cols] += g[:, p] @ vecs.T
+                    block = rows[:, a:a + len(vecs)]
+                    block.addmm_(g[:, p], vecs.T)
             start = self.n_feat + k * self.T
-            rows[:, start:start + P] = torch.einsum("btd,td->bt", g, self.errors[k][:P])
+            rows[:, start:start + P] = torch.einsum("rtd,td->rt", g, self.errors[k][:P])
         start = self.n_feat + self.L * self.T
-        rows[:, start:start + P] = torch.einsum("btd,td->bt", grad_embed, self.embeds[:P])
+        rows[:, start:start + P] = torch.einsum("rtd,td->rt", grad_embed, self.embeds[:P])
         return rows
 
 
@@ -241,6 +161,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
     targets: None (the top tokens until desired_logit_prob, at most max_n_logits) or a list of token ids,
     (label, direction [d_vocab]) pairs and LogitTargets (see logit_difference).
+    batch_size: target rows per backward pass.
     max_feature_nodes: keep at most this many feature nodes, visited greedily by their influence on the
     logits (estimated from the rows computed so far), for long prompts.
     bos: position 0 is an attention sink (circuit-tracer's convention): no features, no error node there.
@@ -267,66 +188,60 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
     n_feat, T, L = len(features), rm.n_pos, transcoders.n_layers
     n_logit = len(logit_targets)
-    n_active = n_feat
     cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
     cols = _Columns(rm, features, values, dtype)
-    B = max(1, min(batch_size, max(n_logit, cap)))
+    B = batch_size
     t1 = time.perf_counter()
     t_forward = 0.0
     n_passes = 0
-    current: dict[int, _LinearPass] = {}
 
-    def linear_pass(n_pos: int) -> _LinearPass:
-        """The kept forward over the first n_pos positions (one at a time: the last one is dropped)."""
+    def linear_pass(n_pos: int, logits: bool = False) -> LinearPass:
         nonlocal t_forward
-        if n_pos not in current:
-            current.clear()
-            t = time.perf_counter()
-            current[n_pos] = _LinearPass(rm, B, n_pos, logits=False)
-            t_forward += time.perf_counter() - t
-        return current[n_pos]
+        t = time.perf_counter()
+        lp = rm.linear_pass(n_pos, logits=logits)
+        t_forward += time.perf_counter() - t
+        return lp
 
-    def backward(lp: _LinearPass, inject: dict[int, torch.Tensor], logit_dirs: torch.Tensor | None) -> torch.Tensor:
+    def backward(lp: LinearPass, inject: dict[int, torch.Tensor], logit_dirs: torch.Tensor | None) -> torch.Tensor:
+        """Rows for targets injected at transcoder inputs ({layer: [rows, pos, d_in]}) or the logits
+        ([rows, d_vocab]): one backward pass, every row's gradient at once (batched gradients, one copy
+        of the forward). -> [rows, n_cols]."""
         nonlocal n_passes
         n_passes += 1
         outputs, grads = [], []
         for layer, g in inject.items():
             outputs.append(lp.x[layer])
-            grads.append(g.to(lp.x[layer].dtype))
+            grads.append(g[:, None].to(lp.x[layer].dtype))
         if logit_dirs is not None:
             outputs.append(lp.logits)
-            grads.append(logit_dirs.to(lp.logits.dtype))
-        out_layers = sorted(lp.out)
+            grads.append(logit_dirs[:, None].to(lp.logits.dtype))
+        top = L if logit_dirs is not None else max(inject)  # MLP outputs at or after a target's layer are not read
+        out_layers = [k for k in sorted(lp.out) if k < top]
         found = torch.autograd.grad(outputs, [lp.out[k] for k in out_layers] + [lp.embed], grads,
-                                    retain_graph=True, allow_unused=True)
-        g_out = {k: g for k, g in zip(out_layers, found[:-1]) if g is not None}
-        g_emb = found[-1] if found[-1] is not None else torch.zeros_like(lp.embed)
-        return cols.rows({k: g.to(dtype) for k, g in g_out.items()}, g_emb.to(dtype))
+                                    retain_graph=True, allow_unused=True, is_grads_batched=True)
+        g_out = {k: g[:, 0].to(dtype) for k, g in zip(out_layers, found[:-1]) if g is not None}
+        g_emb = found[-1][:, 0] if found[-1] is not None else torch.zeros(len(grads[0]), *lp.embed.shape[1:])
+        return cols.rows(g_out, g_emb.to(dtype))
 
     # Logit rows first (they also seed the influence order when feature nodes are capped).
     dirs = torch.stack([t.direction - t.direction.mean() for t in logit_targets])     # demeaned [n_logit, V]
-    t = time.perf_counter()
-    logit_pass = _LinearPass(rm, n_logit, T, logits=True)  # its own pass: n_logit rows of [pos, d_vocab] logits
-    t_forward += time.perf_counter() - t
-    logit_rows_t = backward(logit_pass, {}, dirs)
-    del logit_pass
+    whole = linear_pass(T, logits=True)
+    logit_rows_t = torch.cat([backward(whole, {}, dirs[i:i + B]) for i in range(0, n_logit, B)])
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
 
     feature_rows = torch.zeros(n_feat, cols.n_cols, dtype=dtype)
     visited = torch.zeros(n_feat, dtype=torch.bool)
 
-    def feature_batch(idx: torch.Tensor, n_pos: int) -> None:
-        lp = linear_pass(n_pos)
+    def feature_batch(lp: LinearPass, idx: torch.Tensor) -> None:
         inject: dict[int, torch.Tensor] = {}
         for layer in features[idx, 0].unique().tolist():
             sel = (features[idx, 0] == layer).nonzero().flatten()
             x = lp.x[layer]
-            g = torch.zeros(B, n_pos, x.shape[-1], dtype=x.dtype)
+            g = torch.zeros(len(idx), lp.n_pos, x.shape[-1], dtype=x.dtype)
             vecs = transcoders.encoder_vectors(layer, features[idx[sel], 2]).detach().to(x.dtype)  # [n, d_in]
             g[sel, features[idx[sel], 1]] = vecs
             inject[layer] = g
-        rows = backward(lp, inject, None)
-        feature_rows[idx] = rows[:len(idx)]
+        feature_rows[idx] = backward(lp, inject, None)
         visited[idx] = True
 
     bar = tqdm(total=cap, desc="attribution", unit="feature", disable=not progress)
@@ -337,45 +252,50 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         span = T if T < 16 else math.ceil(T / N_SPANS)
         ends = ((features[:, 1] // span + 1) * span).clamp(max=T)
         for end in ends.unique().tolist():
+            lp = whole if end == T else linear_pass(int(end))
             for layer in features[:, 0].unique().tolist():
                 mine = ((ends == end) & (features[:, 0] == layer)).nonzero().flatten()
                 for i in range(0, len(mine), B):
-                    feature_batch(mine[i:i + B], int(end))
+                    feature_batch(lp, mine[i:i + B])
                     bar.update(len(mine[i:i + B]))
+            del lp
     else:
         # Greedy: the features with the most influence on the logits so far, a few batches at a time.
         while int(visited.sum()) < cap:
-            partial = _partial_rows(feature_rows, visited, logit_rows_t, n_feat, cols.n_cols)
-            w = torch.zeros(partial.shape[0], dtype=torch.float64)
-            w[cols.n_cols:] = weights
-            influence = node_influence(partial, w)[:n_feat]
-            influence[visited] = -math.inf
-            todo = influence.argsort(descending=True)[:min(4 * B, cap - int(visited.sum()))]
+            infl = _partial_influence(feature_rows, visited, logit_rows_t, weights)
+            infl[visited] = -math.inf
+            todo = infl.argsort(descending=True)[:min(4 * B, cap - int(visited.sum()))]
             todo = todo[features[todo, 0].argsort(stable=True)]
             for i in range(0, len(todo), B):
-                feature_batch(todo[i:i + B], T)
+                feature_batch(whole, todo[i:i + B])
                 bar.update(len(todo[i:i + B]))
     bar.close()
-    current.clear()
+    del whole
     t_backward = time.perf_counter() - t1 - t_forward
 
     # Assemble: nodes = [selected features, errors (layer-major), tokens, logits].
     selected = visited.nonzero().flatten() if cap < n_feat else torch.arange(n_feat)
-    keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
     n_nodes = len(selected) + (L + 1) * T + n_logit
+    n_src = n_nodes - n_logit
     adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-    adjacency[:len(selected), :len(keep_cols)] = feature_rows[selected][:, keep_cols]
-    adjacency[n_nodes - n_logit:, :len(keep_cols)] = logit_rows_t[:, keep_cols]
+    if cap < n_feat:
+        keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
+        adjacency[:len(selected), :n_src] = feature_rows[selected][:, keep_cols]
+        adjacency[n_src:, :n_src] = logit_rows_t[:, keep_cols]
+    else:
+        adjacency[:n_feat, :n_src] = feature_rows
+        adjacency[n_src:, :n_src] = logit_rows_t
+    del feature_rows
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
                         "total": time.perf_counter() - t0},
-            "n_active_features": n_active, "n_feature_nodes": len(selected), "batch_size": B,
+            "n_active_features": n_feat, "n_feature_nodes": len(selected), "batch_size": B,
             "backward_passes": n_passes,
             "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20, "peak_rss_mb": peak}
     if verbose:
         s = info["seconds"]
-        print(f"attribution: {n_active} active features ({len(selected)} kept as nodes), {n_nodes} nodes, "
-              f"{info['backward_passes']} backward passes of {B} rows; {s['total']:.2f} s "
+        print(f"attribution: {n_feat} active features ({len(selected)} kept as nodes), {n_nodes} nodes, "
+              f"{info['backward_passes']} backward passes of up to {B} rows; {s['total']:.2f} s "
               f"(forward {s['forward']:.2f}, backward {s['backward']:.2f}); adjacency {info['adjacency_mb']:.1f} MB, "
               f"peak RSS {peak:.0f} MB")
     token_strs = [_token_label(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
@@ -386,11 +306,21 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
                  transcoders=transcoders.describe(), info=info)
 
 
-def _partial_rows(feature_rows: torch.Tensor, visited: torch.Tensor, logit_rows: torch.Tensor, n_feat: int,
-                  n_cols: int) -> torch.Tensor:
-    """A square matrix over [features, errors, tokens, logits] with the rows computed so far."""
-    n = n_cols + len(logit_rows)
-    m = torch.zeros(n, n, dtype=torch.float64)
-    m[:n_feat, :n_cols] = torch.where(visited[:, None], feature_rows, 0).double()
-    m[n_cols:, :n_cols] = logit_rows.double()
-    return m
+@torch.no_grad()
+def _partial_influence(feature_rows: torch.Tensor, visited: torch.Tensor, logit_rows: torch.Tensor,
+                       weights: torch.Tensor) -> torch.Tensor:
+    """Each feature's influence on the weighted logits [n_feat] through the rows computed so far (the logit
+    rows and the visited features' rows, feature_rows [n_feat, n_cols]): w (Â + Â² + ...) without building
+    the square matrix (a feature not yet visited has no row: nothing passes through it yet)."""
+    n_feat = len(feature_rows)
+    a_logit = normalized(logit_rows)[:, :n_feat]
+    idx = visited.nonzero().flatten()
+    a_feat = normalized(feature_rows[idx])[:, :n_feat]                  # [n_visited, n_feat]
+    step = weights.to(a_logit.dtype) @ a_logit
+    total = step.clone()
+    for _ in range(n_feat + 1):  # edges run from earlier layers to later ones: reaches zero
+        step = step[idx] @ a_feat
+        if not bool(step.any()):
+            return total
+        total += step
+    raise RuntimeError("influence did not converge (the rows have a cycle)")

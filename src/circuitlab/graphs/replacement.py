@@ -34,6 +34,53 @@ from circuitlab.model.tokens import check_tokens
 MODES = ("replacement", "model")
 
 
+class _Stop(Exception):
+    """Raised in a hook to end a forward pass once everything a linear pass needs is computed."""
+
+
+class _MLPStandIn(torch.nn.Module):
+    """Takes an MLP's place during a linear pass: its output is replaced at hook_mlp_out anyway (by the
+    skip path plus a constant), so running the real MLP would be wasted work."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(*x.shape[:-1], self.d_model)
+
+
+@contextlib.contextmanager
+def _mlps_stood_in(model: Any) -> Iterator[None]:
+    """Swap every block's MLP for an _MLPStandIn for the block; restored on exit, even on error."""
+    saved = [(block, block.mlp) for block in model.blocks if getattr(block, "mlp", None) is not None]
+    try:
+        for block, _ in saved:
+            block._modules["mlp"] = _MLPStandIn(model.cfg.d_model)
+        yield
+    finally:
+        for block, mlp in saved:
+            block._modules["mlp"] = mlp
+
+
+@dataclass
+class LinearPass:
+    """One forward of the prompt's first n_pos positions through the frozen linear system (attention
+    patterns, norm scales and feature activations the reference's; every MLP output = skip(input) + a
+    constant), kept for backward. Causal: targets at positions < n_pos see only those positions.
+
+    x[l]: each layer's transcoder input [1, n_pos, d_in] (a feature's pre-activation reads it);
+    out[l]: each layer's MLP output [1, n_pos, d_model] (a leaf of the linear system where features and
+    errors add); embed: the embedding [1, n_pos, d_model] (a leaf: token sources); logits: the last
+    position's [1, d_vocab] (None unless asked for)."""
+
+    n_pos: int
+    x: dict[int, torch.Tensor] = field(default_factory=dict)
+    out: dict[int, torch.Tensor] = field(default_factory=dict)
+    embed: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
 @dataclass(frozen=True)
 class Intervention:
     """Set (value) or scale (scale) one feature of one layer, at some positions (None: every position,
@@ -133,6 +180,54 @@ class ReplacementModel:
             pos, feat = self.acts[layer].nonzero(as_tuple=True)
             rows.append(torch.stack([torch.full_like(pos, layer), pos, feat], 1))
         return torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.long)
+
+    # ------------------------------------------------------------------ the linear system
+    def linear_pass(self, n_pos: int | None = None, logits: bool = True) -> LinearPass:
+        """The frozen linear system over the first n_pos positions (default: all), run once with autograd
+        on (see LinearPass). Its gradients are the graph's edges: differentiate a target (a feature's
+        pre-activation at x, a logit) with respect to out and embed."""
+        model, tc = self.model, self.tc
+        lp = LinearPass(n_pos or self.n_pos)
+        P = lp.n_pos
+
+        def embed(t: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+            lp.embed = t.detach().requires_grad_(True)
+            return lp.embed
+
+        def read(x: torch.Tensor, hook: HookPoint) -> None:
+            lp.x[int(hook.name.split(".")[1])] = x
+
+        def write(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+            layer = int(hook.name.split(".")[1])
+            const = self.mlp_out[layer][:P]
+            skip = tc.skip(layer, lp.x[layer]) if tc.has(layer) else None
+            if skip is None:
+                out = const.to(y.dtype).expand_as(y).clone().requires_grad_(True)
+            else:  # the skip path stays linear in the input; the rest of the output is constant
+                out = skip.to(y.dtype) + (const - tc.skip(layer, self.inputs[layer][:P])).to(y.dtype)
+            lp.out[layer] = out
+            return out
+
+        resid: list[torch.Tensor] = []
+
+        def stop(x: torch.Tensor, hook: HookPoint) -> None:
+            resid.append(x)
+            raise _Stop
+
+        fns: list[tuple[str, Any]] = [("hook_embed", embed)]
+        if "hook_pos_embed" in model.hook_points():
+            fns.append(("hook_pos_embed", lambda t, hook: t.detach()))
+        fns += [(tc.input_hook(layer), read) for layer in tc.layers]
+        fns += [(tc.output_hook(layer), write) for layer in range(tc.n_layers)]
+        fns.append((f"blocks.{tc.n_layers - 1}.hook_resid_post", stop))
+        with torch.enable_grad(), model.frozen(self.frozen), model.hooks(fns), _mlps_stood_in(model):
+            try:
+                model(self.tokens[None, :P])
+            except _Stop:
+                pass
+            if logits:  # the model's read-out (its final norm's scale frozen), at the last position
+                lp.logits = model.readout(resid[0])[:, -1]                         # [1, d_vocab]
+        return lp
 
     # ------------------------------------------------------------------ runs
     @contextlib.contextmanager

@@ -203,15 +203,20 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()            # [batch, pos, head, d_head]
         self.hook_result = HookPoint()       # [batch, pos, head, d_model]; computed only when hooked
         # Set by Transformer.frozen() (None otherwise): a reference run's pattern [batch, head, query_pos,
-        # key_pos], detached; attention then mixes values with it and computes no scores.
+        # key_pos], detached; attention then mixes values with it and computes no scores
+        # (V alone is projected: hook_q and hook_k do not fire).
         self.frozen_pattern: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, kv_cache: "LayerKV | None" = None) -> torch.Tensor:
         """x [batch, pos, d_model] -> attention output [batch, pos, d_model]."""
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv, self.d_head
-        q, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=-1)
-        z = self._attend(q.view(B, T, H, D), k.view(B, T, K, D), v.view(B, T, K, D), kv_cache)
+        if self.frozen_pattern is not None:  # q and k are dead under a frozen pattern: project V alone
+            v = F.linear(x, *self._v_weights())
+            z = self._attend(None, None, v.view(B, T, K, D), kv_cache)
+        else:
+            q, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=-1)
+            z = self._attend(q.view(B, T, H, D), k.view(B, T, K, D), v.view(B, T, K, D), kv_cache)
         if self.hook_result.active:
             out = self.hook_result(self._per_head(z)).sum(dim=2)
             return out + self.out.bias if self.out is not None and self.out.bias is not None else out
@@ -232,12 +237,21 @@ class Attention(nn.Module):
         lead, T = q_in.shape[:-3], q_in.shape[-3]
         W = self.qkv.weight.view(H + 2 * K, D, -1)  # [q heads, k heads, v heads; d_head, d_model]
         b = self.qkv.bias.view(H + 2 * K, D) if self.qkv.bias is not None else None
-        parts = []
+        parts: list[torch.Tensor | None] = []
         for x, rows in ((q_in, slice(0, H)), (k_in, slice(H, H + K)), (v_in, slice(H + K, H + 2 * K))):
+            if self.frozen_pattern is not None and rows.start < H + K:
+                parts.append(None)  # q and k are dead under a frozen pattern
+                continue
             t = torch.einsum("...phm,hdm->...phd", x, W[rows])
             parts.append((t + b[rows] if b is not None else t).reshape(-1, T, t.shape[-2], D))
         z = self._attend(*parts, None)  # [batch', pos, n_heads, d_head]
         return self.hook_result(self._per_head(z)).reshape(*lead, T, H, -1)
+
+    def _v_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The V rows of the fused projection: weight [n_kv_heads * d_head, d_model], bias (or None)."""
+        start = (self.n_heads + self.n_kv) * self.d_head
+        bias = self.qkv.bias[start:] if self.qkv.bias is not None else None
+        return self.qkv.weight[start:], bias
 
     def _per_head(self, z: torch.Tensor) -> torch.Tensor:
         """z [batch, pos, head, d_head] -> each head's output [batch, pos, head, d_model] (no b_O)."""
@@ -246,15 +260,17 @@ class Attention(nn.Module):
         w_o = self.out.weight.T.reshape(self.n_heads, self.d_head, -1)  # [head, d_head, d_model]
         return torch.einsum("bphd,hdm->bphm", z, w_o)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: "LayerKV | None"
-                ) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor,
+                kv_cache: "LayerKV | None") -> torch.Tensor:
         """q [batch, pos, n_heads, d_head]; k, v [batch, pos, n_kv_heads, d_head] (as projected) ->
-        z [batch, pos, n_heads, d_head] (through hook_z). In frozen mode the pattern is the reference's."""
+        z [batch, pos, n_heads, d_head] (through hook_z). In frozen mode the pattern is the reference's
+        and q, k are None (not computed: hook_q / hook_k do not fire)."""
+        if self.frozen_pattern is not None:
+            return self.hook_z(self._frozen(self.hook_v(v), kv_cache))
+        assert q is not None and k is not None
         B, T, H, D = q.shape
         K = k.shape[2]
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        if self.frozen_pattern is not None:
-            return self.hook_z(self._frozen(v, kv_cache))
         if self.cfg.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         elif self.cfg.qk_norm == "full":

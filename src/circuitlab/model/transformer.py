@@ -178,8 +178,8 @@ class Transformer(WeightViews, nn.Module):
 
         reference: tokens [batch, pos] (run once here), or an ActivationCache of such a run holding
         frozen_hook_names(). Runs inside may use the reference's batch (or stacked copies of it:
-        batch k * batch) and its first positions; each attention computes values only (no scores, no
-        q/k norms or rotary), its pattern passes through hook_pattern; hooks work as usual. Run on the
+        batch k * batch) and its first positions; each attention projects values only (no queries or keys:
+        hook_q / hook_k do not fire; no scores, q/k norms or rotary), its pattern passes through hook_pattern; hooks work as usual. Run on the
         reference's own tokens, the logits equal the normal forward's. Restored on exit, even on error.
 
             with model.frozen(tokens):
