@@ -104,7 +104,7 @@ def _token_label(tokenizer: Any, i: int) -> str:
         return f"tok{i}"
 
 
-N_SPANS = 4  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
+N_SPANS = 8  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
 
 
 class _Columns:

@@ -43,22 +43,34 @@ def normalized(adjacency: torch.Tensor) -> torch.Tensor:
     return a / a.sum(dim=1, keepdim=True).clamp(min=1e-10)
 
 
-def influence(a_hat: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
-    """w (Â + Â² + ...) for weights w [n] on the rows: a graph's edges run from earlier layers to later
-    ones, so the powers of Â reach zero after at most depth steps. [n]."""
-    step = weights.to(a_hat.dtype) @ a_hat
+def _inverse_row_sums(a: torch.Tensor) -> torch.Tensor:
+    """1 / (row sums of |A|), a [n, n] already absolute -> [n] (a zero row gives a finite factor: it stays 0)."""
+    return 1 / a.sum(dim=1).clamp(min=1e-10)
+
+
+def _influence(a: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
+    """w (Â + Â² + ...) with Â = diag(inv) |A| never built: each step divides the vector instead of the matrix
+    (a: |A| [n, n], inv [n] from _inverse_row_sums). [n]."""
+    step = (weights.to(a.dtype) * inv) @ a
     total = step.clone()
     for _ in range(max_iter):
         if not bool(step.any()):
             return total
-        step = step @ a_hat
+        step = (step * inv) @ a
         total += step
     raise CircuitlabError("influence did not converge: the adjacency has a cycle (not an attribution graph)")
 
 
+def influence(a_hat: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
+    """w (Â + Â² + ...) for weights w [n] on the rows: a graph's edges run from earlier layers to later
+    ones, so the powers of Â reach zero after at most depth steps. [n]."""
+    return _influence(a_hat, torch.ones(len(a_hat), dtype=a_hat.dtype), weights, max_iter)
+
+
 def node_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Each node's influence on the weighted logits [n]."""
-    return influence(normalized(adjacency), weights)
+    """Each node's influence on the weighted logits [n] (float64)."""
+    a = adjacency.double().abs()
+    return _influence(a, _inverse_row_sums(a), weights)
 
 
 def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -68,11 +80,17 @@ def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tens
 
 
 def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
-    """The smallest score among the top scores holding `fraction` of their total."""
-    ordered = scores.flatten().sort(descending=True).values
+    """The smallest score among the top scores (>= 0) holding `fraction` of their total. Only the non-zero
+    scores are sorted (an adjacency's are mostly zero); the answer is the one a sort of all would give."""
+    flat = scores.flatten()
+    ordered = flat[flat != 0].sort(descending=True).values
+    if not len(ordered):
+        return flat.new_zeros(())
     cum = ordered.cumsum(0) / ordered.sum()
     i = int(torch.searchsorted(cum, torch.tensor(fraction, dtype=cum.dtype)))
-    return ordered[min(i, len(ordered) - 1)]
+    if i < len(ordered):
+        return ordered[i]
+    return flat.new_zeros(()) if len(ordered) < len(flat) else ordered[-1]  # past the last: a zero, if any
 
 
 def check_threshold(value: Any, name: str) -> float:
@@ -117,6 +135,7 @@ class Graph(Displayed):
     prompt: str | None = None
     transcoders: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ node bookkeeping
     @property
@@ -207,49 +226,63 @@ class Graph(Displayed):
         return f"logit {n['label']!r}"
 
     # ------------------------------------------------------------------ scores and pruning
+    def _influence_stats(self) -> dict[str, torch.Tensor]:
+        """Computed once per adjacency and weights (float64, one |A| copy): inv [n] (1 / row sums of |A|),
+        influence [n], error_share [n] (each row's share of |A| coming from error nodes)."""
+        key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in (self.adjacency, self.logit_weights))
+        if self._cache.get("key") != key:
+            a = self.adjacency.double().abs()
+            inv = _inverse_row_sums(a)
+            self._cache.clear()
+            self._cache.update(key=key, inv=inv, influence=_influence(a, inv, self.weights()),
+                               error_share=a[:, self.error_start:self.token_start].sum(1) * inv)
+        return self._cache
+
     def node_influence(self) -> torch.Tensor:
-        return node_influence(self.adjacency.double(), self.weights())
+        return self._influence_stats()["influence"].clone()
 
     def scores(self) -> dict[str, float]:
         """{"replacement": ..., "completeness": ...} (both 1.0 when the errors carry nothing)."""
-        a_hat = normalized(self.adjacency.double())
-        w = self.weights()
-        infl = influence(a_hat, w)
+        stats, w = self._influence_stats(), self.weights()
+        infl = stats["influence"]
         errors = infl[self.error_start:self.token_start].sum()
         tokens = infl[self.token_start:self.logit_start].sum()
         replacement = tokens / (tokens + errors) if float(tokens + errors) > 0 else torch.tensor(1.0)
-        non_error = 1 - a_hat[:, self.error_start:self.token_start].sum(1)
         out_infl = infl + w
-        completeness = (non_error * out_infl).sum() / out_infl.sum()
+        completeness = ((1 - stats["error_share"]) * out_infl).sum() / out_infl.sum()
         return {"replacement": float(replacement), "completeness": float(completeness)}
 
     def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
         """Keep the nodes holding node_threshold of the influence and the edges holding edge_threshold
-        of the edge influence, then drop dangling features and errors until none is left."""
+        of the edge influence, then drop dangling features and errors until none is left.
+
+        The edge scores live among the kept nodes only: they are computed on that submatrix (what
+        zeroing every other row and column of the n x n matrix would give, without the n x n work)."""
         node_threshold = check_threshold(node_threshold, "the node threshold")
         edge_threshold = check_threshold(edge_threshold, "the edge threshold")
-        A, w = self.adjacency.double(), self.weights()
-        infl = node_influence(A, w)
+        w = self.weights()
+        infl = self._influence_stats()["influence"]
         nodes = infl >= threshold_for(infl, node_threshold)
         nodes[self.token_start:] = True  # tokens and logits always stay
-        kept = A.clone()
-        kept[~nodes] = 0
-        kept[:, ~nodes] = 0
-        scores = edge_influence(kept, w)
-        edges = scores >= threshold_for(scores, edge_threshold)
-        inner, nf = slice(0, self.token_start), self.n_features
+        idx = nodes.nonzero().flatten()
+        scores = edge_influence(self.adjacency[idx][:, idx].double(), w[idx])     # [k, k]
+        sub = scores >= threshold_for(scores, edge_threshold)  # the same cut as on the n x n matrix: its
+        # non-zero scores are these, and both have zeros (token rows)
+        kept = nodes[idx]
+        inner = idx < self.token_start               # features and errors: need an outgoing edge
+        feats = idx < self.n_features                # features: need an incoming edge too
 
-        def drop_dangling() -> None:
-            nodes[inner] &= edges[:, inner].any(0)      # features and errors need an outgoing edge
-            nodes[:nf] &= edges[:nf].any(1)             # features need an incoming edge
-
-        before = nodes.clone()
-        drop_dangling()
-        while not torch.equal(nodes, before):
-            before = nodes.clone()
-            edges[~nodes] = False
-            edges[:, ~nodes] = False
-            drop_dangling()
+        while True:
+            before = kept.clone()
+            kept[inner] &= sub[:, inner].any(0)
+            kept[feats] &= sub[feats].any(1)
+            if torch.equal(kept, before):
+                break
+            sub[~kept] = False
+            sub[:, ~kept] = False
+        nodes[idx] = kept
+        edges = torch.zeros(self.n_nodes, self.n_nodes, dtype=torch.bool)
+        edges[idx[:, None], idx[None, :]] = sub
         order = infl.sort(descending=True)
         cumulative = torch.zeros_like(infl)
         cumulative[order.indices] = order.values.cumsum(0) / order.values.sum()
@@ -258,19 +291,22 @@ class Graph(Displayed):
     def top_paths(self, k: int = 5, pruned: Pruned | None = None, beam: int = 64) -> list[dict[str, Any]]:
         """The k strongest token -> ... -> logit paths: strength = logit weight x the product of Â along
         the path (each step's share of its target's input), searched backward from the logits."""
-        a_hat = normalized(self.adjacency.double())
-        if pruned is not None:
-            a_hat = a_hat * pruned.edge_mask
+        inv = self._influence_stats()["inv"]
+
+        def row(t: int) -> torch.Tensor:  # Â[t], only the rows a search visits
+            r = self.adjacency[t].double().abs() * inv[t]
+            return r * pruned.edge_mask[t] if pruned is not None else r
+
         w = self.weights()
         frontier = [(float(w[i]), [i]) for i in range(self.logit_start, self.n_nodes) if w[i] > 0]
         done: list[tuple[float, list[int]]] = []
         while frontier:
             grown = []
             for score, path in frontier:
-                row = a_hat[path[-1]]
-                nz = row.nonzero().flatten()
-                for s in nz[row[nz].argsort(descending=True)[:beam]].tolist():
-                    item = (score * float(row[s]), path + [s])
+                r = row(path[-1])
+                nz = r.nonzero().flatten()
+                for s in nz[r[nz].argsort(descending=True)[:beam]].tolist():
+                    item = (score * float(r[s]), path + [s])
                     (done if self.token_start <= s < self.logit_start else grown).append(item)
             frontier = sorted(grown, key=lambda t: -t[0])[:beam]
         done.sort(key=lambda t: -t[0])

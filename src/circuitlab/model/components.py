@@ -18,6 +18,26 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import HookPoint
 
 
+class _Centre(torch.autograd.Function):
+    """x - mean(x) over the last dim. Centring is a symmetric projection, so its backward is the same
+    centring of the gradient: two passes over it instead of the five autograd records for x - x.mean()
+    (the frozen-mode backward of attribution graphs runs through one per norm and layer)."""
+
+    generate_vmap_rule = True  # works under batched gradients (autograd.grad(is_grads_batched=True))
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(-1, keepdim=True)
+
+    @staticmethod
+    def setup_context(ctx: object, inputs: tuple, output: torch.Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad - grad.mean(-1, keepdim=True)
+
+
 class Norm(nn.Module):
     """LayerNorm (centre, scale by 1/std, affine) or RMSNorm (scale by 1/rms, gain only).
 
@@ -47,9 +67,12 @@ class Norm(nn.Module):
                 return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
             return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
         if self.kind == "layernorm":
-            x = x - x.mean(-1, keepdim=True)
+            x = _Centre.apply(x) if frozen is not None else x - x.mean(-1, keepdim=True)
         scale = self.hook_scale(self.scale_of(x, centred=True))
-        x = self.hook_normalized(x / scale) * self.w
+        if frozen is not None and not self.hook_normalized.active:
+            x = x * (self.w / scale)  # a fixed scale: one factor, one pass backward
+        else:
+            x = self.hook_normalized(x / scale) * self.w
         return x + self.b if self.b is not None else x
 
     def scale_of(self, x: torch.Tensor, centred: bool = False) -> torch.Tensor:
