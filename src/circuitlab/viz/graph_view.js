@@ -9,6 +9,9 @@ window.CLGraphView = window.CLGraphView || (function () {
   const SVGNS = "http://www.w3.org/2000/svg";
   const FIXED = { embedding: true, logit: true };
   const ROW_H = 64, LEFT = 64, TOP = 28, BOTTOM = 70;
+  const MAX_DRAWN_LINKS = 20000;   // a huge file from elsewhere: only its strongest links are drawn
+  // the largest of f over a list (no spread: a list of 100,000s would overflow the call stack)
+  const most = (list, f, start) => list.reduce((m, x) => Math.max(m, f(x)), start);
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -60,7 +63,7 @@ window.CLGraphView = window.CLGraphView || (function () {
     const q = data.qParams = data.qParams || {};
     const byId = {};
     for (const n of data.nodes) byId[n.node_id] = n;
-    const logitLayer = Math.max(...data.nodes.filter(n => n.feature_type === "logit").map(n => +n.layer), 1);
+    const logitLayer = most(data.nodes.filter(n => n.feature_type === "logit"), n => +n.layer, 1);
     const nLayers = meta.n_layers !== undefined ? meta.n_layers : logitLayer - 1;
     const tokens = meta.prompt_tokens || [];
     const fileTn = meta.node_threshold || 1, fileTe = meta.edge_threshold || 1;
@@ -134,7 +137,7 @@ window.CLGraphView = window.CLGraphView || (function () {
       count.dataset.nodes = v.nodes.size;
       count.dataset.links = v.links.length;
       // columns: as wide as their busiest cell; a column with a token only stays narrow
-      const T = Math.max(tokens.length, 1 + Math.max(0, ...data.nodes.map(n => n.ctx_idx)));
+      const T = Math.max(tokens.length, 1 + most(data.nodes, n => n.ctx_idx, 0));
       const cells = {};
       for (const id of v.nodes) {
         const n = byId[id];
@@ -171,10 +174,14 @@ window.CLGraphView = window.CLGraphView || (function () {
         t.textContent = row === 0 ? "tokens" : row === nLayers + 1 ? "logits" : `layer ${row - 1}`;
         g.append(t);
       }
-      const wmax = Math.max(1e-30, ...v.links.map(x => Math.abs(x.weight)));
+      const wmax = most(v.links, x => Math.abs(x.weight), 1e-30);
       const edges = svg("g", { class: "clgv-edges" });
       const lineOf = new Map();
-      [...v.links].sort((a, b) => Math.abs(a.weight) - Math.abs(b.weight)).forEach(x => {
+      const drawn = [...v.links].sort((a, b) => Math.abs(a.weight) - Math.abs(b.weight)).slice(-MAX_DRAWN_LINKS);
+      if (drawn.length < v.links.length) {
+        count.textContent += ` (the strongest ${drawn.length.toLocaleString()} drawn)`;
+      }
+      drawn.forEach(x => {
         const [x1, y1] = xy[x.source], [x2, y2] = xy[x.target];
         const a = Math.abs(x.weight) / wmax;
         const line = svg("line", { x1: x1, y1: y1, x2: x2, y2: y2, class: "clgv-edge " + (x.weight > 0 ? "pos" : "neg"),
@@ -310,7 +317,8 @@ window.CLGraphView = window.CLGraphView || (function () {
       const p = paths(id);
       const litNodes = new Set([id]);
       for (const x of p.lit) {
-        view.lineOf.get(x).classList.add("hl");
+        const line = view.lineOf.get(x);   // undrawn when past MAX_DRAWN_LINKS
+        if (line) line.classList.add("hl");
         litNodes.add(x.source); litNodes.add(x.target);
       }
       view.svg.querySelectorAll(".clgv-node").forEach(g => {
