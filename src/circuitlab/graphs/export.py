@@ -59,35 +59,37 @@ def _node(graph: Graph, i: int, cumulative: float) -> dict[str, Any]:
 
 def _share_before(scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """For each of `values`, the share of scores.sum() held by the scores strictly greater than it, from
-    the same cumulative sum threshold_for uses (so `before < t` <=> the value survives threshold_for(t))."""
-    ordered = scores.flatten().sort(descending=True).values
+    the cumulative sum threshold_for uses (its non-zero scores, sorted), so that `before < t` <=> the value
+    survives threshold_for(scores, t)."""
+    flat = scores.flatten()
+    ordered = flat[flat != 0].sort(descending=True).values
+    if not len(ordered):
+        return torch.zeros_like(values)
     cum = ordered.cumsum(0) / ordered.sum()
     greater = len(ordered) - torch.searchsorted(ordered.flip(0).contiguous(), values.contiguous(), right=True)
     return torch.where(greater > 0, cum[(greater - 1).clamp(min=0)], torch.zeros_like(values))
 
 
-def pruning_shares(graph: Graph, pruned: Pruned) -> tuple[torch.Tensor, torch.Tensor]:
-    """(node_before [n_nodes], edge_before [n_nodes, n_nodes]): each node's and edge's influence_before
-    (see the module docstring), the edges scored on the nodes kept at pruned.node_threshold."""
-    A, w = graph.adjacency.double(), graph.weights()
-    infl = node_influence(A, w)
+def pruning_shares(graph: Graph, pruned: Pruned) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(node_before [n_nodes], targets [m], sources [m], edge_before [m]): each node's influence_before and
+    that of each kept edge (between kept nodes; see the module docstring), the edges scored as Graph.prune
+    scores them: on the submatrix of the nodes kept at pruned.node_threshold (no n x n work)."""
+    w, infl = graph.weights(), graph.node_influence()
     node_before = _share_before(infl, infl)
     nodes = infl >= threshold_for(infl, pruned.node_threshold)
     nodes[graph.token_start:] = True
-    kept = A.clone()
-    kept[~nodes] = 0
-    kept[:, ~nodes] = 0
-    scores = edge_influence(kept, w)
-    edge_before = torch.ones_like(scores)
-    mask = pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None, :]
-    edge_before[mask] = _share_before(scores, scores[mask])
-    return node_before, edge_before
+    idx = nodes.nonzero().flatten()
+    scores = edge_influence(graph.adjacency[idx][:, idx].double(), w[idx])          # [k, k]
+    at = torch.full((graph.n_nodes,), -1, dtype=torch.long)
+    at[idx] = torch.arange(len(idx))
+    t, s = (pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None, :]).nonzero(as_tuple=True)
+    return node_before, t, s, _share_before(scores, scores[at[t], at[s]])
 
 
 def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: str = "circuitlab") -> dict[str, Any]:
     """The viewer's JSON for the pruned graph (a dict; see write_neuronpedia)."""
     keep = pruned.node_mask.nonzero().flatten().tolist()
-    node_before, edge_before = pruning_shares(graph, pruned)
+    node_before, targets, sources, edge_before = pruning_shares(graph, pruned)
     nodes = {i: _node(graph, i, float(pruned.cumulative[i])) for i in keep}
     # circuit-tracer's error id "0_{layer}_{pos}" is also layer 0's feature {layer} at pos: keep ids unique
     taken = {n["node_id"] for i, n in nodes.items() if i < graph.error_start}
@@ -96,12 +98,8 @@ def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: st
             nodes[i]["node_id"] += "_error"
     for i in keep:
         nodes[i]["influence_before"] = float(node_before[i]) if i < graph.token_start else 0.0
-    mask = pruned.edge_mask.clone()
-    mask[~pruned.node_mask] = False
-    mask[:, ~pruned.node_mask] = False
-    targets, sources = mask.nonzero(as_tuple=True)
     weights = graph.adjacency[targets, sources].tolist()
-    befores = edge_before[targets, sources].tolist()
+    befores = edge_before.tolist()
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w, "influence_before": b}
              for t, s, w, b in zip(targets.tolist(), sources.tolist(), weights, befores)]
     linked = {x["source"] for x in links} | {x["target"] for x in links}
