@@ -194,3 +194,16 @@ def test_feature_cards_come_from_saved_dashboards_when_the_transcoders_have_them
         import shutil
 
         shutil.rmtree(root / "transcoders" / "layer0" / "dashboards")
+
+
+def test_bad_server_options_are_one_line_errors(served, tmp_path):
+    _, root, *_ = served
+    from circuitlab.errors import CircuitlabError
+    from circuitlab.serve import create_app
+
+    with pytest.raises(CircuitlabError, match="--transcoders needs --checkpoint"):
+        create_app(None, transcoders=root / "transcoders")
+    with pytest.raises(CircuitlabError, match="is not a folder"):
+        create_app(None, graphs=tmp_path / "missing")
+    with pytest.raises(CircuitlabError, match="transcoder folder not found"):
+        create_app(root / "model", transcoders=tmp_path / "missing")
