@@ -82,6 +82,7 @@ def clean_finish(answer: tuple) -> None:
     assert rc == 0 and "Traceback" not in err, (rc, err[-3000:])
 
 
+@pytest.mark.slow  # the largest accepted values run to the end; refusals: test_huge_counts_...
 def test_attribute_ig_steps_and_occlusion_are_bounded(where):
     ckpt = str(where / "run")
     long_prompt = (TEXT * 2)[:60]
@@ -102,6 +103,57 @@ def test_attribute_ig_steps_and_occlusion_are_bounded(where):
     clean_refusal(pos, "pos")
 
 
+def _sae_files(where: Path) -> None:
+    import yaml
+
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
+    from circuitlab.training import load_checkpoint
+
+    model, _, _ = load_checkpoint(str(where / "run"))
+    cfg = DictionaryConfig("relu", d_in=16, d_sae=24, hook_name="blocks.0.hook_resid_post",
+                           base_model=base_model_id(model))
+    SparseDictionary(cfg, seed=0).save(where / "sae")
+    (where / "sae.yaml").write_text(yaml.safe_dump({
+        "model": str(where / "run"), "data": {"source": "stories", "n_stories": 50, "tokenizer": "char"},
+        "dictionaries": [{"architecture": "relu", "hook_name": "blocks.0.hook_resid_post", "d_sae": 24}],
+        "train": {"steps": 2, "batch_size": 10**9}}))
+
+
+def test_huge_counts_are_refused_in_one_line_under_the_cap(where):
+    """The fast half of the three slow tests below: every count past its limit, under the memory cap, is
+    refused in one line naming the limit before any work (the slow ones also run the largest accepted values
+    to the end)."""
+    ckpt = str(where / "run")
+    _sae_files(where)
+    many = where / "many.txt"
+    many.write_text(("Lily saw a cat. The cat was happy. Lily said hello to the dog.\n") * 20_000)
+    attribute = ["attribute", "--checkpoint", ckpt, "--prompt", "Lily"]
+    steer = ["steer", "--checkpoint", ckpt, "--positive", str(where / "pos.txt"), "--negative", str(where / "neg.txt"),
+             "--neutral", str(where / "pos.txt"), "--layer", "0", "--no-progress"]
+    lens = ["lens", "train", "--checkpoint", ckpt, "--out", str(where / "lens-fast"), "--no-progress", "--steps", "1"]
+    sae = ["--dictionary", str(where / "sae"), "--checkpoint", ckpt]
+    answers = capped([
+        attribute + ["--steps", "50000"], attribute + ["--steps", HUGE],
+        attribute + ["--method", "occlusion", "--span", HUGE], attribute + ["--pos", HUGE],
+        ["circuit", "--checkpoint", ckpt, "--clean", str(many), "--corrupt", str(many), "--method", "eap",
+         "--metric", "kl", "--out", str(where / "c1-fast")],
+        ["circuit", "--checkpoint", ckpt, "--task", "induction", "--steps", "10001", "--out", str(where / "c2-fast")],
+        steer + ["--samples", HUGE], steer + ["--max-tokens", HUGE], steer + ["--coef", *["1"] * 65],
+        lens + ["--batch-size", HUGE], lens + ["--batches", HUGE], lens + ["--seq-len", HUGE, "--batch-size", "100000"],
+        ["sae", "eval", *sae, "--batches", HUGE], ["sae", "dashboards", *sae, "--tokens", HUGE, "--no-progress"],
+        ["sae", "train", "--config", str(where / "sae.yaml"), "--out", str(where / "sae_run-fast"), "--no-progress"],
+    ], where)
+    expected = [("--steps", "from 1 to 1024", "eigenproblem"), ("--steps",), ("span",), ("pos",),
+                ("20000 rows", "give at most"), ("--steps", "from 1 to 10000"),
+                ("--samples", "from 1 to 1024", "one batch"), ("--max-tokens", "from 1 to 4096"),
+                ("at most 64 coefficients",),
+                ("batch_size", "give a batch_size of at most"), ("give at most", "batches"), ("batch_size",),
+                ("--batches", "give at most"), ("--tokens", "from 1 to 4194304"), ("train.batch_size", "give at most")]
+    assert len(answers) == len(expected)
+    for answer, fragments in zip(answers, expected):
+        clean_refusal(answer, *fragments)
+
+
 def test_ig_chunks_agree_with_one_pass():
     """Chunked path points give the same scores as one pass (float64)."""
     from circuitlab.analysis.input_attribution import integrated_gradients
@@ -118,6 +170,7 @@ def test_ig_chunks_agree_with_one_pass():
     assert riemann.completeness_error < 1e-3
 
 
+@pytest.mark.slow  # the largest accepted values run to the end; refusals: test_huge_counts_...
 def test_circuit_rows_steps_and_edges_are_bounded(where):
     ckpt = str(where / "run")
     many = where / "many.txt"
@@ -134,23 +187,12 @@ def test_circuit_rows_steps_and_edges_are_bounded(where):
     assert (where / "c3" / "results.json").is_file()
 
 
+@pytest.mark.slow  # the largest accepted values run to the end; refusals: test_huge_counts_...
 def test_steer_lens_and_sae_sizes_are_bounded(where):
     """The largest values of every other count option: a clean finish where the work is chunked or small, a
     one-line refusal naming the limit otherwise (one capped process for all: the import is the slow part)."""
-    import yaml
-
-    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
-    from circuitlab.training import load_checkpoint
-
     ckpt = str(where / "run")
-    model, _, _ = load_checkpoint(ckpt)
-    cfg = DictionaryConfig("relu", d_in=16, d_sae=24, hook_name="blocks.0.hook_resid_post",
-                           base_model=base_model_id(model))
-    SparseDictionary(cfg, seed=0).save(where / "sae")
-    (where / "sae.yaml").write_text(yaml.safe_dump({
-        "model": ckpt, "data": {"source": "stories", "n_stories": 50, "tokenizer": "char"},
-        "dictionaries": [{"architecture": "relu", "hook_name": "blocks.0.hook_resid_post", "d_sae": 24}],
-        "train": {"steps": 2, "batch_size": 10**9}}))
+    _sae_files(where)
     steer = ["steer", "--checkpoint", ckpt, "--positive", str(where / "pos.txt"), "--negative", str(where / "neg.txt"),
              "--neutral", str(where / "pos.txt"), "--layer", "0", "--no-progress"]
     lens = ["lens", "train", "--checkpoint", ckpt, "--out", str(where / "lens"), "--no-progress", "--steps", "1"]

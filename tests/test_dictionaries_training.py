@@ -21,7 +21,8 @@ def _configs(d_in, d_sae, hook="planted", k=3):
             for a in ARCHS]
 
 
-@pytest.mark.parametrize("seed, l0, zipf", [(0, 3, 0.5), (7, 2, 0.8)], ids=["tuned", "held-out"])
+@pytest.mark.parametrize("seed, l0, zipf", [pytest.param(0, 3, 0.5, id="tuned"),
+                                             pytest.param(7, 2, 0.8, id="held-out", marks=pytest.mark.slow)])
 def test_every_architecture_recovers_planted_features_in_superposition(seed, l0, zipf):
     """32 known directions in 16 dims, Zipf-like frequencies: one trainer, one stream of batches, four
     dictionaries of 32 latents; each finds the directions at the true L0 with no dead latent. Tuned on

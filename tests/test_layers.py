@@ -3,6 +3,7 @@ with ast, so a lazy import counts like any other."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import circuitlab
@@ -15,7 +16,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> list[tuple[str, int]]:
+@functools.cache  # the tree is read once for all the tests here
+def imports_of(path: Path) -> tuple[tuple[str, int], ...]:
     """(imported module, line) for every import statement in the file, relative ones resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
@@ -33,7 +35,7 @@ def imports_of(path: Path) -> list[tuple[str, int]]:
             found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names
                       if (PACKAGE.parent / f"{base}.{alias.name}".replace(".", "/")).with_suffix(".py").is_file()
                       or (PACKAGE.parent / f"{base}.{alias.name}".replace(".", "/")).is_dir()]
-    return found
+    return tuple(found)
 
 
 def library_files() -> list[Path]:
