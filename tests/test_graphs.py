@@ -161,6 +161,29 @@ def test_batching_and_the_feature_cap_do_not_change_rows(setup):
     assert float(infl[capped.selected].sum()) >= float(infl.sort(descending=True).values[:n // 2].sum()) * 0.8
 
 
+def test_graph_memory_is_the_computations_own_peak(setup):
+    """graph.info["peak_mb"] is the resident memory the attribution itself held at most, not the process's
+    lifetime peak: memory held before (or freed after) does not count, a transient allocation inside does."""
+    import sys
+    import time
+
+    from circuitlab.graphs.attribution import _PeakMemory
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("resident memory is read from /proc")
+    before = torch.ones(40 * 2**20)                     # 160 MB held before: not the block's
+    with _PeakMemory() as outside:
+        pass
+    with _PeakMemory() as inside:
+        transient = torch.ones(40 * 2**20)              # 160 MB allocated (and touched) inside, then freed
+        time.sleep(0.05)                                # (sampled every 5 ms)
+        del transient
+    del before
+    assert outside.growth_mb < 50 and inside.growth_mb > 120, (outside.growth_mb, inside.growth_mb)
+    model, tc, tokens, graph = setup
+    assert graph.info["peak_mb"] is not None and graph.info["peak_mb"] >= 0
+
+
 def test_spans_of_positions_do_not_change_rows(setup, monkeypatch):
     import circuitlab.graphs.attribution as attribution
 
@@ -398,43 +421,35 @@ def test_trained_model_graph_shows_the_earlier_name_reaching_its_logit_through_a
 
 # ---------------------------------------------------------------------------- cross-layer transcoders
 
-class FakeCLT(torch.nn.Module):
-    """A ReLU cross-layer transcoder with the interface of circuitlab.dictionaries.clt.CrossLayerTranscoder
-    (cfg.in_hook / out_hook, pre_acts, encode_layer, decoder(l, t), W_enc, b_dec, W_skip), built from
-    per-layer transcoders plus random cross-layer decoders (cross=0: exactly the per-layer set)."""
+def real_clt(dicts, cross: float = 0.3, seed: int = 0, architecture: str = "relu", k: int | None = None):
+    """A circuitlab.dictionaries.clt.CrossLayerTranscoder (float64) built from per-layer transcoders: layer l's
+    encoder, own-layer decoder, decoder bias and skip (when they have one) are transcoder l's; its decoders into later layers
+    are random (cross=0: exactly the per-layer set)."""
+    from circuitlab.dictionaries import CLTConfig, CrossLayerTranscoder
 
-    def __init__(self, dicts, cross: float = 0.3, seed: int = 0) -> None:
-        super().__init__()
-        L, d = len(dicts), dicts[0].cfg.d_out
-        self.cfg = type("cfg", (), dict(n_layers=L, d_model=d, d_sae=dicts[0].cfg.d_sae, skip=True,
-                                         architecture="relu", in_hook=staticmethod(lambda l: dicts[l].cfg.hook_name),
-                                         out_hook=staticmethod(lambda l: f"blocks.{l}.hook_mlp_out")))()
-        g = torch.Generator().manual_seed(seed)
-        self.W_enc = torch.nn.ParameterList([dd.W_enc for dd in dicts])
-        self.b_enc = torch.nn.ParameterList([dd.b_enc for dd in dicts])
-        self.b_dec = torch.nn.ParameterList([dd.b_dec for dd in dicts])
-        self.W_skip = torch.nn.ParameterList([dd.W_skip for dd in dicts])
-        self.W_dec = torch.nn.ParameterDict({
-            f"{l}_{t}": dicts[l].W_dec if t == l else
-            torch.nn.Parameter(cross * torch.randn(dicts[l].W_dec.shape, generator=g, dtype=torch.float64))
-            for l in range(L) for t in range(l, L)})
-
-    def pre_acts(self, x, layer):
-        return x @ self.W_enc[layer] + self.b_enc[layer]
-
-    def encode_layer(self, x, layer):
-        return self.pre_acts(x, layer).relu()
-
-    def decoder(self, layer, target):
-        return self.W_dec[f"{layer}_{target}"]
+    L, c = len(dicts), dicts[0].cfg
+    cfg = CLTConfig(architecture, n_layers=L, d_model=c.d_out, d_sae=c.d_sae, k=k, skip=c.skip, dtype="float64",
+                    input_hook=c.hook_name.replace(".0.", ".{layer}."))
+    clt = CrossLayerTranscoder(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer, d in enumerate(dicts):
+            clt.W_enc[layer].copy_(d.W_enc)
+            clt.b_enc[layer].copy_(d.b_enc)
+            clt.b_dec[layer].copy_(d.b_dec)
+            if c.skip:
+                clt.W_skip[layer].copy_(d.W_skip)
+            clt.W_dec[layer].copy_(cross * torch.randn(clt.W_dec[layer].shape, generator=g, dtype=torch.float64))
+            clt.W_dec[layer][:, 0] = d.W_dec
+    return clt
 
 
 def test_a_cross_layer_transcoder_is_exact_and_its_edges_are_effects(setup):
     model, tc, tokens, graph = setup
     dicts = [tc.dictionary(layer) for layer in range(3)]
-    same = attribute(model, Transcoders.cross_layer(model, FakeCLT(dicts, cross=0.0)), tokens, batch_size=16)
+    same = attribute(model, Transcoders.cross_layer(model, real_clt(dicts, cross=0.0)), tokens, batch_size=16)
     torch.testing.assert_close(same.adjacency, graph.adjacency, atol=1e-10, rtol=0)
-    clt = Transcoders.cross_layer(model, FakeCLT(dicts, cross=0.3))
+    clt = Transcoders.cross_layer(model, real_clt(dicts, cross=0.3))
     g = attribute(model, clt, tokens, batch_size=16)
     rm = ReplacementModel(model, clt, tokens)
     torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-10, rtol=0)
@@ -446,10 +461,80 @@ def test_a_cross_layer_transcoder_is_exact_and_its_edges_are_effects(setup):
         s = first[int(torch.randint(len(first), (1,), generator=gen))]
         t = last[int(torch.randint(len(last), (1,), generator=gen))]
         assert measured_effect(rm, g, t, s) == pytest.approx(float(g.adjacency[t, s]), abs=1e-8)
+    # Kept edges and errors too (every kind of source), against the frozen replacement model.
+    pruned = g.prune()
+    for t, s in pruned.edge_mask.nonzero()[torch.randperm(int(pruned.edge_mask.sum()), generator=gen)[:8]].tolist():
+        assert measured_effect(rm, g, t, s) == pytest.approx(float(g.adjacency[t, s]), abs=1e-8), (g.label(t), g.label(s))
     # Real-model interventions write every layer the feature writes.
     n = g.node(first[0])
     iv = [Intervention(0, n["feature"], value=0.0, pos=n["pos"])]
     assert not torch.allclose(rm.run(iv, mode="model").logits, rm.run(mode="model").logits)
+
+
+def test_an_exact_cross_layer_transcoder_gives_zero_errors_and_scores_one():
+    """The planted model's MLPs ARE sparse dictionaries: a CLT made of them (no cross-layer writes) is exact."""
+    p = planted_path_model()
+    dicts = [p.transcoders.dictionary(layer).to(torch.float64) for layer in p.transcoders.layers]
+    clt = Transcoders.cross_layer(p.model, real_clt(dicts, cross=0.0))
+    rm = ReplacementModel(p.model, clt, p.tokens)
+    assert all(float(e.abs().max()) < 1e-12 for e in rm.errors.values())
+    torch.testing.assert_close(rm.run().logits, p.model(p.tokens[None]), atol=1e-12, rtol=0)
+    graph = attribute(p.model, clt, p.tokens)
+    s = graph.scores()
+    assert s["replacement"] == pytest.approx(1.0, abs=1e-12) and s["completeness"] == pytest.approx(1.0, abs=1e-12)
+    torch.testing.assert_close(graph.adjacency, attribute(p.model, p.transcoders, p.tokens).adjacency, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["circuitlab", "circuit-tracer", "sparsify"])
+def test_transcoders_load_a_cross_layer_transcoder_folder_in_every_layout(setup, tmp_path, layout):
+    model, tc, tokens, _ = setup
+    dicts = [tc.dictionary(layer) for layer in range(3)]
+    arch, k = ("topk", 4) if layout == "sparsify" else ("relu", None)   # sparsify's CLTs are TopK only
+    clt = real_clt(dicts, cross=0.3, architecture=arch, k=k)
+    want = attribute(model, Transcoders.cross_layer(model, clt), tokens, batch_size=16)
+    clt.save(tmp_path / "clt", layout=layout)
+    loaded = Transcoders.load(model, tmp_path / "clt")
+    assert loaded.describe().startswith(f"a {arch} cross-layer transcoder")
+    got = attribute(model, loaded, tokens, batch_size=16)
+    assert torch.equal(got.active_features, want.active_features)
+    torch.testing.assert_close(got.adjacency, want.adjacency, atol=1e-5 * float(want.adjacency.abs().max()), rtol=0)
+    if layout == "circuitlab":  # a `sae train` run with kind: clt keeps it under dictionaries/
+        clt.save(tmp_path / "run" / "dictionaries" / "clt")
+        assert isinstance(Transcoders.load(model, tmp_path / "run"), type(loaded))
+        dicts[0].save(tmp_path / "run" / "dictionaries" / "layer0")
+        with pytest.raises(CircuitlabError, match="cross-layer"):
+            Transcoders.load(model, tmp_path / "run")
+
+
+def test_a_cross_layer_transcoder_for_another_model_is_refused_in_one_line(setup):
+    model, tc, _, _ = setup
+    dicts = [tc.dictionary(layer) for layer in range(3)]
+    with pytest.raises(CircuitlabError, match="layers"):
+        Transcoders.cross_layer(model, real_clt(dicts[:2]))
+    clt = real_clt(dicts)
+    clt.cfg.input_hook = "blocks.{layer}.hook_nonesuch"
+    with pytest.raises(CircuitlabError, match="nonesuch"):
+        Transcoders.cross_layer(model, clt)
+
+
+def test_graph_command_reads_a_cross_layer_transcoder(tmp_path, monkeypatch, capsys):
+    from circuitlab.cli import main
+    from helpers import saved_graph_run
+
+    model, tok, tc, _ = saved_graph_run(tmp_path, n_layers=2, d_sae=24)
+    dicts = [tc.dictionary(layer).to(torch.float64) for layer in range(2)]
+    clt = real_clt(dicts, cross=0.3)
+    clt.save(tmp_path / "clt", layout="circuit-tracer")
+    monkeypatch.chdir(tmp_path)
+    assert main(["graph", "--checkpoint", "model/checkpoint", "--transcoders", "clt", "--prompt", "Lily saw a cat. Lily",
+                 "--dashboard-tokens", "0", "--out", "g"]) == 0, capsys.readouterr().err
+    results = json.loads((tmp_path / "g" / "results.json").read_text())
+    assert "cross-layer transcoder" in results["transcoders"]
+    ids = torch.tensor(tok.encode("Lily saw a cat. Lily"))
+    want = attribute(model, Transcoders.cross_layer(model, clt.to(torch.float32)), ids)
+    saved = Graph.load(tmp_path / "g" / "graph")
+    assert torch.equal(saved.active_features, want.active_features)
+    torch.testing.assert_close(saved.adjacency, want.adjacency, atol=1e-5 * float(want.adjacency.abs().max()), rtol=0)
 
 
 def test_transcoders_load_from_circuit_tracers_layout_and_give_the_same_graph(setup, tmp_path):

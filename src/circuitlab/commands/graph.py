@@ -13,8 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
-                   help="per-layer transcoders: a folder of dictionary folders (a `sae train` run) or circuit-tracer's "
-                        "layout (config.yaml + layer_{i}.safetensors)")
+                   help="per-layer transcoders (a folder of dictionary folders, a `sae train` run, or circuit-tracer's "
+                        "layout: config.yaml + layer_{i}.safetensors) or a cross-layer transcoder folder (ours, "
+                        "circuit-tracer's cross_layer_transcoder layout or sparsify's)")
     p.add_argument("--planted", action="store_true",
                    help="use the built-in forged model whose MLPs are planted features (tokens x A B Z y)")
     p.add_argument("--prompt", required=True, help="the text whose next-token prediction the graph explains")

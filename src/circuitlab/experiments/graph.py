@@ -91,10 +91,13 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
         summary.append(f"strongest path: {paths[0]['words']} (strength {paths[0]['strength']:.3g})")
     info = dict(graph.info)
     info["seconds"] = {**info.get("seconds", {}), "prune": t_prune}
+    peak = "" if info.get("peak_mb") is None else f", peak memory {info['peak_mb']:.0f} MB"
+    summary.append(f"attribution {info['seconds'].get('total', 0.0):.1f} s ({info.get('backward_passes')} backward "
+                   f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
     data = {"prompt": prompt, "graph": s, "top_paths": [{"strength": p["strength"], "words": p["words"]}
                                                          for p in paths],
             "transcoders": graph.transcoders, "timings_s": info["seconds"],
-            "memory": {"adjacency_mb": info.get("adjacency_mb"), "peak_rss_mb": info.get("peak_rss_mb")}}
+            "memory": {"adjacency_mb": info.get("adjacency_mb"), "attribution_peak_mb": info.get("peak_mb")}}
     run = GraphRun(graph, pruned, summary, data)
     if dashboard_tokens or saved_dashboards:
         run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens,

@@ -19,7 +19,8 @@ of positions, so it runs over the positions up to the span's end only (attention
 from __future__ import annotations
 
 import math
-import resource
+import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,6 +108,50 @@ def _token_label(tokenizer: Any, i: int) -> str:
 N_SPANS = 8  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
 
 
+def _rss_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), or None where that cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class _PeakMemory:
+    """The peak growth of resident memory while the block runs, over what it was on entry: what the block's
+    own work held at most (sampled every `every` seconds in a thread; the process's lifetime peak would
+    count whatever ran before). growth_mb is None where memory cannot be read."""
+
+    def __init__(self, every: float = 0.005) -> None:
+        self.every, self.start, self.peak = every, _rss_bytes(), _rss_bytes()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.every):
+            self._sample_once()
+
+    def __enter__(self) -> "_PeakMemory":
+        if self.start is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._sample_once()
+
+    def _sample_once(self) -> None:
+        now = _rss_bytes()
+        if now is not None and self.peak is not None:
+            self.peak = max(self.peak, now)
+
+    @property
+    def growth_mb(self) -> float | None:
+        return None if self.start is None or self.peak is None else (self.peak - self.start) / 2**20
+
+
 class _Columns:
     """Turns gradients at the sources' places into adjacency columns (all sources, in node order)."""
 
@@ -166,8 +211,28 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     logits (estimated from the rows computed so far), for long prompts.
     bos: position 0 is an attention sink (circuit-tracer's convention): no features, no error node there.
     dtype: compute in this dtype (default: the model's).
-    Returns the unpruned Graph, with its timings and peak memory in graph.info.
+    Returns the unpruned Graph, with its timings and memory in graph.info: peak_mb, how much the
+    process's resident memory grew at most while attributing (the computation's own peak), and
+    adjacency_mb, the dense adjacency's size.
     """
+    with _PeakMemory() as memory:
+        graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
+                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt)
+    info = graph.info
+    info["peak_mb"] = memory.growth_mb
+    if verbose:
+        s = info["seconds"]
+        peak = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
+        print(f"attribution: {info['n_active_features']} active features ({graph.n_features} kept as nodes), "
+              f"{graph.n_nodes} nodes, {info['backward_passes']} backward passes of up to {info['batch_size']} rows; "
+              f"{s['total']:.2f} s (forward {s['forward']:.2f}, backward {s['backward']:.2f}); adjacency "
+              f"{info['adjacency_mb']:.1f} MB{peak}")
+    return graph
+
+
+def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+               max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
+               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None) -> Graph:
     t0 = time.perf_counter()
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
@@ -286,18 +351,10 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
         adjacency[:n_feat, :n_src] = feature_rows
         adjacency[n_src:, :n_src] = logit_rows_t
     del feature_rows
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
                         "total": time.perf_counter() - t0},
             "n_active_features": n_feat, "n_feature_nodes": len(selected), "batch_size": B,
-            "backward_passes": n_passes,
-            "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20, "peak_rss_mb": peak}
-    if verbose:
-        s = info["seconds"]
-        print(f"attribution: {n_feat} active features ({len(selected)} kept as nodes), {n_nodes} nodes, "
-              f"{info['backward_passes']} backward passes of up to {B} rows; {s['total']:.2f} s "
-              f"(forward {s['forward']:.2f}, backward {s['backward']:.2f}); adjacency {info['adjacency_mb']:.1f} MB, "
-              f"peak RSS {peak:.0f} MB")
+            "backward_passes": n_passes, "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20}
     token_strs = [_token_label(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
     return Graph(tokens=rm.tokens.clone(), active_features=features, activations=values.to(dtype),
                  selected=selected, adjacency=adjacency, logit_labels=[t.label for t in logit_targets],

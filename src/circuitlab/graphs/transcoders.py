@@ -12,6 +12,7 @@ goes through this class, so both kinds work everywhere.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,17 @@ class Transcoders:
 
     @classmethod
     def load(cls, model: Any, folder: str | Path, allow_partial: bool = False) -> "Transcoders":
-        """Transcoders from a folder holding one dictionary folder per layer (what `circuitlab sae train`
-        writes under its dictionaries/), the folder of such a run, or circuit-tracer's per-layer layout
-        (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders)."""
+        """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
+        layout or sparsify's), one dictionary folder per layer (what `circuitlab sae train` writes under its
+        dictionaries/), the folder of such a run (per-layer or kind: clt), or circuit-tracer's per-layer
+        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders)."""
+        from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
+
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
+        if is_clt_folder(folder):
+            return cls.cross_layer(model, CrossLayerTranscoder.load(folder))
         if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
             from circuitlab.dictionaries import load_transcoders
 
@@ -98,9 +104,17 @@ class Transcoders:
         if (folder / "dictionaries").is_dir():
             folder = folder / "dictionaries"
         subs = sorted(p for p in folder.iterdir() if p.is_dir())
-        dicts = [SparseDictionary.load(p) for p in subs if (p / "config.json").is_file() or (p / "cfg.json").is_file()]
+        clts = [p for p in subs if is_clt_folder(p)]
+        others = [p for p in subs if p not in clts and ((p / "config.json").is_file() or (p / "cfg.json").is_file())]
+        if clts:
+            if len(clts) > 1 or others:
+                raise InputError(f"{folder} holds {len(clts)} cross-layer transcoder(s) beside other dictionaries; "
+                                 "give the folder of the one to use")
+            return cls.cross_layer(model, CrossLayerTranscoder.load(clts[0]))
+        dicts = [SparseDictionary.load(p) for p in others]
         if not dicts:
-            raise InputError(f"{folder} holds no transcoders (expected one dictionary folder per layer)")
+            raise InputError(f"{folder} holds no transcoders (expected one dictionary folder per layer or a "
+                             "cross-layer transcoder)")
         return cls.per_layer(model, dicts, allow_partial=allow_partial)
 
     # ------------------------------------------------------------------ the interface
@@ -159,12 +173,19 @@ class Transcoders:
     @classmethod
     def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
         """A cross-layer transcoder (circuitlab.dictionaries.clt.CrossLayerTranscoder): layer l's features
-        read layer l's MLP input and write every MLP output l' >= l."""
+        read layer l's MLP input and write every MLP output l' >= l. Checked against the model (layers,
+        width, hooks, base model); a BatchTopK CLT is used as the JumpReLU it is at inference."""
+        from circuitlab.dictionaries.clt import check_clt_fits
+
         c = clt.cfg
         if c.n_layers != model.cfg.n_layers or c.d_model != model.cfg.d_model:
             raise InputError(f"the cross-layer transcoder has {c.n_layers} layers of width {c.d_model}; the model "
                              f"{model.cfg.n_layers} of width {model.cfg.d_model} (a transcoder of another model?)")
-        return CrossLayerTranscoders(clt)
+        if any(c.out_hook(layer) != MLP_OUT.format(layer) for layer in range(c.n_layers)):
+            raise InputError(f"the cross-layer transcoder writes {c.output_hook}; a replacement model needs one that "
+                             "writes blocks.{layer}.hook_mlp_out")
+        check_clt_fits(clt, model, "the cross-layer transcoder")
+        return CrossLayerTranscoders(clt.for_inference() if hasattr(clt, "for_inference") else clt)
 
     def describe(self) -> str:
         first = self._dicts[self.layers[0]].cfg
@@ -228,7 +249,7 @@ class CrossLayerTranscoders(Transcoders):
         return x.to(w.dtype) @ w
 
     def to(self, dtype: torch.dtype) -> "CrossLayerTranscoders":
-        return CrossLayerTranscoders(self.clt.to(dtype))
+        return CrossLayerTranscoders(copy.deepcopy(self.clt).to(dtype))  # Module.to works in place: copy first
 
     def describe(self) -> str:
         c = self.clt.cfg
