@@ -218,7 +218,7 @@ def main() -> None:
           f"{t_peer:.2f} s (batch {args.peer_batch}) -> {t_peer / t_ours:.2f}x (target >= 3x)")
     print(f"pruning + scores: ours {oj['prune_seconds']:.2f} s, circuit-tracer {pj['prune_seconds']:.2f} s")
     print(f"peak RSS: ours {oj['peak_rss_mb']:.0f} MB, circuit-tracer {pj['peak_rss_mb']:.0f} MB; dense adjacency "
-          f"{dense_mb:.0f} MB (fp32)")
+          f"{dense_mb:.0f} MB (fp32); our attribution's own peak (graph.info peak_mb) {oj['info']['peak_mb']:.0f} MB")
     print(f"pruned graph ({oj['pruned_nodes']} nodes, {oj['pruned_edges']} edges) as Neuronpedia JSON: "
           f"{oj['viewer_kb']:.0f} KB")
 

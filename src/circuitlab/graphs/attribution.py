@@ -191,9 +191,9 @@ class _Columns:
                     block = rows[:, a:a + len(vecs)]
                     block.addmm_(g[:, p], vecs.T)
             start = self.n_feat + k * self.T
-            rows[:, start:start + P] = torch.einsum("rtd,td->rt", g, self.errors[k][:P])
+            rows[:, start:start + P] = (g * self.errors[k][:P]).sum(-1)
         start = self.n_feat + self.L * self.T
-        rows[:, start:start + P] = torch.einsum("rtd,td->rt", grad_embed, self.embeds[:P])
+        rows[:, start:start + P] = (grad_embed * self.embeds[:P]).sum(-1)
         return rows
 
 
@@ -294,7 +294,11 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     logit_rows_t = torch.cat([backward(whole, {}, dirs[i:i + B]) for i in range(0, n_logit, B)])
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
 
-    feature_rows = torch.zeros(n_feat, cols.n_cols, dtype=dtype)
+    # Feature rows go straight into the adjacency when every feature is a node; with a cap, into their own
+    # matrix first (which features become nodes is known only at the end).
+    n_nodes = (cap if cap < n_feat else n_feat) + (L + 1) * T + n_logit
+    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
+    feature_rows = adjacency[:n_feat, :cols.n_cols] if cap == n_feat else torch.zeros(n_feat, cols.n_cols, dtype=dtype)
     visited = torch.zeros(n_feat, dtype=torch.bool)
 
     def feature_batch(lp: LinearPass, idx: torch.Tensor) -> None:
@@ -340,15 +344,12 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
 
     # Assemble: nodes = [selected features, errors (layer-major), tokens, logits].
     selected = visited.nonzero().flatten() if cap < n_feat else torch.arange(n_feat)
-    n_nodes = len(selected) + (L + 1) * T + n_logit
     n_src = n_nodes - n_logit
-    adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
     if cap < n_feat:
         keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
         adjacency[:len(selected), :n_src] = feature_rows[selected][:, keep_cols]
         adjacency[n_src:, :n_src] = logit_rows_t[:, keep_cols]
     else:
-        adjacency[:n_feat, :n_src] = feature_rows
         adjacency[n_src:, :n_src] = logit_rows_t
     del feature_rows
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
