@@ -20,7 +20,7 @@ import torch
 
 def train_model(steps: int, seed: int = 0):
     from circuitlab import ModelConfig, Transformer
-    from circuitlab.analysis.tuned_lens import story_batches
+    from circuitlab.analysis.lens.tuned import story_batches
     from circuitlab.data import build_tokenizer, generate_stories
 
     torch.manual_seed(seed)
@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     import transformers
 
-    from circuitlab.analysis.tuned_lens import mean_kl_to_final, story_batches, train_tuned_lens
+    from circuitlab.analysis.lens.tuned import mean_kl_to_final, story_batches, train_tuned_lens
     from circuitlab.pretrained import export_hf
 
     model, tok = train_model(args.train_steps)

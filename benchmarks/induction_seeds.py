@@ -25,7 +25,7 @@ def one_seed(seed: int, overrides: list[str], threads: int, device: str, config:
     import torch
 
     from circuitlab.analysis.heads import induction_by_period
-    from circuitlab.analysis.induction import training_probes
+    from circuitlab.analysis.heads.induction import training_probes
     from circuitlab.experiments.demo import phase_change
     from circuitlab.perf import matmul_gflops
     from circuitlab.training import RunConfig, read_metrics, train

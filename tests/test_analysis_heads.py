@@ -25,7 +25,7 @@ from circuitlab.analysis.heads import (
     detection_masks,
     induction_test_tokens,
 )
-from circuitlab.analysis.induction import in_context_learning_score
+from circuitlab.analysis.heads.induction import in_context_learning_score
 from circuitlab.forge import Forge, ResidualLayout
 
 V, N, C = 16, 32, 20.0  # vocabulary, context, attention sharpness

@@ -8,7 +8,7 @@ import torch
 
 from circuitlab import CircuitlabError
 from circuitlab.analysis.heads import classify_heads, default_periods, detector_periods, induction_by_period
-from circuitlab.analysis.induction import icl_probe, training_probes, validation_rows
+from circuitlab.analysis.heads.induction import icl_probe, training_probes, validation_rows
 from circuitlab.data.synthetic import repeated_random_tokens
 from circuitlab.forge import build_induction_model, build_positional_copy_model
 
@@ -129,7 +129,7 @@ def test_demo_config_generalises_at_seed_0(tmp_path):
     """The demo's 2-layer recipe (configs/demo.yaml, seed 0): the best head scores >= 0.6 on [r, r] at every
     period 4..32 and the loss on the second copy stays <= 2.0 nats; the 1-layer contrast has no induction
     head at any period. ~1 min on an idle 2-core machine (benchmarks/induction_seeds.py does seeds 0-4)."""
-    from circuitlab.analysis.induction import training_probes
+    from circuitlab.analysis.heads.induction import training_probes
     from circuitlab.experiments.demo import phase_change
     from circuitlab.training import RunConfig, read_metrics, train
     from circuitlab.training.configs import resolve_config

@@ -6,7 +6,7 @@ import torch
 
 from circuitlab.analysis.input_attribution import attribute
 from circuitlab.analysis.steering import contrast_direction, steering_sweep
-from circuitlab.analysis.tuned_lens import mean_kl_to_final, story_batches, train_tuned_lens
+from circuitlab.analysis.lens.tuned import mean_kl_to_final, story_batches, train_tuned_lens
 from circuitlab.data import generate_stories
 from circuitlab.data.stories import ADJECTIVES, PLACES
 

@@ -13,7 +13,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from circuitlab import ModelConfig, Transformer  # noqa: E402
-from circuitlab.analysis.tuned_lens import TunedLens, story_batches, train_tuned_lens  # noqa: E402
+from circuitlab.analysis.lens.tuned import TunedLens, story_batches, train_tuned_lens  # noqa: E402
 from circuitlab.cli import main  # noqa: E402
 from circuitlab.data.stories import stories_text  # noqa: E402
 from circuitlab.data.tokenizers import CharTokenizer  # noqa: E402

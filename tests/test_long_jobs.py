@@ -137,7 +137,7 @@ def test_non_finite_learning_rates_are_refused(root, capsys):
 
 
 def test_lens_train_interrupted_resumes_and_refuses_other_settings(root, capsys, monkeypatch):
-    import circuitlab.analysis.tuned_lens as tl
+    import circuitlab.analysis.lens.tuned as tl
 
     lens = ["lens", "train", "--checkpoint", str(root / "model"), "--out", str(root / "lens"), "--steps", "8",
             "--batches", "2", "--batch-size", "2", "--seq-len", "16", "--save-every", "100", "--no-progress"]
@@ -172,7 +172,7 @@ def test_lens_train_interrupted_resumes_and_refuses_other_settings(root, capsys,
     straight = ["lens", "train", *lens[2:]]
     straight[straight.index("--out") + 1] = str(root / "lens_straight")
     assert main(straight) == 0
-    from circuitlab.analysis.tuned_lens import TunedLens
+    from circuitlab.analysis.lens.tuned import TunedLens
 
     a, b = TunedLens.load(root / "lens"), TunedLens.load(root / "lens_straight")
     assert torch.allclose(a.weight, b.weight, atol=1e-6) and torch.allclose(a.bias, b.bias, atol=1e-6)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from circuitlab import ConfigError
-from circuitlab.analysis.induction import training_probes
+from circuitlab.analysis.heads.induction import training_probes
 from circuitlab.training import RunConfig, read_metrics, train
 from circuitlab.training.sinks import flat_scalars, open_sinks
 

@@ -9,7 +9,7 @@ from tiny_trained import induction_model, repeated_batch
 
 from circuitlab import CircuitlabError
 from circuitlab.analysis.lens import logit_lens
-from circuitlab.analysis.tuned_lens import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
+from circuitlab.analysis.lens.tuned import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
                                             train_tuned_lens)
 from circuitlab.data import CharTokenizer
 from circuitlab.forge import Forge, ResidualLayout

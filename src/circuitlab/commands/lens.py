@@ -56,7 +56,7 @@ def _show_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from circuitlab.analysis.tuned_lens import TunedLens, compare_lenses, default_lens_dir
+    from circuitlab.analysis.lens.tuned import TunedLens, compare_lenses, default_lens_dir
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
 

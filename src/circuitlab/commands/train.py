@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuitlab.analysis.induction import training_probes
+    from circuitlab.analysis.heads.induction import training_probes
     from circuitlab.training import RunConfig, train
     from circuitlab.training.configs import resolve_config
 

@@ -93,7 +93,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     if kept is not None:
         print(f"moved the previous demo to {kept}")
     out.mkdir(parents=True, exist_ok=True)
-    from circuitlab.analysis.induction import training_probes
+    from circuitlab.analysis.heads.induction import training_probes
 
     base = RunConfig.load(resolve_config("demo"))
     gflops_before = matmul_gflops()
@@ -140,7 +140,7 @@ def write_outputs(result: DemoResult, runs: dict, out: Path) -> None:
 
 def analyse(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
-    from circuitlab.analysis.head_detectors import induction_by_period
+    from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
     from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
     from circuitlab.experiments.interpret_reading import EXPERIMENTS

@@ -73,7 +73,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
                       stacklevel=2)
     if bool(opts.get("clean")) != bool(opts.get("corrupt")):
         raise CircuitlabError("--clean and --corrupt go together: give both or neither")
-    from circuitlab.analysis.tuned_lens import TunedLens, default_lens_dir
+    from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
 
     if opts.get("lens") is not None and not TunedLens.exists(opts["lens"]):
         raise CircuitlabError(f"--lens {opts['lens']} holds no tuned lens; train one with `circuitlab lens train`")

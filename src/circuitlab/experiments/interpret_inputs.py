@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from circuitlab.analysis.input_attribution import attribute_methods
-from circuitlab.analysis.tuned_lens import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
+from circuitlab.analysis.lens.tuned import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
                                             train_tuned_lens)
 from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.experiments.interpret_reading import prompt_tokens

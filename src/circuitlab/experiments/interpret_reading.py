@@ -18,10 +18,10 @@ from circuitlab.analysis.logit_attribution import direct_logit_attribution, neur
 from circuitlab.analysis.qk_ov import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import weights_model
-from circuitlab.analysis.head_detectors import induction_by_period, induction_test_tokens
+from circuitlab.analysis.heads.detectors import induction_by_period, induction_test_tokens
 from circuitlab.analysis.heads import classify_heads
-from circuitlab.analysis.induction import in_context_learning_score
-from circuitlab.analysis.induction_circuit import induction_and_previous_head
+from circuitlab.analysis.heads.induction import in_context_learning_score
+from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
 from circuitlab.model import model_device
 from circuitlab.data.stories import DEFAULT_PROMPT

@@ -56,7 +56,7 @@ def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len
 def train_lens(opts: LensTrainOptions) -> LensTrainResult:
     """Train (or, with opts.resume, continue) a tuned lens and save it in opts.out; refuses in one line an output
     inside a checkpoint folder, an unfinished training without --resume/--overwrite, an existing lens."""
-    from circuitlab.analysis.tuned_lens import (TunedLens, check_lens_batches, default_lens_dir, mean_kl_to_final,
+    from circuitlab.analysis.lens.tuned import (TunedLens, check_lens_batches, default_lens_dir, mean_kl_to_final,
                                                 story_batches, train_tuned_lens)
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint

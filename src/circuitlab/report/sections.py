@@ -165,7 +165,7 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
     """The induction head and its previous-token head as the circuits experiment picks them (from its
     results, else from the labels computed here), else the best-scoring head after layer 0 and the
     best previous-token head before it."""
-    from circuitlab.analysis.induction_circuit import induction_and_previous_head
+    from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 
     cfg = run.model.cfg
     ind = (found or {}).get("induction")

@@ -244,7 +244,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
         checkpoint_name = "/".join(Path(run_dir).resolve().parts[-2:])  # e.g. "demo/2l": no full path shown
     tuned = None
     if lens is not None or run_dir is not None:
-        from circuitlab.analysis.tuned_lens import TunedLens, default_lens_dir
+        from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
 
         if lens is not None and model is None:
             raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")

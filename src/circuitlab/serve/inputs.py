@@ -74,7 +74,7 @@ def lens_prompt(model, tokenizer, ids: list[int], lens=None) -> dict[str, Any]:
     """The logit lens (and the tuned lens, when one is loaded) on the prompt: per residual point the KL to
     the final distribution averaged over positions, and at each position the top-1 token and its probability."""
     from circuitlab.analysis.lens import logit_lens
-    from circuitlab.analysis.tuned_lens import tuned_lens
+    from circuitlab.analysis.lens.tuned import tuned_lens
 
     tokens = torch.tensor(ids)
     if model.cfg.n_layers == 0:

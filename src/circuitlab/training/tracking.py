@@ -2,7 +2,7 @@
 
 The trainer knows nothing about heads or circuits: it calls each probe it is given at step 0 and
 every train.track_every steps, and writes what they return into metrics.jsonl. The demo and
-`circuitlab train` pass circuitlab.analysis.induction.training_probes (induction and previous-token
+`circuitlab train` pass circuitlab.analysis.heads.induction.training_probes (induction and previous-token
 scores, loss on repeats, induction by period, in-context-learning score), which make the
 induction-head phase change visible against tokens seen.
 

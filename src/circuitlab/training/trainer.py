@@ -64,7 +64,7 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     the current step, saves a checkpoint and raises TrainingInterrupted (a KeyboardInterrupt).
 
     track: probes (model, data) -> dict of JSON-able values, run at step 0 and every
-    train.track_every steps into metrics.jsonl (e.g. circuitlab.analysis.induction.training_probes).
+    train.track_every steps into metrics.jsonl (e.g. circuitlab.analysis.heads.induction.training_probes).
 
     stop_at: stop (with a checkpoint) after this many steps, as if interrupted; the schedule
     still follows train.steps, so a later resume continues the same curve.

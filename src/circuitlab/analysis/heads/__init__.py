@@ -4,8 +4,9 @@
     classes.heads_with("induction")                 # [(1, 2)]
     attention_view(model, tokens, tok, classes)     # every head's pattern, interactive in Jupyter
 
-The detectors and the induction test by period live in analysis.head_detectors (detect_heads,
-induction_by_period, ...); they are importable from here too.
+The package: this module (labels, attention view) over detectors.py (detect_heads, induction_by_period,
+...; importable from here too); induction.py (induction scores and the probes `circuitlab train` tracks)
+and induction_circuit.py stand on them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from circuitlab.analysis.qk_ov import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
 from circuitlab.analysis.folding import weights_model
-from circuitlab.analysis.head_detectors import (DETECTORS, MIN_PERIOD, HeadScores, PeriodSweep,  # noqa: F401
+from circuitlab.analysis.heads.detectors import (DETECTORS, MIN_PERIOD, HeadScores, PeriodSweep,  # noqa: F401
                                                 attention_entropy, attention_patterns, default_periods,
                                                 detect_heads, detection_masks, induction_by_period,
                                                 induction_test_tokens, mask_score)

@@ -7,6 +7,9 @@
 The residual after the embeddings and after each block goes through the model's own final norm
 (recomputed on that residual: its mean and scale are those of the partial residual, as in the
 original logit lens) and the unembedding, b_U included. The last point is the model's output.
+
+The package: this module (the logit lens) and tuned.py (the tuned lens: a trained affine translator per
+layer, read out the same way).
 """
 from __future__ import annotations
 

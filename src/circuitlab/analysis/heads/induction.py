@@ -3,7 +3,7 @@
     in_context_learning_score(model, story_tokens)    # loss late in the context minus early (Olsson)
     train(run, out, track=training_probes())          # tracked while training (circuitlab.training.train)
 
-The induction test itself, [r, r] at every period, is circuitlab.analysis.head_detectors.induction_by_period.
+The induction test itself, [r, r] at every period, is circuitlab.analysis.heads.detectors.induction_by_period.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from circuitlab.analysis.head_detectors import MIN_PERIOD, detect_heads, induction_by_period, induction_test_tokens
+from circuitlab.analysis.heads.detectors import MIN_PERIOD, detect_heads, induction_by_period, induction_test_tokens
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.transformer import lm_loss, model_device
 from circuitlab.training.tracking import Probe
@@ -129,7 +129,7 @@ def training_probes(batch: int = 16, seed: int = 1234, max_len: int = 128) -> li
 def icl_probe(n_rows: int = 32, max_len: int = 128) -> Probe:
     """A probe for the in-context-learning score on the run's validation text (natural text only:
     rows cut from data.val, never the synthetic segments), with the default positions of
-    circuitlab.analysis.induction.in_context_learning_score (Olsson's 500th and 50th of 512, scaled to
+    circuitlab.analysis.heads.induction.in_context_learning_score (Olsson's 500th and 50th of 512, scaled to
     the context min(n_ctx, max_len)). Data without a val stream (e.g. the addition task) gives {}."""
     rows: dict[int, torch.Tensor | None] = {}
 
