@@ -1,5 +1,6 @@
 """The graph viewer's data: the page re-prunes by export.reprune, which equals Graph.prune at the file's
 node threshold for every edge threshold up to the file's; the viewer HTML is self-contained and safe."""
+import html as html_module
 import json
 
 import pytest
@@ -103,7 +104,11 @@ def test_report_carries_a_card_for_every_pruned_feature(tmp_path):
     html = (tmp_path / "graphs/lily/report.html").read_text()
     some = next(iter(run.cards.values()))["contexts"][0]
     assert json.dumps(some["value"]) in html and "CLGraphView.mount" in html
-    assert "<svg" not in html.split("<h2>The pruned graph</h2>")[0]      # the viewer, not the static drawing
+    assert "<svg" not in html.split("<h2>The pruned graph</h2>")[0]
+    # the static drawing sits inside the viewer's element: shown where scripts do not run, replaced where they do
+    assert "<div id='clgv-" in html and html.index("<div id='clgv-") < html.index("<svg") < html.index("CLGraphView.mount")
+    shown = run._repr_html_()                                            # Jupyter: the same viewer
+    assert "CLGraphView.mount" in shown and "<svg" in shown and html_module.escape(run.summary[1]) in shown
 
 
 def test_graph_command_refuses_negative_dashboard_tokens(tmp_path, monkeypatch, capsys):

@@ -44,8 +44,11 @@ class GraphRun:
         return {**self.data, "summary": self.summary}
 
     def _repr_html_(self) -> str:
+        """The findings and the interactive viewer (the static drawing where scripts do not run)."""
         items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary)
-        return f"<b>attribution graph</b><ul>{items}</ul>{graph_svg(self.graph, self.pruned)}"
+        view = graph_view_html(neuronpedia_json(self.graph, self.pruned), features=self.cards,
+                               fallback=graph_svg(self.graph, self.pruned))
+        return f"<b>attribution graph</b><ul>{items}</ul>{view}"
 
 
 def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
@@ -112,8 +115,8 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
     data = neuronpedia_json(run.graph, run.pruned, slug=slug)
     viewer = json.dumps(data)
-    view = graph_view_html(data, features=run.cards)
     svg = graph_svg(run.graph, run.pruned)
+    view = graph_view_html(data, features=run.cards, fallback=svg)
     output_folder(out, "graph", overwrite=overwrite)
     marker = (out / MARKER).read_text()
     with atomic_dir(out) as tmp:

@@ -101,17 +101,18 @@ def feature_cards(model: Any, transcoders: Any, wanted: dict[int, Iterable[int]]
 
 
 def graph_view_html(data: Any, *, features: dict[str, Any] | None = None, title: str = "attribution graph",
-                    page: bool = False) -> str:
+                    page: bool = False, fallback: str | None = None) -> str:
     """The viewer for one graph. data: the viewer JSON dict (what graph.json holds), or a (Graph, Pruned)
     pair. features: {"{layer}_{feature}": FeatureDashboards.feature(f)} cards shown on hover. page: a whole
-    HTML document instead of a fragment (fragments may be repeated in one page)."""
+    HTML document instead of a fragment (fragments may be repeated in one page). fallback: HTML shown where
+    scripts do not run (e.g. the static SVG of graphs.draw); the viewer replaces it."""
     if isinstance(data, tuple):
         from circuitlab.graphs.export import neuronpedia_json
 
         data = neuronpedia_json(*data)
     uid = f"clgv-{next(_ids)}"
     fragment = (f"<style>{asset('graph_view.css')}</style>"
-                f"<div id='{uid}' class='clgv'>loading the graph…</div>"
+                f"<div id='{uid}' class='clgv'>{fallback if fallback is not None else 'loading the graph…'}</div>"
                 f"<script type='application/json' id='{uid}-data'>{_script_json(data)}</script>"
                 f"<script type='application/json' id='{uid}-features'>{_script_json(features or {})}</script>"
                 f"<script>{asset('graph_view.js')}</script>"
