@@ -1,7 +1,10 @@
-"""This machine's speed, so that wall times can be compared across machines.
+"""This machine's speed, so that wall times can be compared across machines, and how many CPU threads a
+piece of work should use.
 
     gflops = matmul_gflops()                      # fp32 matmul GFLOP/s in this process, now
     scaled_seconds(wall, gflops)                  # what `wall` would be on a 150 GFLOP/s machine
+    with threads_for_work(step_flops):            # 1 thread for small steps, else torch's count (restored after)
+        ...
 
 The demo's time budget and `make bench` are stated for a reference machine doing 150 GFLOP/s of fp32
 matmul (about two cores of a 2020s laptop or cloud VM). Measure in the same process, right before and
@@ -9,12 +12,79 @@ after the timed work, so that other load on the machine shows in both.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 
+from circuitlab.checks import COUNT
+from circuitlab.errors import ConfigError
+
 REFERENCE_GFLOPS = 150.0
+
+# Below this many flops per step one thread is faster: torch's intra-op threads split each small matmul and
+# then wait for each other. Above it, torch's threads pay only on cores nobody else is using: a thread that
+# shares its core with another process stalls every step at the next barrier. Measured with
+# benchmarks/bench_threads.py on the 2-core machine (numbers in benchmarks/README.md): with the other core busy,
+# 2 threads were 7-126x slower than 1 for steps of 3e6-1e7 flops (tiny dictionary and model steps) and still
+# 1.8-4x slower at 5e9-1e10; the earlier measurement on a quieter machine put the crossover near 1e8.
+SMALL_STEP_FLOPS = 1e8
+THREADS_ENV = "CIRCUITLAB_THREADS"  # a thread count that overrides the choice by work size (like an option)
+
+
+def free_cores() -> float | None:
+    """Cores not used by other processes: the CPU count minus the 1-minute load average (None where the
+    system has no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    return (os.cpu_count() or 1) - load
+
+
+def threads_for(step_flops: float, requested: int | None = None) -> int:
+    """The torch CPU threads for work whose steps each cost `step_flops`: `requested` (an option such as
+    train.threads) if given, else $CIRCUITLAB_THREADS if set, else 1 below SMALL_STEP_FLOPS, and otherwise
+    torch's current count (a count the user set with torch.set_num_threads stands) capped at the cores other
+    processes leave free (at least 1)."""
+    if requested:
+        return COUNT.check(requested, "threads", ConfigError)
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        return int(COUNT.parse(env, THREADS_ENV, ConfigError))
+    if step_flops < SMALL_STEP_FLOPS:
+        return 1
+    free = free_cores()
+    n = torch.get_num_threads()
+    return n if free is None else max(1, min(n, int(free + 0.5)))
+
+
+@contextlib.contextmanager
+def threads_for_work(step_flops: float, requested: int | None = None) -> Iterator[int]:
+    """torch on threads_for(step_flops, requested) threads inside the block (yields the count); the
+    previous count is restored on exit, even on error."""
+    before = torch.get_num_threads()
+    n = threads_for(step_flops, requested)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+
+
+def transformer_step_flops(cfg, tokens: int, seq_len: int, backward: bool = True) -> float:
+    """Approximate flops of one step of a Transformer with config `cfg` on `tokens` tokens in rows of
+    `seq_len`: 2 flops per weight per token in the matmuls (attention, MLP, unembedding), plus the
+    attention scores and mixing (4 · seq_len · n_heads · d_head per layer per token); x3 with backward."""
+    per_layer = 4 * cfg.d_model * cfg.n_heads * cfg.head_dim
+    if cfg.has_mlp:
+        per_layer += (3 if cfg.mlp in ("swiglu", "geglu") else 2) * cfg.d_model * cfg.mlp_dim
+    per_token = 2 * (cfg.n_layers * per_layer + cfg.d_model * cfg.d_vocab)
+    per_token += cfg.n_layers * 4 * seq_len * cfg.n_heads * cfg.head_dim
+    return float(per_token * tokens * (3 if backward else 1))
 
 
 def matmul_gflops(n: int = 512, seconds: float = 0.5, threads: int | None = None) -> float:

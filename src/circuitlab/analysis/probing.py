@@ -37,6 +37,7 @@ from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.model.hooks import act_name
+from circuitlab.perf import threads_for_work
 
 Data = torch.Tensor | Iterable[torch.Tensor] | Callable[[], Iterable[torch.Tensor]]
 
@@ -274,6 +275,15 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
         state[task.name] = {"probe": _Probes(len(points), d, n_out, lr, device),
                             "control": _Probes(len(points), d, n_out, lr, device) if control else None}
 
+    # many small Adam steps on [point, rows, d_model] features: one thread unless the rows are many
+    max_classes = max(task.n_classes or 1 for task in tasks)
+    with threads_for_work(6.0 * len(points) * d * max_classes * batch_size * model.cfg.n_ctx):
+        _fit_probes(tasks, state, batches, examples, epochs, steps_per_batch)
+    return _evaluate(tasks, state, batches, examples, points)
+
+
+def _fit_probes(tasks, state, batches, examples, epochs: int, steps_per_batch: int) -> None:
+    """Every probe (and control) over the training split of each batch, epoch by epoch."""
     for epoch in range(epochs):
         for i, tokens, acts, n_train in batches(f"probes, epoch {epoch + 1}/{epochs}"):
             for task in tasks:
@@ -288,8 +298,6 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
                         probe.opt.zero_grad()
                         _loss(probe(x), target, bool(task.n_classes)).backward()
                         probe.opt.step()
-
-    return _evaluate(tasks, state, batches, examples, points)
 
 
 @torch.no_grad()

@@ -49,6 +49,7 @@ from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
 from circuitlab.dictionaries.target_l0 import L0Controller
 from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
+from circuitlab.perf import threads_for_work
 from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
 from circuitlab.training.run_log import MetricsLog
 
@@ -404,7 +405,16 @@ class DictionaryTrainer:
     def fit(self, out: str | Path | None = None, progress: bool = True,
             stop_at: int | None = None) -> DictionaryTrainResult:
         """Train to train.steps (or stop_at), resuming from out/checkpoint when it exists; save the
-        dictionaries under out/dictionaries/<name>/ with out/results.json and out/metrics.jsonl."""
+        dictionaries under out/dictionaries/<name>/ with out/results.json and out/metrics.jsonl.
+        CPU threads by the step's size ($CIRCUITLAB_THREADS overrides; circuitlab.perf.threads_for)."""
+        with threads_for_work(self.step_flops()):
+            return self._fit(out, progress, stop_at)
+
+    def step_flops(self) -> float:
+        """About the flops of one training step: 6 per weight per row (2 forward, 4 backward), all dictionaries."""
+        return 6.0 * self.train.batch_size * sum(p.numel() for s in self.saes for p in s.parameters() if p.dim() >= 2)
+
+    def _fit(self, out: str | Path | None, progress: bool, stop_at: int | None) -> TrainResult:
         from tqdm.auto import tqdm
 
         out = Path(out) if out is not None else None

@@ -26,6 +26,7 @@ from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
+from circuitlab.perf import threads_for, transformer_step_flops
 import circuitlab.training.distributed as D
 from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
@@ -68,12 +69,22 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
 
     stop_at: stop (with a checkpoint) after this many steps, as if interrupted; the schedule
     still follows train.steps, so a later resume continues the same curve.
+
+    CPU threads: train.threads, else $CIRCUITLAB_THREADS, else one for a small step (circuitlab.perf.threads_for);
+    torch's count is restored on return.
     """
+    before = torch.get_num_threads()
+    try:
+        return _train(run, out_dir, resume=resume, progress=progress, stop_at=stop_at, track=track)
+    finally:
+        torch.set_num_threads(before)  # train.threads (or the choice by work size) only while training
+
+
+def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
+           stop_at: int | None = None, track: Sequence[Probe] = ()) -> TrainResult:
     t = run.train
     out_dir = Path(out_dir)
     rank, world, device = D.setup(t.device)
-    if t.threads:
-        torch.set_num_threads(t.threads)
     if t.batch_size % (world * t.grad_accum):
         raise CircuitlabError(f"train.batch_size ({t.batch_size}) must be divisible by "
                               f"world size x grad_accum ({world} x {t.grad_accum})")
@@ -92,6 +103,9 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         torch.manual_seed(t.seed)
         model = Transformer(run.model_config(tokenizer.vocab_size)).to(device)
     model.train()
+    # the thread count by the work of one forward-backward (restored by train() on return)
+    torch.set_num_threads(threads_for(transformer_step_flops(model.cfg, t.batch_size // world // t.grad_accum * t.seq_len,
+                                                             t.seq_len), t.threads or None))
     optimizer = make_optimizer(model, t)
     start, tokens_seen, best_val = 0, 0, math.inf
     if ckpt is not None:

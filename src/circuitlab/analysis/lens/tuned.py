@@ -29,6 +29,7 @@ from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.checks import COUNT, POSITIVE
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters, model_device
+from circuitlab.perf import threads_for_work, transformer_step_flops
 from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
 
 LENS_BUDGET = 2 ** 28  # floats one training step may hold (1 GiB): bounds batch_size x seq_len
@@ -213,7 +214,9 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
         start, losses = _load_training_state(Path(state_file), lens, opt, settings)
         saved_step = start
     bar = tqdm(range(start, steps), total=steps, initial=start, desc="tuned lens", disable=not progress)
-    with frozen_parameters(model), stop_after_step_on_ctrl_c() as stop:
+    rows = max(b.numel() for b in batches)
+    step_flops = transformer_step_flops(model.cfg, rows, max(b.shape[-1] for b in batches))
+    with threads_for_work(step_flops), frozen_parameters(model), stop_after_step_on_ctrl_c() as stop:
         for step in bar:
             tokens = batches[step % len(batches)]
             tokens = tokens[None] if tokens.dim() == 1 else tokens

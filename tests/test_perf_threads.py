@@ -1,0 +1,94 @@
+"""Threads by the size of the work (circuitlab.perf.threads_for): one thread for small steps, torch's count
+for large ones, an option or $CIRCUITLAB_THREADS over both; training, dictionary training, the tuned lens and
+probes run under it and give torch's count back afterwards. The measurement behind the threshold:
+benchmarks/bench_threads.py (numbers in benchmarks/README.md)."""
+import json
+
+import pytest
+import torch
+
+from circuitlab import ConfigError, ModelConfig
+from circuitlab import perf
+from circuitlab.perf import SMALL_STEP_FLOPS, THREADS_ENV, threads_for, threads_for_work, transformer_step_flops
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """torch at 2 threads during the test (the default on the 2-core machine), restored after."""
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_small_steps_get_one_thread_large_ones_torchs_count_on_free_cores(two_threads, monkeypatch):
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (0.1, 0.1, 0.1))  # an idle 2-core machine
+    assert threads_for(SMALL_STEP_FLOPS / 10) == 1
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 2
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (1.2, 1.0, 1.0))  # another process holds a core
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 1
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (12.0, 12.0, 12.0))
+    assert threads_for(SMALL_STEP_FLOPS * 1e4) == 1
+    monkeypatch.delattr(perf.os, "getloadavg")  # no load average (Windows): torch's count
+    assert perf.free_cores() is None and threads_for(SMALL_STEP_FLOPS * 10) == 2
+    assert threads_for(SMALL_STEP_FLOPS / 10, requested=2) == 2  # an option wins
+    monkeypatch.setenv(THREADS_ENV, "2")
+    assert threads_for(SMALL_STEP_FLOPS / 10) == 2 and threads_for(SMALL_STEP_FLOPS / 10, requested=1) == 1
+    for bad in ("0", "two", "1.5", "nan"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(ConfigError, match=THREADS_ENV) as e:
+            threads_for(1.0)
+        assert "\n" not in str(e.value)
+
+
+def test_threads_for_work_restores_the_count_even_on_error(two_threads):
+    with pytest.raises(RuntimeError):
+        with threads_for_work(1.0) as n:
+            assert n == 1 and torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == 2
+
+
+def test_step_flops_count_the_matmuls():
+    """2 flops per weight per token (+ attention scores and mixing), x3 with backward: by hand for a tiny config."""
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=16)
+    per_token = 2 * (4 * 8 * 8 + 2 * 8 * 16 + 8 * 10) + 4 * 4 * 8
+    assert transformer_step_flops(cfg, tokens=12, seq_len=4, backward=False) == per_token * 12
+    assert transformer_step_flops(cfg, tokens=12, seq_len=4) == 3 * per_token * 12
+
+
+def test_training_runs_a_tiny_model_on_one_thread_and_gives_the_count_back(tmp_path, two_threads):
+    from circuitlab.training import RunConfig, read_metrics, train
+
+    run = RunConfig.from_dict({
+        "name": "tiny", "model": {"preset": "attn-only-1l", "d_model": 16, "n_heads": 2},
+        "data": {"source": "stories", "n_stories": 50, "tokenizer": "char", "cache_dir": str(tmp_path / "cache")},
+        "train": {"steps": 2, "batch_size": 4, "seq_len": 16, "eval_every": 2, "eval_batches": 1, "ckpt_every": 2,
+                  "track_every": 2, "log_every": 1}})
+    threads = lambda model, data: {"threads": torch.get_num_threads()}  # noqa: E731 - a probe the trainer runs
+    train(run, tmp_path / "auto", progress=False, track=[threads])
+    assert {r["threads"] for r in read_metrics(tmp_path / "auto") if "threads" in r} == {1}
+    assert torch.get_num_threads() == 2
+    run.train.threads = 2  # the option wins over the size
+    train(run, tmp_path / "two", progress=False, track=[threads])
+    assert {r["threads"] for r in read_metrics(tmp_path / "two") if "threads" in r} == {2}
+    assert torch.get_num_threads() == 2
+
+
+def test_dictionary_training_picks_by_its_step(tmp_path, two_threads, monkeypatch):
+    from circuitlab.dictionaries import DictionaryConfig
+    from circuitlab.dictionaries.planted import PlantedFeatures
+    from circuitlab.dictionaries.store import ActivationStore
+    from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
+
+    planted = PlantedFeatures(d=8, n_features=16)
+    trainer = DictionaryTrainer([DictionaryConfig("relu", d_in=8, d_sae=16, hook_name=planted.hook_name)],
+                                DictTrainConfig(steps=3, batch_size=32), ActivationStore(planted, 32))
+    assert trainer.step_flops() == 6 * 32 * (8 * 16 * 2)
+    seen = []
+    step = trainer.train_step
+    monkeypatch.setattr(trainer, "train_step", lambda batch: seen.append(torch.get_num_threads()) or step(batch))
+    trainer.fit(progress=False)
+    assert seen == [1, 1, 1] and torch.get_num_threads() == 2
