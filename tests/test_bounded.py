@@ -204,8 +204,11 @@ def test_steer_lens_and_sae_sizes_are_bounded(where):
         ["sae", "eval", *sae, "--batches", HUGE], ["sae", "eval", *sae],
         ["sae", "dashboards", *sae, "--tokens", HUGE, "--no-progress"],
         ["sae", "train", "--config", str(where / "sae.yaml"), "--out", str(where / "sae_run"), "--no-progress"],
+        ["generate", "--checkpoint", ckpt, "--num", HUGE],
+        ["generate", "--checkpoint", ckpt, "--num", "1024", "--max-tokens", "60"],  # the largest accepted: finishes
     ], where)
-    samples, tokens, coefs, steer_ok, lens_bs, lens_batches, lens_seq, eval_big, eval_ok, dash, train = answers
+    (samples, tokens, coefs, steer_ok, lens_bs, lens_batches, lens_seq, eval_big, eval_ok, dash, train, gen_big,
+     gen_ok) = answers
     clean_refusal(samples, "--samples", "from 1 to 1024", "one batch")
     clean_refusal(tokens, "--max-tokens", "from 1 to 4096")
     clean_refusal(coefs, "at most 64 coefficients")
@@ -217,3 +220,34 @@ def test_steer_lens_and_sae_sizes_are_bounded(where):
     clean_finish(eval_ok)
     clean_refusal(dash, "--tokens", "from 1 to 4194304")
     clean_refusal(train, "train.batch_size", "give at most")
+    clean_refusal(gen_big, "--num", "from 1 to 1024", "one batch")
+    clean_finish(gen_ok)
+
+
+@pytest.mark.slow
+def test_circuit_exact_at_the_most_rows_accepted_finishes_within_a_cap(where):
+    """Exact edge patching holds the clean run, the reference and a chunk of patched copies: at the largest row
+    count the budget accepts (one copy of every source output within 1 GiB) it finishes within 6 GB of address
+    space; one row more is refused in one line saying how many fit and why. (~2 min: hundreds of thousands of rows
+    through every edge's patched run.)"""
+    from circuitlab.analysis.edges.graph import EdgeGraph
+    from circuitlab.analysis.edges.scoring import ROWS_BUDGET, _per_copy_floats
+    from circuitlab.training import load_checkpoint
+
+    model, tok, _ = load_checkpoint(str(where / "run"))
+    line = "Lily saw a cat"
+    per_row = _per_copy_floats(model, EdgeGraph.of(model), torch.zeros(1, len(tok.encode(line)), dtype=torch.long))
+    most = ROWS_BUDGET // per_row
+    (where / "most_clean.txt").write_text((line + "\n") * most)
+    (where / "most_corrupt.txt").write_text(("Lily saw a dog\n") * most)
+    (where / "over_clean.txt").write_text((line + "\n") * (most + 1))
+    (where / "over_corrupt.txt").write_text(("Lily saw a dog\n") * (most + 1))
+    base = ["circuit", "--checkpoint", str(where / "run"), "--method", "exact", "--metric", "kl", "--no-progress"]
+    over, ok = capped([
+        base + ["--clean", str(where / "over_clean.txt"), "--corrupt", str(where / "over_corrupt.txt"),
+                "--out", str(where / "exact_over")],
+        base + ["--clean", str(where / "most_clean.txt"), "--corrupt", str(where / "most_corrupt.txt"),
+                "--out", str(where / "exact_most")]], where, cap_kb=6_000_000, timeout=900)
+    clean_refusal(over, f"{most + 1} rows", f"give at most {most} rows", "GiB per copy")
+    clean_finish(ok)
+    assert (where / "exact_most" / "results.json").is_file()

@@ -102,13 +102,41 @@ def test_ctrl_c_before_the_first_checkpoint_saves_one_that_resumes_exactly(strai
         return real_lr_at(step, *args)
 
     monkeypatch.setattr(trainer_module, "lr_at", lr_at)
-    with pytest.raises(TrainingInterrupted, match="stopped at step 4 and saved .*continue with --resume"):
+    with pytest.raises(TrainingInterrupted,
+                       match=r"stopped at step 4 and saved .*checkpoint; continue with train\(\.\.\., resume=True\)"):
         train(tiny(tmp), run, progress=False)
     monkeypatch.setattr(trainer_module, "lr_at", real_lr_at)
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3, 4]
     resumed = train(tiny(tmp), run, resume=True, progress=False)
     assert losses(run) == losses(tmp / "run")
     _same_weights(reference.model, resumed.model)
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["ctrl-c", "ctrl-c-twice"])
+def test_interrupted_train_command_says_the_last_checkpoint_and_the_command_to_continue(tmp_path, capsys,
+                                                                                       monkeypatch, second):
+    """One Ctrl-C: the step finishes and is saved. Twice (the second stops mid-step): the checkpoint of step 10
+    stands. Either way the one line says the step of the last checkpoint and the command that continues."""
+    config, run = _config(tmp_path, tmp_path), tmp_path / "run"
+    real_lr_at = trainer_module.lr_at
+
+    def lr_at(step, *args):
+        if step == 12:  # ckpt_every is 10
+            if second:
+                raise KeyboardInterrupt  # what the second Ctrl-C raises, mid-step
+            signal.raise_signal(signal.SIGINT)
+        return real_lr_at(step, *args)
+
+    monkeypatch.setattr(trainer_module, "lr_at", lr_at)
+    assert main(["train", "--config", str(config), "--out", str(run), "--no-progress"]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    saved = "stopped at step 12; the last checkpoint (" if second else "stopped at step 13 and saved "
+    assert saved in line and str(run / "checkpoint") in line, line
+    assert ") is at step 10;" in line if second else "is at step" not in line
+    assert line.endswith(f"continue with: circuitlab train --config {config} --out {run} --no-progress --resume"), line
+    monkeypatch.setattr(trainer_module, "lr_at", real_lr_at)
+    assert main(["train", "--config", str(config), "--out", str(run), "--no-progress", "--resume"]) == 0
+    assert [r["step"] for r in read_metrics(run) if "loss" in r] == list(range(1, 21))
 
 
 def test_resume_without_a_checkpoint_says_what_to_do(tmp_path, capsys):

@@ -43,6 +43,36 @@ def test_circuit_command_writes_results_report_and_drawing(checkpoint, tmp_path,
     assert "110 edges" in capsys.readouterr().out
 
 
+def test_a_second_circuit_run_sets_the_first_aside(checkpoint, tmp_path, capsys):
+    """The output policy (training.outputs): a second run into the same --out keeps the first, renamed, and says
+    where; --overwrite replaces it; a folder holding anything else is refused, even with --overwrite."""
+    (tmp_path / "clean.txt").write_text("the cat sat\nmy dog ran\n")
+    (tmp_path / "corrupt.txt").write_text("the hat sat\nmy fog ran\n")
+    out = tmp_path / "out"
+    args = ["circuit", "--checkpoint", str(checkpoint), "--clean", str(tmp_path / "clean.txt"), "--corrupt",
+            str(tmp_path / "corrupt.txt"), "--metric", "kl", "--method", "eap", "--no-progress", "--out", str(out)]
+    assert main(args + ["--edges", "12"]) == 0
+    first = (out / "results.json").read_text()
+    capsys.readouterr()
+    assert main(args + ["--edges", "10"]) == 0
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("out.")]
+    assert len(kept) == 1 and (kept[0] / "results.json").read_text() == first
+    assert f"kept the earlier circuit as {kept[0]}" in capsys.readouterr().out
+    assert json.loads((out / "results.json").read_text())["circuit"]["n_edges"] <= 10
+    second = (out / "results.json").read_text()
+    assert main(args + ["--edges", "8", "--overwrite"]) == 0
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("out.")]) == 1  # replaced, not kept
+    assert (out / "results.json").read_text() != second
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("my notes")
+    capsys.readouterr()
+    for extra in ([], ["--overwrite"]):
+        assert main(args[:-1] + [str(other)] + extra) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert sorted(p.name for p in other.iterdir()) == ["mine.txt"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--task", "induction", "--metric", "ratio"], "unknown metric 'ratio'"),
     (["--task", "induction", "--method", "acdc"], "unknown method 'acdc'"),

@@ -113,6 +113,19 @@ def test_steer_command(tmp_path, capsys):
     saved = json.loads((tmp_path / "out" / "steering.json").read_text())
     assert saved["coefs"] == [0.0, 2.0] and len(saved["generations"]["2.0"]) == 2
     assert (tmp_path / "out" / "steering.png").read_bytes()[:4] == b"\x89PNG"
+    # a second run into the same --out keeps the first, renamed; --overwrite replaces it (training.outputs policy)
+    first = (tmp_path / "out" / "steering.json").read_text()
+    assert main(args + ["--layer", "1", "--coef", "0", "1", "--samples", "1", "--max-tokens", "2", "--prompt", "abc",
+                        "--out", str(tmp_path / "out")]) == 0
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("out.")]
+    assert len(kept) == 1 and (kept[0] / "steering.json").read_text() == first
+    assert f"kept the earlier steer output as {kept[0]}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "steering.json").read_text())["coefs"] == [0.0, 1.0]
+    assert main(args + ["--layer", "1", "--coef", "0", "3", "--samples", "1", "--max-tokens", "2", "--prompt", "abc",
+                        "--out", str(tmp_path / "out"), "--overwrite"]) == 0
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("out.")]) == 1
+    assert json.loads((tmp_path / "out" / "steering.json").read_text())["coefs"] == [0.0, 3.0]
+    capsys.readouterr()
     assert main(args + ["--layer", "5"]) == 2
     args[4] = str(tmp_path / "empty.txt")
     assert main(args + ["--layer", "1"]) == 2

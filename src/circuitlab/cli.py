@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         warnings.formatwarning = default_format
+        set_command_line(None)  # a later Python call in this process is not this command
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from circuitlab.checks import Number
+
+# the samples are drawn together: one batch of NUM rows, whose KV cache is held at once
+NUM = Number(int, low=1, high=1024, why="the samples are generated as one batch, their KV cache held at once")
+
 HELP = "sample text from a checkpoint (KV-cached decoding)"
 EXAMPLE = 'circuitlab generate --checkpoint runs/demo/2l --prompt "Once upon a" --max-tokens 40 --temperature 0.8'
 
@@ -19,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num", type=positive_int, default=1, help="number of samples")
+    p.add_argument("--num", type=NUM.arg, default=1, help=f"number of samples (at most {NUM.high}, drawn as one batch)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,9 +46,11 @@ def stop_after_step_on_ctrl_c() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def interrupted_message(step: int, saved_step: int | None, where: str | Path | None) -> str:
+def interrupted_message(step: int, saved_step: int | None, where: str | Path | None,
+                        python_resume: str = "the same call (it resumes from there)") -> str:
     """One line: "stopped at step 37; the last checkpoint (OUT/checkpoint) is at step 30; continue with:
-    circuitlab ... --resume". saved_step None: nothing saved yet, the same command starts over."""
+    circuitlab ... --resume". saved_step None: nothing saved yet, the same command starts over. Called from
+    Python rather than the command line, it says `python_resume` instead of the command."""
     if saved_step is None or where is None:
         again = command_line(drop=("--resume",))
         return (f"stopped at step {step}, before the first checkpoint; the same command starts over (the folder is "
@@ -56,4 +58,4 @@ def interrupted_message(step: int, saved_step: int | None, where: str | Path | N
     again = command_line(add="--resume", drop=("--overwrite",))
     head = (f"stopped at step {step} and saved {where}" if saved_step == step
             else f"stopped at step {step}; the last checkpoint ({where}) is at step {saved_step}")
-    return f"{head}; continue with{f': {again}' if again else ' the same call (it resumes from there)'}"
+    return f"{head}; continue with{f': {again}' if again else ' ' + python_resume}"

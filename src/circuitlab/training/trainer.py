@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -34,11 +32,15 @@ from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
 from circuitlab.training.schedule import lr_at
 from circuitlab.training.sinks import open_sinks
+from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
 from circuitlab.training.tracking import Probe, run_probes
 
 
 class TrainingDiverged(CircuitlabError):
     pass
+
+
+RESUME = "train(..., resume=True)"  # how a Python caller continues an interrupted run
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -131,12 +133,16 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
         if sinks is not None:
             sinks.write(record)
 
+    saved_step = start if ckpt is not None else None  # the step of the last checkpoint, for an interrupt message
+
     def checkpoint(step_done: int) -> None:
+        nonlocal saved_step
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             _diverged(out_dir, step_done, "a weight", float("nan"))
         if rank == 0:
             save_checkpoint(out_dir / "checkpoint", model, tokenizer, run_dict, optimizer,
                             {"step": step_done, "tokens_seen": tokens_seen, "best_val_loss": best_val})
+        saved_step = step_done
 
     if start == 0:
         log({"step": 0, "tokens": 0, **run_probes(model, data, track)})
@@ -190,15 +196,22 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
     bar = tqdm(total=t.steps, initial=start, disable=not progress or rank != 0, desc=run.name, unit="step")
     t0, loss_value = time.time(), float("nan")
     end = min(t.steps, stop_at) if stop_at is not None else t.steps
+    step = start
+    # DDP ranks would see a Ctrl-C at different steps and wait on each other: there, Ctrl-C stops at once
+    on_ctrl_c = contextlib.nullcontext(threading.Event()) if world > 1 else stop_after_step_on_ctrl_c()
     try:
-        with _finish_step_on_ctrl_c(world) as interrupted:
+        with on_ctrl_c as interrupted:
             for step in range(start, end):
                 if interrupted.is_set():
                     bar.close()
                     if step > start:  # the state in memory is that of a complete step: keep it
                         checkpoint(step)
-                    raise TrainingInterrupted(_interrupted_message(out_dir, step, saved=step > start))
+                    raise TrainingInterrupted(interrupted_message(step, saved_step, out_dir / "checkpoint", RESUME))
                 loss_value, done = one_step(step)
+    except TrainingInterrupted:
+        raise
+    except KeyboardInterrupt:  # a second Ctrl-C, mid-step: the last checkpoint is as it was
+        raise TrainingInterrupted(interrupted_message(step, saved_step, out_dir / "checkpoint", RESUME)) from None
     finally:
         bar.close()
         if sinks is not None:
@@ -253,38 +266,6 @@ def _check_fresh(out_dir: Path) -> None:
     if others:
         raise CircuitlabError(f"{out_dir} already holds other files ({', '.join(others[:4])}); "
                               "choose a new or empty --out")
-
-
-@contextlib.contextmanager
-def _finish_step_on_ctrl_c(world: int):
-    """The first Ctrl-C sets the yielded event (the loop finishes its step, saves and stops); a second
-    one interrupts at once. Only alone and in the main thread (where Python delivers signals): DDP
-    ranks would see the signal at different steps and wait on each other."""
-    interrupted = threading.Event()
-    if world > 1 or threading.current_thread() is not threading.main_thread():
-        yield interrupted
-        return
-
-    def handler(signum, frame):
-        if interrupted.is_set():
-            raise KeyboardInterrupt
-        interrupted.set()
-        print("\nstopping after this step to save a checkpoint (Ctrl-C again to stop at once, unsaved)",
-              file=sys.stderr)
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _interrupted_message(out_dir: Path, step: int, saved: bool) -> str:
-    if saved:
-        return f"stopped at step {step} and saved {out_dir / 'checkpoint'}; continue with --resume"
-    if is_checkpoint(out_dir / "checkpoint"):
-        return f"stopped before finishing a step; {out_dir / 'checkpoint'} is as it was; continue with --resume"
-    return "stopped before finishing a step, nothing to save; start again with the same --out"
 
 
 def _yaml(data: dict) -> str:
