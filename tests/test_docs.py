@@ -21,12 +21,13 @@ BLOCK = re.compile(r"^```python([^\n]*)\n(.*?)^```", flags=re.S | re.M)
 NEEDS: dict[str, tuple[str, ...]] = {
     "analysis.md": ("demo", "mlp-4l"), "causal.md": ("mlp-4l",), "circuits.md": ("demo",), "forge.md": ("forge-compare",),
     "induction.md": ("demo",), "lens.md": ("demo",), "pretrained.md": ("hf-model",), "report.md": ("demo", "mine"),
-    "serve.md": ("demo",), "steering.md": ("demo",)}
+    "serve.md": ("demo",), "steering.md": ("demo",), "graphs.md": ("graphs",),
+    "dictionaries.md": ("clt-demo",)}
 # Docs whose blocks take longer than a few seconds: run by `make test-slow` only, with the reason.
 SLOW: dict[str, str] = {}
 # Docs whose blocks do not run yet (issue 32): expected to fail, strictly, so that a doc made runnable must
 # leave this list. Empty it, do not grow it.
-NOT_YET = {"dictionaries.md", "graphs.md"}
+NOT_YET: set[str] = set()
 # The most no-run blocks each doc may have (a block that cannot run here must be the exception).
 NO_RUN: dict[str, int] = {"pretrained.md": 1}  # GPT-2 small from the hub
 
@@ -94,7 +95,32 @@ def forge_compare_run(folder: Path) -> None:
     train(addition_run_config(2, 2, steps=1), folder / "runs" / "forge-compare" / "trained", progress=False)
 
 
-FIXTURES = {"forge-compare": forge_compare_run, "demo": demo_run, "mlp-4l": mlp_run, "mine": mine_run, "hf-model": hf_model}
+def graph_inputs(folder: Path) -> None:
+    """runs/features/model (a model with MLPs) and runs/transcoders: a transcoder per layer in circuit-tracer's
+    layout (reading blocks.L.ln2.hook_normalized, writing blocks.L.hook_mlp_out), random, for that model."""
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
+    from circuitlab.dictionaries.published import save_transcoders
+    from circuitlab.training import load_checkpoint
+
+    save_run(folder / "runs" / "features" / "model", "gpt2-tiny", n_layers=2, d_mlp=64)
+    model, _, _ = load_checkpoint(folder / "runs" / "features" / "model")
+    saes = [SparseDictionary(DictionaryConfig("relu", d_in=32, d_sae=64, hook_name=f"blocks.{l}.ln2.hook_normalized",
+                                              out_hook_name=f"blocks.{l}.hook_mlp_out", base_model=base_model_id(model)),
+                             seed=l) for l in range(2)]
+    save_transcoders(saes, folder / "runs" / "transcoders")
+
+
+def clt_demo(folder: Path) -> None:
+    """runs/mlp-4l and runs/clt-demo/dictionaries/clt-batchtopk: a cross-layer transcoder for that model, as
+    `circuitlab sae train --config clt-demo` writes it (random)."""
+    from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
+
+    mlp_run(folder)
+    cfg = CLTConfig("batchtopk", n_layers=4, d_model=32, d_sae=64, k=8)
+    CrossLayerTranscoder(cfg, seed=0).save(folder / "runs" / "clt-demo" / "dictionaries" / "clt-batchtopk")
+
+
+FIXTURES = {"clt-demo": clt_demo, "graphs": graph_inputs, "forge-compare": forge_compare_run, "demo": demo_run, "mlp-4l": mlp_run, "mine": mine_run, "hf-model": hf_model}
 
 
 def run_doc(doc: Path, folder: Path) -> int:
@@ -134,3 +160,29 @@ def test_blocks_that_do_not_run_are_few_and_marked():
         infos = [info for _, info, _ in blocks(doc)]
         assert set(infos) <= {"", "no-run"}, f"docs/{doc.name}: unknown info strings {set(infos) - {'', 'no-run'}}"
         assert infos.count("no-run") <= NO_RUN.get(doc.name, 0), f"docs/{doc.name}: more no-run blocks than NO_RUN"
+
+
+YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```", flags=re.S | re.M)
+MODEL_FIXTURES = {"runs/demo/2l": "demo", "runs/mlp-4l": "mlp-4l"}
+
+
+def test_shown_dictionary_configs_fit_the_model_they_name(tmp_path, monkeypatch):
+    """A `sae train` YAML shown in a doc (one with model: and dictionaries:) names hooks its model has: the
+    config is read by the command's own loader and every hook is looked up in that model."""
+    import yaml
+
+    from circuitlab.experiments.sae_train import load_sae_config
+    from circuitlab.training import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    shown = [(doc.name, block) for doc in DOCS for block in YAML_BLOCK.findall(doc.read_text())
+             if {"model", "dictionaries"} <= set(yaml.safe_load(block) or {})]
+    assert shown, "no sae train config shown in the docs"
+    for name, block in shown:
+        (tmp_path / "shown.yaml").write_text(block)
+        data = load_sae_config(str(tmp_path / "shown.yaml"), [])
+        FIXTURES[MODEL_FIXTURES[data["model"]]](tmp_path)
+        hooks = set(load_checkpoint(data["model"])[0].hook_names())
+        for d in data["dictionaries"]:
+            for hook in (d.get("hook_name"), d.get("out_hook_name")):
+                assert hook is None or hook in hooks, f"docs/{name}: {hook} is not a hook of {data['model']}"
