@@ -146,6 +146,48 @@ def test_every_kept_edge_and_sampled_dropped_pair_is_an_exact_effect(setup):
     assert bool((scores[dropped[:, 0], dropped[:, 1]] < cut).all())
 
 
+FAMILIES = {  # what frozen mode handles per family: RMSNorm + GQA, post-norms + full q/k norms, sandwich norms +
+    # per-head q/k norms + attention soft-cap + sliding window + GeGLU, parallel attention and MLP
+    "llama-gqa": dict(preset="llama-tiny"),
+    "olmo2-like": dict(preset="llama-tiny", block_norms="post", qk_norm="full", hook="hook_resid_mid"),  # no ln2
+    "gemma2-like": dict(preset="llama-tiny", block_norms="sandwich", qk_norm="head", embed_scale=4.0, attn_softcap=1.5,
+                        mlp="geglu", sliding_window=3, sliding_layers=[0]),
+    "neox": dict(preset="gpt2-tiny", positional="rotary", rotary_dim=4, parallel_attn_mlp=True),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_edges_are_effects_on_every_family(family):
+    """The frozen linear system (V alone, frozen norms' centring and factor) on each family's switches: sampled
+    non-zero edges equal the measured change in float64. Transcoders read ln2's output (the MLP's input)."""
+    from circuitlab import Transformer
+
+    spec = dict(FAMILIES[family])
+    hook = spec.pop("hook", "ln2.hook_normalized")
+    cfg = ModelConfig.from_preset(spec.pop("preset"), n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12, **spec)
+    torch.manual_seed(0)
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith((".w", ".b", ".bias")):
+                p.add_(0.3 * torch.randn_like(p))
+    dicts = [random_transcoder(layer, 16, d_sae=24) for layer in range(2)]
+    for layer, d in enumerate(dicts):
+        d.cfg.hook_name = f"blocks.{layer}.{hook}"
+        with torch.no_grad():
+            d.b_enc.zero_()  # about half fire, whatever the scale of the hook's activations
+    tc = Transcoders.per_layer(model, dicts)
+    tokens = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(3))
+    graph = attribute(model, tc, tokens, batch_size=8)
+    rm = ReplacementModel(model, tc, tokens)
+    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-10, rtol=0)
+    nonzero = (graph.adjacency != 0).nonzero()
+    assert graph.n_features > 0 and len(nonzero) > 20
+    for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:10]].tolist():
+        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
+            (graph.label(t), graph.label(s))
+
+
 def test_batching_and_the_feature_cap_do_not_change_rows(setup):
     model, tc, tokens, graph = setup
     one = attribute(model, tc, tokens, batch_size=1)
