@@ -22,7 +22,8 @@ EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: c
 # ---------------------------------------------------------------------------- train
 
 TRAIN_HELP = "train one or more dictionaries from a config (one forward pass feeds them all)"
-TRAIN_EXAMPLE = "circuitlab sae train --config sae-demo --set train.steps=500 --out runs/sae-demo"
+TRAIN_EXAMPLE = ("circuitlab sae train --config sae-demo --set train.steps=500 --out runs/sae-demo\n"
+                 "  torchrun --nproc_per_node=2 -m circuitlab.cli sae train --config sae-demo --out runs/sae-demo-ddp")
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
@@ -38,17 +39,29 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                                                           "stopped before its first checkpoint starts over)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto; under torchrun each rank takes its "
+                                                   "local GPU (nccl) or runs on the CPU (gloo)")
+    p.add_argument("--parallel", choices=("data", "modules"), default="data",
+                   help="under torchrun: data = every rank trains replicas on its own rows (gradients averaged); "
+                        "modules = each dictionary on one rank, activations sent to it (default data)")
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    import circuitlab.training.distributed as D
     from circuitlab.experiments.sae_train import load_sae_config, start_or_resume, train_dictionaries
 
     overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
     data = load_sae_config(args.config, overrides)
     out = Path(args.out or f"runs/{data['name']}")
-    resume = start_or_resume(out, args.resume, args.overwrite)
-    train_dictionaries(data, out, resume=resume, overwrite=args.overwrite, progress=not args.no_progress)
-    print(f"wrote {out}/results.json")
+    # under torchrun: one process group (gloo on the CPU, nccl on GPUs); alone nothing changes
+    rank, _, device = D.setup(args.device)
+    with D.rank_zero_first():  # rank 0 alone tidies an interrupted folder; then every rank sees the same one
+        resume = start_or_resume(out, args.resume, args.overwrite, quiet=rank != 0, tidy=rank == 0)
+    train_dictionaries(data, out, resume=resume, overwrite=args.overwrite, progress=not args.no_progress,
+                       device=device, parallel=args.parallel)
+    D.teardown()
+    if rank == 0:
+        print(f"wrote {out}/results.json")
     return 0
 
 

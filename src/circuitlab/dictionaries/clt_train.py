@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +33,9 @@ class CLTCoefficients(Coefficients):
 
 
 def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Tensor, coef: CLTCoefficients,
-                      dead: torch.Tensor | None, sparse: bool | None = None) -> StepOutput:
-    """xs, ys [rows, L, d_model] (normalised MLP inputs and outputs); dead [L · d_sae] bool or None.
+                      dead: torch.Tensor | None, sparse: bool | None = None, replicas: Any = None) -> StepOutput:
+    """xs, ys [rows, L, d_model] (normalised MLP inputs and outputs); dead [L · d_sae] bool or None;
+    replicas: data-parallel ranks whose rows together are the batch (as objectives.training_step).
 
     `sparse` (default: on the CPU, below SPARSE_BELOW of the pairs kept, not tiny) decodes from the kept
     (row, latent) pairs of each layer only; otherwise dense products. Same numbers.
@@ -45,7 +46,7 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
     rows = len(xs)
     xs, ys = xs.to(clt.dtype), ys.to(clt.dtype)
     pres = [xs[:, l] @ clt.W_enc[l] + clt.b_enc[l] for l in range(L)]   # [rows, d_sae] each, with their graph
-    kept_masks = [_keep(clt, l, pre.detach(), coef) for l, pre in enumerate(pres)]
+    kept_masks = [_keep(clt, l, pre.detach(), coef, replicas) for l, pre in enumerate(pres)]
     n_kept = sum(len(k) if k is not None else int(torch.count_nonzero(m)) for k, m in kept_masks)
     if sparse is None:
         sparse = (xs.device.type == "cpu" and xs.dtype in SPARSE_DTYPES and n_kept < SPARSE_BELOW * rows * L * n
@@ -98,7 +99,7 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
                       float(fired.sum()) / rows / L)
 
 
-def _keep(clt: CrossLayerTranscoder, layer: int, pre: torch.Tensor, coef: Coefficients
+def _keep(clt: CrossLayerTranscoder, layer: int, pre: torch.Tensor, coef: Coefficients, replicas: Any = None
           ) -> tuple[Kept | None, torch.Tensor | None]:
     """Layer `layer`'s kept pairs of pre [rows, d_sae]: Kept (TopK family) or a bool mask (ReLU: pre > 0;
     JumpReLU: pre > θ − bandwidth/2, those that fire or can move the threshold)."""
@@ -108,7 +109,7 @@ def _keep(clt: CrossLayerTranscoder, layer: int, pre: torch.Tensor, coef: Coeffi
     if arch == "batchtopk":  # the SAE's batch top-k on this layer, updating this layer's running threshold
         view = SimpleNamespace(cfg=SimpleNamespace(k=clt.cfg.k), threshold=clt.threshold[layer])
         with torch.no_grad():
-            return Kept(_batch_topk(view, pre, coef.threshold_decay), rows, n), None
+            return Kept(_batch_topk(view, pre, coef.threshold_decay, replicas), rows, n), None
     if arch == "relu":
         return None, pre > 0
     return None, pre > clt.threshold[layer].detach() - coef.bandwidth / 2

@@ -11,6 +11,7 @@ MSE is the squared error summed over the output dimension and averaged over rows
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -72,8 +73,10 @@ class StepOutput:
 
 
 def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef: Coefficients,
-                  dead: torch.Tensor | None, sparse: bool | None = None) -> StepOutput:
+                  dead: torch.Tensor | None, sparse: bool | None = None, replicas: Any = None) -> StepOutput:
     """x [rows, d_in] (normalised), target y [rows, d_out]; dead [d_sae] bool (for AuxK) or None.
+    replicas: data-parallel ranks (dictionaries.parallel.DataParallel) whose rows together are the batch
+    (BatchTopK's top k·rows is over all of them); None: x is the whole batch.
 
     Every architecture keeps some (row, latent) pairs of the pre-activations: the top k per row, the
     top k·rows of the batch, or (ReLU, JumpReLU) those that can fire or move the threshold. With
@@ -86,7 +89,7 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
     x = x.to(sae.W_enc.dtype)
     bias = _pre_bias(sae)
     pre = x @ sae.W_enc + bias  # [rows, d_sae]; the sparse path takes only its values, not its graph
-    kept, mask = _keep(sae, pre.detach(), coef)
+    kept, mask = _keep(sae, pre.detach(), coef, replicas)
     n_kept = len(kept) if kept is not None else int(torch.count_nonzero(mask))
     if sparse is None:
         sparse = (x.device.type == "cpu" and x.dtype in SPARSE_DTYPES and n_kept < SPARSE_BELOW * rows * d_sae
@@ -131,7 +134,8 @@ def _pre_bias(sae: SparseDictionary) -> torch.Tensor:
     return sae.b_enc - sae.b_dec @ sae.W_enc if sae.cfg.apply_b_dec_to_input else sae.b_enc
 
 
-def _keep(sae: SparseDictionary, pre: torch.Tensor, coef: Coefficients) -> tuple[Kept | None, torch.Tensor | None]:
+def _keep(sae: SparseDictionary, pre: torch.Tensor, coef: Coefficients, replicas: Any = None
+          ) -> tuple[Kept | None, torch.Tensor | None]:
     """The (row, latent) pairs of pre [rows, d_sae] the architecture keeps, as Kept (TopK family) or a
     [rows, d_sae] bool mask (ReLU: pre > 0; JumpReLU: pre > θ − bandwidth/2, the pairs that fire or are
     in the threshold's straight-through window — the others get no gradient)."""
@@ -139,16 +143,18 @@ def _keep(sae: SparseDictionary, pre: torch.Tensor, coef: Coefficients) -> tuple
     if arch == "topk":
         return Kept.per_row(pre.topk(sae.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values, d_sae), None
     if arch == "batchtopk":
-        return Kept(_batch_topk(sae, pre, coef.threshold_decay), rows, d_sae), None
+        return Kept(_batch_topk(sae, pre, coef.threshold_decay, replicas), rows, d_sae), None
     if arch == "relu":
         return None, pre > 0
     return None, pre > sae.threshold.detach() - coef.bandwidth / 2
 
 
-def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch.Tensor:
+def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float, replicas: Any = None) -> torch.Tensor:
     """The flat positions [k·rows] (increasing) of the k·rows largest ReLU'd pre-activations of the whole
     batch [rows, d_sae]; updates the running threshold (the smallest kept value, averaged over batches)
-    that inference uses instead."""
+    that inference uses instead. With data-parallel replicas, of the whole batch of all ranks."""
+    if replicas is not None:
+        return _batch_topk_across(sae, pre, decay, replicas)
     n_keep = min(sae.cfg.k * pre.shape[0], pre.numel())
     pre = pre.flatten()
     # The kept values sit near the running threshold: when at least n_keep exceed half of it, the top
@@ -163,6 +169,22 @@ def _batch_topk(sae: SparseDictionary, pre: torch.Tensor, decay: float) -> torch
     if kept.numel():
         sae.threshold.copy_(decay * sae.threshold + (1 - decay) * kept.min())
     return flat.sort().values
+
+
+def _batch_topk_across(sae: SparseDictionary, pre: torch.Tensor, decay: float, replicas: Any) -> torch.Tensor:
+    """_batch_topk over the rows of every rank: each rank's own top k·rows_global candidates are gathered
+    (those hold the global top k·rows_global), the global cutoff is the smallest value kept among them, and
+    each rank keeps its values above it. A cutoff of 0 (fewer positive values than k·rows) keeps the positive
+    ones: the zeros one process would also keep add nothing (ReLU'd, no gradient)."""
+    flat_values = pre.flatten().relu()
+    n_keep = min(sae.cfg.k * pre.shape[0], pre.numel()) * replicas.world
+    mine = flat_values.topk(min(n_keep, flat_values.numel()), sorted=False).values
+    best = replicas.gather(mine).topk(n_keep, sorted=False).values
+    cutoff = best.min()
+    kept = best[best > 0]
+    if kept.numel():
+        sae.threshold.copy_(decay * sae.threshold + (1 - decay) * kept.min())
+    return ((flat_values >= cutoff) & (flat_values > 0)).nonzero().squeeze(1)
 
 
 def _auxk(sae: SparseDictionary, dead_pre: torch.Tensor, dead_ids: torch.Tensor, residual: torch.Tensor,
@@ -205,6 +227,7 @@ def resample_dead(sae: SparseDictionary, optimizer: torch.optim.Optimizer, dead:
     idx = dead.nonzero().flatten()
     if not len(idx):
         return 0
+    x, y = x.to(sae.W_enc.dtype), y.to(sae.W_dec.dtype)  # a float64 dictionary on float32 activations
     y_hat, acts = sae(x)  # inference activations: BatchTopK as the threshold it is used with
     residual = y - y_hat
     children, parents = idx[:0], idx[:0]

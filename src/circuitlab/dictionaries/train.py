@@ -45,11 +45,14 @@ from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
 from circuitlab.dictionaries.objectives import Coefficients, resample_dead, training_step
+from circuitlab.dictionaries.parallel import DataParallel
+from circuitlab.dictionaries.parallel import make as make_parallel
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
 from circuitlab.dictionaries.target_l0 import L0Controller
 from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
 from circuitlab.perf import threads_for_work
+from circuitlab.training.distributed import barrier
 from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
 from circuitlab.training.run_log import MetricsLog
 
@@ -160,12 +163,18 @@ def check_fits(cfg: DictionaryConfig | CLTConfig, widths: dict[str, int]) -> Non
 class DictionaryTrainer:
     def __init__(self, configs: list[DictionaryConfig | CLTConfig], train: DictTrainConfig, store: ActivationStore,
                  val_store: ActivationStore | None = None, overrides: list[dict[str, Any]] | None = None,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", parallel: str | None = None) -> None:
         if not configs:
             raise CircuitlabError("nothing to train: give at least one dictionary config")
         for cfg in configs:
             check_fits(cfg, store.widths)
         self.train, self.store, self.val_store, self.device = train, store, val_store, torch.device(device)
+        # Under torchrun: data parallel replicas (default) or one rank per dictionary ("modules"); see parallel.py.
+        self.parallel = make_parallel(parallel, configs)
+        self.parallel.device = self.device
+        if getattr(store, "world", 1) != self.parallel.world:
+            raise CircuitlabError(f"the activation store was made for {getattr(store, 'world', 1)} rank(s) but "
+                                  f"{self.parallel.world} are training: make it after the process group starts")
         overrides = overrides or [{}] * len(configs)
         for o in overrides:
             bad = sorted(set(o) - set(PER_DICTIONARY))
@@ -240,12 +249,17 @@ class DictionaryTrainer:
         y = batch[cfg.out_hook_name].to(self.device) * s_out if cfg.is_transcoder else x
         return x, y
 
+    LOG_FIELDS = ("loss", "mse", "mse_normalised", "sparsity", "aux", "l0", "dead", "resampled", "coeff")
+
     def train_step(self, batch: dict[str, torch.Tensor]) -> list[dict[str, float]]:
-        """One optimizer step of every dictionary on the same batch; returns each one's losses."""
-        logs = []
-        extra: list[dict[str, torch.Tensor]] = []  # more rows for resampling, drawn once per step when needed
-        for j, (sae, opt, h) in enumerate(zip(self.saes, self.opts, self.hyper)):
-            x, y = self._inputs(j, batch)
+        """One optimizer step of every dictionary on the same batch (this rank's rows {hook: [rows, width]});
+        returns each one's losses (over the global batch, every dictionary's, on every rank)."""
+        P = self.parallel
+        rows_batch = P.rows(batch)  # module parallel: the global rows of this rank's dictionaries' hooks
+        logs: dict[int, list[float]] = {}
+        for j in P.owned:
+            sae, opt, h = self.saes[j], self.opts[j], self.hyper[j]
+            x, y = self._inputs(j, rows_batch)
             dead = self.dead(j, self.step)
             coef = Coefficients(sparsity=self.sparsity_coeff(j, self.step), aux=h.aux_coeff, bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
             for group in opt.param_groups:
@@ -253,9 +267,10 @@ class DictionaryTrainer:
             is_clt = isinstance(sae, CrossLayerTranscoder)
             if is_clt:  # the same coefficient scales its tanh penalty (l0_coeff; l1_coeff for a ReLU CLT)
                 coef = clt_train.CLTCoefficients(**vars(coef), tanh_scale=h.clt_tanh_scale, preact=h.clt_preact_coeff)
-            out = (clt_train.clt_training_step if is_clt else training_step)(sae, x, y, coef, dead)
+            out = (clt_train.clt_training_step if is_clt else training_step)(sae, x, y, coef, dead, replicas=P.replicas)
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
+            P.average_gradients([p for p in sae.parameters() if p.requires_grad])  # data parallel: the global mean's
             opt.step()
             with torch.no_grad():
                 if is_clt:
@@ -264,39 +279,58 @@ class DictionaryTrainer:
                     sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8))
                 if sae.cfg.architecture == "jumprelu" and not is_clt:
                     sae.threshold.clamp_(min=1e-4)
-            self.last_fired[j][out.fires > 0] = self.step + 1
+            fires, rows = P.total(out.fires), len(x) * P.row_factor  # over the global batch
+            l0 = float(fires.sum()) / rows / (sae.cfg.n_layers if is_clt else 1)
+            self.last_fired[j][fires > 0] = self.step + 1
             if self.controllers[j] is not None:
-                self.controllers[j].update(self.step, out.l0)
+                self.controllers[j].update(self.step, l0)
             decay = 1 - 1 / h.dead_after
-            self.fire_rate[j].mul_(decay).add_(out.fires.double() / len(x), alpha=1 - decay)
-            resampled = 0
-            # No resampling once the learning rate decays: a latent pointed at badly reconstructed rows needs
-            # steps at the full rate to find a feature, or it ends silent or firing on junk. A split child
-            # starts on a direction the data has, so splitting goes on through the first half of the decay.
-            resample_until = self.train.steps * (1 - self.train.lr_decay_frac * (0.5 if h.resample_method == "split" else 1))
-            if h.resample_every and (self.step + 1) % h.resample_every == 0 and self.step + 1 <= resample_until:
-                dead = self.dead(j, self.step + 1)
-                if bool(dead.any()) and not extra:
-                    # One batch is too few rows to see a rare latent's two groups (a latent firing on 3% of
-                    # rows fires ~15 times in 512); Anthropic's resampling looked at ~800k inputs.
-                    extra = [self.store.next_batch() for _ in range(self.train.resample_batches - 1)]
-                if extra:
-                    xs, ys = zip(*(self._inputs(j, b) for b in extra))
-                    x, y = torch.cat([x, *xs]), torch.cat([y, *ys])
-                gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
-                resampled = (clt_train.resample_dead if is_clt else resample_dead)(
-                    sae, opt, dead, x, y, gen, threshold=h.jumprelu_init_threshold, method=h.resample_method)
-                self.last_fired[j][dead] = self.step + 1
+            self.fire_rate[j].mul_(decay).add_(fires.double() / rows, alpha=1 - decay)
             # "mse" on sae eval's scale (the model's units: squared error summed over the output dims, mean over
             # rows); the objective sees inputs scaled to E|x| = sqrt(d_in): its MSE is "mse_normalised".
             s_out = self.scales[j][1]
             s_out2 = sum(v * v for v in s_out) / len(s_out) if is_clt else s_out ** 2  # a CLT: its layers' mean
-            logs.append({"loss": float(out.loss.detach()), "mse": float(out.mse) / s_out2,
-                         "mse_normalised": float(out.mse), "sparsity": float(out.sparsity),
-                         "aux": float(out.aux), "l0": out.l0, "dead": float(dead.float().mean()), "resampled": resampled,
-                         "coeff": coef.sparsity})
+            logs[j] = [float(out.loss.detach()), float(out.mse) / s_out2, float(out.mse), float(out.sparsity),
+                       float(out.aux), l0, float(dead.float().mean()), 0.0, coef.sparsity]
+        self._resample(batch, rows_batch, logs)
         self.step += 1
-        return logs
+        every = P.logs(logs, len(self.LOG_FIELDS))  # data parallel: means over ranks; modules: from each owner
+        return [{**dict(zip(self.LOG_FIELDS, every[j])), "resampled": int(every[j][7])} for j in range(len(self.saes))]
+
+    def _resamples(self, j: int) -> bool:
+        """Whether dictionary j resamples after this step. No resampling once the learning rate decays: a latent
+        pointed at badly reconstructed rows needs steps at the full rate to find a feature, or it ends silent or
+        firing on junk. A split child starts on a direction the data has, so splitting goes on through the
+        first half of the decay."""
+        h = self.hyper[j]
+        until = self.train.steps * (1 - self.train.lr_decay_frac * (0.5 if h.resample_method == "split" else 1))
+        return bool(h.resample_every) and (self.step + 1) % h.resample_every == 0 and self.step + 1 <= until
+
+    def _resample(self, batch: dict[str, torch.Tensor], rows_batch: dict[str, torch.Tensor],
+                  logs: dict[int, list[float]]) -> None:
+        """Resample the dead latents of the dictionaries at a resample step, on this step's rows and, when one
+        has dead latents, the next resample_batches - 1 batches (drawn once, by every rank)."""
+        P = self.parallel
+        due = [j for j in range(len(self.saes)) if self._resamples(j)]  # the same on every rank
+        if not due:
+            return
+        dead = {j: self.dead(j, self.step + 1) for j in due if j in P.owned}
+        for j, dead_j in dead.items():
+            logs[j][6] = float(dead_j.float().mean())
+        if not P.any(any(bool(d.any()) for d in dead.values())):
+            return
+        # One batch is too few rows to see a rare latent's two groups (a latent firing on 3% of
+        # rows fires ~15 times in 512); Anthropic's resampling looked at ~800k inputs.
+        extra = [self.store.next_batch() for _ in range(self.train.resample_batches - 1)]
+        pieces = [P.resample_rows(batch, rows_batch)] + [P.resample_rows(b) for b in extra]  # global rows
+        for j, dead_j in dead.items():
+            sae, opt, h = self.saes[j], self.opts[j], self.hyper[j]
+            xs, ys = zip(*(self._inputs(j, b) for b in pieces))
+            x, y = torch.cat(xs), torch.cat(ys)
+            gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
+            resample = clt_train.resample_dead if isinstance(sae, CrossLayerTranscoder) else resample_dead
+            logs[j][7] = resample(sae, opt, dead_j, x, y, gen, threshold=h.jumprelu_init_threshold, method=h.resample_method)
+            self.last_fired[j][dead_j] = self.step + 1
 
     def dead(self, j: int, step: int) -> torch.Tensor:
         """[d_sae] bool: dictionary j's latents silent for dead_after steps, or (dead_density > 0, after
@@ -329,34 +363,68 @@ class DictionaryTrainer:
                 for sae in self.dictionaries()]
 
     # ------------------------------------------------------------------ resume
+    def _state_tensors(self, j: int) -> dict[str, torch.Tensor]:
+        """Dictionary j's weights, Adam moments, firing history and target-L0 state, keyed without j."""
+        sae, opt = self.saes[j], self.opts[j]
+        names = {id(p): n for n, p in sae.named_parameters()}
+        tensors = {f"param.{n}": t for n, t in sae.state_dict().items()}
+        for p, st in opt.state.items():
+            for key, value in st.items():
+                tensors[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(value)
+        tensors["last_fired"] = self.last_fired[j]
+        if self.controllers[j] is not None:
+            tensors.update({f"target_l0.{k}": v for k, v in self.controllers[j].state_dict().items()})
+        tensors["fire_rate"] = self.fire_rate[j]
+        return tensors
+
+    def _load_state_tensors(self, j: int, tensors: dict[str, torch.Tensor]) -> None:
+        sae, opt = self.saes[j], self.opts[j]
+        sae.load_state_dict({n: tensors[f"param.{n}"] for n in sae.state_dict()})
+        for n, p in sae.named_parameters():
+            keys = [k for k in tensors if k.startswith(f"adam.{n}.")]
+            if keys:
+                opt.state[p] = {k.rsplit(".", 1)[1]: tensors[k].to(self.device) for k in keys}
+        self.last_fired[j] = tensors["last_fired"].to(self.device)
+        self.fire_rate[j] = tensors.get("fire_rate", self.fire_rate[j]).to(self.device)
+        if self.controllers[j] is not None:
+            self.controllers[j].load_state_dict({k[len("target_l0."):]: v for k, v in tensors.items()
+                                                 if k.startswith("target_l0.")})
+
+    def _store_state(self) -> dict[str, Any]:
+        """The store's position; across ranks every rank's shards' positions, gathered (a collective)."""
+        state = self.store.state_dict()
+        if self.parallel.world == 1:
+            return state
+        mine = torch.tensor([self.store.positions[s] for s in self.store.owned], dtype=torch.long,
+                            device=self.parallel.device)
+        every = self.parallel.gather(mine).tolist()  # [shards, 2]: each rank holds a contiguous block, in order
+        return {"shards": self.store.shards, "positions": {str(s): p for s, p in enumerate(every)}}
+
     def save_checkpoint(self, folder: str | Path) -> None:
         """Weights, Adam moments and firing history in one safetensors file named by the step, then
-        state.json pointing at it (both atomic): a crash leaves the previous checkpoint readable."""
+        state.json pointing at it (both atomic): a crash leaves the previous checkpoint readable.
+        Across ranks every rank calls it (the state is gathered) and rank 0 writes."""
+        self.parallel.gather_state(self)
+        store_state = self._store_state()
+        if self.parallel.rank != 0:
+            return
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, torch.Tensor] = {}
-        for j, (sae, opt) in enumerate(zip(self.saes, self.opts)):
-            names = {id(p): n for n, p in sae.named_parameters()}
-            for n, t in sae.state_dict().items():
-                tensors[f"{j}.param.{n}"] = t
-            for p, st in opt.state.items():
-                for key, value in st.items():
-                    tensors[f"{j}.adam.{names[id(p)]}.{key}"] = torch.as_tensor(value)
-            tensors[f"{j}.last_fired"] = self.last_fired[j]
-            if self.controllers[j] is not None:
-                tensors.update({f"{j}.target_l0.{k}": v for k, v in self.controllers[j].state_dict().items()})
-            tensors[f"{j}.fire_rate"] = self.fire_rate[j]
+        tensors = {f"{j}.{k}": v for j in range(len(self.saes)) for k, v in self._state_tensors(j).items()}
         name = f"trainer-{self.step:08d}.safetensors"
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         atomic_write_file(folder / name, lambda tmp: save_file(tensors, tmp))
-        state = {"step": self.step, "weights": name, "store": self.store.state_dict(), "scales": self.scales,
-                 "configs": [s.cfg.to_dict() for s in self.saes], "settings": self.settings()}
+        state = {"step": self.step, "weights": name, "store": store_state, "scales": self.scales,
+                 "configs": [s.cfg.to_dict() for s in self.saes], "settings": self.settings(),
+                 "world_size": self.parallel.world, "parallel": self.parallel.mode}
         atomic_write_text(folder / STATE, json.dumps(state, indent=2))
         for old in folder.glob("trainer-*.safetensors"):
             if old.name != name:
                 old.unlink()
 
     def load_checkpoint(self, folder: str | Path) -> None:
+        """Every rank reads the whole checkpoint. Another world size resumes exactly when it divides the
+        token stream's shards (the store refuses in one line otherwise)."""
         folder = Path(folder)
         try:
             state = json.loads((folder / STATE).read_text())
@@ -368,19 +436,10 @@ class DictionaryTrainer:
         if [s.cfg.to_dict() for s in self.saes] != state["configs"]:
             raise CircuitlabError(f"{folder} holds a checkpoint of other dictionaries; use a new output folder")
         refuse_changed_settings(state.get("settings", {}), self.settings(), folder)
-        for j, (sae, opt) in enumerate(zip(self.saes, self.opts)):
-            sae.load_state_dict({n: tensors[f"{j}.param.{n}"] for n in sae.state_dict()})
-            for n, p in sae.named_parameters():
-                keys = [k for k in tensors if k.startswith(f"{j}.adam.{n}.")]
-                if keys:
-                    opt.state[p] = {k.rsplit(".", 1)[1]: tensors[k].to(self.device) for k in keys}
-            self.last_fired[j] = tensors[f"{j}.last_fired"].to(self.device)
-            self.fire_rate[j] = tensors.get(f"{j}.fire_rate", self.fire_rate[j]).to(self.device)
-            if self.controllers[j] is not None:
-                self.controllers[j].load_state_dict({k[len(f"{j}.target_l0."):]: v for k, v in tensors.items()
-                                                     if k.startswith(f"{j}.target_l0.")})
-        self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
         self.store.load_state_dict(state["store"])
+        for j in range(len(self.saes)):
+            self._load_state_tensors(j, {k[len(f"{j}."):]: v for k, v in tensors.items() if k.startswith(f"{j}.")})
+        self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
 
     def settings(self) -> dict[str, Any]:
         """What decides the result besides the dictionaries' configs: the train settings (each dictionary's own
@@ -406,7 +465,10 @@ class DictionaryTrainer:
             stop_at: int | None = None) -> DictionaryTrainResult:
         """Train to train.steps (or stop_at), resuming from out/checkpoint when it exists; save the
         dictionaries under out/dictionaries/<name>/ with out/results.json and out/metrics.jsonl.
-        CPU threads by the step's size ($CIRCUITLAB_THREADS overrides; circuitlab.perf.threads_for)."""
+        CPU threads by the step's size ($CIRCUITLAB_THREADS overrides; circuitlab.perf.threads_for).
+
+        Under torchrun every rank calls it; rank 0 alone shows progress, writes the log, checkpoints and the
+        dictionaries, and evaluates (its result holds the metrics; the other ranks' hold none)."""
         with threads_for_work(self.step_flops()):
             return self._fit(out, progress, stop_at)
 
@@ -414,22 +476,27 @@ class DictionaryTrainer:
         """About the flops of one training step: 6 per weight per row (2 forward, 4 backward), all dictionaries."""
         return 6.0 * self.train.batch_size * sum(p.numel() for s in self.saes for p in s.parameters() if p.dim() >= 2)
 
-    def _fit(self, out: str | Path | None, progress: bool, stop_at: int | None) -> TrainResult:
+    def _fit(self, out: str | Path | None, progress: bool, stop_at: int | None) -> DictionaryTrainResult:
         from tqdm.auto import tqdm
 
+        P = self.parallel
+        lead = P.rank == 0
         out = Path(out) if out is not None else None
         ckpt = out / CHECKPOINT if out is not None else None
-        if out is not None:
+        if out is not None and lead:
             out.mkdir(parents=True, exist_ok=True)
         if ckpt is not None and (ckpt / STATE).is_file():
             self.load_checkpoint(ckpt)
         elif self.step == 0:
             self.init_from_data()
+        if isinstance(P, DataParallel):  # the replicas start as rank 0's (they are seeded alike; this makes sure)
+            P.broadcast([t for sae in self.saes for t in sae.state_dict().values()])
+        barrier("starting to train dictionaries")  # every rank has read the checkpoint before any writes one
         end = min(stop_at or self.train.steps, self.train.steps)
         # metrics.jsonl line by line, flushed: a kill keeps every completed line; records after the checkpoint
         # this run starts from are dropped first, so each step is there once after a resume.
-        log = MetricsLog(out, resume_step=self.step) if out is not None else None
-        bar = tqdm(total=end, initial=self.step, desc="training dictionaries", disable=not progress, unit="step")
+        log = MetricsLog(out, resume_step=self.step) if out is not None and lead else None
+        bar = tqdm(total=end, initial=self.step, desc="training dictionaries", disable=not progress or not lead, unit="step")
         try:
             with stop_after_step_on_ctrl_c() as stop:
                 while self.step < end:
@@ -439,11 +506,14 @@ class DictionaryTrainer:
                         bar.set_postfix(mse=f"{logs[0]['mse']:.3g}", l0=f"{logs[0]['l0']:.1f}")
                         if log:
                             log.write({"step": self.step, "dictionaries": logs})
-                    if self.train.eval_every and self.step % self.train.eval_every == 0 and log and self.val_store:
-                        log.write({"step": self.step, "eval": [m.to_dict() for m in self.evaluate()]})
+                    if self.train.eval_every and self.step % self.train.eval_every == 0 and out is not None and self.val_store:
+                        P.gather_state(self)
+                        if log:
+                            log.write({"step": self.step, "eval": [m.to_dict() for m in self.evaluate()]})
                     if ckpt is not None and self.train.ckpt_every and self.step % self.train.ckpt_every == 0:
                         self.save_checkpoint(ckpt)
-                    if stop.is_set() and self.step < end:
+                    # across ranks a Ctrl-C reaches them at different steps: they stop at the same one
+                    if (P.any(stop.is_set()) if P.world > 1 else stop.is_set()) and self.step < end:
                         if ckpt is not None:
                             self.save_checkpoint(ckpt)
                         raise KeyboardInterrupt(self._interrupted(ckpt, saved=ckpt is not None))
@@ -457,6 +527,10 @@ class DictionaryTrainer:
                 log.close()
         if ckpt is not None:
             self.save_checkpoint(ckpt)
+        else:
+            P.gather_state(self)
+        if not lead:  # the replicas (data parallel) are rank 0's; module parallel: rank 0 gathered them
+            return DictionaryTrainResult(self.dictionaries() if isinstance(P, DataParallel) else [], [], [], self.step)
         dictionaries, metrics = self.dictionaries(), self.evaluate()
         folders: list[Path] = []
         if out is not None:

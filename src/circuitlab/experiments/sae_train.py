@@ -22,10 +22,11 @@ def is_sae_run(folder: Path) -> bool:
     return any((folder / n).exists() for n in ("results.json", "dictionaries", CHECKPOINT, "metrics.jsonl"))
 
 
-def start_or_resume(out: Path, resume: bool, overwrite: bool) -> bool:
+def start_or_resume(out: Path, resume: bool, overwrite: bool, quiet: bool = False, tidy: bool = True) -> bool:
     """Whether this run resumes a checkpoint in out. A fresh start is refused over a checkpoint (pointing at
     --resume) and over a finished run (pointing at --overwrite); a folder an interrupt left before the first
-    checkpoint is reused, with or without --resume, and said."""
+    checkpoint is reused, with or without --resume, and said (not `quiet`; emptied only with `tidy`: under
+    torchrun rank 0 tidies, the others only decide)."""
     from circuitlab.dictionaries.train import CHECKPOINT, STATE
     from circuitlab.errors import CircuitlabError
     from circuitlab.training.outputs import MARKER
@@ -36,8 +37,9 @@ def start_or_resume(out: Path, resume: bool, overwrite: bool) -> bool:
     held = {p.name for p in out.iterdir()} if out.is_dir() else set()
     unsaved = not saved and held and not held - {MARKER, "metrics.jsonl", CHECKPOINT}
     if unsaved:  # what an interrupt before the first checkpoint leaves: nothing to keep
-        print(f"{out} holds no checkpoint yet (the earlier run stopped before its first): starting from step 0")
-        for name in held - {MARKER}:
+        if not quiet:
+            print(f"{out} holds no checkpoint yet (the earlier run stopped before its first): starting from step 0")
+        for name in held - {MARKER} if tidy else ():
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         return False
     if resume:
@@ -49,6 +51,22 @@ def start_or_resume(out: Path, resume: bool, overwrite: bool) -> bool:
         raise CircuitlabError(f"{out} holds an unfinished run (its {CHECKPOINT}/): pass --resume to continue it, "
                               "or --overwrite to start over")
     return False
+
+
+def stream_shards(out: Path, resume: bool, asked: int | None, world: int) -> int:
+    """How many shards the token stream is cut into: a resume keeps its checkpoint's (any world size dividing
+    it continues exactly; the store refuses another in one line); else store.shards, default the world size."""
+    from circuitlab.checks import COUNT
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+    from circuitlab.errors import ConfigError
+
+    if resume:
+        saved = int(json.loads((out / CHECKPOINT / STATE).read_text()).get("store", {}).get("shards", 1))
+        if asked is not None and asked != saved:
+            raise ConfigError(f"store.shards={asked} but the run in {out} cuts its token stream into {saved}: "
+                              "drop store.shards to resume it")
+        return saved
+    return world if asked is None else COUNT.check(asked, "store.shards", ConfigError)
 
 
 def load_sae_config(name: str, overrides: list[str]) -> dict[str, Any]:
@@ -108,17 +126,21 @@ def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
     from circuitlab.errors import refuse_unknown
 
     known = {"seq_len": 64, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
-             "cache_max_gb": None}
+             "cache_max_gb": None, "shards": None, "autocast": None}
     refuse_unknown(raw, known, "store field(s)", list_known=True)
     return {**known, **raw}
 
 
 def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False, overwrite: bool = False,
-                       progress: bool = True) -> dict[str, Any]:
+                       progress: bool = True, device: str = "cpu", parallel: str | None = None) -> dict[str, Any]:
     """Train every dictionary of a config (load_sae_config) on one stream of the model's activations; save them,
     their checkpoint and metrics.jsonl in out, then splice each into the model on held-out text. Returns the
     summary written to out/results.json (metrics and spliced CE per dictionary, per-layer sets replaced at once).
-    resume: continue out's checkpoint (start_or_resume decides); overwrite: replace an earlier run in out."""
+    resume: continue out's checkpoint (start_or_resume decides); overwrite: replace an earlier run in out.
+    Under torchrun (a process group set up by training.distributed.setup) every rank calls it: `parallel` "data"
+    (default) or "modules" (dictionaries/parallel.py); rank 0 writes and evaluates, the others return {}."""
+    import circuitlab.training.distributed as D
+
     from circuitlab.data import DataConfig, build_data
     from circuitlab.dictionaries import DictionaryConfig, base_model_id
     from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
@@ -131,6 +153,8 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
 
     train = DictTrainConfig.from_dict(data.get("train") or {})
     store_cfg = _store_settings(data.get("store") or {})
+    rank, world = D.rank_and_world()
+    shards = stream_shards(out, resume, store_cfg["shards"], world)
     entries = []
     for i, d in enumerate(data["dictionaries"]):
         if not isinstance(d, dict):
@@ -156,12 +180,14 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
     model, tokenizer, _ = load_checkpoint(str(data["model"]))
     if tokenizer is None:
         raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
-    tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
+    with D.rank_zero_first():  # rank 0 tokenizes (and caches) the text; the others then read its cache
+        tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
     entries, groups = _expand_layers(entries, model)
     hooks = [h for d, _ in entries for h in
              (CLTConfig.from_dict(d).hooks() if d.get("kind") == "clt" else (d.get("hook_name"), d.get("out_hook_name"))) if h]
-    source = ModelActivations(model, hooks, tokens, seq_len=store_cfg["seq_len"], seqs_per_chunk=store_cfg["seqs_per_chunk"],
-                              skip_positions=store_cfg["skip_positions"])
+    source = ModelActivations(model.to(device), hooks, tokens, seq_len=store_cfg["seq_len"],
+                              seqs_per_chunk=store_cfg["seqs_per_chunk"], skip_positions=store_cfg["skip_positions"],
+                              autocast=store_cfg["autocast"])
     base = base_model_id(model, name=str(data["model"]))
     configs = []
     for d, _ in entries:
@@ -174,7 +200,7 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         configs.append(DictionaryConfig.from_dict(d))
     val_source = source
     if store_cfg["cache"]:
-        n_train = math.ceil(train.steps * train.batch_size / source.rows_per_chunk)
+        n_train = shards * math.ceil(train.steps * train.batch_size / shards / source.rows_per_chunk)  # per shard
         n_val = math.ceil(train.eval_batches * train.batch_size / source.rows_per_chunk)
         cap = store_cfg["cache_max_gb"]
         cap = int(float(cap) * 2**30) if cap else None
@@ -182,15 +208,19 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
             cache_activations(source, store_cfg["cache"], n, split=split, dtype=store_cfg["cache_dtype"], max_bytes=cap,
                               progress=progress)
         source = val_source = CachedActivations(store_cfg["cache"], seed=train.seed)
-    trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed),
+    trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed, shards=shards),
                                 ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
-                                overrides=[own for _, own in entries])
-    # what else decides the result: a resume with other values is refused, naming them
+                                overrides=[own for _, own in entries], device=device, parallel=parallel)
+    # what else decides the result: a resume with other values is refused, naming them (the stream's shards
+    # are the store's own check: another number is refused in one line)
     trainer.run_settings = {"model": str(data["model"]), "data": data.get("data") or {},
-                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb")}}
-    if not resume:
+                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb", "shards")}}
+    if not resume and rank == 0:
         output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
+    D.barrier("preparing the output folder")  # no rank looks for a checkpoint there before rank 0 has cleared it
     result = trainer.fit(out, progress=progress)
+    if rank != 0:  # rank 0 evaluates, prints and writes
+        return {}
     toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"])
     summary = result.to_dict()
     for entry, sae, folder in zip(summary["dictionaries"], result.dictionaries, result.folders):
