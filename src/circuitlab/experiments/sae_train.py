@@ -221,7 +221,7 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
     result = trainer.fit(out, progress=progress)
     if rank != 0:  # rank 0 evaluates, prints and writes
         return {}
-    toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"])
+    toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"]).to(device)  # where the model is (--device cuda)
     summary = result.to_dict()
     for entry, sae, folder in zip(summary["dictionaries"], result.dictionaries, result.folders):
         s = spliced_loss(model, sae, toks)
