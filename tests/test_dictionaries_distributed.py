@@ -224,6 +224,21 @@ def test_killed_rank_leaves_a_whole_checkpoint_and_the_resume_is_exact(tmp_path)
         _trainer(cfgs, train, shards=1).fit(single, progress=False)
 
 
+def test_a_failed_collective_is_one_line_and_the_timeout_is_checked(monkeypatch):
+    from circuitlab.training import distributed as D
+
+    with pytest.raises(CircuitlabError, match=r"^rank 0: another rank stopped or did not answer during averaging "
+                                              r"gradients \(\[gloo\] Connection closed by peer\); stopping"):
+        with D.collective("averaging gradients"):
+            raise RuntimeError("[gloo] Connection closed by peer\n  frame 1\n  frame 2")
+    monkeypatch.setenv("CIRCUITLAB_DIST_TIMEOUT", "30")
+    assert D.timeout().total_seconds() == 30
+    for bad in ("soon", "0"):
+        monkeypatch.setenv("CIRCUITLAB_DIST_TIMEOUT", bad)
+        with pytest.raises(CircuitlabError, match="CIRCUITLAB_DIST_TIMEOUT must be"):
+            D.timeout()
+
+
 def test_autocast_is_for_a_gpu_forward():
     from circuitlab.config import ModelConfig
     from circuitlab.dictionaries.store import ModelActivations
