@@ -379,15 +379,16 @@ def test_sae_train_trains_a_clt_beside_per_layer_transcoders(tiny_checkpoint, ca
     assert len(json.loads((root / "clt-eval.json").read_text())["layer_l0"]) == 3
 
 
-@pytest.mark.parametrize("arch", ["jumprelu", "topk"])
-def test_training_resumes_exactly(tmp_path, arch):
+@pytest.mark.parametrize("arch,target", [("jumprelu", 0.0), ("topk", 0.0), ("jumprelu", 2.0)])
+def test_training_resumes_exactly(tmp_path, arch, target):
+    """Also in target-L0 mode, stopped while the per-layer controller steers (its state is checkpointed)."""
     from circuitlab.dictionaries.planted import PlantedCrossLayer
     from circuitlab.dictionaries.store import ActivationStore
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
 
     planted = PlantedCrossLayer(n_layers=2, d=8, n_per_layer=8, rows_per_chunk=256)
     cfg = CLTConfig(arch, n_layers=2, d_model=8, d_sae=12, k=2 if arch == "topk" else None)
-    train = DictTrainConfig(steps=12, batch_size=64, dead_after=3, ckpt_every=5)
+    train = DictTrainConfig(steps=12, batch_size=64, dead_after=3, ckpt_every=5, target_l0=target)
 
     def trainer():
         return DictionaryTrainer([cfg], train, ActivationStore(planted, 64))
@@ -397,6 +398,9 @@ def test_training_resumes_exactly(tmp_path, arch):
     resumed = trainer().fit(tmp_path / "cut", progress=False).dictionaries[0]
     a, b = whole.state_dict(), resumed.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if target:  # one coefficient per layer, saved with the CLT
+        held = whole.cfg.metadata["sparsity_coeff"]
+        assert len(held) == 2 and held == resumed.cfg.metadata["sparsity_coeff"] and held[0] != held[1]
 
 
 @pytest.mark.parametrize("change,message", [

@@ -8,7 +8,7 @@ import torch
 from circuitlab.dictionaries import DictionaryConfig
 from circuitlab.dictionaries.planted import PlantedFeatures, recovery
 from circuitlab.dictionaries.store import ActivationStore
-from circuitlab.dictionaries.target_l0 import L0Controller
+from circuitlab.dictionaries.target_l0 import L0Controller, cut_for_l0
 from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
 from circuitlab.errors import ConfigError
 
@@ -41,21 +41,53 @@ def _train(planted, archs, target, d_sae, steps, batch=1024, k=None, **train):
     return trainer.fit(progress=False)
 
 
-@pytest.mark.slow
-def test_target_l0_on_planted_features_the_defaults_were_not_tuned_on():
-    """The issue's setting: 256 directions in 64 dims, Zipf firing, true L0 4, 512 latents, 2,000 steps,
-    documented defaults plus target_l0 = 4 (~11 min on a busy core). ReLU ends within 10% of the target
-    (measured 3.83; without a target: 100) and TopK (k = 4) recovers the directions (0.990).
+def test_target_l0_recovers_planted_features_fast():
+    """ReLU and JumpReLU steered to the true L0 of planted features (48 directions in 32 dimensions, L0 3,
+    96 latents, 600 steps of 256 at lr 3e-3; a few seconds): the L0 ends within 10% of the target and the
+    directions are recovered. Measured: ReLU L0 2.98, mean max cosine 0.983; JumpReLU 3.09, 0.973. Without
+    the start at the target L0 (the encoder bias from target_l0.cut_for_l0) both stay dense for most of
+    the run and this fails (cosine below 0.8)."""
+    planted = PlantedFeatures(n_features=48, d=32, l0=3, zipf=0.5, seed=0)
+    result = _train(planted, ("relu", "jumprelu"), 3.0, d_sae=96, steps=600, batch=256, lr=3e-3)
+    for sae, m in zip(result.dictionaries, result.metrics):
+        cos = float(recovery(sae.W_dec.detach(), planted.directions).mean())
+        assert abs(m.l0 - 3.0) <= 0.3 and cos >= 0.9, (sae.cfg.architecture, m.l0, cos)
+        assert sae.cfg.metadata["target_l0"] == 3.0 and sae.cfg.metadata["sparsity_coeff"] > 0
 
-    Not met yet, so not asserted (docs/dictionaries.md): ReLU's recovery at that L0 (mean max cosine
-    0.45 — the L1 coefficient that gives L0 4 shrinks the reconstruction away, explained variance 0.02),
-    JumpReLU's L0 (3.06: once its thresholds have risen, lowering the coefficient does not bring them
-    down) and recovery (0.62)."""
-    planted = PlantedFeatures(n_features=256, d=64, l0=4, zipf=0.5, seed=0)
-    result = _train(planted, ("relu", "jumprelu", "topk"), 4.0, d_sae=512, steps=2000, k=4)
-    relu, _, topk = result.metrics
-    assert abs(relu.l0 - 4.0) <= 0.4, relu.l0
-    assert recovery(result.dictionaries[2].W_dec.detach(), planted.directions).mean() >= 0.9
+
+def test_the_start_fires_each_latent_on_its_share_of_rows():
+    """cut_for_l0: b_enc − cut makes every latent fire on target / d_sae of the rows (L0 = target), per latent."""
+    pre = torch.randn(4000, 50, dtype=torch.float64) * torch.linspace(0.5, 3.0, 50, dtype=torch.float64) + 1.0
+    fires = pre > cut_for_l0(pre, 5.0)
+    assert fires.sum(0).eq(400).all()                       # 5 / 50 of 4000 rows, each latent
+    assert float(fires.sum(-1).double().mean()) == 5.0
+    assert (pre > cut_for_l0(pre, 50.0)).all()              # every latent on every row
+
+
+# (distribution, target, d_sae, steps, batch, JumpReLU's recovery floor): the issue's setting and two the defaults
+# were not tuned on. JumpReLU at L0 6 recovers 0.81 in 1,500 steps (not yet 0.9: docs/dictionaries.md).
+SETTINGS = [(dict(n_features=256, d=64, l0=4), 4.0, 512, 2000, 1024, 0.9),
+            (dict(n_features=128, d=32, l0=2), 2.0, 256, 1500, 512, 0.9),
+            (dict(n_features=192, d=48, l0=6), 6.0, 384, 1500, 512, 0.8)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", SETTINGS, ids=["256-in-64-L0-4", "128-in-32-L0-2", "192-in-48-L0-6"])
+def test_target_l0_on_planted_features_the_defaults_were_not_tuned_on(setting):
+    """The issue's setting (256 directions in 64 dims, Zipf firing, true L0 4, 512 latents, 2,000 steps,
+    documented defaults plus target_l0 = 4) and two other scales and sparsities: ReLU and JumpReLU end
+    within 10% of the target and recover the planted directions (mean max cosine >= 0.9; JumpReLU at L0 6:
+    0.81), as TopK with k = the target does. Measured figures in docs/dictionaries.md (Target L0)."""
+    dist, target, d_sae, steps, batch, jumprelu_floor = setting
+    planted = PlantedFeatures(zipf=0.5, seed=0, **dist)
+    result = _train(planted, ("relu", "jumprelu", "topk"), target, d_sae=d_sae, steps=steps, batch=batch, k=int(target))
+    for sae, m in zip(result.dictionaries, result.metrics):
+        cos = float(recovery(sae.W_dec.detach(), planted.directions).mean())
+        print(f"{sae.cfg.metadata.get('trained_as', sae.cfg.architecture)}: L0 {m.l0:.2f} (target {target}), "
+              f"mean max cosine {cos:.3f}, explained variance {m.explained_variance:.3f}, dead {m.dead_frac:.1%}")
+        if sae.cfg.architecture != "topk":
+            assert abs(m.l0 - target) <= 0.1 * target, (sae.cfg.architecture, m.l0)
+        assert cos >= (jumprelu_floor if sae.cfg.architecture == "jumprelu" else 0.9), (sae.cfg.architecture, cos)
 
 
 def test_target_l0_is_refused_for_topk_and_negative():

@@ -30,6 +30,10 @@ from circuitlab.errors import CircuitlabError
 class CLTCoefficients(Coefficients):
     tanh_scale: float = 4.0   # c in tanh(c · a · ‖W_dec‖)
     preact: float = 0.0       # λ_p, the pre-activation penalty (JumpReLU)
+    layers: tuple[float, ...] | None = None  # one sparsity coefficient per layer (target-L0 mode); None: `sparsity`
+
+    def layer(self, l: int) -> float:
+        return self.sparsity if self.layers is None else self.layers[l]
 
 
 def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Tensor, coef: CLTCoefficients,
@@ -75,7 +79,7 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
         y_flat = y_flat + F.pad(out, (l * d, 0))
         fires.append(torch.bincount(kept.latents[acts > 0], minlength=n) if sparse else torch.count_nonzero(acts, dim=0))
         if arch in ("jumprelu", "relu"):
-            sparsity = sparsity + coef.sparsity * torch.tanh(coef.tanh_scale * acts * norm).sum() / rows
+            sparsity = sparsity + coef.layer(l) * torch.tanh(coef.tanh_scale * acts * norm).sum() / rows
         if arch == "jumprelu" and coef.preact:
             sparsity = sparsity + coef.preact * ((clt.threshold[l] - pre).relu() * norms[l]).sum() / rows
         layer_acts.append(acts)
@@ -154,6 +158,17 @@ def init_from_data(clt: CrossLayerTranscoder, sample: dict[str, torch.Tensor], n
         if cfg.architecture == "jumprelu":
             clt.threshold[l].fill_(init_threshold)
     return s_in, s_out
+
+
+@torch.no_grad()
+def start_at_l0(clt: CrossLayerTranscoder, sample: dict[str, torch.Tensor], in_scales: list[float], targets: list[float]) -> None:
+    """Target-L0 mode: each layer's encoder bias lowered so that every latent fires on target_l / d_sae of
+    the sample's rows (target_l0.cut_for_l0): the CLT starts at its target L0 per layer."""
+    from circuitlab.dictionaries.target_l0 import ROWS_FOR_CUT, cut_for_l0
+
+    xs, _ = stack_layers(clt.cfg, sample, clt.device)
+    for l, (scale, target) in enumerate(zip(in_scales, targets)):
+        clt.b_enc[l].sub_(cut_for_l0(clt.pre_acts(xs[:ROWS_FOR_CUT, l] * scale, l), target))
 
 
 def stack_layers(cfg: CLTConfig, batch: dict[str, torch.Tensor], device: torch.device | str = "cpu"

@@ -17,6 +17,16 @@ coefficient overshoots while the dictionary lags behind it (Adam moves the weigh
 and a ReLU dictionary pushed far past its target has its latents die, never to fire again. It
 knows nothing of the architecture: the trainer calls coefficient() and update(); the state is a few
 numbers, checkpointed with the trainer (state_dict / load_state_dict), so resuming stays exact.
+
+Where training starts matters as much as the steering. A dictionary initialised the usual way (zero
+encoder bias, a JumpReLU threshold near 0) fires half its latents on every row; the bias or threshold
+that brings it down to a few per row is a few units of the pre-activations away, and Adam at the
+dictionary's learning rate moves it ~1e-3 per step, so the whole run is spent dense, where latents do
+not specialise (measured on planted features: ReLU mean max cosine 0.47 after 400 steps, 0.99 at the
+same L0 from the start below). So `cut_for_l0` gives each latent the encoder bias that makes it fire on
+target / d_sae of the rows at initialisation: the dictionary starts at the target L0 and the
+controller only has to hold it there (the trainer subtracts it from b_enc; ReLU then shrinks by it,
+JumpReLU's threshold starts near 0 and takes over as the coefficient pushes it up).
 """
 from __future__ import annotations
 
@@ -80,3 +90,18 @@ class L0Controller:
         self.log_coeff = state["log_coeff"].to(torch.float64).clone()
         self.log_avg = state["log_avg"].to(torch.float64).clone()
         self.log_l0_start = state["log_l0_start"].to(torch.float64).clone()
+
+
+ROWS_FOR_CUT = 4096  # rows of the first chunk the initial cut looks at
+
+
+@torch.no_grad()
+def cut_for_l0(pre: torch.Tensor, target: float) -> torch.Tensor:
+    """[d_sae] per latent, the value its pre-activations pre [rows, d_sae] exceed on target / d_sae of
+    the rows (the (1 - target/d_sae) quantile, by kthvalue: torch.quantile refuses large inputs).
+    b_enc − cut fires each latent on that fraction: L0 = target on these rows."""
+    rows, d_sae = pre.shape
+    above = min(max(round(rows * target / d_sae), 1), rows)   # rows each latent should fire on
+    if above == rows:
+        return pre.min(0).values - 1
+    return pre.kthvalue(rows - above, dim=0).values            # `above` rows lie above the (rows − above)-th smallest
