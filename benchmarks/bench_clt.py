@@ -27,29 +27,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from typing import Any
 
 import torch
 
+from _timing import peak_rss_kib, round_robin  # benchmarks/_timing.py (this folder is on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def round_robin(fns: dict, repeats: int) -> dict[str, float]:
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _planted(L: int, d: int, d_sae: int):
@@ -138,13 +126,6 @@ def throughput(L: int, d: int, d_sae: int, k: int, batch: int, steps: int, repea
 
 # ---------------------------------------------------------------------------- memory (fresh processes)
 
-def _peak_rss_kib() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
-
-
 def _child_train(kind: str, L: int, d: int, d_sae: int, k: int, batch: int, steps: int, cache: str | None) -> None:
     """In a fresh process: train `steps` steps; print RSS before training and the peak (KiB)."""
     from circuitlab.dictionaries.store import ActivationStore, CachedActivations
@@ -157,7 +138,7 @@ def _child_train(kind: str, L: int, d: int, d_sae: int, k: int, batch: int, step
     if kind == "sparsify":
         side = _Sparsify(L, d, d_sae, k, _planted(L, d, 4) if cache else source)
         first = store.next_batch()
-        before = _peak_rss_kib()
+        before = peak_rss_kib()
         side.step(first)
         for _ in range(steps - 1):
             side.step(store.next_batch())
@@ -165,11 +146,11 @@ def _child_train(kind: str, L: int, d: int, d_sae: int, k: int, batch: int, step
         trainer = _ours(L, d, d_sae, k, batch, kind, source if not cache else _planted(L, d, 4))
         trainer.store = store
         first = store.next_batch()
-        before = _peak_rss_kib()
+        before = peak_rss_kib()
         trainer.train_step(first)
         for _ in range(steps - 1):
             trainer.train_step(store.next_batch())
-    print(before, _peak_rss_kib(), steps)
+    print(before, peak_rss_kib(), steps)
 
 
 def _run_child(*args: Any) -> tuple[float, float]:

@@ -29,17 +29,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from _timing import peak_rss_kib, round_robin  # benchmarks/_timing.py (this folder is on sys.path)
 
 SIZES = {  # d_in, d_sae, k, batch, steps per repeat, repeats
     "full": {"train": (512, 4096, 32, 1024, 4, 5), "model": ("quick", 32, 256),
@@ -48,19 +47,6 @@ SIZES = {  # d_in, d_sae, k, batch, steps per repeat, repeats
               "memory": (256, 256, 16, 1024, 4096, 4)},
 }
 # memory: d_in, d_sae, k, batch, rows per shard, shards at 1x (10x has ten times as many)
-
-
-def round_robin(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median seconds per call of each function, timed in turn after one warm-up call each."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 # ---------------------------------------------------------------------------- 1. training throughput
@@ -247,18 +233,6 @@ def _write_cache(folder: str, d: int, rows_per_shard: int, shards: int) -> None:
     cache_activations(_Random(d, rows_per_shard), folder, shards, progress=False)
 
 
-def _peak_rss_kib() -> int:
-    """This process's peak RSS in KiB. /proc's VmHWM starts afresh at exec; ru_maxrss does not on Linux
-    (it keeps the forking parent's RSS), which would hide the child's own peak under the parent's."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
 def _train_from_cache(folder: str, d_in: int, d_sae: int, k: int, batch: int) -> None:
     """In a fresh process: train one epoch over the cache; print the RSS before training and the peak (KiB)."""
     from circuitlab.dictionaries import DictionaryConfig
@@ -269,9 +243,9 @@ def _train_from_cache(folder: str, d_in: int, d_sae: int, k: int, batch: int) ->
     cfg = DictionaryConfig("topk", d_in=d_in, d_sae=d_sae, k=k, hook_name="x")
     steps = source.manifest["splits"]["train"]["rows"] // batch
     trainer = DictionaryTrainer([cfg], DictTrainConfig(steps=steps, batch_size=batch), ActivationStore(source, batch))
-    before = _peak_rss_kib()
+    before = peak_rss_kib()
     trainer.fit(progress=False)
-    print(before, _peak_rss_kib(), steps)
+    print(before, peak_rss_kib(), steps)
 
 
 def peak_memory(d: int, d_sae: int, k: int, batch: int, rows_per_shard: int, shards: int) -> dict[str, float]:

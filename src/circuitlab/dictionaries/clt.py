@@ -29,6 +29,7 @@ from torch import nn
 
 from circuitlab.atomic import atomic_dir
 import circuitlab.dictionaries.clt_formats as clt_formats
+from circuitlab.dictionaries.module import DictionaryModule
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
 from circuitlab.errors import CircuitlabError
 
@@ -41,7 +42,7 @@ def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     return t / t.flatten(1).norm(dim=-1).clamp(min=1e-12)[:, None, None]
 
 
-class CrossLayerTranscoder(nn.Module):
+class CrossLayerTranscoder(DictionaryModule):
     """Per layer l: W_enc[l] [d_model, d_sae], b_enc[l] [d_sae], W_dec[l] [d_sae, T_l, d_model] (T_l = L - l
     blocks for layers l..L-1; 1 when tied), b_dec[l] [d_model] (of output layer l), threshold[l] [d_sae]
     (JumpReLU, BatchTopK), W_skip[l] [d_model, d_model] (skip).
@@ -209,18 +210,6 @@ class CrossLayerTranscoder(nn.Module):
             new.b_dec[l].div_(out_scales[l])
             if self.cfg.skip:
                 new.W_skip[l].mul_(in_scales[l] / out_scales[l])
-        return new
-
-    def for_inference(self) -> "CrossLayerTranscoder":
-        """BatchTopK becomes the JumpReLU it is at inference (same weights, its thresholds); others unchanged."""
-        if self.cfg.architecture != "batchtopk":
-            return self
-        meta = {**self.cfg.metadata, "trained_as": "batchtopk", "k": self.cfg.k}
-        return self._copy_with(self.cfg.replace(architecture="jumprelu", k=None, metadata=meta))
-
-    def _copy_with(self, cfg: CLTConfig) -> "CrossLayerTranscoder":
-        new = CrossLayerTranscoder(cfg).to(device=self.device, dtype=self.dtype)
-        new.load_state_dict(self.state_dict())
         return new
 
     def extra_repr(self) -> str:

@@ -25,6 +25,7 @@ from torch import nn
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.dictionaries.config import DictionaryConfig
+from circuitlab.dictionaries.module import DictionaryModule
 from circuitlab.errors import CircuitlabError
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
@@ -36,7 +37,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch
 LOAD_ANY: list[Callable[..., Any]] = []
 
 
-class SparseDictionary(nn.Module):
+class SparseDictionary(DictionaryModule):
     """W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out]
     (+ threshold [d_sae] for JumpReLU and BatchTopK, W_skip [d_in, d_out] for a skip transcoder).
 
@@ -128,18 +129,6 @@ class SparseDictionary(nn.Module):
         new.b_dec.div_(out_scale)
         if self.cfg.skip:
             new.W_skip.mul_(in_scale / out_scale)
-        return new
-
-    def for_inference(self) -> "SparseDictionary":
-        """BatchTopK becomes the JumpReLU it is at inference (same weights, its threshold); others unchanged."""
-        if self.cfg.architecture != "batchtopk":
-            return self
-        meta = {**self.cfg.metadata, "trained_as": "batchtopk", "k": self.cfg.k}
-        return self._copy_with(self.cfg.replace(architecture="jumprelu", k=None, metadata=meta))
-
-    def _copy_with(self, cfg: DictionaryConfig) -> "SparseDictionary":
-        new = SparseDictionary(cfg).to(device=self.device, dtype=self.W_enc.dtype)
-        new.load_state_dict(self.state_dict())
         return new
 
     # ------------------------------------------------------------------ disk
