@@ -5,7 +5,12 @@ import argparse
 
 HELP = ("attribution graph of a next-token prediction: transcoder features, error and token nodes, logits; "
         "pruned, scored, written for Neuronpedia's viewer (also: --checkpoint DIR --transcoders DIR --prompt TEXT)")
-EXAMPLE = "circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted"
+EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted   "
+           "(the graphs demo: circuitlab graph demo --help)")
+DEMO_HELP = ("graphs demo: train a 2-layer MLP model on the stories and its transcoders, then explain three "
+             "predictions (a repeated name, two memorised phrases) with attribution graphs, each tested by an "
+             "intervention (~3 min scaled to a 150 GFLOP/s machine)")
+DEMO_EXAMPLE = "circuitlab graph demo --out runs/graphs   (continue an interrupted one: add --resume)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "circuit-tracer's cross_layer_transcoder layout or sparsify's)")
     p.add_argument("--planted", action="store_true",
                    help="use the built-in forged model whose MLPs are planted features (tokens x A B Z y)")
-    p.add_argument("--prompt", required=True, help="the text whose next-token prediction the graph explains")
+    p.add_argument("--prompt", default=None, help="the text whose next-token prediction the graph explains (required)")
     p.add_argument("--target", default=None, help="explain this token (one token) instead of the top predictions")
     p.add_argument("--foil", default=None, help="with --target: explain the logit difference target - foil")
     p.add_argument("--node-threshold", type=finite_float, default=0.8,
@@ -39,10 +44,56 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
                                                        "is set aside as OUT.<time>")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier graph in --out instead")
+    from circuitlab.commands import add_subcommands
+
+    add_subcommands(p, {"demo": (DEMO_HELP, DEMO_EXAMPLE, add_demo_arguments, run_demo)}, "graph")
+
+
+def add_demo_arguments(p: argparse.ArgumentParser) -> None:
+    from circuitlab.commands._args import positive_int
+
+    p.add_argument("--out", default="runs/graphs", help="output directory (an earlier graphs demo there is kept, "
+                                                        "renamed; default runs/graphs)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted demo in --out: finished stages are reused, the rest resumes")
+    p.add_argument("--transcoders", choices=("per-layer", "clt"), default="per-layer",
+                   help="a TopK transcoder per MLP (default) or one TopK cross-layer transcoder")
+    p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the model (default 600)")
+    p.add_argument("--transcoder-steps", type=positive_int, default=None,
+                   help="training steps of the transcoders (default 400)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from circuitlab.experiments.graphs_demo import GraphsDemoOptions, run_graphs_demo
+    from circuitlab.perf import REFERENCE_GFLOPS
+
+    opts = GraphsDemoOptions(out=Path(args.out), transcoders=args.transcoders, resume=args.resume,
+                             progress=not args.no_progress)
+    if args.model_steps is not None:
+        opts.model_steps = args.model_steps
+    if args.transcoder_steps is not None:
+        opts.transcoder_steps = args.transcoder_steps
+    result = run_graphs_demo(opts)
+    print()
+    print((result.out / "report.md").read_text())
+    print(f"wrote {result.out}/: report.html, report.md, results.json, graphs/ (one folder per graph), model/, "
+          "transcoders/")
+    print(f"wall time {result.wall_seconds['total']:.1f} s at {result.gflops:.0f} GFLOP/s (fp32 matmul, measured "
+          f"before and after); {result.scaled_seconds:.1f} s scaled to a {REFERENCE_GFLOPS:.0f} GFLOP/s machine")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     from circuitlab.errors import InputError
+
+    if getattr(args, "_graph_run", None) is not None:   # a subcommand (demo)
+        return args._graph_run(args)
+    if args.prompt is None:
+        raise InputError("give --prompt TEXT (the text whose next token the graph explains), or run the demo: "
+                         "circuitlab graph demo")
     from circuitlab.experiments.graph import graph_experiment
     from circuitlab.graphs import Transcoders
     from circuitlab.graphs.graph import check_threshold

@@ -1,0 +1,583 @@
+"""The graphs demo (`circuitlab graph demo`): attribution graphs of a model we train, each story tested.
+
+Trains a 2-layer transformer with MLPs on the built-in stories (a curriculum of tiled random segments
+first, so that induction heads form), trains a transcoder per MLP (or one cross-layer transcoder), and
+builds the attribution graph of three predictions with a known mechanism:
+
+    name    a made-up name repeated from earlier in the story ("... named Kilomo. ... One day, Kilo" -> "mo"):
+            only the earlier mention can tell the model how the name goes on;
+    phrase  "Once upon a" -> " time" and "... were best" -> " friends": fixed phrases the model memorised.
+
+For each graph it measures the replacement and completeness scores, which prompt positions the
+prediction's influence comes from, which features carry it, and runs ONE intervention that tests the
+story: the features with the most influence on the predicted token are zeroed, in the replacement model
+and in the real model (attention free), beside a control that zeroes as many other active features.
+Writes report.md, report.html and results.json; every sentence of the report is computed from the numbers
+in results.json (GraphFinding.sentences, GraphsDemoResult.summary).
+
+    result = run_graphs_demo(GraphsDemoOptions(out=Path("runs/graphs")))
+    result.summary()                  # the report's sentences
+"""
+from __future__ import annotations
+
+import html
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.errors import InputError
+
+KINDS = ("per-layer", "clt")
+N_ABLATED = 5          # features zeroed by each graph's intervention (the most influential ones)
+CONFIRMS = 0.5         # the intervention confirms the story when it removes at least this share of p(target)...
+CONTROL_AT_MOST = 0.5  # ...and the control removes at most this share of what the intervention removed
+NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
+                 "every day. One day, {name}")
+PHRASES = (("once-upon-a-time", "Once upon a time"),
+           ("best-friends", "Once upon a time, there was a boy named Tom. Tom had a friend named Bo. "
+                            "From that day on, Tom and Bo were best friends"))
+
+
+@dataclass
+class GraphsDemoOptions:
+    """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs/graphs.md)."""
+
+    out: Path = Path("runs/graphs")
+    model_steps: int = 600
+    segment_steps: int = 300      # first steps on tiled random segments only (induction heads form there)
+    model_batch: int = 64         # sequences of 64 tokens per model step
+    d_mlp: int = 512
+    transcoders: str = "per-layer"
+    d_sae: int = 1024             # features per layer
+    k: int = 16                   # active features per token and layer (TopK)
+    transcoder_steps: int = 400
+    transcoder_batch: int = 1024  # activation rows per transcoder step
+    n_names: int = 12             # made-up names tried for the name prompt (the best-completed one is shown)
+    n_stories: int = 6000
+    seed: int = 0
+    resume: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.transcoders not in KINDS:
+            raise InputError(f"transcoders must be one of {', '.join(KINDS)}, got {self.transcoders!r}")
+
+
+@dataclass
+class Ablation:
+    """One intervention: features zeroed at their positions and p(target) before and after, in the
+    replacement model and in the real model (attention free), with a control of as many other features."""
+
+    features: list[str]
+    p_before: float
+    p_replacement: float
+    p_model: float
+    p_control: float
+    control: list[str] = field(default_factory=list)
+    top_after: str = ""           # the real model's top prediction after the intervention
+
+    @property
+    def drop(self) -> float:
+        """Share of p(target) the intervention removes in the real model."""
+        return 1 - self.p_model / self.p_before if self.p_before > 0 else 0.0
+
+    @property
+    def control_drop(self) -> float:
+        return 1 - self.p_control / self.p_before if self.p_before > 0 else 0.0
+
+    @property
+    def confirms(self) -> bool:
+        return self.drop >= CONFIRMS and self.control_drop <= CONTROL_AT_MOST * self.drop
+
+
+@dataclass
+class GraphFinding:
+    """One prompt's graph in numbers; sentences() says them in words."""
+
+    slug: str
+    mechanism: str                # "name" or "phrase"
+    prompt: str
+    target: str
+    p_target: float
+    rank: int                     # of the target among the model's predictions (1 = top)
+    top_prediction: str
+    scores: dict[str, float]      # replacement, completeness
+    n_active_features: int
+    pruned: dict[str, int]        # nodes, features, edges
+    focus: str                    # what the focus positions are ("the earlier mentions of 'Kilomo'")
+    focus_positions: list[int]
+    token_share: dict[str, float]  # the token nodes' influence on the target: focus, last, other (sum 1)
+    logit_inputs: dict[str, float]  # the target logit's direct inputs by kind: feature, error, token (|Â| shares)
+    top_features: list[dict[str, Any]]
+    top_path: str
+    ablation: Ablation
+    p_without_context: float | None = None   # name: p(target) with the earlier mentions cut away
+    files: str = ""
+
+    def sentences(self) -> list[str]:
+        s, a = self.scores, self.ablation
+        out = [f"Prompt {self.prompt!r} → {self.target!r}: the model gives {self.target!r} probability "
+               f"{self.p_target:.2f}" + (" (its top prediction)." if self.rank == 1 else
+                                          f" (rank {self.rank}; its top prediction is {self.top_prediction!r}).")]
+        if self.p_without_context is not None:
+            depends = self.p_without_context < 0.5 * self.p_target
+            out.append(f"Without the earlier mentions (the last sentence alone) it gives {self.p_without_context:.2f}: "
+                       + ("the prediction comes from the context, not from the name's first piece alone."
+                          if depends else "the name's first piece predicts it about as well alone, so this "
+                                          "prompt does not test copying from earlier."))
+        errors = 1 - s["replacement"]
+        out.append(f"The graph has {self.n_active_features} active features; pruned, {self.pruned['features']} "
+                   f"feature nodes and {self.pruned['edges']} edges remain. Replacement score "
+                   f"{s['replacement']:.2f}, completeness {s['completeness']:.2f}: "
+                   + ("the transcoders' features explain most of the influence" if errors < 0.5 else
+                      "the error nodes (what the transcoders miss) carry most of the influence, so the features "
+                      "tell only part of the story") + ".")
+        focus, last = self.token_share["focus"], self.token_share["last"]
+        lead = (f"{self.focus[0].upper()}{self.focus[1:]} (positions {_positions(self.focus_positions)}) hold "
+                f"{focus:.0%} of the token nodes' influence on {self.target!r}, the last token {last:.0%}")
+        if self.mechanism == "name":
+            lead += (": the graph traces the prediction back to the earlier mention." if focus >= last else
+                     ": the graph traces the prediction mostly to the last token, not to the earlier mention.")
+        else:
+            lead += (": the graph traces the prediction to the phrase itself." if focus + last >= 0.5 else
+                     ": most of the influence comes from outside the phrase.")
+        out.append(lead)
+        li = self.logit_inputs
+        out.append(f"The logit's direct inputs: {li['feature']:.0%} from features, {li['error']:.0%} from error "
+                   f"nodes, {li['token']:.0%} straight from token embeddings (through attention).")
+        if self.top_path:
+            out.append(f"Strongest path: {self.top_path}.")
+        verdict = ("This confirms that these features carry the prediction." if a.confirms else
+                   "This does not confirm the story: " + (
+                       "the prediction survives without them (it flows through attention, the error nodes or "
+                       "other features)." if a.drop < CONFIRMS else
+                       "as many other active features matter about as much, so the graph did not single these out."))
+        out.append(f"Intervention: zeroing the {len(a.features)} features with the most influence "
+                   f"({', '.join(a.features)}) moves p({self.target!r}) from {a.p_before:.2f} to "
+                   f"{a.p_replacement:.2f} in the replacement model and to {a.p_model:.2f} in the real model "
+                   f"(attention free; now predicting {a.top_after!r}); zeroing {len(a.control)} other active features "
+                   f"of the same layers gives {a.p_control:.2f}. {verdict}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ablation"] = {**asdict(self.ablation), "drop": round(self.ablation.drop, 4),
+                         "control_drop": round(self.ablation.control_drop, 4), "confirms": self.ablation.confirms}
+        d["sentences"] = self.sentences()
+        return d
+
+
+@dataclass
+class GraphsDemoResult:
+    """What the demo found; to_dict() is results.json."""
+
+    out: Path | None
+    model: dict[str, Any]
+    transcoders: dict[str, Any]
+    graphs: list[GraphFinding]
+    wall_seconds: dict[str, float]
+    gflops: float
+    scaled_seconds: float
+
+    def summary(self) -> list[str]:
+        """The report's findings in words, each from the numbers above."""
+        md, tc = self.model, self.transcoders
+        kind = ("one cross-layer transcoder" if tc["kind"] == "clt" else f"a transcoder per MLP")
+        confirmed = [g.slug for g in self.graphs if g.ablation.confirms]
+        lines = [
+            f"A {md['n_layers']}-layer transformer with {md['d_mlp']}-neuron MLPs trained for {md['steps']} steps "
+            f"({md['tokens_seen']:,} tokens) on the built-in stories reached a validation loss of {md['val_loss']:.3f} nats.",
+            f"Its MLPs were replaced by {kind} ({tc['architecture']}, {tc['d_sae']:,} features per layer, "
+            f"k = {tc['k']}, with a linear skip), trained on {tc['tokens_trained']:,} activations: mean explained "
+            f"variance {tc['explained_variance']:.1%}; with every MLP replaced at once the loss goes from "
+            f"{tc['ce_loss_clean']:.3f} to {tc['ce_loss_spliced']:.3f} nats (MLPs zeroed: {tc['ce_loss_zero']:.3f}), "
+            f"{tc['ce_loss_recovered']:.1%} of the MLPs' contribution kept.",
+            f"{len(confirmed)} of the {len(self.graphs)} interventions confirm their graph's story"
+            + (f" ({', '.join(confirmed)})." if confirmed else "."),
+            f"The whole demo took {self.wall_seconds['total']:.0f} s here at {self.gflops:.0f} GFLOP/s, "
+            f"{self.scaled_seconds:.0f} s scaled to a 150 GFLOP/s machine.",
+        ]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"out": str(self.out), "model": self.model, "transcoders": self.transcoders,
+                "graphs": [g.to_dict() for g in self.graphs], "summary": self.summary(),
+                "wall_seconds": self.wall_seconds, "gflops": round(self.gflops, 1),
+                "scaled_seconds": round(self.scaled_seconds, 1)}
+
+    def _repr_html_(self) -> str:
+        items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary())
+        graphs = "".join(f"<h4>{html.escape(g.slug)}</h4><ul>"
+                         + "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences()) + "</ul>" for g in self.graphs)
+        return f"<ul>{items}</ul>{graphs}"
+
+
+def _positions(pos: list[int]) -> str:
+    return ", ".join(str(p) for p in pos)
+
+
+# ---------------------------------------------------------------------------- pipeline
+
+
+def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
+    from circuitlab.perf import matmul_gflops, scaled_seconds
+
+    out = _prepare(opts)
+    gflops_before = matmul_gflops()
+    t0 = time.time()
+    run = train_model(opts, out / "model")
+    t_model = time.time() - t0
+    model, tokenizer = run.model.eval(), run.tokenizer
+    tc, tc_info = train_transcoders(model, tokenizer, opts, out / "transcoders")
+    t_tc = time.time() - t0 - t_model
+    graphs = []
+    for spec in demo_prompts(model, tokenizer, opts):
+        graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress))
+    t_graphs = time.time() - t0 - t_model - t_tc
+    wall = time.time() - t0
+    gflops = (gflops_before + matmul_gflops()) / 2
+    result = GraphsDemoResult(
+        out, {"n_layers": model.cfg.n_layers, "d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
+              "val_loss": round(run.best_val_loss, 4), "params": model.num_params()},
+        tc_info, graphs, {"model": round(t_model, 1), "transcoders": round(t_tc, 1), "graphs": round(t_graphs, 1),
+                          "total": round(wall, 1)}, gflops, scaled_seconds(wall, gflops))
+    write_graphs_report(result)
+    return result
+
+
+def _prepare(opts: GraphsDemoOptions) -> Path:
+    """The out folder: with resume, an earlier (maybe interrupted) graphs demo there; otherwise an empty
+    folder, an earlier graphs demo being kept renamed and other files refused."""
+    out = Path(opts.out)
+    if opts.resume:
+        if not (out / "model").is_dir():
+            raise InputError(f"--resume: {out} holds no graphs demo to continue (no model/ folder); drop --resume")
+        return out
+    kept = set_aside(out, _is_graphs_demo_output, "graphs demo")
+    if kept is not None:
+        print(f"moved the previous graphs demo to {kept}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _is_graphs_demo_output(folder: Path) -> bool:
+    """A graphs demo's folder, complete or cut short: its results or one of its stages' folders."""
+    return any((folder / name).exists() for name in ("results.json", "report.md", "model", "transcoders", "graphs"))
+
+
+def _data_config(opts: GraphsDemoOptions) -> dict[str, Any]:
+    return {"source": "stories", "n_stories": opts.n_stories, "tokenizer": "bpe", "vocab_size": 512}
+
+
+def train_model(opts: GraphsDemoOptions, out: Path):
+    """The 2-layer model; resumes its checkpoint when opts.resume (a finished run is loaded as it is)."""
+    from circuitlab.training import RunConfig, load_checkpoint, train
+    from circuitlab.training.checkpoint import read_trainer_state
+
+    steps = opts.model_steps
+    cfg = RunConfig.from_dict({
+        "name": "graphs-model", "description": f"2-layer transformer with {opts.d_mlp}-neuron MLPs (graphs demo)",
+        "model": {"preset": "gpt2-tiny", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_mlp": opts.d_mlp},
+        "data": {**_data_config(opts), "random_segment_frac": 0.25, "segment_len": [4, 32], "segment_dist": "log",
+                 "segment_only_steps": min(opts.segment_steps, steps)},
+        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": 64, "lr": 1e-2, "weight_decay": 0.05,
+                  "warmup_steps": min(50, steps), "eval_every": max(1, steps // 2), "eval_batches": 4,
+                  "ckpt_every": max(1, steps // 6), "track_every": steps, "log_every": max(1, steps // 50),
+                  "seed": opts.seed}})
+    saved = (out / "checkpoint").is_dir() and opts.resume
+    if saved:
+        state = read_trainer_state(out / "checkpoint") or {}
+        if state.get("step", 0) >= steps:
+            print(f"the model in {out} already finished {steps} steps; reusing it")
+            model, tokenizer, _ = load_checkpoint(out / "checkpoint")
+            return _Finished(model, tokenizer, state)
+    print(f"training a 2-layer model with {opts.d_mlp}-neuron MLPs for {steps} steps"
+          + (" (resuming)" if saved else ""))
+    return train(cfg, out, resume=saved, progress=opts.progress)
+
+
+@dataclass
+class _Finished:
+    """A model run finished earlier (what train() would return, from its checkpoint's state)."""
+
+    model: Any
+    tokenizer: Any
+    state: dict[str, Any]
+
+    @property
+    def steps(self) -> int:
+        return int(self.state["step"])
+
+    @property
+    def tokens_seen(self) -> int:
+        return int(self.state["tokens_seen"])
+
+    @property
+    def best_val_loss(self) -> float:
+        return float(self.state["best_val_loss"])
+
+
+def train_transcoders(model, tokenizer, opts: GraphsDemoOptions, out: Path):
+    """TopK skip transcoders on every MLP (each reads blocks.L.ln2.hook_normalized, writes blocks.L.hook_mlp_out),
+    or one TopK cross-layer transcoder, trained from one stream of activations of the model's own corpus
+    (the trainer resumes its checkpoint in `out`). Returns (Transcoders, numbers for the report)."""
+    from circuitlab.data import build_data
+    from circuitlab.data.dataset import DataConfig
+    from circuitlab.dictionaries import CLTConfig, DictionaryConfig, base_model_id
+    from circuitlab.dictionaries.metrics import spliced_loss
+    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
+    from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
+    from circuitlab.graphs import Transcoders
+
+    L = model.cfg.n_layers
+    base = base_model_id(model, "graphs-model")
+    if opts.transcoders == "clt":
+        configs = [CLTConfig("topk", n_layers=L, d_model=model.cfg.d_model, d_sae=opts.d_sae, k=opts.k, skip=True,
+                             base_model=base, metadata={"name": "clt"})]
+        hooks = configs[0].hooks()
+    else:
+        configs = [DictionaryConfig("topk", d_in=model.cfg.d_model, d_sae=opts.d_sae, k=opts.k, skip=True,
+                                    hook_name=f"blocks.{l}.ln2.hook_normalized", out_hook_name=f"blocks.{l}.hook_mlp_out",
+                                    d_out=model.cfg.d_model, base_model=base, metadata={"name": f"transcoder-{l}"})
+                   for l in range(L)]
+        hooks = [h for c in configs for h in (c.hook_name, c.out_hook_name)]
+    data = build_data(DataConfig.from_dict(_data_config(opts)), tokenizer=tokenizer)
+    source = ModelActivations(model, hooks, data, seq_len=64, seqs_per_chunk=64, skip_positions=1)
+    steps = opts.transcoder_steps
+    train = DictTrainConfig(steps=steps, batch_size=opts.transcoder_batch, lr=1e-3, lr_warmup_steps=min(50, steps),
+                            dead_after=min(200, steps), eval_batches=2, log_every=max(1, steps // 20),
+                            ckpt_every=max(1, steps // 4), seed=opts.seed)
+    trainer = DictionaryTrainer(configs, train, ActivationStore(source, opts.transcoder_batch, seed=opts.seed),
+                                ActivationStore(source, opts.transcoder_batch, split="val"))
+    what = "a cross-layer transcoder" if opts.transcoders == "clt" else f"{L} per-layer transcoders"
+    print(f"training {what} ({opts.d_sae} TopK features per layer, k={opts.k}, with skip) for {steps} steps")
+    found = trainer.fit(out, progress=opts.progress)
+    dicts = found.dictionaries
+    tc = Transcoders.cross_layer(model, dicts[0]) if opts.transcoders == "clt" else Transcoders.per_layer(model, dicts)
+    tokens = data.get_batch("val", 0, 32, 64)
+    spliced = spliced_loss(model, dicts[0] if opts.transcoders == "clt" else list(dicts), tokens)
+    ev = sum(m.explained_variance for m in found.metrics) / len(found.metrics)
+    l0 = sum(m.l0 for m in found.metrics) / len(found.metrics)
+    info = {"kind": opts.transcoders, "architecture": "topk", "d_sae": opts.d_sae, "k": opts.k,
+            "tokens_trained": found.steps * opts.transcoder_batch, "folders": [str(f) for f in found.folders],
+            "explained_variance": round(ev, 4), "l0": round(l0, 2),
+            "ce_loss_clean": round(spliced.ce_clean, 4), "ce_loss_spliced": round(spliced.ce_spliced, 4),
+            "ce_loss_zero": round(spliced.ce_zero, 4), "ce_loss_recovered": round(spliced.ce_recovered, 4)}
+    return tc, info
+
+
+# ---------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class PromptSpec:
+    """A prompt (tokens [pos]) whose next token `target` has a known mechanism; focus: the positions the
+    story says the prediction comes from."""
+
+    slug: str
+    mechanism: str
+    tokens: list[int]
+    target: int
+    focus: str
+    focus_positions: list[int]
+    without_context: list[int] | None = None   # name: the last sentence alone (the same final tokens)
+
+
+def demo_prompts(model, tokenizer, opts: GraphsDemoOptions) -> list[PromptSpec]:
+    """The name prompt (of opts.n_names made-up names that split into several tokens the same way at every
+    mention, the one the model completes with the highest probability), then the fixed phrases."""
+    return [name_prompt(model, tokenizer, opts.n_names, opts.seed)] + [phrase_prompt(tokenizer, slug, text)
+                                                                        for slug, text in PHRASES]
+
+
+def name_prompt(model, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
+    from circuitlab.data.stories import make_name
+
+    rng = random.Random(f"graphs-demo-names:{seed}")
+    best, best_p = None, -1.0
+    tried = 0
+    while tried < n_names and tried < 1000:
+        name = make_name(rng)
+        while len(name) < 6:  # three syllables: several tokens
+            name = make_name(rng)
+        tried += 1
+        spec = _name_spec(tokenizer, name)
+        if spec is None or len(spec.tokens) + 1 > model.cfg.n_ctx:
+            continue
+        p = _probability(model, spec.tokens, spec.target)
+        if p > best_p:
+            best, best_p = spec, p
+    if best is None:
+        raise InputError("no made-up name splits into several tokens the same way at every mention")
+    return best
+
+
+def _name_spec(tokenizer, name: str) -> PromptSpec | None:
+    """The name template cut before the last mention's final token; None when the name is one token at the
+    end or is split differently at its mentions."""
+    text = NAME_TEMPLATE.format(name=name)
+    ids = tokenizer.encode(text)
+    head = tokenizer.encode(text[:-len(name) - 1])
+    if ids[:len(head)] != head:
+        return None
+    piece = ids[len(head):]               # the last mention's tokens
+    if len(piece) < 2 or tokenizer.decode(piece).strip() != name:
+        return None
+    earlier = [i for i in range(len(head) - len(piece) + 1) if ids[i:i + len(piece)] == piece]
+    if len(earlier) < 2:
+        return None
+    focus = [i + j for i in earlier for j in range(len(piece))]
+    alone = tokenizer.encode("One day," + text[-len(name) - 1:])
+    return PromptSpec("name", "name", ids[:-1], ids[-1], f"the earlier mentions of {name!r}", focus,
+                      alone[:-1] if alone[-len(piece):] == piece else None)
+
+
+def phrase_prompt(tokenizer, slug: str, text: str) -> PromptSpec:
+    ids = tokenizer.encode(text)
+    phrase = text.rsplit(". ", 1)[-1]      # the phrase: the last sentence
+    start = len(tokenizer.encode(text[:-len(phrase)])) if phrase != text else 0
+    words = tokenizer.decode(ids[start:-2])
+    return PromptSpec(slug, "phrase", ids[:-1], ids[-1], f"the phrase's earlier words {words.strip()!r}",
+                      list(range(start, len(ids) - 2)))   # the phrase before its last prompt token
+
+
+@torch.no_grad()
+def _probability(model, tokens: list[int], target: int) -> float:
+    return float(model(torch.tensor([tokens]))[0, -1].softmax(-1)[target])
+
+
+# ---------------------------------------------------------------------------- one graph
+
+
+def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: bool = True) -> GraphFinding:
+    """The graph of spec's target logit, its numbers, and the intervention that tests it; the graph's files
+    (graph/, graph.json for Neuronpedia's viewer, graph.svg, report.*) in out/<slug> when out is given."""
+    from circuitlab.experiments.graph import GraphRun, write_graph_run
+    from circuitlab.graphs import attribute
+    from circuitlab.graphs.graph import normalized
+
+    tokens = torch.tensor(spec.tokens)
+    prompt = tokenizer.decode(spec.tokens)
+    target = tokenizer.decode([spec.target])
+    graph = attribute(model, tc, tokens, targets=[spec.target], tokenizer=tokenizer, prompt=prompt,
+                      progress=progress, verbose=False)
+    pruned = graph.prune(0.8, 0.98)
+    with torch.no_grad():
+        probs = model(tokens[None])[0, -1].softmax(-1)
+    p = float(probs[spec.target])
+    rank = int((probs > probs[spec.target]).sum()) + 1
+    infl = graph.node_influence()
+    tok_infl = infl[graph.token_start:graph.logit_start].clamp(min=0)
+    total = float(tok_infl.sum()) or 1.0
+    last = graph.n_pos - 1
+    focus = sum(float(tok_infl[i]) for i in spec.focus_positions) / total
+    share = {"focus": round(focus, 4), "last": round(float(tok_infl[last]) / total, 4)}
+    share["other"] = round(max(0.0, 1 - share["focus"] - share["last"]), 4)
+    row = normalized(graph.adjacency.double())[graph.logit_start]
+    logit_inputs = {"feature": round(float(row[:graph.error_start].sum()), 4),
+                    "error": round(float(row[graph.error_start:graph.token_start].sum()), 4),
+                    "token": round(float(row[graph.token_start:graph.logit_start].sum()), 4)}
+    feat_infl = infl[:graph.n_features]
+    order = feat_infl.argsort(descending=True).tolist()
+    top = [i for i in order if feat_infl[i] > 0][:N_ABLATED]
+    top_features = [{"label": graph.label(i), "influence": round(float(feat_infl[i]), 4),
+                     "activation": round(float(graph.feature_activations[i]), 4),
+                     **dict(zip(("layer", "pos", "feature"), graph.features[i].tolist()))} for i in order[:8]]
+    paths = graph.top_paths(1, pruned)
+    ablation = ablate(model, tc, tokens, spec.target, graph, top, tokenizer)
+    finding = GraphFinding(
+        spec.slug, spec.mechanism, prompt, target, round(p, 4), rank, tokenizer.decode([int(probs.argmax())]),
+        {k: round(v, 4) for k, v in graph.scores().items()}, len(graph.active_features),
+        {"nodes": int(pruned.node_mask.sum()), "features": int(pruned.node_mask[:graph.n_features].sum()),
+         "edges": int(pruned.edge_mask.sum())},
+        spec.focus, spec.focus_positions, share, logit_inputs, top_features,
+        paths[0]["words"] if paths else "", ablation,
+        round(_probability(model, spec.without_context, spec.target), 4) if spec.without_context else None)
+    if out is not None:
+        run = GraphRun(graph, pruned, finding.sentences(), {"prompt": prompt, "graph": graph.summary(pruned),
+                                                            "top_paths": paths, "finding": finding.to_dict()})
+        run.data["top_paths"] = [{"strength": x["strength"], "words": x["words"]} for x in paths]
+        finding.files = str(write_graph_run(run, out / spec.slug, spec.slug, overwrite=True))
+    finding.graph, finding.pruned_mask = graph, pruned   # for the report's drawing (not in results.json)
+    return finding
+
+
+def ablate(model, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int], tokenizer) -> Ablation:
+    """Zero the feature nodes `nodes` at their positions: p(target) in the replacement model and the real
+    model (attention free); and the same with as many other active features of the same layers (seeded)."""
+    from circuitlab.graphs import Intervention, ReplacementModel
+
+    rm = ReplacementModel(model, tc, tokens)
+
+    def zero(rows: list[tuple[int, int, int]]) -> list[Intervention]:
+        return [Intervention(layer=l, feature=f, value=0.0, pos=p) for l, p, f in rows]
+
+    def p_of(logits: torch.Tensor) -> float:
+        return float(logits[0, -1].softmax(-1)[target])
+
+    chosen = [tuple(graph.features[i].tolist()) for i in nodes]
+    taken = set(chosen)
+    others = [tuple(r) for r in graph.active_features.tolist() if tuple(r) not in taken
+              and r[0] in {c[0] for c in chosen}]
+    control = random.Random(0).sample(others, min(len(chosen), len(others)))
+    base = rm.run()
+    replaced = rm.run(zero(chosen))
+    real = rm.run(zero(chosen), mode="model", freeze_attention=False)
+    ctrl = rm.run(zero(control), mode="model", freeze_attention=False)
+    label = lambda r: f"L{r[0]} F{r[2]} @{r[1]}"  # noqa: E731
+    return Ablation([label(r) for r in chosen], round(p_of(base.logits), 4), round(p_of(replaced.logits), 4),
+                    round(p_of(real.logits), 4), round(p_of(ctrl.logits), 4), [label(r) for r in control],
+                    tokenizer.decode([int(real.logits[0, -1].argmax())]))
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def write_graphs_report(result: GraphsDemoResult) -> None:
+    """report.md, report.html and results.json in result.out (each written atomically)."""
+    out = result.out
+    lines = ["# circuitlab graphs demo", ""] + result.summary()
+    for g in result.graphs:
+        lines += ["", f"## {g.slug}: {g.target!r} after {g.prompt[-40:]!r}", ""] + [f"- {s}" for s in g.sentences()]
+        lines += ["", f"Files: `{Path(g.files).relative_to(out) if g.files else ''}/` (graph.json opens in "
+                      "Neuronpedia's or circuit-tracer's viewer; graph.svg is the pruned graph)."]
+    lines += ["", "## Numbers", "", "| graph | p(target) | replacement | completeness | focus share | "
+              "p after intervention (real model) | control | confirms |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {g.slug} | {g.p_target:.3f} | {g.scores['replacement']:.3f} | {g.scores['completeness']:.3f} | "
+              f"{g.token_share['focus']:.3f} | {g.ablation.p_model:.3f} | {g.ablation.p_control:.3f} | "
+              f"{'yes' if g.ablation.confirms else 'no'} |" for g in result.graphs]
+    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
+    atomic_write_text(out / "report.html", report_html(result))
+
+
+def graph_view(graph, pruned) -> str:
+    """The drawing of one graph in report.html: the static SVG of graphs/draw.py."""
+    from circuitlab.graphs.draw import graph_svg
+
+    return f"<div class='graph'>{graph_svg(graph, pruned)}</div>"
+
+
+def report_html(result: GraphsDemoResult) -> str:
+    esc = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>circuitlab graphs demo</title>",
+             "<style>body{font-family:sans-serif;margin:2em;max-width:80em}.graph{overflow-x:auto;border:1px solid #ddd;"
+             "margin:1em 0}td,th{padding:2px 8px;text-align:left}li{margin:.3em 0}</style></head><body>",
+             "<h1>circuitlab graphs demo</h1><section id='summary'><ul>",
+             "".join(f"<li>{esc(s)}</li>" for s in result.summary()), "</ul></section>"]
+    for g in result.graphs:
+        parts.append(f"<section id='{esc(g.slug)}'><h2>{esc(g.slug)}: {esc(repr(g.target))}</h2>"
+                     f"<p>Prompt: <code>{esc(g.prompt)}</code></p><ul>"
+                     + "".join(f"<li>{esc(s)}</li>" for s in g.sentences()) + "</ul>")
+        graph = getattr(g, "graph", None)
+        if graph is not None:
+            parts.append(graph_view(graph, g.pruned_mask))
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "".join(parts)

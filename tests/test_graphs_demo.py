@@ -1,0 +1,145 @@
+"""The graphs demo end to end on a tiny budget (fast), its sentences from made-up numbers, resuming, and the
+real budget as a slow test."""
+import json
+import re
+
+import pytest
+
+from circuitlab.experiments.graphs_demo import (Ablation, GraphFinding, GraphsDemoOptions, GraphsDemoResult,
+                                                run_graphs_demo)
+
+TINY = dict(model_steps=3, segment_steps=1, model_batch=8, d_mlp=64, d_sae=64, k=4, transcoder_steps=4,
+            transcoder_batch=128, n_names=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("graphs") / "graphs"
+    return run_graphs_demo(GraphsDemoOptions(out=out, **TINY))
+
+
+def test_demo_writes_model_transcoders_graphs_and_reports(demo):
+    out = demo.out
+    r = json.loads((out / "results.json").read_text())
+    assert (out / "model" / "checkpoint").is_dir() and len(r["transcoders"]["folders"]) == 2
+    assert [g["slug"] for g in r["graphs"]] == ["name", "once-upon-a-time", "best-friends"]
+    assert r["summary"] == demo.summary()
+    report, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    for g, found in zip(r["graphs"], demo.graphs):
+        assert g["sentences"] == found.sentences() and all(s in report for s in found.sentences())
+        folder = out / "graphs" / g["slug"]
+        assert (folder / "graph.json").is_file() and (folder / "graph" / "graph.safetensors").is_file()
+        assert 0 <= g["scores"]["replacement"] <= 1 + 1e-6 and 0 <= g["p_target"] <= 1
+        assert abs(sum(g["token_share"].values()) - 1) < 1e-3
+        a = g["ablation"]
+        assert len(a["features"]) == len(a["control"]) <= 5 and a["p_before"] == pytest.approx(g["p_target"], abs=1e-3)
+    name = r["graphs"][0]
+    assert name["p_without_context"] is not None and len(name["focus_positions"]) >= 4   # two earlier mentions
+    assert re.findall(r"<section id='([^']+)'", page) == ["summary", "name", "once-upon-a-time", "best-friends"]
+    assert page.count("<svg") == 3 and "<script src" not in page
+    assert all(s in report for s in demo.summary())
+
+
+def test_the_replacement_model_run_reproduces_the_model(demo):
+    """p_before is measured in the replacement model (error terms included): it must equal the model's p."""
+    for g in demo.graphs:
+        assert g.ablation.p_before == pytest.approx(g.p_target, abs=1e-3)
+
+
+def test_resume_reuses_the_finished_stages(demo, capsys):
+    again = run_graphs_demo(GraphsDemoOptions(out=demo.out, resume=True, **TINY))
+    said = capsys.readouterr().out
+    assert "already finished 3 steps; reusing it" in said
+    assert again.model == demo.model and again.transcoders["tokens_trained"] == demo.transcoders["tokens_trained"]
+    assert [g.p_target for g in again.graphs] == [g.p_target for g in demo.graphs]
+
+
+def _finding(**change) -> GraphFinding:
+    values = dict(slug="name", mechanism="name", prompt="... One day, Kilo", target="mo", p_target=0.8, rank=1,
+                  top_prediction="mo", scores={"replacement": 0.7, "completeness": 0.9}, n_active_features=400,
+                  pruned={"nodes": 60, "features": 30, "edges": 200}, focus="the earlier mentions of 'Kilomo'",
+                  focus_positions=[8, 9, 11, 12], token_share={"focus": 0.6, "last": 0.3, "other": 0.1},
+                  logit_inputs={"feature": 0.3, "error": 0.2, "token": 0.5}, top_features=[],
+                  top_path="token 'mo' @9 -> logit 'mo'",
+                  ablation=Ablation(["L1 F3 @20"], 0.8, 0.1, 0.2, 0.75, ["L1 F9 @20"], " the"),
+                  p_without_context=0.05)
+    values.update(change)
+    return GraphFinding(**values)
+
+
+def test_sentences_follow_the_numbers():
+    text = " ".join(_finding().sentences())
+    assert "gives 'mo' probability 0.80 (its top prediction)" in text
+    assert "it gives 0.05: the prediction comes from the context" in text
+    assert "Replacement score 0.70, completeness 0.90: the transcoders' features explain most" in text
+    assert "(positions 8, 9, 11, 12) hold 60% of the token nodes' influence on 'mo', the last token 30%: the graph " \
+           "traces the prediction back to the earlier mention" in text
+    assert "30% from features, 20% from error nodes, 50% straight from token embeddings" in text
+    assert "moves p('mo') from 0.80 to 0.10 in the replacement model and to 0.20 in the real model" in text
+    assert "gives 0.75. This confirms that these features carry the prediction." in text
+    # flip each number: the sentence turns
+    flipped = " ".join(_finding(p_without_context=0.7, rank=3, top_prediction="the", scores={
+        "replacement": 0.3, "completeness": 0.5}, token_share={"focus": 0.2, "last": 0.7, "other": 0.1}).sentences())
+    assert "(rank 3; its top prediction is 'the')" in flipped
+    assert "does not test copying from earlier" in flipped
+    assert "the error nodes (what the transcoders miss) carry most of the influence" in flipped
+    assert "mostly to the last token, not to the earlier mention" in flipped
+    survives = " ".join(_finding(ablation=Ablation(["L1 F3 @20"], 0.8, 0.7, 0.7, 0.8, ["x"], "mo")).sentences())
+    assert "does not confirm the story: the prediction survives without them" in survives
+    control = " ".join(_finding(ablation=Ablation(["L1 F3 @20"], 0.8, 0.1, 0.2, 0.3, ["x"], "the")).sentences())
+    assert "as many other active features matter about as much" in control
+    phrase = _finding(mechanism="phrase", p_without_context=None, focus="the phrase's earlier words 'Once upon'",
+                      token_share={"focus": 0.3, "last": 0.1, "other": 0.6})
+    assert "most of the influence comes from outside the phrase" in " ".join(phrase.sentences())
+    assert "Without the earlier" not in " ".join(phrase.sentences())
+    phrase.token_share = {"focus": 0.3, "last": 0.3, "other": 0.4}
+    assert "traces the prediction to the phrase itself" in " ".join(phrase.sentences())
+
+
+def test_summary_follows_the_numbers():
+    result = GraphsDemoResult(
+        out=None, model={"n_layers": 2, "d_mlp": 512, "steps": 600, "tokens_seen": 2_457_600, "val_loss": 1.5},
+        transcoders={"kind": "per-layer", "architecture": "topk", "d_sae": 1024, "k": 16, "tokens_trained": 409_600,
+                     "explained_variance": 0.81, "ce_loss_clean": 1.5, "ce_loss_spliced": 1.6, "ce_loss_zero": 3.0,
+                     "ce_loss_recovered": 0.933},
+        graphs=[_finding(), _finding(slug="b", ablation=Ablation(["x"], 0.8, 0.7, 0.7, 0.8, ["y"], "mo"))],
+        wall_seconds={"total": 400.0}, gflops=60.0, scaled_seconds=160.0)
+    text = " ".join(result.summary())
+    assert "replaced by a transcoder per MLP (topk, 1,024 features per layer" in text
+    assert "mean explained variance 81.0%" in text and "93.3% of the MLPs' contribution kept" in text
+    assert "1 of the 2 interventions confirm their graph's story (name)." in text
+    assert "160 s scaled to a 150 GFLOP/s machine" in text
+    result.transcoders["kind"] = "clt"
+    assert "replaced by one cross-layer transcoder" in " ".join(result.summary())
+
+
+def test_the_command_has_a_demo_and_still_needs_a_prompt_without_it(capsys):
+    from circuitlab.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["graph", "demo", "--help"])
+    assert "circuitlab graph demo --out runs/graphs" in capsys.readouterr().out
+    assert main(["graph", "--planted"]) == 2
+    assert "give --prompt TEXT" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_graph_demo_command_at_its_real_budget(tmp_path):
+    """`circuitlab graph demo` as a user runs it. Measured: see docs/graphs.md (the graphs demo)."""
+    from circuitlab.cli import main
+
+    out = tmp_path / "graphs"
+    assert main(["graph", "demo", "--out", str(out), "--no-progress"]) == 0
+    r = json.loads((out / "results.json").read_text())
+    assert r["scaled_seconds"] <= 180, r["wall_seconds"]                # the budget (150 GFLOP/s machine)
+    assert r["transcoders"]["ce_loss_recovered"] >= 0.8, r["transcoders"]
+    by = {g["slug"]: g for g in r["graphs"]}
+    name, once = by["name"], by["once-upon-a-time"]
+    assert name["p_target"] >= 0.3 and name["p_without_context"] < 0.5 * name["p_target"], name
+    assert once["p_target"] >= 0.9 and once["rank"] == 1, once
+    for g in r["graphs"]:
+        assert g["scores"]["replacement"] >= 0.5 and g["scores"]["completeness"] >= 0.7, (g["slug"], g["scores"])
+    assert name["token_share"]["focus"] >= 0.3, name["token_share"]
+    assert sum(g["ablation"]["confirms"] for g in r["graphs"]) >= 2, [g["ablation"] for g in r["graphs"]]
+    report = (out / "report.md").read_text()
+    assert all(s in report for g in r["graphs"] for s in g["sentences"])
