@@ -19,9 +19,10 @@ def code_cells(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
-def test_the_four_tutorials_exist_and_are_stored_without_outputs():
+def test_the_five_tutorials_exist_and_are_stored_without_outputs():
     assert NAMES == ["01_induction_heads_from_scratch.ipynb", "02_transformer_by_hand.ipynb",
-                     "03_attention_heads_are_additive.ipynb", "04_toolbox_on_one_model.ipynb"]
+                     "03_attention_heads_are_additive.ipynb", "04_toolbox_on_one_model.ipynb",
+                     "05_attribution_graphs_of_a_trained_model.ipynb"]
     for name in NAMES:
         nb = load(name)
         nbformat.validate(nb)
@@ -102,3 +103,14 @@ def test_toolbox_notebook(tmp_path):
     p, loss = r["steer_p_char"], r["steer_loss"]       # coefs 0, 2, 4, 8 along one feature
     assert all(a < b for a, b in zip(p, p[1:])) and p[-1] > 1.5 * p[0], p
     assert loss[-1] > loss[0]                           # steering has a cost, and the cell reports it
+
+
+@pytest.mark.slow
+def test_attribution_graphs_notebook(tmp_path):
+    r = execute("05_attribution_graphs_of_a_trained_model.ipynb", tmp_path)
+    assert r["ce_loss_recovered"] > 0.8
+    assert r["name_p"] > 0.3 and r["name_p_alone"] < 0.5 * r["name_p"]          # copied from the earlier mention
+    assert r["name_replacement"] > 0.5 and r["name_completeness"] > 0.7
+    assert r["name_focus_share"] > 0.3
+    assert r["name_p_ablated"] < 0.5 * r["name_p"] < r["name_p_control"]         # the graph's features carry it
+    assert r["once_p"] > 0.9 and r["once_replacement"] > 0.5

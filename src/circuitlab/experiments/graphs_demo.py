@@ -275,13 +275,13 @@ def _data_config(opts: GraphsDemoOptions) -> dict[str, Any]:
     return {"source": "stories", "n_stories": opts.n_stories, "tokenizer": "bpe", "vocab_size": 512}
 
 
-def train_model(opts: GraphsDemoOptions, out: Path):
-    """The 2-layer model; resumes its checkpoint when opts.resume (a finished run is loaded as it is)."""
-    from circuitlab.training import RunConfig, load_checkpoint, train
-    from circuitlab.training.checkpoint import read_trainer_state
+def model_run_config(opts: GraphsDemoOptions):
+    """The model's RunConfig: 2 layers, d_model 128, 4 heads, opts.d_mlp-neuron GELU MLPs, LayerNorm; the stories
+    with tiled random segments (all of the first opts.segment_steps steps, then a quarter of the rows)."""
+    from circuitlab.training import RunConfig
 
     steps = opts.model_steps
-    cfg = RunConfig.from_dict({
+    return RunConfig.from_dict({
         "name": "graphs-model", "description": f"2-layer transformer with {opts.d_mlp}-neuron MLPs (graphs demo)",
         "model": {"preset": "gpt2-tiny", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_mlp": opts.d_mlp},
         "data": {**_data_config(opts), "random_segment_frac": 0.25, "segment_len": [4, 32], "segment_dist": "log",
@@ -290,6 +290,14 @@ def train_model(opts: GraphsDemoOptions, out: Path):
                   "warmup_steps": min(50, steps), "eval_every": max(1, steps // 2), "eval_batches": 4,
                   "ckpt_every": max(1, steps // 6), "track_every": steps, "log_every": max(1, steps // 50),
                   "seed": opts.seed}})
+
+
+def train_model(opts: GraphsDemoOptions, out: Path):
+    """The 2-layer model; resumes its checkpoint when opts.resume (a finished run is loaded as it is)."""
+    from circuitlab.training import load_checkpoint, train
+    from circuitlab.training.checkpoint import read_trainer_state
+
+    steps, cfg = opts.model_steps, model_run_config(opts)
     saved = (out / "checkpoint").is_dir() and opts.resume
     if saved:
         state = read_trainer_state(out / "checkpoint") or {}
