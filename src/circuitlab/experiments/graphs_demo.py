@@ -553,6 +553,8 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
     lines = ["# circuitlab graphs demo", ""] + result.summary()
     for g in result.graphs:
         lines += ["", f"## {g.slug}: {g.target!r} after {g.prompt[-40:]!r}", ""] + [f"- {s}" for s in g.sentences()]
+        lines += ["", "| feature node | influence on the logit | activation |", "|---|---|---|"]
+        lines += [f"| {f['label']} | {f['influence']:.3f} | {f['activation']:.3g} |" for f in g.top_features]
         lines += ["", f"Files: `{Path(g.files).relative_to(out) if g.files else ''}/` (graph.json opens in "
                       "Neuronpedia's or circuit-tracer's viewer; graph.svg is the pruned graph)."]
     lines += ["", "## Numbers", "", "| graph | p(target) | replacement | completeness | focus share | "
