@@ -9,7 +9,7 @@ from circuitlab.experiments.graphs_demo import (Ablation, GraphFinding, GraphsDe
                                                 run_graphs_demo)
 
 TINY = dict(model_steps=3, segment_steps=1, model_batch=8, d_mlp=64, d_sae=64, k=4, transcoder_steps=4,
-            transcoder_batch=128, n_names=3, progress=False)
+            transcoder_batch=128, n_names=3, dashboard_tokens=256, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,9 @@ def test_demo_writes_model_transcoders_graphs_and_reports(demo):
     name = r["graphs"][0]
     assert name["p_without_context"] is not None and len(name["focus_positions"]) >= 4   # two earlier mentions
     assert re.findall(r"<section id='([^']+)'", page) == ["summary", "name", "once-upon-a-time", "best-friends"]
-    assert page.count("<svg") == 3 and "<script src" not in page
+    assert page.count("class='clgv'") == 3 and "<script src" not in page      # the viewer, once per graph, offline
+    cards = json.loads((out / "graphs" / "name" / "results.json").read_text())
+    assert cards["finding"]["sentences"] == demo.graphs[0].sentences()
     assert all(s in report for s in demo.summary())
 
 

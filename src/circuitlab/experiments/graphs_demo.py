@@ -59,6 +59,7 @@ class GraphsDemoOptions:
     transcoder_steps: int = 400
     transcoder_batch: int = 1024  # activation rows per transcoder step
     n_names: int = 12             # made-up names tried for the name prompt (the best-completed one is shown)
+    dashboard_tokens: int = 4096  # held-out story tokens for the viewer's feature cards (0: none)
     n_stories: int = 6000
     seed: int = 0
     resume: bool = False
@@ -238,7 +239,8 @@ def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
     t_tc = time.time() - t0 - t_model
     graphs = []
     for spec in demo_prompts(model, tokenizer, opts):
-        graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress))
+        graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress,
+                              dashboard_tokens=opts.dashboard_tokens))
     t_graphs = time.time() - t0 - t_model - t_tc
     wall = time.time() - t0
     gflops = (gflops_before + matmul_gflops()) / 2
@@ -463,10 +465,12 @@ def _probability(model, tokens: list[int], target: int) -> float:
 # ---------------------------------------------------------------------------- one graph
 
 
-def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: bool = True) -> GraphFinding:
+def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: bool = True,
+            dashboard_tokens: int = 0) -> GraphFinding:
     """The graph of spec's target logit, its numbers, and the intervention that tests it; the graph's files
-    (graph/, graph.json for Neuronpedia's viewer, graph.svg, report.*) in out/<slug> when out is given."""
-    from circuitlab.experiments.graph import GraphRun, write_graph_run
+    (graph/, graph.json for Neuronpedia's viewer, graph.svg, report.* with the interactive viewer) in
+    out/<slug> when out is given; dashboard_tokens: held-out tokens for the viewer's feature cards."""
+    from circuitlab.experiments.graph import GraphRun, graph_feature_cards, write_graph_run
     from circuitlab.graphs import attribute
     from circuitlab.graphs.graph import normalized
 
@@ -507,12 +511,14 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
         spec.focus, spec.focus_positions, share, logit_inputs, top_features,
         paths[0]["words"] if paths else "", ablation,
         round(_probability(model, spec.without_context, spec.target), 4) if spec.without_context else None)
+    cards = (graph_feature_cards(model, tc, graph, pruned, tokenizer, n_tokens=dashboard_tokens)
+             if dashboard_tokens else {})
     if out is not None:
-        run = GraphRun(graph, pruned, finding.sentences(), {"prompt": prompt, "graph": graph.summary(pruned),
-                                                            "top_paths": paths, "finding": finding.to_dict()})
-        run.data["top_paths"] = [{"strength": x["strength"], "words": x["words"]} for x in paths]
+        run = GraphRun(graph, pruned, finding.sentences(), {
+            "prompt": prompt, "graph": graph.summary(pruned), "finding": finding.to_dict(),
+            "top_paths": [{"strength": x["strength"], "words": x["words"]} for x in paths]}, cards=cards)
         finding.files = str(write_graph_run(run, out / spec.slug, spec.slug, overwrite=True))
-    finding.graph, finding.pruned_mask = graph, pruned   # for the report's drawing (not in results.json)
+    finding.view = (graph, pruned, cards)   # for report.html's viewer (not a field: not in results.json)
     return finding
 
 
@@ -567,11 +573,12 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
     atomic_write_text(out / "report.html", report_html(result))
 
 
-def graph_view(graph, pruned) -> str:
-    """The drawing of one graph in report.html: the static SVG of graphs/draw.py."""
-    from circuitlab.graphs.draw import graph_svg
+def graph_view(graph, pruned, cards: dict[str, Any], slug: str) -> str:
+    """One graph in report.html: the interactive viewer (offline; feature cards on hover)."""
+    from circuitlab.graphs import neuronpedia_json
+    from circuitlab.viz.graph_view import graph_view_html
 
-    return f"<div class='graph'>{graph_svg(graph, pruned)}</div>"
+    return f"<div class='graph'>{graph_view_html(neuronpedia_json(graph, pruned, slug=slug), features=cards, title=slug)}</div>"
 
 
 def report_html(result: GraphsDemoResult) -> str:
@@ -585,9 +592,9 @@ def report_html(result: GraphsDemoResult) -> str:
         parts.append(f"<section id='{esc(g.slug)}'><h2>{esc(g.slug)}: {esc(repr(g.target))}</h2>"
                      f"<p>Prompt: <code>{esc(g.prompt)}</code></p><ul>"
                      + "".join(f"<li>{esc(s)}</li>" for s in g.sentences()) + "</ul>")
-        graph = getattr(g, "graph", None)
-        if graph is not None:
-            parts.append(graph_view(graph, g.pruned_mask))
+        view = getattr(g, "view", None)
+        if view is not None:
+            parts.append(graph_view(*view, g.slug))
         parts.append("</section>")
     parts.append("</body></html>")
     return "".join(parts)
