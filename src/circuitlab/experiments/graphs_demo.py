@@ -392,7 +392,7 @@ class PromptSpec:
 
     slug: str
     mechanism: str
-    tokens: list[int]
+    tokens: list[int]             # the document-start token (EOS, as between training documents), then the text
     target: int
     focus: str
     focus_positions: list[int]
@@ -428,6 +428,12 @@ def name_prompt(model, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
     return best
 
 
+def _doc_start(tokenizer) -> list[int]:
+    """The token a document starts after in training (EOS ends every story), or none."""
+    eos = getattr(tokenizer, "eos_id", None)
+    return [] if eos is None else [eos]
+
+
 def _name_spec(tokenizer, name: str) -> PromptSpec | None:
     """The name template cut before the last mention's final token; None when the name is one token at the
     end or is split differently at its mentions."""
@@ -442,10 +448,11 @@ def _name_spec(tokenizer, name: str) -> PromptSpec | None:
     earlier = [i for i in range(len(head) - len(piece) + 1) if ids[i:i + len(piece)] == piece]
     if len(earlier) < 2:
         return None
-    focus = [i + j for i in earlier for j in range(len(piece))]
+    start = _doc_start(tokenizer)
+    focus = [len(start) + i + j for i in earlier for j in range(len(piece))]
     alone = tokenizer.encode("One day," + text[-len(name) - 1:])
-    return PromptSpec("name", "name", ids[:-1], ids[-1], f"the earlier mentions of {name!r}", focus,
-                      alone[:-1] if alone[-len(piece):] == piece else None)
+    return PromptSpec("name", "name", start + ids[:-1], ids[-1], f"the earlier mentions of {name!r}", focus,
+                      start + alone[:-1] if alone[-len(piece):] == piece else None)
 
 
 def phrase_prompt(tokenizer, slug: str, text: str) -> PromptSpec:
@@ -453,8 +460,9 @@ def phrase_prompt(tokenizer, slug: str, text: str) -> PromptSpec:
     phrase = text.rsplit(". ", 1)[-1]      # the phrase: the last sentence
     start = len(tokenizer.encode(text[:-len(phrase)])) if phrase != text else 0
     words = tokenizer.decode(ids[start:-2])
-    return PromptSpec(slug, "phrase", ids[:-1], ids[-1], f"the phrase's earlier words {words.strip()!r}",
-                      list(range(start, len(ids) - 2)))   # the phrase before its last prompt token
+    doc = _doc_start(tokenizer)
+    return PromptSpec(slug, "phrase", doc + ids[:-1], ids[-1], f"the phrase's earlier words {words.strip()!r}",
+                      [len(doc) + i for i in range(start, len(ids) - 2)])   # the phrase before its last prompt token
 
 
 @torch.no_grad()
@@ -475,7 +483,7 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
     from circuitlab.graphs.graph import normalized
 
     tokens = torch.tensor(spec.tokens)
-    prompt = tokenizer.decode(spec.tokens)
+    prompt = tokenizer.decode(spec.tokens[len(_doc_start(tokenizer)):])   # the text, without the document start
     target = tokenizer.decode([spec.target])
     graph = attribute(model, tc, tokens, targets=[spec.target], tokenizer=tokenizer, prompt=prompt,
                       progress=progress, verbose=False)
