@@ -127,7 +127,11 @@ def test_the_command_has_a_demo_and_still_needs_a_prompt_without_it(capsys):
 
 @pytest.mark.slow
 def test_graph_demo_command_at_its_real_budget(tmp_path):
-    """`circuitlab graph demo` as a user runs it. Measured: see docs/graphs.md (the graphs demo)."""
+    """`circuitlab graph demo` as a user runs it. Measured (docs/graphs.md, the graphs demo; machine at load ~13):
+    97 s + 48 s = 145 s scaled; CE recovered 93.1%; name p 0.50 (0.005 without the earlier mentions), earlier
+    mentions 38% of the token influence, intervention 0.50 -> 0.13 (control 0.50); 'Once upon a' -> ' time' 0.95,
+    not confirmed (0.89 after); ' friends' 0.69 -> 0.18 (control 0.69); replacement 0.91-0.92, completeness
+    0.96-0.97. The margins allow for other thread counts and machines, not for a broken step."""
     from circuitlab.cli import main
 
     out = tmp_path / "graphs"
@@ -141,7 +145,7 @@ def test_graph_demo_command_at_its_real_budget(tmp_path):
     assert once["p_target"] >= 0.9 and once["rank"] == 1, once
     for g in r["graphs"]:
         assert g["scores"]["replacement"] >= 0.5 and g["scores"]["completeness"] >= 0.7, (g["slug"], g["scores"])
-    assert name["token_share"]["focus"] >= 0.3, name["token_share"]
+    assert name["token_share"]["focus"] >= 0.25 > name["token_share"]["last"], name["token_share"]
     assert sum(g["ablation"]["confirms"] for g in r["graphs"]) >= 2, [g["ablation"] for g in r["graphs"]]
     report = (out / "report.md").read_text()
     assert all(s in report for g in r["graphs"] for s in g["sentences"])
