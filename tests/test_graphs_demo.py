@@ -88,6 +88,7 @@ def test_sentences_follow_the_numbers():
     assert "mostly to the last token, not to the earlier mention" in flipped
     survives = " ".join(_finding(ablation=Ablation(["L1 F3 @20"], 0.8, 0.7, 0.7, 0.8, ["x"], "mo")).sentences())
     assert "does not confirm the story: the prediction survives without them" in survives
+    assert "(attention free; still predicting 'mo')" in survives and "now predicting ' the'" in text
     control = " ".join(_finding(ablation=Ablation(["L1 F3 @20"], 0.8, 0.1, 0.2, 0.3, ["x"], "the")).sentences())
     assert "as many other active features matter about as much" in control
     phrase = _finding(mechanism="phrase", p_without_context=None, focus="the phrase's earlier words 'Once upon'",

@@ -162,7 +162,7 @@ class GraphFinding:
         out.append(f"Intervention: zeroing the {len(a.features)} features with the most influence "
                    f"({', '.join(a.features)}) moves p({self.target!r}) from {a.p_before:.2f} to "
                    f"{a.p_replacement:.2f} in the replacement model and to {a.p_model:.2f} in the real model "
-                   f"(attention free; now predicting {a.top_after!r}); zeroing {len(a.control)} other active features "
+                   f"(attention free; {'still' if a.top_after == self.target else 'now'} predicting {a.top_after!r}); zeroing {len(a.control)} other active features "
                    f"of the same layers gives {a.p_control:.2f}. {verdict}")
         return out
 
