@@ -420,7 +420,11 @@ def name_prompt(model, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
         spec = _name_spec(tokenizer, name)
         if spec is None or len(spec.tokens) + 1 > model.cfg.n_ctx:
             continue
+        # the name the model completes FROM THE STORY: p with the earlier mentions minus p from the last
+        # sentence alone (a name whose first piece predicts the rest by itself would tell no copying story)
         p = _probability(model, spec.tokens, spec.target)
+        if spec.without_context is not None:
+            p -= _probability(model, spec.without_context, spec.target)
         if p > best_p:
             best, best_p = spec, p
     if best is None:
