@@ -34,7 +34,7 @@ from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CL
 from circuitlab.errors import CircuitlabError
 
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
 
 
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
@@ -253,15 +253,8 @@ class CrossLayerTranscoder(DictionaryModule):
     @classmethod
     def from_tensors(cls, cfg: CLTConfig, tensors: dict[str, torch.Tensor], where: str = "tensors") -> "CrossLayerTranscoder":
         """Build from a config and a state dict (names like W_dec.2), checking every shape against the config."""
-        clt = cls(cfg)
-        expected = {k: tuple(v.shape) for k, v in clt.state_dict().items()}
-        got = {k: tuple(v.shape) for k, v in tensors.items()}
-        if expected != got:
-            diff = sorted(set(expected.items()) ^ set(got.items()))
-            raise CircuitlabError(f"CLT {where} does not match its config ({cfg.n_layers} layers, d_model={cfg.d_model}, "
-                                  f"d_sae={cfg.d_sae}{', tied' if cfg.tied else ''}): {diff[:4]}")
-        clt.load_state_dict({k: v.to(_DTYPES[cfg.dtype]) for k, v in tensors.items()})
-        return clt
+        return cls(cfg)._load_checked(tensors, f"CLT {where} does not match its config ({cfg.n_layers} layers, "
+                                      f"d_model={cfg.d_model}, d_sae={cfg.d_sae}{', tied' if cfg.tied else ''})")
 
 
 def is_clt_folder(folder: str | Path) -> bool:

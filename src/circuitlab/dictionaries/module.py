@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
+
+from circuitlab.errors import CircuitlabError
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class DictionaryModule(nn.Module):
@@ -26,3 +31,14 @@ class DictionaryModule(nn.Module):
         new = type(self)(cfg).to(device=like.device, dtype=like.dtype)
         new.load_state_dict(self.state_dict())
         return new
+
+    def _load_checked(self, tensors: dict[str, torch.Tensor], what: str):
+        """Load a state dict after checking every shape against this module's (built from its config); `what`
+        names the file and the config in the one-line error. Returns self."""
+        expected = {k: tuple(v.shape) for k, v in self.state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in tensors.items()}
+        if expected != got:
+            diff = sorted(set(expected.items()) ^ set(got.items()))
+            raise CircuitlabError(f"{what}: {diff[:4]}")
+        self.load_state_dict({k: v.to(DTYPES[self.cfg.dtype]) for k, v in tensors.items()})
+        return self

@@ -29,7 +29,7 @@ from circuitlab.dictionaries.module import DictionaryModule
 from circuitlab.errors import CircuitlabError
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
 
 # The reader of every layout SparseDictionary.load accepts: dictionaries/published.py's load_dictionary, which
 # registers itself here when the package is imported (its __init__ imports published.py). So this module,
@@ -184,15 +184,8 @@ class SparseDictionary(DictionaryModule):
     def from_tensors(cls, cfg: DictionaryConfig, tensors: dict[str, torch.Tensor], where: str = "tensors"
                      ) -> "SparseDictionary":
         """Build from a config and a state dict, checking every shape against the config."""
-        sae = cls(cfg)
-        expected = {k: tuple(v.shape) for k, v in sae.state_dict().items()}
-        got = {k: tuple(v.shape) for k, v in tensors.items()}
-        if expected != got:
-            diff = sorted(set(expected.items()) ^ set(got.items()))
-            raise CircuitlabError(f"dictionary {where} does not match its config "
-                                  f"(d_in={cfg.d_in}, d_sae={cfg.d_sae}): {diff[:4]}")
-        sae.load_state_dict({k: v.to(_DTYPES[cfg.dtype]) for k, v in tensors.items()})
-        return sae
+        return cls(cfg)._load_checked(tensors, f"dictionary {where} does not match its config "
+                                      f"(d_in={cfg.d_in}, d_sae={cfg.d_sae})")
 
     def extra_repr(self) -> str:
         c = self.cfg
