@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,19 +221,34 @@ def _splice_output(att: _Attached, x_in: torch.Tensor, y: torch.Tensor) -> torch
     acts_h = p["acts_post"](acts)
     # A hooked edit of the features moves the reconstruction by exactly the decoder's image of the edit.
     recons = recons_clean if acts_h is acts else recons_clean + (acts_h - acts) @ d.W_dec
+
+    def again() -> torch.Tensor | None:
+        return d(x_in)[0] if torch.is_grad_enabled() and x_in.requires_grad else None
+
+    return _output_with_error(p, y, recons_clean, recons, att.error_term, again)
+
+
+def _output_with_error(p: dict[str, HookPoint], y: torch.Tensor, recons_clean: torch.Tensor, recons: torch.Tensor,
+                       error_term: bool, again: Callable[[], torch.Tensor | None]) -> torch.Tensor:
+    """What a spliced output hook returns [..., d_out], shared by transcoders, SAEs and each CLT layer.
+
+    y is the model's value, recons_clean the reconstruction without hooked edits, recons with them; again()
+    recomputes the features' path to the output without hooks (None when no gradient flows), so that
+    subtracting its non-detached part cancels that path's gradient and the unspliced gradient remains.
+    """
     recons = p["recons"](recons)
     fixed = recons_clean.detach()
     error_clean = y - fixed
     error = p["error"](error_clean)
-    if not att.error_term:
+    if not error_term:
         out = recons
     elif error is not error_clean:
         out = recons + error  # the error term was edited (ablated, patched)
     else:
         out = y + (recons - fixed)
-        if torch.is_grad_enabled() and x_in.requires_grad:
-            again = d(x_in)[0]
-            out = out - (again - again.detach())
+        path = again()
+        if path is not None:
+            out = out - (path - path.detach())
     return p["output"](out.to(y.dtype))
 
 
@@ -295,22 +310,13 @@ def _clt_out_fn(att: _AttachedCLT, layer: int):
             recons_clean = recons_clean + x_in.to(clt.dtype) @ clt.W_skip[layer]
         edits = [att.seen[s][2][..., layer - s, :] for s in range(layer + 1) if att.seen[s][2] is not None]
         recons = recons_clean + sum(edits) if edits else recons_clean
-        recons = p["recons"](recons)
-        fixed = recons_clean.detach()
-        error_clean = y_flat - fixed
-        error = p["error"](error_clean)
-        if not att.error_term:
-            out = recons
-        elif error is not error_clean:
-            out = recons + error
-        else:
-            out = y_flat + (recons - fixed)
-            agains = [att.seen[s][3][..., layer - s, :] for s in range(layer + 1) if att.seen[s][3] is not None]
+
+        def again() -> torch.Tensor | None:
+            paths = [att.seen[s][3][..., layer - s, :] for s in range(layer + 1) if att.seen[s][3] is not None]
             if clt.cfg.skip and torch.is_grad_enabled() and x_in.requires_grad:
-                agains.append(x_in.to(clt.dtype) @ clt.W_skip[layer])
-            if agains:
-                again = sum(agains)
-                out = out - (again - again.detach())
-        return p["output"](out.to(y.dtype)).reshape(y.shape)
+                paths.append(x_in.to(clt.dtype) @ clt.W_skip[layer])
+            return sum(paths) if paths else None
+
+        return _output_with_error(p, y_flat, recons_clean, recons, att.error_term, again).reshape(y.shape)
 
     return fn
