@@ -18,11 +18,9 @@ The same functions compare any model that writes the answer as tokens in the tas
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from circuitlab.forge.adder import EOS, Adder, TokenAdder, add_digits, build_car
 from circuitlab.forge.compare import (_all_heads, _label, addition_problems, answer_agreement, check_token_adder,
                                       ov_alignment, ov_subspace, query_patterns)
 from circuitlab.model.transformer import Transformer
+from circuitlab.perf import threads_for_work, transformer_step_flops
 from circuitlab.report.markdown import forge_compare_markdown
 from circuitlab.viz.forge_compare import write_comparison_figures
 
@@ -83,17 +82,6 @@ def _check_digits(n: Any, m: Any) -> tuple[int, int]:
             raise CircuitlabError(f"{name} must be a whole number from 1 to {ADDITION_MAX_DIGITS} (the addition data's "
                                   f"limit), got {v!r}")
     return n, m
-
-
-@contextlib.contextmanager
-def _threads(n: int) -> Iterator[None]:
-    """torch on n CPU threads inside the block (a tiny model is fastest on one, most of all on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _json_roundtrip(d: dict) -> dict:
@@ -369,7 +357,11 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
     if out.exists() and not out.is_dir():
         raise CircuitlabError(f"--out {out} is a file; give a folder")
     out.mkdir(parents=True, exist_ok=True)
-    with _threads(1):
+    # The threads are the run config's train.threads (1: this model is tiny), applied by perf's one rule for
+    # the whole command: training, the data and the comparison's inference.
+    step = transformer_step_flops(run.model_config(d_vocab=11), run.train.batch_size * run.train.seq_len,
+                                  run.train.seq_len)   # 11: the addition data's digits and EOS
+    with threads_for_work(step, run.train.threads or None):
         model, info = train_addition_model(run, out / "trained", retrain=retrain, progress=progress)
         data = build_data(run.data)
         results = summarize_comparison(build_carry_adder(n, m), model, samples=samples, seed=seed, data=data)
