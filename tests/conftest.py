@@ -10,3 +10,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (helpers.headless_chromium: skips, saying why, without selenium or a browser),
+    shared by a test module's end-to-end tests and quit after them."""
+    import helpers
+
+    driver = helpers.headless_chromium()
+    yield driver
+    driver.quit()

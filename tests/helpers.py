@@ -1,4 +1,7 @@
-"""Models shared by the tests."""
+"""What the tests share: models, the docs' code blocks, a headless browser and a live server, a saved graph run."""
+import contextlib
+import re
+
 import torch
 
 from circuitlab import ModelConfig, Transformer
@@ -53,6 +56,62 @@ def headless_chromium():
     return driver
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def live_server(app):
+    """`app` served by uvicorn on 127.0.0.1 in a thread (what a browser reaches); yields the base URL, stops
+    the server on exit; pytest.fail when it does not start within 20 s."""
+    import threading
+    import time
+
+    import pytest
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            pytest.fail("the uvicorn server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def console_errors(browser) -> list[str]:
+    """The browser console's errors (SEVERE), or [] where the driver keeps no console log."""
+    try:
+        return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    except Exception:  # noqa: BLE001 - not every driver keeps a console log
+        return []
+
+
+def wait_for(browser, condition, what: str, timeout: float = 20):
+    """WebDriverWait(browser, timeout).until(condition), or pytest.fail saying what was awaited, the page's
+    #status line (where it has one) and the console's errors."""
+    import pytest
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(browser, timeout).until(condition)
+    except TimeoutException:
+        status = browser.find_elements("id", "status")
+        said = f"; page status: {status[0].text}" if status else ""
+        pytest.fail(f"timed out waiting for {what}{said}; console: {console_errors(browser)}")
+
+
 GRAPH_PROMPT = "Lily saw a cat. Lily"
 
 
@@ -88,3 +147,32 @@ def saved_graph_run(root, prompt: str = GRAPH_PROMPT, n_layers: int = 2, d_sae: 
     run = graph_experiment(model, tc, prompt, tokenizer, out=root / "graphs" / "lily", progress=False,
                            dashboard_tokens=dashboard_tokens)
     return model, tokenizer, tc, run
+
+
+PYTHON_BLOCK = re.compile(r"^```python([^\n]*)\n(.*?)^```", flags=re.S | re.M)
+
+
+def python_blocks(text: str) -> list[tuple[int, str, str]]:
+    """(line, info string, code) of every ```python block of a Markdown text, in order."""
+    return [(text[:m.start()].count("\n") + 1, m.group(1).strip(), m.group(2)) for m in PYTHON_BLOCK.finditer(text)]
+
+
+def run_blocks(blocks: list[tuple[int, str, str]], folder, name: str) -> int:
+    """Run the blocks (python_blocks) in order in one namespace, as a reader pastes them into one session,
+    each from a real file in `folder` (nnsight reads its trace's source back); a block whose info string says
+    no-run is left out. The first that raises fails the test, naming the file and line. Returns how many ran."""
+    import pytest
+
+    namespace: dict = {"__name__": f"__{name.replace('/', '_').replace('.', '_')}__"}
+    ran = 0
+    for line, info, code in blocks:
+        if "no-run" in info.split():
+            continue
+        file = folder / f"{name.replace('/', '_').replace('.', '_')}_line_{line}.py"
+        file.write_text(code)
+        try:
+            exec(compile(code, str(file), "exec"), namespace)
+        except Exception as e:  # noqa: BLE001 - say which block, then fail
+            pytest.fail(f"{name} python block at line {line} fails: {type(e).__name__}: {e}\n{code}")
+        ran += 1
+    return ran

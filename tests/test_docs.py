@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import helpers
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-BLOCK = re.compile(r"^```python([^\n]*)\n(.*?)^```", flags=re.S | re.M)
 
 # What each doc reads besides itself (made by the fixtures below, in the layout the commands write).
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -34,8 +35,7 @@ NO_RUN: dict[str, int] = {"pretrained.md": 1}  # GPT-2 small from the hub
 
 def blocks(doc: Path) -> list[tuple[int, str, str]]:
     """(line, info string, code) of every ```python block."""
-    text = doc.read_text()
-    return [(text[:m.start()].count("\n") + 1, m.group(1).strip(), m.group(2)) for m in BLOCK.finditer(text)]
+    return helpers.python_blocks(doc.read_text())
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,19 +127,7 @@ def run_doc(doc: Path, folder: Path) -> int:
     """Runs the doc's blocks in `folder` (the current directory); returns how many ran."""
     for need in NEEDS.get(doc.name, ()):
         FIXTURES[need](folder)
-    namespace: dict = {"__name__": f"__{doc.stem}__"}
-    ran = 0
-    for line, info, code in blocks(doc):
-        if "no-run" in info.split():
-            continue
-        file = folder / f"{doc.stem}_line_{line}.py"  # a real file: nnsight reads its trace's source back
-        file.write_text(code)
-        try:
-            exec(compile(code, str(file), "exec"), namespace)
-        except Exception as e:  # noqa: BLE001 - say which block, then fail
-            pytest.fail(f"docs/{doc.name} python block at line {line} fails: {type(e).__name__}: {e}\n{code}")
-        ran += 1
-    return ran
+    return helpers.run_blocks(blocks(doc), folder, f"docs/{doc.name}")
 
 
 def marks(doc: Path) -> list:
@@ -186,3 +174,14 @@ def test_shown_dictionary_configs_fit_the_model_they_name(tmp_path, monkeypatch)
         for d in data["dictionaries"]:
             for hook in (d.get("hook_name"), d.get("out_hook_name")):
                 assert hook is None or hook in hooks, f"docs/{name}: {hook} is not a hook of {data['model']}"
+
+
+def test_a_block_that_fails_fails_the_test_naming_its_line(tmp_path):
+    """The shared runner (helpers.run_blocks, also the README's) runs blocks in one namespace and stops at the
+    first that raises, naming its line; a no-run block is left out."""
+    text = "# doc\n```python\nx = 1\n```\n\n```python no-run\nraise SystemError\n```\n```python\nassert x == 2\n```\n"
+    found = helpers.python_blocks(text)
+    assert [(line, info) for line, info, _ in found] == [(2, ""), (6, "no-run"), (9, "")]
+    with pytest.raises(pytest.fail.Exception, match="docs/x.md python block at line 9 fails: AssertionError"):
+        helpers.run_blocks(found, tmp_path, "docs/x.md")
+    assert helpers.run_blocks(found[:2], tmp_path, "docs/x.md") == 1

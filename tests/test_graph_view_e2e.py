@@ -3,8 +3,6 @@ from disk (offline) and as /graphs of `circuitlab serve`. Skipped (saying why) w
 chromedriver; `make test-e2e` installs them. The counts the page shows are checked against results.json and
 against export.reprune / Graph.prune."""
 import json
-import threading
-import time
 
 import pytest
 
@@ -23,45 +21,16 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    driver = helpers.headless_chromium()   # skips, saying why, without selenium or a browser
-    yield driver
-    driver.quit()
-
-
-@pytest.fixture(scope="module")
 def server(runs):
-    import uvicorn
-
     from circuitlab.serve import create_app
-    from test_serve_e2e import _free_port
 
     root, _ = runs
-    port = _free_port()
     app = create_app(root / "model", graphs=root / "graphs", transcoders=root / "transcoders",
                      graph_runner=graph_experiment, allowed_hosts=["127.0.0.1", "localhost"])
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        if time.time() > deadline or not thread.is_alive():
-            pytest.fail("the uvicorn server did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with helpers.live_server(app) as url:
+        yield url
 
 
-def _wait(browser, condition, what: str, timeout: float = 20):
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    try:
-        return WebDriverWait(browser, timeout).until(condition)
-    except TimeoutException:
-        logs = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-        pytest.fail(f"timed out waiting for {what}; console: {logs}")
 
 
 def _counts(browser) -> tuple[int, int]:
@@ -85,7 +54,7 @@ def test_report_opens_offline_with_the_files_numbers_and_reprunes(runs, browser)
     results = json.loads((folder / "results.json").read_text())
     data = json.loads((folder / "graph.json").read_text())
     browser.get((folder / "report.html").as_uri())
-    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the graph view")
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the graph view")
     # offline: the page fetched nothing (everything inlined)
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
     assert _counts(browser) == (results["graph"]["pruned"]["nodes"], results["graph"]["pruned"]["edges"])
@@ -115,7 +84,7 @@ def test_report_opens_offline_with_the_files_numbers_and_reprunes(runs, browser)
     assert _counts(browser) == (results["graph"]["pruned"]["nodes"], results["graph"]["pruned"]["edges"])
     browser.execute_script("document.querySelector('.clgv-node.cross-layer-transcoder')"
                            ".dispatchEvent(new MouseEvent('mouseenter', {pageX: 10, pageY: 10}));")
-    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-tip .clgv-context"), "a feature card")
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-tip .clgv-context"), "a feature card")
     assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
@@ -132,7 +101,7 @@ def test_a_file_without_our_fields_opens_and_its_node_slider_uses_the_cumulative
     page = tmp_path / "foreign.html"
     page.write_text(graph_view_html(data, page=True))
     browser.get(page.as_uri())
-    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the foreign graph")
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the foreign graph")
     nodes, links = reprune(data, data["metadata"]["node_threshold"], 1.0)
     assert _counts(browser) == (len(nodes), len(links))
     _slide(browser, "clgv-node-threshold", 0.4)
@@ -146,7 +115,8 @@ def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server,
     data = json.loads((root / "graphs/lily/graph.json").read_text())
     feats = [n["node_id"] for n in data["nodes"] if n["feature_type"] == "cross layer transcoder"][:2]
     browser.get(server + "/graphs?id=lily")
-    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the served graph view")
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"),
+                     "the served graph view")
     assert _counts(browser) == (len(data["nodes"]), len(data["links"]))
     for node_id in feats:
         _click_node(browser, node_id)
@@ -155,11 +125,12 @@ def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server,
     browser.find_element("css selector", ".clgv-supernode-name").send_keys("say Lily")
     browser.find_element("css selector", ".clgv-group").click()
     browser.find_element("css selector", ".clgv-save").click()
-    _wait(browser, lambda b: "saved" in b.find_element("css selector", ".clgv-save-status").text, "the save")
+    helpers.wait_for(browser, lambda b: "saved" in b.find_element("css selector", ".clgv-save-status").text, "the save")
     saved = json.loads((root / "graphs/lily/graph.json").read_text())["qParams"]
     assert saved["supernodes"] == [["say Lily", *feats]]
     browser.refresh()
-    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-supernode[data-name='say Lily']"), "the reload")
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-supernode[data-name='say Lily']"),
+                     "the reload")
     assert len(browser.find_elements("css selector", ".clgv-node.in-supernode")) == len(feats)
     assert browser.find_element("css selector", ".clgv-supernode-box").get_attribute("data-name") == "say Lily"
     # intervene on the supernode: four columns of top tokens
@@ -167,10 +138,10 @@ def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server,
 
     Select(browser.find_element("css selector", ".clgv-iv-which")).select_by_value("super:say Lily")
     browser.find_element("css selector", ".clgv-iv-run").click()
-    table = _wait(browser, lambda b: b.find_elements("css selector", ".clgv-iv-table"), "the intervention")
+    table = helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-iv-table"), "the intervention")
     assert len(table[0].find_elements("css selector", "th")) == 4
     # hover: the card is computed by the server on demand
     browser.execute_script("document.querySelector('.clgv-node.cross-layer-transcoder')"
                            ".dispatchEvent(new MouseEvent('mouseenter', {pageX: 10, pageY: 10}));")
-    _wait(browser, lambda b: b.find_elements("css selector", ".clgv-tip .clgv-context"), "a served feature card",
-          timeout=60)
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-tip .clgv-context"),
+                     "a served feature card", timeout=60)

@@ -2,7 +2,6 @@
 them into one session), in a fresh folder; and every command's --help example is a valid command line.
 Both are in the fast suite so README code cannot rot unnoticed. Running the help examples themselves
 (each trains or downloads) is slow."""
-import re
 import shlex
 import subprocess
 import sys
@@ -11,29 +10,20 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from circuitlab.cli import _load, build_parser, command_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def python_blocks(text: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-
-
 # ~13 s on the 2-core machine under load (it trains 20 steps and builds the TransformerLens bridge): kept in
 # the fast suite because a README that fails as written is the first thing a new user meets.
 def test_every_readme_python_block_runs_as_written(tmp_path, monkeypatch, one_thread):
-    blocks = python_blocks((ROOT / "README.md").read_text())
+    blocks = helpers.python_blocks((ROOT / "README.md").read_text())
     assert len(blocks) >= 4
+    assert all(info == "" for _, info, _ in blocks), "every README block runs: no info strings (no-run) there"
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__readme__"}
-    for i, block in enumerate(blocks):
-        file = tmp_path / f"readme_block_{i + 1}.py"  # a real file: nnsight reads its trace's source back
-        file.write_text(block)
-        try:
-            exec(compile(block, str(file), "exec"), namespace)
-        except Exception as e:  # noqa: BLE001 - say which block, then fail
-            pytest.fail(f"README python block {i + 1} fails: {type(e).__name__}: {e}\n{block}")
+    assert helpers.run_blocks(blocks, tmp_path, "README.md") == len(blocks)
 
 
 def examples() -> list[tuple[str, str]]:
