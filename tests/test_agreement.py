@@ -130,6 +130,71 @@ def test_dictionary_learning_rate_agrees_between_cli_config_and_python(tmp_path)
                            and value > 0), text
 
 
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """A model with transcoders and a saved graph (helpers.saved_graph_run), and the explorer serving them
+    with a graph runner that only records what it was given (the explorer's own checks come first)."""
+    import helpers
+
+    root = tmp_path_factory.mktemp("agree-graphs")
+    model, tok, tc, run = helpers.saved_graph_run(root)
+    given = []
+    client = TestClient(create_app(root / "model", graphs=root / "graphs", transcoders=root / "transcoders",
+                                   graph_runner=lambda *a, **kw: given.append(kw)))
+    return model, tok, tc, run, client
+
+
+def test_graph_thresholds_and_feature_cap_agree(graphs):
+    """`circuitlab graph`'s --node-threshold, --edge-threshold, --logit-prob and --max-feature-nodes, the
+    Python API (Graph.prune, attribute) and the explorer's /api/graphs/compute, value by value."""
+    from circuitlab.graphs import attribute
+
+    model, tok, tc, run, client = graphs
+    tokens = torch.tensor(tok.encode("Lily saw"))
+    fields = [("--node-threshold", "node_threshold", lambda v: run.graph.prune(node_threshold=v)),
+              ("--edge-threshold", "edge_threshold", lambda v: run.graph.prune(edge_threshold=v)),
+              ("--logit-prob", None, lambda v: attribute(model, tc, tokens, desired_logit_prob=v)),
+              ("--max-feature-nodes", "max_feature_nodes", lambda v: attribute(model, tc, tokens, max_feature_nodes=v))]
+    for option, key, call in fields:
+        for text, value in VALUES:
+            cli = cli_accepts(["graph", "--planted", "--prompt", "x", option, text])
+            api = python_accepts(lambda: call(value))
+            assert cli == api, (option, text, cli, api)
+            if key is None:
+                continue
+            r = post(client, "/api/graphs/compute", {"prompt": "Lily saw", key: value})
+            assert r.status_code in (200, 422), r.text
+            assert r.status_code != 200 or cli, (option, text, "the explorer accepts what the CLI refuses")
+            if key != "max_feature_nodes":  # the explorer caps feature nodes at 4000 (it answers while you wait)
+                assert (r.status_code == 200) == cli, (option, text)
+    assert cli_accepts(["graph", "--planted", "--prompt", "x", "--node-threshold", "1", "--edge-threshold", "0.5"])
+
+
+def test_graph_counts_and_causal_tracing_noise_agree(graphs):
+    """--batch-size, --max-logits and --dashboard-tokens of `circuitlab graph`, and causal tracing's
+    --noise-scale and --noise-samples, between the command line and the Python API."""
+    from circuitlab.analysis.patching.noise import Noise
+    from circuitlab.experiments.dashboards import CARD_TOKENS
+    from circuitlab.graphs import attribute
+
+    model, tok, tc, run, _ = graphs
+    tokens = torch.tensor(tok.encode("Lily saw"))
+    graph = [("--batch-size", lambda v: attribute(model, tc, tokens, batch_size=v)),
+             ("--max-logits", lambda v: attribute(model, tc, tokens, max_n_logits=v)),
+             ("--dashboard-tokens", lambda v: CARD_TOKENS.check(v, "dashboard_tokens"))]
+    trace = [("--noise-scale", lambda v: Noise(scale=v).check()), ("--noise-samples", lambda v: Noise(samples=v).check())]
+    for option, call in graph + trace:
+        for text, value in VALUES:
+            argv = (["graph", "--planted", "--prompt", "x"] if (option, call) in graph else
+                    ["interpret", "--checkpoint", "x", "--experiments", "causal_tracing"]) + [option, text]
+            cli, api = cli_accepts(argv), python_accepts(lambda: call(value))
+            assert cli == api, (option, text, cli, api)
+    from circuitlab.experiments.graph import graph_experiment
+
+    with pytest.raises(CircuitlabError, match="dashboard_tokens"):   # the experiment checks it too
+        graph_experiment(model, tc, "Lily saw", tok, dashboard_tokens=-1, progress=False)
+
+
 def test_openapi_schema_answers(setup):
     r = setup[3].get("/api/openapi.json")
     assert r.status_code == 200

@@ -1,6 +1,7 @@
 """Bounded work: every count or size option, at the largest values a user could type, under a memory cap
 (`ulimit -v` in a subprocess) ends in a clean finish or a clean one-line refusal naming the limit, never an
 out-of-memory kill or a traceback. One tiny model (char tokenizer, 1 layer) for all commands."""
+import json
 import os
 import subprocess
 import sys
@@ -54,19 +55,51 @@ print(json.dumps(answers))
 """
 
 
-def capped(calls: list[list[str]], cwd: Path, cap_kb: int = CAP_KB, timeout: float = 400) -> list[tuple]:
+# The explorer's /api/graphs/compute, as a browser posts it: [[[model, graphs, transcoders], [body, ...]], ...]
+# (one server per item) -> [[status, detail], ...] per body.
+_EXPLORER = """
+import json, sys
+from fastapi.testclient import TestClient
+from circuitlab.experiments.graph import graph_experiment
+from circuitlab.serve import create_app
+answers = []
+for (model, graphs, transcoders), bodies in json.loads(sys.argv[1]):
+    client = TestClient(create_app(model, graphs=graphs, transcoders=transcoders, graph_runner=graph_experiment))
+    for body in bodies:
+        r = client.post("/api/graphs/compute", json=body)
+        answers.append([r.status_code, r.json().get("detail", "")])
+print(json.dumps(answers))
+"""
+
+
+def capped(calls: list, cwd: Path, cap_kb: int = CAP_KB, timeout: float = 400, runner: str = _RUNNER) -> list[tuple]:
     """Run each `circuitlab ARGV` of calls, in one subprocess whose address space is capped at cap_kb
     (ulimit -v), on one thread; [(exit code, stderr)] per call. One process for all (torch's import is the
-    slow part); an out-of-memory kill shows as a non-zero exit of the whole."""
+    slow part); an out-of-memory kill shows as a non-zero exit of the whole. runner: the script given the
+    calls as JSON (_EXPLORER: the explorer's graph endpoint instead of the command line)."""
     import json
     import shlex
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    cmd = f"ulimit -v {cap_kb}; exec {shlex.quote(sys.executable)} -c {shlex.quote(_RUNNER)} " \
+    cmd = f"ulimit -v {cap_kb}; exec {shlex.quote(sys.executable)} -c {shlex.quote(runner)} " \
           f"{shlex.quote(json.dumps(calls))}"
     r = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     return [tuple(a) for a in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
+def explorer_refusal(answer: tuple, *fragments: str) -> None:
+    status, detail = answer
+    assert status == 422 and isinstance(detail, str) and detail and "\n" not in detail, answer
+    for f in fragments:
+        assert f in detail, detail
+
+
+def named_limit(answer: tuple) -> int:
+    """The count a refusal says fits ("... at most N ...")."""
+    import re
+
+    return int(re.search(r"at most (\d+)", answer[1]).group(1))
 
 
 def clean_refusal(answer: tuple, *fragments: str) -> None:
@@ -103,6 +136,36 @@ def test_attribute_ig_steps_and_occlusion_are_bounded(where):
     clean_refusal(pos, "pos")
 
 
+LONG = (TEXT * 2)[:64]  # the longest prompt the test models take (n_ctx 64)
+
+
+@pytest.fixture(scope="module")
+def graph_files(where):
+    """where/g: a 2-layer model with its random transcoders and a graph (helpers.saved_graph_run), and
+    where/g/dense: transcoders of the same model whose every feature fires at every position (2 x 2048 active
+    features a token: the largest graph a 64-token prompt gives these models)."""
+    import helpers
+    from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
+
+    g = where / "g"
+    helpers.saved_graph_run(g)
+    for layer in range(2):
+        cfg = DictionaryConfig("relu", d_in=32, d_sae=2048, hook_name=f"blocks.{layer}.ln2.hook_normalized",
+                               out_hook_name=f"blocks.{layer}.hook_mlp_out", skip=True)
+        d = SparseDictionary(cfg, seed=layer)
+        with torch.no_grad():
+            d.b_enc.fill_(10.0)
+        d.save(g / "dense" / f"layer{layer}")
+    return g
+
+
+def _graph_and_trace(where: Path, g: Path) -> tuple[list[str], list[str]]:
+    graph = ["graph", "--checkpoint", str(g / "model"), "--prompt", LONG]
+    trace = ["interpret", "--checkpoint", str(where / "run"), "--experiments", "causal_tracing", "--prompt", LONG,
+             "--subject", "Lily"]
+    return graph, trace
+
+
 def _sae_files(where: Path) -> None:
     import yaml
 
@@ -119,12 +182,12 @@ def _sae_files(where: Path) -> None:
         "train": {"steps": 2, "batch_size": 10**9}}))
 
 
-def test_huge_counts_are_refused_in_one_line_under_the_cap(where):
-    """The fast half of the three slow tests below: every count past its limit, under the memory cap, is
-    refused in one line naming the limit before any work (the slow ones also run the largest accepted values
-    to the end)."""
+def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
+    """The fast half of the slow tests below: every count past its limit, under the memory cap, is refused in
+    one line naming the limit before any work (the slow ones also run the largest accepted values to the end)."""
     ckpt = str(where / "run")
     _sae_files(where)
+    graph, trace = _graph_and_trace(where, graph_files)
     many = where / "many.txt"
     many.write_text(("Lily saw a cat. The cat was happy. Lily said hello to the dog.\n") * 20_000)
     attribute = ["attribute", "--checkpoint", ckpt, "--prompt", "Lily"]
@@ -142,13 +205,23 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where):
         lens + ["--batch-size", HUGE], lens + ["--batches", HUGE], lens + ["--seq-len", HUGE, "--batch-size", "100000"],
         ["sae", "eval", *sae, "--batches", HUGE], ["sae", "dashboards", *sae, "--tokens", HUGE, "--no-progress"],
         ["sae", "train", "--config", str(where / "sae.yaml"), "--out", str(where / "sae_run-fast"), "--no-progress"],
+        graph + ["--transcoders", str(graph_files / "dense"), "--max-feature-nodes", HUGE, "--out", str(where / "g1")],
+        graph + ["--transcoders", str(graph_files / "dense"), "--out", str(where / "g1")],
+        graph + ["--transcoders", str(graph_files / "transcoders"), "--dashboard-tokens", "4194305"],
+        trace + ["--noise-samples", HUGE, "--out", str(where / "t1")],
+        trace + ["--noise", "replace", "--replace-with", *["Abcd"] * 10_000, "--out", str(where / "t1")],
+        trace + ["--noise-scale", "1e300"], trace + ["--window", HUGE, "--out", str(where / "t1")],
     ], where)
     expected = [("--steps", "from 1 to 1024", "eigenproblem"), ("--steps",), ("span",), ("pos",),
                 ("20000 rows", "give at most"), ("--steps", "from 1 to 10000"),
                 ("--samples", "from 1 to 1024", "one batch"), ("--max-tokens", "from 1 to 4096"),
                 ("at most 64 coefficients",),
                 ("batch_size", "give a batch_size of at most"), ("give at most", "batches"), ("batch_size",),
-                ("--batches", "give at most"), ("--tokens", "from 1 to 4194304"), ("train.batch_size", "give at most")]
+                ("--batches", "give at most"), ("--tokens", "from 1 to 4194304"), ("train.batch_size", "give at most"),
+                ("262,144 active features", "MB (limit 2,048 MB)", "--max-feature-nodes) at most"),
+                ("262,144 active features", "--max-feature-nodes) at most"), ("--dashboard-tokens", "from 0 to 4194304"),
+                ("noise runs", "limit 1 GiB", "give at most"), ("10,000 noise runs", "give at most"),
+                ("--noise-scale", "to 1000"), ("wider than the model", "give --window 1..1")]
     assert len(answers) == len(expected)
     for answer, fragments in zip(answers, expected):
         clean_refusal(answer, *fragments)
@@ -251,3 +324,51 @@ def test_circuit_exact_at_the_most_rows_accepted_finishes_within_a_cap(where):
     clean_refusal(over, f"{most + 1} rows", f"give at most {most} rows", "GiB per copy")
     clean_finish(ok)
     assert (where / "exact_most" / "results.json").is_file()
+
+
+def test_the_explorers_graphs_are_refused_in_one_line_under_the_cap(graph_files):
+    """The explorer's /api/graphs/compute: a graph past the explorer's size limit, a longer prompt or a larger
+    feature-node cap than it takes is answered 422 in one line, before any backward pass, under the cap."""
+    g = graph_files
+    dense, long_prompt, cap = capped([
+        [[str(g / "model"), str(g / "graphs"), str(g / "dense")], [{"prompt": LONG}]],
+        [[str(g / "model"), str(g / "graphs"), str(g / "transcoders")],
+         [{"prompt": LONG + "x"}, {"prompt": LONG, "max_feature_nodes": 4001}]]], g, runner=_EXPLORER)
+    explorer_refusal(dense, "262,144 active features", "the explorer's", "max_feature_nodes at most")
+    explorer_refusal(long_prompt, "64")
+    explorer_refusal(cap, "max_feature_nodes", "4000")
+
+
+@pytest.mark.slow  # the largest accepted values run to the end; refusals: test_huge_counts_... and the above
+def test_graph_trace_and_the_explorers_graphs_are_bounded(where, graph_files):
+    """The largest graph a user could ask for finishes within the cap: the most feature nodes the refusal
+    says fit (on transcoders whose every feature fires), any batch size (cut to what fits), the most
+    dashboard tokens; causal tracing with the most noise samples its refusal names; the explorer's largest
+    graph. (Minutes on the loaded 2-core machine.)"""
+    g = graph_files
+    graph, trace = _graph_and_trace(where, g)
+    dense = graph + ["--transcoders", str(g / "dense"), "--dashboard-tokens", "0", "--overwrite"]
+    too_many, too_many_runs = capped([dense + ["--out", str(where / "g2")], trace + ["--noise-samples", HUGE]], where)
+    most, runs = named_limit(too_many), named_limit(too_many_runs)
+    over, ok, cards, one_more, traced = capped([
+        dense + ["--max-feature-nodes", str(most + 1), "--out", str(where / "g2")],
+        dense + ["--max-feature-nodes", str(most), "--batch-size", HUGE, "--out", str(where / "g2")],
+        graph + ["--transcoders", str(g / "transcoders"), "--batch-size", HUGE, "--max-feature-nodes", HUGE,
+                 "--dashboard-tokens", "4194304", "--out", str(where / "g3")],
+        trace + ["--noise-samples", str(runs + 1), "--out", str(where / "t2")],
+        trace + ["--noise-samples", str(runs), "--out", str(where / "t2")]], where, cap_kb=6_000_000, timeout=3000)
+    clean_refusal(over, "--max-feature-nodes) at most")
+    clean_finish(ok)
+    assert json.loads((where / "g2" / "results.json").read_text())["graph"]["n_feature_nodes"] == most
+    clean_finish(cards)
+    clean_refusal(one_more, "noise runs", f"give at most {runs}")
+    clean_finish(traced)
+    assert (where / "t2" / "results.json").is_file()
+    server, dense_server = [str(g / "model"), str(g / "graphs"), str(g / "transcoders")], \
+        [str(g / "model"), str(g / "graphs"), str(g / "dense")]
+    (too_big,) = capped([[dense_server, [{"prompt": LONG, "max_feature_nodes": 4000}]]], g, runner=_EXPLORER)
+    explorer_refusal(too_big, "max_feature_nodes at most")
+    answers = capped([[dense_server, [{"prompt": LONG, "max_feature_nodes": named_limit(too_big)}]],
+                      [server, [{"prompt": LONG, "max_feature_nodes": 4000}, {"prompt": LONG}]]], g,
+                     cap_kb=6_000_000, timeout=3000, runner=_EXPLORER)
+    assert [status for status, _ in answers] == [200, 200, 200], answers

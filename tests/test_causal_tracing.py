@@ -195,9 +195,11 @@ def test_bad_input_is_one_line(planted):
         causal_trace(model, ids, "Bo", tokenizer=tok)
     with pytest.raises(InputError, match="window of 6 layers is wider than the model \\(5 layers\\)"):
         causal_trace(model, ids, "Al", tokenizer=tok, window=6)
-    for bad in (float("nan"), float("inf"), 0.0, -1.0):
-        with pytest.raises(InputError, match="noise scale must be a finite number > 0"):
+    for bad in (float("nan"), float("inf"), 0.0, -1.0, 1001.0):
+        with pytest.raises(InputError, match="noise scale must be a number from above 0 to 1000"):
             causal_trace(model, ids, "Al", tokenizer=tok, noise=Noise(scale=bad))
+    with pytest.raises(InputError, match="give at most .* noise samples"):
+        causal_trace(model, ids, "Al", tokenizer=tok, noise=Noise(samples=10**12))
     with pytest.raises(InputError, match="as many tokens as the corrupted span"):
         causal_trace(model, ids, "Al", tokenizer=tok, noise=Noise("replace", replacements=((1, 2, 3),)))
     with pytest.raises(InputError, match="needs MLPs"):

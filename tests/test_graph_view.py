@@ -115,6 +115,8 @@ def test_graph_command_refuses_negative_dashboard_tokens(tmp_path, monkeypatch, 
     from circuitlab.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--dashboard-tokens", "-1"]) == 2
+    with pytest.raises(SystemExit) as refused:   # the parser's one-line error (exit 2)
+        main(["graph", "--planted", "--prompt", "xAxBxyx", "--dashboard-tokens", "-1"])
+    assert refused.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "--dashboard-tokens" in err and len(err.splitlines()) == 1

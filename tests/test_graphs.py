@@ -365,7 +365,11 @@ def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_p
     capsys.readouterr()
     for bad, message in [(["--node-threshold", "0"], "node-threshold"), (["--edge-threshold", "1.01"], "edge-threshold"),
                          (["--target", "ZZ"], "not one token"), (["--prompt", "xA" + "x" * 20], "context")]:
-        assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad) == 2
+        try:
+            code = main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad)
+        except SystemExit as e:  # the parser's errors
+            code = e.code
+        assert code == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "bad").exists()
@@ -588,3 +592,34 @@ def test_transcoders_load_from_circuit_tracers_layout_and_give_the_same_graph(se
     again = attribute(model, loaded, tokens, batch_size=16)   # the layout stores float32: equal to its precision
     assert float((again.adjacency - graph.adjacency).abs().max()) <= 1e-5 * float(graph.adjacency.abs().max())
     assert torch.equal(again.active_features, graph.active_features)
+
+
+def test_transcoder_configs_that_are_not_utf8_are_one_line(tmp_path, monkeypatch, capsys):
+    """`graph --transcoders` reads each layout's config through circuitlab.textfile: a Latin-1 byte in our
+    dictionary's config.json, circuit-tracer's config.yaml (a per-layer set or a CLT) or sparsify's cfg.json
+    is one line naming the file and the byte, exit 2."""
+    import shutil
+
+    from circuitlab.cli import main
+    from circuitlab.dictionaries.published import save_transcoders
+    from helpers import saved_graph_run
+
+    model, tok, tc, _ = saved_graph_run(tmp_path, n_layers=2, d_sae=24)
+    dicts = [tc.dictionary(layer) for layer in range(2)]
+    save_transcoders(dicts, tmp_path / "ct-set")
+    real_clt([d.to(torch.float64) for d in dicts], cross=0.3).save(tmp_path / "ct-clt", layout="circuit-tracer")
+    real_clt([d.to(torch.float64) for d in dicts], cross=0.3, architecture="topk", k=4).save(
+        tmp_path / "sp-clt", layout="sparsify")
+    shutil.copytree(tmp_path / "transcoders", tmp_path / "ours")
+    spoiled = {"ours": tmp_path / "ours" / "layer0" / "config.json", "ct-set": tmp_path / "ct-set" / "config.yaml",
+               "ct-clt": tmp_path / "ct-clt" / "config.yaml",
+               "sp-clt": next((tmp_path / "sp-clt").rglob("cfg.json"))}
+    for file in spoiled.values():
+        file.write_bytes(file.read_bytes() + b"\n# caf\xe9\n")
+    monkeypatch.chdir(tmp_path)
+    for name, file in spoiled.items():
+        code = main(["graph", "--checkpoint", "model/checkpoint", "--transcoders", name, "--prompt", "Lily saw",
+                     "--dashboard-tokens", "0", "--out", f"g-{name}"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (name, err)
+        assert f"{file.name} is not UTF-8 text: byte" in err and "0xe9" in err, (name, err)

@@ -118,6 +118,7 @@ FINITE = Number(float)                           # coefficients
 POSITIVE = Number(float, low=0.0, low_open=True)  # learning rates, temperatures > 0
 NONNEG = Number(float, low=0.0)                  # weight decay, coefficients of penalties
 FRACTION = Number(float, low=0.0, high=1.0)      # fractions, densities
+SHARE = Number(float, low=0.0, high=1.0, low_open=True)  # a share kept: graph thresholds, logit probability
 
 
 def check_fields(obj: Any, rules: dict[str, Number], where: str, error: type[Exception] = ConfigError) -> None:

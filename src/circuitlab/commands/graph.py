@@ -14,7 +14,9 @@ DEMO_EXAMPLE = "circuitlab graph demo --out runs/graphs   (continue an interrupt
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.commands._args import finite_float, positive_int
+    from circuitlab.checks import SHARE
+    from circuitlab.commands._args import positive_int
+    from circuitlab.experiments.dashboards import CARD_TOKENS
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
@@ -26,19 +28,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="the text whose next-token prediction the graph explains (required)")
     p.add_argument("--target", default=None, help="explain this token (one token) instead of the top predictions")
     p.add_argument("--foil", default=None, help="with --target: explain the logit difference target - foil")
-    p.add_argument("--node-threshold", type=finite_float, default=0.8,
+    p.add_argument("--node-threshold", type=SHARE.arg, default=0.8,
                    help="keep the nodes holding this share of the influence, in (0, 1] (default 0.8)")
-    p.add_argument("--edge-threshold", type=finite_float, default=0.98,
+    p.add_argument("--edge-threshold", type=SHARE.arg, default=0.98,
                    help="keep the edges holding this share of the edge influence, in (0, 1] (default 0.98)")
     p.add_argument("--max-logits", type=positive_int, default=10, help="at most this many logit nodes (default 10)")
-    p.add_argument("--logit-prob", type=finite_float, default=0.95,
+    p.add_argument("--logit-prob", type=SHARE.arg, default=0.95,
                    help="logit nodes until their probability adds to this (default 0.95)")
     p.add_argument("--max-feature-nodes", type=positive_int, default=None,
                    help="keep at most this many feature nodes, the most influential first (long prompts)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
-    p.add_argument("--dashboard-tokens", type=int, default=4096,
+    p.add_argument("--dashboard-tokens", type=CARD_TOKENS.arg, default=4096,
                    help="held-out story tokens the report's feature cards (hover in the viewer) are built on when "
-                        "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096)")
+                        "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096, "
+                        f"at most {CARD_TOKENS.high})")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -96,15 +99,7 @@ def run(args: argparse.Namespace) -> int:
                          "circuitlab graph demo")
     from circuitlab.experiments.graph import graph_experiment
     from circuitlab.graphs import Transcoders
-    from circuitlab.graphs.graph import check_threshold
 
-    from circuitlab.checks import NONNEG_INT
-
-    NONNEG_INT.check(args.dashboard_tokens, "--dashboard-tokens")
-    check_threshold(args.node_threshold, "--node-threshold")
-    check_threshold(args.edge_threshold, "--edge-threshold")
-    if not 0 < args.logit_prob <= 1:
-        raise InputError(f"--logit-prob must be in (0, 1], got {args.logit_prob}")
     if args.planted:
         if args.checkpoint or args.transcoders:
             raise InputError("--planted uses the built-in model: drop --checkpoint/--transcoders")

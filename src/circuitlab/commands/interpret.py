@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from circuitlab.analysis.patching.noise import NOISE_KINDS
-from circuitlab.checks import COUNT, POSITIVE
+from circuitlab.analysis.patching.noise import NOISE_KINDS, SCALE
+from circuitlab.checks import COUNT
 
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
         "attribution, tuned lens, causal tracing")
@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tracing.add_argument("--subject", default=None, help="the words of --prompt whose token embeddings are corrupted")
     tracing.add_argument("--noise", choices=NOISE_KINDS, default=None,
                          help="gaussian (default, the paper's), uniform, or replace (symmetric token replacement)")
-    tracing.add_argument("--noise-scale", type=POSITIVE.arg, default=None, metavar="K",
-                         help="noise std = K x the subject embeddings' std (default 3)")
+    tracing.add_argument("--noise-scale", type=SCALE.arg, default=None, metavar="K",
+                         help=f"noise std = K x the subject embeddings' std (default 3, at most {SCALE.high:g})")
     tracing.add_argument("--noise-samples", type=COUNT.arg, default=None, metavar="N",
                          help="corrupted runs averaged (default 10)")
     tracing.add_argument("--window", type=COUNT.arg, default=None, metavar="W",

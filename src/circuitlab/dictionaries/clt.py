@@ -32,6 +32,7 @@ import circuitlab.dictionaries.clt_formats as clt_formats
 from circuitlab.dictionaries.module import DictionaryModule
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
 from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_text
 
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -274,8 +275,10 @@ def _write_ours(clt: CrossLayerTranscoder, folder: Path) -> None:
 
 
 def _read_ours(folder: Path) -> CrossLayerTranscoder:
+    if not (folder / CONFIG_FILE).is_file():
+        raise CircuitlabError(f"CLT {folder} is incomplete: {CONFIG_FILE} is missing")
     try:
-        cfg_json = (folder / CONFIG_FILE).read_text()
+        cfg_json = read_text(folder / CONFIG_FILE, "CLT config")  # names the byte if not UTF-8
         with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
             header = f.metadata() or {}
             tensors = {name: f.get_tensor(name) for name in f.keys()}

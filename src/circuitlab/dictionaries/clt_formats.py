@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 
 from circuitlab.dictionaries.clt_config import CLTConfig
 from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_text
 
 CT_CONFIG = "config.yaml"
 SP_CONFIG, SP_WEIGHTS = "cfg.json", "sae.safetensors"
@@ -109,7 +110,7 @@ def read_circuit_tracer(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor
     meta: dict[str, Any] = {}
     if (folder / CT_CONFIG).is_file():
         try:
-            meta = yaml.safe_load((folder / CT_CONFIG).read_text()) or {}
+            meta = yaml.safe_load(read_text(folder / CT_CONFIG, "transcoder config")) or {}
         except yaml.YAMLError as e:
             raise CircuitlabError(f"{folder / CT_CONFIG} is not valid YAML ({e})") from None
         if meta.get("model_kind", "cross_layer_transcoder") != "cross_layer_transcoder":
@@ -205,7 +206,7 @@ def read_sparsify(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:
     metas = []
     for i in range(L):
         try:
-            metas.append(json.loads((layers[i] / SP_CONFIG).read_text()))
+            metas.append(json.loads(read_text(layers[i] / SP_CONFIG, "transcoder config")))
         except json.JSONDecodeError as e:
             raise CircuitlabError(f"{layers[i] / SP_CONFIG} is not valid JSON ({e})") from None
     m0 = metas[0]

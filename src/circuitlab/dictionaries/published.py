@@ -52,6 +52,7 @@ from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.sae import CONFIG_FILE, LOAD_ANY, WEIGHTS_FILE, SparseDictionary, check_base_model
 from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
 from circuitlab.errors import CircuitlabError, did_you_mean
+from circuitlab.textfile import read_text
 
 GEMMA_SCOPE, GEMMA_SCOPE_2, LLAMA_SCOPE = "params.npz", "params.safetensors", "hyperparams.json"
 LLAMA_SCOPE_WEIGHTS, CT_CONFIG = "checkpoints/final.safetensors", "config.yaml"
@@ -258,7 +259,7 @@ def load_gemma_scope_2(file: str | Path) -> SparseDictionary:
         raise CircuitlabError(f"{file} is a cross-layer transcoder (w_dec {tuple(t['w_dec'].shape)}); "
                               "load it with load_transcoders")
     cfg_file = file.parent / "config.json"
-    raw = _read(cfg_file, lambda: json.loads(cfg_file.read_text())) if cfg_file.is_file() else _infer_gs2(file)
+    raw = _read(cfg_file, lambda: json.loads(read_text(cfg_file, "dictionary config"))) if cfg_file.is_file() else _infer_gs2(file)
     if raw.get("architecture", "jump_relu") != "jump_relu":
         raise CircuitlabError(f"{cfg_file}: architecture {raw.get('architecture')!r}; Gemma Scope 2 files are jump_relu")
     if not raw.get("hf_hook_point_in"):
@@ -302,7 +303,7 @@ def _infer_gs2(file: Path) -> dict[str, Any]:
 def load_llama_scope(folder: str | Path) -> SparseDictionary:
     """A Llama Scope folder: hyperparams.json + checkpoints/final.safetensors (dataset-wise norm folded in)."""
     folder = Path(folder)
-    hp = _read(folder / LLAMA_SCOPE, lambda: json.loads((folder / LLAMA_SCOPE).read_text()))
+    hp = _read(folder / LLAMA_SCOPE, lambda: json.loads(read_text(folder / LLAMA_SCOPE, "dictionary config")))
     _need(hp, ("d_model", "d_sae", "hook_point_in", "jump_relu_threshold"), str(folder / LLAMA_SCOPE))
     weights = folder / LLAMA_SCOPE_WEIGHTS
     if not weights.is_file():
@@ -363,7 +364,7 @@ def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model:
 def _ct_config(folder: Path) -> dict[str, Any]:
     import yaml
 
-    raw = _read(folder / CT_CONFIG, lambda: yaml.safe_load((folder / CT_CONFIG).read_text()))
+    raw = _read(folder / CT_CONFIG, lambda: yaml.safe_load(read_text(folder / CT_CONFIG, "transcoder config")))
     if not isinstance(raw, dict):
         raise CircuitlabError(f"{folder / CT_CONFIG} is not a mapping")
     kind = raw.get("model_kind", "transcoder_set")

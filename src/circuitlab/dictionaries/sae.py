@@ -27,6 +27,7 @@ from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.module import DictionaryModule
 from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_text
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -163,8 +164,10 @@ class SparseDictionary(DictionaryModule):
         folder = Path(folder)
         if not (folder / WEIGHTS_FILE).is_file():
             raise CircuitlabError(f"{folder} holds no dictionary (expected {WEIGHTS_FILE} and {CONFIG_FILE})")
+        if not (folder / CONFIG_FILE).is_file():
+            raise CircuitlabError(f"dictionary {folder} is incomplete: {CONFIG_FILE} is missing")
         try:
-            cfg_json = (folder / CONFIG_FILE).read_text()
+            cfg_json = read_text(folder / CONFIG_FILE, "dictionary config")  # names the byte if not UTF-8
             with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
                 header = f.metadata() or {}
                 tensors = {name: f.get_tensor(name) for name in f.keys()}

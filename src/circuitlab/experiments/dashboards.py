@@ -17,6 +17,8 @@ from circuitlab.training.outputs import check_output_folder, output_folder
 
 # All the text is tokenised and held at once; dashboards settle long before this.
 TOKENS = Number(int, low=1, high=4_194_304, why="the text is tokenised and held in memory at once")
+# feature cards of a graph report (`circuitlab graph --dashboard-tokens`): the same text, 0 = no cards
+CARD_TOKENS = Number(int, low=0, high=TOKENS.high, why=TOKENS.why)
 
 
 @dataclass

@@ -60,6 +60,9 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. The report's feature
     cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
     they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none)."""
+    from circuitlab.experiments.dashboards import CARD_TOKENS
+
+    dashboard_tokens = CARD_TOKENS.check(dashboard_tokens, "dashboard_tokens")
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
     ids = tokenizer.encode(prompt)

@@ -29,11 +29,63 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model.assumptions import require
+
+
+# Memory bounds (floats; float32 = 4 bytes each). The graph's dense matrices grow with the square of its node
+# count, so a long prompt or wide transcoders are refused before any backward pass, saying how many feature
+# nodes fit; the rows of one backward pass grow with the batch, so batch_size is cut to what fits.
+GRAPH_BUDGET = 2 ** 29   # 2 GiB: the adjacency, pruning's float64 copy, the decoder columns, capped rows
+BATCH_BUDGET = 2 ** 26   # 256 MiB: one backward pass's batched gradients and rows
+
+
+def graph_floats(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
+                 d_model: int) -> int:
+    """Floats a graph's dense matrices take at once: layers [n_feat], each active feature's layer; cap: feature
+    nodes kept (>= n_feat: all). The adjacency [n, n] (float32) and influence's |A| (float64, 2 floats per
+    entry); each feature's decoder vectors into every layer it writes; with a cap, the visited features' rows
+    [cap, n_cols] and influence's estimates from them (two more [cap, n_feat])."""
+    n_feat, L = len(layers), transcoders.n_layers
+    writes = sum(len(transcoders.writes(int(l))) * int(n) for l, n in zip(*layers.unique(return_counts=True)))
+    n_nodes = min(cap, n_feat) + (L + 1) * n_pos + n_logits
+    total = 3 * n_nodes ** 2 + writes * d_model
+    if cap < n_feat:
+        total += cap * (n_feat + (L + 1) * n_pos) + 2 * cap * n_feat
+    return total
+
+
+def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
+                     d_model: int, budget: int = GRAPH_BUDGET, name: str = "max_feature_nodes (--max-feature-nodes)",
+                     where: str = "") -> None:
+    """A one-line InputError, before any backward pass, when the graph's dense matrices (graph_floats) would
+    pass `budget` floats, saying how many feature nodes (`name`) would fit."""
+    need = graph_floats(layers, transcoders, cap, n_pos, n_logits, d_model)
+    if need <= budget:
+        return
+    n_feat = len(layers)
+    lo, hi = -1, min(cap, n_feat) - 1            # the most feature nodes that fit: binary search (monotone)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if graph_floats(layers, transcoders, mid, n_pos, n_logits, d_model) <= budget \
+            else (lo, mid - 1)
+    n_nodes = min(cap, n_feat) + (transcoders.n_layers + 1) * n_pos + n_logits
+    fix = f"give {name} at most {lo} or a shorter prompt" if lo >= 1 else "give a shorter prompt"
+    mb = lambda floats: f"{floats * 4 / 2**20:,.{0 if floats * 4 >= 10 * 2**20 else 2}f} MB"  # noqa: E731
+    raise InputError(f"this graph would hold {n_nodes:,} nodes ({n_feat:,} active features over {n_pos} tokens): "
+                     f"its dense matrices need {mb(need)} (limit {mb(budget)}{where}); {fix}")
+
+
+def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
+    """Target rows one backward pass may hold within BATCH_BUDGET: each row carries its gradient through every
+    layer at every position, and its adjacency row [n_cols]; at least 1."""
+    cfg = model.cfg
+    per_layer = n_pos * (8 * cfg.d_model + (0 if cfg.attn_only else 2 * cfg.mlp_dim) + 2 * cfg.n_heads * n_pos)
+    return max(1, BATCH_BUDGET // (per_layer * max(cfg.n_layers, 1) + cfg.d_vocab + n_cols))
 
 
 @dataclass
@@ -206,9 +258,10 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
     targets: None (the top tokens until desired_logit_prob, at most max_n_logits) or a list of token ids,
     (label, direction [d_vocab]) pairs and LogitTargets (see logit_difference).
-    batch_size: target rows per backward pass.
+    batch_size: target rows per backward pass (at most as many as fit BATCH_BUDGET, rows_per_pass).
     max_feature_nodes: keep at most this many feature nodes, visited greedily by their influence on the
-    logits (estimated from the rows computed so far), for long prompts.
+    logits (estimated from the rows computed so far), for long prompts. A graph whose dense matrices would
+    pass GRAPH_BUDGET is refused in one line before any backward pass, saying how many would fit.
     bos: position 0 is an attention sink (circuit-tracer's convention): no features, no error node there.
     dtype: compute in this dtype (default: the model's).
     Returns the unpruned Graph, with its timings and memory in graph.info: peak_mb, how much the
@@ -234,28 +287,30 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
                bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None) -> Graph:
     t0 = time.perf_counter()
-    if not (isinstance(batch_size, int) and batch_size >= 1):
-        raise InputError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
-    if max_feature_nodes is not None and not (isinstance(max_feature_nodes, int) and max_feature_nodes >= 0):
-        raise InputError(f"max_feature_nodes must be a whole number >= 0, got {max_feature_nodes!r}")
-    if not 0 < desired_logit_prob <= 1:
-        raise InputError(f"desired_logit_prob must be in (0, 1], got {desired_logit_prob}")
+    batch_size = COUNT.check(batch_size, "batch_size")
+    if max_feature_nodes is not None:
+        COUNT.check(max_feature_nodes, "max_feature_nodes")
+    desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
+    max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
     require(model, "attribution graphs (demeaned logits)", "linear_readout")
     dtype = dtype or next(model.parameters()).dtype
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
-    values = torch.stack([rm.acts[int(l_)][p, f] for l_, p, f in features.tolist()]) if len(features) \
-        else torch.zeros(0)
     last = rm.logits[-1]
     logit_targets = (top_logit_targets(last, max_n_logits, desired_logit_prob, tokenizer) if targets is None
                      else named_logit_targets(last, targets, tokenizer))
-    t_setup = time.perf_counter() - t0
-
     n_feat, T, L = len(features), rm.n_pos, transcoders.n_layers
     n_logit = len(logit_targets)
     cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
+    check_graph_size(features[:, 0], transcoders, cap, T, n_logit, model.cfg.d_model)
+    values = torch.zeros(0)
+    if n_feat:
+        values = torch.cat([rm.acts[int(l_)][features[features[:, 0] == l_, 1], features[features[:, 0] == l_, 2]]
+                            for l_ in features[:, 0].unique().tolist()])   # sorted by layer, as features are
+    t_setup = time.perf_counter() - t0
+
     cols = _Columns(rm, features, values, dtype)
-    B = batch_size
+    B = min(batch_size, rows_per_pass(model, cols.n_cols, T))
     t1 = time.perf_counter()
     t_forward = 0.0
     n_passes = 0
@@ -295,13 +350,17 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
 
     # Feature rows go straight into the adjacency when every feature is a node; with a cap, into their own
-    # matrix first (which features become nodes is known only at the end).
+    # matrix first, in the order visited (which features become nodes is known only at the end): cap rows,
+    # never one per active feature.
     n_nodes = (cap if cap < n_feat else n_feat) + (L + 1) * T + n_logit
     adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-    feature_rows = adjacency[:n_feat, :cols.n_cols] if cap == n_feat else torch.zeros(n_feat, cols.n_cols, dtype=dtype)
+    feature_rows = adjacency[:n_feat, :cols.n_cols] if cap == n_feat else torch.zeros(cap, cols.n_cols, dtype=dtype)
     visited = torch.zeros(n_feat, dtype=torch.bool)
+    order = torch.zeros(cap, dtype=torch.long)   # with a cap: the feature of each row of feature_rows
+    n_done = 0
 
     def feature_batch(lp: LinearPass, idx: torch.Tensor) -> None:
+        nonlocal n_done
         inject: dict[int, torch.Tensor] = {}
         for layer in features[idx, 0].unique().tolist():
             sel = (features[idx, 0] == layer).nonzero().flatten()
@@ -310,7 +369,12 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
             vecs = transcoders.encoder_vectors(layer, features[idx[sel], 2]).detach().to(x.dtype)  # [n, d_in]
             g[sel, features[idx[sel], 1]] = vecs
             inject[layer] = g
-        feature_rows[idx] = backward(lp, inject, None)
+        if cap == n_feat:
+            feature_rows[idx] = backward(lp, inject, None)
+        else:
+            feature_rows[n_done:n_done + len(idx)] = backward(lp, inject, None)
+            order[n_done:n_done + len(idx)] = idx
+        n_done += len(idx)
         visited[idx] = True
 
     bar = tqdm(total=cap, desc="attribution", unit="feature", disable=not progress)
@@ -331,7 +395,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     else:
         # Greedy: the features with the most influence on the logits so far, a few batches at a time.
         while int(visited.sum()) < cap:
-            infl = _partial_influence(feature_rows, visited, logit_rows_t, weights)
+            infl = _partial_influence(feature_rows[:n_done], order[:n_done], n_feat, logit_rows_t, weights)
             infl[visited] = -math.inf
             todo = infl.argsort(descending=True)[:min(4 * B, cap - int(visited.sum()))]
             todo = todo[features[todo, 0].argsort(stable=True)]
@@ -347,7 +411,9 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     n_src = n_nodes - n_logit
     if cap < n_feat:
         keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
-        adjacency[:len(selected), :n_src] = feature_rows[selected][:, keep_cols]
+        slot = torch.empty(n_feat, dtype=torch.long)
+        slot[order] = torch.arange(cap)
+        adjacency[:len(selected), :n_src] = feature_rows[slot[selected]][:, keep_cols]
         adjacency[n_src:, :n_src] = logit_rows_t[:, keep_cols]
     else:
         adjacency[n_src:, :n_src] = logit_rows_t
@@ -365,19 +431,20 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
 
 
 @torch.no_grad()
-def _partial_influence(feature_rows: torch.Tensor, visited: torch.Tensor, logit_rows: torch.Tensor,
+def _partial_influence(rows: torch.Tensor, order: torch.Tensor, n_feat: int, logit_rows: torch.Tensor,
                        weights: torch.Tensor) -> torch.Tensor:
     """Each feature's influence on the weighted logits [n_feat] through the rows computed so far (the logit
-    rows and the visited features' rows, feature_rows [n_feat, n_cols]): w (Â + Â² + ...) without building
-    the square matrix (a feature not yet visited has no row: nothing passes through it yet)."""
-    n_feat = len(feature_rows)
+    rows and the visited features' rows: rows [n_visited, n_cols], row j that of feature order[j]):
+    w (Â + Â² + ...) without building the square matrix (a feature not yet visited has no row: nothing passes
+    through it yet). One copy of the visited rows, made absolute; each step divides the vector instead."""
     a_logit = normalized(logit_rows)[:, :n_feat]
-    idx = visited.nonzero().flatten()
-    a_feat = normalized(feature_rows[idx])[:, :n_feat]                  # [n_visited, n_feat]
+    a = rows.abs()
+    inv = 1 / a.sum(dim=1).clamp(min=1e-10)
+    a_feat = a[:, :n_feat]                                               # [n_visited, n_feat]
     step = weights.to(a_logit.dtype) @ a_logit
     total = step.clone()
     for _ in range(n_feat + 1):  # edges run from earlier layers to later ones: reaches zero
-        step = step[idx] @ a_feat
+        step = (step[order] * inv) @ a_feat
         if not bool(step.any()):
             return total
         total += step

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_dir
+from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
 
@@ -94,9 +95,8 @@ def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
 
 
 def check_threshold(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise InputError(f"{name} must be a number in (0, 1], got {value!r}")
-    return float(value)
+    """A pruning threshold: a share of the influence kept, in (0, 1] (checks.SHARE, as the CLI and explorer)."""
+    return SHARE.check(value, name)
 
 
 @dataclass

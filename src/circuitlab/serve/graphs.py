@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from circuitlab.atomic import atomic_write_text
-from circuitlab.checks import FINITE, Number
+from circuitlab.checks import FINITE, SHARE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.viz.graph_view import feature_cards
 
@@ -36,15 +36,19 @@ MAX_SUPERNODES, MAX_NAME = 200, 100
 CARD_TOKENS = 4096          # held-out story tokens a layer's feature cards are computed on
 COMPUTED = "explorer-graphs"  # where graphs computed from the page are written, under the runs folder
 SCALE = Number(float, low=-1000, high=1000, why="a feature scaled further only saturates the logits")
-THRESHOLD = Number(float, low=0, high=1, low_open=True)
+THRESHOLD = SHARE           # node and edge thresholds: the rule `circuitlab graph` and Graph.prune keep
 MAX_GRAPH_TOKENS = Number(int, low=1, high=64, why="a graph runs one backward pass per feature; "
                                                   "`circuitlab graph` takes longer prompts")
-MAX_GRAPH_MB = 256          # the dense adjacency in float64 (pruning's precision), before it is built
+MAX_GRAPH_MB = 256          # a graph's dense matrices (graphs.attribution.graph_floats), before they are built
 MAX_NODES_CAP = Number(int, low=1, high=4000, why="each feature node costs a backward row")
 
 
+def _budget() -> int:
+    return int(MAX_GRAPH_MB * 2**20 / 4)   # floats
+
+
 def _node_count_limit() -> int:
-    return int((MAX_GRAPH_MB * 2**20 / 8) ** 0.5)
+    return int((_budget() / 3) ** 0.5)     # the adjacency and influence's float64 copy: 3 floats a node pair
 
 
 class QParamsRequest(BaseModel):
@@ -266,6 +270,7 @@ class GraphBrowser:
                 max_feature_nodes: int | None) -> dict[str, Any]:
         """A new graph of the prompt (written under the runs folder), refused up front when too large."""
         from circuitlab.graphs import ReplacementModel
+        from circuitlab.graphs.attribution import check_graph_size
 
         self._need()
         if self.runner is None:
@@ -277,15 +282,10 @@ class GraphBrowser:
         MAX_GRAPH_TOKENS.check(len(ids), "the prompt's length in tokens")
         if max_feature_nodes is not None:
             max_feature_nodes = MAX_NODES_CAP.check(max_feature_nodes, "max_feature_nodes")
-        active = len(ReplacementModel(self.model, self.tc, torch.tensor(ids)).active_features)
-        features = active if max_feature_nodes is None else min(active, max_feature_nodes)
-        n_nodes = features + (self.model.cfg.n_layers + 1) * len(ids) + 10
-        limit = _node_count_limit()
-        if n_nodes > limit:
-            fit = max(0, limit - (self.model.cfg.n_layers + 1) * len(ids) - 10)
-            raise CircuitlabError(f"this graph would have {n_nodes:,} nodes ({active:,} active features): its "
-                                  f"adjacency needs {n_nodes ** 2 * 8 / 2**20:,.0f} MB, over the explorer's "
-                                  f"{MAX_GRAPH_MB} MB; set max_feature_nodes to at most {fit} or shorten the prompt")
+        layers = ReplacementModel(self.model, self.tc, torch.tensor(ids)).active_features[:, 0]
+        cap = len(layers) if max_feature_nodes is None else min(len(layers), max_feature_nodes)
+        check_graph_size(layers, self.tc, cap, len(ids), 10, self.model.cfg.d_model, budget=_budget(),
+                         name="max_feature_nodes", where=", the explorer's")   # 10: the runner's most logit nodes
         out = self.root / COMPUTED / time.strftime("graph-%Y%m%d-%H%M%S")
         n = 2
         while out.exists():

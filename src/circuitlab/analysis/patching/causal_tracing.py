@@ -308,6 +308,12 @@ def causal_trace(model, tokens, subject: Any, answer: int | str | None = None, *
     measure = _metric(metric, answer, wrong)
     corrupted = corrupt_positions(model, tokens, range(start, end), noise)
     run = trace_run(model, tokens, corrupted, measure)
+    if not math.isfinite(run.clean_value):
+        raise InputError(f"the clean run gave a non-finite {metric}: the model's own activations overflow on this "
+                         "prompt (a broken checkpoint?)")
+    if not math.isfinite(run.corrupt_value):
+        raise InputError(f"the corrupted runs gave a non-finite {metric}: the noise (nu {corrupted.nu:.3g}) "
+                         "overflows the model's activations; give a smaller noise scale")
     values = {k: restoration_sweep(model, run, k, window, batch_size, progress) for k in kinds}
     return CausalTrace(tokens.tolist(), (start, end), answer, measure.__name__, run.clean_value, run.corrupt_value,
                        values, window, noise.describe(corrupted.nu), _pieces(tokens, tokenizer),

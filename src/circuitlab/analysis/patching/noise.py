@@ -26,11 +26,37 @@ from dataclasses import dataclass, field
 
 import torch
 
-from circuitlab.checks import COUNT, POSITIVE
+from circuitlab.checks import COUNT, POSITIVE, Number
 from circuitlab.errors import InputError
 from circuitlab.model import model_device
 
 NOISE_KINDS = ("gaussian", "uniform", "replace")
+# k in nu = k x std: past a few the noise already swamps the embeddings (the paper's is 3); far past, the
+# corrupted activations overflow float32 and every value is NaN.
+SCALE = Number(float, low=0.0, low_open=True, high=1000.0, why="the noise already swamps the embeddings; "
+                                                               "more only overflows")
+# Floats the corrupted runs may hold at once: every run is in the batch of one forward pass, whose cache the
+# restorations read (causal tracing, noised patching). Bounds the noise samples (or replacements) x prompts.
+RUNS_BUDGET = 2 ** 28   # 1 GiB of float32
+
+
+def run_floats(cfg, n_pos: int) -> int:
+    """Floats one corrupted run of n_pos positions holds: its cached activations at every layer (residual
+    stream, keys and values, attention and MLP outputs), its logits and the noise added to it."""
+    per_layer = 6 * cfg.d_model + (2 * cfg.mlp_dim if cfg.has_mlp else 0) + cfg.n_heads * n_pos
+    return n_pos * (cfg.n_layers * per_layer + 2 * cfg.d_vocab + 4 * cfg.d_model)
+
+
+def check_runs(cfg, runs: int, prompts: int, n_pos: int) -> None:
+    """A one-line InputError, before anything is drawn, when runs x prompts corrupted runs of n_pos positions
+    would pass RUNS_BUDGET, saying how many runs fit."""
+    need = runs * prompts * run_floats(cfg, n_pos)
+    if need > RUNS_BUDGET:
+        fit = max(0, RUNS_BUDGET // (prompts * run_floats(cfg, n_pos)))
+        per = f" x {prompts} prompts" if prompts > 1 else ""
+        raise InputError(f"{runs:,} noise runs{per} of {n_pos} tokens hold {need * 4 / 2**30:,.1f} GiB of "
+                         f"activations at once (limit {RUNS_BUDGET * 4 / 2**30:.0f} GiB: every run is in one batch); "
+                         f"give at most {fit} noise samples (or replacements)")
 
 
 @dataclass(frozen=True)
@@ -56,7 +82,7 @@ class Noise:
         cannot be used (n_positions: the corrupted span's length, for the replacements)."""
         if self.kind not in NOISE_KINDS:
             raise InputError(f"noise kind must be one of {', '.join(NOISE_KINDS)}, got {self.kind!r}")
-        POSITIVE.check(self.scale, "the noise scale")
+        SCALE.check(self.scale, "the noise scale")
         if self.std is not None:
             POSITIVE.check(self.std, "the embeddings' std")
         COUNT.check(self.samples, "noise samples")
@@ -121,10 +147,12 @@ def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noi
 
     nu: the noise's standard deviation (default noise.scale x (noise.std or the std measured on the
     tokens at `positions`)); passing 0.0 gives uncorrupted runs (a check that restoring changes nothing).
+    More runs x prompts than RUNS_BUDGET holds are refused in one line (check_runs) before anything is drawn.
     """
     tokens = torch.as_tensor(tokens).long()
     rows = tokens if tokens.dim() == 2 else tokens[None]  # [batch, pos]
     B, T = rows.shape
+    check_runs(model.cfg, noise.n_runs, B, T)
     positions = list(positions)
     device = model_device(model)
     if noise.kind == "replace":
