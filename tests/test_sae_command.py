@@ -54,7 +54,10 @@ def test_sae_train_then_eval(tiny_checkpoint, capsys):
     capsys.readouterr()
     assert main(["sae", "eval", "--dictionary", str(folder), "--checkpoint", str(root / "model"), "--batches", "2",
                  "--seq-len", "16", "--json", str(root / "m.json")]) == 0
-    assert "CE recovered" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "CE recovered" in out
+    assert "MSE" in out and "(model units, summed over dims; sae train logs the same)" in out   # one labelled scale
+    assert "dead" in out and "fired on none of the 32 tokens: a rate below 1/32 reads as dead" in out  # 2 x 16
     assert json.loads((root / "m.json").read_text())["spliced"]["ce_clean"] > 0
     # a dictionary recorded for another base model
     other = root / "other"
