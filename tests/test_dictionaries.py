@@ -120,6 +120,23 @@ def test_corrupt_truncated_or_mismatched_files_give_one_line(tmp_path):
         SparseDictionary.load(tmp_path / "nowhere")
 
 
+def _spoil(file):
+    file.write_bytes(file.read_bytes() + b"\n# caf\xe9\n")   # a Latin-1 byte after the text
+
+
+def test_configs_that_are_not_utf8_name_the_file_and_byte(tmp_path):
+    """Our dictionary's config.json and a SAELens folder's cfg.json are read through circuitlab.textfile."""
+    ours = random_dictionary().save(tmp_path / "d")
+    _spoil(ours / "config.json")
+    with pytest.raises(CircuitlabError, match=r"config.json is not UTF-8 text: byte \d+ \(line \d+\) is 0xe9"):
+        SparseDictionary.load(ours)
+    save_saelens(random_dictionary(), tmp_path / "s")
+    cfg = next((tmp_path / "s").glob("cfg.json"))
+    _spoil(cfg)
+    with pytest.raises(CircuitlabError, match=r"cfg.json is not UTF-8 text: byte \d+"):
+        load_saelens(tmp_path / "s")
+
+
 def test_a_dictionary_for_another_base_model_is_refused():
     cfg = ModelConfig.from_preset("attn-only-1l", d_model=16, n_heads=2, d_vocab=20, n_ctx=8)
     model, other = Transformer(cfg), Transformer(cfg)

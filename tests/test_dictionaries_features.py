@@ -77,6 +77,10 @@ def test_planted_feature_gets_its_token_contexts_and_exact_density(model, tmp_pa
         feature_dashboards(model, sae, batches, features=[0, 1]).feature(2)
     with pytest.raises(CircuitlabError, match="no dashboards"):
         FeatureDashboards.load(tmp_path)
+    meta = next((tmp_path / "dash").glob("*.json"))
+    meta.write_bytes(meta.read_bytes() + b"\xe9")
+    with pytest.raises(CircuitlabError, match=rf"{meta.name} is not UTF-8 text: byte \d+"):
+        FeatureDashboards.load(tmp_path / "dash")
 
 
 def test_logit_effects_of_an_identity_dictionary_are_the_neuron_view(model):

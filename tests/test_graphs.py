@@ -623,3 +623,18 @@ def test_transcoder_configs_that_are_not_utf8_are_one_line(tmp_path, monkeypatch
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (name, err)
         assert f"{file.name} is not UTF-8 text: byte" in err and "0xe9" in err, (name, err)
+
+
+def test_a_saved_graph_that_is_corrupt_or_not_utf8_is_one_line(setup, tmp_path):
+    _, _, _, graph = setup
+    folder = graph.save(tmp_path / "g")
+    meta = next(p for p in folder.glob("*.json"))
+    text = meta.read_bytes()
+    meta.write_bytes(text + b"\xe9")
+    with pytest.raises(CircuitlabError, match=rf"{meta.name} is not UTF-8 text: byte {len(text)}"):
+        Graph.load(folder)
+    meta.write_bytes(text[:len(text) // 2])
+    with pytest.raises(CircuitlabError, match="corrupt or truncated"):
+        Graph.load(folder)
+    meta.write_bytes(text)
+    assert torch.equal(Graph.load(folder).adjacency, graph.adjacency)

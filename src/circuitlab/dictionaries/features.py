@@ -27,6 +27,7 @@ from circuitlab.display import Displayed
 from circuitlab.dictionaries.feature_logits import feature_logit_effects
 from circuitlab.dictionaries.splice import flatten_trailing
 from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_text
 from circuitlab.model import model_device
 
 HIST_RANGE = (-4.0, 3.0)  # log10 of the activation
@@ -164,9 +165,14 @@ class FeatureDashboards(Displayed):
     @classmethod
     def load(cls, folder: str | Path) -> "FeatureDashboards":
         folder = Path(folder)
+        if not (folder / META_FILE).is_file():
+            raise CircuitlabError(f"{folder} holds no dashboards ({META_FILE} is missing); "
+                                  "write them with `circuitlab sae dashboards`")
         try:
-            meta = json.loads((folder / META_FILE).read_text())
+            meta = json.loads(read_text(folder / META_FILE, "dashboards metadata"))  # names the byte if not UTF-8
             tensors = load_file(str(folder / TENSORS_FILE))
+        except CircuitlabError:
+            raise
         except FileNotFoundError as e:
             raise CircuitlabError(f"{folder} holds no dashboards ({Path(e.filename).name} is missing); "
                                   "write them with `circuitlab sae dashboards`") from None

@@ -22,6 +22,7 @@ from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_text
 
 SAELENS_WEIGHTS, SAELENS_CONFIG = "sae_weights.safetensors", "cfg.json"
 _TRANSCODERS = {"transcoder": ("relu", False), "skip_transcoder": ("relu", True),
@@ -39,8 +40,10 @@ def load_saelens(folder: str | Path, device: str | torch.device = "cpu") -> Spar
     if not is_saelens_folder(folder):
         raise CircuitlabError(f"{folder} is not a SAELens dictionary (expected {SAELENS_CONFIG} and {SAELENS_WEIGHTS})")
     try:
-        raw = json.loads((folder / SAELENS_CONFIG).read_text())
+        raw = json.loads(read_text(folder / SAELENS_CONFIG, "SAELens config"))  # names the byte if not UTF-8
         tensors = load_file(str(folder / SAELENS_WEIGHTS))
+    except CircuitlabError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise CircuitlabError(f"SAELens dictionary {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
     cfg = _config_from_saelens(raw, folder)

@@ -31,6 +31,7 @@ from circuitlab.atomic import atomic_dir
 from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.textfile import read_text
 
 FORMAT = "circuitlab-graph-1"
 TENSORS, META = "graph.safetensors", "graph.json"
@@ -361,15 +362,22 @@ class Graph(Displayed):
         folder = Path(folder)
         if not (folder / TENSORS).is_file() or not (folder / META).is_file():
             raise CircuitlabError(f"{folder} holds no graph (expected {TENSORS} and {META})")
-        meta = json.loads((folder / META).read_text())
-        if meta.get("format") != FORMAT:
-            raise CircuitlabError(f"{folder / META} is not a {FORMAT} file")
-        t = load_file(str(folder / TENSORS))
-        return cls(tokens=t["tokens"], active_features=t["active_features"], activations=t["activations"],
-                   selected=t["selected"], adjacency=t["adjacency"], logit_labels=meta["logit_labels"],
-                   logit_tokens=t["logit_tokens"], logit_weights=t["logit_weights"], n_layers=meta["n_layers"],
-                   bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
-                   transcoders=meta["transcoders"], info=meta["info"])
+        text = read_text(folder / META, "graph metadata")   # names the byte if not UTF-8
+        try:
+            meta = json.loads(text)
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                raise CircuitlabError(f"{folder / META} is not a {FORMAT} file")
+            t = load_file(str(folder / TENSORS))
+            return cls(tokens=t["tokens"], active_features=t["active_features"], activations=t["activations"],
+                       selected=t["selected"], adjacency=t["adjacency"], logit_labels=meta["logit_labels"],
+                       logit_tokens=t["logit_tokens"], logit_weights=t["logit_weights"], n_layers=meta["n_layers"],
+                       bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
+                       transcoders=meta["transcoders"], info=meta["info"])
+        except CircuitlabError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to write again
+            raise CircuitlabError(f"the graph in {folder} is corrupt or truncated ({type(e).__name__}: {e}); "
+                                  "write it again with `circuitlab graph`") from None
 
 
 def summary_html(graph: Graph, pruned: Pruned | None = None) -> str:
