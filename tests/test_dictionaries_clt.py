@@ -83,9 +83,11 @@ def test_a_wrong_sparse_decoder_gradient_is_caught():
     assert max(float((sparse_grads[n] - dense_grads[n]).abs().max()) for n in dense_grads) > 1e-6
 
 
-def test_the_training_loss_is_the_definition():
-    """Dense step in float64 against the formula written out: Σ_layers MSE + λ Σ tanh(c a ‖W_dec‖) + λ_p Σ ReLU(θ − pre) ‖W_dec‖."""
-    clt = _clt("jumprelu")
+@pytest.mark.parametrize("arch", ["jumprelu", "relu"])
+def test_the_training_loss_is_the_definition(arch):
+    """Dense step in float64 against the formula written out: Σ_layers MSE + λ Σ tanh(c a ‖W_dec‖) (JumpReLU) or
+    λ Σ a ‖W_dec‖ (ReLU: L1) + λ_p Σ ReLU(θ − pre) ‖W_dec‖ (ReLU: θ = 0); θ gets no gradient from the last term."""
+    clt = _clt(arch)
     xs, ys = _data()
     coef = CLTCoefficients(sparsity=0.3, aux=0.0, bandwidth=0.2, tanh_scale=2.0, preact=0.1)
     out = clt_training_step(clt, xs, ys, coef, None, sparse=False)
@@ -93,10 +95,17 @@ def test_the_training_loss_is_the_definition():
         y_hat, acts = clt(xs)
         norms = clt.decoder_norms()                                       # [L, N]
         pre = torch.stack([clt.pre_acts(xs[:, l], l) for l in range(L)], 1)
-        theta = torch.stack(list(clt.threshold))
-        want = ((y_hat - ys) ** 2).sum((1, 2)).mean() + 0.3 * torch.tanh(2.0 * acts * norms).sum() / 40 \
-            + 0.1 * ((theta - pre).relu() * norms).sum() / 40
+        theta = torch.stack(list(clt.threshold)) if arch == "jumprelu" else torch.zeros(L, N, dtype=xs.dtype)
+        penalty = torch.tanh(2.0 * acts * norms) if arch == "jumprelu" else acts * norms
+        want = ((y_hat - ys) ** 2).sum((1, 2)).mean() + 0.3 * penalty.sum() / 40 + 0.1 * ((theta - pre).relu() * norms).sum() / 40
     torch.testing.assert_close(out.loss.detach(), want, rtol=1e-12, atol=1e-12)
+    if arch == "jumprelu":  # θ's gradient is the sparsity term's alone (straight-through)
+        clt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        with_preact = clt.threshold[0].grad.clone()
+        clt.zero_grad(set_to_none=True)
+        clt_training_step(clt, xs, ys, CLTCoefficients(**{**vars(coef), "preact": 0.0}), None, sparse=False).loss.backward()
+        torch.testing.assert_close(with_preact, clt.threshold[0].grad, rtol=0, atol=0)
     # the output at layer t is Σ_{s ≤ t} W_dec^{s→t} a^s + b^t
     t = 2
     manual = clt.b_dec[t] + sum(acts[:, s] @ clt.decoder(s, t) for s in range(t + 1))
@@ -342,13 +351,13 @@ def tiny_checkpoint(tmp_path_factory):
     return root
 
 
-def _cli_config(root, clt: dict, **train):
+def _cli_config(root, clt: dict, transcoders: dict | None = None, **train):
     import yaml
 
+    per_layer = {"kind": "transcoders", "architecture": "batchtopk", "d_sae": 32, "k": 4, **(transcoders or {})}
     data = {"model": str(root / "model"), "data": {"source": "stories", "n_stories": 200, "tokenizer": "char"},
             "store": {"seq_len": 16, "seqs_per_chunk": 16},
-            "dictionaries": [{"kind": "clt", "architecture": "batchtopk", "d_sae": 32, "k": 4, **clt},
-                             {"kind": "transcoders", "architecture": "batchtopk", "d_sae": 32, "k": 4}],
+            "dictionaries": [{"kind": "clt", "architecture": "batchtopk", "d_sae": 32, "k": 4, **clt}, per_layer],
             "train": {"steps": 20, "batch_size": 64, "eval_batches": 2, "ckpt_every": 10, **train}}
     path = root / "clt.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -379,9 +388,10 @@ def test_sae_train_trains_a_clt_beside_per_layer_transcoders(tiny_checkpoint, ca
     assert len(json.loads((root / "clt-eval.json").read_text())["layer_l0"]) == 3
 
 
-@pytest.mark.parametrize("arch,target", [("jumprelu", 0.0), ("topk", 0.0), ("jumprelu", 2.0)])
+@pytest.mark.parametrize("arch,target", [("jumprelu", 0.0), ("topk", 0.0), ("jumprelu", 2.0), ("relu", [1.0, 3.0])])
 def test_training_resumes_exactly(tmp_path, arch, target):
-    """Also in target-L0 mode, stopped while the per-layer controller steers (its state is checkpointed)."""
+    """Also in target-L0 mode (one target, or one per layer), stopped while the per-layer controller steers (its
+    state is checkpointed)."""
     from circuitlab.dictionaries.planted import PlantedCrossLayer
     from circuitlab.dictionaries.store import ActivationStore
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
@@ -401,6 +411,40 @@ def test_training_resumes_exactly(tmp_path, arch, target):
     if target:  # one coefficient per layer, saved with the CLT
         held = whole.cfg.metadata["sparsity_coeff"]
         assert len(held) == 2 and held == resumed.cfg.metadata["sparsity_coeff"] and held[0] != held[1]
+        assert whole.cfg.metadata["target_l0"] == resumed.cfg.metadata["target_l0"] == ([target] * 2 if target == 2.0 else target)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_sae_train_takes_a_target_per_layer(tiny_checkpoint):
+    """--target-l0 3,2,1: the ReLU CLT is steered and saved with a target per layer, and each ReLU transcoder of
+    the per-layer set with its own layer's; a wrong count is refused in one line and writes nothing."""
+    from circuitlab.cli import main
+
+    root = tiny_checkpoint
+    config = _cli_config(root, {"architecture": "relu"}, transcoders={"architecture": "relu"})
+    assert main(["sae", "train", "--config", str(config), "--out", str(root / "steered"), "--no-progress",
+                 "--target-l0", "3,2,1"]) == 0
+    saved = lambda name: json.loads((root / "steered" / "dictionaries" / name / "config.json").read_text())["metadata"]  # noqa: E731
+    assert saved("clt-relu")["target_l0"] == [3.0, 2.0, 1.0] and len(saved("clt-relu")["sparsity_coeff"]) == 3
+    assert [saved(f"transcoders-{l}")["target_l0"] for l in range(3)] == [3.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize("target,message", [
+    ("3,2", "train.target_l0 names 2 L0s but the CLT has 3 layers"),
+    ("3,-1,2", "train.target_l0 must be a finite number >= 0, or a non-empty list of finite numbers > 0 (item 1 is -1.0)"),
+    ("3,inf,2", "(item 1 is inf)"),
+])
+@pytest.mark.usefixtures("one_thread")
+def test_sae_train_refuses_bad_per_layer_targets_in_one_line(tiny_checkpoint, capsys, target, message):
+    from circuitlab.cli import main
+
+    root = tiny_checkpoint
+    out = root / "bad-target"
+    config = _cli_config(root, {"architecture": "relu"})
+    assert main(["sae", "train", "--config", str(config), "--out", str(out), "--no-progress", "--target-l0", target]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("change,message", [

@@ -49,20 +49,30 @@ def test_a_clt_recovers_cross_layer_features_that_per_layer_transcoders_split():
     assert float(per_feature[writes == 3].float().mean()) > 1.25
 
 
-def test_target_l0_steers_each_layer_of_a_jumprelu_clt():
-    """target_l0 on a JumpReLU CLT: one coefficient per layer, each steered by its layer's L0, from a start at the
-    target (each layer's encoder bias from target_l0.cut_for_l0). Planted: 3 layers of 16 features in d = 32
-    writing into 3 layers, true L0 2 per layer; 1,200 steps of 256. Measured: L0 per layer 1.96 / 1.89 / 1.88,
-    mean max cosine 0.906, coefficients held 43.8 / 4.19 / 1.10 (layer 0's features write into three layers)."""
+# (architecture, latents per layer, recovery floor). With one latent per true feature (16) a CLT can settle
+# with two features on one latent (ReLU: layers 1 and 2 at 0.87 / 0.84 on seed 0, seeds 1 and 2 at 0.97 / 0.94);
+# with 24 the ReLU CLT recovers 0.98.
+PENALTY_SETTINGS = [("relu", 16, 0.88), ("jumprelu", 16, 0.88), ("relu", 24, 0.9)]
+
+
+@pytest.mark.parametrize("arch,d_sae,floor", PENALTY_SETTINGS, ids=["relu-16", "jumprelu-16", "relu-24"])
+def test_target_l0_steers_each_layer_of_a_penalty_clt(arch, d_sae, floor):
+    """target_l0 on a ReLU / JumpReLU CLT: one coefficient per layer, each steered by its layer's L0, from a start at
+    the target (each layer's encoder bias from target_l0.cut_for_l0). Planted: 3 layers of 16 features in d = 32
+    writing into 3 layers, true L0 2 per layer; 1,200 steps of 256. Every layer ends within 10% of the target.
+    Measured (seed 0): ReLU-16 L0 2.03 / 1.99 / 2.06, mean max cosine 0.887, no latent dead (it was 2.34 / 2.03 / 1.95
+    and 0.878 with the tanh penalty: layer 0's coefficient climbed to 6–67 and killed latents); JumpReLU-16
+    1.98 / 1.94 / 2.00, 0.893; ReLU-24 2.01 / 2.03 / 2.04, 0.977."""
     planted = PlantedCrossLayer(n_layers=3, d=32, n_per_layer=16, reach=2, l0=2.0, zipf=0.0, seed=0)
     train = DictTrainConfig(steps=1200, batch_size=256, lr=3e-3, target_l0=2.0)
-    trainer = DictionaryTrainer([CLTConfig("jumprelu", n_layers=3, d_model=32, d_sae=16)], train,
+    trainer = DictionaryTrainer([CLTConfig(arch, n_layers=3, d_model=32, d_sae=d_sae)], train,
                                 ActivationStore(planted, 256), ActivationStore(planted, 1024, split="val"))
     result = trainer.fit(None, progress=False)
     clt, metrics = result.dictionaries[0], result.metrics[0]
     cos = float(planted.clt_recovery(clt).mean())
-    print(f"\nL0 per layer {[round(x, 2) for x in metrics.layer_l0]}, mean max cosine {cos:.3f}, "
-          f"coefficients {[round(c, 3) for c in clt.cfg.metadata['sparsity_coeff']]}")
+    print(f"\n{arch}, {d_sae} latents per layer: L0 per layer {[round(x, 2) for x in metrics.layer_l0]}, mean max cosine "
+          f"{cos:.3f}, dead {[round(x, 3) for x in metrics.layer_dead_frac]}, coefficients "
+          f"{[round(c, 3) for c in clt.cfg.metadata['sparsity_coeff']]}")
     assert all(abs(l0 - 2.0) <= 0.2 for l0 in metrics.layer_l0), metrics.layer_l0
-    assert cos >= 0.88
+    assert cos >= floor
     assert len(clt.cfg.metadata["sparsity_coeff"]) == 3

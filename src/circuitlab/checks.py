@@ -6,6 +6,7 @@ so that all four accept and refuse the same values with the same one-line messag
     steps = STEPS.check(steps, "steps")            # Python API / explorer: InputError on a bad value
     p.add_argument("--steps", type=STEPS.arg)      # CLI: argparse's one-line error, same rule
     check_fields(cfg, {"lr": POSITIVE}, "train")   # config dataclass: ConfigError naming train.lr
+    PerItem(NONNEG, POSITIVE).check([2, 2, 1.5], "train.target_l0")   # one number, or one per layer
 
 A rule refuses booleans (True is not 1 here), NaN and infinities, non-integers where a whole number is
 wanted, and anything outside [low, high]. Strings are refused by check() (the explorer's JSON, Python
@@ -73,9 +74,13 @@ class Number:
             raise error(f"{name} must be {why}, got {value!r}")
         return float(value) if self.kind is float else value
 
+    def read(self, text: str) -> Any:
+        """The number a text means (the command line; YAML 1.1's "3e-4"), or the text itself (then refused)."""
+        return _from_text(text, self.kind)
+
     def parse(self, text: str, name: str, error: type[Exception] = InputError) -> int | float:
-        """A number written as text (the command line; YAML 1.1's "3e-4"), then check()."""
-        return self.check(_from_text(text, self.kind), name, error)
+        """A number written as text, then check()."""
+        return self.check(self.read(text), name, error)
 
     def arg(self, text: str) -> int | float:
         """argparse type=: the same rule, as argparse's one-line "argument --x: must be ..." error."""
@@ -93,6 +98,61 @@ class Number:
         if self.high is not None:
             out["exclusiveMaximum" if self.high_open else "maximum"] = self.high
         return out
+
+
+@dataclass(frozen=True)
+class PerItem:
+    """One number kept by `one`, or a non-empty list of numbers each kept by `each` (a value per layer:
+    a CLT's target L0). A list comes back as a list of floats (ints) whatever sequence it came as; text
+    (the command line, --set) may write the list with commas: "2,2,1.5"."""
+
+    one: Number
+    each: Number
+
+    @property
+    def kind(self) -> type:
+        return self.one.kind
+
+    def rule(self) -> str:
+        each = self.each.rule()
+        for one, many in (("a finite number", "finite numbers"), ("a whole number", "whole numbers"), ("a number", "numbers")):
+            if each.startswith(one):
+                each = many + each[len(one):]
+                break
+        return f"{self.one.rule()}, or a non-empty list of {each}"
+
+    def problem(self, value: Any) -> str | None:
+        if not isinstance(value, (list, tuple)):
+            return None if self.one.problem(value) is None else self.rule()
+        if not value:
+            return self.rule()
+        for i, item in enumerate(value):
+            if self.each.problem(_from_text(item, self.each.kind)) is not None:
+                return f"{self.rule()} (item {i} is {item!r})"
+        return None
+
+    def check(self, value: Any, name: str, error: type[Exception] = InputError) -> Any:
+        why = self.problem(value)
+        if why is not None:
+            raise error(f"{name} must be {why}, got {value!r}")
+        if isinstance(value, (list, tuple)):
+            return [self.each.check(_from_text(v, self.each.kind), name, error) for v in value]
+        return self.one.check(value, name, error)
+
+    def read(self, text: str) -> Any:
+        """What a text means: a number, a comma-separated list of them, or the text itself (then refused)."""
+        return [_from_text(t, self.each.kind) for t in text.split(",")] if "," in text else _from_text(text, self.kind)
+
+    def parse(self, text: str, name: str, error: type[Exception] = InputError) -> Any:
+        return self.check(self.read(text), name, error)
+
+    def arg(self, text: str) -> Any:
+        """argparse type=: the same rule, as argparse's one-line error."""
+        value = self.read(text)
+        why = self.problem(value)
+        if why is not None:
+            raise argparse.ArgumentTypeError(f"must be {why}, got {text!r}")
+        return self.check(value, "value")
 
 
 def _from_text(text: Any, kind: type) -> Any:
@@ -121,7 +181,7 @@ FRACTION = Number(float, low=0.0, high=1.0)      # fractions, densities
 SHARE = Number(float, low=0.0, high=1.0, low_open=True)  # a share kept: graph thresholds, logit probability
 
 
-def check_fields(obj: Any, rules: dict[str, Number], where: str, error: type[Exception] = ConfigError) -> None:
+def check_fields(obj: Any, rules: dict[str, Number | PerItem], where: str, error: type[Exception] = ConfigError) -> None:
     """Check a config dataclass's numeric fields against their rules, in place: a YAML string that
     reads as a number ("3e-4") becomes that number, an int for a float rule becomes a float; any other
     bad value is error("<where>.<field> must be ..., got ...")."""
@@ -131,5 +191,5 @@ def check_fields(obj: Any, rules: dict[str, Number], where: str, error: type[Exc
             raise KeyError(f"check_fields: {type(obj).__name__} has no field {name!r}")
         value = getattr(obj, name)
         if isinstance(value, str):
-            value = _from_text(value, rule.kind)
+            value = rule.read(value)
         setattr(obj, name, rule.check(value, f"{where}.{name}", error))

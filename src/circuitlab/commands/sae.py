@@ -31,9 +31,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                    help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo, clt-demo)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
-    p.add_argument("--target-l0", type=float, default=None, metavar="L0",
+    p.add_argument("--target-l0", default=None, metavar="L0",
                    help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 (train.target_l0; "
-                        "TopK-family dictionaries keep their k)")
+                        "TopK-family dictionaries keep their k); a CLT may take one per layer: 8,8,4")
     p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (a run "
                                                           "stopped before its first checkpoint starts over)")

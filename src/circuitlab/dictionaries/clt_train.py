@@ -1,14 +1,24 @@
 """Training a cross-layer transcoder: its loss, its sparse step, and the pieces DictionaryTrainer calls for it.
 
     loss = Σ_layers ‖ŷ_l − y_l‖² (mean over rows)
-         + λ Σ_l Σ_i tanh(c · a_i^l ‖W_dec,i^l‖)          jumprelu / relu (Anthropic's CLT penalty)
-         + λ_p Σ_l Σ_i ReLU(θ_i^l − pre_i^l) ‖W_dec,i^l‖   jumprelu (pre-activation penalty: no latent stays dead)
+         + λ Σ_l Σ_i tanh(c · a_i^l ‖W_dec,i^l‖)          jumprelu (Anthropic's CLT penalty)
+         + λ Σ_l Σ_i a_i^l ‖W_dec,i^l‖                    relu (L1, as a ReLU SAE's)
+         + λ_p Σ_l Σ_i ReLU(θ_i^l − pre_i^l) ‖W_dec,i^l‖   jumprelu, relu with θ = 0 (pre-activation penalty:
+                                                           no latent stays dead; θ gets no gradient from it)
          + AuxK per layer                                  topk / batchtopk (dead latents fit the residual)
 
-‖W_dec,i^l‖ is feature i's whole decoder, every layer it writes to together. TopK keeps k latents per
-layer and row, BatchTopK k·rows per layer and batch. The decoder is the CLT's cost (layer l writes
-into L − l layers), so the sparse step (sparse_ops, kept pairs per layer) pays more than for an SAE:
-after the one dense product per layer (x_l @ W_enc^l), decoding and its gradients touch only kept pairs.
+‖W_dec,i^l‖ is feature i's whole decoder, every layer it writes to together. A ReLU CLT takes L1, not the
+tanh: the tanh saturates once c · a · ‖W_dec‖ passes ~1, so it pushes only the smallest activations
+down, and a ReLU (no threshold to move) then held a target L0 only with a coefficient large enough to
+kill latents (planted, target 2 per layer: layer 0's λ climbed to 6–67 and it ended 17% over, latents
+dead; with L1 and the pre-activation penalty at θ = 0: 2.03 / 1.99 / 2.06, none dead; docs/dictionaries.md).
+The pre-activation penalty moves the pre-activations of silent latents up and leaves θ alone: pushed
+down on every row below it, θ fell to its floor at layers 0 and 1 (the sparsity term's straight-through
+gradient reaches θ only from rows within the bandwidth) and the coefficient climbed to ~40 to hold the
+L0 by other means. TopK keeps k latents per layer and row, BatchTopK k·rows per layer and batch. The
+decoder is the CLT's cost (layer l writes into L − l layers), so the sparse step (sparse_ops, kept pairs
+per layer) pays more than for an SAE: after the one dense product per layer (x_l @ W_enc^l), decoding
+and its gradients touch only kept pairs.
 """
 from __future__ import annotations
 
@@ -28,8 +38,8 @@ from circuitlab.errors import CircuitlabError
 
 @dataclass
 class CLTCoefficients(Coefficients):
-    tanh_scale: float = 4.0   # c in tanh(c · a · ‖W_dec‖)
-    preact: float = 0.0       # λ_p, the pre-activation penalty (JumpReLU)
+    tanh_scale: float = 4.0   # c in tanh(c · a · ‖W_dec‖) (JumpReLU)
+    preact: float = 0.0       # λ_p, the pre-activation penalty (JumpReLU, ReLU)
     layers: tuple[float, ...] | None = None  # one sparsity coefficient per layer (target-L0 mode); None: `sparsity`
 
     def layer(self, l: int) -> float:
@@ -78,10 +88,13 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
             out = out.repeat(1, L - l)
         y_flat = y_flat + F.pad(out, (l * d, 0))
         fires.append(torch.bincount(kept.latents[acts > 0], minlength=n) if sparse else torch.count_nonzero(acts, dim=0))
-        if arch in ("jumprelu", "relu"):
+        if arch == "jumprelu":
             sparsity = sparsity + coef.layer(l) * torch.tanh(coef.tanh_scale * acts * norm).sum() / rows
-        if arch == "jumprelu" and coef.preact:
-            sparsity = sparsity + coef.preact * ((clt.threshold[l] - pre).relu() * norms[l]).sum() / rows
+        if arch == "relu":
+            sparsity = sparsity + coef.layer(l) * (acts * norm).sum() / rows
+        if arch in ("jumprelu", "relu") and coef.preact:  # ReLU: θ = 0
+            below = (clt.threshold[l].detach() - pre) if arch == "jumprelu" else -pre
+            sparsity = sparsity + coef.preact * (below.relu() * norms[l]).sum() / rows
         layer_acts.append(acts)
         layer_kept.append(kept)
     y_hat = y_flat.view(rows, L, d)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from circuitlab.dictionaries.store import _seed
+from circuitlab.errors import ConfigError
 
 
 class PlantedFeatures:
@@ -56,7 +57,7 @@ class PlantedCrossLayer:
     """Planted cross-layer features: ground truth for cross-layer transcoders.
 
     n_layers layers of width d; each layer is the source of n_per_layer true features. Feature f of
-    source layer l fires on a row with probability ∝ 1/(i+1)^zipf (on average l0 per layer, magnitude
+    source layer l fires on a row with probability ∝ 1/(i+1)^zipf (on average l0 per layer — or l0[l], magnitude
     uniform in [0.5, 1.5]). Its input direction e_f stays in the inputs of layers l, l+1, ... (the residual
     stream keeps it), and it writes a_f · o_f^t into the outputs of layers t = l..l+reach (known unit
     directions). A CLT needs one latent per feature (reading e_f at l, decoders o_f^l..o_f^{l+reach});
@@ -66,7 +67,7 @@ class PlantedCrossLayer:
         store = ActivationStore(planted, batch_size=512)   # hooks blocks.{l}.ln2.hook_normalized / hook_mlp_out
     """
 
-    def __init__(self, n_layers: int = 3, d: int = 16, n_per_layer: int = 24, reach: int = 1, l0: float = 2.0,
+    def __init__(self, n_layers: int = 3, d: int = 16, n_per_layer: int = 24, reach: int = 1, l0: float | list[float] = 2.0,
                  zipf: float = 0.5, rows_per_chunk: int = 8192, seed: int = 0,
                  input_hook: str = "blocks.{layer}.ln2.hook_normalized",
                  output_hook: str = "blocks.{layer}.hook_mlp_out") -> None:
@@ -83,7 +84,10 @@ class PlantedCrossLayer:
         self.writes = (writes >= 0) & (writes <= reach)                     # [n_features, L]
         self.outputs = unit(n, L, d) * self.writes[..., None]               # [n_features, L, d]: o_f^t (0 elsewhere)
         p = 1.0 / torch.arange(1, n_per_layer + 1, dtype=torch.float64) ** zipf
-        self.probs = (p * l0 / p.sum()).clamp(max=1.0).float().repeat(L)    # [n_features]
+        l0s = torch.as_tensor([l0] * L if isinstance(l0, (int, float)) else list(l0), dtype=torch.float64)  # [L]
+        if l0s.shape != (L,):
+            raise ConfigError(f"l0 must be one number or one per layer ({L}), got {l0}")
+        self.probs = (p * l0s[:, None] / p.sum()).clamp(max=1.0).float().flatten()   # [n_features], layer-major
         self.n_layers, self.d, self.n_per_layer, self.reach, self.l0 = L, d, n_per_layer, reach, l0
         self.zipf, self.rows_per_chunk, self.seed = zipf, rows_per_chunk, seed
         self.input_hook, self.output_hook = input_hook, output_hook

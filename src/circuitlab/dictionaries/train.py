@@ -23,7 +23,8 @@ latent sent to a worst-reconstructed row lands on a mixture that never beats the
 because it was just placed somewhere; a split child starts on a direction the data has, and splitting
 goes on through the first half of the decay (a latent split just before the decay can lose its
 feature back to its parent as the rate falls). With target_l0 (ReLU, JumpReLU) the sparsity
-coefficient is steered to that L0 until the learning rate decays, then held (target_l0.L0Controller).
+coefficient is steered to that L0 (per layer for a CLT) to the end, its gain following the learning
+rate, so that it settles as the rate decays (target_l0.L0Controller).
 Resuming continues exactly as if never stopped.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 import circuitlab.dictionaries.clt_train as clt_train
-from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, check_fields
+from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, PerItem, check_fields
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
@@ -76,7 +77,7 @@ TRAIN_RULES = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_s
                "sparsity_warmup_steps": NONNEG_INT, "bandwidth": POSITIVE, "jumprelu_init_threshold": NONNEG,
                "aux_coeff": NONNEG, "dead_after": COUNT, "dead_density": FRACTION, "resample_every": NONNEG_INT,
                "resample_batches": COUNT, "eval_every": NONNEG_INT, "eval_batches": COUNT, "ckpt_every": NONNEG_INT,
-               "log_every": COUNT, "seed": INT, "target_l0": NONNEG}
+               "log_every": COUNT, "seed": INT, "target_l0": PerItem(NONNEG, POSITIVE)}
 
 
 @dataclass
@@ -91,7 +92,8 @@ class DictTrainConfig:
     l1_coeff: float = 1.0            # relu: coefficient of the decoder-norm-weighted L1
     l0_coeff: float = 0.1            # jumprelu: coefficient of the L0 (straight-through)
     sparsity_warmup_steps: int = 200
-    target_l0: float = 0.0           # relu / jumprelu: steer the coefficient to this L0 until the lr decays (0: off)
+    target_l0: float | list[float] = 0.0  # relu / jumprelu: steer the coefficient to this L0 (0: off); a CLT
+                                          # may take one per layer: [8, 8, 4]
     bandwidth: float = 0.05          # jumprelu: straight-through kernel width (normalised units)
     jumprelu_init_threshold: float = 0.1
     aux_coeff: float = 1 / 32        # TopK family: AuxK
@@ -113,6 +115,8 @@ class DictTrainConfig:
         check_fields(self, TRAIN_RULES, "train")  # the rules the CLI's --set, the YAML and Python share
         for f in dataclasses.fields(self):
             value, want = getattr(self, f.name), type(f.default)
+            if isinstance(TRAIN_RULES.get(f.name), PerItem) and isinstance(value, list):  # checked above
+                continue
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise ConfigError(f"train.{f.name} must be {want.__name__}, got {value!r}")
         if self.resample_method not in RESAMPLE_METHODS:
@@ -190,12 +194,10 @@ class DictionaryTrainer:
             if o.get("target_l0") and cfg.architecture not in PENALTY_ARCHITECTURES:
                 raise ConfigError(f"target_l0 steers a sparsity coefficient ({', '.join(PENALTY_ARCHITECTURES)}); the "
                                   f"{cfg.architecture} dictionary for {cfg.hook_name} sets its L0 with k")
-        # Target-L0 mode: the coefficient is steered until the learning rate decays, then held.
-        # A CLT gets one target (and coefficient) per layer.
-        self.controllers = [L0Controller([h.target_l0] * (c.n_layers if isinstance(c, CLTConfig) else 1), self._base_coeff(c, h),
-                                         round(train.steps * (1 - train.lr_decay_frac)))
-                            if h.target_l0 > 0 and c.architecture in PENALTY_ARCHITECTURES else None
-                            for c, h in zip(configs, self.hyper)]
+        # Target-L0 mode: the coefficient is steered to the end, the set point gliding to the target over
+        # the first half of the full-rate phase. A CLT gets one target (and coefficient) per layer.
+        self.controllers = [L0Controller(targets, self._base_coeff(c, h), round(train.steps * (1 - train.lr_decay_frac) / 2))
+                            if (targets := target_l0s(c, h.target_l0)) else None for c, h in zip(configs, self.hyper)]
         per_row = sum(4 * c.n_latents + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
                       for c in configs)  # pre-acts, acts, grads
         if train.batch_size * per_row > ROWS_BUDGET:
@@ -233,7 +235,7 @@ class DictionaryTrainer:
         (a CLT's: one per layer)."""
         ctl = self.controllers[j]
         if ctl is not None:
-            coeff = ctl.coefficient(step).tolist()
+            coeff = ctl.coefficient().tolist()
             return coeff if isinstance(self.saes[j], CrossLayerTranscoder) else coeff[0]
         h = self.hyper[j]
         return self._base_coeff(self.saes[j].cfg, h) * min(1.0, (step + 1) / max(h.sparsity_warmup_steps, 1))
@@ -308,7 +310,8 @@ class DictionaryTrainer:
             self.last_fired[j][fires > 0] = self.step + 1
             ctl = self.controllers[j]
             if ctl is not None:  # the global batch's L0, per layer for a CLT (its fires are layer-major)
-                ctl.update(self.step, fires.view(len(ctl.target), -1).sum(-1).double() / rows)
+                ctl.update(self.step, fires.view(len(ctl.target), -1).sum(-1).double() / rows,
+                           gain=self.train.lr_at(self.step, 1.0))  # the weights move with the lr: so does it
             decay = 1 - 1 / h.dead_after
             self.fire_rate[j].mul_(decay).add_(fires.double() / rows, alpha=1 - decay)
             # "mse" on sae eval's scale (the model's units: squared error summed over the output dims, mean over
@@ -374,8 +377,9 @@ class DictionaryTrainer:
             method = "expected_norm" if h.normalise else "none"
             meta = {**sae.cfg.metadata, "trained_steps": self.step, "batch_size": self.train.batch_size}
             if ctl is not None:  # the coefficient it settled on (set it as l1_coeff / l0_coeff to train without a target)
-                held = ctl.held().tolist()
-                meta.update(target_l0=h.target_l0, sparsity_coeff=held if isinstance(sae, CrossLayerTranscoder) else held[0])
+                held, target = ctl.coefficient().tolist(), ctl.target.tolist()   # per layer
+                is_clt = isinstance(sae, CrossLayerTranscoder)
+                meta.update(target_l0=target if is_clt else target[0], sparsity_coeff=held if is_clt else held[0])
             trained = sae._copy_with(sae.cfg.replace(normalisation={"method": method}, metadata=meta))
             out.append(trained.folded(s_in, s_out).for_inference())
         return out
@@ -567,6 +571,22 @@ class DictionaryTrainer:
                 atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
             return result
         return DictionaryTrainResult(dictionaries, metrics, folders, self.step)
+
+
+def target_l0s(cfg: DictionaryConfig | CLTConfig, target: float | list[float]) -> list[float] | None:
+    """The L0 each layer of a dictionary is steered to (one for an SAE or transcoder, n_layers for a CLT), or
+    None when it is not steered (target 0, or a TopK-family dictionary, which sets its L0 with k). One number
+    applies to every layer; a list must name one per layer (only a CLT has several)."""
+    if cfg.architecture not in PENALTY_ARCHITECTURES or target == 0:
+        return None
+    layers = cfg.n_layers if isinstance(cfg, CLTConfig) else 1
+    if not isinstance(target, list):
+        return [float(target)] * layers
+    if len(target) != layers:
+        what = (f"the CLT has {layers} layers" if isinstance(cfg, CLTConfig) else
+                f"the {cfg.architecture} dictionary for {cfg.hook_name} has one layer")
+        raise ConfigError(f"train.target_l0 names {len(target)} L0s but {what}: give one number, or one per layer")
+    return [float(t) for t in target]
 
 
 def refuse_changed_settings(saved: dict[str, Any], now: dict[str, Any], folder: Path) -> None:

@@ -98,10 +98,12 @@ def _layer_transcoder(d: dict[str, Any], layer: int) -> dict[str, Any]:
     return {**d, "hook_name": in_hook.format(layer=layer), "out_hook_name": out_hook.format(layer=layer), "metadata": meta}
 
 
-def _expand_layers(entries: list, model) -> tuple[list, dict[str, list[int]]]:
+def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -> tuple[list, dict[str, list[int]]]:
     """CLT entries get the model's layer count and width; a `transcoders` entry becomes one transcoder per layer
-    (grouped, so that they are also evaluated replacing every MLP at once)."""
-    from circuitlab.errors import CircuitlabError
+    (grouped, so that they are also evaluated replacing every MLP at once), each steered to its own layer's
+    L0 when target_l0 (its own, else train's) names one per layer."""
+    from circuitlab.dictionaries.train import PENALTY_ARCHITECTURES, TRAIN_RULES
+    from circuitlab.errors import CircuitlabError, ConfigError
 
     out, groups = [], {}
     L, d_model = model.cfg.n_layers, model.cfg.d_model
@@ -116,7 +118,14 @@ def _expand_layers(entries: list, model) -> tuple[list, dict[str, list[int]]]:
         elif kind == "transcoders":
             name = (d.get("metadata") or {}).get("name", "transcoders")
             groups[name] = list(range(len(out), len(out) + L))
-            out += [(_layer_transcoder(d, layer), own) for layer in range(L)]
+            target = TRAIN_RULES["target_l0"].check(own.get("target_l0", target_l0), "train.target_l0", ConfigError)
+            if not isinstance(target, list) or d.get("architecture", "relu") not in PENALTY_ARCHITECTURES:
+                out += [(_layer_transcoder(d, layer), own) for layer in range(L)]
+                continue
+            if len(target) != L:
+                raise ConfigError(f"train.target_l0 names {len(target)} L0s but the model has {L} layers: give one "
+                                  f"number, or one per layer")
+            out += [(_layer_transcoder(d, layer), {**own, "target_l0": target[layer]}) for layer in range(L)]
         else:
             out.append((d, own))
     return out, groups
@@ -182,7 +191,7 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
     with D.rank_zero_first():  # rank 0 tokenizes (and caches) the text; the others then read its cache
         tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
-    entries, groups = _expand_layers(entries, model)
+    entries, groups = _expand_layers(entries, model, train.target_l0)
     hooks = [h for d, _ in entries for h in
              (CLTConfig.from_dict(d).hooks() if d.get("kind") == "clt" else (d.get("hook_name"), d.get("out_hook_name"))) if h]
     source = ModelActivations(model.to(device), hooks, tokens, seq_len=store_cfg["seq_len"],
