@@ -262,6 +262,31 @@ def test_replacement_model_is_exact_and_interventions_match_the_graph(setup):
     assert torch.isfinite(free).all()
 
 
+def test_logit_effects_are_each_features_signed_effect_through_later_features(setup):
+    """Graph.logit_effects = the change of the demeaned logit per relative change of a feature, measured in the
+    replacement model (attention frozen, later features live): direct edge + paths through later features."""
+    model, tc, tokens, graph = setup
+    rm = ReplacementModel(model, tc, tokens)
+    tok, eps = int(graph.logit_tokens[0]), 1e-4
+    effects = graph.logit_effects()
+    assert effects.shape == (graph.n_features,) and effects.dtype == torch.float64
+
+    def demeaned(logits):
+        return float(logits[0, -1, tok] - logits[0, -1].mean())
+
+    base = demeaned(rm.run().logits)
+    early = [i for i in range(graph.n_features) if graph.node(i)["layer"] < 2]
+    indirect = 0.0
+    for i in early[::max(1, len(early) // 12)]:
+        n = graph.node(i)
+        out = rm.run([Intervention(n["layer"], n["feature"], scale=1 + eps, pos=n["pos"])]).logits
+        assert (demeaned(out) - base) / eps == pytest.approx(float(effects[i]), rel=1e-5, abs=1e-8), graph.label(i)
+        indirect = max(indirect, abs(float(effects[i] - graph.adjacency[graph.logit_start, i])))
+    assert indirect > 1e-3        # the paths through later features count (the direct edge alone would fail)
+    last = [i for i in range(graph.n_features) if graph.node(i)["layer"] == 2]
+    torch.testing.assert_close(effects[last], graph.adjacency[graph.logit_start, last].double())
+
+
 def test_steered_generation_follows_the_feature(setup):
     model, tc, tokens, graph = setup
     rm = ReplacementModel(model, tc, tokens)

@@ -10,8 +10,10 @@ builds the attribution graph of three predictions with a known mechanism:
 
 For each graph it measures the replacement and completeness scores, which prompt positions the
 prediction's influence comes from, which features carry it, and runs ONE intervention that tests the
-story: the features with the most influence on the predicted token are zeroed, in the replacement model
-and in the real model (attention free), beside a control that zeroes as many other active features.
+story: the features the graph says raise the predicted token's logit most (Graph.logit_effects: signed,
+through later features) are steered to -1x their activation, in the replacement model and in the real
+model (attention free), beside a control that steers as many other active features at the same layers and
+positions the same way (and, for reference, the same features zeroed).
 Writes report.md, report.html and results.json; every sentence of the report is computed from the numbers
 in results.json (GraphFinding.sentences, GraphsDemoResult.summary).
 
@@ -34,7 +36,8 @@ from circuitlab.atomic import atomic_write_text, set_aside
 from circuitlab.errors import InputError
 
 KINDS = ("per-layer", "clt")
-N_ABLATED = 5          # features zeroed by each graph's intervention (the most influential ones)
+N_ABLATED = 10         # features steered by each graph's intervention (those the graph says raise the logit most)
+STEER = -1.0           # ...to this multiple of their activation: each one's contribution reversed
 CONFIRMS = 0.5         # the intervention confirms the story when it removes at least this share of p(target)...
 CONTROL_AT_MOST = 0.5  # ...and the control removes at most this share of what the intervention removed
 NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
@@ -72,8 +75,9 @@ class GraphsDemoOptions:
 
 @dataclass
 class Ablation:
-    """One intervention: features zeroed at their positions and p(target) before and after, in the
-    replacement model and in the real model (attention free), with a control of as many other features."""
+    """One intervention: features steered to `scale` x their activation at their positions and p(target)
+    before and after, in the replacement model and in the real model (attention free), with a control of as
+    many other active features at the same layers and positions; p_zeroed: the same features zeroed instead."""
 
     features: list[str]
     p_before: float
@@ -82,6 +86,8 @@ class Ablation:
     p_control: float
     control: list[str] = field(default_factory=list)
     top_after: str = ""           # the real model's top prediction after the intervention
+    scale: float = STEER
+    p_zeroed: float | None = None
 
     @property
     def drop(self) -> float:
@@ -156,14 +162,17 @@ class GraphFinding:
             out.append(f"Strongest path: {self.top_path}.")
         verdict = ("This confirms that these features carry the prediction." if a.confirms else
                    "This does not confirm the story: " + (
-                       "the prediction survives without them (it flows through attention, the error nodes or "
-                       "other features)." if a.drop < CONFIRMS else
-                       "as many other active features matter about as much, so the graph did not single these out."))
-        out.append(f"Intervention: zeroing the {len(a.features)} features with the most influence "
-                   f"({', '.join(a.features)}) moves p({self.target!r}) from {a.p_before:.2f} to "
-                   f"{a.p_replacement:.2f} in the replacement model and to {a.p_model:.2f} in the real model "
-                   f"(attention free; {'still' if a.top_after == self.target else 'now'} predicting {a.top_after!r}); zeroing {len(a.control)} other active features "
-                   f"of the same layers gives {a.p_control:.2f}. {verdict}")
+                       f"the prediction survives the intervention; {_carrier(li)}." if a.drop < CONFIRMS else
+                       "as many other active features at the same places matter about as much, so the graph did not "
+                       "single these out."))
+        zeroed = "" if a.p_zeroed is None else f"; zeroing them instead gives {a.p_zeroed:.2f}"
+        out.append(f"Intervention: steering the {len(a.features)} features the graph says raise {self.target!r} "
+                   f"most ({', '.join(a.features)}) to {a.scale:g}x their activation moves p({self.target!r}) "
+                   f"from {a.p_before:.2f} to {a.p_replacement:.2f} in the replacement model and to "
+                   f"{a.p_model:.2f} in the real model (attention free; "
+                   f"{'still' if a.top_after == self.target else 'now'} predicting {a.top_after!r}){zeroed}; "
+                   f"steering {len(a.control)} other active features at the same layers and positions the same "
+                   f"way gives {a.p_control:.2f}. {verdict}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -217,6 +226,16 @@ class GraphsDemoResult:
         graphs = "".join(f"<h4>{html.escape(g.slug)}</h4><ul>"
                          + "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences()) + "</ul>" for g in self.graphs)
         return f"<ul>{items}</ul>{graphs}"
+
+
+def _carrier(logit_inputs: dict[str, float]) -> str:
+    """What carries a prediction that survives a feature intervention: the largest kind of the logit's input."""
+    kind = max(("token", "error", "feature"), key=lambda k: logit_inputs[k])
+    share = f"{logit_inputs[kind]:.0%} of the logit's direct input"
+    return {"token": f"{share} comes straight from the token embeddings through attention, which steering "
+                     "features does not remove",
+            "error": f"{share} comes from the error nodes, what the transcoders miss",
+            "feature": f"{share} comes from features, so other features than these carry it"}[kind]
 
 
 def _positions(pos: list[int]) -> str:
@@ -509,8 +528,12 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
                     "token": round(float(row[graph.token_start:graph.logit_start].sum()), 4)}
     feat_infl = infl[:graph.n_features]
     order = feat_infl.argsort(descending=True).tolist()
-    top = [i for i in order if feat_infl[i] > 0][:N_ABLATED]
+    effects = graph.logit_effects()
+    # the intervention's features: those the graph says RAISE the target most (influence ranks |edges|,
+    # so its top features can be ones that lower the target)
+    top = [i for i in effects.argsort(descending=True).tolist() if effects[i] > 0][:N_ABLATED]
     top_features = [{"label": graph.label(i), "influence": round(float(feat_infl[i]), 4),
+                     "effect": round(float(effects[i]), 4),
                      "activation": round(float(graph.feature_activations[i]), 4),
                      **dict(zip(("layer", "pos", "feature"), graph.features[i].tolist()))} for i in order[:8]]
     paths = graph.top_paths(1, pruned)
@@ -534,32 +557,35 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
     return finding
 
 
-def ablate(model, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int], tokenizer) -> Ablation:
-    """Zero the feature nodes `nodes` at their positions: p(target) in the replacement model and the real
-    model (attention free); and the same with as many other active features of the same layers (seeded)."""
+def ablate(model, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int], tokenizer,
+           scale: float = STEER) -> Ablation:
+    """Steer the feature nodes `nodes` to scale x their activation at their positions: p(target) in the
+    replacement model and the real model (attention free); the same with as many other active features at
+    the same (layer, position) pairs (seeded: a control at the very places the graph points to); and the
+    chosen features zeroed in the real model."""
     from circuitlab.graphs import Intervention, ReplacementModel
 
     rm = ReplacementModel(model, tc, tokens)
 
-    def zero(rows: list[tuple[int, int, int]]) -> list[Intervention]:
-        return [Intervention(layer=l, feature=f, value=0.0, pos=p) for l, p, f in rows]
+    def edit(rows: list[tuple[int, int, int]], **how: float) -> list[Intervention]:
+        return [Intervention(layer=l, feature=f, pos=p, **how) for l, p, f in rows]
 
     def p_of(logits: torch.Tensor) -> float:
         return float(logits[0, -1].softmax(-1)[target])
 
     chosen = [tuple(graph.features[i].tolist()) for i in nodes]
-    taken = set(chosen)
-    others = [tuple(r) for r in graph.active_features.tolist() if tuple(r) not in taken
-              and r[0] in {c[0] for c in chosen}]
+    taken, places = set(chosen), {(c[0], c[1]) for c in chosen}
+    others = [tuple(r) for r in graph.active_features.tolist() if tuple(r) not in taken and (r[0], r[1]) in places]
     control = random.Random(0).sample(others, min(len(chosen), len(others)))
     base = rm.run()
-    replaced = rm.run(zero(chosen))
-    real = rm.run(zero(chosen), mode="model", freeze_attention=False)
-    ctrl = rm.run(zero(control), mode="model", freeze_attention=False)
+    replaced = rm.run(edit(chosen, scale=scale))
+    real = rm.run(edit(chosen, scale=scale), mode="model", freeze_attention=False)
+    ctrl = rm.run(edit(control, scale=scale), mode="model", freeze_attention=False)
+    zeroed = rm.run(edit(chosen, value=0.0), mode="model", freeze_attention=False)
     label = lambda r: f"L{r[0]} F{r[2]} @{r[1]}"  # noqa: E731
     return Ablation([label(r) for r in chosen], round(p_of(base.logits), 4), round(p_of(replaced.logits), 4),
                     round(p_of(real.logits), 4), round(p_of(ctrl.logits), 4), [label(r) for r in control],
-                    tokenizer.decode([int(real.logits[0, -1].argmax())]))
+                    tokenizer.decode([int(real.logits[0, -1].argmax())]), scale, round(p_of(zeroed.logits), 4))
 
 
 # ---------------------------------------------------------------------------- report
@@ -571,8 +597,10 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
     lines = ["# circuitlab graphs demo", ""] + result.summary()
     for g in result.graphs:
         lines += ["", f"## {g.slug}: {g.target!r} after {g.prompt[-40:]!r}", ""] + [f"- {s}" for s in g.sentences()]
-        lines += ["", "| feature node | influence on the logit | activation |", "|---|---|---|"]
-        lines += [f"| {f['label']} | {f['influence']:.3f} | {f['activation']:.3g} |" for f in g.top_features]
+        lines += ["", "| feature node | influence on the logit | signed effect on the logit | activation |",
+                  "|---|---|---|---|"]
+        lines += [f"| {f['label']} | {f['influence']:.3f} | {f['effect']:+.3f} | "
+                  f"{f['activation']:.3g} |" for f in g.top_features]
         lines += ["", f"Files: `{Path(g.files).relative_to(out) if g.files else ''}/` (graph.json opens in "
                       "Neuronpedia's or circuit-tracer's viewer; graph.svg is the pruned graph)."]
     lines += ["", "## Numbers", "", "| graph | p(target) | replacement | completeness | focus share | "

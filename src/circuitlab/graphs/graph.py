@@ -242,6 +242,26 @@ class Graph(Displayed):
     def node_influence(self) -> torch.Tensor:
         return self._influence_stats()["influence"].clone()
 
+    def logit_effects(self, logit: int = 0) -> torch.Tensor:
+        """Each feature node's signed effect on logit node `logit` [n_features] (float64): its direct edge plus
+        its effect through every later feature node, in the frozen linear system the edges are measured in
+        (an active feature's activation moves one-for-one with its pre-activation). Unlike influence, which
+        ranks |edges|, this says whether the feature raises the logit or lowers it: what removing the
+        feature would do to it, to first order, with attention frozen."""
+        a = self.adjacency.double()
+        n = self.n_features
+        row = a[self.logit_start + logit, :n]
+        layers, acts = self.features[:, 0], self.feature_activations.double()
+        effects = row.clone()
+        per_unit = torch.zeros(n, dtype=torch.float64)     # effect per unit of activation, of the layers done
+        for layer in sorted(set(layers.tolist()), reverse=True):
+            src = (layers == layer).nonzero().flatten()
+            later = (layers > layer).nonzero().flatten()
+            if len(later):
+                effects[src] = row[src] + a[later][:, src].T @ per_unit[later]
+            per_unit[src] = torch.where(acts[src] != 0, effects[src] / acts[src].where(acts[src] != 0, 1.0), 0.0)
+        return effects
+
     def scores(self) -> dict[str, float]:
         """{"replacement": ..., "completeness": ...} (both 1.0 when the errors carry nothing)."""
         stats, w = self._influence_stats(), self.weights()
