@@ -363,3 +363,25 @@ def test_input_errors_are_value_errors_too(model):
 def test_the_explorer_and_the_json_it_returns_survive_the_table(clients):
     r = clients["run"].post("/api/analyse", json={"prompt": "Lily"})
     assert r.status_code == 200 and json.loads(r.text)["tokens"]
+
+
+@pytest.mark.parametrize("raised,said", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 8000000000000 bytes. Error code 12 (Cannot allocate memory)"), "it asked for 7,450.6 GiB"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "it asked for 20.0 GiB"),
+    (MemoryError(), "out of memory")])
+def test_an_allocation_the_machine_refuses_is_one_line(monkeypatch, capsys, raised, said):
+    """The last resort behind the size checks: whatever a command was asked, an allocation the machine refuses
+    (a memory limit, a full GPU) is one line and exit 2; any other RuntimeError still shows its traceback."""
+    import circuitlab.commands.info as info
+
+    def refuse(args):
+        raise raised
+
+    monkeypatch.setattr(info, "run", refuse)
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("circuitlab info: error: out of memory") and said in err, err
+    monkeypatch.setattr(info, "run", lambda args: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["info"])

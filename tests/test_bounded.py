@@ -159,6 +159,11 @@ def graph_files(where):
     return g
 
 
+# `circuitlab train` on the demo's model with quick data (a char tokenizer on 200 stories)
+TRAIN = ["train", "--config", "demo", "--no-progress", "--set", "train.steps=1", "--set", "data.tokenizer=char",
+         "--set", "data.n_stories=200"]
+
+
 def _graph_and_trace(where: Path, g: Path) -> tuple[list[str], list[str]]:
     graph = ["graph", "--checkpoint", str(g / "model"), "--prompt", LONG]
     trace = ["interpret", "--checkpoint", str(where / "run"), "--experiments", "causal_tracing", "--prompt", LONG,
@@ -211,6 +216,8 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
         trace + ["--noise-samples", HUGE, "--out", str(where / "t1")],
         trace + ["--noise", "replace", "--replace-with", *["Abcd"] * 10_000, "--out", str(where / "t1")],
         trace + ["--noise-scale", "1e300"], trace + ["--window", HUGE, "--out", str(where / "t1")],
+        *[TRAIN + ["--out", str(where / f"train{i}"), "--set", f"{setting}={HUGE}"] for i, setting in enumerate(
+            ("data.n_stories", "train.batch_size", "model.d_model", "model.n_layers", "train.seq_len"))],
     ], where)
     expected = [("--steps", "from 1 to 1024", "eigenproblem"), ("--steps",), ("span",), ("pos",),
                 ("20000 rows", "give at most"), ("--steps", "from 1 to 10000"),
@@ -221,7 +228,9 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
                 ("262,144 active features", "MB (limit 2,048 MB)", "--max-feature-nodes) at most"),
                 ("262,144 active features", "--max-feature-nodes) at most"), ("--dashboard-tokens", "from 0 to 4194304"),
                 ("noise runs", "limit 1 GiB", "give at most"), ("10,000 noise runs", "give at most"),
-                ("--noise-scale", "to 1000"), ("wider than the model", "give --window 1..1")]
+                ("--noise-scale", "to 1000"), ("wider than the model", "give --window 1..1"),
+                ("n_stories", "at most 1,000,000"), ("train.batch_size", "(limit 4 GiB)", "give train.batch_size at most"),
+                ("parameters", "over the 16 GiB limit"), ("parameters", "n_layers"), ("parameters", "train.seq_len")]
     assert len(answers) == len(expected)
     for answer, fragments in zip(answers, expected):
         clean_refusal(answer, *fragments)
@@ -372,3 +381,17 @@ def test_graph_trace_and_the_explorers_graphs_are_bounded(where, graph_files):
                       [server, [{"prompt": LONG, "max_feature_nodes": 4000}, {"prompt": LONG}]]], g,
                      cap_kb=6_000_000, timeout=3000, runner=_EXPLORER)
     assert [status for status, _ in answers] == [200, 200, 200], answers
+
+
+@pytest.mark.slow  # the largest accepted batch runs a step; refusals: test_huge_counts_...
+def test_model_training_at_the_largest_batch_accepted_finishes_within_a_cap(where):
+    """`circuitlab train`'s step: the largest train.batch_size the refusal names (activations within 4 GiB by
+    the estimate) trains a step within a 6 GB address space; one row more is refused. (~30 s.)"""
+    (too_big,) = capped([TRAIN + ["--out", str(where / "tr0"), "--set", f"train.batch_size={HUGE}"]], where)
+    most = named_limit(too_big)
+    over, ok = capped([TRAIN + ["--out", str(where / "tr1"), "--set", f"train.batch_size={most + 1}"],
+                       TRAIN + ["--out", str(where / "tr2"), "--set", f"train.batch_size={most}"]], where,
+                      cap_kb=6_000_000, timeout=1200)
+    clean_refusal(over, f"give train.batch_size at most {most}")
+    clean_finish(ok)
+    assert (where / "tr2" / "checkpoint").is_dir()

@@ -8,7 +8,7 @@ import importlib
 import sys
 import warnings
 
-from circuitlab.errors import CircuitlabError, os_error_message, set_command_line
+from circuitlab.errors import CircuitlabError, os_error_message, out_of_memory_message, set_command_line
 
 # Order in `circuitlab --help`; any other module in circuitlab/commands is listed after these.
 PREFERRED = ["demo", "train", "generate", "info"]
@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as e:  # a full disk, a read-only folder, a file in the way: one line too
         message = os_error_message(e)
+        if message is None:
+            raise
+        print(f"circuitlab {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:  # the allocator refused: one line, not a traceback
+        message = out_of_memory_message(e)
         if message is None:
             raise
         print(f"circuitlab {args.command}: error: {message}", file=sys.stderr)

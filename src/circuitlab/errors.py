@@ -88,3 +88,22 @@ def command_line(add: str | None = None, drop: tuple[str, ...] = ()) -> str | No
     if add and add not in argv:
         argv.append(add)
     return " ".join(shlex.quote(a) for a in ["circuitlab", *argv])
+
+
+def out_of_memory_message(e: BaseException) -> str | None:
+    """One line for an allocation the machine refused (MemoryError, torch's out-of-memory error, the CPU
+    allocator's "can't allocate memory" under a memory limit), saying how much was asked; None for any other
+    error. The last resort: options that set sizes are refused before any work, naming the limit."""
+    import re
+
+    text = str(e)
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+            or (isinstance(e, RuntimeError) and "can't allocate memory" in text)):
+        return None
+    asked = re.search(r"tried to allocate (\d+(?:\.\d+)?) ?(bytes|[KMGT]iB)", text, re.I)
+    size = ""
+    if asked:
+        n, unit = float(asked.group(1)), asked.group(2)
+        n *= {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
+        size = f" (it asked for {n / 2**30:,.1f} GiB at once)"
+    return f"out of memory{size}: the machine refused the allocation; give smaller sizes (batch, tokens, model)"

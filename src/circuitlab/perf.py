@@ -87,6 +87,24 @@ def transformer_step_flops(cfg, tokens: int, seq_len: int, backward: bool = True
     return float(per_token * tokens * (3 if backward else 1))
 
 
+def transformer_params(cfg) -> int:
+    """Approximate parameter count of a Transformer with config `cfg`, from the config alone (nothing is
+    allocated): attention and MLP weights per layer, the embedding and unembedding, learned positions."""
+    attn = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.d_model * cfg.kv_heads * cfg.head_dim
+    mlp = (3 if cfg.mlp in ("swiglu", "geglu") else 2) * cfg.d_model * cfg.mlp_dim if cfg.has_mlp else 0
+    embed = cfg.d_vocab * cfg.d_model * (1 if cfg.tied_embeddings else 2)
+    pos = cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0
+    return cfg.n_layers * (attn + mlp) + embed + pos
+
+
+def transformer_step_floats(cfg, rows: int, seq_len: int) -> int:
+    """Approximate floats of activations one training step on rows x seq_len tokens holds for its backward
+    pass: per layer the residual stream, norms, q/k/v, attention pattern and MLP hidden, then the logits."""
+    gated = 2 if cfg.mlp in ("swiglu", "geglu") else 1
+    per_layer = 12 * cfg.d_model + (2 * gated * cfg.mlp_dim if cfg.has_mlp else 0) + 2 * cfg.n_heads * seq_len
+    return rows * seq_len * (cfg.n_layers * per_layer + 3 * cfg.d_vocab)
+
+
 def matmul_gflops(n: int = 512, seconds: float = 0.5, threads: int | None = None) -> float:
     """fp32 GFLOP/s of [n, n] @ [n, n] matmuls on the CPU with torch's current thread count (or
     `threads`): the median over repeated products (2 n^3 flops each) for about `seconds`, after one

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or f"runs/{cfg.name}"
     # tracked every train.track_every steps: induction / previous-token scores, induction by period, ICL score
     result = train(cfg, out, resume=args.resume, progress=not args.no_progress, track=training_probes())
-    print(f"trained {result.steps} steps ({result.tokens_seen:,} tokens) in {result.seconds:.0f}s: "
+    print(f"trained {result.steps} step{'' if result.steps == 1 else 's'} ({result.tokens_seen:,} tokens) in {result.seconds:.0f}s: "
           f"loss {result.final_loss:.3f}, best val loss {result.best_val_loss:.3f} -> {out}")
     if os.environ.get("RANK", "0") == "0":  # one report per run, also under torchrun
         from circuitlab.report import report_for_run

@@ -23,6 +23,9 @@ from circuitlab.errors import CircuitlabError, ConfigError, refuse_unknown
 SPLITS = ("train", "val")
 
 
+
+MAX_STORIES = 1_000_000  # ~270 MB of text and its tokens, generated and held at once
+
 @dataclass
 class DataConfig:
     """What text to train on and how to tokenize it.
@@ -74,6 +77,8 @@ class DataConfig:
         parse_addition_source(self.source)  # a malformed addition spec fails here, not at build time
         if not is_int(self.n_stories) or self.n_stories < 1:
             bad("n_stories", "an int >= 1")
+        if self.n_stories > MAX_STORIES:
+            bad("n_stories", f"at most {MAX_STORIES:,} (the stories are generated and tokenised in memory at once)")
         if self.tokenizer not in ("char", "byte", "bpe", "gpt2") and not (
             isinstance(self.tokenizer, str) and self.tokenizer.startswith("hf:") and len(self.tokenizer) > 3
         ):

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.model import Transformer
 from circuitlab.perf import threads_for, transformer_step_flops
 import circuitlab.training.distributed as D
@@ -82,6 +82,33 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         torch.set_num_threads(before)  # train.threads (or the choice by work size) only while training
 
 
+# What one training process may hold (floats; float32 = 4 bytes): refused in one line before anything is
+# allocated, naming the setting, rather than a traceback from the allocator or the out-of-memory killer.
+PARAMS_LIMIT = 2 ** 30   # parameters: with gradients and Adam's two moments, 4 floats each = 16 GiB
+STEP_BUDGET = 2 ** 30    # activations one micro-batch keeps for its backward pass: 4 GiB
+
+
+def check_training_size(cfg, rows: int, seq_len: int) -> None:
+    """A one-line ConfigError when the model (cfg) or one micro-batch of rows x seq_len tokens would pass
+    PARAMS_LIMIT or STEP_BUDGET (estimates from the config: circuitlab.perf)."""
+    from circuitlab.perf import transformer_params, transformer_step_floats
+
+    params = transformer_params(cfg)
+    if params > PARAMS_LIMIT:
+        raise ConfigError(f"the model would have about {params:,} parameters: training holds 4 floats each "
+                          f"(weights, gradients, Adam's two moments), {params * 16 / 2**30:,.0f} GiB, over the "
+                          f"{PARAMS_LIMIT * 16 / 2**30:.0f} GiB limit; make it smaller (model.d_model, n_layers, "
+                          "d_mlp, n_ctx (train.seq_len by default), the vocabulary)")
+    need = transformer_step_floats(cfg, rows, seq_len)
+    if need > STEP_BUDGET:
+        fit = STEP_BUDGET // max(1, transformer_step_floats(cfg, 1, seq_len))
+        fix = (f"give train.batch_size at most {fit} per process and grad_accum step (or raise train.grad_accum)"
+               if fit >= 1 else "give a shorter train.seq_len")
+        raise ConfigError(f"train.batch_size x train.seq_len = {rows:,} x {seq_len:,} tokens a step need about "
+                          f"{need * 4 / 2**30:,.1f} GiB of activations for this model (limit "
+                          f"{STEP_BUDGET * 4 / 2**30:.0f} GiB); {fix}")
+
+
 def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
            stop_at: int | None = None, track: Sequence[Probe] = ()) -> TrainResult:
     t = run.train
@@ -102,8 +129,12 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
         data = build_data(run.data, tokenizer=tokenizer)  # a resumed run keeps its saved tokenizer
     if model is None:
         tokenizer = data.tokenizer
+        cfg = run.model_config(tokenizer.vocab_size)
+        check_training_size(cfg, t.batch_size // world // t.grad_accum, t.seq_len)   # before allocating
         torch.manual_seed(t.seed)
-        model = Transformer(run.model_config(tokenizer.vocab_size)).to(device)
+        model = Transformer(cfg).to(device)
+    else:
+        check_training_size(model.cfg, t.batch_size // world // t.grad_accum, t.seq_len)
     model.train()
     # the thread count by the work of one forward-backward (restored by train() on return)
     torch.set_num_threads(threads_for(transformer_step_flops(model.cfg, t.batch_size // world // t.grad_accum * t.seq_len,
