@@ -218,6 +218,7 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
         trace + ["--noise-scale", "1e300"], trace + ["--window", HUGE, "--out", str(where / "t1")],
         *[TRAIN + ["--out", str(where / f"train{i}"), "--set", f"{setting}={HUGE}"] for i, setting in enumerate(
             ("data.n_stories", "train.batch_size", "model.d_model", "model.n_layers", "train.seq_len"))],
+        ["forge", "compare", "--out", str(where / "fc-fast"), "--samples", HUGE, "--no-progress"],
     ], where)
     expected = [("--steps", "from 1 to 1024", "eigenproblem"), ("--steps",), ("span",), ("pos",),
                 ("20000 rows", "give at most"), ("--steps", "from 1 to 10000"),
@@ -230,7 +231,8 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
                 ("noise runs", "limit 1 GiB", "give at most"), ("10,000 noise runs", "give at most"),
                 ("--noise-scale", "to 1000"), ("wider than the model", "give --window 1..1"),
                 ("n_stories", "at most 1,000,000"), ("train.batch_size", "(limit 4 GiB)", "give train.batch_size at most"),
-                ("parameters", "over the 16 GiB limit"), ("parameters", "n_layers"), ("parameters", "train.seq_len")]
+                ("parameters", "over the 16 GiB limit"), ("parameters", "n_layers"), ("parameters", "train.seq_len"),
+                ("samples", "from 1 to 50000", "held at once")]
     assert len(answers) == len(expected)
     for answer, fragments in zip(answers, expected):
         clean_refusal(answer, *fragments)
@@ -395,3 +397,13 @@ def test_model_training_at_the_largest_batch_accepted_finishes_within_a_cap(wher
     clean_refusal(over, f"give train.batch_size at most {most}")
     clean_finish(ok)
     assert (where / "tr2" / "checkpoint").is_dir()
+
+
+@pytest.mark.slow  # the largest accepted count runs to the end; its refusal: test_huge_counts_...
+def test_forge_compare_at_the_most_samples_finishes_within_the_cap(where):
+    """`forge compare --samples 50000` (the most it takes: both models' attention on every problem is held at
+    once) finishes within the 3 GB cap. (~30 s: a 5-step model.)"""
+    (ok,) = capped([["forge", "compare", "--out", str(where / "fc"), "--steps", "5", "--samples", "50000",
+                     "--no-progress"]], where)
+    clean_finish(ok)
+    assert json.loads((where / "fc" / "results.json").read_text())["samples"] == 50000

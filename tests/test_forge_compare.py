@@ -142,7 +142,8 @@ def test_forge_compare_end_to_end(tmp_path, capsys):
     (["--digits", "0"], "digits must be a whole number from 1 to 9"),
     (["--digits", "2", "--digits-b", "12"], "digits of b must be"),
     (["--steps", "0"], "steps must be a positive"),
-    (["--samples", "0"], "samples must be a positive"),
+    (["--samples", "0"], "samples must be a whole number from 1 to 50000"),
+    (["--samples", "50001"], "samples must be a whole number from 1 to 50000 (both models' attention"),
 ])
 def test_forge_compare_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert main(["forge", "compare", "--out", str(tmp_path / "x"), *argv]) == 2

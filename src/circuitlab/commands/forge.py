@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          help="training steps (default 2000: every 2+2-digit answer right for seeds 0..3)")
     compare.add_argument("--seed", type=int, default=0, help="seed of the training and of the test problems")
     compare.add_argument("--samples", type=int, default=1000,
-                         help="random problems the attention is compared on (default 1000)")
+                         help="random problems the attention is compared on (default 1000, at most 50000)")
     compare.add_argument("--retrain", action="store_true",
                          help="train again even if OUT/trained holds a model (it is replaced)")
     compare.add_argument("--no-progress", action="store_true", help="no progress bar while training")
