@@ -176,3 +176,15 @@ def run_blocks(blocks: list[tuple[int, str, str]], folder, name: str) -> int:
             pytest.fail(f"{name} python block at line {line} fails: {type(e).__name__}: {e}\n{code}")
         ran += 1
     return ran
+
+
+def demo_fixture(run, options, name: str, **sizes):
+    """A module-scoped fixture running a stand-alone demo once for a test file's tests:
+    run(options(out=<a fresh folder>/name, **sizes)) (the features and graphs demos at their tiny sizes)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def demo(tmp_path_factory):
+        return run(options(out=tmp_path_factory.mktemp(name) / name, **sizes))
+
+    return demo

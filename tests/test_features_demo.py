@@ -8,15 +8,12 @@ import pytest
 
 from circuitlab.experiments.features_demo import (FeaturesDemoOptions, FeaturesDemoResult, UnitFinding,
                                                   pick_readable, run_features_demo)
+from helpers import demo_fixture
 
 TINY = dict(model_steps=3, model_batch=8, d_mlp=64, d_sae=128, k=4, dictionary_steps=6, dictionary_batch=256,
             dashboard_tokens=2048, shown=3, progress=False)
 
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("features") / "features"
-    return run_features_demo(FeaturesDemoOptions(out=out, **TINY))
+demo = demo_fixture(run_features_demo, FeaturesDemoOptions, "features", **TINY)
 
 
 def test_demo_writes_model_dictionary_dashboards_and_reports(demo):
@@ -89,7 +86,11 @@ def test_sae_demo_command_at_its_real_budget(tmp_path):
 
 def test_an_earlier_features_demo_is_kept_renamed_and_other_files_are_refused(tmp_path, capsys):
     from circuitlab.errors import CircuitlabError
-    from circuitlab.experiments.features_demo import _fresh
+    from circuitlab.experiments.demo_budget import fresh_out
+    from circuitlab.experiments.features_demo import _is_features_demo_output
+
+    def _fresh(folder):  # what run_features_demo does with its out folder
+        return fresh_out(folder, _is_features_demo_output, "features demo")
 
     out = tmp_path / "fdemo"
     (out / "dictionary").mkdir(parents=True)

@@ -8,15 +8,12 @@ import pytest
 from circuitlab.experiments.graphs_demo import (N_ABLATED, Ablation, GraphFinding, GraphsDemoOptions,
                                                 GraphsDemoResult, run_graphs_demo)
 from circuitlab.graphs import Graph
+from helpers import demo_fixture
 
 TINY = dict(model_steps=3, segment_steps=1, model_batch=8, d_mlp=64, d_sae=64, k=4, transcoder_steps=4,
             transcoder_batch=128, n_names=3, dashboard_tokens=256, progress=False)
 
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("graphs") / "graphs"
-    return run_graphs_demo(GraphsDemoOptions(out=out, **TINY))
+demo = demo_fixture(run_graphs_demo, GraphsDemoOptions, "graphs", **TINY)
 
 
 def test_demo_writes_model_transcoders_graphs_and_reports(demo):
@@ -25,6 +22,10 @@ def test_demo_writes_model_transcoders_graphs_and_reports(demo):
     assert (out / "model" / "checkpoint").is_dir() and len(r["transcoders"]["folders"]) == 2
     assert [g["slug"] for g in r["graphs"]] == ["name", "once-upon-a-time", "best-friends"]
     assert r["summary"] == demo.summary()
+    wall = r["wall_seconds"]                       # the stages' clock (experiments/demo_budget.StageClock)
+    assert list(wall) == ["model", "transcoders", "graphs", "total"] and all(v >= 0 for v in wall.values())
+    assert sum(wall.values()) - wall["total"] <= wall["total"] + 0.2
+    assert r["scaled_seconds"] == pytest.approx(wall["total"] * demo.gflops / 150, abs=0.1 + 0.05 * demo.gflops / 150)
     report, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     for g, found in zip(r["graphs"], demo.graphs):
         assert g["sentences"] == found.sentences() and all(s in report for s in found.sentences())

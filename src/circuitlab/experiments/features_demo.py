@@ -13,7 +13,6 @@ sentence of the report is computed from the numbers in results.json.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.atomic import atomic_write_text
+from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
 
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
@@ -101,15 +101,13 @@ class FeaturesDemoResult:
                      f"{SPECIFIC:.0%} of their {s['contexts']} strongest contexts end in one token), against "
                      f"{s['neurons_specific']:.0%} of the MLP's {md['d_mlp']} neurons: the features are {verdict} "
                      "monosemantic than the neurons by this measure.")
-        lines.append(f"The whole demo took {self.wall_seconds['total']:.0f} s here at {self.gflops:.0f} GFLOP/s, "
-                     f"{self.scaled_seconds:.0f} s scaled to a 150 GFLOP/s machine.")
+        lines.append(budget_sentence(self))
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {"out": str(self.out), "model": self.model, "dictionary": self.dictionary, "metrics": self.metrics,
                 "specificity": self.specificity, "features": [asdict(f) for f in self.features],
-                "summary": self.summary(), "wall_seconds": self.wall_seconds, "gflops": round(self.gflops, 1),
-                "scaled_seconds": round(self.scaled_seconds, 1)}
+                "summary": self.summary(), **budget_dict(self)}
 
     def _repr_html_(self) -> str:
         import html
@@ -122,16 +120,14 @@ class FeaturesDemoResult:
 
 def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
     from circuitlab.dictionaries.features import feature_dashboards, text_batches
-    from circuitlab.perf import matmul_gflops, scaled_seconds
 
-    out = _fresh(opts.out)
-    gflops_before = matmul_gflops()
-    t0 = time.time()
+    out = fresh_out(opts.out, _is_features_demo_output, "features demo")
+    clock = StageClock()
     run = _train_model(opts, out / "model")
-    t_model = time.time() - t0
+    clock.lap("model")
     model, tokenizer = run.model.eval(), run.tokenizer
     sae, found, folder, trained_on, data = _train_dictionary(model, tokenizer, opts, out / "dictionary")
-    t_dict = time.time() - t0 - t_model
+    clock.lap("dictionary")
     metrics = _metrics(model, sae, found, data)
     held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=64, batch_size=32)
     dash = feature_dashboards(model, sae, held_out, k=10, tokenizer=tokenizer, progress=opts.progress)
@@ -143,26 +139,13 @@ def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
                    "features_specific": _share(f.top_share >= SPECIFIC for f in alive),
                    "neurons_specific": _share(n.top_share >= SPECIFIC for n in neurons if n.contexts)}
     shown = pick_readable(alive, opts.shown)
-    wall = time.time() - t0
-    gflops = (gflops_before + matmul_gflops()) / 2
     result = FeaturesDemoResult(
         out, {"d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
               "val_loss": round(run.best_val_loss, 4), "params": model.num_params()},
         {"architecture": sae.cfg.architecture, "d_sae": sae.cfg.d_sae, "k": opts.k, "hook_name": HOOK,
-         "tokens_trained": trained_on, "folder": str(folder)}, metrics, specificity, shown,
-        {"model": round(t_model, 1), "dictionary": round(t_dict, 1), "total": round(wall, 1)},
-        gflops, scaled_seconds(wall, gflops))
+         "tokens_trained": trained_on, "folder": str(folder)}, metrics, specificity, shown, *clock.finish())
     write_features_report(result, dash)
     return result
-
-
-def _fresh(out: Path) -> Path:
-    """An empty out folder: an earlier features demo there is kept renamed; other files are refused."""
-    kept = set_aside(out, _is_features_demo_output, "features demo")
-    if kept is not None:
-        print(f"moved the previous features demo to {kept}")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def _is_features_demo_output(folder: Path) -> bool:

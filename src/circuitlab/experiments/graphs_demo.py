@@ -25,15 +25,15 @@ from __future__ import annotations
 import html
 import json
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.atomic import atomic_write_text
 from circuitlab.errors import InputError
+from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
 
 KINDS = ("per-layer", "clt")
 N_ABLATED = 10         # features steered by each graph's intervention (those the graph says raise the logit most)
@@ -210,16 +210,13 @@ class GraphsDemoResult:
             f"{tc['ce_loss_recovered']:.1%} of the MLPs' contribution kept.",
             f"{len(confirmed)} of the {len(self.graphs)} interventions confirm their graph's story"
             + (f" ({', '.join(confirmed)})." if confirmed else "."),
-            f"The whole demo took {self.wall_seconds['total']:.0f} s here at {self.gflops:.0f} GFLOP/s, "
-            f"{self.scaled_seconds:.0f} s scaled to a 150 GFLOP/s machine.",
+            budget_sentence(self),
         ]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {"out": str(self.out), "model": self.model, "transcoders": self.transcoders,
-                "graphs": [g.to_dict() for g in self.graphs], "summary": self.summary(),
-                "wall_seconds": self.wall_seconds, "gflops": round(self.gflops, 1),
-                "scaled_seconds": round(self.scaled_seconds, 1)}
+                "graphs": [g.to_dict() for g in self.graphs], "summary": self.summary(), **budget_dict(self)}
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary())
@@ -246,28 +243,22 @@ def _positions(pos: list[int]) -> str:
 
 
 def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
-    from circuitlab.perf import matmul_gflops, scaled_seconds
-
     out = _prepare(opts)
-    gflops_before = matmul_gflops()
-    t0 = time.time()
+    clock = StageClock()
     run = train_model(opts, out / "model")
-    t_model = time.time() - t0
+    clock.lap("model")
     model, tokenizer = run.model.eval(), run.tokenizer
     tc, tc_info = train_transcoders(model, tokenizer, opts, out / "transcoders")
-    t_tc = time.time() - t0 - t_model
+    clock.lap("transcoders")
     graphs = []
     for spec in demo_prompts(model, tokenizer, opts):
         graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress,
                               dashboard_tokens=opts.dashboard_tokens))
-    t_graphs = time.time() - t0 - t_model - t_tc
-    wall = time.time() - t0
-    gflops = (gflops_before + matmul_gflops()) / 2
+    clock.lap("graphs")
     result = GraphsDemoResult(
         out, {"n_layers": model.cfg.n_layers, "d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
               "val_loss": round(run.best_val_loss, 4), "params": model.num_params()},
-        tc_info, graphs, {"model": round(t_model, 1), "transcoders": round(t_tc, 1), "graphs": round(t_graphs, 1),
-                          "total": round(wall, 1)}, gflops, scaled_seconds(wall, gflops))
+        tc_info, graphs, *clock.finish())
     write_graphs_report(result)
     return result
 
@@ -280,11 +271,7 @@ def _prepare(opts: GraphsDemoOptions) -> Path:
         if not (out / "model").is_dir():
             raise InputError(f"--resume: {out} holds no graphs demo to continue (no model/ folder); drop --resume")
         return out
-    kept = set_aside(out, _is_graphs_demo_output, "graphs demo")
-    if kept is not None:
-        print(f"moved the previous graphs demo to {kept}")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
+    return fresh_out(out, _is_graphs_demo_output, "graphs demo")
 
 
 def _is_graphs_demo_output(folder: Path) -> bool:
