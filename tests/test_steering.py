@@ -130,3 +130,34 @@ def test_steer_command(tmp_path, capsys):
     args[4] = str(tmp_path / "empty.txt")
     assert main(args + ["--layer", "1"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 2
+
+
+def test_run_steer_is_the_command_from_python(tmp_path):
+    """The pipeline behind `circuitlab steer`: the same sweep as steering_sweep on the same direction, the files it
+    writes are its to_dict, and a value out of range is one line naming the option."""
+    from circuitlab.experiments.steer import SteerOptions, run_steer
+
+    tok = CharTokenizer("abcdefghijklmnopqrstuvw")
+    model = induction_model()
+    save_checkpoint(tmp_path / "ckpt", model, tok)
+    (tmp_path / "pos.txt").write_text("dddddddd\nddddcdddd\n")
+    (tmp_path / "neg.txt").write_text("kkkkkkkk\nkkkkkk\n")
+    opts = dict(checkpoint=tmp_path / "ckpt", positive=tmp_path / "pos.txt", negative=tmp_path / "neg.txt",
+                neutral=tmp_path / "pos.txt", layer=1, coefs=[0, 2], count="d", samples=2, max_tokens=5,
+                prompt="abc", progress=False)
+    result = run_steer(SteerOptions(**opts, out=tmp_path / "out"))
+    pos = [torch.tensor(tok.encode(s)) for s in ("dddddddd", "ddddcdddd")]
+    neg = [torch.tensor(tok.encode(s)) for s in ("kkkkkkkk", "kkkkkk")]
+    vec = contrast_direction(model, pos, neg, layer=1)
+    torch.testing.assert_close(result.vector.direction, vec.direction)
+    plain = steering_sweep(model, vec, [0.0, 2.0], pos, neg, pos)
+    torch.testing.assert_close(result.sweep.preference, plain.preference)
+    torch.testing.assert_close(result.sweep.neutral_loss, plain.neutral_loss)
+    assert result.sweep.preference[1] > result.sweep.preference[0]           # towards 'd'
+    assert json.loads((tmp_path / "out" / "steering.json").read_text()) == json.loads(json.dumps(result.to_dict()))
+    assert list(result.generations) == ["0.0", "2.0"] and all(len(t) == 2 for t in result.generations.values())
+    assert result.summary()[0].startswith("direction: 2 positive − 2 negative prompts at blocks.1.hook_resid_pre")
+    for bad, said in [(dict(samples=0), "samples must be"), (dict(coefs=[float("nan")]), "coef must be"),
+                      (dict(max_tokens=10 ** 9), "max_tokens must be"), (dict(coefs=[]), "at least one")]:
+        with pytest.raises(CircuitlabError, match=said):
+            run_steer(SteerOptions(**{**opts, **bad}))

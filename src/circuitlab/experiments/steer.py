@@ -1,0 +1,174 @@
+"""`circuitlab steer`'s pipeline: a direction from two prompt sets, a sweep of coefficients (preference, cost on
+neutral text, a word counted in steered generations), and its files (steering.json, steering.png, report.html).
+
+    result = run_steer(SteerOptions(checkpoint="runs/demo/2l", positive="dragon.txt", negative="cat.txt",
+                                    layer=1, coefs=[0, 2, 4], count="dragon", out="runs/steer"))
+    print(result.sweep.table())
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from circuitlab.analysis.steering import SteeringSweep, SteeringVector, contrast_direction, steering_sweep
+from circuitlab.atomic import atomic_write_text
+from circuitlab.checks import FINITE, INT, Number
+from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_lines
+
+# Limits: the samples of one coefficient are generated as one batch (keys and values of every layer for each),
+# every coefficient is one more sweep, every token one more forward pass.
+SAMPLES = Number(int, low=1, high=1024, why="the samples are generated as one batch")
+MAX_TOKENS = Number(int, low=1, high=4096, why="each new token is one more forward pass per sample")
+MAX_COEFS = 64
+KV_BUDGET = 2 ** 28  # floats of keys and values one batch of samples may hold (1 GiB)
+
+
+@dataclass
+class SteerOptions:
+    """What `circuitlab steer` takes. positive / negative / neutral: text files, one prompt per line (neutral
+    None: 32 built-in stories the demo did not train on); layer: the direction is added to the residual before
+    this layer; count: a word counted in the generations; out: a folder for the files (None: none written)."""
+
+    checkpoint: str | Path
+    positive: str | Path
+    negative: str | Path
+    layer: int
+    coefs: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 4.0])
+    neutral: str | Path | None = None
+    prompt: str = "Once upon a time,"
+    samples: int = 8
+    max_tokens: int = 40
+    temperature: float = 0.8
+    count: str | None = None
+    seed: int = 0
+    out: str | Path | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+    def check(self) -> None:
+        """One line for a value out of range, before anything is loaded (the command checks its own spellings
+        first)."""
+        from circuitlab.model.sampling import check_sampling
+
+        INT.check(self.layer, "layer")
+        INT.check(self.seed, "seed")
+        SAMPLES.check(self.samples, "samples")
+        MAX_TOKENS.check(self.max_tokens, "max_tokens")
+        check_sampling(self.temperature)
+        if not self.coefs:
+            raise CircuitlabError("coefs: give at least one coefficient")
+        if len(self.coefs) > MAX_COEFS:
+            raise CircuitlabError(f"coefs: give at most {MAX_COEFS} coefficients (each is one more sweep), got "
+                                  f"{len(self.coefs)}")
+        self.coefs = [FINITE.check(c, "coef") for c in self.coefs]
+
+
+@dataclass
+class SteerResult:
+    """The sweep, its direction, and the generations of each coefficient ({str(coef): [text, ...]}, in the
+    sweep's order)."""
+
+    sweep: SteeringSweep
+    vector: SteeringVector
+    prompt: str
+    generations: dict[str, list[str]]
+    n_positive: int
+    n_negative: int
+    out: Path | None = None
+    kept: Path | None = None  # where an earlier steer output in `out` was set aside
+
+    def summary(self) -> list[str]:
+        plural = "s" if self.n_positive + self.n_negative > 2 else ""
+        lines = [f"direction: {self.n_positive} positive − {self.n_negative} negative prompt{plural} at "
+                 f"{self.vector.hook_name}, norm {float(self.vector.direction.norm()):.3f}",
+                 self.sweep.table()]
+        lines += [f"coef {c:g}: {self.prompt}{texts[0]!r}" for c, texts in zip(self.sweep.coefs,
+                                                                                self.generations.values())]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.sweep.to_dict(), "prompt": self.prompt, "generations": self.generations}
+
+    def _repr_html_(self) -> str:
+        return self.sweep._repr_html_()
+
+
+def read_prompts(path: str | Path, tokenizer: Any, what: str) -> list[torch.Tensor]:
+    """One token tensor [pos] per non-empty line of a UTF-8 text file; an empty set is refused."""
+    lines = [line.strip() for line in read_lines(path, f"{what} prompt file")]
+    if not lines:
+        raise CircuitlabError(f"the {what} prompt set {path} is empty: give one prompt per line")
+    return [torch.tensor(tokenizer.encode(line)) for line in lines]
+
+
+def run_steer(opts: SteerOptions) -> SteerResult:
+    """Build the direction, sweep the coefficients, generate, and write the files when opts.out is set."""
+    from circuitlab.data import generate_stories
+    from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import check_output_folder, output_folder
+
+    opts.check()
+    out = Path(opts.out) if opts.out is not None else None
+    if out is not None:  # refused before the work, not after it
+        check_output_folder(out, "steer", overwrite=opts.overwrite, is_previous=is_steer_output)
+    model, tok, _ = load_checkpoint(opts.checkpoint)
+    kv = opts.samples * 2 * model.cfg.n_layers * model.cfg.n_ctx * model.cfg.d_model
+    if kv > KV_BUDGET:
+        fit = max(1, KV_BUDGET // (kv // opts.samples))
+        raise CircuitlabError(f"--samples {opts.samples}: the keys and values of {opts.samples} generations of this "
+                              f"model need {kv * 4 / 2**30:.1f} GiB; give at most {fit}")
+    if tok is None:
+        raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it; cannot encode prompts")
+    positive, negative = read_prompts(opts.positive, tok, "positive"), read_prompts(opts.negative, tok, "negative")
+    if opts.neutral:
+        neutral = read_prompts(opts.neutral, tok, "neutral")
+    else:
+        neutral = [torch.tensor(tok.encode(s)) for s in generate_stories(32, seed=2)]
+    vector = contrast_direction(model, positive, negative, layer=opts.layer)
+    ids = tok.encode(opts.prompt)
+    if not ids:  # said, not silently replaced
+        warnings.warn("--prompt is empty: generations start a new document from the end-of-text token")
+    prompt = torch.tensor([ids or [tok.eos_id]] * opts.samples)
+    texts_by_run: list[list[str]] = []
+
+    def generations(m) -> float:  # run inside each coefficient's steering
+        gen = torch.Generator().manual_seed(opts.seed)
+        rows = m.generate(prompt, opts.max_tokens, temperature=opts.temperature, generator=gen)
+        texts = [tok.decode(row[prompt.shape[1]:].tolist()) for row in rows]
+        texts_by_run.append(texts)
+        return sum(t.count(opts.count) for t in texts) / len(texts) if opts.count else 0.0
+
+    sweep = steering_sweep(model, vector, opts.coefs, positive, negative, neutral, metric=generations,
+                           metric_name=f"'{opts.count}' per sample" if opts.count else None,
+                           progress=opts.progress)
+    if not opts.count:
+        sweep.metric = None
+    result = SteerResult(sweep, vector, opts.prompt, {str(c): t for c, t in zip(sweep.coefs, texts_by_run)},
+                         len(positive), len(negative))
+    if out is not None:
+        result.out = out
+        result.kept = output_folder(out, "steer", overwrite=opts.overwrite, is_previous=is_steer_output)
+        write_steer_outputs(result, out, f"circuitlab steer: {opts.checkpoint}")
+    return result
+
+
+def write_steer_outputs(result: SteerResult, out: Path, title: str) -> None:
+    """out/steering.json, steering.png and report.html."""
+    from circuitlab.report.inputs import write_steering_report
+    from circuitlab.viz.steering import steering_figure
+
+    data = result.to_dict()
+    atomic_write_text(out / "steering.json", json.dumps(data, indent=1))
+    steering_figure(result.sweep).save_png(out / "steering.png")
+    write_steering_report(out, data, title)
+
+
+def is_steer_output(folder: Path) -> bool:
+    """A steer folder written before output folders were marked."""
+    return (folder / "steering.json").is_file()
