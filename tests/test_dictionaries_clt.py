@@ -542,3 +542,25 @@ def test_load_transcoders_returns_a_clt(tmp_path, model, layout, arch):
     other.save(tmp_path / "two", layout=layout)
     with pytest.raises(CircuitlabError, match="has 2 layers but the model has 3"):
         load_transcoders(tmp_path / "two", model=model)
+
+
+def test_a_damaged_clt_folder_is_one_line(tmp_path):
+    """Our CLT layout shares the dictionaries' reader: truncated weights, a config.json from another save, a
+    config that is not a CLT's, a missing file: each one line naming the folder."""
+    folder = _clt("jumprelu").save(tmp_path / "clt")
+    weights = folder / "clt.safetensors"
+    data, text = weights.read_bytes(), (folder / "config.json").read_text()
+    cfg = json.loads(text)
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CircuitlabError, match=f"CLT {folder} is corrupt or truncated"):
+        CrossLayerTranscoder.load(folder)
+    weights.write_bytes(data)
+    (folder / "config.json").write_text(json.dumps({**cfg, "d_sae": 2 * cfg["d_sae"]}))
+    with pytest.raises(CircuitlabError, match="config.json does not match clt.safetensors"):
+        CrossLayerTranscoder.load(folder)
+    (folder / "config.json").write_text(json.dumps({**cfg, "format": "something-else"}))
+    with pytest.raises(CircuitlabError, match="has a bad config: its config.json is not a CLT's"):
+        CrossLayerTranscoder.load(folder)
+    (folder / "config.json").write_text(text)                       # the saved one again: loads
+    assert all(torch.equal(a, b) for a, b in zip(CrossLayerTranscoder.load(folder).state_dict().values(),
+                                                 _clt("jumprelu").for_inference().state_dict().values()))

@@ -17,22 +17,18 @@ CLT is saved as the JumpReLU it is at inference.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from circuitlab.atomic import atomic_dir
 import circuitlab.dictionaries.clt_formats as clt_formats
-from circuitlab.dictionaries.module import DictionaryModule
+from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
 from circuitlab.errors import CircuitlabError
-from circuitlab.textfile import read_text
 
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -266,34 +262,18 @@ def is_clt_folder(folder: str | Path) -> bool:
     return folder.is_dir() and ((folder / "W_enc_0.safetensors").is_file() or clt_formats.is_sparsify_clt(folder))
 
 
+def _clt_config(data: dict) -> CLTConfig:
+    if data.get("format") != CLT_FORMAT:
+        raise CircuitlabError(f"its {CONFIG_FILE} is not a CLT's (format {data.get('format')!r})")
+    return CLTConfig.from_dict(data)
+
+
 def _write_ours(clt: CrossLayerTranscoder, folder: Path) -> None:
-    tensors = {k: v.detach().cpu().contiguous() for k, v in clt.state_dict().items()}
-    cfg_json = json.dumps(clt.cfg.to_dict(), indent=2)
-    header = {"config": cfg_json, "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest()}
-    save_file(tensors, str(folder / WEIGHTS_FILE), metadata=header)
-    (folder / CONFIG_FILE).write_text(cfg_json)
+    write_own_folder(folder, clt.state_dict(), json.dumps(clt.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
 
 
 def _read_ours(folder: Path) -> CrossLayerTranscoder:
-    if not (folder / CONFIG_FILE).is_file():
-        raise CircuitlabError(f"CLT {folder} is incomplete: {CONFIG_FILE} is missing")
-    try:
-        cfg_json = read_text(folder / CONFIG_FILE, "CLT config")  # names the byte if not UTF-8
-        with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
-            header = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-        data = json.loads(cfg_json)
-        if data.get("format") != CLT_FORMAT:
-            raise CircuitlabError(f"its {CONFIG_FILE} is not a CLT's (format {data.get('format')!r})")
-        cfg = CLTConfig.from_dict(data)
-    except CircuitlabError as e:
-        raise CircuitlabError(f"CLT {folder} has a bad config: {e}") from None
-    except FileNotFoundError as e:
-        raise CircuitlabError(f"CLT {folder} is incomplete: {Path(e.filename).name} is missing") from None
-    except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to replace
-        raise CircuitlabError(f"CLT {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
-    if header.get("config_sha256") != hashlib.sha256(cfg_json.encode()).hexdigest():
-        raise CircuitlabError(f"CLT {folder}: {CONFIG_FILE} does not match {WEIGHTS_FILE}; save it again")
+    cfg, tensors = read_own_folder(folder, "CLT", WEIGHTS_FILE, CONFIG_FILE, _clt_config)
     return CrossLayerTranscoder.from_tensors(cfg, tensors, str(folder))
 
 

@@ -1,13 +1,22 @@
 """DictionaryModule: what a SparseDictionary and a CrossLayerTranscoder share — a copy of itself under another
-config (same weights), and the form it is used in at inference (BatchTopK becomes the JumpReLU it is)."""
+config (same weights), the form it is used in at inference (BatchTopK becomes the JumpReLU it is), and our
+folder layout (weights.safetensors with the config in its header and its hash, beside config.json)."""
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
+from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.errors import CircuitlabError
+from circuitlab.textfile import read_text
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,3 +51,38 @@ class DictionaryModule(nn.Module):
             raise CircuitlabError(f"{what}: {diff[:4]}")
         self.load_state_dict({k: v.to(DTYPES[self.cfg.dtype]) for k, v in tensors.items()})
         return self
+
+
+def write_own_folder(folder: Path, tensors: dict[str, torch.Tensor], cfg_json: str, weights_file: str,
+                     config_file: str) -> None:
+    """Our layout: the weights (the config and its SHA-256 in the safetensors header, so a config.json from
+    another save is caught on load) and config.json, each written atomically."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    header = {"config": cfg_json, "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest()}
+    atomic_write_file(folder / weights_file, lambda tmp: save_file(tensors, tmp, metadata=header))
+    atomic_write_text(folder / config_file, cfg_json)
+
+
+def read_own_folder(folder: Path, what: str, weights_file: str, config_file: str, parse: Callable[[dict], Any],
+                    device: str | torch.device = "cpu") -> tuple[Any, dict[str, torch.Tensor]]:
+    """(config, tensors) of a folder written by write_own_folder; `what` ("dictionary", "CLT") names it in the
+    one-line errors: a missing file, a bad config (parse raises CircuitlabError), a corrupt or truncated file, a
+    config.json that is not the one saved with the weights."""
+    if not (folder / config_file).is_file():
+        raise CircuitlabError(f"{what} {folder} is incomplete: {config_file} is missing")
+    try:
+        cfg_json = read_text(folder / config_file, f"{what} config")  # names the byte if not UTF-8
+        with safe_open(str(folder / weights_file), framework="pt", device=str(device)) as f:
+            header = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        cfg = parse(json.loads(cfg_json))
+    except CircuitlabError as e:
+        raise CircuitlabError(f"{what} {folder} has a bad config: {e}") from None
+    except FileNotFoundError as e:
+        raise CircuitlabError(f"{what} {folder} is incomplete: {Path(e.filename).name} is missing") from None
+    except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to replace
+        raise CircuitlabError(f"{what} {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
+    if header.get("config_sha256") != hashlib.sha256(cfg_json.encode()).hexdigest():
+        raise CircuitlabError(f"{what} {folder}: {config_file} does not match {weights_file} "
+                              "(an interrupted save?); save it again")
+    return cfg, tensors

@@ -19,15 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.dictionaries.config import DictionaryConfig
-from circuitlab.dictionaries.module import DictionaryModule
+from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
 from circuitlab.errors import CircuitlabError
-from circuitlab.textfile import read_text
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -141,11 +137,7 @@ class SparseDictionary(DictionaryModule):
         sae = self.for_inference()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
-        cfg_json = json.dumps(sae.cfg.to_dict(), indent=2)
-        header = {"config": cfg_json, "config_sha256": hashlib.sha256(cfg_json.encode()).hexdigest()}
-        atomic_write_file(folder / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata=header))
-        atomic_write_text(folder / CONFIG_FILE, cfg_json)
+        write_own_folder(folder, sae.state_dict(), json.dumps(sae.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
         return folder
 
     @classmethod
@@ -164,23 +156,8 @@ class SparseDictionary(DictionaryModule):
         folder = Path(folder)
         if not (folder / WEIGHTS_FILE).is_file():
             raise CircuitlabError(f"{folder} holds no dictionary (expected {WEIGHTS_FILE} and {CONFIG_FILE})")
-        if not (folder / CONFIG_FILE).is_file():
-            raise CircuitlabError(f"dictionary {folder} is incomplete: {CONFIG_FILE} is missing")
-        try:
-            cfg_json = read_text(folder / CONFIG_FILE, "dictionary config")  # names the byte if not UTF-8
-            with safe_open(str(folder / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
-                header = f.metadata() or {}
-                tensors = {name: f.get_tensor(name) for name in f.keys()}
-            cfg = DictionaryConfig.from_dict(json.loads(cfg_json))
-        except CircuitlabError as e:
-            raise CircuitlabError(f"dictionary {folder} has a bad config: {e}") from None
-        except FileNotFoundError as e:
-            raise CircuitlabError(f"dictionary {folder} is incomplete: {Path(e.filename).name} is missing") from None
-        except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to replace
-            raise CircuitlabError(f"dictionary {folder} is corrupt or truncated ({type(e).__name__}: {e})") from None
-        if header.get("config_sha256") != hashlib.sha256(cfg_json.encode()).hexdigest():
-            raise CircuitlabError(f"dictionary {folder}: {CONFIG_FILE} does not match {WEIGHTS_FILE} "
-                                  "(an interrupted save?); save it again")
+        cfg, tensors = read_own_folder(folder, "dictionary", WEIGHTS_FILE, CONFIG_FILE, DictionaryConfig.from_dict,
+                                       device)
         return cls.from_tensors(cfg, tensors, str(folder)).to(device)
 
     @classmethod
