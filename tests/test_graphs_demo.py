@@ -19,7 +19,8 @@ demo = demo_fixture(run_graphs_demo, GraphsDemoOptions, "graphs", **TINY)
 def test_demo_writes_model_transcoders_graphs_and_reports(demo):
     out = demo.out
     r = json.loads((out / "results.json").read_text())
-    assert (out / "model" / "checkpoint").is_dir() and len(r["transcoders"]["folders"]) == 2
+    assert (out / "model" / "checkpoint").is_dir()
+    assert r["transcoders"]["kind"] == "clt" and len(r["transcoders"]["folders"]) == 1   # the default: one CLT
     assert [g["slug"] for g in r["graphs"]] == ["name", "once-upon-a-time", "best-friends"]
     assert r["summary"] == demo.summary()
     wall = r["wall_seconds"]                       # the stages' clock (experiments/demo_budget.StageClock)
@@ -65,6 +66,21 @@ def test_resume_reuses_the_finished_stages(demo, capsys):
     assert "already finished 3 steps; reusing it" in said
     assert again.model == demo.model and again.transcoders["tokens_trained"] == demo.transcoders["tokens_trained"]
     assert [g.p_target for g in again.graphs] == [g.p_target for g in demo.graphs]
+
+
+def test_per_layer_transcoders_on_the_same_model(demo, tmp_path):
+    """--transcoders per-layer: a transcoder per MLP, trained and graphed on the default run's model."""
+    import shutil
+
+    out = tmp_path / "graphs"
+    shutil.copytree(demo.out / "model", out / "model")
+    r = run_graphs_demo(GraphsDemoOptions(out=out, resume=True, transcoders="per-layer", **TINY))
+    assert r.model == demo.model and r.transcoders["kind"] == "per-layer" and len(r.transcoders["folders"]) == 2
+    assert "replaced by a transcoder per MLP" in " ".join(r.summary())
+    assert [g.slug for g in r.graphs] == [g.slug for g in demo.graphs]
+    for g in r.graphs:
+        assert g.ablation.p_before == pytest.approx(g.p_target, abs=1e-3)   # the replacement model reproduces it
+    assert [g.p_target for g in r.graphs] == [g.p_target for g in demo.graphs]   # the same model
 
 
 def _finding(**change) -> GraphFinding:

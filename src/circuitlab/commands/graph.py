@@ -59,8 +59,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                                                         "renamed; default runs/graphs)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted demo in --out: finished stages are reused, the rest resumes")
-    p.add_argument("--transcoders", choices=("per-layer", "clt"), default="per-layer",
-                   help="a TopK transcoder per MLP (default) or one TopK cross-layer transcoder")
+    p.add_argument("--transcoders", choices=("clt", "per-layer"), default="clt",
+                   help="one TopK cross-layer transcoder (default) or a TopK transcoder per MLP")
     p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the model (default 600)")
     p.add_argument("--transcoder-steps", type=positive_int, default=None,
                    help="training steps of the transcoders (default 400)")

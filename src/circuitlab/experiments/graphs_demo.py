@@ -1,7 +1,7 @@
 """The graphs demo (`circuitlab graph demo`): attribution graphs of a model we train, each story tested.
 
 Trains a 2-layer transformer with MLPs on the built-in stories (a curriculum of tiled random segments
-first, so that induction heads form), trains a transcoder per MLP (or one cross-layer transcoder), and
+first, so that induction heads form), trains one cross-layer transcoder (or a transcoder per MLP), and
 builds the attribution graph of three predictions with a known mechanism:
 
     name    a made-up name repeated from earlier in the story ("... named Kilomo. ... One day, Kilo" -> "mo"):
@@ -56,7 +56,7 @@ class GraphsDemoOptions:
     segment_steps: int = 300      # first steps on tiled random segments only (induction heads form there)
     model_batch: int = 64         # sequences of 64 tokens per model step
     d_mlp: int = 512
-    transcoders: str = "per-layer"
+    transcoders: str = "clt"       # or "per-layer" (docs/graphs.md compares them on this model)
     d_sae: int = 1024             # features per layer
     k: int = 16                   # active features per token and layer (TopK)
     transcoder_steps: int = 400
