@@ -48,7 +48,7 @@ def _train(planted, archs, target, d_sae, steps, batch=1024, k=None, **train):
 def test_target_l0_recovers_planted_features_fast():
     """ReLU and JumpReLU steered to the true L0 of planted features (48 directions in 32 dimensions, L0 3,
     96 latents, 600 steps of 256 at lr 3e-3; a few seconds): the L0 ends within 10% of the target and the
-    directions are recovered. Measured: ReLU L0 2.93, mean max cosine 0.983; JumpReLU 2.97, 0.985. Without
+    directions are recovered. Measured: ReLU L0 2.93, mean max cosine 0.983; JumpReLU 2.96, 0.995. Without
     the start at the target L0 (the encoder bias from target_l0.cut_for_l0) both stay dense for most of
     the run and this fails (cosine below 0.8)."""
     planted = PlantedFeatures(n_features=48, d=32, l0=3, zipf=0.5, seed=0)
@@ -69,10 +69,11 @@ def test_the_start_fires_each_latent_on_its_share_of_rows():
 
 
 # (distribution, target, d_sae, steps, batch, JumpReLU's recovery floor): the issue's setting and two the defaults
-# were not tuned on. JumpReLU at L0 6 recovers 0.78 here (0.81 trained alone; not yet 0.9: docs/dictionaries.md).
+# were not tuned on. JumpReLU at L0 6 recovers 0.897 here (0.911 / 0.893 trained alone, seeds 0 / 1; 0.783 before its
+# decoder learned at the thresholds' rate: docs/dictionaries.md), so its floor is 0.85, not yet 0.9.
 SETTINGS = [(dict(n_features=256, d=64, l0=4), 4.0, 512, 2000, 1024, 0.9),
             (dict(n_features=128, d=32, l0=2), 2.0, 256, 1500, 512, 0.9),
-            (dict(n_features=192, d=48, l0=6), 6.0, 384, 1500, 512, 0.75)]
+            (dict(n_features=192, d=48, l0=6), 6.0, 384, 1500, 512, 0.85)]
 
 
 @pytest.mark.slow
@@ -81,7 +82,7 @@ def test_target_l0_on_planted_features_the_defaults_were_not_tuned_on(setting):
     """The issue's setting (256 directions in 64 dims, Zipf firing, true L0 4, 512 latents, 2,000 steps,
     documented defaults plus target_l0 = 4) and two other scales and sparsities: ReLU and JumpReLU end
     within 10% of the target and recover the planted directions (mean max cosine >= 0.9; JumpReLU at L0 6:
-    0.78), as TopK with k = the target does. Measured figures in docs/dictionaries.md (Target L0)."""
+    0.85), as TopK with k = the target does. Measured figures in docs/dictionaries.md (Target L0)."""
     dist, target, d_sae, steps, batch, jumprelu_floor = setting
     planted = PlantedFeatures(zipf=0.5, seed=0, **dist)
     result = _train(planted, ("relu", "jumprelu", "topk"), target, d_sae=d_sae, steps=steps, batch=batch, k=int(target))
