@@ -3,6 +3,7 @@ for large ones, an option or $CIRCUITLAB_THREADS over both; training, dictionary
 probes run under it and give torch's count back afterwards. The measurement behind the threshold:
 benchmarks/bench_threads.py (numbers in benchmarks/README.md)."""
 import json
+import math
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ def two_threads(monkeypatch):
 
 def test_small_steps_get_one_thread_large_ones_torchs_count_on_free_cores(two_threads, monkeypatch):
     monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(perf, "own_load", lambda: 0.0)  # this process has been idle: the load is others'
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (0.1, 0.1, 0.1))  # an idle 2-core machine
     assert threads_for(SMALL_STEP_FLOPS / 10) == 1
     assert threads_for(SMALL_STEP_FLOPS * 10) == 2
@@ -41,6 +43,26 @@ def test_small_steps_get_one_thread_large_ones_torchs_count_on_free_cores(two_th
         with pytest.raises(ConfigError, match=THREADS_ENV) as e:
             threads_for(1.0)
         assert "\n" not in str(e.value)
+
+
+def test_the_load_this_process_made_itself_does_not_take_its_cores(two_threads, monkeypatch):
+    """After a stage that kept both cores busy the load average reads ~2 on an otherwise idle machine; the
+    next stage must still get both threads, and only other processes' load may take one away."""
+    now = {"t": 0.0, "cpu": 0.0}
+    own = perf.OwnLoad(clock=lambda: now["t"], cpu=lambda: now["cpu"])
+    assert own() == 0.0
+    now.update(t=300.0, cpu=600.0)                     # five minutes on both cores
+    assert own() == pytest.approx(2 * (1 - math.exp(-5)))
+    monkeypatch.setattr(perf, "own_load", own)
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (2.0, 1.9, 1.2))   # all of it ours
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 2
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (3.0, 2.9, 2.2))   # and another process on one core
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 1
+    now.update(t=600.0, cpu=600.0)                     # then five idle minutes: our share decays as the kernel's
+    assert own() == pytest.approx(2 * (1 - math.exp(-5)) * math.exp(-5))
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (1.0, 1.0, 1.0))   # the load left is others'
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 1
 
 
 def test_threads_for_work_restores_the_count_even_on_error(two_threads):

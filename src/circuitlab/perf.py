@@ -13,6 +13,7 @@ after the timed work, so that other load on the machine shows in both.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -35,14 +36,39 @@ SMALL_STEP_FLOPS = 1e8
 THREADS_ENV = "CIRCUITLAB_THREADS"  # a thread count that overrides the choice by work size (like an option)
 
 
+class OwnLoad:
+    """This process's own part of the 1-minute load average, estimated from its CPU time.
+
+    The kernel's load average counts this process's threads too: after a stage that kept both cores busy it
+    reads ~2, and a later stage would then take one thread on an otherwise idle machine. The load average is an
+    exponential average with a 60 s time constant; the same average of this process's CPU time per second
+    (cores in use), updated whenever it is asked, is its share. CPU time undercounts threads waiting for a core,
+    so the estimate errs towards fewer free cores, never more."""
+
+    def __init__(self, clock=time.monotonic, cpu=time.process_time) -> None:
+        self.clock, self.cpu = clock, cpu
+        self.t, self.c, self.value = clock(), cpu(), 0.0
+
+    def __call__(self) -> float:
+        t, c = self.clock(), self.cpu()
+        if t > self.t:
+            keep = math.exp(-(t - self.t) / 60.0)
+            self.value = keep * self.value + (1 - keep) * (c - self.c) / (t - self.t)
+            self.t, self.c = t, c
+        return self.value
+
+
+own_load = OwnLoad()  # from the moment circuitlab.perf is imported
+
+
 def free_cores() -> float | None:
-    """Cores not used by other processes: the CPU count minus the 1-minute load average (None where the
-    system has no load average)."""
+    """Cores not used by other processes: the CPU count minus the 1-minute load average, less this process's
+    own part of it (own_load); None where the system has no load average."""
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
         return None
-    return (os.cpu_count() or 1) - load
+    return (os.cpu_count() or 1) - max(0.0, load - own_load())
 
 
 def threads_for(step_flops: float, requested: int | None = None) -> int:

@@ -21,7 +21,8 @@ from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
 from circuitlab.atomic import atomic_write_text, set_aside
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
-from circuitlab.perf import REFERENCE_GFLOPS, matmul_gflops, scaled_seconds
+from circuitlab.experiments.demo_budget import work_gflops
+from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
 from circuitlab.training import RunConfig, read_metrics, train
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
@@ -96,7 +97,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     from circuitlab.analysis.heads.induction import training_probes
 
     base = RunConfig.load(resolve_config("demo"))
-    gflops_before = matmul_gflops()
+    gflops_before = work_gflops()
     t0 = time.time()
     runs = {}
     for name, layers, steps in (("2l", 2, opts.steps_2l or base.train.steps), ("1l", 1, opts.steps_1l)):
@@ -111,7 +112,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     result = analyse(runs, out)
     write_outputs(result, runs, out)
     total = time.time() - t0
-    gflops = (gflops_before + matmul_gflops()) / 2  # the machine's speed around the run, load included
+    gflops = (gflops_before + work_gflops()) / 2  # the machine's speed around the run, load included
     result.wall_seconds = {"training": round(train_seconds, 1), "total": round(total, 1), "gflops": round(gflops, 1),
                            f"total_at_{REFERENCE_GFLOPS:.0f}_gflops": round(scaled_seconds(total, gflops), 1)}
     atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))  # now with the times

@@ -9,6 +9,7 @@ measured before and after, and the total scaled to the 150 GFLOP/s reference mac
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,14 +28,21 @@ def fresh_out(out: Path, is_output: Callable[[Path], bool], what: str) -> Path:
     return out
 
 
+def work_gflops() -> float:
+    """fp32 matmul GFLOP/s at the thread count the demos' training gets right now (perf.threads_for of a large
+    step: both cores when free, one when another process holds the other), so that a run the machine's load
+    cut to one thread is scaled by one thread's speed, not two."""
+    from circuitlab.perf import matmul_gflops, threads_for
+
+    return matmul_gflops(threads=threads_for(math.inf))
+
+
 class StageClock:
-    """Wall time by stage, with the machine's fp32 matmul GFLOP/s measured before the first stage and after
-    the last (their mean: the speed the machine gave around the run, load included)."""
+    """Wall time by stage, with the machine's fp32 matmul GFLOP/s (work_gflops) measured before the first stage
+    and after the last (their mean: the speed the machine gave around the run, load included)."""
 
     def __init__(self) -> None:
-        from circuitlab.perf import matmul_gflops
-
-        self.gflops_before = matmul_gflops()
+        self.gflops_before = work_gflops()
         self.start = self.last = time.time()
         self.laps: dict[str, float] = {}
 
@@ -47,10 +55,10 @@ class StageClock:
 
     def finish(self) -> tuple[dict[str, float], float, float]:
         """({stage: seconds, ..., "total": seconds}, GFLOP/s, total seconds scaled to the reference machine)."""
-        from circuitlab.perf import matmul_gflops, scaled_seconds
+        from circuitlab.perf import scaled_seconds
 
         wall = time.time() - self.start
-        gflops = (self.gflops_before + matmul_gflops()) / 2
+        gflops = (self.gflops_before + work_gflops()) / 2
         return {**self.laps, "total": round(wall, 1)}, gflops, scaled_seconds(wall, gflops)
 
 
