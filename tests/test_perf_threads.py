@@ -26,6 +26,7 @@ def two_threads(monkeypatch):
 def test_small_steps_get_one_thread_large_ones_torchs_count_on_free_cores(two_threads, monkeypatch):
     monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(perf, "own_load", lambda: 0.0)  # this process has been idle: the load is others'
+    monkeypatch.setattr(perf, "read_cpu_times", lambda: None)  # no /proc/stat: the load average decides
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (0.1, 0.1, 0.1))  # an idle 2-core machine
     assert threads_for(SMALL_STEP_FLOPS / 10) == 1
     assert threads_for(SMALL_STEP_FLOPS * 10) == 2
@@ -54,6 +55,7 @@ def test_the_load_this_process_made_itself_does_not_take_its_cores(two_threads, 
     now.update(t=300.0, cpu=600.0)                     # five minutes on both cores
     assert own() == pytest.approx(2 * (1 - math.exp(-5)))
     monkeypatch.setattr(perf, "own_load", own)
+    monkeypatch.setattr(perf, "read_cpu_times", lambda: None)
     monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (2.0, 1.9, 1.2))   # all of it ours
     assert threads_for(SMALL_STEP_FLOPS * 10) == 2
@@ -63,6 +65,23 @@ def test_the_load_this_process_made_itself_does_not_take_its_cores(two_threads, 
     assert own() == pytest.approx(2 * (1 - math.exp(-5)) * math.exp(-5))
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (1.0, 1.0, 1.0))   # the load left is others'
     assert threads_for(SMALL_STEP_FLOPS * 10) == 1
+
+
+def test_where_proc_stat_exists_the_cores_idle_now_decide(two_threads, monkeypatch):
+    """/proc/stat sampled over a short sleep: what the other processes use now, whatever the load average says
+    (it trails by a minute and counts this process too)."""
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(perf.os, "getloadavg", lambda: (3.0, 3.0, 3.0))  # would say: no core free
+    samples = iter([(1000, 4000), (1190, 4200)])                         # 190 of 200 ticks idle
+    monkeypatch.setattr(perf, "read_cpu_times", lambda: next(samples))
+    assert perf.free_cores() == pytest.approx(1.9)
+    samples = iter([(1000, 4000), (1190, 4200)])
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 2
+    samples = iter([(1000, 4000), (1100, 4200)])                         # another process holds one core
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 1
+    monkeypatch.undo()
+    real = perf.read_cpu_times()                                          # the real file, where there is one
+    assert real is None or 0 <= real[0] <= real[1]
 
 
 def test_threads_for_work_restores_the_count_even_on_error(two_threads):

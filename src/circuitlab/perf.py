@@ -61,9 +61,36 @@ class OwnLoad:
 own_load = OwnLoad()  # from the moment circuitlab.perf is imported
 
 
+def read_cpu_times() -> tuple[int, int] | None:
+    """(idle, total) CPU ticks of the whole machine since boot, from /proc/stat (Linux; None elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    return (ticks[3] + ticks[4], sum(ticks)) if len(ticks) >= 5 else None
+
+
+def idle_cores(seconds: float = 0.1) -> float | None:
+    """Cores idle right now: /proc/stat sampled across `seconds` while this thread sleeps (None without it).
+    Unlike the load average, which trails by a minute and counts this process too, it sees only what the
+    other processes are using now."""
+    before = read_cpu_times()
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = read_cpu_times()
+    if after is None or after[1] <= before[1]:
+        return None
+    return (os.cpu_count() or 1) * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def free_cores() -> float | None:
-    """Cores not used by other processes: the CPU count minus the 1-minute load average, less this process's
-    own part of it (own_load); None where the system has no load average."""
+    """Cores not used by other processes: idle_cores() where /proc/stat exists; else the CPU count minus the
+    1-minute load average less this process's own part of it (own_load); None with neither."""
+    idle = idle_cores()
+    if idle is not None:
+        return idle
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):
