@@ -68,12 +68,13 @@ def test_the_start_fires_each_latent_on_its_share_of_rows():
     assert (pre > cut_for_l0(pre, 50.0)).all()              # every latent on every row
 
 
-# (distribution, target, d_sae, steps, batch, JumpReLU's recovery floor): the issue's setting and two the defaults
-# were not tuned on. JumpReLU at L0 6 recovers 0.897 here (0.901 with the data's seed 1; 0.911 / 0.893 trained alone,
-# seeds 0 / 1; 0.783 before its decoder learned at the thresholds' rate: docs/dictionaries.md), so its floor is 0.87.
-SETTINGS = [(dict(n_features=256, d=64, l0=4), 4.0, 512, 2000, 1024, 0.9),
-            (dict(n_features=128, d=32, l0=2), 2.0, 256, 1500, 512, 0.9),
-            (dict(n_features=192, d=48, l0=6), 6.0, 384, 1500, 512, 0.87)]
+# (distribution, target, d_sae, steps, batch): the issue's setting and two the defaults were not tuned on. The
+# densest (L0 6, 4x superposition) trains at the issue's budget, 2,000 steps of 1,024 rows: at 1,500 of 512 JumpReLU
+# recovered 0.897 (0.783 before its decoder learned at the thresholds' rate), at 2,000 of 1,024 0.938 with the
+# data's seed 0 and with seed 1 (docs/dictionaries.md). Every architecture must reach 0.9, as the issue asks.
+SETTINGS = [(dict(n_features=256, d=64, l0=4), 4.0, 512, 2000, 1024),
+            (dict(n_features=128, d=32, l0=2), 2.0, 256, 1500, 512),
+            (dict(n_features=192, d=48, l0=6), 6.0, 384, 2000, 1024)]
 
 
 @pytest.mark.slow
@@ -81,9 +82,9 @@ SETTINGS = [(dict(n_features=256, d=64, l0=4), 4.0, 512, 2000, 1024, 0.9),
 def test_target_l0_on_planted_features_the_defaults_were_not_tuned_on(setting):
     """The issue's setting (256 directions in 64 dims, Zipf firing, true L0 4, 512 latents, 2,000 steps,
     documented defaults plus target_l0 = 4) and two other scales and sparsities: ReLU and JumpReLU end
-    within 10% of the target and recover the planted directions (mean max cosine >= 0.9; JumpReLU at L0 6:
-    0.87), as TopK with k = the target does. Measured figures in docs/dictionaries.md (Target L0)."""
-    dist, target, d_sae, steps, batch, jumprelu_floor = setting
+    within 10% of the target and recover the planted directions (mean max cosine >= 0.9), as TopK with k = the
+    target does. Measured figures in docs/dictionaries.md (Target L0)."""
+    dist, target, d_sae, steps, batch = setting
     planted = PlantedFeatures(zipf=0.5, seed=0, **dist)
     result = _train(planted, ("relu", "jumprelu", "topk"), target, d_sae=d_sae, steps=steps, batch=batch, k=int(target))
     for sae, m in zip(result.dictionaries, result.metrics):
@@ -92,7 +93,7 @@ def test_target_l0_on_planted_features_the_defaults_were_not_tuned_on(setting):
               f"mean max cosine {cos:.3f}, explained variance {m.explained_variance:.3f}, dead {m.dead_frac:.1%}")
         if sae.cfg.architecture != "topk":
             assert abs(m.l0 - target) <= 0.1 * target, (sae.cfg.architecture, m.l0)
-        assert cos >= (jumprelu_floor if sae.cfg.architecture == "jumprelu" else 0.9), (sae.cfg.architecture, cos)
+        assert cos >= 0.9, (sae.cfg.architecture, cos)
 
 
 def test_target_l0_is_refused_for_topk_and_negative():
