@@ -99,7 +99,7 @@ def test_the_demo_keeps_an_earlier_demo_renamed_and_refuses_other_files(tmp_path
     def stop():
         raise Stop  # right after the output folder is prepared: no training
 
-    monkeypatch.setattr(demo, "matmul_gflops", stop)
+    monkeypatch.setattr(demo, "work_gflops", stop)
     out = tmp_path / "demo"
     (out / "2l").mkdir(parents=True)
     (out / "results.json").write_text("{}")
