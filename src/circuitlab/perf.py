@@ -128,14 +128,19 @@ def threads_for_work(step_flops: float, requested: int | None = None) -> Iterato
         torch.set_num_threads(before)
 
 
+def block_weights(cfg) -> int:
+    """Matrix weights of one block from the config: Q and O, K and V (fewer with grouped-query attention), and
+    the MLP's two or three matrices (gated)."""
+    attn = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.d_model * cfg.kv_heads * cfg.head_dim
+    mlp = (3 if cfg.mlp in ("swiglu", "geglu") else 2) * cfg.d_model * cfg.mlp_dim if cfg.has_mlp else 0
+    return attn + mlp
+
+
 def transformer_step_flops(cfg, tokens: int, seq_len: int, backward: bool = True) -> float:
     """Approximate flops of one step of a Transformer with config `cfg` on `tokens` tokens in rows of
     `seq_len`: 2 flops per weight per token in the matmuls (attention, MLP, unembedding), plus the
     attention scores and mixing (4 · seq_len · n_heads · d_head per layer per token); x3 with backward."""
-    per_layer = 4 * cfg.d_model * cfg.n_heads * cfg.head_dim
-    if cfg.has_mlp:
-        per_layer += (3 if cfg.mlp in ("swiglu", "geglu") else 2) * cfg.d_model * cfg.mlp_dim
-    per_token = 2 * (cfg.n_layers * per_layer + cfg.d_model * cfg.d_vocab)
+    per_token = 2 * (cfg.n_layers * block_weights(cfg) + cfg.d_model * cfg.d_vocab)
     per_token += cfg.n_layers * 4 * seq_len * cfg.n_heads * cfg.head_dim
     return float(per_token * tokens * (3 if backward else 1))
 
@@ -143,11 +148,9 @@ def transformer_step_flops(cfg, tokens: int, seq_len: int, backward: bool = True
 def transformer_params(cfg) -> int:
     """Approximate parameter count of a Transformer with config `cfg`, from the config alone (nothing is
     allocated): attention and MLP weights per layer, the embedding and unembedding, learned positions."""
-    attn = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim + 2 * cfg.d_model * cfg.kv_heads * cfg.head_dim
-    mlp = (3 if cfg.mlp in ("swiglu", "geglu") else 2) * cfg.d_model * cfg.mlp_dim if cfg.has_mlp else 0
     embed = cfg.d_vocab * cfg.d_model * (1 if cfg.tied_embeddings else 2)
     pos = cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0
-    return cfg.n_layers * (attn + mlp) + embed + pos
+    return cfg.n_layers * block_weights(cfg) + embed + pos
 
 
 def transformer_step_floats(cfg, rows: int, seq_len: int) -> int:

@@ -21,10 +21,8 @@ from circuitlab.data.tokenizers import CharTokenizer, Tokenizer, build_tokenizer
 from circuitlab.errors import CircuitlabError, ConfigError, refuse_unknown
 
 SPLITS = ("train", "val")
-
-
-
 MAX_STORIES = 1_000_000  # ~270 MB of text and its tokens, generated and held at once
+
 
 @dataclass
 class DataConfig:

@@ -585,11 +585,16 @@ def target_l0s(cfg: DictionaryConfig | CLTConfig, target: float | list[float]) -
     if cfg.architecture not in PENALTY_ARCHITECTURES or target == 0:
         return None
     layers = cfg.n_layers if isinstance(cfg, CLTConfig) else 1
+    return per_layer_targets(target, layers, f"the CLT has {layers} layers" if isinstance(cfg, CLTConfig) else
+                             f"the {cfg.architecture} dictionary for {cfg.hook_name} has one layer")
+
+
+def per_layer_targets(target: float | list[float], layers: int, what: str) -> list[float]:
+    """target_l0 as one L0 per layer: one number applies to every layer, a list must name exactly one per layer
+    (else a one-line ConfigError saying `what` has)."""
     if not isinstance(target, list):
         return [float(target)] * layers
     if len(target) != layers:
-        what = (f"the CLT has {layers} layers" if isinstance(cfg, CLTConfig) else
-                f"the {cfg.architecture} dictionary for {cfg.hook_name} has one layer")
         raise ConfigError(f"train.target_l0 names {len(target)} L0s but {what}: give one number, or one per layer")
     return [float(t) for t in target]
 

@@ -102,7 +102,7 @@ def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -
     """CLT entries get the model's layer count and width; a `transcoders` entry becomes one transcoder per layer
     (grouped, so that they are also evaluated replacing every MLP at once), each steered to its own layer's
     L0 when target_l0 (its own, else train's) names one per layer."""
-    from circuitlab.dictionaries.train import PENALTY_ARCHITECTURES, TRAIN_RULES
+    from circuitlab.dictionaries.train import PENALTY_ARCHITECTURES, TRAIN_RULES, per_layer_targets
     from circuitlab.errors import CircuitlabError, ConfigError
 
     out, groups = [], {}
@@ -122,10 +122,8 @@ def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -
             if not isinstance(target, list) or d.get("architecture", "relu") not in PENALTY_ARCHITECTURES:
                 out += [(_layer_transcoder(d, layer), own) for layer in range(L)]
                 continue
-            if len(target) != L:
-                raise ConfigError(f"train.target_l0 names {len(target)} L0s but the model has {L} layers: give one "
-                                  f"number, or one per layer")
-            out += [(_layer_transcoder(d, layer), {**own, "target_l0": target[layer]}) for layer in range(L)]
+            targets = per_layer_targets(target, L, f"the model has {L} layers")
+            out += [(_layer_transcoder(d, layer), {**own, "target_l0": targets[layer]}) for layer in range(L)]
         else:
             out.append((d, own))
     return out, groups
