@@ -133,3 +133,60 @@ def test_dictionary_training_picks_by_its_step(tmp_path, two_threads, monkeypatc
     monkeypatch.setattr(trainer, "train_step", lambda batch: seen.append(torch.get_num_threads()) or step(batch))
     trainer.fit(progress=False)
     assert seen == [1, 1, 1] and torch.get_num_threads() == 2
+
+
+class FakeMachine:
+    """A 2-core machine's /proc/stat (idle, total ticks), this process's CPU time and a clock, advanced by hand:
+    `run(seconds, ours, others)` — this process kept `ours` cores busy and other processes `others`."""
+
+    def __init__(self) -> None:
+        self.t = self.cpu = 0.0
+        self.idle = self.total = 0
+
+    def run(self, seconds: float, ours: float, others: float) -> None:
+        ticks = int(200 * seconds)                       # 100 ticks per second per core, 2 cores
+        self.total += ticks
+        self.idle += int(ticks * max(0.0, 2 - ours - others) / 2)
+        self.t += seconds
+        self.cpu += ours * seconds
+
+    def governor(self, step_flops: float, **kw) -> perf.ThreadGovernor:
+        return perf.ThreadGovernor(step_flops, cpu_times=lambda: (self.idle, self.total), own_cpu=lambda: self.cpu,
+                                   clock=lambda: self.t, **kw)
+
+
+def test_a_long_loop_gives_a_core_back_when_another_process_takes_it_and_takes_it_again_after(two_threads,
+                                                                                              monkeypatch):
+    """The cause of a graph's 6-38 s spread: two threads kept while another process held a core. The governor
+    re-decides between steps from the interval just past (no sleep), never above the starting count."""
+    m = FakeMachine()
+    monkeypatch.setattr(perf, "free_cores", lambda: 2.0)                 # idle when the loop starts
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
+    with m.governor(SMALL_STEP_FLOPS * 100) as gov:
+        assert torch.get_num_threads() == 2
+        m.run(0.5, ours=2, others=0)
+        assert gov.step() == 2                                           # under a second: not re-decided
+        m.run(1.0, ours=1.3, others=0.7)                                 # another process arrives
+        assert gov.step() == 1 and torch.get_num_threads() == 1
+        m.run(2.0, ours=1.0, others=1.0)                                 # it stays: one thread stays
+        assert gov.step() == 1
+        m.run(2.0, ours=1.0, others=0.0)                                 # it left: both cores again
+        assert gov.step() == 2 and torch.get_num_threads() == 2
+        m.run(2.0, ours=0.4, others=1.6)                                 # a crowd: still at least one
+        assert gov.step() == 1
+        torch.set_num_threads(1)
+    assert gov.changes == 3 and torch.get_num_threads() == 2             # the count before the loop, restored
+
+
+def test_a_requested_count_or_a_small_step_is_never_changed(two_threads, monkeypatch):
+    m = FakeMachine()
+    monkeypatch.setattr(perf, "free_cores", lambda: 2.0)
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
+    for kw, flops, want in [({"requested": 2}, SMALL_STEP_FLOPS * 100, 2), ({}, SMALL_STEP_FLOPS / 10, 1)]:
+        with m.governor(flops, **kw) as gov:
+            m.run(5.0, ours=1.0, others=1.0)
+            assert gov.step() == want and gov.changes == 0
+    monkeypatch.setenv(THREADS_ENV, "2")
+    with m.governor(SMALL_STEP_FLOPS * 100) as gov:
+        m.run(5.0, ours=1.0, others=1.0)
+        assert gov.step() == 2

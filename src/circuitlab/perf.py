@@ -128,6 +128,60 @@ def threads_for_work(step_flops: float, requested: int | None = None) -> Iterato
         torch.set_num_threads(before)
 
 
+class ThreadGovernor:
+    """torch's thread count for a long loop of steps, decided like threads_for at the start and again between
+    steps (`step()`, at most every `every` seconds) from what the other processes used since the last decision.
+
+    One choice at the start goes stale: a graph's backward passes ran 6-38 s from run to run at similar load,
+    because torch kept two threads while another process took a core (each step then waits at a barrier for
+    the thread that lost its core; 2 threads took 136 s where 1 took 16 s at load ~11). The re-decision reads
+    /proc/stat's busy ticks and this process's own CPU time over the interval just past, so it sleeps for
+    nothing; without /proc/stat (or with a requested count, $CIRCUITLAB_THREADS or a small step) the count
+    is fixed. The count never exceeds torch's count at the start; the start count is restored on exit."""
+
+    def __init__(self, step_flops: float, requested: int | None = None, every: float = 1.0,
+                 cpu_times=None, own_cpu=time.process_time, clock=time.monotonic) -> None:
+        self.step_flops, self.requested, self.every = step_flops, requested, every
+        self.cpu_times = cpu_times or read_cpu_times
+        self.own_cpu, self.clock = own_cpu, clock
+        self.adaptive = not requested and not os.environ.get(THREADS_ENV, "").strip() \
+            and step_flops >= SMALL_STEP_FLOPS
+        self.changes = 0
+
+    def __enter__(self) -> "ThreadGovernor":
+        self.before = torch.get_num_threads()
+        self.n = threads_for(self.step_flops, self.requested)
+        torch.set_num_threads(self.n)
+        self._mark()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.before)
+
+    def _mark(self) -> None:
+        self.t, self.c, self.ticks = self.clock(), self.own_cpu(), self.cpu_times()
+
+    def step(self) -> int:
+        """Between two steps: re-decide the count if `every` seconds have passed; returns the count in use."""
+        if not self.adaptive or self.clock() - self.t < self.every:
+            return self.n
+        t, c, ticks = self.clock(), self.own_cpu(), self.cpu_times()
+        if ticks is None or self.ticks is None or ticks[1] <= self.ticks[1] or t <= self.t:
+            self._mark()
+            return self.n
+        cores = os.cpu_count() or 1
+        busy = cores * (1 - (ticks[0] - self.ticks[0]) / (ticks[1] - self.ticks[1]))   # cores in use, all processes
+        others = max(0.0, busy - (c - self.c) / (t - self.t))                          # less this process's own
+        # A core counts as free when at most a quarter of it was used by others: a thread sharing a core costs
+        # far more (every step waits for it) than a thread left out (at most 2x on two cores).
+        n = max(1, min(self.before, int(cores - others + 0.25)))
+        if n != self.n:
+            torch.set_num_threads(n)
+            self.n, self.changes = n, self.changes + 1
+        self._mark()
+        return self.n
+
+
 def block_weights(cfg) -> int:
     """Matrix weights of one block from the config: Q and O, K and V (fewer with grouped-query attention), and
     the MLP's two or three matrices (gated)."""

@@ -35,6 +35,7 @@ from circuitlab.graphs.graph import Graph, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model.assumptions import require
+from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
 
 # Memory bounds (floats; float32 = 4 bytes each). The graph's dense matrices grow with the square of its node
@@ -268,9 +269,12 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     process's resident memory grew at most while attributing (the computation's own peak), and
     adjacency_mb, the dense adjacency's size.
     """
-    with _PeakMemory() as memory:
+    # Threads re-decided between backward passes (perf.ThreadGovernor): two threads while another process
+    # holds a core made one graph 8x slower than one thread.
+    n_pos = int(tokens.shape[-1])
+    with _PeakMemory() as memory, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
         graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
-                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt)
+                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov)
     info = graph.info
     info["peak_mb"] = memory.growth_mb
     if verbose:
@@ -285,7 +289,8 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
 def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
-               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None) -> Graph:
+               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
+               gov: ThreadGovernor) -> Graph:
     t0 = time.perf_counter()
     batch_size = COUNT.check(batch_size, "batch_size")
     if max_feature_nodes is not None:
@@ -328,6 +333,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         of the forward). -> [rows, n_cols]."""
         nonlocal n_passes
         n_passes += 1
+        gov.step()
         outputs, grads = [], []
         for layer, g in inject.items():
             outputs.append(lp.x[layer])
@@ -421,6 +427,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
                         "total": time.perf_counter() - t0},
             "n_active_features": n_feat, "n_feature_nodes": len(selected), "batch_size": B,
+            "threads": gov.n, "thread_changes": gov.changes,
             "backward_passes": n_passes, "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20}
     token_strs = [_token_label(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
     return Graph(tokens=rm.tokens.clone(), active_features=features, activations=values.to(dtype),
