@@ -17,9 +17,18 @@ max |A|), replacement and completeness scores equal, the same pruned node set. T
 (+ pruning and scores), median of --repeats, same number of torch threads; peak memory (VmHWM) of each
 side's process against the dense adjacency's size.
 
-    PYTHONPATH=src python benchmarks/bench_graphs.py                 # 64 tokens, 4 layers (~2 min)
-    PYTHONPATH=src python benchmarks/bench_graphs.py --quick         # 16 tokens, 2 layers, smaller
-    PYTHONPATH=src python benchmarks/bench_graphs.py --setup         # only build circuit-tracer's venv
+Timed in --pairs alternating pairs (ours then circuit-tracer, then circuit-tracer then ours, ...), each run in
+its own process, with the 1-minute load printed before and after each, so that a load that rises or falls
+during the benchmark falls on both sides; the claim is the smallest per-pair ratio. --busy N starts N
+processes that each keep a core busy for the whole benchmark (a fixed background load). circuit-tracer runs on
+--threads torch threads; ours starts at most there and re-decides between backward passes
+(perf.ThreadGovernor); --fixed-threads holds ours at --threads too.
+
+    PYTHONPATH=src python benchmarks/bench_graphs.py                      # 64 tokens, 4 layers, 3 pairs
+    PYTHONPATH=src python benchmarks/bench_graphs.py --busy 1             # the same with the other core busy
+    PYTHONPATH=src python benchmarks/bench_graphs.py --positional learned # GPT-2-style learned positions
+    PYTHONPATH=src python benchmarks/bench_graphs.py --quick              # 16 tokens, 2 layers, 1 pair
+    PYTHONPATH=src python benchmarks/bench_graphs.py --setup              # only build circuit-tracer's venv
 """
 from __future__ import annotations
 
@@ -69,7 +78,8 @@ def build(args):
 
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.d_model // 64, d_head=64,
-                      d_mlp=4 * args.d_model, d_vocab=args.vocab, n_ctx=128, positional="rotary", norm="layernorm",
+                      d_mlp=4 * args.d_model, d_vocab=args.vocab, n_ctx=128,
+                      positional=getattr(args, "positional", "rotary"), norm="layernorm",
                       mlp="gelu", bias=True)
     model = Transformer(cfg).eval()
     with torch.no_grad():
@@ -157,6 +167,15 @@ def ours_child(folder: str, batch: int, repeats: int, threads: int) -> None:
         "viewer_kb": viewer_kb, "pruned_nodes": int(pruned.node_mask.sum()), "pruned_edges": int(pruned.edge_mask.sum())}))
 
 
+def run_side(cmd: list[str], env: dict, name: str) -> tuple[float, float]:
+    """One side's run in its own process: (load before, load after); exits with its error if it failed."""
+    before = os.getloadavg()[0]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
+    return before, os.getloadavg()[0]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setup", action="store_true", help="only build circuit-tracer's venv")
@@ -166,11 +185,16 @@ def main() -> None:
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--d-sae", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--positional", choices=["rotary", "learned"], default="rotary",
+                   help="learned: GPT-2-style positions (token nodes then differ from circuit-tracer's W_E alone)")
     p.add_argument("--active", type=int, default=24, help="about this many features fire per token and layer")
     p.add_argument("--batch", type=int, default=256, help="our target rows per backward pass")
     p.add_argument("--peer-batch", type=int, default=512, help="circuit-tracer's batch_size (its default)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=3, help="alternating pairs of runs (one attribution each)")
+    p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--fixed-threads", action="store_true", help="hold ours at --threads (no re-decision)")
+    p.add_argument("--busy", type=int, default=0, help="processes that each keep a core busy throughout")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -180,42 +204,61 @@ def main() -> None:
         print(f"circuit-tracer ready: {py}")
         return
     if args.quick:
-        args.tokens, args.layers, args.d_model, args.d_sae, args.repeats = 16, 2, 128, 512, 1
-    with tempfile.TemporaryDirectory(prefix="bench-graphs-") as tmp:
-        folder = Path(tmp)
-        model, tc, dicts, tokens = build(args)
-        write_peer_inputs(folder, model, dicts, tokens, args)
-        build_args = {k: getattr(args, k) for k in ("tokens", "layers", "d_model", "d_sae", "vocab", "active")}
-        (folder / "build.json").write_text(json.dumps(build_args))
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        peer = subprocess.run([str(py), str(Path(__file__).with_name("_graphs_peer.py")), tmp], env=env,
-                              capture_output=True, text=True)
-        if peer.returncode != 0:
-            sys.exit(f"circuit-tracer failed:\n{peer.stderr[-3000:]}")
-        ours = subprocess.run([sys.executable, __file__, "--child", tmp, "--batch", str(args.batch), "--repeats",
-                               str(args.repeats), "--threads", str(args.threads)], env=env, capture_output=True,
-                              text=True)
-        if ours.returncode != 0:
-            sys.exit(f"circuitlab failed:\n{ours.stderr[-3000:]}")
-        pt, pj = load_file(str(folder / "peer.safetensors")), json.loads((folder / "peer.json").read_text())
-        ot, oj = load_file(str(folder / "ours.safetensors")), json.loads((folder / "ours.json").read_text())
+        args.tokens, args.layers, args.d_model, args.d_sae, args.pairs = 16, 2, 128, 512, 1
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-graphs-") as tmp:
+            compare(args, py, Path(tmp))
+    finally:
+        for s in spinners:
+            s.kill()
+
+
+def compare(args, py: Path, folder: Path) -> None:
+    model, tc, dicts, tokens = build(args)
+    write_peer_inputs(folder, model, dicts, tokens, args)
+    build_args = {k: getattr(args, k) for k in ("tokens", "layers", "d_model", "d_sae", "vocab", "active",
+                                                "positional")}
+    (folder / "build.json").write_text(json.dumps(build_args))
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    ours_env = {**env, "CIRCUITLAB_THREADS": str(args.threads)} if args.fixed_threads else env
+    peer_cmd = [str(py), str(Path(__file__).with_name("_graphs_peer.py")), str(folder)]
+    ours_cmd = [sys.executable, __file__, "--child", str(folder), "--batch", str(args.batch), "--repeats",
+                str(args.repeats), "--threads", str(args.threads)]
+    print(f"model: {args.layers} layers, d_model {args.d_model}, {args.positional} positions, transcoders d_sae "
+          f"{args.d_sae}; prompt {args.tokens} tokens; circuit-tracer on {args.threads} torch threads, ours "
+          f"{'fixed at' if args.fixed_threads else 'at most'} {args.threads}; background: {args.busy} busy "
+          f"process(es); {os.cpu_count()} cores", flush=True)
+    ratios = []
+    for pair in range(args.pairs):
+        order = [("ours", ours_cmd, ours_env), ("circuit-tracer", peer_cmd, env)]
+        loads = {}
+        for name, cmd, e in order if pair % 2 == 0 else order[::-1]:
+            loads[name] = run_side(cmd, e, name)
+        oj, pj = json.loads((folder / "ours.json").read_text()), json.loads((folder / "peer.json").read_text())
+        t_ours, t_peer = statistics.median(oj["seconds"]), statistics.median(pj["seconds"])
+        ratios.append(t_peer / t_ours)
+        first = "ours" if pair % 2 == 0 else "circuit-tracer"
+        print(f"pair {pair + 1} ({first} first): ours {t_ours:.2f} s (load {loads['ours'][0]:.1f} -> "
+              f"{loads['ours'][1]:.1f}; threads {oj['info'].get('threads')}, changed {oj['info'].get('thread_changes')}"
+              f" times), circuit-tracer {t_peer:.2f} s (load {loads['circuit-tracer'][0]:.1f} -> "
+              f"{loads['circuit-tracer'][1]:.1f}) -> {ratios[-1]:.2f}x", flush=True)
+    pt, ot = load_file(str(folder / "peer.safetensors")), load_file(str(folder / "ours.safetensors"))
     same_features = torch.equal(pt["active_features"], ot["active_features"])
     same_logits = torch.equal(pt["logit_tokens"], ot["logit_tokens"])
     a, b = ot["adjacency"].double(), pt["adjacency"].double()
     rel = float((a - b).abs().max() / b.abs().max()) if a.shape == b.shape else float("inf")
     same_nodes = torch.equal(pt["node_mask"], ot["node_mask"])
     n = a.shape[0]
-    t_ours, t_peer = statistics.median(oj["seconds"]), statistics.median(pj["seconds"])
     dense_mb = n * n * 4 / 2**20
-    print(f"model: {args.layers} layers, d_model {args.d_model}, transcoders d_sae {args.d_sae}; prompt {args.tokens} "
-          f"tokens; {len(ot['active_features'])} active features, {n} nodes; torch threads {args.threads}")
+    print(f"{len(ot['active_features'])} active features, {n} nodes")
     print(f"same active features / node order: {same_features}; same logit targets: {same_logits}")
     print(f"adjacency: max |ours - circuit-tracer| / max |A| = {rel:.2e} (target <= 1e-4)")
     print(f"replacement score: ours {oj['replacement']:.6f}, circuit-tracer {pj['replacement']:.6f}; completeness: "
           f"ours {oj['completeness']:.6f}, circuit-tracer {pj['completeness']:.6f}")
     print(f"pruned node set equal: {same_nodes} ({int(ot['node_mask'].sum())} vs {int(pt['node_mask'].sum())} nodes)")
-    print(f"attribution time (median of {args.repeats}): ours {t_ours:.2f} s (batch {args.batch}), circuit-tracer "
-          f"{t_peer:.2f} s (batch {args.peer_batch}) -> {t_peer / t_ours:.2f}x (target >= 3x)")
+    print(f"attribution time, per pair: {', '.join(f'{r:.2f}x' for r in ratios)}; smallest {min(ratios):.2f}x, "
+          f"median {statistics.median(ratios):.2f}x (target >= 3x in every pair)")
     print(f"pruning + scores: ours {oj['prune_seconds']:.2f} s, circuit-tracer {pj['prune_seconds']:.2f} s")
     print(f"peak RSS: ours {oj['peak_rss_mb']:.0f} MB, circuit-tracer {pj['peak_rss_mb']:.0f} MB; dense adjacency "
           f"{dense_mb:.0f} MB (fp32); our attribution's own peak (graph.info peak_mb) {oj['info']['peak_mb']:.0f} MB")
