@@ -149,6 +149,10 @@ class ThreadGovernor:
         self.changes = 0
 
     def __enter__(self) -> "ThreadGovernor":
+        return self.start()
+
+    def start(self) -> "ThreadGovernor":
+        """The first decision (threads_for); __exit__ restores the count found here."""
         self.before = torch.get_num_threads()
         self.n = threads_for(self.step_flops, self.requested)
         torch.set_num_threads(self.n)

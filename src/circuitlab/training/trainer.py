@@ -24,7 +24,7 @@ from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
 from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.model import Transformer
-from circuitlab.perf import threads_for, transformer_step_flops
+from circuitlab.perf import ThreadGovernor, transformer_step_flops
 import circuitlab.training.distributed as D
 from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
@@ -72,7 +72,8 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     stop_at: stop (with a checkpoint) after this many steps, as if interrupted; the schedule
     still follows train.steps, so a later resume continues the same curve.
 
-    CPU threads: train.threads, else $CIRCUITLAB_THREADS, else one for a small step (circuitlab.perf.threads_for);
+    CPU threads: train.threads, else $CIRCUITLAB_THREADS, else one for a small step, else re-decided between steps
+    by the cores other processes leave free (circuitlab.perf.ThreadGovernor);
     torch's count is restored on return.
     """
     before = torch.get_num_threads()
@@ -136,9 +137,10 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
     else:
         check_training_size(model.cfg, t.batch_size // world // t.grad_accum, t.seq_len)
     model.train()
-    # the thread count by the work of one forward-backward (restored by train() on return)
-    torch.set_num_threads(threads_for(transformer_step_flops(model.cfg, t.batch_size // world // t.grad_accum * t.seq_len,
-                                                             t.seq_len), t.threads or None))
+    # the thread count by the work of one forward-backward, re-decided between steps as other processes come
+    # and go (perf.ThreadGovernor; train() restores torch's count on return)
+    threads = ThreadGovernor(transformer_step_flops(model.cfg, t.batch_size // world // t.grad_accum * t.seq_len,
+                                                    t.seq_len), t.threads or None).start()
     optimizer = make_optimizer(model, t)
     start, tokens_seen, best_val = 0, 0, math.inf
     if ckpt is not None:
@@ -238,6 +240,7 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
                     if step > start:  # the state in memory is that of a complete step: keep it
                         checkpoint(step)
                     raise TrainingInterrupted(interrupted_message(step, saved_step, out_dir / "checkpoint", RESUME))
+                threads.step()
                 loss_value, done = one_step(step)
     except TrainingInterrupted:
         raise
