@@ -72,17 +72,21 @@ def read_cpu_times() -> tuple[int, int] | None:
 
 
 def idle_cores(seconds: float = 0.1) -> float | None:
-    """Cores idle right now: /proc/stat sampled across `seconds` while this thread sleeps (None without it).
-    Unlike the load average, which trails by a minute and counts this process too, it sees only what the
-    other processes are using now."""
-    before = read_cpu_times()
+    """Cores that other processes leave free right now: /proc/stat sampled across `seconds` while this thread
+    sleeps, plus what this process itself used meanwhile (None without /proc/stat). Unlike the load average,
+    which trails by a minute, it sees only the present; this process's own part counts as free because torch's
+    threads spin for a while after their last parallel step (right after a matmul benchmark the sample read one
+    core busy and the demo's training took one thread)."""
+    before, cpu0, t0 = read_cpu_times(), time.process_time(), time.monotonic()
     if before is None:
         return None
     time.sleep(seconds)
-    after = read_cpu_times()
+    after, cpu1, t1 = read_cpu_times(), time.process_time(), time.monotonic()
     if after is None or after[1] <= before[1]:
         return None
-    return (os.cpu_count() or 1) * (after[0] - before[0]) / (after[1] - before[1])
+    cores = os.cpu_count() or 1
+    idle = cores * (after[0] - before[0]) / (after[1] - before[1])
+    return min(float(cores), idle + max(0.0, cpu1 - cpu0) / max(t1 - t0, 1e-9))
 
 
 def free_cores() -> float | None:
