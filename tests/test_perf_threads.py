@@ -72,6 +72,10 @@ def test_where_proc_stat_exists_the_cores_idle_now_decide(two_threads, monkeypat
     (it trails by a minute and counts this process too)."""
     monkeypatch.setattr(perf.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (3.0, 3.0, 3.0))  # would say: no core free
+    own = {"cpu": 0.0}
+    monkeypatch.setattr(perf.time, "process_time", lambda: own["cpu"])    # this process: idle unless said
+    monkeypatch.setattr(perf.time, "monotonic", lambda: 10.0)
+    monkeypatch.setattr(perf.time, "sleep", lambda s: own.update(slept=s))
     samples = iter([(1000, 4000), (1190, 4200)])                         # 190 of 200 ticks idle
     monkeypatch.setattr(perf, "read_cpu_times", lambda: next(samples))
     assert perf.free_cores() == pytest.approx(1.9)
@@ -79,6 +83,13 @@ def test_where_proc_stat_exists_the_cores_idle_now_decide(two_threads, monkeypat
     assert threads_for(SMALL_STEP_FLOPS * 10) == 2
     samples = iter([(1000, 4000), (1100, 4200)])                         # another process holds one core
     assert threads_for(SMALL_STEP_FLOPS * 10) == 1
+    # The same busy core, but it was this process's own threads still spinning: it counts as free.
+    cpu = iter([0.0, 0.1])
+    monkeypatch.setattr(perf.time, "process_time", lambda: next(cpu))
+    clock = iter([0.0, 0.1])
+    monkeypatch.setattr(perf.time, "monotonic", lambda: next(clock))
+    samples = iter([(1000, 4000), (1100, 4200)])
+    assert threads_for(SMALL_STEP_FLOPS * 10) == 2
     monkeypatch.undo()
     real = perf.read_cpu_times()                                          # the real file, where there is one
     assert real is None or 0 <= real[0] <= real[1]
