@@ -101,11 +101,11 @@ def measured_effect(rm: ReplacementModel, graph: Graph, target: int, source: int
             y = y.clone()
             y[:, pos] -= rm.errors[layer][pos]
             return y
-        hooks.append((f"blocks.{s['layer']}.hook_mlp_out", drop_error))
+        hooks.append((rm.tc.output_hook(s["layer"]), drop_error))
     else:
         def drop_token(x, hook, pos=s["pos"]):
             x = x.clone()
-            x[:, pos] -= rm.embeddings[pos]
+            x[:, pos] -= rm.token_vectors(graph.token_nodes)[pos]
             return x
         hooks.append(("blocks.0.hook_resid_pre", drop_token))
 
@@ -114,6 +114,9 @@ def measured_effect(rm: ReplacementModel, graph: Graph, target: int, source: int
         if t["kind"] == "feature":
             return float(out.pre_acts[t["layer"]][0, t["pos"], t["feature"]])
         last = out.logits[0, -1]
+        cap = rm.model.cfg.logit_softcap
+        if cap is not None:  # a soft-capped model's graph explains the logit before the cap: undo it
+            last = cap * torch.atanh(last / cap)
         return float(last[t["token"]] - last.mean())
 
     base = value(rm.run(features="frozen"))
@@ -151,7 +154,7 @@ FAMILIES = {  # what frozen mode handles per family: RMSNorm + GQA, post-norms +
     "llama-gqa": dict(preset="llama-tiny"),
     "olmo2-like": dict(preset="llama-tiny", block_norms="post", qk_norm="full", hook="hook_resid_mid"),  # no ln2
     "gemma2-like": dict(preset="llama-tiny", block_norms="sandwich", qk_norm="head", embed_scale=4.0, attn_softcap=1.5,
-                        mlp="geglu", sliding_window=3, sliding_layers=[0]),
+                        mlp="geglu", sliding_window=3, sliding_layers=[0], logit_softcap=2.0),
     "neox": dict(preset="gpt2-tiny", positional="rotary", rotary_dim=4, parallel_attn_mlp=True),
 }
 
@@ -186,6 +189,62 @@ def test_edges_are_effects_on_every_family(family):
     for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:10]].tolist():
         assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
             (graph.label(t), graph.label(s))
+
+
+def test_a_soft_capped_graph_attributes_the_logit_before_the_cap_and_weighs_targets_by_the_real_probabilities():
+    """Gemma-2's final-logit soft-cap (circuit-tracer's convention): logit rows are the demeaned logit before the
+    cap (the same rows as the uncapped model's), targets and weights the capped model's own probabilities."""
+    from circuitlab import Transformer
+
+    cfg = ModelConfig.from_preset("llama-tiny", n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12,
+                                  block_norms="sandwich", logit_softcap=0.5)
+    torch.manual_seed(1)
+    capped = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        capped.unembed.weight.mul_(30)   # logits well past the cap, so it changes the ranking's probabilities
+    uncapped = Transformer(cfg.replace(logit_softcap=None)).double().eval()
+    uncapped.load_state_dict(capped.state_dict())
+    dicts = [random_transcoder(layer, 16, d_sae=24) for layer in range(2)]
+    tokens = torch.randint(0, 40, (6,), generator=torch.Generator().manual_seed(2))
+    targets = [3, 5, 9]
+    a = attribute(capped, Transcoders.per_layer(capped, dicts), tokens, targets=targets)
+    b = attribute(uncapped, Transcoders.per_layer(uncapped, dicts), tokens, targets=targets)
+    torch.testing.assert_close(a.adjacency, b.adjacency, atol=1e-12, rtol=0)
+    probs = capped(tokens[None])[0, -1].softmax(-1)
+    assert a.logit_weights.tolist() == pytest.approx(probs[targets].tolist(), abs=1e-12)
+    assert not torch.allclose(a.logit_weights, b.logit_weights, atol=1e-3)   # the cap binds
+    top = attribute(capped, Transcoders.per_layer(capped, dicts), tokens, max_n_logits=3, desired_logit_prob=0.99)
+    assert top.logit_tokens.tolist() == probs.topk(3).indices.tolist()
+
+
+def test_token_nodes_w_e_are_the_tokens_rows_alone(setup, tmp_path):
+    """token_nodes="W_E" (circuit-tracer's): on a learned-position model only the token columns change, to the
+    effect of W_E[token] alone (measured); the field is saved, and a file written before it reads as "embedding"."""
+    model, tc, tokens, graph = setup
+    w_e = attribute(model, tc, tokens, batch_size=16, token_nodes="W_E")
+    t0, t1 = graph.token_start, graph.logit_start
+    keep = torch.ones(graph.n_nodes, dtype=torch.bool)
+    keep[t0:t1] = False
+    torch.testing.assert_close(w_e.adjacency[:, keep], graph.adjacency[:, keep], atol=1e-12, rtol=0)
+    assert float((w_e.adjacency[:, t0:t1] - graph.adjacency[:, t0:t1]).abs().max()) > 1e-3   # W_pos matters
+    rm = ReplacementModel(model, tc, tokens)
+    torch.testing.assert_close(rm.token_vectors("W_E"), model.token_embeddings(tokens), atol=0, rtol=0)
+    rows = torch.cat([torch.arange(w_e.n_features), torch.arange(w_e.logit_start, w_e.n_nodes)])
+    nonzero = [(t, s) for t in rows.tolist() for s in range(t0, t1) if w_e.adjacency[t, s] != 0]
+    for t, s in nonzero[::max(1, len(nonzero) // 8)]:
+        assert measured_effect(rm, w_e, t, s) == pytest.approx(float(w_e.adjacency[t, s]), abs=1e-8)
+    w_e.save(tmp_path / "g")
+    assert Graph.load(tmp_path / "g").token_nodes == "W_E"
+    meta = json.loads((tmp_path / "g" / "graph.json").read_text())
+    del meta["token_nodes"]
+    (tmp_path / "g" / "graph.json").write_text(json.dumps(meta))
+    assert Graph.load(tmp_path / "g").token_nodes == "embedding"
+    meta["token_nodes"] = "W_pos"
+    (tmp_path / "g" / "graph.json").write_text(json.dumps(meta))
+    with pytest.raises(CircuitlabError, match="token_nodes must be one of embedding, W_E"):
+        Graph.load(tmp_path / "g")
+    with pytest.raises(CircuitlabError, match="token_nodes must be one of"):
+        attribute(model, tc, tokens, token_nodes="tokens")
 
 
 def test_batching_and_the_feature_cap_do_not_change_rows(setup):

@@ -17,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.checks import SHARE
     from circuitlab.commands._args import positive_int
     from circuitlab.experiments.dashboards import CARD_TOKENS
+    from circuitlab.graphs.graph import TOKEN_NODES
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
@@ -38,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-feature-nodes", type=positive_int, default=None,
                    help="keep at most this many feature nodes, the most influential first (long prompts)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
+    p.add_argument("--token-nodes", choices=TOKEN_NODES, default="embedding",
+                   help="what a token node is: the whole embedding at its position (default; W_E[token] + W_pos[pos] "
+                        "on learned-position models, so every input is a node) or W_E: the token's row alone, as "
+                        "circuit-tracer (and Neuronpedia's graphs) make them, to compare with those")
     p.add_argument("--dashboard-tokens", type=CARD_TOKENS.arg, default=4096,
                    help="held-out story tokens the report's feature cards (hover in the viewer) are built on when "
                         "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096, "
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
                               max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
                               overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens,
-                              saved_dashboards=saved)
+                              saved_dashboards=saved, token_nodes=args.token_nodes)
     for line in result.summary:
         print(line)
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "

@@ -56,10 +56,11 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
                      max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
                      slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096,
-                     saved_dashboards: dict[int, Any] | None = None) -> GraphRun:
+                     saved_dashboards: dict[int, Any] | None = None, token_nodes: str = "embedding") -> GraphRun:
     """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. The report's feature
     cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
-    they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none)."""
+    they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none). token_nodes: see
+    graphs.attribute ("W_E": circuit-tracer's token nodes)."""
     from circuitlab.experiments.dashboards import CARD_TOKENS
 
     dashboard_tokens = CARD_TOKENS.check(dashboard_tokens, "dashboard_tokens")
@@ -82,7 +83,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     graph = attribute(model, transcoders, torch.tensor(ids), targets=targets, max_n_logits=max_n_logits,
                       desired_logit_prob=desired_logit_prob, batch_size=batch_size,
                       max_feature_nodes=max_feature_nodes, tokenizer=tokenizer, progress=progress, prompt=prompt,
-                      verbose=progress)
+                      verbose=progress, token_nodes=token_nodes)
     t0 = time.perf_counter()
     pruned = graph.prune(node_threshold, edge_threshold)
     paths = graph.top_paths(5, pruned)
@@ -102,7 +103,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                    f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
     data = {"prompt": prompt, "graph": s, "top_paths": [{"strength": p["strength"], "words": p["words"]}
                                                          for p in paths],
-            "transcoders": graph.transcoders, "timings_s": info["seconds"],
+            "transcoders": graph.transcoders, "token_nodes": graph.token_nodes, "timings_s": info["seconds"],
             "memory": {"adjacency_mb": info.get("adjacency_mb"), "attribution_peak_mb": info.get("peak_mb")}}
     run = GraphRun(graph, pruned, summary, data)
     if dashboard_tokens or saved_dashboards:

@@ -6,7 +6,9 @@
 A[target, source] is the direct effect of the source on the target through the frozen linear system
 (replacement model, features fixed): for a feature target its encoder pre-activation, for a logit
 target its demeaned logit (the logit minus the mean logit over the vocabulary; a logit difference is
-demeaned already). A source contributes act * decoder vector (a feature; a cross-layer feature at every
+demeaned already). Under a logit soft-cap (Gemma-2) the logit attributed is the one before the cap, as
+circuit-tracer does (the cap is monotone per token); the targets and their weights are the real, capped
+probabilities. A source contributes act * decoder vector (a feature; a cross-layer feature at every
 layer it writes), its error vector (an error node) or its embedding (a token node); the edge is that
 contribution dotted with the gradient of the target at the place it is added.
 
@@ -31,10 +33,9 @@ from tqdm.auto import tqdm
 
 from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
-from circuitlab.graphs.graph import Graph, normalized
+from circuitlab.graphs.graph import Graph, check_token_nodes, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
-from circuitlab.model.assumptions import require
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
 
@@ -209,7 +210,8 @@ class _Columns:
     """Turns gradients at the sources' places into adjacency columns (all sources, in node order)."""
 
     @torch.no_grad()
-    def __init__(self, rm: ReplacementModel, features: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, rm: ReplacementModel, features: torch.Tensor, values: torch.Tensor, dtype: torch.dtype,
+                 token_nodes: str = "embedding"):
         tc, T = rm.tc, rm.n_pos
         self.n_feat, self.T, self.L = len(features), T, tc.n_layers
         self.n_cols = self.n_feat + (self.L + 1) * T
@@ -231,7 +233,7 @@ class _Columns:
         if rm.bos:
             errs[:, 0] = 0  # position 0's MLP output is a constant, not a node
         self.errors = errs
-        self.embeds = rm.embeddings.to(dtype)
+        self.embeds = rm.token_vectors(token_nodes).to(dtype)
 
     @torch.no_grad()
     def rows(self, grads_out: dict[int, torch.Tensor], grad_embed: torch.Tensor) -> torch.Tensor:
@@ -254,7 +256,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
               max_n_logits: int = 10, desired_logit_prob: float = 0.95, batch_size: int = 128,
               max_feature_nodes: int | None = None, bos: bool = False, tokenizer: Any = None,
               progress: bool = False, dtype: torch.dtype | None = None, prompt: str | None = None,
-              verbose: bool = False) -> Graph:
+              verbose: bool = False, token_nodes: str = "embedding") -> Graph:
     """The attribution graph of the next-token prediction at the prompt's last position (tokens [pos]).
 
     targets: None (the top tokens until desired_logit_prob, at most max_n_logits) or a list of token ids,
@@ -265,6 +267,8 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     pass GRAPH_BUDGET is refused in one line before any backward pass, saying how many would fit.
     bos: position 0 is an attention sink (circuit-tracer's convention): no features, no error node there.
     dtype: compute in this dtype (default: the model's).
+    token_nodes: "embedding" (a token node is the whole embedding at its position: W_E[token] + W_pos[pos] on
+    learned-position models) or "W_E" (the token's row alone, circuit-tracer's: the graph then equals its).
     Returns the unpruned Graph, with its timings and memory in graph.info: peak_mb, how much the
     process's resident memory grew at most while attributing (the computation's own peak), and
     adjacency_mb, the dense adjacency's size.
@@ -274,7 +278,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     n_pos = int(tokens.shape[-1])
     with _PeakMemory() as memory, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
         graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
-                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov)
+                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes)
     info = graph.info
     info["peak_mb"] = memory.growth_mb
     if verbose:
@@ -290,14 +294,14 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
                bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
-               gov: ThreadGovernor) -> Graph:
+               gov: ThreadGovernor, token_nodes: str = "embedding") -> Graph:
     t0 = time.perf_counter()
     batch_size = COUNT.check(batch_size, "batch_size")
     if max_feature_nodes is not None:
         COUNT.check(max_feature_nodes, "max_feature_nodes")
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
     max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
-    require(model, "attribution graphs (demeaned logits)", "linear_readout")
+    token_nodes = check_token_nodes(token_nodes)
     dtype = dtype or next(model.parameters()).dtype
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
@@ -314,7 +318,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                             for l_ in features[:, 0].unique().tolist()])   # sorted by layer, as features are
     t_setup = time.perf_counter() - t0
 
-    cols = _Columns(rm, features, values, dtype)
+    cols = _Columns(rm, features, values, dtype, token_nodes)
     B = min(batch_size, rows_per_pass(model, cols.n_cols, T))
     t1 = time.perf_counter()
     t_forward = 0.0
@@ -434,7 +438,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                  selected=selected, adjacency=adjacency, logit_labels=[t.label for t in logit_targets],
                  logit_tokens=torch.tensor([t.token for t in logit_targets], dtype=torch.long),
                  logit_weights=weights, n_layers=L, bos=bos, token_strs=token_strs, prompt=prompt,
-                 transcoders=transcoders.describe(), info=info)
+                 transcoders=transcoders.describe(), info=info, token_nodes=token_nodes)
 
 
 @torch.no_grad()

@@ -34,6 +34,9 @@ from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.textfile import read_text
 
 FORMAT = "circuitlab-graph-1"
+# What a token node is: the whole embedding at its position (W_E[token] + W_pos[pos] on learned-position models:
+# every input is a node, the default) or W_E[token] alone (circuit-tracer's, for graphs that compare with its).
+TOKEN_NODES = ("embedding", "W_E")
 TENSORS, META = "graph.safetensors", "graph.json"
 
 
@@ -95,6 +98,14 @@ def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     return flat.new_zeros(()) if len(ordered) < len(flat) else ordered[-1]  # past the last: a zero, if any
 
 
+def check_token_nodes(value: Any, name: str = "token_nodes") -> str:
+    """One of TOKEN_NODES, else a one-line InputError."""
+    if value not in TOKEN_NODES:
+        raise InputError(f"{name} must be one of {', '.join(TOKEN_NODES)} (got {value!r}): 'embedding' makes a token "
+                         "node the whole embedding at its position, 'W_E' the token's row alone (circuit-tracer's)")
+    return value
+
+
 def check_threshold(value: Any, name: str) -> float:
     """A pruning threshold: a share of the influence kept, in (0, 1] (checks.SHARE, as the CLI and explorer)."""
     return SHARE.check(value, name)
@@ -120,7 +131,8 @@ class Graph(Displayed):
 
     tokens [pos]; active_features [n_active, 3] (layer, pos, feature) with activations [n_active];
     selected [n_feat]: the active features that are nodes (all unless capped); adjacency [n, n];
-    logit_tokens [n_logit] (-1 for a direction), logit_weights [n_logit]; info: timings, memory."""
+    logit_tokens [n_logit] (-1 for a direction), logit_weights [n_logit]; info: timings, memory;
+    token_nodes: what a token node adds (TOKEN_NODES: "embedding", the default, or circuit-tracer's "W_E")."""
 
     tokens: torch.Tensor
     active_features: torch.Tensor
@@ -136,6 +148,7 @@ class Graph(Displayed):
     prompt: str | None = None
     transcoders: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    token_nodes: str = "embedding"
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ node bookkeeping
@@ -349,7 +362,8 @@ class Graph(Displayed):
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "n_layers": self.n_layers, "bos": self.bos, "prompt": self.prompt,
+        return {"format": FORMAT, "n_layers": self.n_layers, "bos": self.bos, "token_nodes": self.token_nodes,
+                "prompt": self.prompt,
                 "token_strs": self.token_strs, "logit_labels": self.logit_labels, "transcoders": self.transcoders,
                 "info": self.info, "summary": self.summary()}
 
@@ -392,7 +406,9 @@ class Graph(Displayed):
                        selected=t["selected"], adjacency=t["adjacency"], logit_labels=meta["logit_labels"],
                        logit_tokens=t["logit_tokens"], logit_weights=t["logit_weights"], n_layers=meta["n_layers"],
                        bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
-                       transcoders=meta["transcoders"], info=meta["info"])
+                       transcoders=meta["transcoders"], info=meta["info"],
+                       token_nodes=check_token_nodes(meta.get("token_nodes", "embedding"),   # older files: embedding
+                                                     f"{folder / META}'s token_nodes"))
         except CircuitlabError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to write again

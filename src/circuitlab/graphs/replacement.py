@@ -72,7 +72,7 @@ class LinearPass:
     x[l]: each layer's transcoder input [1, n_pos, d_in] (a feature's pre-activation reads it);
     out[l]: each layer's MLP output [1, n_pos, d_model] (a leaf of the linear system where features and
     errors add); embed: the embedding [1, n_pos, d_model] (a leaf: token sources); logits: the last
-    position's [1, d_vocab] (None unless asked for)."""
+    position's [1, d_vocab] before any logit soft-cap (None unless asked for)."""
 
     n_pos: int
     x: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -153,6 +153,7 @@ class ReplacementModel:
         self.inputs = {layer: cache[self.tc.input_hook(layer)][0] for layer in self.tc.layers}   # [pos, d_in]
         self.mlp_out = {layer: cache[outs[layer]][0] for layer in range(self.tc.n_layers)}       # [pos, d_model]
         self.embeddings = sum(cache[n][0] for n in embeds)                          # [pos, d_model]: token nodes
+        self.token_embeddings = cache["hook_embed"][0]                                  # [pos, d_model]: W_E[token]
         self.acts = {}
         for layer in self.tc.layers:
             a = self.tc.encode(layer, self.inputs[layer])
@@ -165,6 +166,13 @@ class ReplacementModel:
                 self.errors[layer] = self.mlp_out[layer].clone()
                 continue
             self.errors[layer] = self.mlp_out[layer] - self._rebuild(layer, self.acts, self.inputs[layer])
+
+    def token_vectors(self, token_nodes: str = "embedding") -> torch.Tensor:
+        """What each token node adds to the residual stream [pos, d_model]: the whole embedding ("embedding":
+        W_E[token] times any embedding scale, plus W_pos[pos] on learned-position models, so that every input
+        of the graph is a node) or the token's row alone ("W_E": circuit-tracer's token nodes; W_pos is then
+        in no node). The two are equal on models without learned positions."""
+        return self.embeddings if token_nodes == "embedding" else self.token_embeddings
 
     def _rebuild(self, layer: int, acts: dict[int, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """decode + skip of `layer` from source activations and its input (no error)."""
@@ -225,8 +233,9 @@ class ReplacementModel:
                 model(self.tokens[None, :P])
             except _Stop:
                 pass
-            if logits:  # the model's read-out (its final norm's scale frozen), at the last position
-                lp.logits = model.readout(resid[0])[:, -1]                         # [1, d_vocab]
+            if logits:  # the model's read-out (its final norm's scale frozen), at the last position, before any
+                # logit soft-cap (circuit-tracer's convention: the cap is monotone per token, the rest is linear)
+                lp.logits = model.readout(resid[0], soft_cap=False)[:, -1]         # [1, d_vocab]
         return lp
 
     # ------------------------------------------------------------------ runs

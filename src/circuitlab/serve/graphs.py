@@ -20,7 +20,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 from circuitlab.atomic import atomic_write_text
 from circuitlab.checks import FINITE, SHARE, Number
 from circuitlab.errors import CircuitlabError
+from circuitlab.graphs.graph import TOKEN_NODES
 from circuitlab.viz.graph_view import feature_cards
 
 MAX_GRAPHS = 500            # folders listed
@@ -75,6 +76,8 @@ class ComputeRequest(BaseModel):
     node_threshold: StrictInt | StrictFloat = 0.8
     edge_threshold: StrictInt | StrictFloat = 0.98
     max_feature_nodes: StrictInt | None = Field(default=None, description="keep at most this many feature nodes")
+    token_nodes: Literal[TOKEN_NODES] = Field(  # type: ignore[valid-type]
+        default="embedding", description="token nodes: the whole embedding, or W_E[token] alone (circuit-tracer's)")
 
 
 def _ids(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -267,7 +270,7 @@ class GraphBrowser:
         return {"id": graph_id, "nodes": node_ids, "scale": scale, "columns": columns}
 
     def compute(self, ids: list[int], prompt: str, node_threshold: float, edge_threshold: float,
-                max_feature_nodes: int | None) -> dict[str, Any]:
+                max_feature_nodes: int | None, token_nodes: str = "embedding") -> dict[str, Any]:
         """A new graph of the prompt (written under the runs folder), refused up front when too large."""
         from circuitlab.graphs import ReplacementModel
         from circuitlab.graphs.attribution import check_graph_size
@@ -292,7 +295,7 @@ class GraphBrowser:
             out, n = out.with_name(f"{out.name.split('~')[0]}~{n}"), n + 1
         self.runner(self.model, self.tc, prompt, self.tokenizer, out=out, node_threshold=node_threshold,
                          edge_threshold=edge_threshold, max_feature_nodes=max_feature_nodes, progress=False,
-                         dashboard_tokens=0)
+                         dashboard_tokens=0, token_nodes=token_nodes)
         return {"id": out.relative_to(self.root).as_posix()}
 
 
@@ -347,4 +350,4 @@ def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, p
         ids = encode(req.prompt)
         with lock:
             return call(browser.compute, ids, req.prompt, req.node_threshold, req.edge_threshold,
-                        req.max_feature_nodes)
+                        req.max_feature_nodes, req.token_nodes)

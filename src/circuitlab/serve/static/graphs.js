@@ -52,6 +52,7 @@
     const body = { prompt: $("compute-prompt").value, node_threshold: +$("compute-nodes").value,
                    edge_threshold: +$("compute-edges").value };
     if ($("compute-max").value) body.max_feature_nodes = +$("compute-max").value;
+    body.token_nodes = $("compute-token-nodes").value;
     const r = await cl.api("/api/graphs/compute", body);
     if (!r.ok) { status(r.data.detail); return; }
     await list(r.data.id);
