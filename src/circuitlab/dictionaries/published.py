@@ -28,12 +28,13 @@ computes on the same activations (tested against a by-hand computation from the 
 
 Hook names are mapped to ours (TransformerLens's): HF module paths (model.layers.3.output ->
 blocks.3.hook_resid_post), circuit-tracer's per-layer names (ln2.hook_normalized -> blocks.3.ln2...),
-TransformerLens's hook_mlp_in (-> hook_resid_mid). Two of the field's reading points have no hook of
-ours: the MLP's input after ln2's gain (circuit-tracer's mlp.hook_in, HF pre_feedforward_layernorm) and
-the MLP's output before a post-norm (mlp.hook_out). A dictionary reading them keeps those names until
-it is bound to a model (`bind`, or `load(..., model=model)`): the gain (and bias) of ln2 is folded into
-its encoder so it reads blocks.L.ln2.hook_normalized exactly; mlp.hook_out is hook_mlp_out when the
-block has no post-MLP norm. Binding also checks the base model (name, width) and that every hook exists.
+TransformerLens's hook_mlp_in (-> hook_resid_mid). Two of the field's reading points need the model:
+the MLP's input after ln2's gain (circuit-tracer's mlp.hook_in, HF pre_feedforward_layernorm: no hook of
+ours) and the MLP's output before a post-norm (mlp.hook_out, a hook of ours only in blocks with a post-MLP norm).
+A dictionary reading them keeps those names until it is bound to a model (`bind`, or `load(...,
+model=model)`): the gain (and bias) of ln2 is folded into its encoder so it reads
+blocks.L.ln2.hook_normalized exactly; mlp.hook_out stays blocks.L.mlp.hook_out where the block has a
+post-MLP norm and is hook_mlp_out (the same output) where it has none. Binding also checks the base model (name, width) and that every hook exists.
 """
 from __future__ import annotations
 
@@ -169,11 +170,11 @@ def bind(sae: SparseDictionary, model: Any, where: str | None = None) -> SparseD
             if cfg.skip:
                 out.W_skip.mul_(w[:, None])
     if (out.cfg.out_hook_name or "").endswith(MLP_OUT):
+        # The MLP's output before a post-MLP norm: blocks.i.mlp.hook_out, a hook only in blocks that have that
+        # norm (Gemma's ln2_post, OLMo-2's); in a pre-norm block the same output is hook_mlp_out.
         i = _layer_of(out.cfg.out_hook_name)
-        if i is not None and i < len(blocks) and getattr(blocks[i], "ln2_post", None) is not None:
-            raise CircuitlabError(f"{where} predicts the MLP output before its post-norm, which circuitlab has no "
-                                  f"hook for (blocks.{i}.hook_mlp_out is after ln2_post)")
-        out = out._copy_with(out.cfg.replace(out_hook_name=f"blocks.{i}.hook_mlp_out")) if i is not None else out
+        if i is not None and f"blocks.{i}.{MLP_OUT}" not in model.hook_points():
+            out = out._copy_with(out.cfg.replace(out_hook_name=f"blocks.{i}.hook_mlp_out"))
     check_base_model(out, model, where)
     names = set(model.hook_names())
     for hook, width, what in ((out.cfg.hook_name, out.cfg.d_in, "reads"), (out.cfg.out_hook_name, out.cfg.d_out, "writes")):

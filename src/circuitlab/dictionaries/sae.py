@@ -193,8 +193,9 @@ def base_model_id(model: nn.Module, name: str | None = None) -> dict[str, Any]:
 
 def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the dictionary") -> None:
     """Raise if the dictionary records a base model other than `model` (a missing record passes)."""
+    names = model.hook_points() if hasattr(model, "hook_points") else {}
     for hook in (sae.cfg.hook_name, sae.cfg.out_hook_name or ""):
-        if hook.endswith(("mlp.hook_in", "mlp.hook_out")):
+        if hook.endswith(("mlp.hook_in", "mlp.hook_out")) and hook not in names:  # mlp.hook_out is one under a post-norm
             raise CircuitlabError(f"{where} reads or writes {hook}, which becomes a hook of this model only when "
                                   "bound to it: load it with the model, SparseDictionary.load(path, model=model)")
     rec = sae.cfg.base_model or {}

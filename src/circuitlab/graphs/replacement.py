@@ -39,15 +39,18 @@ class _Stop(Exception):
 
 
 class _MLPStandIn(torch.nn.Module):
-    """Takes an MLP's place during a linear pass: its output is replaced at hook_mlp_out anyway (by the
-    skip path plus a constant), so running the real MLP would be wasted work."""
+    """Takes an MLP's place during a linear pass: its output is replaced at the transcoders' output hook anyway
+    (by the skip path plus a constant), so running the real MLP would be wasted work. It passes its zeros through
+    the MLP's own hook_out (when the block has one), where a transcoder may write."""
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, hook_out: HookPoint | None) -> None:
         super().__init__()
         self.d_model = d_model
+        self.hook_out = hook_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_zeros(*x.shape[:-1], self.d_model)
+        out = x.new_zeros(*x.shape[:-1], self.d_model)
+        return self.hook_out(out) if self.hook_out is not None else out
 
 
 @contextlib.contextmanager
@@ -55,8 +58,8 @@ def _mlps_stood_in(model: Any) -> Iterator[None]:
     """Swap every block's MLP for an _MLPStandIn for the block; restored on exit, even on error."""
     saved = [(block, block.mlp) for block in model.blocks if getattr(block, "mlp", None) is not None]
     try:
-        for block, _ in saved:
-            block._modules["mlp"] = _MLPStandIn(model.cfg.d_model)
+        for block, mlp in saved:
+            block._modules["mlp"] = _MLPStandIn(model.cfg.d_model, getattr(mlp, "hook_out", None))
         yield
     finally:
         for block, mlp in saved:

@@ -23,6 +23,7 @@ from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
 from circuitlab.errors import CircuitlabError, InputError
 
 MLP_OUT = "blocks.{}.hook_mlp_out"
+MLP_OUT_BEFORE_NORM = "blocks.{}.mlp.hook_out"   # before a post-MLP norm (circuit-tracer's mlp.hook_out)
 
 
 def _layer_of(hook: str) -> int | None:
@@ -46,7 +47,9 @@ class Transcoders:
     @classmethod
     def per_layer(cls, model: Any, dictionaries: Sequence[SparseDictionary], allow_partial: bool = False
                   ) -> "Transcoders":
-        """One transcoder per layer, each reading a hook of its layer and writing blocks.{l}.hook_mlp_out.
+        """One transcoder per layer, each reading a hook of its layer and writing blocks.{l}.hook_mlp_out (or, in
+        a block with a post-MLP norm, the MLP's output before it: blocks.{l}.mlp.hook_out; the frozen norm then
+        carries what the transcoder writes into the residual stream).
 
         Checks that they are transcoders of this model (width, base model record, hooks) and that every
         layer is covered (unless allow_partial)."""
@@ -60,9 +63,9 @@ class Transcoders:
                 raise InputError(f"the dictionary for {c.hook_name} is an SAE, not a transcoder: a replacement "
                                  "model needs transcoders that read the MLP's input and write its output")
             layer = _layer_of(c.out_hook_name or "")
-            if layer is None or c.out_hook_name != MLP_OUT.format(layer):
+            if layer is None or c.out_hook_name not in (MLP_OUT.format(layer), MLP_OUT_BEFORE_NORM.format(layer)):
                 raise InputError(f"the transcoder writes {c.out_hook_name}; a replacement model needs transcoders "
-                                 "that write blocks.L.hook_mlp_out")
+                                 "that write blocks.L.hook_mlp_out (or blocks.L.mlp.hook_out)")
             if layer >= cfg.n_layers:
                 raise InputError(f"a transcoder writes layer {layer} but the model has {cfg.n_layers} layers "
                                  "(transcoders of another model?)")
@@ -129,7 +132,9 @@ class Transcoders:
         return self._dicts[layer].cfg.hook_name
 
     def output_hook(self, layer: int) -> str:
-        return MLP_OUT.format(layer)
+        """The hook where layer's MLP output is rebuilt: the transcoder's (hook_mlp_out, or mlp.hook_out before a
+        post-MLP norm); hook_mlp_out for a layer without a transcoder (kept whole as an error)."""
+        return self._dicts[layer].cfg.out_hook_name if layer in self._dicts else MLP_OUT.format(layer)
 
     def d_sae(self, layer: int) -> int:
         return self._dicts[layer].cfg.d_sae

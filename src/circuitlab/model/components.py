@@ -375,7 +375,9 @@ class MLP(nn.Module):
     then up, [2 * d_mlp, d_model].
 
     hook_pre [batch, pos, d_mlp]: pre-activation (the gate when gated); hook_pre_linear: the gated MLP's
-    up projection; hook_post [batch, pos, d_mlp]: the neuron activations fed to fc_out.
+    up projection; hook_post [batch, pos, d_mlp]: the neuron activations fed to fc_out; hook_out [batch, pos,
+    d_model]: the MLP's output, before the block's post-MLP norm (circuit-tracer's mlp.hook_out) -- only in blocks
+    that have one (cfg.block_norms "sandwich" or "post"): elsewhere that output is hook_mlp_out itself.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -390,6 +392,7 @@ class MLP(nn.Module):
         if self.gated:
             self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()
+        self.hook_out = HookPoint() if cfg.block_norms != "pre" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc_in(x)
@@ -404,7 +407,8 @@ class MLP(nn.Module):
             h = F.gelu(self.hook_pre(h), approximate="tanh")
         else:
             h = F.relu(self.hook_pre(h))
-        return self.fc_out(self.hook_post(h))
+        out = self.fc_out(self.hook_post(h))
+        return self.hook_out(out) if self.hook_out is not None else out
 
 
 class Block(nn.Module):
