@@ -3,7 +3,7 @@ no circuitlab): read the model (TransformerLens config + state dict), the transc
 layer_{i}.safetensors) and the prompt from DIR, attribute, prune, score, and write DIR/peer.safetensors +
 DIR/peer.json.
 
-    python _graphs_peer.py DIR
+    python _graphs_peer.py DIR [DIR ...]      # several graphs in one process (tests/test_graphs_circuit_tracer.py)
 """
 import json
 import sys
@@ -85,4 +85,5 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    for folder in sys.argv[1:]:
+        main(folder)
