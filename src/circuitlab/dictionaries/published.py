@@ -28,7 +28,10 @@ computes on the same activations (tested against a by-hand computation from the 
 
 Hook names are mapped to ours (TransformerLens's): HF module paths (model.layers.3.output ->
 blocks.3.hook_resid_post), circuit-tracer's per-layer names (ln2.hook_normalized -> blocks.3.ln2...),
-TransformerLens's hook_mlp_in (-> hook_resid_mid). Two of the field's reading points need the model:
+TransformerLens's hook_mlp_in (-> hook_resid_mid). circuit-tracer's ln2.hook_normalized is TransformerLens's:
+in a LayerNorm block that is after the gain and bias (ours is before), so bound to a LayerNorm model it is
+read as mlp.hook_in (a set save_transcoders writes says `hook_names: circuitlab` where its names are ours).
+Two of the field's reading points need the model:
 the MLP's input after ln2's gain (circuit-tracer's mlp.hook_in, HF pre_feedforward_layernorm: no hook of
 ours) and the MLP's output before a post-norm (mlp.hook_out, a hook of ours only in blocks with a post-MLP norm).
 A dictionary reading them keeps those names until it is bound to a model (`bind`, or `load(...,
@@ -58,6 +61,10 @@ from circuitlab.textfile import read_text
 GEMMA_SCOPE, GEMMA_SCOPE_2, LLAMA_SCOPE = "params.npz", "params.safetensors", "hyperparams.json"
 LLAMA_SCOPE_WEIGHTS, CT_CONFIG = "checkpoints/final.safetensors", "config.yaml"
 MLP_IN, MLP_OUT = "mlp.hook_in", "mlp.hook_out"  # reading points that need a model to become hooks of ours
+LN2_NORMALIZED = "ln2.hook_normalized"
+# circuit-tracer names hooks as TransformerLens does, whose LayerNorm hook_normalized is after the gain and bias
+# (ours, and TransformerLens's RMSNorm's, before): a set we write marks that its names are ours.
+CT_OUR_NAMES = ("hook_names", "circuitlab")
 
 
 # ---------------------------------------------------------------------------- hook names
@@ -148,7 +155,10 @@ def bind(sae: SparseDictionary, model: Any, where: str | None = None) -> SparseD
     cfg, layer = sae.cfg, _layer_of(sae.cfg.hook_name)
     blocks = getattr(model, "blocks", [])
     out = sae
-    if cfg.hook_name.endswith(MLP_IN) and layer is not None and layer < len(blocks):
+    # TransformerLens's ln2.hook_normalized in a LayerNorm block is the MLP's input (after the gain and bias)
+    tl_ln = (cfg.hook_name.endswith(LN2_NORMALIZED) and cfg.metadata.get("tl_hook_names") and layer is not None
+             and layer < len(blocks) and getattr(getattr(blocks[layer], "ln2", None), "kind", None) == "layernorm")
+    if (cfg.hook_name.endswith(MLP_IN) or tl_ln) and layer is not None and layer < len(blocks):
         norm = getattr(blocks[layer], "ln2", None)
         if not cfg.is_transcoder:
             raise CircuitlabError(f"{where} reconstructs the MLP input after ln2's gain, which circuitlab has no "
@@ -157,7 +167,7 @@ def bind(sae: SparseDictionary, model: Any, where: str | None = None) -> SparseD
             raise CircuitlabError(f"{where} reads the MLP input after ln2, but block {layer} has no ln2")
         w = getattr(norm, "w", None)
         hook = f"blocks.{layer}.ln2.hook_normalized" if w is not None else f"blocks.{layer}.hook_resid_mid"
-        meta = {**cfg.metadata, "read_as": cfg.hook_name}
+        meta = {k: v for k, v in {**cfg.metadata, "read_as": cfg.hook_name}.items() if k != "tl_hook_names"}
         out = sae._copy_with(cfg.replace(hook_name=hook, metadata=meta))
         if w is not None:  # (x̂·w + b) @ W = x̂ @ (diag(w) W) + b @ W, the same for the skip
             b = getattr(norm, "b", None)
@@ -421,9 +431,12 @@ def load_ct_layer(folder: Path, layer: int, file: Path | None = None, raw: dict[
     file = file or _ct_files(folder, raw)[layer]
     hook_in, hook_out = our_hook(raw["feature_input_hook"], layer), our_hook(raw["feature_output_hook"], layer)
     base = {"name": raw["model_name"]} if raw.get("model_name") else {}
+    # TransformerLens's meaning of the names (circuit-tracer's), unless the set was written by us with our own
+    names = {} if raw.get(CT_OUR_NAMES[0]) == CT_OUR_NAMES[1] else {"tl_hook_names": True}
     if file.suffix == ".npz":  # Gemma Scope transcoders listed by the set
         sae = load_gemma_scope(file, hook_name=hook_in, out_hook_name=hook_out)
-        return sae._copy_with(sae.cfg.replace(base_model={**sae.cfg.base_model, **base}))
+        return sae._copy_with(sae.cfg.replace(base_model={**sae.cfg.base_model, **base},
+                                              metadata={**sae.cfg.metadata, **names}))
     t = _read(file, lambda: load_file(str(file)))
     _need(t, ("W_enc", "W_dec", "b_enc", "b_dec"), str(file))
     tensors = {"W_enc": t["W_enc"].T, "W_dec": t["W_dec"], "b_enc": t["b_enc"], "b_dec": t["b_dec"]}
@@ -445,7 +458,7 @@ def load_ct_layer(folder: Path, layer: int, file: Path | None = None, raw: dict[
         base["d_model"] = int(t["W_enc"].shape[1])
     return _build(str(file), tensors, architecture=arch, k=k if arch == "topk" else None, hook_name=hook_in,
                   out_hook_name=hook_out, skip="W_skip" in tensors, base_model=base,
-                  metadata={"source": "circuit-tracer", "file": str(file), "layer": layer})
+                  metadata={"source": "circuit-tracer", "file": str(file), "layer": layer, **names})
 
 
 def _load_ct_set(folder: Path, device: Any, model: Any) -> list[SparseDictionary]:
@@ -636,6 +649,8 @@ def save_transcoders(saes: list[SparseDictionary], folder: str | Path, model_nam
     name = model_name or saes[0].cfg.base_model.get("name") or ""
     raw: dict[str, Any] = {"model_name": name, "model_kind": "transcoder_set", "feature_input_hook": hook_in,
                            "feature_output_hook": hook_out, "scan": name}
+    if hook_in == LN2_NORMALIZED and not all(s.cfg.metadata.get("tl_hook_names") for s in saes):
+        raw[CT_OUR_NAMES[0]] = CT_OUR_NAMES[1]   # ours: before a LayerNorm's gain (see CT_OUR_NAMES)
     if arch == "topk":
         raw.update(activation="topk", k=int(saes[0].cfg.k))
     elif arch == "relu":
