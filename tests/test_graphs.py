@@ -678,6 +678,80 @@ def test_transcoders_load_from_circuit_tracers_layout_and_give_the_same_graph(se
     assert torch.equal(again.active_features, graph.active_features)
 
 
+CT_FAMILIES = {  # a pre-norm LayerNorm model, Gemma-2's sandwich norms (RMSNorm), OLMo-2's post-norms only
+    "pre-norm": dict(preset="gpt2-tiny"),
+    "sandwich": dict(preset="llama-tiny", block_norms="sandwich", mlp="geglu", embed_scale=4.0),
+    "post-only": dict(preset="llama-tiny", block_norms="post", qk_norm="full"),
+}
+
+
+def tl_point(model, cache, layer: int, name: str) -> torch.Tensor:
+    """What circuit-tracer (on TransformerLens) reads or writes at blocks.{layer}.{name}, by hand from our cache."""
+    block, pre = model.blocks[layer], f"blocks.{layer}."
+    if name == "hook_resid_mid":
+        return cache[pre + "hook_resid_mid"]
+    if name in ("ln2.hook_normalized", "mlp.hook_in"):
+        if model.cfg.block_norms == "post":   # no norm before the MLP: its input is the stream itself
+            return cache[pre + "hook_resid_mid"]
+        x = cache[pre + "ln2.hook_normalized"]   # ours: before the gain; TransformerLens's LayerNorm: after
+        after = x * block.ln2.w + block.ln2.bias
+        return after if name == "mlp.hook_in" or block.ln2.kind == "layernorm" else x
+    if name == "hook_mlp_out":
+        return cache[pre + "hook_mlp_out"]
+    return block.mlp(block.ln2(cache[pre + "hook_resid_mid"]))   # mlp.hook_out: before any post-MLP norm
+
+
+@pytest.mark.parametrize("family", list(CT_FAMILIES))
+@pytest.mark.parametrize("hook_in", ["hook_resid_mid", "ln2.hook_normalized", "mlp.hook_in"])
+@pytest.mark.parametrize("hook_out", ["hook_mlp_out", "mlp.hook_out"])
+def test_every_circuit_tracer_hook_is_read_on_every_family(family, hook_in, hook_out, tmp_path):
+    """A circuit-tracer set naming each feature_input_hook / feature_output_hook its configs use, read through our
+    importer bound to the model: the encoder reads what TransformerLens names so, the error node is what the MLP
+    wrote at the output hook minus the transcoder's rebuild, the replacement model computes the model, and sampled
+    edges are measured effects (float64). (tests/test_graphs_circuit_tracer.py: the same graphs as circuit-tracer.)"""
+    import yaml
+    from safetensors.torch import save_file
+
+    from circuitlab import Transformer
+    from circuitlab.dictionaries import load_transcoders
+    from circuitlab.dictionaries.published import bind
+
+    spec = dict(CT_FAMILIES[family])
+    if family == "post-only" and hook_in == "ln2.hook_normalized":
+        pytest.skip("no norm before the MLP (OLMo-2): TransformerLens's ln2 there is the post-MLP norm")
+    cfg = ModelConfig.from_preset(spec.pop("preset"), n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12, **spec)
+    torch.manual_seed(0)
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(0.3 * torch.randn_like(p)) if name.endswith((".w", ".b", ".bias")) else p.mul_(8)
+    g = torch.Generator().manual_seed(5)
+    for layer in range(2):
+        save_file({"W_enc": torch.randn(24, 16, generator=g) / 4, "W_dec": 0.3 * torch.randn(24, 16, generator=g),
+                   "b_enc": torch.zeros(24), "b_dec": 0.1 * torch.randn(16, generator=g),
+                   "W_skip": 0.1 * torch.randn(16, 16, generator=g)}, str(tmp_path / f"layer_{layer}.safetensors"))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model_kind": "transcoder_set", "activation": "relu",
+                                                          "feature_input_hook": hook_in, "feature_output_hook": hook_out}))
+    raw = [d.to(torch.float64) for d in load_transcoders(tmp_path)]   # unbound: the file's weights, as circuit-tracer's
+    tc = Transcoders.per_layer(model, [bind(d, model) for d in raw])  # what load_transcoders(..., model=) does, in float64
+    tokens = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(3))
+    _, cache = model.run_with_cache(tokens[None])
+    rm = ReplacementModel(model, tc, tokens)
+    for layer in range(2):
+        x = tl_point(model, cache, layer, hook_in)[0].double()
+        by_hand = (x @ raw[layer].W_enc + raw[layer].b_enc).relu()
+        torch.testing.assert_close(rm.acts[layer], by_hand, atol=1e-10, rtol=1e-10)
+        rebuilt = by_hand @ raw[layer].W_dec + raw[layer].b_dec + x @ raw[layer].W_skip
+        out = tl_point(model, cache, layer, hook_out)[0].double()
+        torch.testing.assert_close(rm.errors[layer], out - rebuilt, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-9, rtol=0)
+    graph = attribute(model, tc, tokens, batch_size=8)
+    nonzero = (graph.adjacency != 0).nonzero()
+    for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:6]].tolist():
+        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
+            (graph.label(t), graph.label(s))
+
+
 def test_transcoder_configs_that_are_not_utf8_are_one_line(tmp_path, monkeypatch, capsys):
     """`graph --transcoders` reads each layout's config through circuitlab.textfile: a Latin-1 byte in our
     dictionary's config.json, circuit-tracer's config.yaml (a per-layer set or a CLT) or sparsify's cfg.json
