@@ -442,13 +442,17 @@ def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_p
     monkeypatch.chdir(tmp_path)
     assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "g"]) == 0
     assert len(list(tmp_path.glob("g.*"))) == 1 and (out / "results.json").is_file()
+    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "w", "--token-nodes", "W_E"]) == 0
+    assert Graph.load(tmp_path / "w" / "graph").token_nodes == "W_E"
+    assert json.loads((tmp_path / "w" / "results.json").read_text())["token_nodes"] == "W_E"
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "mine"]) == 2
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     capsys.readouterr()
     for bad, message in [(["--node-threshold", "0"], "node-threshold"), (["--edge-threshold", "1.01"], "edge-threshold"),
-                         (["--target", "ZZ"], "not one token"), (["--prompt", "xA" + "x" * 20], "context")]:
+                         (["--target", "ZZ"], "not one token"), (["--prompt", "xA" + "x" * 20], "context"),
+                         (["--token-nodes", "W_pos"], "--token-nodes")]:
         try:
             code = main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "bad"] + bad)
         except SystemExit as e:  # the parser's errors

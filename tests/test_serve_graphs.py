@@ -154,11 +154,15 @@ def test_compute_is_bounded_and_lists_the_new_graph(served, monkeypatch):
     detail = _one_line(client.post("/api/graphs/compute", json={"prompt": "Lily saw"}))
     assert "MB" in detail and "max_feature_nodes" in detail
     monkeypatch.undo()
-    r = client.post("/api/graphs/compute", json={"prompt": "Lily saw", "edge_threshold": 0.9})
+    assert "token_nodes" in _one_line(client.post("/api/graphs/compute", json={"prompt": "Lily", "token_nodes": "W_pos"}))
+    r = client.post("/api/graphs/compute", json={"prompt": "Lily saw", "edge_threshold": 0.9, "token_nodes": "W_E"})
     assert r.status_code == 200, r.text
     new = r.json()["id"]
     assert new.startswith(graphs.COMPUTED + "/") and new in [g["id"] for g in client.get("/api/graphs").json()["graphs"]]
     assert client.get("/api/graphs/graph", params={"id": new}).json()["metadata"]["edge_threshold"] == 0.9
+    from circuitlab.graphs import Graph
+
+    assert Graph.load(root / "graphs" / new / "graph").token_nodes == "W_E"   # circuit-tracer's token nodes, as asked
 
 
 def test_without_transcoders_viewing_works_and_model_work_is_409(served, tmp_path):
