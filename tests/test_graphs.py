@@ -756,6 +756,28 @@ def test_every_circuit_tracer_hook_is_read_on_every_family(family, hook_in, hook
             (graph.label(t), graph.label(s))
 
 
+def test_a_partial_circuit_tracer_set_is_bound_to_the_model(setup, tmp_path):
+    """--partial with circuit-tracer's names (mlp.hook_in, mlp.hook_out): each layer bound to the model, as a
+    whole set is (before, a partial set was not bound and its names were refused)."""
+    import yaml
+
+    from circuitlab.dictionaries.published import save_transcoders
+
+    model, tc, tokens, _ = setup
+    save_transcoders([tc.dictionary(layer) for layer in range(2)], tmp_path / "set")
+    raw = yaml.safe_load((tmp_path / "set" / "config.yaml").read_text())
+    raw.update(feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out")
+    raw.pop("hook_names", None)
+    (tmp_path / "set" / "config.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(CircuitlabError, match="2 layers but the model has 3"):
+        Transcoders.load(model, tmp_path / "set")
+    part = Transcoders.load(model, tmp_path / "set", allow_partial=True)
+    assert part.layers == [0, 1] and [part.input_hook(i) for i in (0, 1)] == [f"blocks.{i}.ln2.hook_normalized" for i in (0, 1)]
+    assert [part.output_hook(i) for i in range(3)] == [f"blocks.{i}.hook_mlp_out" for i in range(3)]
+    rm = ReplacementModel(model, part, tokens)
+    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-5, rtol=0)
+
+
 def test_transcoder_configs_that_are_not_utf8_are_one_line(tmp_path, monkeypatch, capsys):
     """`graph --transcoders` reads each layout's config through circuitlab.textfile: a Latin-1 byte in our
     dictionary's config.json, circuit-tracer's config.yaml (a per-layer set or a CLT) or sparsify's cfg.json

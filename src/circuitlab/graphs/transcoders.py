@@ -101,9 +101,14 @@ class Transcoders:
             return cls.cross_layer(model, CrossLayerTranscoder.load(folder))
         if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
             from circuitlab.dictionaries import load_transcoders
+            from circuitlab.dictionaries.published import bind
 
-            return cls.per_layer(model, load_transcoders(folder, model=None if allow_partial else model),
-                                 allow_partial=allow_partial)
+            if not allow_partial:
+                return cls.per_layer(model, load_transcoders(folder, model=model))
+            # A partial set (fewer layers than the model) is bound layer by layer: its hooks are named as
+            # circuit-tracer names them (mlp.hook_in, mlp.hook_out, ...) and become the model's on binding.
+            return cls.per_layer(model, [bind(d, model, f"the transcoder for layer {i} in {folder}")
+                                         for i, d in enumerate(load_transcoders(folder))], allow_partial=True)
         if (folder / "dictionaries").is_dir():
             folder = folder / "dictionaries"
         subs = sorted(p for p in folder.iterdir() if p.is_dir())
