@@ -756,6 +756,59 @@ def test_every_circuit_tracer_hook_is_read_on_every_family(family, hook_in, hook
             (graph.label(t), graph.label(s))
 
 
+@pytest.mark.parametrize("family", list(CT_FAMILIES))
+@pytest.mark.parametrize("hook_in,hook_out", [("mlp.hook_in", "mlp.hook_out"), ("ln2.hook_normalized", "hook_mlp_out"),
+                                              ("hook_resid_mid", "mlp.hook_out")])
+def test_a_circuit_tracer_cross_layer_transcoder_reads_its_hooks_on_every_family(family, hook_in, hook_out, tmp_path):
+    """The same for circuit-tracer's cross_layer_transcoder layout (W_enc_i / W_dec_i files), read by hand."""
+    import yaml
+    from safetensors.torch import save_file
+
+    from circuitlab import Transformer
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder
+    from circuitlab.graphs.transcoders import CrossLayerTranscoders
+
+    spec = dict(CT_FAMILIES[family])
+    if family == "post-only" and hook_in == "ln2.hook_normalized":
+        pytest.skip("no norm before the MLP (OLMo-2)")
+    cfg = ModelConfig.from_preset(spec.pop("preset"), n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12, **spec)
+    torch.manual_seed(0)
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(0.3 * torch.randn_like(p)) if name.endswith((".w", ".b", ".bias")) else p.mul_(8)
+    g, L, d, n = torch.Generator().manual_seed(6), 2, 16, 20
+    files = []
+    for i in range(L):
+        enc = {f"W_enc_{i}": torch.randn(n, d, generator=g) / 4, f"b_enc_{i}": torch.zeros(n),
+               f"b_dec_{i}": 0.1 * torch.randn(d, generator=g), f"W_skip_{i}": 0.1 * torch.randn(d, d, generator=g)}
+        dec = {f"W_dec_{i}": 0.3 * torch.randn(n, L - i, d, generator=g)}
+        save_file(enc, str(tmp_path / f"W_enc_{i}.safetensors"))
+        save_file(dec, str(tmp_path / f"W_dec_{i}.safetensors"))
+        files.append({k.rsplit("_", 1)[0]: v.double() for k, v in {**enc, **dec}.items()})
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model_kind": "cross_layer_transcoder",
+                                                          "feature_input_hook": hook_in, "feature_output_hook": hook_out}))
+    assert isinstance(Transcoders.load(model, tmp_path), CrossLayerTranscoders)   # the command's path (float32)
+    tc = Transcoders.cross_layer(model, CrossLayerTranscoder.load(tmp_path).double())   # bound in float64
+    tokens = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(3))
+    _, cache = model.run_with_cache(tokens[None])
+    rm = ReplacementModel(model, tc, tokens)
+    xs = [tl_point(model, cache, layer, hook_in)[0].double() for layer in range(L)]
+    acts = [(xs[s] @ files[s]["W_enc"].T + files[s]["b_enc"]).relu() for s in range(L)]
+    for t in range(L):
+        torch.testing.assert_close(rm.acts[t], acts[t], atol=1e-10, rtol=1e-10)
+        rebuilt = files[t]["b_dec"] + xs[t] @ files[t]["W_skip"] + sum(acts[s] @ files[s]["W_dec"][:, t - s]
+                                                                          for s in range(t + 1))
+        out = tl_point(model, cache, t, hook_out)[0].double()
+        torch.testing.assert_close(rm.errors[t], out - rebuilt, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-9, rtol=0)
+    graph = attribute(model, tc, tokens, batch_size=8)
+    nonzero = (graph.adjacency != 0).nonzero()
+    for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:6]].tolist():
+        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
+            (graph.label(t), graph.label(s))
+
+
 def test_a_partial_circuit_tracer_set_is_bound_to_the_model(setup, tmp_path):
     """--partial with circuit-tracer's names (mlp.hook_in, mlp.hook_out): each layer bound to the model, as a
     whole set is (before, a partial set was not bound and its names were refused)."""

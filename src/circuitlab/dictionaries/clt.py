@@ -17,6 +17,7 @@ CLT is saved as the JumpReLU it is at inference.
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,46 @@ def _write_ours(clt: CrossLayerTranscoder, folder: Path) -> None:
 def _read_ours(folder: Path) -> CrossLayerTranscoder:
     cfg, tensors = read_own_folder(folder, "CLT", WEIGHTS_FILE, CONFIG_FILE, _clt_config)
     return CrossLayerTranscoder.from_tensors(cfg, tensors, str(folder))
+
+
+@torch.no_grad()
+def bind_clt(clt: CrossLayerTranscoder, model: nn.Module, where: str = "the CLT") -> CrossLayerTranscoder:
+    """circuit-tracer's hook names resolved against the model, as published.bind does for a per-layer transcoder:
+    mlp.hook_in (and, in a set named as TransformerLens names hooks, a LayerNorm's ln2.hook_normalized, which is
+    after its gain and bias there) is read at blocks.L.ln2.hook_normalized with each layer's ln2 gain and bias
+    folded into its encoder and skip (hook_resid_mid where blocks have no norm before the MLP); mlp.hook_out is
+    hook_mlp_out where blocks have no post-MLP norm. Returns clt itself when nothing changes, else a bound copy."""
+    cfg, blocks = clt.cfg, list(getattr(model, "blocks", []))
+    site_in = cfg.input_hook.replace("blocks.{layer}.", "")
+    site_out = cfg.output_hook.replace("blocks.{layer}.", "")
+    norms = [getattr(b, "ln2", None) for b in blocks[:cfg.n_layers]]
+    tl_ln = (site_in == "ln2.hook_normalized" and cfg.metadata.get("tl_hook_names")
+             and all(getattr(n, "kind", None) == "layernorm" for n in norms))
+    fold = site_in == "mlp.hook_in" or tl_ln
+    changes: dict[str, str] = {}
+    if fold:
+        if any(n is None for n in norms):
+            raise CircuitlabError(f"{where} reads the MLP's input after ln2, but the model's blocks have no ln2")
+        gained = all(getattr(n, "w", None) is not None for n in norms)
+        changes["input_hook"] = "blocks.{layer}.ln2.hook_normalized" if gained else "blocks.{layer}.hook_resid_mid"
+    if site_out == "mlp.hook_out" and "blocks.0.mlp.hook_out" not in model.hook_points():
+        changes["output_hook"] = "blocks.{layer}.hook_mlp_out"   # no post-MLP norm: the same output
+    if not changes:
+        return clt
+    meta = {k: v for k, v in cfg.metadata.items() if k != "tl_hook_names"}
+    out = copy.deepcopy(clt)
+    out.cfg = cfg.replace(**changes, metadata={**meta, "read_as": cfg.input_hook} if fold else meta)
+    if fold and changes["input_hook"].endswith("ln2.hook_normalized"):
+        for layer, norm in enumerate(norms):   # (x̂·w + b) @ W = x̂ @ (diag(w) W) + b @ W, the same for the skip
+            w, b = norm.w.to(out.dtype), getattr(norm, "b", None)
+            if b is not None:
+                out.b_enc[layer].add_(b.to(out.dtype) @ out.W_enc[layer])
+                if cfg.skip:
+                    out.b_dec[layer].add_(b.to(out.dtype) @ out.W_skip[layer])
+            out.W_enc[layer].mul_(w[:, None])
+            if cfg.skip:
+                out.W_skip[layer].mul_(w[:, None])
+    return out
 
 
 def check_clt_fits(clt: CrossLayerTranscoder, model: nn.Module, where: str = "the CLT") -> None:

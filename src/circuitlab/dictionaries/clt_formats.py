@@ -131,7 +131,7 @@ def read_circuit_tracer(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor
                         d_sae=int(d_sae), skip="W_skip_0" in first, dtype=_dtype_name(first["W_enc_0"]),
                         input_hook=_template(meta.get("feature_input_hook", "ln2.hook_normalized")),
                         output_hook=_template(meta.get("feature_output_hook", "hook_mlp_out")), base_model=base,
-                        metadata={"source": "circuit-tracer"})
+                        metadata={"source": "circuit-tracer", "tl_hook_names": True})   # TransformerLens's names
     state: dict[str, torch.Tensor] = {}
     for i in range(L):
         where = folder / f"W_enc_{i}.safetensors"

@@ -484,10 +484,11 @@ def _load_our_set(folder: Path, device: Any, model: Any) -> list[SparseDictionar
 def _load_clt(folder: Path, device: Any, model: Any):
     """A cross-layer transcoder (ours, circuit-tracer's model_kind: cross_layer_transcoder, sparsify's), checked
     against the model when given."""
-    from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder, bind_clt, check_clt_fits
 
     clt = CrossLayerTranscoder.load(folder, device=device)
     if model is not None:
+        clt = bind_clt(clt, model, f"the CLT in {folder}")
         check_clt_fits(clt, model, f"the CLT in {folder}")
     return clt
 

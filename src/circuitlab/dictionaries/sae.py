@@ -195,7 +195,8 @@ def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the 
     """Raise if the dictionary records a base model other than `model` (a missing record passes)."""
     names = model.hook_points() if hasattr(model, "hook_points") else {}
     for hook in (sae.cfg.hook_name, sae.cfg.out_hook_name or ""):
-        if hook.endswith(("mlp.hook_in", "mlp.hook_out")) and hook not in names:  # mlp.hook_out is one under a post-norm
+        # mlp.hook_out is a hook of ours under a post-MLP norm; a CLT names a template ({layer})
+        if hook.endswith(("mlp.hook_in", "mlp.hook_out")) and hook.replace("{layer}", "0") not in names:
             raise CircuitlabError(f"{where} reads or writes {hook}, which becomes a hook of this model only when "
                                   "bound to it: load it with the model, SparseDictionary.load(path, model=model)")
     rec = sae.cfg.base_model or {}

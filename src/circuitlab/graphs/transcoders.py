@@ -185,15 +185,17 @@ class Transcoders:
         """A cross-layer transcoder (circuitlab.dictionaries.clt.CrossLayerTranscoder): layer l's features
         read layer l's MLP input and write every MLP output l' >= l. Checked against the model (layers,
         width, hooks, base model); a BatchTopK CLT is used as the JumpReLU it is at inference."""
-        from circuitlab.dictionaries.clt import check_clt_fits
+        from circuitlab.dictionaries.clt import bind_clt, check_clt_fits
 
+        clt = bind_clt(clt, model, "the cross-layer transcoder")   # circuit-tracer's names (mlp.hook_in, ...)
         c = clt.cfg
         if c.n_layers != model.cfg.n_layers or c.d_model != model.cfg.d_model:
             raise InputError(f"the cross-layer transcoder has {c.n_layers} layers of width {c.d_model}; the model "
                              f"{model.cfg.n_layers} of width {model.cfg.d_model} (a transcoder of another model?)")
-        if any(c.out_hook(layer) != MLP_OUT.format(layer) for layer in range(c.n_layers)):
+        if any(c.out_hook(layer) not in (MLP_OUT.format(layer), MLP_OUT_BEFORE_NORM.format(layer))
+               for layer in range(c.n_layers)):
             raise InputError(f"the cross-layer transcoder writes {c.output_hook}; a replacement model needs one that "
-                             "writes blocks.{layer}.hook_mlp_out")
+                             "writes blocks.{layer}.hook_mlp_out (or blocks.{layer}.mlp.hook_out)")
         check_clt_fits(clt, model, "the cross-layer transcoder")
         return CrossLayerTranscoders(clt.for_inference() if hasattr(clt, "for_inference") else clt)
 
@@ -226,6 +228,9 @@ class CrossLayerTranscoders(Transcoders):
 
     def input_hook(self, layer: int) -> str:
         return self.clt.cfg.in_hook(layer)
+
+    def output_hook(self, layer: int) -> str:
+        return self.clt.cfg.out_hook(layer)
 
     def d_sae(self, layer: int) -> int:
         return self.clt.cfg.d_sae
