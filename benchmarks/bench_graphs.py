@@ -4,9 +4,10 @@ circuit-tracer pins TransformerLens 2.16, transformers <= 4.57.3, nnsight 0.6.1 
 runs in its own virtual environment, built here on first use (~/.cache/circuitlab-peers/circuit-tracer;
 `--setup` only builds it). Both sides get:
 
-- the same model: a circuitlab Transformer (rotary positions, LayerNorm, GELU, biases; rotary so that
-  circuit-tracer's token node W_E[token] is the whole embedding, as ours is), handed to circuit-tracer as a
-  TransformerLens config + state dict (circuitlab.pretrained.to_transformer_lens);
+- the same model: a circuitlab Transformer (rotary positions, or --positional learned; LayerNorm, GELU, biases),
+  handed to circuit-tracer as a TransformerLens config + state dict (circuitlab.pretrained.to_transformer_lens);
+  ours with circuit-tracer's token nodes (token_nodes="W_E": W_E[token] alone, the same as our default on rotary
+  models; on learned positions our default adds W_pos[pos]);
 - the same transcoders: ReLU skip transcoders reading blocks.L.hook_resid_mid and writing
   blocks.L.hook_mlp_out, written in circuit-tracer's layout (config.yaml + layer_{i}.safetensors);
 - the same prompt: token 0 (the special token) then random tokens; both treat position 0 as the
@@ -150,7 +151,7 @@ def ours_child(folder: str, batch: int, repeats: int, threads: int) -> None:
     seconds = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        graph = attribute(model, tc, tokens, bos=True, batch_size=batch)
+        graph = attribute(model, tc, tokens, bos=True, batch_size=batch, token_nodes="W_E")
         seconds.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     pruned = graph.prune(0.8, 0.98)
@@ -186,7 +187,7 @@ def main() -> None:
     p.add_argument("--d-sae", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--positional", choices=["rotary", "learned"], default="rotary",
-                   help="learned: GPT-2-style positions (token nodes then differ from circuit-tracer's W_E alone)")
+                   help="learned: GPT-2-style positions (ours with circuit-tracer's token nodes, W_E alone)")
     p.add_argument("--active", type=int, default=24, help="about this many features fire per token and layer")
     p.add_argument("--batch", type=int, default=256, help="our target rows per backward pass")
     p.add_argument("--peer-batch", type=int, default=512, help="circuit-tracer's batch_size (its default)")
