@@ -735,9 +735,10 @@ def test_every_circuit_tracer_hook_is_read_on_every_family(family, hook_in, hook
                    "b_enc": torch.zeros(24), "b_dec": 0.1 * torch.randn(16, generator=g),
                    "W_skip": 0.1 * torch.randn(16, 16, generator=g)}, str(tmp_path / f"layer_{layer}.safetensors"))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model_kind": "transcoder_set", "activation": "relu",
-                                                          "feature_input_hook": hook_in, "feature_output_hook": hook_out}))
+                                                          "feature_input_hook": hook_in,
+                                                          "feature_output_hook": hook_out}))
     raw = [d.to(torch.float64) for d in load_transcoders(tmp_path)]   # unbound: the file's weights, as circuit-tracer's
-    tc = Transcoders.per_layer(model, [bind(d, model) for d in raw])  # what load_transcoders(..., model=) does, in float64
+    tc = Transcoders.per_layer(model, [bind(d, model) for d in raw])  # load_transcoders(..., model=), in float64
     tokens = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(3))
     _, cache = model.run_with_cache(tokens[None])
     rm = ReplacementModel(model, tc, tokens)
@@ -787,7 +788,8 @@ def test_a_circuit_tracer_cross_layer_transcoder_reads_its_hooks_on_every_family
         save_file(dec, str(tmp_path / f"W_dec_{i}.safetensors"))
         files.append({k.rsplit("_", 1)[0]: v.double() for k, v in {**enc, **dec}.items()})
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model_kind": "cross_layer_transcoder",
-                                                          "feature_input_hook": hook_in, "feature_output_hook": hook_out}))
+                                                          "feature_input_hook": hook_in,
+                                                          "feature_output_hook": hook_out}))
     assert isinstance(Transcoders.load(model, tmp_path), CrossLayerTranscoders)   # the command's path (float32)
     tc = Transcoders.cross_layer(model, CrossLayerTranscoder.load(tmp_path).double())   # bound in float64
     tokens = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(3))
@@ -825,7 +827,8 @@ def test_a_partial_circuit_tracer_set_is_bound_to_the_model(setup, tmp_path):
     with pytest.raises(CircuitlabError, match="2 layers but the model has 3"):
         Transcoders.load(model, tmp_path / "set")
     part = Transcoders.load(model, tmp_path / "set", allow_partial=True)
-    assert part.layers == [0, 1] and [part.input_hook(i) for i in (0, 1)] == [f"blocks.{i}.ln2.hook_normalized" for i in (0, 1)]
+    assert part.layers == [0, 1]
+    assert [part.input_hook(i) for i in (0, 1)] == [f"blocks.{i}.ln2.hook_normalized" for i in (0, 1)]
     assert [part.output_hook(i) for i in range(3)] == [f"blocks.{i}.hook_mlp_out" for i in range(3)]
     rm = ReplacementModel(model, part, tokens)
     torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-5, rtol=0)

@@ -114,8 +114,8 @@ def write_case(folder: Path, model, tokens: torch.Tensor, hook_in: str, hook_out
     tc = folder / "transcoders"
     tc.mkdir()
     for layer in range(n):
-        save_file({"W_enc": torch.randn(d_sae, d, generator=g) / d**0.5, "W_dec": 0.3 * torch.randn(d_sae, d, generator=g),
-                   "b_enc": torch.zeros(d_sae), "b_dec": 0.1 * torch.randn(d, generator=g),
+        save_file({"W_enc": torch.randn(d_sae, d, generator=g) / d**0.5,
+                   "W_dec": 0.3 * torch.randn(d_sae, d, generator=g), "b_enc": torch.zeros(d_sae), "b_dec": 0.1 * torch.randn(d, generator=g),
                    "W_skip": 0.1 * torch.randn(d, d, generator=g),
                    "activation_function.threshold": torch.zeros(d_sae)}, str(tc / f"layer_{layer}.safetensors"))
     (tc / "config.yaml").write_text(yaml.safe_dump({
@@ -181,7 +181,8 @@ def test_soft_capped_gemma2_graph_equals_circuit_tracers(peer_python, tmp_path):
     peer, = run_peer(peer_python, [tmp_path / "case"])
     graph, pruned, scores = ours(model, tmp_path / "case", tokens)
     assert graph.logit_weights.tolist() == pytest.approx(peer["logit_probs"].tolist(), abs=1e-5)   # capped probs
-    assert graph.logit_weights.tolist() == pytest.approx(capped.double().softmax(-1)[graph.logit_tokens].tolist(), abs=1e-6)
+    probs = capped.double().softmax(-1)[graph.logit_tokens]
+    assert graph.logit_weights.tolist() == pytest.approx(probs.tolist(), abs=1e-6)
     assert_equal_graphs(compare(graph, pruned, scores, peer), "gemma-2 soft-capped")
     # Rotary positions: the default token nodes are the same graph.
     default, _, _ = ours(model, tmp_path / "case", tokens, token_nodes="embedding")

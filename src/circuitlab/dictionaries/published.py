@@ -37,7 +37,8 @@ ours) and the MLP's output before a post-norm (mlp.hook_out, a hook of ours only
 A dictionary reading them keeps those names until it is bound to a model (`bind`, or `load(...,
 model=model)`): the gain (and bias) of ln2 is folded into its encoder so it reads
 blocks.L.ln2.hook_normalized exactly; mlp.hook_out stays blocks.L.mlp.hook_out where the block has a
-post-MLP norm and is hook_mlp_out (the same output) where it has none. Binding also checks the base model (name, width) and that every hook exists.
+post-MLP norm and is hook_mlp_out (the same output) where it has none. Binding also checks the base model
+(name, width) and that every hook exists.
 """
 from __future__ import annotations
 
