@@ -115,8 +115,8 @@ def write_case(folder: Path, model, tokens: torch.Tensor, hook_in: str, hook_out
     tc.mkdir()
     for layer in range(n):
         save_file({"W_enc": torch.randn(d_sae, d, generator=g) / d**0.5,
-                   "W_dec": 0.3 * torch.randn(d_sae, d, generator=g), "b_enc": torch.zeros(d_sae), "b_dec": 0.1 * torch.randn(d, generator=g),
-                   "W_skip": 0.1 * torch.randn(d, d, generator=g),
+                   "W_dec": 0.3 * torch.randn(d_sae, d, generator=g), "b_enc": torch.zeros(d_sae),
+                   "b_dec": 0.1 * torch.randn(d, generator=g), "W_skip": 0.1 * torch.randn(d, d, generator=g),
                    "activation_function.threshold": torch.zeros(d_sae)}, str(tc / f"layer_{layer}.safetensors"))
     (tc / "config.yaml").write_text(yaml.safe_dump({
         "model_kind": "transcoder_set", "scan": "circuitlab-parity", "feature_input_hook": hook_in,
