@@ -275,7 +275,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     """
     # Threads re-decided between backward passes (perf.ThreadGovernor): two threads while another process
     # holds a core made one graph 8x slower than one thread.
-    n_pos = int(tokens.shape[-1])
+    n_pos, batch_size = int(tokens.shape[-1]), COUNT.check(batch_size, "batch_size")  # checked before it sizes the work
     with _PeakMemory() as memory, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
         graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
                            max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes)
