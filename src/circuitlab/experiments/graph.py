@@ -26,7 +26,7 @@ from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
 from circuitlab.graphs.graph import check_threshold
 from circuitlab.viz.graph_view import feature_cards, graph_view_html
-from circuitlab.training.outputs import MARKER, output_folder
+from circuitlab.training.outputs import MARKER, check_output_folder, output_folder
 
 GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
 
@@ -38,6 +38,7 @@ class GraphRun:
     summary: list[str]
     data: dict[str, Any] = field(default_factory=dict)
     out: Path | None = None
+    kept: Path | None = None    # where an earlier graph in `out` was set aside
     cards: dict[str, Any] = field(default_factory=dict)   # feature dashboards shown by the viewer
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,16 +60,20 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      saved_dashboards: dict[int, Any] | None = None) -> GraphRun:
     """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. The report's feature
     cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
-    they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none)."""
+    they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none).
+    Every argument and the output folder are checked before any work (the output policy of
+    training.outputs); an earlier graph in `out` is set aside (run.kept says where) only once the new one
+    is ready."""
+    from circuitlab.errors import InputError
     from circuitlab.experiments.dashboards import CARD_TOKENS
 
     dashboard_tokens = CARD_TOKENS.check(dashboard_tokens, "dashboard_tokens")
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
+    if out is not None:
+        check_output_folder(out, "graph", overwrite=overwrite)
     ids = tokenizer.encode(prompt)
     if not ids:
-        from circuitlab.errors import InputError
-
         raise InputError("the prompt is empty: give some text whose next token the graph explains")
     targets = None
     if target is not None:
@@ -76,8 +81,6 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
         targets = [t] if foil is None else [logit_difference(tokenizer, t, tokenizer.token_id(foil, "foil"),
                                                              model.cfg.d_vocab)]
     elif foil is not None:
-        from circuitlab.errors import InputError
-
         raise InputError("--foil needs --target (the graph explains target minus foil)")
     graph = attribute(model, transcoders, torch.tensor(ids), targets=targets, max_n_logits=max_n_logits,
                       desired_logit_prob=desired_logit_prob, batch_size=batch_size,
@@ -120,7 +123,7 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     viewer = json.dumps(data)
     svg = graph_svg(run.graph, run.pruned)
     view = graph_view_html(data, features=run.cards, fallback=svg)
-    output_folder(out, "graph", overwrite=overwrite)
+    run.kept = output_folder(out, "graph", overwrite=overwrite)
     marker = (out / MARKER).read_text()
     with atomic_dir(out) as tmp:
         (tmp / MARKER).write_text(marker)

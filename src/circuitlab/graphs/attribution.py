@@ -143,7 +143,11 @@ def named_logit_targets(logits: torch.Tensor, targets: Sequence[Any], tokenizer:
 
 
 def logit_difference(tokenizer: Any, token: int, foil: int, d_vocab: int) -> LogitTarget:
-    """The direction logit[token] - logit[foil] as one logit node (weight 1)."""
+    """The direction logit[token] - logit[foil] as one logit node (weight 1); the same token twice is refused
+    (the difference is zero: the graph would explain nothing)."""
+    if int(token) == int(foil):
+        raise InputError(f"the foil {_token_label(tokenizer, foil)!r} is the target: give a different token to "
+                         "contrast with (or no foil)")
     vec = torch.zeros(d_vocab)
     vec[token], vec[foil] = 1.0, -1.0
     return LogitTarget(f"{_token_label(tokenizer, token)} - {_token_label(tokenizer, foil)}", vec, 1.0)
