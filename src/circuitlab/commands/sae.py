@@ -6,7 +6,6 @@ function pair and one entry.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from circuitlab.checks import Number
@@ -85,7 +84,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from circuitlab.atomic import atomic_write_text
+    from circuitlab.atomic import atomic_write_text, json_text
     from circuitlab.data import DataConfig, build_data
     from circuitlab.dictionaries import SparseDictionary
     from circuitlab.dictionaries.metrics import evaluate, spliced_loss
@@ -129,13 +128,13 @@ def _run_eval(args: argparse.Namespace) -> int:
     print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
           f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
     if args.json:
-        atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))
+        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
     return 0
 
 
 def _eval_clt(args: argparse.Namespace) -> int:
     """sae eval for a cross-layer transcoder: per-layer reconstruction, and the model with every MLP replaced."""
-    from circuitlab.atomic import atomic_write_text
+    from circuitlab.atomic import atomic_write_text, json_text
     from circuitlab.data import DataConfig, build_data
     from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
     from circuitlab.dictionaries.clt_train import evaluate_clt
@@ -163,7 +162,7 @@ def _eval_clt(args: argparse.Namespace) -> int:
     print(f"  every MLP replaced: CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
           f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
     if args.json:
-        atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))
+        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
     return 0
 
 

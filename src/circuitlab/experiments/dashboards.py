@@ -5,11 +5,11 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import json_text
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.training.outputs import check_output_folder, output_folder
@@ -91,7 +91,7 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
     if notes is not None:
         from circuitlab.atomic import atomic_write_text
 
-        atomic_write_text(folder / "clt_writes.json", json.dumps({"layer": layer, "write_norms": writes}))
+        atomic_write_text(folder / "clt_writes.json", json_text({"layer": layer, "write_norms": writes}))
     report = write_dashboards_report(folder, dash, opts.features, notes=notes)
     return DashboardResult(folder, report, dash.summary(), kept)
 

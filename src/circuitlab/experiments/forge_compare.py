@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.atomic import json_text
 from circuitlab.checks import Number
 from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
@@ -89,7 +90,7 @@ def _check_digits(n: Any, m: Any) -> tuple[int, int]:
 
 
 def _json_roundtrip(d: dict) -> dict:
-    return json.loads(json.dumps(d))
+    return json.loads(json_text(d))
 
 
 def train_addition_model(run: Any, out_dir: str | Path, retrain: bool = False,
@@ -374,7 +375,7 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
                            "loss_floor": (n + m - 1) * math.log(10) / (row - 1)}
     figures = write_comparison_figures(out, results)
     results["figures"] = figures
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json_text(results, indent=2))
     (out / "report.md").write_text(forge_compare_markdown(results, figures))
     return results
 

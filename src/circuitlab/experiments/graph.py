@@ -12,7 +12,6 @@ viewer of circuitlab.viz.graph_view reading graph.json's content, with the prune
 from __future__ import annotations
 
 import html
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_dir
+from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_difference
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
@@ -120,7 +119,7 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     """Write every file of the run into `out` (the output-folder policy: an earlier graph folder is set aside,
     or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
     data = neuronpedia_json(run.graph, run.pruned, slug=slug)
-    viewer = json.dumps(data)
+    viewer = json_text(data)
     svg = graph_svg(run.graph, run.pruned)
     view = graph_view_html(data, features=run.cards, fallback=svg)
     run.kept = output_folder(out, "graph", overwrite=overwrite)
@@ -130,12 +129,12 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
         run.graph.save(tmp / GRAPH_DIR)
         (tmp / VIEWER_JSON).write_text(viewer)
         # what circuit-tracer's local viewer lists (`circuit-tracer start-server --graph_file_dir OUT`)
-        (tmp / "graph-metadata.json").write_text(json.dumps({"graphs": [data["metadata"]]}))
+        (tmp / "graph-metadata.json").write_text(json_text({"graphs": [data["metadata"]]}))
         (tmp / SVG).write_text(svg)
         sizes = {"viewer_json_kb": len(viewer.encode()) / 1024,
                  "graph_safetensors_kb": (tmp / GRAPH_DIR / "graph.safetensors").stat().st_size / 1024}
         run.data["files"] = sizes
-        (tmp / "results.json").write_text(json.dumps(run.to_dict(), indent=1))
+        (tmp / "results.json").write_text(json_text(run.to_dict(), indent=1))
         (tmp / "report.md").write_text(_markdown(run))
         (tmp / "report.html").write_text(_html(run, view))
     return out

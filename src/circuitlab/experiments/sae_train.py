@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import json_text
+
 def is_sae_run(folder: Path) -> bool:
     """Our own earlier output (also one written before output folders were marked)."""
     from circuitlab.dictionaries.train import CHECKPOINT
@@ -249,5 +251,5 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
               f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}), KL {s.kl:.4f}")
     from circuitlab.atomic import atomic_write_text
 
-    atomic_write_text(out / "results.json", json.dumps(summary, indent=2))
+    atomic_write_text(out / "results.json", json_text(summary, indent=2))
     return summary

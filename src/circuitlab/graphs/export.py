@@ -19,13 +19,12 @@ Neuronpedia's `pinnedIds` [node_id] and `supernodes` [[name, node_id, ...]], wri
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.graphs.graph import Graph, Pruned, edge_influence, node_influence, threshold_for
 
 
@@ -118,7 +117,7 @@ def write_neuronpedia(graph: Graph, path: str | Path, pruned: Pruned | None = No
     """Write the viewer's JSON (atomically); pruned defaults to graph.prune() with the default thresholds."""
     pruned = pruned if pruned is not None else graph.prune()
     path = Path(path)
-    atomic_write_text(path, json.dumps(neuronpedia_json(graph, pruned, slug, scan)))
+    atomic_write_text(path, json_text(neuronpedia_json(graph, pruned, slug, scan)))
     return path
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_dir
+from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
@@ -374,7 +374,7 @@ class Graph(Displayed):
         meta = self.to_dict()
         with atomic_dir(Path(folder)) as tmp:
             save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
-            (tmp / META).write_text(json.dumps(meta, indent=1))
+            (tmp / META).write_text(json_text(meta, indent=1))
         return Path(folder)
 
     @classmethod

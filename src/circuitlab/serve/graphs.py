@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, SHARE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.viz.graph_view import feature_cards
@@ -163,7 +163,7 @@ class GraphBrowser:
             for s in supernodes:
                 if len(s) < 2 or not s[0].strip() or len(s[0]) > MAX_NAME:
                     raise CircuitlabError(f"a supernode is [name, node_id, ...] with a name of 1 to {MAX_NAME} "
-                                          f"characters and at least one node, got {json.dumps(s)[:120]}")
+                                          f"characters and at least one node, got {json_text(s)[:120]}")
                 unknown += [i for i in s[1:] if i not in ids]
             if unknown:
                 raise CircuitlabError(f"unknown node id(s) {', '.join(repr(u[:60]) for u in unknown[:5])} in "
@@ -171,7 +171,7 @@ class GraphBrowser:
             q = data.setdefault("qParams", {})
             q["pinnedIds"] = list(dict.fromkeys(pinned))
             q["supernodes"] = [[s[0].strip(), *dict.fromkeys(s[1:])] for s in supernodes]
-            atomic_write_text(folder / "graph.json", json.dumps(data))
+            atomic_write_text(folder / "graph.json", json_text(data))
             return {"id": graph_id, "pinnedIds": q["pinnedIds"], "supernodes": q["supernodes"]}
 
     # ------------------------------------------------------------------ model work

@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.atomic import atomic_write_text, json_text, set_aside
 from circuitlab.errors import CircuitlabError, command_line
 from circuitlab.training.checkpoint import is_checkpoint
 
@@ -121,5 +121,5 @@ def output_folder(out: str | Path, kind: str, *, overwrite: bool = False, keep_p
     elif plan == "set aside":
         kept = set_aside(out, lambda _: True, f"{kind} output")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / MARKER, json.dumps({"kind": kind, "command": command_line()}) + "\n")
+    atomic_write_text(out / MARKER, json_text({"kind": kind, "command": command_line()}) + "\n")
     return kept

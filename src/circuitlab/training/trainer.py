@@ -146,6 +146,7 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
     if ckpt is not None:
         state = load_training_state(ckpt, optimizer)
         start, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val_loss"]
+        best_val = math.inf if best_val is None else best_val   # no evaluation yet: written as null (strict JSON)
         if start >= t.steps:
             raise CircuitlabError(f"{out_dir} already finished {start} steps; raise train.steps to continue")
     if rank == 0:
