@@ -104,7 +104,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                    f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
     data = {"prompt": prompt, "graph": s, "top_paths": [{"strength": p["strength"], "words": p["words"]}
                                                          for p in paths],
-            "transcoders": graph.transcoders, "timings_s": info["seconds"],
+            "transcoders": graph.transcoders, "identity": graph.identity, "timings_s": info["seconds"],
             "memory": {"adjacency_mb": info.get("adjacency_mb"), "attribution_peak_mb": info.get("peak_mb")}}
     run = GraphRun(graph, pruned, summary, data)
     if dashboard_tokens or saved_dashboards:

@@ -33,7 +33,7 @@ from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
-from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.model.assumptions import require
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
@@ -438,7 +438,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                  selected=selected, adjacency=adjacency, logit_labels=[t.label for t in logit_targets],
                  logit_tokens=torch.tensor([t.token for t in logit_targets], dtype=torch.long),
                  logit_weights=weights, n_layers=L, bos=bos, token_strs=token_strs, prompt=prompt,
-                 transcoders=transcoders.describe(), info=info)
+                 transcoders=transcoders.describe(), info=info, identity=made_with(model, transcoders))
 
 
 @torch.no_grad()

@@ -136,6 +136,7 @@ class Graph(Displayed):
     prompt: str | None = None
     transcoders: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    identity: dict[str, Any] | None = None   # the model and transcoders it was made with (transcoders.made_with)
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ node bookkeeping
@@ -351,7 +352,7 @@ class Graph(Displayed):
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "n_layers": self.n_layers, "bos": self.bos, "prompt": self.prompt,
                 "token_strs": self.token_strs, "logit_labels": self.logit_labels, "transcoders": self.transcoders,
-                "info": self.info, "summary": self.summary()}
+                "identity": self.identity, "info": self.info, "summary": self.summary()}
 
     def __repr__(self) -> str:
         return (f"Graph({self.n_pos} positions, {self.n_features} feature nodes of {len(self.active_features)} "
@@ -392,7 +393,7 @@ class Graph(Displayed):
                        selected=t["selected"], adjacency=t["adjacency"], logit_labels=meta["logit_labels"],
                        logit_tokens=t["logit_tokens"], logit_weights=t["logit_weights"], n_layers=meta["n_layers"],
                        bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
-                       transcoders=meta["transcoders"], info=meta["info"])
+                       transcoders=meta["transcoders"], info=meta["info"], identity=meta.get("identity"))
         except CircuitlabError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to write again
