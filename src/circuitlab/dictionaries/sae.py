@@ -203,5 +203,12 @@ def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the 
     now = base_model_id(model)
     if (rec.get("config_sha"), rec.get("weights_sha")) != (now["config_sha"], now["weights_sha"]):
         name = rec.get("name", "another model")
+        same_shape = (rec.get("d_model"), rec.get("n_layers")) == (now["d_model"], now["n_layers"])
+        if rec.get("config_sha") != now["config_sha"]:   # say what differs: a name and shape can be shared
+            what = ("its configuration differs (same d_model and layers, another setting)" if same_shape else
+                    f"this one has d_model {now['d_model']} and {now['n_layers']} layers")
+        else:
+            what = (f"the same configuration with other weights (embedding hash {rec.get('weights_sha')} recorded, "
+                    f"{now['weights_sha']} here): another training run or checkpoint")
         raise CircuitlabError(f"{where} was trained on {name} (d_model {rec.get('d_model')}, {rec.get('n_layers')} "
-                              f"layers), not on this model; use the model it was trained on")
+                              f"layers), not on this model: {what}; use the model it was trained on")
