@@ -18,6 +18,7 @@ call output_folder only for a fresh start.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -95,7 +96,10 @@ def check_writable(out: str | Path, what: str, option: str = "--out") -> None:
     if not parent.is_dir():
         raise CircuitlabError(f"cannot write {what} to {out}: {parent} is a file; give another {option}")
     try:
+        before = parent.stat()
         os.rmdir(tempfile.mkdtemp(prefix=".circuitlab-probe-", dir=parent))
+        with contextlib.suppress(OSError):   # leave no trace, not even the folder's modification time
+            os.utime(parent, ns=(before.st_atime_ns, before.st_mtime_ns))
     except OSError as e:
         raise CircuitlabError(f"cannot write {what} to {out}: {parent} does not take new files "
                               f"({e.strerror or type(e).__name__}); give another {option}") from None
