@@ -77,8 +77,9 @@ REFUSED = [
     (PLANTED + " --target yy --out {graph_prev}", "is not one token"),
     ("graph --checkpoint {run} --transcoders {tmp}/none --prompt Lily --out {graph_prev}",
      "transcoder folder not found"),
-    ("graph --checkpoint {run} --transcoders {tmp} --prompt Lily --out {graph_prev}", "holds no transcoders"),
-    (PLANTED + " --out {run}", "inside the checkpoint folder"),
+    ("graph --checkpoint {run} --transcoders {steer_prev} --prompt Lily --out {graph_prev}", "holds no transcoders"),
+    (PLANTED + " --out {run}/checkpoint/graph", "inside the checkpoint folder"),
+    (PLANTED + " --out {run}", "already holds other files"),
     (PLANTED + " --out {prompts}", "is a file"),
     # circuit: an unknown method, metric, intervention or refinement, before the earlier circuit is moved
     (CIRCUIT.replace("eap ", "nope ") + " --out {circuit_prev}", "unknown method 'nope'"),
@@ -108,7 +109,7 @@ REFUSED = [
     ("forge compare --steps 0 --out {tmp}/fc_new", "steps must be a positive whole number"),
 ]
 # interpret moves its earlier results aside before it checks --window (issue 40; `newruns` fixes the order)
-PENDING = {REFUSED[18][0]}
+PENDING = {c for c, _ in REFUSED if "--window 2" in c}
 
 
 def _argv(command: str, where: dict[str, str]) -> list[str]:

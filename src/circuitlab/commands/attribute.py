@@ -41,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out and Path(args.out).suffix not in (".html", ".json"):
         raise CircuitlabError(f"--out {args.out}: give a file name ending in .html (tokens shaded) or .json")
+    if args.out:
+        from circuitlab.training.outputs import check_writable
+
+        check_writable(args.out, "the attribution")   # before the model is read
     model, tok, _ = load_checkpoint(args.checkpoint)
     if tok is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")

@@ -94,7 +94,8 @@ def check_writable(out: str | Path, what: str, option: str = "--out") -> None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise CircuitlabError(f"cannot write {what} to {out}: {parent} is a file; give another {option}")
+        raise CircuitlabError(f"cannot write {what} to {out}: {parent} exists and is not a folder; give another "
+                              f"{option}")
     try:
         before = parent.stat()
         os.rmdir(tempfile.mkdtemp(prefix=".circuitlab-probe-", dir=parent))
