@@ -168,12 +168,14 @@ WRITERS = [PLANTED, CIRCUIT, STEER, "attribute --checkpoint {run} --prompt Lily"
 def test_an_unwritable_out_is_refused_before_any_work(where, command, out, capsys, monkeypatch):
     """/proc takes no new files even for root (permission bits do not tell): one line naming --out, exit 2,
     and no work done (the model is not even read)."""
+    import circuitlab.training as training
     import circuitlab.training.checkpoint as checkpoint
 
     def no_work(*_, **__):
         raise AssertionError("the model was read before the output path was checked")
 
-    monkeypatch.setattr(checkpoint, "load_checkpoint", no_work)
+    for module in (training, checkpoint):
+        monkeypatch.setattr(module, "load_checkpoint", no_work)
     target = out + (".json" if command.startswith("attribute") else "")
     code = _run(_argv(command, where) + ["--out", target])
     _one_line(code, capsys.readouterr().err, "give another --out")
