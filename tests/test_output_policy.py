@@ -44,7 +44,8 @@ def _marked(folder: Path, kind: str, **files: str) -> None:
 @pytest.fixture(scope="module")
 def where(tmp_path_factory):
     """{run}: a 1-layer MLP model with a char tokenizer; {prompts}: a prompt file; earlier outputs of each
-    command: {graph_prev} (a real one), {circuit_prev}, {steer_prev}, {interpret_prev}, {import_prev},
+    command: {graph_prev} (a real one), {circuit_prev}, {steer_prev}, {interpret_prev} (and a second,
+    {interpret_prev2}, for the case that still moves it), {import_prev},
     {export_prev}, {sae_prev}; {tmp}: the folder."""
     root = tmp_path_factory.mktemp("policy")
     torch.manual_seed(0)
@@ -55,8 +56,9 @@ def where(tmp_path_factory):
     assert main(shlex.split(PLANTED) + ["--out", str(root / "graph_prev")]) == 0
     _marked(root / "circuit_prev", "circuit", results_json="{}")
     _marked(root / "steer_prev", "steer", steering_json="{}")
-    (root / "interpret_prev").mkdir()
-    (root / "interpret_prev" / "results.json").write_text('{"experiments": [], "checkpoint": "x"}')
+    for name in ("interpret_prev", "interpret_prev2"):
+        (root / name).mkdir()
+        (root / name / "results.json").write_text('{"experiments": [], "checkpoint": "x"}')
     save_checkpoint(root / "import_prev", Transformer(cfg))
     (root / "export_prev").mkdir()
     (root / "export_prev" / "config.json").write_text("{}")
@@ -64,8 +66,8 @@ def where(tmp_path_factory):
     (root / "bad_sae.yaml").write_text("dictionary: 5\n")
     (root / "prev.json").write_text("{}")
     return {"run": str(root / "run"), "prompts": str(root / "prompts.txt"), "tmp": str(root),
-            **{k: str(root / k) for k in ("graph_prev", "circuit_prev", "steer_prev", "interpret_prev", "import_prev",
-                                          "export_prev", "sae_prev")}}
+            **{k: str(root / k) for k in ("graph_prev", "circuit_prev", "steer_prev", "interpret_prev",
+                                          "interpret_prev2", "import_prev", "export_prev", "sae_prev")}}
 
 
 # (command line, a fragment of its one-line refusal). Each names an --out that holds an earlier output.
@@ -93,17 +95,23 @@ REFUSED = [
     # steer
     (STEER + " --layer 7 --out {steer_prev}", "layer 7 is out of range"),
     (STEER + " --temperature -1 --out {steer_prev}", "--temperature must be a finite number >= 0"),
+    (STEER + " --out {run}/checkpoint/steer", "inside the checkpoint folder"),
     # interpret
     ("interpret --checkpoint {run} --experiments nope --out {interpret_prev}", "unknown experiment(s) nope"),
     ("interpret --checkpoint {run} --experiments causal_tracing --prompt 'Lily saw' --subject Lily --window 2 "
-     "--out {interpret_prev}", "wider than the model"),
+     "--out {interpret_prev2}", "wider than the model"),
     # import, export
     ("import {tmp}/nothing --out {import_prev}", "checkpoint folder not found"),
+    ("import {run} --out {import_prev}", "has no config.json"),
     ("export --checkpoint {tmp}/nothing --out {export_prev}", "checkpoint not found"),
+    ("export --checkpoint {run} --out {circuit_prev}", "already holds other files"),
     # train, sae train, lens train
     ("train --config demo --set train.lr=0 --no-progress --out {tmp}/train_new", "train.lr must be a finite number > 0"),
-    ("sae train --config {tmp}/bad_sae.yaml --out {sae_prev}", ""),
+    ("train --config demo --no-progress --out {import_prev}", "already holds other files"),
+    ("sae train --config {tmp}/bad_sae.yaml --out {sae_prev}", "bad_sae.yaml: dictionary"),
     ("sae train --config sae-demo --set nope=1 --out {sae_prev}", "nope"),
+    ("sae train --config sae-demo --out {sae_prev}", "checkpoint not found"),
+    ("sae dashboards --dictionary {tmp}/none --checkpoint {run} --out {tmp}/dash_new", "not found"),
     ("lens train --checkpoint {tmp}/nothing --out {tmp}/lens_new", "not found"),
     # forge compare
     ("forge compare --steps 0 --out {tmp}/fc_new", "steps must be a positive whole number"),
