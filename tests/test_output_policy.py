@@ -21,6 +21,7 @@ import torch
 from circuitlab import ModelConfig, Transformer
 from circuitlab.cli import main
 from circuitlab.data.tokenizers import CharTokenizer
+from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.training import save_checkpoint
 from circuitlab.training.outputs import MARKER
 
@@ -49,10 +50,13 @@ def where(tmp_path_factory):
     {export_prev}, {sae_prev}; {tmp}: the folder."""
     root = tmp_path_factory.mktemp("policy")
     torch.manual_seed(0)
-    char = CharTokenizer.from_texts([TEXT])
+    char = CharTokenizer.from_texts([TEXT + "\n"])
     cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=char.vocab_size, n_ctx=24)
     save_checkpoint(root / "run" / "checkpoint", Transformer(cfg), char)
     (root / "prompts.txt").write_text("Lily saw\nthe cat\n")
+    (root / "text.txt").write_text((TEXT + "\n") * 20)      # for dashboards: only characters the model knows
+    SparseDictionary(DictionaryConfig("relu", d_in=16, d_sae=32, hook_name="blocks.0.hook_resid_post"),
+                     seed=0).save(root / "sae")
     assert main(shlex.split(PLANTED) + ["--out", str(root / "graph_prev")]) == 0
     _marked(root / "circuit_prev", "circuit", results_json="{}")
     _marked(root / "steer_prev", "steer", steering_json="{}")
@@ -112,6 +116,7 @@ REFUSED = [
     ("sae train --config sae-demo --set nope=1 --out {sae_prev}", "nope"),
     ("sae train --config sae-demo --out {sae_prev}", "checkpoint not found"),
     ("sae dashboards --dictionary {tmp}/none --checkpoint {run} --out {tmp}/dash_new", "not found"),
+    ("sae dashboards --dictionary {tmp}/sae --checkpoint {run} --data nope --out {tmp}/dash_new", "nope"),
     ("lens train --checkpoint {tmp}/nothing --out {tmp}/lens_new", "not found"),
     # forge compare
     ("forge compare --steps 0 --out {tmp}/fc_new", "steps must be a positive whole number"),
@@ -198,6 +203,8 @@ SET_ASIDE = [
     ("interpret --checkpoint {run} --experiments logit_lens --prompt Lily --out {tmp}/again_interpret",
      "moved the previous results to"),
     ("export --checkpoint {run} --out {tmp}/again_export", "kept the previous export as"),
+    ("sae dashboards --dictionary {tmp}/sae --checkpoint {run} --tokens 256 --data file:{tmp}/text.txt "
+     "--no-progress --out {tmp}/again_dashboards", "kept the earlier dashboards as"),
 ]
 
 
