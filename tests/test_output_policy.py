@@ -114,7 +114,8 @@ REFUSED = [
     ("train --config demo --no-progress --out {import_prev}", "already holds other files"),
     ("sae train --config {tmp}/bad_sae.yaml --out {sae_prev}", "bad_sae.yaml: dictionary"),
     ("sae train --config sae-demo --set nope=1 --out {sae_prev}", "nope"),
-    ("sae train --config sae-demo --out {sae_prev}", "checkpoint not found"),
+    ("sae train --config sae-demo --out {sae_prev}", "already holds a sae-train output"),
+    ("sae train --config sae-demo --out {tmp}/sae_new", "checkpoint not found"),
     ("sae dashboards --dictionary {tmp}/none --checkpoint {run} --out {tmp}/dash_new", "not found"),
     ("sae dashboards --dictionary {tmp}/sae --checkpoint {run} --data nope --out {tmp}/dash_new", "nope"),
     ("lens train --checkpoint {tmp}/nothing --out {tmp}/lens_new", "not found"),
@@ -173,10 +174,13 @@ def test_a_refused_run_changes_nothing_on_disk(where, command, fragment, capsys,
 
 
 UNWRITABLE = ["/proc/circuitlab-x", "/proc/circuitlab-x/deeper"]
-WRITERS = [PLANTED, CIRCUIT, STEER, "attribute --checkpoint {run} --prompt Lily"]
+WRITERS = [PLANTED, CIRCUIT, STEER, "attribute --checkpoint {run} --prompt Lily", "train --config demo --no-progress",
+           "sae train --config sae-demo --set model={run}", "sae dashboards --dictionary {tmp}/sae --checkpoint {run}",
+           "lens train --checkpoint {run}", "interpret --checkpoint {run} --experiments heads", "export --checkpoint {run}",
+           "import {run}", "forge compare", "demo", "sae demo", "graph demo"]
 
 
-@pytest.mark.parametrize("command", WRITERS, ids=[c.split(" --")[0] for c in WRITERS])
+@pytest.mark.parametrize("command", WRITERS, ids=[c.split(" --")[0].split(" {")[0] for c in WRITERS])
 @pytest.mark.parametrize("out", UNWRITABLE)
 def test_an_unwritable_out_is_refused_before_any_work(where, command, out, capsys, monkeypatch):
     """/proc takes no new files even for root (permission bits do not tell): one line naming --out, exit 2,

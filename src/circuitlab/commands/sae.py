@@ -52,6 +52,9 @@ def _run_train(args: argparse.Namespace) -> int:
     overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
     data = load_sae_config(args.config, overrides)
     out = Path(args.out or f"runs/{data['name']}")
+    from circuitlab.training.outputs import check_writable
+
+    check_writable(out, "the dictionaries")   # before an interrupted folder is tidied or the model read
     # under torchrun: one process group (gloo on the CPU, nccl on GPUs); alone nothing changes
     rank, _, device = D.setup(args.device)
     with D.rank_zero_first():  # rank 0 alone tidies an interrupted folder; then every rank sees the same one

@@ -23,6 +23,7 @@ from circuitlab.names import head_name, parse_head
 from circuitlab.experiments.demo_budget import work_gflops
 from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
 from circuitlab.training import RunConfig, read_metrics, train
+from circuitlab.training.outputs import check_writable
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
 
@@ -89,6 +90,7 @@ class DemoResult:
 
 def run_demo(opts: DemoOptions) -> DemoResult:
     out = Path(opts.out)
+    check_writable(out, "the demo")
     kept = set_aside(out, _is_demo_output, "demo")  # an earlier demo is kept renamed; other files are refused
     if kept is not None:
         print(f"moved the previous demo to {kept}")

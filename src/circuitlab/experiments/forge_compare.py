@@ -37,6 +37,7 @@ from circuitlab.forge.compare import (_all_heads, _label, addition_problems, ans
 from circuitlab.model.transformer import Transformer
 from circuitlab.perf import threads_for_work, transformer_step_flops
 from circuitlab.report.markdown import forge_compare_markdown
+from circuitlab.training.outputs import check_writable
 from circuitlab.viz.forge_compare import write_comparison_figures
 
 Head = tuple[int, int]
@@ -359,6 +360,7 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CircuitlabError(f"--out {out} is a file; give a folder")
+    check_writable(out, "the comparison")
     out.mkdir(parents=True, exist_ok=True)
     # The threads are the run config's train.threads (1: this model is tiny), applied by perf's one rule for
     # the whole command: training, the data and the comparison's inference.

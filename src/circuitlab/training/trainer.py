@@ -28,6 +28,7 @@ from circuitlab.perf import ThreadGovernor, transformer_step_flops
 import circuitlab.training.distributed as D
 from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
+from circuitlab.training.outputs import check_writable
 from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
 from circuitlab.training.schedule import lr_at
@@ -286,6 +287,7 @@ def _check_fresh(out_dir: Path) -> None:
     checkpoint.old, which may be the only copy a crash left)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise CircuitlabError(f"{out_dir} is a file; give a folder for the run with --out")
+    check_writable(out_dir, "the run")
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     held = [p.name for p in sorted(out_dir.iterdir())]
