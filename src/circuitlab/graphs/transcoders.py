@@ -200,14 +200,15 @@ class Transcoders:
 
     def identity(self) -> dict[str, Any]:
         """What identifies these transcoders for a graph made with them: a hash of every weight (a strided
-        sample of each tensor, rounded to 1e-4 so a float32 / float64 copy hashes alike) and the shapes."""
+        sample of each tensor, as float32: a float64 or half-precision copy of float32 weights hashes alike)
+        and the shapes."""
         h = hashlib.sha256()
         for name, module in sorted(self.modules().items()):
             for key, t in sorted(module.state_dict().items()):
                 flat = t.detach().flatten()
-                sample = flat[::max(1, len(flat) // SAMPLE)][:SAMPLE].double().cpu()
+                sample = flat[::max(1, len(flat) // SAMPLE)][:SAMPLE].to(torch.float32).cpu()
                 h.update(f"{name}.{key}:{tuple(t.shape)}:".encode())
-                h.update(torch.round(sample * 1e4).to(torch.int64).numpy().tobytes())
+                h.update(sample.numpy().tobytes())
         return {"weights_sha": h.hexdigest()[:16], "layers": list(self.layers), "describe": self.describe()}
 
     def check_model(self, model: Any) -> None:
