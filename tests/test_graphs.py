@@ -336,6 +336,7 @@ def test_a_graph_records_the_model_and_transcoders_it_was_made_with(setup, tmp_p
     assert neuronpedia_json(graph, graph.prune())["metadata"]["identity"] == graph.identity
     f32 = tc.to(torch.float32)                                    # weights that were float32 all along:
     assert f32.to(torch.float64).identity() == f32.identity()     # their float64 copy is the same transcoders
+    assert tc.dictionary(0).W_enc.dtype == torch.float64          # and `to` made copies: tc is as it was
     other = random_model(model.cfg, seed=5, scale=1.0).double().eval()
     assert "same configuration" in differs(graph.identity, made_with(other, tc))
     other_tc = Transcoders.per_layer(model, [random_transcoder(layer, 32, seed=9) for layer in range(3)])

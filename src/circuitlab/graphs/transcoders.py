@@ -170,7 +170,8 @@ class Transcoders:
 
     def to(self, dtype: torch.dtype) -> "Transcoders":
         """A copy with every dictionary in dtype (float64 for exact checks)."""
-        return Transcoders(self.n_layers, self.d_model, {k: v.to(dtype) for k, v in self._dicts.items()})
+        return Transcoders(self.n_layers, self.d_model,   # Module.to works in place: copy first
+                           {k: copy.deepcopy(v).to(dtype) for k, v in self._dicts.items()})
 
     @classmethod
     def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
