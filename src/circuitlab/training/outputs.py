@@ -94,8 +94,8 @@ def check_writable(out: str | Path, what: str, option: str = "--out") -> None:
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise CircuitlabError(f"cannot write {what} to {out}: {parent} exists and is not a folder; give another "
-                              f"{option}")
+        raise CircuitlabError(f"cannot write {what} to {out}: part of the path is a file, not a folder ({parent}); "
+                              f"give another {option}")
     try:
         before = parent.stat()
         os.rmdir(tempfile.mkdtemp(prefix=".circuitlab-probe-", dir=parent))
