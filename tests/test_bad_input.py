@@ -118,7 +118,7 @@ CLI_CASES = [
     ("interpret --checkpoint {run} --experiments heads --out {file}", "is a file; give a folder"),
     ("export --checkpoint {run} --out {file}", "is a file; give a folder for the export"),
     ("attribute --checkpoint {run} --prompt Lily --out {tmp}/a.txt", "give a file name ending in .html"),
-    ("attribute --checkpoint {run} --prompt Lily --out {file}/a.json", "exists and is not a folder"),
+    ("attribute --checkpoint {run} --prompt Lily --out {file}/a.json", "part of the path is a file, not a folder"),
     (STEER + " --samples 1 --max-tokens 2 --coef 0 --out {file}", "is a file; give a folder for the steer output"),
     ("forge compare --out {file}", "is a file; give a folder"),
     # other commands' options

@@ -143,8 +143,14 @@ def test_a_dictionary_for_another_base_model_is_refused():
     other.reset_parameters(seed=5)
     sae = random_dictionary(d_in=16, base_model=base_model_id(model, "tiny"))
     check_base_model(sae, model)
-    with pytest.raises(CircuitlabError, match="trained on tiny"):
+    with pytest.raises(CircuitlabError, match="trained on tiny") as e:
         check_base_model(sae, other)
+    # same name and shape: the message says what differs (the weights), not only "another model"
+    assert "same configuration with other weights" in str(e.value)
+    wider = Transformer(ModelConfig.from_preset("attn-only-1l", d_model=16, n_heads=4, d_vocab=20, n_ctx=8))
+    with pytest.raises(CircuitlabError, match="configuration differs") as e:
+        check_base_model(sae, wider)
+    assert "other weights" not in str(e.value)
 
 
 # ---------------------------------------------------------------------------- SAELens parity

@@ -368,6 +368,41 @@ def test_named_targets_and_a_logit_difference(setup):
                                atol=1e-10, rtol=0)
 
 
+def test_a_foil_equal_to_the_target_is_refused_before_any_work(setup, tmp_path, monkeypatch):
+    """logit[X] - logit[X] is zero: no graph explains it (the CLI case is in test_output_policy)."""
+    from circuitlab.data.tokenizers import CharTokenizer
+    from circuitlab.experiments import graph as experiment
+
+    model, tc, tokens, graph = setup
+    with pytest.raises(CircuitlabError, match="is the target"):
+        logit_difference(None, 3, 3, 50)
+    monkeypatch.setattr(experiment, "attribute", lambda *a, **k: pytest.fail("attributed a refused graph"))
+    tok = CharTokenizer.from_texts(["abcdefghijklmnopqrstuvwxyz"])
+    with pytest.raises(CircuitlabError, match="the foil 'a' is the target"):
+        experiment.graph_experiment(model, tc, "abc", tok, out=tmp_path / "g", target="a", foil="a", progress=False)
+    assert not (tmp_path / "g").exists()
+
+
+def test_a_graph_records_the_model_and_transcoders_it_was_made_with(setup, tmp_path):
+    """The identity travels with the graph (graph/graph.json, the viewer file's metadata) and tells apart
+    another model of the same configuration and transcoders with other weights."""
+    from circuitlab.graphs.transcoders import differs, made_with
+
+    model, tc, tokens, graph = setup
+    assert graph.identity == made_with(model, tc) and differs(graph.identity, made_with(model, tc)) is None
+    graph.save(tmp_path / "g")
+    assert Graph.load(tmp_path / "g").identity == graph.identity
+    assert neuronpedia_json(graph, graph.prune())["metadata"]["identity"] == graph.identity
+    f32 = tc.to(torch.float32)                                    # weights that were float32 all along:
+    assert f32.to(torch.float64).identity() == f32.identity()     # their float64 copy is the same transcoders
+    assert tc.dictionary(0).W_enc.dtype == torch.float64          # and `to` made copies: tc is as it was
+    other = random_model(model.cfg, seed=5, scale=1.0).double().eval()
+    assert "same configuration" in differs(graph.identity, made_with(other, tc))
+    other_tc = Transcoders.per_layer(model, [random_transcoder(layer, 32, seed=9) for layer in range(3)])
+    assert differs(graph.identity, made_with(model, other_tc)).startswith("other transcoders")
+    assert differs(None, made_with(model, tc)) == "unrecorded"
+
+
 # ---------------------------------------------------------------------------- files
 
 def test_graph_files_round_trip_and_the_viewer_json(setup, tmp_path):

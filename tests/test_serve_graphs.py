@@ -212,3 +212,212 @@ def test_bad_server_options_are_one_line_errors(served, tmp_path):
         create_app(None, graphs=tmp_path / "missing")
     with pytest.raises(CircuitlabError, match="transcoder folder not found"):
         create_app(root / "model", transcoders=tmp_path / "missing")
+
+
+# ---------------------------------------------------------------------------- what a graph was made with
+
+def _other_root(served, tmp_path):
+    """A runs folder holding a copy of lily, for tests that change graph files or serve other weights."""
+    import shutil
+
+    _, root, *_ = served
+    shutil.copytree(root / "graphs" / "lily", tmp_path / "graphs" / "lily")
+    return tmp_path / "graphs"
+
+
+def _feature_of(data):
+    node = next(n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder")
+    layer, feature, _ = map(int, node["node_id"].split("_"))
+    return node["node_id"], layer, feature
+
+
+def test_a_graph_made_with_another_model_is_409_not_an_answer(served, tmp_path):
+    """The planted model's graph (tokens inside the story model's vocabulary) under the story model: no
+    intervention, no feature card, and the listing says so; viewing it still works."""
+    from circuitlab.graphs.planted import PlantedTokenizer, planted_path_model
+    from circuitlab.serve import create_app
+
+    _, root, *_ = served
+    graphs = _other_root(served, tmp_path)
+    p = planted_path_model()
+    graph_experiment(p.model, p.transcoders, "xAxBxyx", PlantedTokenizer(), out=graphs / "planted", progress=False,
+                     dashboard_tokens=0)
+    client = TestClient(create_app(root / "model", graphs=graphs, transcoders=root / "transcoders"))
+    data = client.get("/api/graphs/graph", params={"id": "planted"}).json()
+    assert max(int(n["node_id"].split("_")[1]) for n in data["nodes"] if n["feature_type"] == "embedding") < 40
+    node, layer, feature = _feature_of(data)
+    detail = _one_line(client.post("/api/graphs/intervene", json={"id": "planted", "nodes": [node], "scale": 0}), 409)
+    assert "another model" in detail and "--checkpoint" in detail
+    _one_line(client.get("/api/graphs/feature", params={"id": "planted", "layer": layer, "feature": feature}), 409)
+    made = {g["id"]: g["made_with"] for g in client.get("/api/graphs").json()["graphs"]}
+    assert made["lily"] == "the loaded model and transcoders" and made["planted"].startswith("another model")
+    lily_node = _feature_of(client.get("/api/graphs/graph", params={"id": "lily"}).json())[0]
+    assert client.post("/api/graphs/intervene", json={"id": "lily", "nodes": [lily_node], "scale": 0}).status_code == 200
+
+
+def test_same_shape_other_weights_and_other_transcoders_are_named(served, tmp_path):
+    """A model of the same configuration trained otherwise, and transcoders of the same shape with other
+    weights: each refused, saying which of the two differs."""
+    from circuitlab.dictionaries import SparseDictionary
+    from circuitlab.serve import create_app
+    from circuitlab.training import save_checkpoint
+
+    _, root, model, tokenizer, tc, _ = served
+    graphs = _other_root(served, tmp_path)
+    node, *_ = _feature_of(json.loads((graphs / "lily/graph.json").read_text()))
+    other = helpers.random_model(model.cfg, scale=1.0, seed=7).eval()
+    save_checkpoint(tmp_path / "other-model" / "checkpoint", other, tokenizer)
+    client = TestClient(create_app(tmp_path / "other-model", graphs=graphs, transcoders=root / "transcoders"))
+    detail = _one_line(client.post("/api/graphs/intervene", json={"id": "lily", "nodes": [node], "scale": 0}), 409)
+    assert "same configuration" in detail and "other weights" in detail
+
+    for layer in range(model.cfg.n_layers):
+        d = SparseDictionary.load(root / "transcoders" / f"layer{layer}")
+        with torch.no_grad():
+            d.W_dec.mul_(1.5)
+        d.save(tmp_path / "other-transcoders" / f"layer{layer}")
+    client = TestClient(create_app(root / "model", graphs=graphs, transcoders=tmp_path / "other-transcoders"))
+    detail = _one_line(client.post("/api/graphs/intervene", json={"id": "lily", "nodes": [node], "scale": 0}), 409)
+    assert "other transcoders" in detail
+
+
+def test_a_graph_recording_no_identity_says_so(served, tmp_path):
+    from circuitlab.serve import create_app
+
+    _, root, *_ = served
+    graphs = _other_root(served, tmp_path)
+    data = json.loads((graphs / "lily/graph.json").read_text())
+    del data["metadata"]["identity"]
+    (graphs / "lily/graph.json").write_text(json.dumps(data))
+    client = TestClient(create_app(root / "model", graphs=graphs, transcoders=root / "transcoders"))
+    node, layer, feature = _feature_of(data)
+    detail = _one_line(client.post("/api/graphs/intervene", json={"id": "lily", "nodes": [node], "scale": 0}), 409)
+    assert "records no identity" in detail
+    _one_line(client.get("/api/graphs/feature", params={"id": "lily", "layer": layer, "feature": feature}), 409)
+    assert client.get("/api/graphs/graph", params={"id": "lily"}).status_code == 200
+
+
+def _spoil(data, how):
+    """One malformation of a viewer file (a dict), by name."""
+    feat = next(n for n in data["nodes"] if n["feature_type"] == "cross layer transcoder")
+    token = next(n for n in data["nodes"] if n["feature_type"] == "embedding")
+    logit = next(n for n in data["nodes"] if n["feature_type"] == "logit")
+    if how == "no nodes":
+        del data["nodes"]
+    elif how == "nodes an object":
+        data["nodes"] = {"a": 1}
+    elif how == "links a string":
+        data["links"] = "x"
+    elif how == "metadata a list":
+        data["metadata"] = []
+    elif how == "a node a number":
+        data["nodes"].append(3)
+    elif how == "a node without id":
+        del feat["node_id"]
+    elif how == "a repeated id":
+        data["nodes"].append(dict(feat))
+    elif how == "feature id not numbers":
+        feat["node_id"] = "a_b_c"
+    elif how == "feature id at another position":
+        layer, f, pos = feat["node_id"].split("_")
+        feat["node_id"] = f"{layer}_{f}_{int(pos) + 7}"
+    elif how == "token id malformed":
+        token["node_id"] = "E_x"
+    elif how == "token positions with a gap":
+        data["nodes"] = [n for n in data["nodes"] if not (n["feature_type"] == "embedding" and n["ctx_idx"] == 0)]
+        data["links"] = [x for x in data["links"] if x["source"] in {n["node_id"] for n in data["nodes"]}
+                         and x["target"] in {n["node_id"] for n in data["nodes"]}]
+    elif how == "ctx_idx a string":
+        token["ctx_idx"] = "0"
+    elif how == "logit feature a string":
+        logit["feature"] = "12"
+    elif how == "logit prob infinite":
+        logit["token_prob"] = float("inf")
+    elif how == "link to an unknown node":
+        data["links"][0]["target"] = "9_9_99"
+    elif how == "link weight a string":
+        data["links"][0]["weight"] = "0.5"
+    elif how == "qParams a list":
+        data["qParams"] = []
+    elif how == "supernodes of numbers":
+        data["qParams"]["supernodes"] = [[1, 2]]
+    elif how == "identity a string":
+        data["metadata"]["identity"] = "x"
+    return data
+
+
+MALFORMED = ["no nodes", "nodes an object", "links a string", "metadata a list", "a node a number", "a node without id",
+             "a repeated id", "feature id not numbers", "feature id at another position", "token id malformed",
+             "token positions with a gap", "ctx_idx a string", "logit feature a string", "logit prob infinite",
+             "link to an unknown node", "link weight a string", "qParams a list", "supernodes of numbers",
+             "identity a string"]
+BROKEN_TEXT = {"not JSON": b"{nodes: ", "truncated": None, "a list": b"[1, 2]", "not UTF-8": b'{"a": "\xff"}',
+               "nested too deep": b"[" * 100_000 + b"]" * 100_000, "null": b"null"}
+
+
+@pytest.fixture(scope="module")
+def spoiled(served, tmp_path_factory):
+    """One app over a runs folder holding lily and one spoiled copy of it per malformation."""
+    import shutil
+
+    from circuitlab.serve import create_app
+
+    _, root, *_ = served
+    graphs = tmp_path_factory.mktemp("spoiled") / "graphs"
+    good = (root / "graphs/lily/graph.json").read_bytes()
+    for i, how in enumerate(MALFORMED + list(BROKEN_TEXT)):
+        shutil.copytree(root / "graphs" / "lily", graphs / f"bad{i}")
+        if how in BROKEN_TEXT:
+            text = BROKEN_TEXT[how] if BROKEN_TEXT[how] is not None else good[:len(good) // 2]
+        else:
+            text = json.dumps(_spoil(json.loads(good), how)).encode()
+        (graphs / f"bad{i}" / "graph.json").write_bytes(text)
+    client = TestClient(create_app(root / "model", graphs=graphs, transcoders=root / "transcoders"),
+                        raise_server_exceptions=False)
+    return client, _feature_of(json.loads(good))
+
+
+@pytest.mark.parametrize("i, how", list(enumerate(MALFORMED + list(BROKEN_TEXT))))
+def test_every_endpoint_answers_a_malformed_graph_file_with_422_in_one_line(spoiled, i, how):
+    """Each endpoint reading the file: one line naming the file, never a 500 or a bare key."""
+    client, (node, layer, feature) = spoiled
+    gid = f"bad{i}"
+    for r in (client.get("/api/graphs/graph", params={"id": gid}),
+              client.post("/api/graphs/intervene", json={"id": gid, "nodes": [node], "scale": 0}),
+              client.get("/api/graphs/feature", params={"id": gid, "layer": layer, "feature": feature}),
+              client.post("/api/graphs/qparams", json={"id": gid, "pinnedIds": []})):
+        detail = _one_line(r)
+        assert f"{gid}/graph.json" in detail and "circuitlab graph" in detail
+    listed = client.get("/api/graphs")
+    assert listed.status_code == 200 and gid in [g["id"] for g in listed.json()["graphs"]]
+
+
+@pytest.mark.parametrize("results", [b"[]", b'{"graph": []}', b'{"graph": {"pruned": 3}}', b"{",
+                                     b'{"prompt": {"a": 1}, "graph": {"replacement_score": NaN, "pruned": {"nodes": "9"}}}'])
+def test_a_malformed_results_file_leaves_the_listing_whole(served, tmp_path, results):
+    from circuitlab.serve import create_app
+
+    _, root, *_ = served
+    graphs = _other_root(served, tmp_path)
+    (graphs / "lily/results.json").write_bytes(results)
+    client = TestClient(create_app(root / "model", graphs=graphs, transcoders=root / "transcoders"),
+                        raise_server_exceptions=False)
+    r = client.get("/api/graphs")
+    assert r.status_code == 200, r.text
+    entry = r.json()["graphs"][0]
+    assert entry["id"] == "lily" and entry["prompt"] is None
+    assert entry.get("replacement_score") is None and entry.get("nodes") is None
+
+
+def test_a_nan_in_an_older_graph_file_is_read_as_null(served, tmp_path):
+    """Files written before JSON was strict may hold NaN: read as null, served as valid JSON (200)."""
+    from circuitlab.serve import create_app
+
+    _, root, *_ = served
+    graphs = _other_root(served, tmp_path)
+    text = (graphs / "lily/graph.json").read_text()
+    (graphs / "lily/graph.json").write_text(text.replace('"node_threshold": 0.8', '"node_threshold": NaN'))
+    client = TestClient(create_app(root / "model", graphs=graphs, transcoders=root / "transcoders"),
+                        raise_server_exceptions=False)
+    r = client.get("/api/graphs/graph", params={"id": "lily"})
+    assert r.status_code == 200 and r.json()["metadata"]["node_threshold"] is None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import json_text
 from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
 from circuitlab.textfile import read_text
 
@@ -212,7 +213,7 @@ class ModelConfig:
         return cls(**data)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return json_text(self.to_dict(), indent=2)
 
     def to_yaml(self) -> str:
         import yaml

@@ -30,18 +30,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     import torch
 
     from circuitlab.analysis.input_attribution import attribute
-    from circuitlab.atomic import atomic_write_text
+    from circuitlab.atomic import atomic_write_text, json_text
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
 
     if args.out and Path(args.out).suffix not in (".html", ".json"):
         raise CircuitlabError(f"--out {args.out}: give a file name ending in .html (tokens shaded) or .json")
+    if args.out:
+        from circuitlab.training.outputs import check_writable
+
+        check_writable(args.out, "the attribution")   # before the model is read
     model, tok, _ = load_checkpoint(args.checkpoint)
     if tok is None:
         raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         if out.suffix == ".json":
-            atomic_write_text(out, json.dumps(result.to_dict(), indent=1))
+            atomic_write_text(out, json_text(result.to_dict(), indent=1))
         else:
             atomic_write_text(out, "<!doctype html><meta charset='utf-8'><body>" + result._repr_html_() + "</body>")
         print(f"wrote {out}")

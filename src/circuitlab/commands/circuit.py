@@ -45,11 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from circuitlab.analysis.edges.discovery import check_circuit_options
     from circuitlab.errors import CircuitlabError
     from circuitlab.experiments.circuit import find_circuit, induction_rows, rows_from_texts, write_circuit_outputs
     from circuitlab.textfile import read_lines
     from circuitlab.training import load_checkpoint
-    from circuitlab.training.outputs import default_out, output_folder
+    from circuitlab.training.outputs import check_output_folder, default_out, output_folder
 
     if args.task is None and not (args.clean and args.corrupt):
         raise CircuitlabError("give --clean and --corrupt prompt files, or a built-in --task (induction)")
@@ -58,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     if args.corruption is not None and args.task is None:
         raise CircuitlabError("--corruption chooses the built-in task's corrupted rows; with prompt files, the "
                               "--corrupt file is the corruption")
+    # every option and the output folder before anything is read, run or moved
+    check_circuit_options(args.metric, args.method, args.intervention, args.refine or False)
+    out = Path(args.out) if args.out else default_out(args.checkpoint, "circuit")
+    check_output_folder(out, "circuit", overwrite=args.overwrite, is_previous=_is_circuit_output)
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     if args.task == "induction":
         data = induction_rows(model.cfg.d_vocab, half=min(10, model.cfg.n_ctx // 2),
@@ -68,13 +73,12 @@ def run(args: argparse.Namespace) -> int:
         answers = read_lines(args.answers, "answer file") if args.answers else None
         data = rows_from_texts(tokenizer, read_lines(args.clean, "clean prompt file"),
                                read_lines(args.corrupt, "corrupted prompt file"), answers)
-    out = Path(args.out) if args.out else default_out(args.checkpoint, "circuit")
-    kept = output_folder(out, "circuit", overwrite=args.overwrite, is_previous=_is_circuit_output)
-    if kept:
-        print(f"kept the earlier circuit as {kept}")
     result = find_circuit(model, data, args.metric, args.method, edges=args.edges, threshold=args.threshold,
                           greedy=args.greedy, refine=args.refine or False, intervention=args.intervention,
                           steps=args.steps, progress=not args.no_progress)
+    kept = output_folder(out, "circuit", overwrite=args.overwrite, is_previous=_is_circuit_output)
+    if kept:
+        print(f"kept the earlier circuit as {kept}")
     write_circuit_outputs(result, out)
     print("\n".join(result.summary()))
     print(f"-> {out}/results.json, {out}/report.md, {out}/report.html, {out}/circuit.svg")

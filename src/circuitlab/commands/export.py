@@ -22,7 +22,9 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.atomic import set_aside
     from circuitlab.pretrained import export_hf, export_style
     from circuitlab.training import load_checkpoint
+    from circuitlab.training.outputs import check_writable
 
+    check_writable(args.out, "the export")   # before the model is read
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     style = export_style(model.cfg, args.style)  # an unexportable model is refused before anything is moved
     kept = set_aside(Path(args.out), lambda p: (p / "config.json").is_file(), "export")

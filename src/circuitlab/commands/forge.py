@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from circuitlab.commands._args import positive_int
 
@@ -73,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return _compare(args)
     if command != "adder":
         raise CircuitlabError("choose a forge command: circuitlab forge adder --help, circuitlab forge compare --help")
+    from circuitlab.atomic import json_text
     from circuitlab.forge.adder import build_adder, parse_operand
 
     n = args.digits
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     adder = build_adder(design, n, m)
     if args.check:
         result = adder.check(samples=args.samples, seed=args.seed)
-        print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+        print(json_text(result.to_dict(), indent=2) if args.json else result)
     if args.a is not None:
         a = parse_operand(args.a, "a", n, f" (use --digits {len(args.a.strip())})")
         b = parse_operand(args.b, "b", m, f" (use --digits-b {len(args.b.strip())})")

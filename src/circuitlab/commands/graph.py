@@ -104,7 +104,14 @@ def run(args: argparse.Namespace) -> int:
                          "circuitlab graph demo")
     from circuitlab.experiments.graph import graph_experiment
     from circuitlab.graphs import Transcoders
+    from circuitlab.training.outputs import check_output_folder
 
+    if args.target is None and args.foil is not None:
+        raise InputError("--foil needs --target (the graph explains target minus foil)")
+    if args.target is not None and args.target == args.foil:
+        raise InputError(f"the foil {args.foil!r} is the target: give a different token to contrast with (or no "
+                         "--foil)")
+    check_output_folder(args.out, "graph", overwrite=args.overwrite)   # before the model is even read
     if args.planted:
         if args.checkpoint or args.transcoders:
             raise InputError("--planted uses the built-in model: drop --checkpoint/--transcoders")
@@ -134,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
                               max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
                               overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens,
                               saved_dashboards=saved, token_nodes=args.token_nodes)
+    if result.kept:
+        print(f"kept the earlier graph as {result.kept}")
     for line in result.summary:
         print(line)
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "

@@ -30,7 +30,9 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.atomic import set_aside
     from circuitlab.pretrained import load_pretrained
     from circuitlab.training.checkpoint import is_checkpoint, save_checkpoint
+    from circuitlab.training.outputs import check_writable
 
+    check_writable(args.out, "the model")   # before anything is downloaded or read
     model, tokenizer = load_pretrained(args.source, dtype=getattr(torch, args.dtype), n_ctx=args.n_ctx,
                                        tokenizer=not args.no_tokenizer, cache_dir=args.cache_dir,
                                        revision=args.revision)

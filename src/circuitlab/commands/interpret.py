@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from circuitlab.experiments.interpret import run_interpret
+    from circuitlab.training.outputs import check_writable
 
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
+    check_writable(out, "the interpret results")   # before the model is read
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
                             corrupt=args.corrupt, lens=args.lens, subject=args.subject, noise=args.noise,
                             noise_scale=args.noise_scale, noise_samples=args.noise_samples, window=args.window,

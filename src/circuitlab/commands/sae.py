@@ -6,7 +6,6 @@ function pair and one entry.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from circuitlab.checks import Number
@@ -53,6 +52,9 @@ def _run_train(args: argparse.Namespace) -> int:
     overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
     data = load_sae_config(args.config, overrides)
     out = Path(args.out or f"runs/{data['name']}")
+    from circuitlab.training.outputs import check_writable
+
+    check_writable(out, "the dictionaries")   # before an interrupted folder is tidied or the model read
     # under torchrun: one process group (gloo on the CPU, nccl on GPUs); alone nothing changes
     rank, _, device = D.setup(args.device)
     with D.rank_zero_first():  # rank 0 alone tidies an interrupted folder; then every rank sees the same one
@@ -85,7 +87,7 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from circuitlab.atomic import atomic_write_text
+    from circuitlab.atomic import atomic_write_text, json_text
     from circuitlab.data import DataConfig, build_data
     from circuitlab.dictionaries import SparseDictionary
     from circuitlab.dictionaries.metrics import evaluate, spliced_loss
@@ -129,13 +131,13 @@ def _run_eval(args: argparse.Namespace) -> int:
     print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
           f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
     if args.json:
-        atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))
+        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
     return 0
 
 
 def _eval_clt(args: argparse.Namespace) -> int:
     """sae eval for a cross-layer transcoder: per-layer reconstruction, and the model with every MLP replaced."""
-    from circuitlab.atomic import atomic_write_text
+    from circuitlab.atomic import atomic_write_text, json_text
     from circuitlab.data import DataConfig, build_data
     from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
     from circuitlab.dictionaries.clt_train import evaluate_clt
@@ -163,7 +165,7 @@ def _eval_clt(args: argparse.Namespace) -> int:
     print(f"  every MLP replaced: CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
           f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
     if args.json:
-        atomic_write_text(Path(args.json), json.dumps(metrics.to_dict(), indent=2))
+        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
     return 0
 
 

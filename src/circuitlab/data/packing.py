@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from circuitlab.atomic import atomic_write_array, atomic_write_text
+from circuitlab.atomic import atomic_write_array, atomic_write_text, json_text
 from circuitlab.data.tokenizers import Tokenizer, iter_batches
 from circuitlab.errors import CircuitlabError
 
@@ -32,7 +32,7 @@ def default_cache_dir() -> Path:
 
 def cache_key(parts: dict) -> str:
     """sha256 hex digest of `parts` (JSON-able) with sorted keys."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
+    return hashlib.sha256(json_text(parts, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -127,7 +127,7 @@ def load_or_pack(
         atomic_write_array(entry / "train.bin", train)
         atomic_write_array(entry / "val.bin", val)
         meta = {"dtype": train.dtype.name, "n_train": len(train), "n_val": len(val), "tokenizer": tokenizer.name, **key_parts}
-        atomic_write_text(entry / "meta.json", json.dumps(meta, indent=1))
+        atomic_write_text(entry / "meta.json", json_text(meta, indent=1))
     except OSError as e:
         raise CircuitlabError(f"Could not write the token cache in {root} ({e}); set cache_dir or ${CACHE_ENV} to a writable folder.") from None
     cached = load_cached(entry)

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Iterable
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import CircuitlabError, ConfigError, InputError
 
 EOS_TEXT = "<|endoftext|>"
@@ -74,7 +74,7 @@ class Tokenizer(ABC):
 
     def identity(self) -> str:
         """A string that changes whenever the token mapping changes (for cache keys)."""
-        return json.dumps(self.meta(), sort_keys=True)
+        return json_text(self.meta(), sort_keys=True)
 
     def save(self, directory: str | Path) -> None:
         save_tokenizer(self, directory)
@@ -193,7 +193,7 @@ class BPETokenizer(Tokenizer):
         return {"kind": "bpe", "vocab_size": self.vocab_size}
 
     def identity(self) -> str:
-        return json.dumps(self.meta(), sort_keys=True) + self.hf.to_str()
+        return json_text(self.meta(), sort_keys=True) + self.hf.to_str()
 
     def to_hf(self):
         from transformers import PreTrainedTokenizerFast
@@ -316,7 +316,7 @@ def save_tokenizer(tok: Tokenizer, directory: str | Path) -> None:
         atomic_write_text(directory / BPE_FILE, tok.hf.to_str())
     if isinstance(tok, HFTokenizer):
         tok.to_hf().save_pretrained(str(directory))
-    atomic_write_text(directory / META_FILE, json.dumps(tok.meta(), indent=1))  # last: marks the save complete
+    atomic_write_text(directory / META_FILE, json_text(tok.meta(), indent=1))  # last: marks the save complete
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:

@@ -18,14 +18,13 @@ CLT is saved as the JumpReLU it is at inference.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from circuitlab.atomic import atomic_dir
+from circuitlab.atomic import atomic_dir, json_text
 import circuitlab.dictionaries.clt_formats as clt_formats
 from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
@@ -270,7 +269,7 @@ def _clt_config(data: dict) -> CLTConfig:
 
 
 def _write_ours(clt: CrossLayerTranscoder, folder: Path) -> None:
-    write_own_folder(folder, clt.state_dict(), json.dumps(clt.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
+    write_own_folder(folder, clt.state_dict(), json_text(clt.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
 
 
 def _read_ours(folder: Path) -> CrossLayerTranscoder:

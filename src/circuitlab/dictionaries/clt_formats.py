@@ -36,6 +36,7 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from circuitlab.atomic import json_text
 from circuitlab.dictionaries.clt_config import CLTConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_text
@@ -194,7 +195,7 @@ def write_sparsify(clt, folder: Path) -> None:
                 "k": cfg.k, "multi_topk": False, "skip_connection": cfg.skip, "transcode": True, "n_targets": T,
                 "n_sources": i, "per_source_tied": cfg.tied, "coalesce_topk": "none", "d_in": cfg.d_model,
                 "d_out": cfg.d_model, "circuitlab": {**cfg.to_dict(), "layer": i}}
-        (sub / SP_CONFIG).write_text(json.dumps(meta, indent=2))
+        (sub / SP_CONFIG).write_text(json_text(meta, indent=2))
 
 
 def read_sparsify(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.display import Displayed
 from circuitlab.dictionaries.feature_logits import feature_logit_effects
 from circuitlab.dictionaries.splice import flatten_trailing
@@ -159,7 +159,7 @@ class FeatureDashboards(Displayed):
                 "hist_range": list(HIST_RANGE), "hist_bins": HIST_BINS, "dictionary": self.dictionary_info,
                 "token_strs": {str(k): v for k, v in self.token_strs.items()}}
         atomic_write_file(folder / TENSORS_FILE, lambda tmp: save_file(tensors, tmp))
-        atomic_write_text(folder / META_FILE, json.dumps(meta))
+        atomic_write_text(folder / META_FILE, json_text(meta))
         return folder
 
     @classmethod

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from circuitlab.atomic import json_text
 from circuitlab.errors import ConfigError
 from circuitlab.training.distributed import collective, rank_and_world
 
@@ -227,7 +228,7 @@ class ModuleParallel(_Ranks):
                     continue
                 if self.rank == owner:
                     tensors = {k: v.detach().to(self.device).contiguous() for k, v in trainer._state_tensors(j).items()}
-                    head = json.dumps({k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in tensors.items()})
+                    head = json_text({k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in tensors.items()})
                     raw = torch.frombuffer(bytearray(head.encode()), dtype=torch.uint8)
                     dist.send(torch.tensor([len(raw)], dtype=torch.long, device=self.device), 0)
                     dist.send(raw.to(self.device), 0)

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.sae import CONFIG_FILE, LOAD_ANY, WEIGHTS_FILE, SparseDictionary, check_base_model
 from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
@@ -597,7 +597,7 @@ def save_gemma_scope_2(sae: SparseDictionary, folder: str | Path, model_name: st
     folder.mkdir(parents=True, exist_ok=True)
     t = {k: v.detach().cpu().contiguous() for k, v in t.items()}
     atomic_write_file(folder / GEMMA_SCOPE_2, lambda tmp: save_file(t, tmp))
-    atomic_write_text(folder / "config.json", json.dumps(raw, indent=2))
+    atomic_write_text(folder / "config.json", json_text(raw, indent=2))
     return folder
 
 
@@ -622,7 +622,7 @@ def save_llama_scope(sae: SparseDictionary, folder: str | Path, model_name: str 
     folder = Path(folder)
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
     atomic_write_file(folder / LLAMA_SCOPE_WEIGHTS, lambda tmp: save_file(t, tmp))
-    atomic_write_text(folder / LLAMA_SCOPE, json.dumps(hp, indent=2))
+    atomic_write_text(folder / LLAMA_SCOPE, json_text(hp, indent=2))
     return folder
 
 

@@ -13,7 +13,6 @@ activations: any input scaling used in training is folded into its weights (`fol
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from circuitlab.atomic import json_text
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
 from circuitlab.errors import CircuitlabError
@@ -137,7 +137,7 @@ class SparseDictionary(DictionaryModule):
         sae = self.for_inference()
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        write_own_folder(folder, sae.state_dict(), json.dumps(sae.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
+        write_own_folder(folder, sae.state_dict(), json_text(sae.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
         return folder
 
     @classmethod
@@ -184,7 +184,7 @@ def base_model_id(model: nn.Module, name: str | None = None) -> dict[str, Any]:
     cfg = model.cfg.to_dict()
     emb = model.embed.weight.detach().flatten()[:4096].double().cpu()
     weights = hashlib.sha256(torch.round(emb * 1e4).to(torch.int64).numpy().tobytes()).hexdigest()[:16]
-    config = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    config = hashlib.sha256(json_text(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
     out = {"config_sha": config, "weights_sha": weights, "d_model": cfg["d_model"], "n_layers": cfg["n_layers"]}
     if name:
         out["name"] = str(name)
@@ -205,5 +205,12 @@ def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the 
     now = base_model_id(model)
     if (rec.get("config_sha"), rec.get("weights_sha")) != (now["config_sha"], now["weights_sha"]):
         name = rec.get("name", "another model")
+        same_shape = (rec.get("d_model"), rec.get("n_layers")) == (now["d_model"], now["n_layers"])
+        if rec.get("config_sha") != now["config_sha"]:   # say what differs: a name and shape can be shared
+            what = ("its configuration differs (same d_model and layers, another setting)" if same_shape else
+                    f"this one has d_model {now['d_model']} and {now['n_layers']} layers")
+        else:
+            what = (f"the same configuration with other weights (embedding hash {rec.get('weights_sha')} recorded, "
+                    f"{now['weights_sha']} here): another training run or checkpoint")
         raise CircuitlabError(f"{where} was trained on {name} (d_model {rec.get('d_model')}, {rec.get('n_layers')} "
-                              f"layers), not on this model; use the model it was trained on")
+                              f"layers), not on this model: {what}; use the model it was trained on")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.errors import CircuitlabError
@@ -133,5 +133,5 @@ def save_saelens(sae: SparseDictionary, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_file(folder / SAELENS_WEIGHTS, lambda tmp: save_file(tensors, tmp))
-    atomic_write_text(folder / SAELENS_CONFIG, json.dumps(cfg, indent=2))
+    atomic_write_text(folder / SAELENS_CONFIG, json_text(cfg, indent=2))
     return folder

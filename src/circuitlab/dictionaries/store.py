@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
 from circuitlab.model import model_device
@@ -279,7 +279,7 @@ def cache_activations(source: ActivationSource, folder: str | Path, n_chunks: in
         raise CircuitlabError(f"cache dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     rank, world = rank_and_world()
     folder = Path(folder)
-    desc = json.loads(json.dumps(source.describe(), default=str))
+    desc = json.loads(json_text(source.describe(), default=str))
     manifest = {"source": desc, "widths": source.widths, "dtype": dtype, "splits": {}}
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
@@ -315,12 +315,12 @@ def cache_activations(source: ActivationSource, folder: str | Path, n_chunks: in
         atomic_write_file(folder / name, lambda tmp, acts=acts: save_file(acts, tmp))
         own_split[name] = [next(iter(acts.values())).shape[0], size]
         used += size
-        atomic_write_text(folder / mine, json.dumps(own))
+        atomic_write_text(folder / mine, json_text(own))
         bar.update(world)
     bar.close()
     if capped:
         own["capped"] = True
-        atomic_write_text(folder / mine, json.dumps(own))
+        atomic_write_text(folder / mine, json_text(own))
     barrier("caching activations (a rank failed or is slower than the timeout)")
     if rank == 0:  # one index: every rank's shards, in chunk order
         for f in sorted(folder.glob("cache.rank-*.json")):
@@ -337,7 +337,7 @@ def cache_activations(source: ActivationSource, folder: str | Path, n_chunks: in
             e["shards"].sort(key=_index)
         if not manifest.get("capped"):
             manifest.pop("capped", None)
-        atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2))
+        atomic_write_text(folder / MANIFEST, json_text(manifest, indent=2))
         for f in folder.glob("cache.rank-*.json"):
             f.unlink()
     barrier("writing the activation cache index")

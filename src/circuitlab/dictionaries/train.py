@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 import circuitlab.dictionaries.clt_train as clt_train
 from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, PerItem, check_fields
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
@@ -452,7 +452,7 @@ class DictionaryTrainer:
         state = {"step": self.step, "weights": name, "store": store_state, "scales": self.scales,
                  "configs": [s.cfg.to_dict() for s in self.saes], "settings": self.settings(),
                  "world_size": self.parallel.world, "parallel": self.parallel.mode}
-        atomic_write_text(folder / STATE, json.dumps(state, indent=2))
+        atomic_write_text(folder / STATE, json_text(state, indent=2))
         for old in folder.glob("trainer-*.safetensors"):
             if old.name != name:
                 old.unlink()
@@ -573,7 +573,7 @@ class DictionaryTrainer:
                 folders.append(sae.save(out / "dictionaries" / name))
             result = DictionaryTrainResult(dictionaries, metrics, folders, self.step)
             if metrics:
-                atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
+                atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
             return result
         return DictionaryTrainResult(dictionaries, metrics, folders, self.step)
 

@@ -7,13 +7,12 @@ JSON, and the MIB layout, from a CircuitResult (analysis.edges.discovery, re-exp
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from circuitlab.analysis.edges.discovery import (INDUCTION_CORRUPTIONS, METRICS, TASKS, CircuitData, CircuitResult,
                                                  find_circuit, induction_rows, make_metric, rows_from_texts)
 from circuitlab.analysis.edges.io import save_circuit, save_mib, save_scores
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.viz.edges import circuit_svg, faithfulness_figure
 
 
@@ -26,7 +25,7 @@ def write_circuit_outputs(result: CircuitResult, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     svg = circuit_svg(result.circuit)
     atomic_write_text(out / "circuit.svg", svg)
-    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=1))
+    atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=1))
     atomic_write_text(out / "report.md", result.markdown())
     save_scores(result.scores, out / "scores.json")
     save_circuit(result.circuit, out / "circuit.json")

@@ -5,11 +5,11 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import json_text
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.training.outputs import check_output_folder, output_folder
@@ -54,6 +54,9 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
     from circuitlab.report.features import write_dashboards_report
     from circuitlab.training import load_checkpoint
 
+    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / (
+        "dashboards" if opts.layer is None else f"dashboards-layer{opts.layer}")
+    check_output_folder(folder, "dashboards", overwrite=opts.overwrite, is_previous=_is_dashboards)  # before any work
     model, tokenizer, _ = load_checkpoint(opts.checkpoint, device=opts.device)
     if tokenizer is None:
         raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it, so text cannot be encoded")
@@ -71,9 +74,6 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
         sae = SparseDictionary.load(opts.dictionary, device=opts.device, model=model)  # checked, hooks bound
     TOKENS.check(opts.n_tokens, "tokens")
     COUNT.check(opts.seq_len, "seq_len")
-    folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / (
-        "dashboards" if opts.layer is None else f"dashboards-layer{opts.layer}")
-    check_output_folder(folder, "dashboards", overwrite=opts.overwrite, is_previous=_is_dashboards)
     bad = [f for f in opts.features or [] if not 0 <= f < sae.cfg.d_sae]
     if bad:
         raise CircuitlabError(f"--features {bad} are outside the dictionary's {sae.cfg.d_sae} features")
@@ -91,7 +91,7 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
     if notes is not None:
         from circuitlab.atomic import atomic_write_text
 
-        atomic_write_text(folder / "clt_writes.json", json.dumps({"layer": layer, "write_norms": writes}))
+        atomic_write_text(folder / "clt_writes.json", json_text({"layer": layer, "write_norms": writes}))
     report = write_dashboards_report(folder, dash, opts.features, notes=notes)
     return DashboardResult(folder, report, dash.summary(), kept)
 

@@ -7,7 +7,6 @@ returns a DemoResult (results.json is its to_dict()).
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -18,12 +17,13 @@ import torch
 
 from circuitlab.analysis.heads import HeadClasses
 from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
-from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.atomic import atomic_write_text, json_text, set_aside
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
 from circuitlab.experiments.demo_budget import work_gflops
 from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
 from circuitlab.training import RunConfig, read_metrics, train
+from circuitlab.training.outputs import check_writable
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
 
@@ -90,6 +90,7 @@ class DemoResult:
 
 def run_demo(opts: DemoOptions) -> DemoResult:
     out = Path(opts.out)
+    check_writable(out, "the demo")
     kept = set_aside(out, _is_demo_output, "demo")  # an earlier demo is kept renamed; other files are refused
     if kept is not None:
         print(f"moved the previous demo to {kept}")
@@ -115,7 +116,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     gflops = (gflops_before + work_gflops()) / 2  # the machine's speed around the run, load included
     result.wall_seconds = {"training": round(train_seconds, 1), "total": round(total, 1), "gflops": round(gflops, 1),
                            f"total_at_{REFERENCE_GFLOPS:.0f}_gflops": round(scaled_seconds(total, gflops), 1)}
-    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))  # now with the times
+    atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))  # now with the times
     return result
 
 
@@ -130,7 +131,7 @@ def write_outputs(result: DemoResult, runs: dict, out: Path) -> None:
     from circuitlab.report.markdown import demo_markdown
 
     results = result.to_dict()
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json_text(results, indent=2))
     (out / "report.md").write_text(demo_markdown(results))
     data = {}
     for name, r in runs.items():

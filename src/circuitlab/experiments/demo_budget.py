@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from circuitlab.atomic import set_aside
+from circuitlab.training.outputs import check_writable
 
 
 def fresh_out(out: Path, is_output: Callable[[Path], bool], what: str) -> Path:
     """An empty out folder: an earlier `what` there (is_output says so) is kept renamed; other files are refused."""
     out = Path(out)
+    check_writable(out, f"the {what}")
     kept = set_aside(out, is_output, what)
     if kept is not None:
         print(f"moved the previous {what} to {kept}")

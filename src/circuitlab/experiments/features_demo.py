@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
 
 HOOK = "blocks.0.mlp.hook_post"
@@ -270,7 +270,7 @@ def write_features_report(result: FeaturesDemoResult, dash) -> None:
     lines += ["", "Dashboards of every feature: `circuitlab serve --checkpoint "
               f"{out / 'model'} --dictionary {result.dictionary['folder']}` (report.html shows the features above)."]
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
-    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
+    atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
     write_dashboards_report(out, dash, [f.index for f in result.features], metrics=result.metrics,
                             summary=result.summary(), notes={f.index: f.sentence() for f in result.features},
                             title="circuitlab features demo")

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from circuitlab.atomic import json_text
 from circuitlab.checks import Number
 from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
@@ -36,6 +37,7 @@ from circuitlab.forge.compare import (_all_heads, _label, addition_problems, ans
 from circuitlab.model.transformer import Transformer
 from circuitlab.perf import threads_for_work, transformer_step_flops
 from circuitlab.report.markdown import forge_compare_markdown
+from circuitlab.training.outputs import check_writable
 from circuitlab.viz.forge_compare import write_comparison_figures
 
 Head = tuple[int, int]
@@ -89,7 +91,7 @@ def _check_digits(n: Any, m: Any) -> tuple[int, int]:
 
 
 def _json_roundtrip(d: dict) -> dict:
-    return json.loads(json.dumps(d))
+    return json.loads(json_text(d))
 
 
 def train_addition_model(run: Any, out_dir: str | Path, retrain: bool = False,
@@ -358,6 +360,7 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CircuitlabError(f"--out {out} is a file; give a folder")
+    check_writable(out, "the comparison")
     out.mkdir(parents=True, exist_ok=True)
     # The threads are the run config's train.threads (1: this model is tiny), applied by perf's one rule for
     # the whole command: training, the data and the comparison's inference.
@@ -374,7 +377,7 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
                            "loss_floor": (n + m - 1) * math.log(10) / (row - 1)}
     figures = write_comparison_figures(out, results)
     results["figures"] = figures
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json_text(results, indent=2))
     (out / "report.md").write_text(forge_compare_markdown(results, figures))
     return results
 

@@ -12,7 +12,6 @@ viewer of circuitlab.viz.graph_view reading graph.json's content, with the prune
 from __future__ import annotations
 
 import html
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +19,13 @@ from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_dir
+from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_difference
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
 from circuitlab.graphs.graph import check_threshold
 from circuitlab.viz.graph_view import feature_cards, graph_view_html
-from circuitlab.training.outputs import MARKER, output_folder
+from circuitlab.training.outputs import MARKER, check_output_folder, output_folder
 
 GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
 
@@ -38,6 +37,7 @@ class GraphRun:
     summary: list[str]
     data: dict[str, Any] = field(default_factory=dict)
     out: Path | None = None
+    kept: Path | None = None    # where an earlier graph in `out` was set aside
     cards: dict[str, Any] = field(default_factory=dict)   # feature dashboards shown by the viewer
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,16 +60,20 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. The report's feature
     cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
     they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none). token_nodes: see
-    graphs.attribute ("W_E": circuit-tracer's token nodes)."""
+    graphs.attribute ("W_E": circuit-tracer's token nodes).
+    Every argument and the output folder are checked before any work (the output policy of
+    training.outputs); an earlier graph in `out` is set aside (run.kept says where) only once the new one
+    is ready."""
+    from circuitlab.errors import InputError
     from circuitlab.experiments.dashboards import CARD_TOKENS
 
     dashboard_tokens = CARD_TOKENS.check(dashboard_tokens, "dashboard_tokens")
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
+    if out is not None:
+        check_output_folder(out, "graph", overwrite=overwrite)
     ids = tokenizer.encode(prompt)
     if not ids:
-        from circuitlab.errors import InputError
-
         raise InputError("the prompt is empty: give some text whose next token the graph explains")
     targets = None
     if target is not None:
@@ -77,8 +81,6 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
         targets = [t] if foil is None else [logit_difference(tokenizer, t, tokenizer.token_id(foil, "foil"),
                                                              model.cfg.d_vocab)]
     elif foil is not None:
-        from circuitlab.errors import InputError
-
         raise InputError("--foil needs --target (the graph explains target minus foil)")
     graph = attribute(model, transcoders, torch.tensor(ids), targets=targets, max_n_logits=max_n_logits,
                       desired_logit_prob=desired_logit_prob, batch_size=batch_size,
@@ -103,7 +105,8 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                    f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
     data = {"prompt": prompt, "graph": s, "top_paths": [{"strength": p["strength"], "words": p["words"]}
                                                          for p in paths],
-            "transcoders": graph.transcoders, "token_nodes": graph.token_nodes, "timings_s": info["seconds"],
+            "transcoders": graph.transcoders, "token_nodes": graph.token_nodes, "identity": graph.identity,
+            "timings_s": info["seconds"],
             "memory": {"adjacency_mb": info.get("adjacency_mb"), "attribution_peak_mb": info.get("peak_mb")}}
     run = GraphRun(graph, pruned, summary, data)
     if dashboard_tokens or saved_dashboards:
@@ -118,22 +121,22 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     """Write every file of the run into `out` (the output-folder policy: an earlier graph folder is set aside,
     or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
     data = neuronpedia_json(run.graph, run.pruned, slug=slug)
-    viewer = json.dumps(data)
+    viewer = json_text(data)
     svg = graph_svg(run.graph, run.pruned)
     view = graph_view_html(data, features=run.cards, fallback=svg)
-    output_folder(out, "graph", overwrite=overwrite)
+    run.kept = output_folder(out, "graph", overwrite=overwrite)
     marker = (out / MARKER).read_text()
     with atomic_dir(out) as tmp:
         (tmp / MARKER).write_text(marker)
         run.graph.save(tmp / GRAPH_DIR)
         (tmp / VIEWER_JSON).write_text(viewer)
         # what circuit-tracer's local viewer lists (`circuit-tracer start-server --graph_file_dir OUT`)
-        (tmp / "graph-metadata.json").write_text(json.dumps({"graphs": [data["metadata"]]}))
+        (tmp / "graph-metadata.json").write_text(json_text({"graphs": [data["metadata"]]}))
         (tmp / SVG).write_text(svg)
         sizes = {"viewer_json_kb": len(viewer.encode()) / 1024,
                  "graph_safetensors_kb": (tmp / GRAPH_DIR / "graph.safetensors").stat().st_size / 1024}
         run.data["files"] = sizes
-        (tmp / "results.json").write_text(json.dumps(run.to_dict(), indent=1))
+        (tmp / "results.json").write_text(json_text(run.to_dict(), indent=1))
         (tmp / "report.md").write_text(_markdown(run))
         (tmp / "report.html").write_text(_html(run, view))
     return out

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
 
@@ -596,7 +596,7 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
               f"{g.token_share['focus']:.3f} | {g.ablation.p_model:.3f} | {g.ablation.p_control:.3f} | "
               f"{'yes' if g.ablation.confirms else 'no'} |" for g in result.graphs]
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
-    atomic_write_text(out / "results.json", json.dumps(result.to_dict(), indent=2))
+    atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
     atomic_write_text(out / "report.html", report_html(result))
 
 

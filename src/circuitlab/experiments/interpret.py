@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuitlab.atomic import atomic_dir, set_aside
+from circuitlab.atomic import atomic_dir, json_text, set_aside
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
 
@@ -98,7 +98,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         for name in names:
             result.results[name] = table[name](model, tokenizer, tmp, opts)
         results = result.to_dict()
-        (tmp / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        (tmp / "results.json").write_text(json_text(results, indent=2, default=str))
         (tmp / "report.md").write_text(interpret_markdown(results))
         write_interpret_report(tmp, results, model, tokenizer)  # report.html
     return result

@@ -60,13 +60,14 @@ def train_lens(opts: LensTrainOptions) -> LensTrainResult:
                                                 story_batches, train_tuned_lens)
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
-    from circuitlab.training.outputs import default_out, inside_checkpoint
+    from circuitlab.training.outputs import check_writable, default_out, inside_checkpoint
 
     out = Path(opts.out) if opts.out else default_lens_dir(opts.checkpoint)
     ckpt = inside_checkpoint(out)
     if ckpt is not None:  # a checkpoint save replaces its folder as a whole: the lens would be lost
         raise CircuitlabError(f"{out} is inside the checkpoint folder {ckpt}; give another --out "
                               f"(e.g. {default_out(ckpt, 'tuned_lens')})")
+    check_writable(out, "the tuned lens")
     state = out / STATE_FILE
     if opts.resume and not state.is_file():
         raise CircuitlabError(f"nothing to resume in {out} (no {STATE_FILE})")

@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import json_text
+
 def is_sae_run(folder: Path) -> bool:
     """Our own earlier output (also one written before output folders were marked)."""
     from circuitlab.dictionaries.train import CHECKPOINT
@@ -156,7 +158,7 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
     from circuitlab.dictionaries.train import PER_DICTIONARY, DictionaryTrainer, DictTrainConfig
     from circuitlab.errors import CircuitlabError, ConfigError
     from circuitlab.training import load_checkpoint
-    from circuitlab.training.outputs import output_folder
+    from circuitlab.training.outputs import check_output_folder, output_folder
 
     train = DictTrainConfig.from_dict(data.get("train") or {})
     store_cfg = _store_settings(data.get("store") or {})
@@ -184,6 +186,8 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         if bad:
             raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
 
+    if not resume:   # refused now what output_folder would refuse later, before the model is read or data cached
+        check_output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
     model, tokenizer, _ = load_checkpoint(str(data["model"]))
     if tokenizer is None:
         raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
@@ -249,5 +253,5 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
               f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}), KL {s.kl:.4f}")
     from circuitlab.atomic import atomic_write_text
 
-    atomic_write_text(out / "results.json", json.dumps(summary, indent=2))
+    atomic_write_text(out / "results.json", json_text(summary, indent=2))
     return summary

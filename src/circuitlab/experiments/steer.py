@@ -7,7 +7,6 @@ neutral text, a word counted in steered generations), and its files (steering.js
 """
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.steering import SteeringSweep, SteeringVector, contrast_direction, steering_sweep
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, INT, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_lines
@@ -164,7 +163,7 @@ def write_steer_outputs(result: SteerResult, out: Path, title: str) -> None:
     from circuitlab.viz.steering import steering_figure
 
     data = result.to_dict()
-    atomic_write_text(out / "steering.json", json.dumps(data, indent=1))
+    atomic_write_text(out / "steering.json", json_text(data, indent=1))
     steering_figure(result.sweep).save_png(out / "steering.png")
     write_steering_report(out, data, title)
 

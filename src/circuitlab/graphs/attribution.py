@@ -35,7 +35,7 @@ from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, check_token_nodes, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
-from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
 
@@ -144,7 +144,11 @@ def named_logit_targets(logits: torch.Tensor, targets: Sequence[Any], tokenizer:
 
 
 def logit_difference(tokenizer: Any, token: int, foil: int, d_vocab: int) -> LogitTarget:
-    """The direction logit[token] - logit[foil] as one logit node (weight 1)."""
+    """The direction logit[token] - logit[foil] as one logit node (weight 1); the same token twice is refused
+    (the difference is zero: the graph would explain nothing)."""
+    if int(token) == int(foil):
+        raise InputError(f"the foil {_token_label(tokenizer, foil)!r} is the target: give a different token to "
+                         "contrast with (or no foil)")
     vec = torch.zeros(d_vocab)
     vec[token], vec[foil] = 1.0, -1.0
     return LogitTarget(f"{_token_label(tokenizer, token)} - {_token_label(tokenizer, foil)}", vec, 1.0)
@@ -438,7 +442,8 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                  selected=selected, adjacency=adjacency, logit_labels=[t.label for t in logit_targets],
                  logit_tokens=torch.tensor([t.token for t in logit_targets], dtype=torch.long),
                  logit_weights=weights, n_layers=L, bos=bos, token_strs=token_strs, prompt=prompt,
-                 transcoders=transcoders.describe(), info=info, token_nodes=token_nodes)
+                 transcoders=transcoders.describe(), info=info, token_nodes=token_nodes,
+                 identity=made_with(model, transcoders))
 
 
 @torch.no_grad()

@@ -14,18 +14,20 @@ Beyond circuit-tracer's fields (viewers ignore unknown ones), for circuitlab's v
 page by Graph.prune's own rule: every node and link carries `influence_before`, the share of all node
 (edge) influence held by the nodes (edges) strictly more influential than it, so that it is kept at
 threshold t exactly when influence_before < t (edges: scored on the nodes kept at the file's node
-threshold, as prune scores them); `metadata` carries both thresholds and the scores. `qParams` holds
+threshold, as prune scores them); `metadata` carries both thresholds, the scores and `identity`, what the
+graph was made with (graphs.transcoders.made_with: model and transcoder hashes). `qParams` holds
 Neuronpedia's `pinnedIds` [node_id] and `supernodes` [[name, node_id, ...]], written back by the viewer.
 """
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
+from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, Pruned, edge_influence, node_influence, threshold_for
 
 
@@ -108,7 +110,8 @@ def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: st
     metadata = {"slug": slug, "scan": scan, "transcoder_list": [], "prompt_tokens": tokens,
                 "prompt": graph.prompt if graph.prompt is not None else "".join(tokens),
                 "node_threshold": pruned.node_threshold, "edge_threshold": pruned.edge_threshold,
-                "n_layers": graph.n_layers, "scores": graph.scores(), "schema_version": 1}
+                "n_layers": graph.n_layers, "scores": graph.scores(), "schema_version": 1,
+                "identity": graph.identity}
     qparams = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": qparams, "nodes": used, "links": links}
 
@@ -118,7 +121,7 @@ def write_neuronpedia(graph: Graph, path: str | Path, pruned: Pruned | None = No
     """Write the viewer's JSON (atomically); pruned defaults to graph.prune() with the default thresholds."""
     pruned = pruned if pruned is not None else graph.prune()
     path = Path(path)
-    atomic_write_text(path, json.dumps(neuronpedia_json(graph, pruned, slug, scan)))
+    atomic_write_text(path, json_text(neuronpedia_json(graph, pruned, slug, scan)))
     return path
 
 
@@ -146,3 +149,74 @@ def reprune(data: dict[str, Any], node_threshold: float, edge_threshold: float) 
         if keep == nodes:
             return [n["node_id"] for n in data["nodes"] if n["node_id"] in nodes], links
         nodes = keep
+
+
+# ---------------------------------------------------------------------------- reading a viewer file back
+
+FEATURE, ERROR, TOKEN, LOGIT = "cross layer transcoder", "mlp reconstruction error", "embedding", "logit"
+
+
+def check_viewer_json(data: Any, where: str) -> dict[str, Any]:
+    """Refuse, in one line naming the first fault, a viewer file that is not what neuronpedia_json writes in
+    the parts a reader relies on (the explorer: listing, re-pruning, qParams, interventions, feature cards):
+    metadata, qParams, nodes and links of the right types; unique string node ids; a feature node's id
+    "{layer}_{feature}_{pos}" agreeing with its layer and ctx_idx; token nodes "E_{token}_{pos}" covering
+    positions 0..n-1 once each; logit nodes with a whole-number feature (their token) and finite token_prob;
+    links between listed nodes with finite weights. Returns data (unchanged)."""
+    def bad(what: str) -> InputError:
+        return InputError(f"{where} is not a graph file circuitlab can read: {what}; write it again with "
+                          "`circuitlab graph`")
+
+    def whole(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    def finite(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not isinstance(data, dict):
+        raise bad(f"the file holds a {type(data).__name__}, not an object")
+    for key, kind in (("metadata", dict), ("nodes", list), ("links", list)):
+        if not isinstance(data.get(key), kind):
+            raise bad(f"`{key}` is missing" if key not in data else f"`{key}` is not a{'' if kind is list else 'n'} "
+                      f"{'list' if kind is list else 'object'}")
+    q = data.get("qParams", {})
+    if not isinstance(q, dict) or not isinstance(q.get("pinnedIds", []), list) \
+            or not all(isinstance(i, str) for i in q.get("pinnedIds", [])) \
+            or not isinstance(q.get("supernodes", []), list) \
+            or not all(isinstance(s, list) and all(isinstance(i, str) for i in s) for s in q.get("supernodes", [])):
+        raise bad("`qParams` is not {pinnedIds: [id], supernodes: [[name, id, ...]]}")
+    identity = data["metadata"].get("identity")
+    if identity is not None and not isinstance(identity, dict):
+        raise bad("`metadata.identity` is not an object")
+    ids: set[str] = set()
+    positions: list[int] = []
+    for k, n in enumerate(data["nodes"]):
+        if not isinstance(n, dict):
+            raise bad(f"node {k} is not an object")
+        node_id, kind, pos = n.get("node_id"), n.get("feature_type"), n.get("ctx_idx")
+        if not isinstance(node_id, str) or not node_id or node_id in ids:
+            raise bad(f"node {k} has {'a repeated' if node_id in ids else 'no'} node_id")
+        ids.add(node_id)
+        if not isinstance(kind, str) or not whole(pos) or pos < 0:
+            raise bad(f"node {node_id[:60]!r} lacks a feature_type or a whole-number ctx_idx >= 0")
+        parts = node_id.split("_")
+        if kind == FEATURE:
+            nums = [int(p) if p.isdigit() else None for p in parts]
+            if len(parts) != 3 or None in nums or str(n.get("layer")) != parts[0] or nums[2] != pos:
+                raise bad(f"feature node {node_id[:60]!r} is not {{layer}}_{{feature}}_{{pos}} agreeing with its "
+                          "layer and ctx_idx")
+        elif kind == TOKEN:
+            if len(parts) != 3 or parts[0] != "E" or not parts[1].isdigit() or parts[2] != str(pos):
+                raise bad(f"token node {node_id[:60]!r} is not E_{{token}}_{{pos}} agreeing with its ctx_idx")
+            positions.append(pos)
+        elif kind == LOGIT:
+            if not whole(n.get("feature")) or not finite(n.get("token_prob", 0.0)) \
+                    or not isinstance(n.get("clerp", ""), str):
+                raise bad(f"logit node {node_id[:60]!r} lacks a whole-number feature or a finite token_prob")
+    if sorted(positions) != list(range(len(positions))):
+        raise bad("the token nodes do not cover positions 0..n-1 once each")
+    for k, link in enumerate(data["links"]):
+        if not isinstance(link, dict) or link.get("source") not in ids or link.get("target") not in ids \
+                or not finite(link.get("weight")):
+            raise bad(f"link {k} is not {{source, target: node ids of the file, weight: a finite number}}")
+    return data

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_dir
+from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
@@ -149,6 +149,7 @@ class Graph(Displayed):
     transcoders: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     token_nodes: str = "embedding"
+    identity: dict[str, Any] | None = None   # the model and transcoders it was made with (transcoders.made_with)
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ node bookkeeping
@@ -365,7 +366,7 @@ class Graph(Displayed):
         return {"format": FORMAT, "n_layers": self.n_layers, "bos": self.bos, "token_nodes": self.token_nodes,
                 "prompt": self.prompt,
                 "token_strs": self.token_strs, "logit_labels": self.logit_labels, "transcoders": self.transcoders,
-                "info": self.info, "summary": self.summary()}
+                "identity": self.identity, "info": self.info, "summary": self.summary()}
 
     def __repr__(self) -> str:
         return (f"Graph({self.n_pos} positions, {self.n_features} feature nodes of {len(self.active_features)} "
@@ -388,7 +389,7 @@ class Graph(Displayed):
         meta = self.to_dict()
         with atomic_dir(Path(folder)) as tmp:
             save_file(tensors, str(tmp / TENSORS), metadata={"format": FORMAT})
-            (tmp / META).write_text(json.dumps(meta, indent=1))
+            (tmp / META).write_text(json_text(meta, indent=1))
         return Path(folder)
 
     @classmethod
@@ -408,7 +409,8 @@ class Graph(Displayed):
                        bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
                        transcoders=meta["transcoders"], info=meta["info"],
                        token_nodes=check_token_nodes(meta.get("token_nodes", "embedding"),   # older files: embedding
-                                                     f"{folder / META}'s token_nodes"))
+                                                     f"{folder / META}'s token_nodes"),
+                       identity=meta.get("identity"))
         except CircuitlabError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to write again

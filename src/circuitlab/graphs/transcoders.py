@@ -13,17 +13,19 @@ goes through this class, so both kinds work everywhere.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
+from circuitlab.dictionaries.sae import SparseDictionary, base_model_id, check_base_model
 from circuitlab.errors import CircuitlabError, InputError
 
 MLP_OUT = "blocks.{}.hook_mlp_out"
 MLP_OUT_BEFORE_NORM = "blocks.{}.mlp.hook_out"   # before a post-MLP norm (circuit-tracer's mlp.hook_out)
+SAMPLE = 4096   # entries of each tensor an identity hashes: every tensor is read, none in full
 
 
 def _layer_of(hook: str) -> int | None:
@@ -178,7 +180,8 @@ class Transcoders:
 
     def to(self, dtype: torch.dtype) -> "Transcoders":
         """A copy with every dictionary in dtype (float64 for exact checks)."""
-        return Transcoders(self.n_layers, self.d_model, {k: v.to(dtype) for k, v in self._dicts.items()})
+        return Transcoders(self.n_layers, self.d_model,   # Module.to works in place: copy first
+                           {k: copy.deepcopy(v).to(dtype) for k, v in self._dicts.items()})
 
     @classmethod
     def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
@@ -204,6 +207,23 @@ class Transcoders:
         return (f"{len(self.layers)} per-layer {first.architecture} transcoders (d_sae {first.d_sae}, reading "
                 f"{first.hook_name.split('.', 2)[-1]}{', with skip' if first.skip else ''})")
 
+    def modules(self) -> dict[str, Any]:
+        """{name: dictionary module} of every dictionary this set reads (for its identity)."""
+        return {f"layer{k}": v for k, v in self._dicts.items()}
+
+    def identity(self) -> dict[str, Any]:
+        """What identifies these transcoders for a graph made with them: a hash of every weight (a strided
+        sample of each tensor, as float32: a float64 or half-precision copy of float32 weights hashes alike)
+        and the shapes."""
+        h = hashlib.sha256()
+        for name, module in sorted(self.modules().items()):
+            for key, t in sorted(module.state_dict().items()):
+                flat = t.detach().flatten()
+                sample = flat[::max(1, len(flat) // SAMPLE)][:SAMPLE].to(torch.float32).cpu()
+                h.update(f"{name}.{key}:{tuple(t.shape)}:".encode())
+                h.update(sample.numpy().tobytes())
+        return {"weights_sha": h.hexdigest()[:16], "layers": list(self.layers), "describe": self.describe()}
+
     def check_model(self, model: Any) -> None:
         if model.cfg.n_layers != self.n_layers or model.cfg.d_model != self.d_model:
             raise CircuitlabError(f"these transcoders are for a model of {self.n_layers} layers and d_model "
@@ -222,6 +242,9 @@ class CrossLayerTranscoders(Transcoders):
 
     def has(self, layer: int) -> bool:
         return 0 <= layer < self.n_layers
+
+    def modules(self) -> dict[str, Any]:
+        return {"clt": self.clt}
 
     def dictionary(self, layer: int) -> Any:
         return self.clt
@@ -270,3 +293,43 @@ class CrossLayerTranscoders(Transcoders):
         c = self.clt.cfg
         return (f"a {c.architecture} cross-layer transcoder over {c.n_layers} layers (d_sae {c.d_sae} per layer"
                 f"{', with skip' if c.skip else ''})")
+
+
+# ---------------------------------------------------------------------------- what a graph was made with
+
+def made_with(model: Any, transcoders: Transcoders) -> dict[str, Any]:
+    """The identity a graph records of the model and transcoders it was made with: {"model":
+    dictionaries.base_model_id (config and weights hashes, d_model, n_layers), "transcoders":
+    Transcoders.identity()}."""
+    return {"model": base_model_id(model, getattr(model.cfg, "name", "") or None),
+            "transcoders": transcoders.identity()}
+
+
+def differs(recorded: Any, now: dict[str, Any]) -> str | None:
+    """What differs between a graph's recorded identity and made_with(...) of what is loaded, in words
+    ("another model: ...", "other transcoders: ..."), "unrecorded" when the graph records none, or None."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("model"), dict) \
+            or not isinstance(recorded.get("transcoders"), dict):
+        return "unrecorded"
+    rec = {k: _short(v) for k, v in recorded["model"].items()}   # read from a file: shown, never trusted
+    cur = now["model"]
+    shape = f"d_model {cur['d_model']}, {cur['n_layers']} layers"
+    if rec.get("config_sha") != cur["config_sha"]:
+        name = f" ({rec['name']})" if rec.get("name") else ""
+        if (rec.get("d_model"), rec.get("n_layers")) != (cur["d_model"], cur["n_layers"]):
+            return (f"another model: the graph's{name} has d_model {rec.get('d_model')} and {rec.get('n_layers')} "
+                    f"layers, the loaded one {shape}")
+        return f"another model: the graph's{name} has the same shape ({shape}) but another configuration"
+    if rec.get("weights_sha") != cur["weights_sha"]:
+        return (f"another model: the same configuration ({shape}) with other weights (weights hash "
+                f"{_short(rec.get('weights_sha'))} recorded, {cur['weights_sha']} loaded)")
+    rt, ct = {k: _short(v) for k, v in recorded["transcoders"].items()}, now["transcoders"]
+    if rt.get("weights_sha") != ct["weights_sha"]:
+        return (f"other transcoders: the graph's are {rt.get('describe') or 'not described'} (weights hash "
+                f"{rt.get('weights_sha')}), the loaded ones {ct['describe']} ({ct['weights_sha']})")
+    return None
+
+
+def _short(value: Any) -> Any:
+    """A recorded value as shown in a message: numbers as they are, anything else as text of at most 80 chars."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)[:80]

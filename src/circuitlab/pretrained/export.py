@@ -12,7 +12,6 @@ gives back m's weights exactly.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from circuitlab.atomic import atomic_dir
+from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
@@ -189,7 +188,7 @@ def export_hf(model: Transformer, out_dir: str | os.PathLike, tokenizer=None, st
                       stacklevel=2)
     with atomic_dir(out_dir) as tmp:  # the whole folder at once: no mix of an earlier export's files
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(_hf_config(cfg, style, model.embed.weight.dtype, tokenizer),
+        (tmp / "config.json").write_text(json_text(_hf_config(cfg, style, model.embed.weight.dtype, tokenizer),
                                                     indent=2))
         if hf_tokenizer is not None:
             hf_tokenizer.save_pretrained(str(tmp))

@@ -7,14 +7,13 @@ package), every figure as its JSON plus a Plotly.newPlot call, plain CSS, no net
 from __future__ import annotations
 
 import html
-import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 
 REPORT_FILE = "report.html"
 
@@ -161,7 +160,7 @@ def details(summary: str, body_html: str) -> str:
 
 
 def json_block(data: Any) -> str:
-    return f"<pre>{esc(json.dumps(data, indent=2, default=str))}</pre>"
+    return f"<pre>{esc(json_text(data, indent=2, default=str))}</pre>"
 
 
 # ---------------------------------------------------------------------------- figures and pages
@@ -173,7 +172,7 @@ def figure_html(fig, div_id: str) -> str:
     if hasattr(fig, "to_plotly"):
         fig = fig.to_plotly()
     data = fig.to_json()  # {"data", "layout"}; numeric arrays as compact base64 typed arrays
-    config = json.dumps({"responsive": True, "displaylogo": False})
+    config = json_text({"responsive": True, "displaylogo": False})
     # "</" inside JSON would end the script element early.
     data = data.replace("</", "<\\/")
     return (f'<div class="figure"><div id="{div_id}"></div></div>\n'

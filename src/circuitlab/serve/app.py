@@ -26,7 +26,6 @@ with a JSON 500 (and logged), never an HTML page or a stack trace.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 from pathlib import Path
@@ -38,6 +37,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from circuitlab.atomic import json_text
 from circuitlab.errors import CircuitlabError
 import circuitlab.serve.prompt as prompt_page
 
@@ -101,7 +101,7 @@ class AdderRequest(BaseModel):
 
 
 def _json_bytes(status: int, detail: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps({"detail": detail}).encode()
+    body = json_text({"detail": detail}).encode()
     return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
 
 
@@ -302,7 +302,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        detail = exc.detail if isinstance(exc.detail, str) else json_text(exc.detail)
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

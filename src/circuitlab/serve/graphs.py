@@ -12,7 +12,11 @@ dicts; add_graph_routes puts them on the app.
 
 A graph is named by its folder relative to the runs folder, and looked up in a fresh listing of that
 folder: no name from a request is ever joined to a path. Interventions, feature cards and new graphs need
-the model (--checkpoint) and its transcoders (--transcoders); listing and viewing do not.
+the model (--checkpoint) and its transcoders (--transcoders); listing and viewing do not. Every graph file
+read is checked (graphs.export.check_viewer_json): a malformed one is a 422 naming its fault. Interventions
+and feature cards run only on a graph whose recorded identity (metadata.identity: hashes of the model and
+transcoders it was made with) is that of the loaded ones: another model or transcoders, or a graph that
+records none, is a 409 saying which; the listing says the same of each graph (made_with).
 """
 from __future__ import annotations
 
@@ -25,10 +29,12 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, SHARE, Number
 from circuitlab.errors import CircuitlabError
+from circuitlab.graphs.export import FEATURE, check_viewer_json
 from circuitlab.graphs.graph import TOKEN_NODES
+from circuitlab.graphs.transcoders import differs, made_with
 from circuitlab.viz.graph_view import feature_cards
 
 MAX_GRAPHS = 500            # folders listed
@@ -80,6 +86,23 @@ class ComputeRequest(BaseModel):
         default="embedding", description="token nodes: the whole embedding, or W_E[token] alone (circuit-tracer's)")
 
 
+class NotMadeWith(CircuitlabError):
+    """The graph was made with another model or transcoders than the loaded ones, or records none (409)."""
+
+
+def _load_json(path: Path) -> Any:
+    """A graph file's JSON; NaN / Infinity (files written before JSON was strict) read as null."""
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=lambda _: None)
+
+
+def _count(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _score(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
 def _ids(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n["node_id"]: n for n in data["nodes"]}
 
@@ -93,6 +116,7 @@ class GraphBrowser:
         self.runner = runner   # experiments.graph.graph_experiment (given by the command: serve sits below it)
         self._cards: dict[tuple[str, float, int], dict[str, Any]] = {}
         self._replacement: tuple[tuple[int, ...], Any] | None = None
+        self._made_with: dict[str, Any] | None = None
         self._write = threading.Lock()
 
     # ------------------------------------------------------------------ listing and files
@@ -127,25 +151,48 @@ class GraphBrowser:
     def _read(self, graph_id: str) -> tuple[Path, dict[str, Any]]:
         folder = self._folder(graph_id)
         try:
-            data = json.loads((folder / "graph.json").read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            data = _load_json(folder / "graph.json")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise CircuitlabError(f"{graph_id}/graph.json cannot be read ({type(e).__name__}); "
                                   "write it again with `circuitlab graph`") from None
-        if not isinstance(data, dict) or not {"metadata", "nodes", "links"} <= set(data):
-            raise CircuitlabError(f"{graph_id}/graph.json is not a graph viewer file (metadata, nodes, links)")
-        return folder, data
+        return folder, check_viewer_json(data, f"{graph_id[:200]}/graph.json")
+
+    def identity(self) -> dict[str, Any]:
+        """made_with(...) of the loaded model and transcoders (computed once)."""
+        if self._made_with is None:
+            self._made_with = made_with(self.model, self.tc)
+        return self._made_with
+
+    def _check_made_with(self, graph_id: str, data: dict[str, Any]) -> None:
+        """Refuse a graph made with other weights than the loaded ones (or that cannot tell): its node ids,
+        tokens and features would be read against a model they do not belong to."""
+        d = differs(data["metadata"].get("identity"), self.identity())
+        if d == "unrecorded":
+            raise NotMadeWith(f"graph {graph_id[:200]!r} records no identity of the model and transcoders it was "
+                              "made with (written before circuitlab recorded one, or by another tool), so it cannot "
+                              "be checked against the loaded ones: make it again with `circuitlab graph` to "
+                              "intervene on it (viewing it needs nothing)")
+        if d is not None:
+            raise NotMadeWith(f"graph {graph_id[:200]!r} was made with {d}; serve the model and transcoders it was "
+                              "made with (--checkpoint, --transcoders) to intervene on it")
 
     def list_graphs(self) -> dict[str, Any]:
         out = []
         for graph_id, folder in self._folders().items():
             try:
-                results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+                results = _load_json(folder / "results.json")
                 g = results.get("graph", {})
-                out.append({"id": graph_id, "prompt": results.get("prompt"), "nodes": g.get("pruned", {}).get("nodes"),
-                            "edges": g.get("pruned", {}).get("edges"), "replacement_score": g.get("replacement_score"),
-                            "completeness_score": g.get("completeness_score"),
+                pruned = g.get("pruned", {})
+                made = None
+                if self.can_run():
+                    made = differs(results.get("identity"), self.identity()) or "the loaded model and transcoders"
+                prompt = results.get("prompt")
+                out.append({"id": graph_id, "prompt": prompt[:1000] if isinstance(prompt, str) else None,
+                            "nodes": _count(pruned.get("nodes")), "edges": _count(pruned.get("edges")),
+                            "replacement_score": _score(g.get("replacement_score")),
+                            "completeness_score": _score(g.get("completeness_score")), "made_with": made,
                             "modified": (folder / "graph.json").stat().st_mtime})
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
                 out.append({"id": graph_id, "prompt": None, "error": "results.json cannot be read"})
         out.sort(key=lambda g: -(g.get("modified") or 0))
         return {"root": self.root.name if self.root else None, "graphs": out, "can_compute": self.can_run(),
@@ -166,7 +213,7 @@ class GraphBrowser:
             for s in supernodes:
                 if len(s) < 2 or not s[0].strip() or len(s[0]) > MAX_NAME:
                     raise CircuitlabError(f"a supernode is [name, node_id, ...] with a name of 1 to {MAX_NAME} "
-                                          f"characters and at least one node, got {json.dumps(s)[:120]}")
+                                          f"characters and at least one node, got {json_text(s)[:120]}")
                 unknown += [i for i in s[1:] if i not in ids]
             if unknown:
                 raise CircuitlabError(f"unknown node id(s) {', '.join(repr(u[:60]) for u in unknown[:5])} in "
@@ -174,7 +221,7 @@ class GraphBrowser:
             q = data.setdefault("qParams", {})
             q["pinnedIds"] = list(dict.fromkeys(pinned))
             q["supernodes"] = [[s[0].strip(), *dict.fromkeys(s[1:])] for s in supernodes]
-            atomic_write_text(folder / "graph.json", json.dumps(data))
+            atomic_write_text(folder / "graph.json", json_text(data))
             return {"id": graph_id, "pinnedIds": q["pinnedIds"], "supernodes": q["supernodes"]}
 
     # ------------------------------------------------------------------ model work
@@ -204,7 +251,7 @@ class GraphBrowser:
             n = ids.get(i)
             if n is None:
                 raise CircuitlabError(f"unknown node id {i[:60]!r}: not a node of this graph")
-            if n.get("feature_type") != "cross layer transcoder":
+            if n.get("feature_type") != FEATURE:
                 raise CircuitlabError(f"node {i!r} is a {n.get('feature_type')} node; only feature nodes can be scaled")
             layer, feature, pos = (int(x) for x in i.split("_"))
             if not self.tc.has(layer) or not 0 <= feature < self.tc.d_sae(layer):
@@ -219,8 +266,9 @@ class GraphBrowser:
         graph on first use (CARD_TOKENS held-out story tokens); then cached."""
         self._need()
         folder, data = self._read(graph_id)
+        self._check_made_with(graph_id, data)
         feats = sorted({int(n["node_id"].split("_")[1]) for n in data["nodes"]
-                        if n.get("feature_type") == "cross layer transcoder" and int(n["layer"]) == layer})
+                        if n.get("feature_type") == FEATURE and n["node_id"].split("_")[0] == str(layer)})
         if feature not in feats:
             raise CircuitlabError(f"feature {feature} of layer {layer} is not a node of graph {graph_id!r}")
         key = (graph_id, (folder / "graph.json").stat().st_mtime, layer)
@@ -249,6 +297,7 @@ class GraphBrowser:
         if not node_ids:
             raise CircuitlabError("choose at least one feature node to intervene on")
         _, data = self._read(graph_id)
+        self._check_made_with(graph_id, data)
         feats = self._feature_nodes(data, node_ids)
         rm = self._replacement_model(self._tokens(data))
         ivs = [Intervention(layer=layer, feature=f, scale=scale, pos=pos) for layer, f, pos in feats]
@@ -308,7 +357,7 @@ def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, p
             return fn(*args)
         except LookupError as e:
             raise HTTPException(404, str(e)) from None
-        except PermissionError as e:
+        except (PermissionError, NotMadeWith) as e:
             raise HTTPException(409, str(e)) from None
 
     @app.get("/graphs", include_in_schema=False)

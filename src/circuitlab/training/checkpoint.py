@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_dir, old_copy
+from circuitlab.atomic import atomic_dir, json_text, old_copy
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
@@ -66,9 +66,9 @@ def save_checkpoint(directory: str | Path, model: Transformer, tokenizer=None, r
             if torch.cuda.is_available():
                 rng["cuda_rng"] = torch.cuda.get_rng_state()
             save_file(rng, str(tmp / RNG_FILE))
-            (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
+            (tmp / STATE_FILE).write_text(json_text(state, indent=2))
         meta = {**(extra or {}), "model": model.cfg.to_dict(), "run": run_config or {}, "format": FORMAT}
-        (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+        (tmp / CONFIG_FILE).write_text(json_text(meta, indent=2))
     return directory
 
 

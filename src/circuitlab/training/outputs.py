@@ -18,12 +18,15 @@ call output_folder only for a fresh start.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from circuitlab.atomic import atomic_write_text, set_aside
+from circuitlab.atomic import atomic_write_text, json_text, set_aside
 from circuitlab.errors import CircuitlabError, command_line
 from circuitlab.training.checkpoint import is_checkpoint
 
@@ -66,6 +69,7 @@ def _plan(out: Path, kind: str, overwrite: bool, keep_previous: bool,
                               f"whole; give another {option} (e.g. {default_out(ckpt, kind)})")
     if out.exists() and not out.is_dir():
         raise CircuitlabError(f"{out} is a file; give a folder for the {kind} output ({option})")
+    check_writable(out, f"the {kind} output", option)
     held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if not held or (held == [MARKER] and output_kind(out) == kind):
         return "fresh"  # absent, empty, or an earlier run of ours that stopped before writing anything
@@ -79,6 +83,27 @@ def _plan(out: Path, kind: str, overwrite: bool, keep_previous: bool,
         raise CircuitlabError(f"{out} already holds a {kind} output: pass --overwrite to replace it, "
                               f"or give another {option}")
     return "set aside"
+
+
+def check_writable(out: str | Path, what: str, option: str = "--out") -> None:
+    """Refuse, before any work, a folder `out` that cannot be made or replaced: its nearest existing parent
+    must take a new entry (tried with an empty temporary folder, removed at once: permission bits do not
+    tell for root or for file systems like /proc)."""
+    out = Path(out).absolute()
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CircuitlabError(f"cannot write {what} to {out}: part of the path is a file, not a folder ({parent}); "
+                              f"give another {option}")
+    try:
+        before = parent.stat()
+        os.rmdir(tempfile.mkdtemp(prefix=".circuitlab-probe-", dir=parent))
+        with contextlib.suppress(OSError):   # leave no trace, not even the folder's modification time
+            os.utime(parent, ns=(before.st_atime_ns, before.st_mtime_ns))
+    except OSError as e:
+        raise CircuitlabError(f"cannot write {what} to {out}: {parent} does not take new files "
+                              f"({e.strerror or type(e).__name__}); give another {option}") from None
 
 
 def check_output_folder(out: str | Path, kind: str, *, overwrite: bool = False, keep_previous: bool = True,
@@ -101,5 +126,5 @@ def output_folder(out: str | Path, kind: str, *, overwrite: bool = False, keep_p
     elif plan == "set aside":
         kept = set_aside(out, lambda _: True, f"{kind} output")
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / MARKER, json.dumps({"kind": kind, "command": command_line()}) + "\n")
+    atomic_write_text(out / MARKER, json_text({"kind": kind, "command": command_line()}) + "\n")
     return kept

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import CircuitlabError
 
 METRICS_FILE = "metrics.jsonl"
@@ -32,7 +32,7 @@ def truncate_metrics(run_dir: str | Path, after_step: int) -> None:
     path = _log_path(run_dir)
     if path.is_file():
         keep = [r for r in read_metrics(path) if r.get("step", 0) <= after_step] if after_step else []
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+        atomic_write_text(path, "".join(json_text(r) + "\n" for r in keep))
 
 
 def _log_path(run_dir: str | Path) -> Path:
@@ -58,7 +58,7 @@ class MetricsLog:
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(json_text(record) + "\n")
         self._file.flush()
 
     def close(self) -> None:

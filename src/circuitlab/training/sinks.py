@@ -11,12 +11,12 @@ A record is one flat-ish dict with a ``step``: ``{"step": 200, "tokens": 819200,
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from circuitlab.atomic import json_text
 from circuitlab.errors import ConfigError
 
 SINKS = ("jsonl", "tensorboard", "wandb")
@@ -74,7 +74,7 @@ class JsonlSink:
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_text(record) + "\n")
 
     def close(self) -> None:
         pass

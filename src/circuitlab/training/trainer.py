@@ -28,6 +28,7 @@ from circuitlab.perf import ThreadGovernor, transformer_step_flops
 import circuitlab.training.distributed as D
 from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
+from circuitlab.training.outputs import check_writable
 from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
 from circuitlab.training.schedule import lr_at
@@ -146,6 +147,7 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
     if ckpt is not None:
         state = load_training_state(ckpt, optimizer)
         start, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val_loss"]
+        best_val = math.inf if best_val is None else best_val   # no evaluation yet: written as null (strict JSON)
         if start >= t.steps:
             raise CircuitlabError(f"{out_dir} already finished {start} steps; raise train.steps to continue")
     if rank == 0:
@@ -285,6 +287,7 @@ def _check_fresh(out_dir: Path) -> None:
     checkpoint.old, which may be the only copy a crash left)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise CircuitlabError(f"{out_dir} is a file; give a folder for the run with --out")
+    check_writable(out_dir, "the run")
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     held = [p.name for p in sorted(out_dir.iterdir())]

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import html
 import itertools
-import json
 import re
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from circuitlab.atomic import json_text
 
 ASSETS = ("graph_view.js", "graph_view.css")
 _ids = itertools.count()
@@ -36,7 +37,7 @@ def asset(name: str) -> str:
 
 def _script_json(value: Any) -> str:
     """JSON safe inside a <script> element: no '<' at all (nothing can close it or open a comment)."""
-    return json.dumps(value, allow_nan=False).replace("<", "\\u003c")
+    return json_text(value).replace("<", "\\u003c")
 
 
 def saved_dashboards(folder: str | Path | None) -> dict[int, Any]:

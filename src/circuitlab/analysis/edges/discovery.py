@@ -19,7 +19,7 @@ import torch
 
 from circuitlab.analysis.edges.circuit import Circuit, circuit_metric, refine_circuit, select_circuit
 from circuitlab.analysis.edges.faithfulness import Faithfulness, faithfulness_curve
-from circuitlab.analysis.edges.scoring import EdgeScores, check_rows_fit, edge_scores
+from circuitlab.analysis.edges.scoring import INTERVENTIONS, METHODS, EdgeScores, check_rows_fit, edge_scores
 from circuitlab.analysis.patching import Metric, kl_to_clean, logit_diff, logprob
 from circuitlab.errors import CircuitlabError
 
@@ -172,6 +172,20 @@ class CircuitResult:
         return "\n".join(lines) + "\n"
 
 
+def check_circuit_options(metric: str | Metric, method: str, intervention: str, refine: bool | str) -> None:
+    """Refuse an unknown metric, method, intervention or refinement by name, before any work (and before a
+    command touches its output folder)."""
+    if isinstance(metric, str) and metric not in METRICS:
+        raise CircuitlabError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)} (or pass any function "
+                              "of the logits to edge_scores from Python)")
+    if method not in METHODS:
+        raise CircuitlabError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if intervention not in INTERVENTIONS:
+        raise CircuitlabError(f"unknown intervention {intervention!r}; choose one of {', '.join(INTERVENTIONS)}")
+    if refine not in REFINE:
+        raise CircuitlabError(f"unknown refinement {refine!r}; choose batched or acdc")
+
+
 def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", method: str = "eap-ig", *,
                  edges: int | None = None, threshold: float | None = None, greedy: bool = False,
                  refine: bool | str = False, intervention: str = "counterfactual", steps: int = 5,
@@ -179,8 +193,7 @@ def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", 
     """Score every edge, choose a circuit (edges / threshold; default: the fewest top edges recovering 90% of
     the gap), optionally refine it with exact patching (refine: True or "batched", or "acdc": one edge at a
     time; see refine_circuit), and measure its faithfulness."""
-    if refine not in REFINE:
-        raise CircuitlabError(f"unknown refinement {refine!r}; choose batched or acdc")
+    check_circuit_options(metric, method, intervention, refine)
     check_rows_fit(model, data.clean)  # before any run over all rows (the metric's own reads them)
     fn = make_metric(metric, model, data) if isinstance(metric, str) else metric
     corrupt = data.corrupt if intervention == "counterfactual" else None
@@ -197,5 +210,5 @@ def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", 
     return CircuitResult(scores, circuit, value, curve, data.description)
 
 
-__all__ = ["CircuitData", "CircuitResult", "INDUCTION_CORRUPTIONS", "METRICS", "TASKS", "find_circuit",
-           "induction_rows", "make_metric", "rows_from_texts"]
+__all__ = ["CircuitData", "CircuitResult", "INDUCTION_CORRUPTIONS", "METRICS", "TASKS", "check_circuit_options",
+           "find_circuit", "induction_rows", "make_metric", "rows_from_texts"]

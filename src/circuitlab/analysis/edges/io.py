@@ -21,7 +21,7 @@ import torch
 from circuitlab.analysis.edges.circuit import Circuit
 from circuitlab.analysis.edges.graph import EdgeGraph
 from circuitlab.analysis.edges.scoring import EdgeScores
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.names import parse_head
@@ -44,7 +44,7 @@ def _read_json(path: str | Path, what: str) -> dict[str, Any]:
 
 
 def save_scores(scores: EdgeScores, path: str | Path) -> None:
-    atomic_write_text(Path(path), json.dumps(scores.to_dict()))
+    atomic_write_text(Path(path), json_text(scores.to_dict()))
 
 
 def load_scores(path: str | Path) -> EdgeScores:
@@ -62,7 +62,7 @@ def load_scores(path: str | Path) -> EdgeScores:
 
 
 def save_circuit(circuit: Circuit, path: str | Path) -> None:
-    atomic_write_text(Path(path), json.dumps({"graph": circuit.graph.to_dict(), **circuit.to_dict()}))
+    atomic_write_text(Path(path), json_text({"graph": circuit.graph.to_dict(), **circuit.to_dict()}))
 
 
 def load_circuit(path: str | Path) -> Circuit:
@@ -111,7 +111,7 @@ def to_mib(scores: EdgeScores, circuit: Circuit | None = None, d_model: int = 0)
 
 
 def save_mib(scores: EdgeScores, path: str | Path, circuit: Circuit | None = None, d_model: int = 0) -> None:
-    atomic_write_text(Path(path), json.dumps(to_mib(scores, circuit, d_model)))
+    atomic_write_text(Path(path), json_text(to_mib(scores, circuit, d_model)))
 
 
 def load_mib(path: str | Path, graph: EdgeGraph) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
 from circuitlab.analysis.patching.checks import one_sequence
-from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.checks import COUNT, POSITIVE
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters, model_device
@@ -74,7 +74,7 @@ class TunedLens(nn.Module):
         atomic_write_file(folder / WEIGHTS_FILE, lambda path: save_file(tensors, str(path)))
         meta = {"format": "circuitlab-tuned-lens-1", "labels": self.labels, "d_model": int(self.weight.shape[-1]),
                 "model": self.model_info, "train": self.train_info}
-        atomic_write_text(folder / CONFIG_FILE, json.dumps(meta, indent=1))
+        atomic_write_text(folder / CONFIG_FILE, json_text(meta, indent=1))
         return folder
 
     @staticmethod
@@ -251,8 +251,8 @@ def _save_training_state(path: Path, lens: TunedLens, opt: torch.optim.Optimizer
     for i, state in opt.state_dict()["state"].items():
         for key, value in state.items():
             tensors[f"adam.{i}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-    meta = {"step": str(step), "settings": json.dumps(settings), "losses": json.dumps([losses[0], losses[-1]]),
-            "labels": json.dumps(lens.labels)}
+    meta = {"step": str(step), "settings": json_text(settings), "losses": json_text([losses[0], losses[-1]]),
+            "labels": json_text(lens.labels)}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_file(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
