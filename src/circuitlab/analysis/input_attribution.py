@@ -194,6 +194,15 @@ def _logits_at(model, embeds: torch.Tensor, pos: int) -> torch.Tensor:
     return model.readout(x[:, pos:])
 
 
+def _logits_at_rows(model, embeds: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, 1, d_vocab] of each row at its own position last [batch], the token embeddings being
+    embeds [batch, > max(last), d_model]: the blocks on every position, the unembedding at last alone."""
+    x = model.resid_from_embeds(embeds)
+    for block in model.blocks:
+        x = block(x)
+    return model.readout(x[torch.arange(len(last), device=x.device), last][:, None])
+
+
 def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
     out = metric(_run_embeds(model, tokens, embeds))
     if out.shape != (embeds.shape[0],):
@@ -435,19 +444,21 @@ def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, ro
     bar = tqdm(total=len(unique), desc=desc, unit="coalition", delay=2.0, disable=not progress)
     device = tokens.device
     if baseline == "delete":
+        # Each row's kept tokens close up at its start; whatever follows a row's last kept token cannot change
+        # the logits there (attention is causal), so rows of every length share one batch, sorted by length.
         at_last = logit_metric(target, foil, 0)
         sizes = unique.sum(1)
-        for size in sizes.unique().tolist():
-            which = (sizes == size).nonzero()[:, 0]
-            for i in range(0, len(which), chunk):
-                part = which[i:i + chunk]
-                if size == 0:
-                    ids = torch.full((len(part), 1), start_token, dtype=torch.long, device=device)
-                else:  # the kept tokens in order: [part, size]
-                    ids = tokens[:pos + 1][None].expand(len(part), -1)[unique[part].to(device)].view(len(part), size)
-                logits = _logits_at(model, model.token_embeddings(ids), ids.shape[1] - 1)
-                out[part] = at_last(logits).double().cpu()
-                bar.update(len(part))
+        order = sizes.argsort()
+        for i in range(0, len(order), chunk):
+            part = order[i:i + chunk]
+            kept = unique[part].to(device)  # [part, pos + 1]
+            first = (~kept).to(torch.int8).argsort(dim=1, stable=True)  # kept positions first, in order
+            ids = tokens[:pos + 1][first]
+            last = (sizes[part].to(device) - 1).clamp(min=0)
+            ids[sizes[part].to(device) == 0, 0] = start_token  # nothing kept: the start token alone
+            ids = ids[:, :int(last.max()) + 1]
+            out[part] = at_last(_logits_at_rows(model, model.token_embeddings(ids), last)).double().cpu()
+            bar.update(len(part))
     else:
         x = model.token_embeddings(tokens)  # [pos, d_model]
         base = baseline_embeddings(model, tokens, baseline)
