@@ -102,10 +102,11 @@ def lime_coalitions(n_features: int, samples: int, generator: torch.Generator) -
 def lime_weights(rows: torch.Tensor, kernel_width: float) -> torch.Tensor:
     """exp(−d² / (2·width²)) [n] (float64), d = 1 − cos(1, z) = 1 − sqrt(|z| / M) (1 for the empty row): the
     cosine distance of each coalition from the input, as Captum's default similarity measures it on a
-    presence vector."""
+    presence vector. Scaled so that the largest is 1 (the fits divide by Σw, so a constant factor changes
+    nothing; it keeps a narrow kernel from underflowing to all zeros)."""
     M = rows.shape[1]
-    d = 1.0 - (rows.sum(1).double() / M).sqrt()
-    return torch.exp(-(d ** 2) / (2.0 * kernel_width ** 2))
+    d2 = (1.0 - (rows.sum(1).double() / M).sqrt()) ** 2
+    return torch.exp(-(d2 - d2.min()) / (2.0 * kernel_width ** 2))
 
 
 def lasso_fit(rows: torch.Tensor, values: torch.Tensor, weights: torch.Tensor, alpha: float
