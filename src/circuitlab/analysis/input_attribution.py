@@ -474,14 +474,16 @@ def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, ro
 
 def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
                 metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES,
-                seed: int = 0, exact: bool = False, start_token: int | None = None, batch_size: int | None = None,
-                progress: bool = True, tokenizer=None) -> InputAttribution:
+                seed: int = 0, exact: bool = False, paired: bool = False, start_token: int | None = None,
+                batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
     """KernelSHAP: Shapley values of the tokens 0..pos for the explained value, scores [pos] (later positions 0).
 
     Coalitions of present tokens are drawn by the Shapley kernel (`samples` model evaluations, the full and
     the empty coalition among them; `seed` fixes the draws, the same as Captum's KernelShap after
     torch.manual_seed(seed)), every distinct one run once in batched forward passes, and the scores are the
-    least-squares fit constrained to sum to f(input) − f(baseline) (efficiency, exact). exact=True enumerates
+    least-squares fit constrained to sum to f(input) − f(baseline) (efficiency, exact). paired=True draws each
+    coalition with its complement (less variance, fewer samples for the same ranking; not Captum's draws).
+    exact=True enumerates
     all 2^M coalitions with the Shapley kernel instead: the exact Shapley values (M ≤ EXACT_MAX_POSITIONS).
     baseline: what a removed token becomes: "mean" (the mean token embedding), "zeros", a token id, a prompt's
     token ids [pos], embeddings [pos, d_model], or "delete" (the token leaves the sequence; start_token runs
@@ -491,8 +493,9 @@ def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: in
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
     M = pos + 1  # the players: the tokens up to the explained position (later ones cannot matter)
     SEED.check(seed, "seed")
-    if not isinstance(exact, bool):
-        raise CircuitlabError(f"exact must be True or False, got {exact!r}")
+    for flag, value in (("exact", exact), ("paired", paired)):
+        if not isinstance(value, bool):
+            raise CircuitlabError(f"{flag} must be True or False, got {value!r}")
     if start_token is None and baseline == "delete" and tokenizer is not None:
         start_token = getattr(tokenizer, "eos_id", None)
     _check_baseline(model, baseline, metric, start_token)
@@ -505,7 +508,7 @@ def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: in
         weights = torch.cat([torch.zeros(2, dtype=torch.float64), weights])
     else:
         check_samples(samples, M)
-        rows = surrogate.shap_coalitions(M, samples, torch.Generator().manual_seed(seed))
+        rows = surrogate.shap_coalitions(M, samples, torch.Generator().manual_seed(seed), paired)
         weights = None
     values = coalition_values(model, tokens, explain, pos, rows, baseline, target, foil, start_token, batch_size,
                               progress, "kernel SHAP")
@@ -519,7 +522,7 @@ def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: in
     inner = weights if weights is not None else torch.ones(len(rows), dtype=torch.float64)
     result = InputAttribution("shap", tokens.tolist(), scores.float().cpu(), pos, target, foil, v_full, v_empty, error,
                               baseline=_baseline_name(baseline))
-    result.extra.update(samples=len(rows), seed=None if exact else seed, exact=exact,
+    result.extra.update(samples=len(rows), seed=None if exact else seed, exact=exact, paired=paired and not exact,
                         evaluated=int(torch.unique(rows, dim=0).shape[0]),
                         surrogate_r2=surrogate.weighted_r2(rows[2:], values[2:], inner[2:], phi, v_empty))
     return _decorate(result, tokenizer)

@@ -27,9 +27,12 @@ CD_TOL = 1e-12        # coordinate descent stops when no coefficient moves more 
 CD_MAX_SWEEPS = 20_000
 
 
-def shap_coalitions(n_features: int, samples: int, generator: torch.Generator) -> torch.Tensor:
+def shap_coalitions(n_features: int, samples: int, generator: torch.Generator, paired: bool = False
+                    ) -> torch.Tensor:
     """[samples, n_features] 0/1 rows (bool): all present, none present, then samples − 2 draws by the Shapley
-    kernel (Captum's KernelShap order: one multinomial size draw and one randn(1, M) per row)."""
+    kernel (Captum's KernelShap order: one multinomial size draw and one randn(1, M) per row). paired: every
+    other row is the complement of the row before it (the kernel is symmetric in k and M − k, so each row
+    keeps its distribution; the pairs' errors cancel in part: Covert & Lee 2021), not Captum's sampling."""
     M = n_features
     rows = torch.zeros(samples, M, dtype=torch.bool)
     rows[0] = True
@@ -40,6 +43,9 @@ def shap_coalitions(n_features: int, samples: int, generator: torch.Generator) -
     p[0] = 0.0
     p = (p / p.sum(-1, keepdim=True))[None]  # torch.distributions.Categorical normalises the same way
     for i in range(2, samples):
+        if paired and i % 2 == 1:
+            rows[i] = ~rows[i - 1]
+            continue
         k = int(torch.multinomial(p, 1, True, generator=generator))
         r = torch.randn(1, M, generator=generator)
         rows[i] = r[0] > torch.kthvalue(r, M - k).values.item()

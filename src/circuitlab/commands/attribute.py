@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_KERNEL_WIDTH}, as Captum's)")
     p.add_argument("--exact", action="store_true",
                    help="shap: enumerate every coalition (exact Shapley values; at most 16 positions)")
+    p.add_argument("--paired", action="store_true",
+                   help="shap: draw each coalition with its complement (fewer samples for the same ranking; not "
+                        "Captum's sampling)")
     p.add_argument("--out", default=None, help="write the result: .html (tokens shaded) or .json")
 
 
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if args.method == "lime":
             kwargs["kernel_width"] = args.kernel_width
         else:
-            kwargs["exact"] = args.exact
+            kwargs.update(exact=args.exact, paired=args.paired)
     if args.method == "occlusion":
         kwargs.update(span=args.span, replacement=tok.eos_id)
     result = attribute(model, torch.tensor(ids), args.method, **kwargs)
