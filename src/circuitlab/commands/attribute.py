@@ -116,6 +116,8 @@ def _baseline(text: str | None, method: str, tok):
                                   "positions): give zeros, mean, eos, token:N or a prompt")
         return text
     if text == "eos":
+        if tok.eos_id is None:
+            raise CircuitlabError("--baseline eos: this tokenizer has no EOS token; give zeros, mean or token:N")
         return tok.eos_id
     if text.startswith("token:"):
         try:
