@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 import torch
-
 from tqdm.auto import tqdm
 
 from circuitlab.analysis import surrogate
@@ -412,13 +411,17 @@ def check_samples(samples: int, n_features: int, name: str = "samples") -> int:
     return samples
 
 
+def _deletes(baseline: Baseline) -> bool:
+    return isinstance(baseline, str) and baseline == "delete"  # (a tensor baseline is never a name)
+
+
 def _check_baseline(model, baseline: Baseline, metric: Metric | None, start_token: int | None) -> None:
     if isinstance(baseline, int) and not isinstance(baseline, bool):
         _check_token(baseline, "the baseline token", model.cfg.d_vocab)
     if isinstance(baseline, str) and baseline not in BASELINE_NAMES:
         raise CircuitlabError(f"unknown baseline {baseline!r}: give 'mean', 'zeros', 'delete', a token id, a "
                               "prompt's token ids or embeddings [pos, d_model]")
-    if baseline == "delete":
+    if _deletes(baseline):
         if metric is not None:
             raise CircuitlabError("baseline 'delete' shortens the sequence, so positions move: explain a target "
                                   "(and foil), not a metric function of fixed positions")
@@ -443,7 +446,7 @@ def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, ro
     chunk = COUNT.check(batch_size, "batch_size") if batch_size is not None else rows_per_chunk(model, pos + 1, False)
     bar = tqdm(total=len(unique), desc=desc, unit="coalition", delay=2.0, disable=not progress)
     device = tokens.device
-    if baseline == "delete":
+    if _deletes(baseline):
         # Each row's kept tokens close up at its start; whatever follows a row's last kept token cannot change
         # the logits there (attention is causal), so rows of every length share one batch, sorted by length.
         at_last = logit_metric(target, foil, 0)
@@ -496,7 +499,7 @@ def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: in
     for flag, value in (("exact", exact), ("paired", paired)):
         if not isinstance(value, bool):
             raise CircuitlabError(f"{flag} must be True or False, got {value!r}")
-    if start_token is None and baseline == "delete" and tokenizer is not None:
+    if start_token is None and _deletes(baseline) and tokenizer is not None:
         start_token = getattr(tokenizer, "eos_id", None)
     _check_baseline(model, baseline, metric, start_token)
     if exact:
@@ -549,7 +552,7 @@ def lime(model, tokens: torch.Tensor, target: int | None = None, foil: int | Non
     KERNEL_WIDTH.check(kernel_width, "kernel_width")
     alpha = NONNEG.check(alpha, "alpha")
     check_samples(samples, M)
-    if start_token is None and baseline == "delete" and tokenizer is not None:
+    if start_token is None and _deletes(baseline) and tokenizer is not None:
         start_token = getattr(tokenizer, "eos_id", None)
     _check_baseline(model, baseline, metric, start_token)
     rows = surrogate.lime_coalitions(M, samples, torch.Generator().manual_seed(seed))
