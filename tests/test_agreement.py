@@ -75,6 +75,24 @@ def test_ig_steps_agree(setup):
         assert explorer == (cli and value <= 256), text  # stricter only by its documented limit
 
 
+@pytest.mark.parametrize("option, key, method", [("--samples", "samples", "shap"), ("--seed", "seed", "shap"),
+                                                 ("--kernel-width", "kernel_width", "lime")])
+def test_shap_and_lime_options_agree(setup, option, key, method):
+    from circuitlab.analysis.input_attribution import attribute
+
+    root, model, tok, client = setup
+    ids = torch.tensor(tok.encode("Lily saw"))
+    for text, value in VALUES:
+        cli = cli_accepts(["attribute", "--checkpoint", "x", "--prompt", "p", "--method", method, option, text])
+        few = {} if key == "samples" else {"samples": 8}
+        api = python_accepts(lambda: attribute(model, ids, method, progress=False, **few, **{key: value}))
+        r = post(client, "/api/attribute", {"prompt": "Lily saw", "method": method, **few, key: value})
+        assert r.status_code in (200, 422), r.text
+        explorer = r.status_code == 200
+        assert cli == api, (option, text, cli, api)
+        assert explorer == (cli and (key != "samples" or value <= 8192)), (option, text)  # stricter by its limit only
+
+
 def test_steering_coefficients_agree(setup):
     from circuitlab.analysis.steering import contrast_direction, steering_sweep
 

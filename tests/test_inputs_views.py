@@ -50,13 +50,17 @@ def test_interpret_results_hold_every_method_and_both_lenses(run):
     root, model, tokenizer = run
     found = json.loads((root / "interp" / "results.json").read_text())
     methods = found["input_attribution"]["methods"]
-    assert list(methods) == ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing"]
+    assert list(methods) == ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"]
     n = len(tokenizer.encode(PROMPT))
     top2 = model(torch.tensor([tokenizer.encode(PROMPT)]))[0, -1].topk(2).indices.tolist()
     for m, d in methods.items():
         assert len(d["scores"]) == n and d["pos"] == n - 1
         assert d["target"] == (None if m == "context-mixing" else top2[0])
     assert methods["ig"]["foil"] == top2[1] and methods["ig"]["completeness_error"] < 1e-3
+    shap = methods["shap"]  # efficiency: the Shapley values add up to the change from the mean-embedding baseline
+    assert shap["samples"] == 1024 and shap["baseline"] == "mean"
+    assert abs(sum(shap["scores"]) - (shap["metric_value"] - shap["baseline_value"])) < 1e-4
+    assert methods["lime"]["kernel_width"] == 1.0 and "intercept" in methods["lime"]
     kl = found["tuned_lens"]["held_out_kl"]
     assert kl["labels"] == ["embed", "L0", "L1"] and kl["logit"][-1] == kl["tuned"][-1] == 0
     assert all(t < l for t, l in zip(kl["tuned"][:-1], kl["logit"][:-1]))  # the lens learned something
@@ -124,7 +128,8 @@ def test_attribute_endpoint_all_methods_and_one(client, run):
     assert client.get("/inputs").status_code == 200 and client.get("/static/inputs.js").status_code == 200
     found = client.post("/api/attribute", json={"prompt": PROMPT}).json()
     assert found["tokens"] == list(PROMPT) and list(found["methods"]) == ["ig", "saliency", "grad-x-input",
-                                                                          "occlusion", "context-mixing"]
+                                                                          "occlusion", "context-mixing", "shap",
+                                                                          "lime"]
     top = int(model(torch.tensor([tokenizer.encode(PROMPT)]))[0, -1].argmax())
     assert found["target"]["id"] == top and found["foil"] is None
     ig = found["methods"]["ig"]
@@ -134,6 +139,18 @@ def test_attribute_endpoint_all_methods_and_one(client, run):
     assert list(one["methods"]) == ["occlusion"] and one["target"]["token"] == "a" and one["foil"]["token"] == "b"
     few = client.post("/api/attribute", json={"prompt": PROMPT, "method": "ig", "steps": 2}).json()
     assert few["methods"]["ig"]["steps"] == 2
+    for body in ({"method": "shap", "samples": 100, "seed": 3, "baseline": "delete"},
+                 {"method": "lime", "samples": 50, "kernel_width": 0.5, "baseline": 3}):
+        r = client.post("/api/attribute", json={"prompt": PROMPT, **body}).json()["methods"][body["method"]]
+        assert r["samples"] == body["samples"] and len(r["scores"]) == len(PROMPT) and "coalitions" in r["summary"]
+        assert r["baseline"] == ("delete" if body["method"] == "shap" else "token 3")
+    # the same seed draws the same coalitions: the same scores as the Python API
+    from circuitlab.analysis.input_attribution import kernel_shap
+
+    served = client.post("/api/attribute", json={"prompt": PROMPT, "method": "shap", "samples": 80, "seed": 5}).json()
+    direct = kernel_shap(model, torch.tensor(tokenizer.encode(PROMPT)), target=served["target"]["id"], samples=80,
+                         seed=5, progress=False)
+    assert served["methods"]["shap"]["scores"] == pytest.approx(direct.scores.tolist(), abs=1e-5)
 
 
 @pytest.mark.parametrize("body, message", [
@@ -141,6 +158,13 @@ def test_attribute_endpoint_all_methods_and_one(client, run):
     ({"prompt": PROMPT, "foil": "ab"}, "unknown foil token 'ab'"),
     ({"prompt": PROMPT, "method": "magic"}, "method"),
     ({"prompt": PROMPT, "steps": 0}, "steps must be a whole number from 1 to 256"),
+    ({"prompt": PROMPT, "method": "shap", "samples": 0}, "samples must be a whole number from 3 to 8192"),
+    ({"prompt": PROMPT, "method": "shap", "samples": 10 ** 9}, "samples must be a whole number from 3 to 8192 (the"),
+    ({"prompt": PROMPT, "method": "lime", "baseline": 10 ** 6}, "the baseline token must be a token id in [0, "),
+    ({"prompt": PROMPT, "method": "lime", "kernel_width": 0}, "kernel_width must be a finite number > 0"),
+    ({"prompt": PROMPT, "method": "lime", "kernel_width": -2.5}, "kernel_width must be a finite number > 0"),
+    ({"prompt": PROMPT, "method": "shap", "seed": -1}, "seed must be a whole number from 0"),
+    ({"prompt": PROMPT, "method": "shap", "baseline": "ones"}, "baseline"),
     ({"prompt": ""}, "the prompt is empty"),
 ])
 def test_attribute_endpoint_bad_input_is_one_line(client, body, message):
@@ -234,8 +258,9 @@ def test_inputs_page_script_draws_attribution_lens_and_steering(run, tmp_path):
                            str(STATIC_DIR)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     drawn = json.loads(done.stdout)
-    methods = ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing"]
+    methods = ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"]
     assert [line[:len(m)] for line, m in zip(drawn["lines"], methods)] == methods
+    assert "1024 coalitions, mean baseline, surrogate R²" in drawn["lines"][5]
     assert "completeness error" in drawn["lines"][0] and drawn["lines"][0].endswith("Lily·saw·a·cat.·Lily")
     assert len(drawn["lensRows"]) == 3 and drawn["lensRows"][0].startswith("embed") and "KL" in drawn["note"]
     assert len(drawn["steerRows"]) == 2 and drawn["status"] == "" and "2 layers" in drawn["info"]

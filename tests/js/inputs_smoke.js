@@ -5,7 +5,7 @@
 const { runPage } = require("./fake_dom.js");
 
 const byId = runPage("inputs.js", process.argv[2], process.argv[3], {
-  prompt: "Lily saw a cat. Lily", target: "", foil: "", method: "all", positive: "a dragon\n\n", negative: "a cat",
+  prompt: "Lily saw a cat. Lily", target: "", foil: "", method: "all", samples: "64", baseline: "mean", positive: "a dragon\n\n", negative: "a cat",
   layer: "1", coefs: "0, 2", "steer-prompt": "Once",
 });
 

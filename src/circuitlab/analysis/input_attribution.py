@@ -4,6 +4,7 @@
     attr.scores                  # [pos] one number per input token
     attr.completeness_error      # |Σ scores − (f(x) − f(baseline))| / |f(x) − f(baseline)|
     saliency(...), gradient_x_input(...), occlusion(..., span=1), context_mixing(model, tokens)
+    kernel_shap(..., samples=1024, baseline="mean", seed=0), lime(..., samples=1024, kernel_width=1.0)
 
 What is explained is a metric of the logits: by default the logit of `target` at position `pos`
 (the next-token prediction there), minus the logit of `foil` when one is given (contrastive), or
@@ -15,7 +16,9 @@ as fit ROW_BUDGET floats of saved activations, as Captum's internal_batch_size b
 call per step; occlusion runs its occluded copies the same way. Memory stays bounded whatever the count. Context mixing reads no gradient: it is the
 norm-based measure (Kobayashi et al. 2020) of how much each source position's value vector, weighted
 by attention and sent through W_O, moves into each position, with the residual stream kept, rolled out
-through every layer.
+through every layer. KernelSHAP and LIME treat the tokens up to pos as players that are present (their
+embedding) or removed (the baseline's embedding, or the token deleted from the sequence), evaluate the model on
+sampled coalitions in batched forward passes, and fit a linear surrogate (analysis/surrogate.py).
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 import torch
+from tqdm.auto import tqdm
 
+from circuitlab.analysis import surrogate
 from circuitlab.analysis._json import rounded
-from circuitlab.checks import COUNT, Number
+from circuitlab.checks import COUNT, NONNEG, POSITIVE, Number
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
@@ -36,7 +41,7 @@ from circuitlab.model import frozen_parameters
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
 Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos, d_model] -> explained value [batch]
 Baseline = Union[str, int, torch.Tensor]
-METHODS = ("ig", "saliency", "grad-x-input", "occlusion", "context-mixing")
+METHODS = ("ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime")
 DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model: docs/attribution.md
 # Limits on the path's points: Gauss-Legendre nodes come from an [n, n] eigenproblem (1024: 8 MB, 0.3 s;
 # 50 000 would need 18.6 GiB), so beyond it use the midpoint (riemann) rule, whose points cost nothing.
@@ -44,6 +49,17 @@ STEPS = {"gausslegendre": Number(int, low=1, high=1024, why="Gauss-Legendre node
                                                             "rule='riemann' takes up to 100000"),
          "riemann": Number(int, low=1, high=100_000, why="more points take longer without a measurable change")}
 ROW_BUDGET = 2 ** 26  # floats of activations a chunk of path points (or occluded copies) may hold: 256 MB
+# KernelSHAP / LIME: model evaluations (coalitions), each one forward pass of the prompt; the regression holds
+# [samples, pos] float64, bounded by ROW_BUDGET too (check_samples).
+DEFAULT_SAMPLES = 1024  # KernelSHAP ranks the hand-built induction answer first on every test case from 1024 (docs)
+SAMPLES = Number(int, low=3, high=100_000, why="each coalition is a forward pass of the prompt; past 100000 the "
+                                                 "estimate's sampling error is below anything a figure shows")
+SEED = Number(int, low=0, high=2 ** 63 - 1)
+KERNEL_WIDTH = POSITIVE  # LIME: width of the exponential kernel on the cosine distance (in [0, 1])
+DEFAULT_KERNEL_WIDTH = 1.0  # Captum's default
+DEFAULT_ALPHA = 0.01  # LIME's L1 penalty: Captum's default surrogate, sklearn's Lasso(alpha=0.01)
+EXACT_MAX_POSITIONS = 16  # exact Shapley values enumerate 2^M coalitions: 65 534 forward passes at 16
+BASELINE_NAMES = ("zeros", "mean", "delete")
 
 
 @dataclass
@@ -87,7 +103,11 @@ class InputAttribution(Displayed):
             line += f", target {what!r}"
         if self.foil is not None:
             line += f" vs foil {self.foil_str if self.foil_str is not None else self.foil!r}"
-        if self.completeness_error is not None:
+        if "samples" in self.extra:  # KernelSHAP, LIME: how many coalitions, and how well a linear model fits them
+            every = " (every one)" if self.extra.get("exact") else ""
+            line += (f" ({self.extra['samples']} coalitions{every}, {self.baseline} baseline, surrogate R² "
+                     f"{self.extra['surrogate_r2']:.2f})")
+        elif self.completeness_error is not None:
             line += f" (completeness error {100 * self.completeness_error:.2g}% with {self.steps} steps)"
         return line
 
@@ -173,6 +193,15 @@ def _logits_at(model, embeds: torch.Tensor, pos: int) -> torch.Tensor:
     return model.readout(x[:, pos:])
 
 
+def _logits_at_rows(model, embeds: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Logits [batch, 1, d_vocab] of each row at its own position last [batch], the token embeddings being
+    embeds [batch, > max(last), d_model]: the blocks on every position, the unembedding at last alone."""
+    x = model.resid_from_embeds(embeds)
+    for block in model.blocks:
+        x = block(x)
+    return model.readout(x[torch.arange(len(last), device=x.device), last][:, None])
+
+
 def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
     out = metric(_run_embeds(model, tokens, embeds))
     if out.shape != (embeds.shape[0],):
@@ -182,13 +211,17 @@ def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric
 
 
 def baseline_embeddings(model, tokens: torch.Tensor, baseline: Baseline) -> torch.Tensor:
-    """The baseline's token embeddings [pos, d_model]: "zeros"; a token id (e.g. pad or EOS) at every
-    position; a prompt of the same length as tokens [pos] (token ids); or embeddings [pos, d_model]."""
+    """The baseline's token embeddings [pos, d_model]: "zeros"; "mean" (the mean token embedding, at every
+    position); a token id (e.g. pad or EOS) at every position; a prompt of the same length as tokens [pos]
+    (token ids); or embeddings [pos, d_model]."""
     T, W_E = tokens.shape[0], model.W_E
     if isinstance(baseline, str):
+        if baseline == "mean":
+            every = model.token_embeddings(torch.arange(model.cfg.d_vocab, device=W_E.device)).detach()
+            return every.mean(0).expand(T, -1).clone()
         if baseline != "zeros":
-            raise CircuitlabError(f"unknown baseline {baseline!r}: give 'zeros', a token id, a prompt's token ids "
-                                  "or embeddings [pos, d_model]")
+            raise CircuitlabError(f"unknown baseline {baseline!r}: give 'zeros', 'mean', a token id, a prompt's "
+                                  "token ids or embeddings [pos, d_model]")
         return torch.zeros(T, W_E.shape[1], dtype=W_E.dtype, device=W_E.device)
     if isinstance(baseline, int) and not isinstance(baseline, bool):
         token = torch.tensor(_check_token(baseline, "the baseline token", model.cfg.d_vocab), device=W_E.device)
@@ -364,6 +397,181 @@ def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int 
     return _decorate(result, tokenizer)
 
 
+# ---------------------------------------------------------------------------- KernelSHAP and LIME
+
+
+def check_samples(samples: int, n_features: int, name: str = "samples") -> int:
+    """The number of coalitions, kept by SAMPLES and by the regression's memory: [samples, positions] float64
+    within ROW_BUDGET."""
+    SAMPLES.check(samples, name)
+    most = ROW_BUDGET // max(n_features, 1)
+    if samples > most:
+        raise CircuitlabError(f"{name} = {samples} coalitions of {n_features} positions would hold "
+                              f"{samples * n_features:,} floats in the regression; at most {most} fit")
+    return samples
+
+
+def _deletes(baseline: Baseline) -> bool:
+    return isinstance(baseline, str) and baseline == "delete"  # (a tensor baseline is never a name)
+
+
+def _check_baseline(model, baseline: Baseline, metric: Metric | None, start_token: int | None) -> None:
+    if isinstance(baseline, int) and not isinstance(baseline, bool):
+        _check_token(baseline, "the baseline token", model.cfg.d_vocab)
+    if isinstance(baseline, str) and baseline not in BASELINE_NAMES:
+        raise CircuitlabError(f"unknown baseline {baseline!r}: give 'mean', 'zeros', 'delete', a token id, a "
+                              "prompt's token ids or embeddings [pos, d_model]")
+    if _deletes(baseline):
+        if metric is not None:
+            raise CircuitlabError("baseline 'delete' shortens the sequence, so positions move: explain a target "
+                                  "(and foil), not a metric function of fixed positions")
+        if start_token is None:
+            raise CircuitlabError("baseline 'delete' needs start_token= (e.g. the tokenizer's EOS): the coalition "
+                                  "with every token deleted runs as that one token, since a model cannot run on none")
+        _check_token(start_token, "start_token", model.cfg.d_vocab)
+
+
+@torch.no_grad()
+def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, rows: torch.Tensor,
+                     baseline: Baseline = "mean", target: int | None = None, foil: int | None = None,
+                     start_token: int | None = None, batch_size: int | None = None, progress: bool = True,
+                     desc: str = "coalitions") -> torch.Tensor:
+    """The explained value on each coalition of the positions 0..pos: rows [n, pos + 1] (bool; True = the
+    token is present) -> values [n] (float64). A removed token takes the baseline's embedding (tokens later
+    than pos keep theirs), or with baseline "delete" leaves the sequence (the kept tokens close up; the value
+    is read after the last kept one; no token kept: start_token alone). Each distinct coalition runs once, in
+    batched passes of batch_size rows (default: as many as fit ROW_BUDGET)."""
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    out = torch.empty(len(unique), dtype=torch.float64)
+    chunk = COUNT.check(batch_size, "batch_size") if batch_size is not None else rows_per_chunk(model, pos + 1, False)
+    bar = tqdm(total=len(unique), desc=desc, unit="coalition", delay=2.0, disable=not progress)
+    device = tokens.device
+    if _deletes(baseline):
+        # Each row's kept tokens close up at its start; whatever follows a row's last kept token cannot change
+        # the logits there (attention is causal), so rows of every length share one batch, sorted by length.
+        at_last = logit_metric(target, foil, 0)
+        sizes = unique.sum(1)
+        order = sizes.argsort()
+        for i in range(0, len(order), chunk):
+            part = order[i:i + chunk]
+            kept = unique[part].to(device)  # [part, pos + 1]
+            first = (~kept).to(torch.int8).argsort(dim=1, stable=True)  # kept positions first, in order
+            ids = tokens[:pos + 1][first]
+            last = (sizes[part].to(device) - 1).clamp(min=0)
+            ids[sizes[part].to(device) == 0, 0] = start_token  # nothing kept: the start token alone
+            ids = ids[:, :int(last.max()) + 1]
+            out[part] = at_last(_logits_at_rows(model, model.token_embeddings(ids), last)).double().cpu()
+            bar.update(len(part))
+    else:
+        x = model.token_embeddings(tokens)  # [pos, d_model]
+        base = baseline_embeddings(model, tokens, baseline)
+        for i in range(0, len(unique), chunk):
+            present = torch.zeros(len(unique[i:i + chunk]), x.shape[0], dtype=torch.bool, device=device)
+            present[:, :pos + 1] = unique[i:i + chunk].to(device)
+            present[:, pos + 1:] = True
+            out[i:i + chunk] = explain(torch.where(present[..., None], x[None], base[None])).double().cpu()
+            bar.update(len(present))
+    bar.close()
+    return out[inverse]
+
+
+def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+                metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES,
+                seed: int = 0, exact: bool = False, paired: bool = False, start_token: int | None = None,
+                batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
+    """KernelSHAP: Shapley values of the tokens 0..pos for the explained value, scores [pos] (later positions 0).
+
+    Coalitions of present tokens are drawn by the Shapley kernel (`samples` model evaluations, the full and
+    the empty coalition among them; `seed` fixes the draws, the same as Captum's KernelShap after
+    torch.manual_seed(seed)), every distinct one run once in batched forward passes, and the scores are the
+    least-squares fit constrained to sum to f(input) − f(baseline) (efficiency, exact). paired=True draws each
+    coalition with its complement (less variance, fewer samples for the same ranking; not Captum's draws).
+    exact=True enumerates
+    all 2^M coalitions with the Shapley kernel instead: the exact Shapley values (M ≤ EXACT_MAX_POSITIONS).
+    baseline: what a removed token becomes: "mean" (the mean token embedding), "zeros", a token id, a prompt's
+    token ids [pos], embeddings [pos, d_model], or "delete" (the token leaves the sequence; start_token runs
+    for the empty coalition; target/foil only).
+    """
+    tokens = _sequence(tokens, model)
+    explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    M = pos + 1  # the players: the tokens up to the explained position (later ones cannot matter)
+    SEED.check(seed, "seed")
+    for flag, value in (("exact", exact), ("paired", paired)):
+        if not isinstance(value, bool):
+            raise CircuitlabError(f"{flag} must be True or False, got {value!r}")
+    if start_token is None and _deletes(baseline) and tokenizer is not None:
+        start_token = getattr(tokenizer, "eos_id", None)
+    _check_baseline(model, baseline, metric, start_token)
+    if exact:
+        if M > EXACT_MAX_POSITIONS:
+            raise CircuitlabError(f"exact Shapley values enumerate 2^{M} coalitions of the {M} positions up to pos; "
+                                  f"at most {EXACT_MAX_POSITIONS} positions: sample instead (samples=)")
+        rows, weights = surrogate.all_coalitions(M)
+        rows = torch.cat([torch.ones(1, M, dtype=torch.bool), torch.zeros(1, M, dtype=torch.bool), rows])
+        weights = torch.cat([torch.zeros(2, dtype=torch.float64), weights])
+    else:
+        check_samples(samples, M)
+        rows = surrogate.shap_coalitions(M, samples, torch.Generator().manual_seed(seed), paired)
+        weights = None
+    values = coalition_values(model, tokens, explain, pos, rows, baseline, target, foil, start_token, batch_size,
+                              progress, "kernel SHAP")
+    v_full, v_empty = float(values[0]), float(values[1])
+    phi = surrogate.shapley_fit(rows, values, v_full, v_empty, weights)
+    scores = torch.zeros(tokens.shape[0], dtype=torch.float64)
+    scores[:M] = phi
+    change = v_full - v_empty
+    gap = abs(float(phi.sum()) - change)
+    error = gap / abs(change) if abs(change) > 1e-12 else (0.0 if gap < 1e-9 else math.inf)
+    inner = weights if weights is not None else torch.ones(len(rows), dtype=torch.float64)
+    result = InputAttribution("shap", tokens.tolist(), scores.float().cpu(), pos, target, foil, v_full, v_empty, error,
+                              baseline=_baseline_name(baseline))
+    result.extra.update(samples=len(rows), seed=None if exact else seed, exact=exact, paired=paired and not exact,
+                        evaluated=int(torch.unique(rows, dim=0).shape[0]),
+                        surrogate_r2=surrogate.weighted_r2(rows[2:], values[2:], inner[2:], phi, v_empty))
+    return _decorate(result, tokenizer)
+
+
+def lime(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+         metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES, seed: int = 0,
+         kernel_width: float = DEFAULT_KERNEL_WIDTH, alpha: float = DEFAULT_ALPHA, start_token: int | None = None,
+         batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
+    """LIME: the coefficients of a weighted linear surrogate of the explained value over which tokens 0..pos are
+    present, scores [pos] (later positions 0).
+
+    `samples` coalitions, each token present with probability 1/2 (`seed`: the same draws as Captum's Lime
+    after torch.manual_seed(seed)), each weighed by exp(−d² / (2·kernel_width²)) with d the cosine distance of
+    its presence vector from all-present, every distinct one run once in batched forward passes; the surrogate
+    is the weighted Lasso with L1 penalty `alpha` (Captum's default surrogate, sklearn's Lasso(alpha=0.01);
+    alpha=0: least squares). baseline: as for kernel_shap. extra holds the intercept and the surrogate's
+    weighted R².
+    """
+    tokens = _sequence(tokens, model)
+    explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
+    M = pos + 1  # the players: the tokens up to the explained position (later ones cannot matter)
+    SEED.check(seed, "seed")
+    KERNEL_WIDTH.check(kernel_width, "kernel_width")
+    alpha = NONNEG.check(alpha, "alpha")
+    check_samples(samples, M)
+    if start_token is None and _deletes(baseline) and tokenizer is not None:
+        start_token = getattr(tokenizer, "eos_id", None)
+    _check_baseline(model, baseline, metric, start_token)
+    rows = surrogate.lime_coalitions(M, samples, torch.Generator().manual_seed(seed))
+    ends = torch.stack([torch.ones(M, dtype=torch.bool), torch.zeros(M, dtype=torch.bool)])
+    run = torch.cat([ends, rows])  # the two ends too: f(input) and f(baseline) for the result
+    values = coalition_values(model, tokens, explain, pos, run, baseline, target, foil, start_token, batch_size,
+                              progress, "LIME")
+    weights = surrogate.lime_weights(rows, kernel_width)
+    coef, intercept = surrogate.lasso_fit(rows, values[2:], weights, alpha)
+    scores = torch.zeros(tokens.shape[0], dtype=torch.float64)
+    scores[:M] = coef
+    result = InputAttribution("lime", tokens.tolist(), scores.float().cpu(), pos, target, foil, float(values[0]),
+                              float(values[1]), baseline=_baseline_name(baseline))
+    result.extra.update(samples=samples, seed=seed, kernel_width=kernel_width, alpha=alpha, intercept=intercept,
+                        evaluated=int(torch.unique(run, dim=0).shape[0]),
+                        surrogate_r2=surrogate.weighted_r2(rows, values[2:], weights, coef, intercept))
+    return _decorate(result, tokenizer)
+
+
 # ---------------------------------------------------------------------------- context mixing
 
 
@@ -412,20 +620,22 @@ def context_mixing(model, tokens: torch.Tensor, pos: int = -1, tokenizer=None) -
 
 
 def attribute(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
-    """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing."""
+    """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing, shap, lime."""
     fns = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
-           "occlusion": occlusion, "context-mixing": context_mixing}
+           "occlusion": occlusion, "context-mixing": context_mixing, "shap": kernel_shap, "lime": lime}
     if method not in fns:
         raise CircuitlabError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
     return fns[method](model, tokens, **kwargs)
 
 
 def attribute_methods(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-                      methods: tuple[str, ...] = METHODS, steps: int = DEFAULT_STEPS, tokenizer=None
-                      ) -> dict[str, InputAttribution]:
+                      methods: tuple[str, ...] = METHODS, steps: int = DEFAULT_STEPS, tokenizer=None,
+                      samples: int = DEFAULT_SAMPLES, seed: int = 0, kernel_width: float = DEFAULT_KERNEL_WIDTH,
+                      baseline: Baseline = "mean", progress: bool = True) -> dict[str, InputAttribution]:
     """Several methods on the prediction at the last position of tokens [pos]: method -> result. target
     defaults to the model's top prediction there; occlusion replaces tokens by the tokenizer's EOS (a zero
-    embedding without one); context mixing reads attention and takes no target."""
+    embedding without one); context mixing reads attention and takes no target; shap and lime draw `samples`
+    coalitions from `seed`, a removed token becoming `baseline` (lime weighs them with `kernel_width`)."""
     tokens = _sequence(tokens, model)
     if target is None:
         with torch.no_grad():
@@ -439,5 +649,9 @@ def attribute_methods(model, tokens: torch.Tensor, target: int | None = None, fo
             kwargs["steps"] = steps
         if method == "occlusion":
             kwargs["replacement"] = getattr(tokenizer, "eos_id", None)
+        if method in ("shap", "lime"):
+            kwargs.update(samples=samples, seed=seed, baseline=baseline, progress=progress)
+        if method == "lime":
+            kwargs["kernel_width"] = kernel_width
         found[method] = attribute(model, tokens, method, **kwargs)
     return found

@@ -22,11 +22,16 @@ def input_attribution_section(found: Mapping[str, Any]) -> Section:
     rows = []
     for method, d in methods.items():
         strs = d.get("token_strs") or [str(t) for t in d["tokens"]]
+        if d.get("samples") is not None:  # shap, lime: a fit to sampled coalitions, not a path integral
+            how = (f"{d['samples']} coalitions, {d['baseline']} baseline; surrogate R² {d['surrogate_r2']:.2f}"
+                   + ("; sums to the change exactly" if method == "shap" else ""))
+        elif d.get("completeness_error") is not None:
+            how = f"completeness error {100 * d['completeness_error']:.2g}% ({d['steps']} steps, {d['baseline']} baseline)"
+        else:
+            how = "-"
         rows.append({"method": method,
                      "top tokens": ", ".join(f"{strs[t['pos']]!r} ({t['pos']}) {t['score']:+.3g}" for t in d["top"][:3]),
-                     "completeness error": (f"{100 * d['completeness_error']:.2g}% ({d['steps']} steps, "
-                                            f"{d['baseline']} baseline)" if d.get("completeness_error") is not None
-                                            else "-")})
+                     "how": how})
     parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
              bullet_list(found.get("summary", [])[:1]), attribution_methods_html(methods), table_html(rows)]
     mixing = methods.get("context-mixing")
@@ -40,7 +45,10 @@ def input_attribution_section(found: Mapping[str, Any]) -> Section:
                    "gradients and gradient × input are in logit units and sum (over tokens) to the change of the "
                    "metric; saliency is the gradient's size; occlusion is the metric's drop when the token is "
                    "replaced; context mixing is the share of the last residual that came from each token, read "
-                   "from attention and the size of what each head writes.")
+                   "from attention and the size of what each head writes; KernelSHAP is each token's Shapley value "
+                   "(its average effect over coalitions of the other tokens; they sum to the change from the "
+                   "baseline) and LIME the coefficient of a linear surrogate fitted to the same kind of "
+                   "perturbations, weighted by closeness to the prompt.")
 
 
 def tuned_lens_section(found: Mapping[str, Any]) -> Section:

@@ -14,7 +14,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from circuitlab.analysis.input_attribution import DEFAULT_STEPS, METHODS, attribute_methods
+from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS,
+                                                   KERNEL_WIDTH, METHODS, SEED, attribute_methods)
 from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
@@ -22,6 +23,10 @@ from circuitlab.serve.prompt import VALUE_DIGITS, resolve_target, token_str
 
 MAX_STEPS = 256            # integrated-gradients steps one request may ask for
 STEPS = Number(int, low=1, high=MAX_STEPS, why="the explorer answers while you wait; `circuitlab attribute` takes more")
+MAX_SAMPLES = 8192         # KernelSHAP / LIME coalitions one request may ask for
+SAMPLES = Number(int, low=3, high=MAX_SAMPLES, why="the explorer answers while you wait; `circuitlab attribute` "
+                                                    "takes more")
+BASELINES = ("mean", "zeros", "eos", "delete")  # or a token id
 MAX_STEER_PROMPTS = 32     # prompts per steering set
 MAX_STEER_COEFS = 8
 MAX_STEER_TOKENS = 40      # tokens generated per coefficient
@@ -33,14 +38,25 @@ def _r(x: float) -> float:
 
 
 def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None = None,
-                     foil: str | int | None = None, method: str = "all", steps: int = DEFAULT_STEPS
-                     ) -> dict[str, Any]:
+                     foil: str | int | None = None, method: str = "all", steps: int = DEFAULT_STEPS,
+                     samples: int = DEFAULT_SAMPLES, seed: int = 0, kernel_width: float = DEFAULT_KERNEL_WIDTH,
+                     baseline: str | int = "mean") -> dict[str, Any]:
     """Attribution of the prediction after the prompt's last token to each prompt token, by one method or
     all (METHODS). target: id or one-token text (default: the model's top prediction); foil: explain
-    target against it (logit difference)."""
+    target against it (logit difference). shap, lime: `samples` coalitions from `seed`; a removed token
+    becomes `baseline` (BASELINES or a token id); lime's kernel width."""
     if method != "all" and method not in METHODS:
         raise CircuitlabError(f"unknown method {method!r}; choose all or one of {', '.join(METHODS)}")
     STEPS.check(steps, "steps")
+    SAMPLES.check(samples, "samples")
+    SEED.check(seed, "seed")
+    KERNEL_WIDTH.check(kernel_width, "kernel_width")
+    if isinstance(baseline, str) and baseline not in BASELINES:
+        raise CircuitlabError(f"unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)} or a token id")
+    if baseline == "eos":
+        if getattr(tokenizer, "eos_id", None) is None:
+            raise CircuitlabError("this tokenizer has no EOS token: choose another baseline")
+        baseline = tokenizer.eos_id
     d_vocab = model.cfg.d_vocab
     target_id = resolve_target(tokenizer, d_vocab, target, "target")
     foil_id = resolve_target(tokenizer, d_vocab, foil, "foil")
@@ -54,14 +70,18 @@ def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None 
     if foil_id is not None and foil_id == target_id:
         raise CircuitlabError("the foil is the model's top prediction, which is the default target: give a target")
     methods = tuple(METHODS) if method == "all" else (method,)
-    found = attribute_methods(model, tokens, target_id, foil_id, methods, steps, tokenizer)
+    found = attribute_methods(model, tokens, target_id, foil_id, methods, steps, tokenizer, samples, seed,
+                              kernel_width, baseline, progress=False)
     out = {}
     for m, r in found.items():
         out[m] = {"scores": [_r(s) for s in r.scores.tolist()], "summary": r.describe(),
                   "top": [{"pos": p, "score": _r(s)} for p, s in r.top(5)],
-                  "completeness_error": r.completeness_error, "steps": r.steps, "metric_value": r.metric_value,
+                  "completeness_error": r.completeness_error if m != "shap" else None, "steps": r.steps,
+                  "metric_value": r.metric_value,
                   "per_layer": [[_r(v) for v in row] for row in r.per_layer.tolist()] if r.per_layer is not None
                   else None}
+        if "samples" in r.extra:  # shap, lime
+            out[m].update(samples=r.extra["samples"], baseline=r.baseline, surrogate_r2=_r(r.extra["surrogate_r2"]))
     probs = logits.float().softmax(-1)
     return {"tokens": [token_str(tokenizer, t) for t in ids],
             "target": {"id": target_id, "token": token_str(tokenizer, target_id), "prob": _r(probs[target_id])},
@@ -138,8 +158,14 @@ class AttributeRequest(BaseModel):
     prompt: str = Field(description="the text; the prediction after its last token is explained")
     target: StrictInt | str | None = Field(default=None, description="token id or one-token text (default: top)")
     foil: StrictInt | str | None = Field(default=None, description="contrast the target with this token")
-    method: Literal["all", "ig", "saliency", "grad-x-input", "occlusion", "context-mixing"] = "all"
+    method: Literal["all", "ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"] = "all"
     steps: StrictInt = Field(default=DEFAULT_STEPS, description="integrated gradients: points on the path")
+    samples: StrictInt = Field(default=DEFAULT_SAMPLES, description="shap, lime: coalitions evaluated")
+    seed: StrictInt = Field(default=0, description="shap, lime: seed of the coalitions drawn")
+    kernel_width: StrictInt | StrictFloat = Field(default=DEFAULT_KERNEL_WIDTH,
+                                                  description="lime: width of the kernel on the cosine distance")
+    baseline: Literal["mean", "zeros", "eos", "delete"] | StrictInt = Field(
+        default="mean", description="shap, lime: what a removed token becomes (or a token id)")
 
 
 class LensRequest(BaseModel):
@@ -179,7 +205,8 @@ def add_input_routes(app, model, tokenizer, lens, lock: threading.Lock, encode, 
         need()
         ids = encode(req.prompt)
         with lock:
-            return attribute_prompt(model, tokenizer, ids, req.target, req.foil, req.method, req.steps)
+            return attribute_prompt(model, tokenizer, ids, req.target, req.foil, req.method, req.steps, req.samples,
+                                    req.seed, req.kernel_width, req.baseline)
 
     @app.post("/api/lens")
     def lens_view(req: LensRequest) -> dict[str, Any]:

@@ -32,7 +32,8 @@ async function loadModel() {
 
 async function runAttribution(event) {
   event.preventDefault();
-  const body = { prompt: $("prompt").value, method: $("method").value };
+  const body = { prompt: $("prompt").value, method: $("method").value, baseline: $("baseline").value,
+    samples: Number($("samples").value) };
   if ($("target").value !== "") body.target = $("target").value;
   if ($("foil").value !== "") body.foil = $("foil").value;
   const data = await cl.submit($("run"), $("status"), "attributing…", "/api/attribute", body);
@@ -43,7 +44,8 @@ async function runAttribution(event) {
     " after the outlined token";
   const lines = [];
   for (const [method, r] of Object.entries(data.methods)) {
-    const note = r.completeness_error === null ? "" : ` (completeness error ${(100 * r.completeness_error).toPrecision(2)}%)`;
+    const note = r.samples !== undefined ? ` (${r.samples} coalitions, ${r.baseline} baseline, surrogate R² ${cl.fmt(r.surrogate_r2, 2)})`
+      : r.completeness_error === null ? "" : ` (completeness error ${(100 * r.completeness_error).toPrecision(2)}%)`;
     lines.push(tokenLine(method + note, data.tokens, r.scores, last));
     if (r.per_layer && $("method").value === "context-mixing") {
       r.per_layer.forEach((row, l) => lines.push(tokenLine(`  layer ${l}`, data.tokens, row, last)));
