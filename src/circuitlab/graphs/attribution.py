@@ -34,6 +34,7 @@ from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.model import model_dtype
 from circuitlab.model.assumptions import require
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
@@ -298,7 +299,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
     max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
     require(model, "attribution graphs (demeaned logits)", "linear_readout")
-    dtype = dtype or next(model.parameters()).dtype
+    dtype = dtype or model_dtype(model)
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
     last = rm.logits[-1]
