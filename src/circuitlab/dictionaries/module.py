@@ -16,6 +16,7 @@ from torch import nn
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.storage import cast_parameters, resolve_dtypes
 from circuitlab.textfile import read_text
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,6 +27,28 @@ class DictionaryModule(nn.Module):
     `k`, `metadata` and `replace(...)`."""
 
     cfg: Any
+    _compute_dtype: torch.dtype | None = None  # None: the parameters' own dtype (set_dtypes stores them apart)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype encode / decode compute in (inputs are cast to it; half-precision matrices upcast per use)."""
+        return self._compute_dtype if self._compute_dtype is not None else next(self.parameters()).dtype
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype the matrices (W_enc, W_dec, ...) are held in."""
+        return max((p for p in self.parameters()), key=lambda p: p.numel()).dtype
+
+    def set_dtypes(self, storage: str | torch.dtype | None = None, compute: str | torch.dtype | None = None):
+        """Hold the matrices in `storage` (default: as they are) and compute in `compute` (default: float32 on a
+        CPU for half-precision storage, the storage dtype on a GPU); vectors (biases, thresholds) are held in the
+        compute dtype. In place; an unknown dtype or one the device cannot compute in is one InputError, raised
+        before anything changes. Returns self."""
+        like = next(self.parameters())
+        s, c = resolve_dtypes(storage if storage is not None else self.storage_dtype, compute, like.device)
+        cast_parameters(self, s, c)
+        self._compute_dtype = None if c == s else c
+        return self
 
     def for_inference(self):
         """BatchTopK becomes the JumpReLU it is at inference (same weights, its running threshold); others unchanged."""
@@ -36,9 +59,10 @@ class DictionaryModule(nn.Module):
 
     def _copy_with(self, cfg: Any):
         """A new module of the same class under `cfg`, with this one's weights, device and dtype."""
-        like = next(self.parameters())
-        new = type(self)(cfg).to(device=like.device, dtype=like.dtype)
-        new.load_state_dict(self.state_dict())
+        new = type(self)(cfg)
+        # assign: each tensor keeps its own dtype and device (half-precision matrices beside float32 vectors)
+        new.load_state_dict({k: v.clone() for k, v in self.state_dict().items()}, assign=True)
+        new._compute_dtype = self._compute_dtype
         return new
 
     def _load_checked(self, tensors: dict[str, torch.Tensor], what: str):

@@ -24,6 +24,7 @@ from torch import nn
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.storage import stored_matmul
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -64,10 +65,10 @@ class SparseDictionary(DictionaryModule):
     def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
         """[..., d_in] -> encoder pre-activations [..., d_sae]."""
         self._check_width(x, self.cfg.d_in, "input")
-        x = x.to(self.W_enc.dtype)
+        x = x.to(self.compute_dtype)
         if self.cfg.apply_b_dec_to_input:
             x = x - self.b_dec
-        return x @ self.W_enc + self.b_enc
+        return stored_matmul(x, self.W_enc) + self.b_enc
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         """Inference activation of pre-activations [..., d_sae]: ReLU, TopK, or JumpReLU (BatchTopK too)."""
@@ -85,11 +86,11 @@ class SparseDictionary(DictionaryModule):
 
     def decode(self, acts: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """acts [..., d_sae] -> reconstruction [..., d_out]. A skip transcoder also needs its input x [..., d_in]."""
-        out = acts.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+        out = stored_matmul(acts.to(self.compute_dtype), self.W_dec) + self.b_dec
         if self.cfg.skip:
             if x is None:
                 raise CircuitlabError("a skip transcoder's decode needs its input x too: decode(acts, x)")
-            out = out + x.to(self.W_skip.dtype) @ self.W_skip
+            out = out + stored_matmul(x.to(self.compute_dtype), self.W_skip)
         return out
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +110,7 @@ class SparseDictionary(DictionaryModule):
 
     def decoder_norms(self) -> torch.Tensor:
         """[d_sae] norm of each decoder row (feature direction)."""
-        return self.W_dec.norm(dim=-1)
+        return self.W_dec.to(self.compute_dtype).norm(dim=-1)
 
     @torch.no_grad()
     def folded(self, in_scale: float, out_scale: float | None = None) -> "SparseDictionary":

@@ -21,6 +21,7 @@ import torch
 
 from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
 from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.model.storage import stored_matmul
 
 MLP_OUT = "blocks.{}.hook_mlp_out"
 
@@ -159,12 +160,12 @@ class Transcoders:
         """The reconstruction of layer's MLP output from the features of the layers writing into it.
         acts: {source layer: [..., d_sae]} -> [..., d_model] (decoder bias included, skip not)."""
         d = self._dicts[layer]
-        return acts[layer].to(d.W_dec.dtype) @ d.W_dec + d.b_dec
+        return stored_matmul(acts[layer].to(d.compute_dtype), d.W_dec) + d.b_dec
 
     def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         """The linear skip path x [..., d_in] -> [..., d_model], or None when the transcoder has none."""
         d = self._dicts[layer]
-        return x.to(d.W_skip.dtype) @ d.W_skip if d.cfg.skip else None
+        return stored_matmul(x.to(d.compute_dtype), d.W_skip) if d.cfg.skip else None
 
     def to(self, dtype: torch.dtype) -> "Transcoders":
         """A copy with every dictionary in dtype (float64 for exact checks)."""
@@ -239,14 +240,13 @@ class CrossLayerTranscoders(Transcoders):
         out = self.clt.b_dec[layer]
         for src in range(layer + 1):
             dec = self.clt.decoder(src, layer)
-            out = out + acts[src].to(dec.dtype) @ dec
+            out = out + stored_matmul(acts[src].to(self.clt.dtype), dec)
         return out
 
     def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         if not self.clt.cfg.skip:
             return None
-        w = self.clt.W_skip[layer]
-        return x.to(w.dtype) @ w
+        return stored_matmul(x.to(self.clt.dtype), self.clt.W_skip[layer])
 
     def to(self, dtype: torch.dtype) -> "CrossLayerTranscoders":
         return CrossLayerTranscoders(copy.deepcopy(self.clt).to(dtype))  # Module.to works in place: copy first

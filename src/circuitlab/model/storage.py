@@ -95,6 +95,22 @@ def upcast(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     return t if t is None or t.dtype == like.dtype else t.to(like.dtype)
 
 
+def cast_parameters(module: nn.Module, storage: torch.dtype, compute: torch.dtype) -> None:
+    """In place: matrices (dim >= 2) to the storage dtype, vectors (biases, norm gains, thresholds: a rounding
+    error there shifts every activation or which features fire, for almost no memory) to the compute dtype."""
+    with torch.no_grad():
+        for p in module.parameters():
+            want = storage if p.dim() >= 2 else compute
+            if p.dtype != want:
+                p.data = p.data.to(want)
+
+
+def stored_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., a] @ w [a, b] in x's dtype: x @ w itself when w is stored in it, else stored_linear(x, w^T)
+    (a dictionary's W_enc / W_dec held in half precision, upcast a block at a time)."""
+    return x @ w if w.dtype == x.dtype else stored_linear(x, w.T)
+
+
 def stored_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] @ weight [out, in]^T + bias [out] computed in x's dtype, whatever the weight's storage dtype.
 

@@ -22,7 +22,7 @@ from circuitlab.errors import CircuitlabError, InputError
 import circuitlab.model.hooks as H
 from circuitlab.model.components import Attention, Block, LayerKV, Norm, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
-from circuitlab.model.storage import Linear, dtype_name, resolve_dtypes, upcast
+from circuitlab.model.storage import Linear, cast_parameters, dtype_name, resolve_dtypes, upcast
 from circuitlab.model.tokens import check_tokens
 from circuitlab.model.weights import WeightViews
 
@@ -95,7 +95,7 @@ class Transformer(WeightViews, nn.Module):
     # ------------------------------------------------------------------ dtypes
     @property
     def storage_dtype(self) -> torch.dtype:
-        """The dtype the weights are held in."""
+        """The dtype the weight matrices are held in."""
         return self.embed.weight.dtype
 
     @property
@@ -107,16 +107,13 @@ class Transformer(WeightViews, nn.Module):
     def set_dtypes(self, storage: str | torch.dtype | None = None, compute: str | torch.dtype | None = None
                    ) -> "Transformer":
         """Hold the weights in `storage` (default: as they are) and compute in `compute` (default: float32 on a
-        CPU for half-precision storage, the storage dtype on a GPU). Casts the parameters in place (the computed
-        rotary tables stay float32); an unknown dtype or one the device cannot compute in is one InputError,
+        CPU for half-precision storage, the storage dtype on a GPU). Casts the parameters in place: matrices to
+        `storage`, vectors (biases, norm gains) to `compute` (the computed rotary tables stay float32); an unknown dtype or one the device cannot compute in is one InputError,
         raised before anything changes. Returns the model."""
         device = self.embed.weight.device
         storage_dtype, compute_dtype = resolve_dtypes(storage if storage is not None else self.storage_dtype,
                                                       compute, device)
-        with torch.no_grad():
-            for p in self.parameters():
-                if p.dtype != storage_dtype:
-                    p.data = p.data.to(storage_dtype)
+        cast_parameters(self, storage_dtype, compute_dtype)
         self._compute_dtype = None if compute_dtype == storage_dtype else compute_dtype
         return self
 
