@@ -16,7 +16,7 @@ from torch import nn
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.errors import CircuitlabError
-from circuitlab.model.storage import cast_parameters, resolve_dtypes
+from circuitlab.model.storage import cast_parameters, compute_of, resolve_dtypes
 from circuitlab.textfile import read_text
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,7 +32,7 @@ class DictionaryModule(nn.Module):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype encode / decode compute in (inputs are cast to it; half-precision matrices upcast per use)."""
-        return self._compute_dtype if self._compute_dtype is not None else next(self.parameters()).dtype
+        return compute_of(self.storage_dtype, self._compute_dtype)
 
     @property
     def storage_dtype(self) -> torch.dtype:

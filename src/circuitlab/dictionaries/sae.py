@@ -142,14 +142,16 @@ class SparseDictionary(DictionaryModule):
         return folder
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: nn.Module | None = None
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: nn.Module | None = None,
+             dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
              ) -> "SparseDictionary":
         """Load a folder written by save(), or a published layout (the folder or its file): SAELens, Gemma
         Scope 1 and 2, Llama Scope, one layer of a circuit-tracer set (see dictionaries/published.py).
 
         model: check the dictionary against it (base model, hooks, widths) and bind the reading points
-        that need it (a published transcoder reading the MLP input after ln2's gain)."""
-        return LOAD_ANY[0](path, device=device, model=model)
+        that need it (a published transcoder reading the MLP input after ln2's gain).
+        dtype / compute_dtype: hold the matrices in dtype, compute in compute_dtype (set_dtypes)."""
+        return LOAD_ANY[0](path, device=device, model=model, dtype=dtype, compute_dtype=compute_dtype)
 
     @classmethod
     def load_own(cls, folder: str | Path, device: str | torch.device = "cpu") -> "SparseDictionary":

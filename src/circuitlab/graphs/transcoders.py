@@ -21,6 +21,7 @@ import torch
 
 from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
 from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.model import model_dtype
 from circuitlab.model.storage import stored_matmul
 
 MLP_OUT = "blocks.{}.hook_mlp_out"
@@ -85,22 +86,27 @@ class Transcoders:
         return cls(cfg.n_layers, cfg.d_model, by_layer)
 
     @classmethod
-    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False) -> "Transcoders":
+    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, dtype: str | torch.dtype | None = None,
+             compute_dtype: str | torch.dtype | None = None) -> "Transcoders":
         """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
         layout or sparsify's), one dictionary folder per layer (what `circuitlab sae train` writes under its
         dictionaries/), the folder of such a run (per-layer or kind: clt), or circuit-tracer's per-layer
-        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders)."""
-        from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
+        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders).
+        dtype: hold each transcoder's matrices in it, cast as soon as it is read (26 float32 transcoders of
+        16,384 latents never sit in memory together); compute_dtype: default the model's."""
+        from circuitlab.dictionaries.clt import is_clt_folder
+        from circuitlab.dictionaries.published import load_transcoders
 
+        if dtype is not None and compute_dtype is None:
+            compute_dtype = model_dtype(model)
+        dtypes = {"dtype": dtype, "compute_dtype": compute_dtype}
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
         if is_clt_folder(folder):
-            return cls.cross_layer(model, CrossLayerTranscoder.load(folder))
+            return cls.cross_layer(model, load_transcoders(folder, **dtypes))
         if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
-            from circuitlab.dictionaries import load_transcoders
-
-            return cls.per_layer(model, load_transcoders(folder, model=None if allow_partial else model),
+            return cls.per_layer(model, load_transcoders(folder, model=None if allow_partial else model, **dtypes),
                                  allow_partial=allow_partial)
         if (folder / "dictionaries").is_dir():
             folder = folder / "dictionaries"
@@ -111,8 +117,8 @@ class Transcoders:
             if len(clts) > 1 or others:
                 raise InputError(f"{folder} holds {len(clts)} cross-layer transcoder(s) beside other dictionaries; "
                                  "give the folder of the one to use")
-            return cls.cross_layer(model, CrossLayerTranscoder.load(clts[0]))
-        dicts = [SparseDictionary.load(p) for p in others]
+            return cls.cross_layer(model, load_transcoders(clts[0], **dtypes))
+        dicts = [SparseDictionary.load(p, **dtypes) for p in others]
         if not dicts:
             raise InputError(f"{folder} holds no transcoders (expected one dictionary folder per layer or a "
                              "cross-layer transcoder)")
@@ -167,9 +173,18 @@ class Transcoders:
         d = self._dicts[layer]
         return stored_matmul(x.to(d.compute_dtype), d.W_skip) if d.cfg.skip else None
 
+    def set_dtypes(self, dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
+                   ) -> "Transcoders":
+        """Every dictionary's matrices held in dtype, computing in compute_dtype (DictionaryModule.set_dtypes),
+        in place. Returns self."""
+        for d in self._dicts.values():
+            d.set_dtypes(dtype, compute_dtype)
+        return self
+
     def to(self, dtype: torch.dtype) -> "Transcoders":
         """A copy with every dictionary in dtype (float64 for exact checks)."""
-        return Transcoders(self.n_layers, self.d_model, {k: v.to(dtype) for k, v in self._dicts.items()})
+        return Transcoders(self.n_layers, self.d_model, {k: v.to(dtype).set_dtypes(dtype, dtype)
+                                                         for k, v in self._dicts.items()})
 
     @classmethod
     def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
@@ -247,6 +262,11 @@ class CrossLayerTranscoders(Transcoders):
         if not self.clt.cfg.skip:
             return None
         return stored_matmul(x.to(self.clt.dtype), self.clt.W_skip[layer])
+
+    def set_dtypes(self, dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
+                   ) -> "CrossLayerTranscoders":
+        self.clt.set_dtypes(dtype, compute_dtype)
+        return self
 
     def to(self, dtype: torch.dtype) -> "CrossLayerTranscoders":
         return CrossLayerTranscoders(copy.deepcopy(self.clt).to(dtype))  # Module.to works in place: copy first

@@ -85,8 +85,18 @@ def resolve_dtypes(storage: str | torch.dtype | None, compute: str | torch.dtype
     compute dtype is checked on the device. One InputError for an unknown name or an impossible compute dtype."""
     s = torch.float32 if storage is None else parse_dtype(storage, "storage dtype")
     c = default_compute(s, device) if compute is None else parse_dtype(compute, "compute dtype")
+    if c != s and s not in HALF:
+        raise InputError(f"a model stored in {dtype_name(s)} computes in {dtype_name(s)} (asked: {dtype_name(c)}); "
+                         f"store it in {dtype_name(c)} to compute in it")
     check_compute(c, device)
     return s, c
+
+
+def compute_of(storage: torch.dtype, recorded: torch.dtype | None) -> torch.dtype:
+    """The compute dtype of a module whose matrices are held in `storage` and that recorded `recorded` (None:
+    none): a recorded dtype counts only while the storage is half precision, so module.double() / .float()
+    compute in what they hold."""
+    return recorded if recorded is not None and storage in HALF else storage
 
 
 def upcast(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
@@ -120,8 +130,9 @@ def stored_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return F.linear(x, weight, bias)
     if bias is not None and bias.dtype != x.dtype:
         bias = bias.to(x.dtype)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        out = _UpcastLinear.apply(x, weight)
+    if torch.is_grad_enabled() and x.requires_grad:
+        # Gradients flow to the activations only: half-precision weights are for analysis, not training.
+        out = _UpcastLinear.apply(x, weight.detach())
         return out if bias is None else out + bias
     return _chunked_linear(x, weight, bias)
 
@@ -163,6 +174,8 @@ def _chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 def _chunked_grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """grad [..., out] @ weight [out, in] in grad's dtype, the weight upcast a block of rows at a time."""
     n = _rows_per_chunk(weight, grad.dtype)
+    if weight.shape[0] <= n:  # one block (no full-range slice: vmap has no rule for the alias it makes)
+        return grad @ weight.to(grad.dtype)
     out = None
     for start in range(0, weight.shape[0], n):
         stop = min(start + n, weight.shape[0])
@@ -172,7 +185,8 @@ def _chunked_grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
 
 
 class _UpcastLinear(torch.autograd.Function):
-    """x @ weight^T with a weight stored in another dtype; saves the stored weight, recomputes the upcast."""
+    """x @ weight^T with a weight stored in another dtype (no gradient to it); saves the stored weight and
+    recomputes the upcast in the backward."""
 
     generate_vmap_rule = True  # batched gradients (autograd.grad(is_grads_batched=True)) go through it
 
@@ -182,17 +196,12 @@ class _UpcastLinear(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
-        x, weight = inputs
-        ctx.save_for_backward(x if weight.requires_grad else None, weight)
+        ctx.save_for_backward(inputs[1])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        grad_x = _chunked_grad_input(grad, weight) if ctx.needs_input_grad[0] else None
-        grad_w = None
-        if ctx.needs_input_grad[1]:
-            grad_w = (grad.flatten(0, -2).T @ x.flatten(0, -2)).to(weight.dtype)
-        return grad_x, grad_w
+        (weight,) = ctx.saved_tensors
+        return _chunked_grad_input(grad, weight), None
 
 
 class Linear(nn.Linear):

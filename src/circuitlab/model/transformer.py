@@ -22,7 +22,7 @@ from circuitlab.errors import CircuitlabError, InputError
 import circuitlab.model.hooks as H
 from circuitlab.model.components import Attention, Block, LayerKV, Norm, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
-from circuitlab.model.storage import Linear, cast_parameters, dtype_name, resolve_dtypes, upcast
+from circuitlab.model.storage import Linear, cast_parameters, compute_of, dtype_name, resolve_dtypes, upcast
 from circuitlab.model.tokens import check_tokens
 from circuitlab.model.weights import WeightViews
 
@@ -102,7 +102,7 @@ class Transformer(WeightViews, nn.Module):
     def compute_dtype(self) -> torch.dtype:
         """The dtype every activation is computed in: the embeddings are cast to it and each stored weight is
         upcast to it per use (storage.stored_linear), one layer at a time."""
-        return self._compute_dtype if self._compute_dtype is not None else self.storage_dtype
+        return compute_of(self.storage_dtype, self._compute_dtype)
 
     def set_dtypes(self, storage: str | torch.dtype | None = None, compute: str | torch.dtype | None = None
                    ) -> "Transformer":
