@@ -134,7 +134,7 @@ def stored_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         # Gradients flow to the activations only: half-precision weights are for analysis, not training.
         out = _UpcastLinear.apply(x, weight.detach())
         return out if bias is None else out + bias
-    return _chunked_linear(x, weight, bias)
+    return _chunked_linear(x, weight.detach(), bias)
 
 
 def _rows_per_chunk(weight: torch.Tensor, dtype: torch.dtype, budget: int = _CHUNK_BYTES) -> int:
