@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096, "
                         f"at most {CARD_TOKENS.high})")
     add_dtype_arguments(p)
+    p.add_argument("--mmap", action="store_true",
+                   help="memory-map the transcoders' weights from their files (circuitlab's own layouts), read as "
+                        "each layer uses them: their pages can be dropped under memory pressure")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         if tok is None:
             raise InputError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
         tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial, dtype=args.dtype,
-                              compute_dtype=model.compute_dtype if args.dtype is not None else None)
+                              compute_dtype=model.compute_dtype if args.dtype is not None else None, mmap=args.mmap)
         from circuitlab.viz.graph_view import saved_dashboards
 
         saved = saved_dashboards(args.transcoders)

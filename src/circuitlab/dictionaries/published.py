@@ -331,12 +331,13 @@ def load_llama_scope(folder: str | Path) -> SparseDictionary:
 
 
 def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model: Any = None,
-                    dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
-                    ) -> SparseDictionary:
+                    dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
+                    mmap: bool = False) -> SparseDictionary:
     """Any single dictionary: ours, SAELens, Gemma Scope (1 and 2), Llama Scope, or one layer of a
     circuit-tracer set (its layer_{i}.safetensors); the folder or the file. With model: bound to it.
     dtype / compute_dtype: hold its matrices in dtype and compute in compute_dtype (DictionaryModule.set_dtypes;
-    both None: as read)."""
+    both None: as read). mmap: map the weights of our own layout from their file, read when used (published
+    layouts are converted as they are read: save one as ours to map it)."""
     _check_dtypes(dtype, compute_dtype, device)
     path = Path(path)
     if not path.exists():
@@ -345,7 +346,14 @@ def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model:
     if path.is_file() and re.fullmatch(r"layer_\d+\.safetensors", path.name) and (folder / CT_CONFIG).is_file():
         sae = load_ct_layer(folder, int(path.name[6:-12]), path)
     elif (folder / WEIGHTS_FILE).is_file():
-        sae = SparseDictionary.load_own(folder)
+        sae = SparseDictionary.load_own(folder, device, mmap=mmap)
+        if mmap and dtype is not None and sae.storage_dtype != resolve_dtypes(dtype, None, device)[0]:
+            raise CircuitlabError(f"{folder / WEIGHTS_FILE} holds {str(sae.storage_dtype)[6:]}; a memory-mapped "
+                                  f"dictionary is held in its file's dtype, not {dtype} (save it in {dtype}, or "
+                                  "load it without mmap)")
+    elif mmap:
+        raise CircuitlabError(f"{folder} is a published layout, converted as it is read: only circuitlab's own "
+                              f"({WEIGHTS_FILE}) can be memory-mapped; save it as ours once (sae.save(folder))")
     elif is_saelens_folder(folder):
         sae = load_saelens(folder)
     elif (folder / GEMMA_SCOPE).is_file():
@@ -464,8 +472,11 @@ def load_ct_layer(folder: Path, layer: int, file: Path | None = None, raw: dict[
                   metadata={"source": "circuit-tracer", "file": str(file), "layer": layer})
 
 
-def _load_ct_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None
-                 ) -> list[SparseDictionary]:
+def _load_ct_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+                 mmap: bool = False) -> list[SparseDictionary]:
+    if mmap:
+        raise CircuitlabError(f"{folder} is circuit-tracer's layout, converted as it is read: only circuitlab's own "
+                              "transcoder folders can be memory-mapped; save them as ours once (save_transcoders)")
     raw = _ct_config(folder)
     files = _ct_files(folder, raw)
     return [_stored(load_ct_layer(folder, i, f, raw).to(device), dtype, compute_dtype) for i, f in enumerate(files)]
@@ -479,20 +490,21 @@ def _is_our_set(folder: Path) -> bool:
     return any((sub / WEIGHTS_FILE).is_file() for sub in folder.iterdir() if sub.is_dir())
 
 
-def _load_our_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None
-                  ) -> list[SparseDictionary]:
-    saes = [load_dictionary(sub, device, dtype=dtype, compute_dtype=compute_dtype)
+def _load_our_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+                  mmap: bool = False) -> list[SparseDictionary]:
+    saes = [load_dictionary(sub, device, dtype=dtype, compute_dtype=compute_dtype, mmap=mmap)
             for sub in sorted(folder.iterdir()) if (sub / WEIGHTS_FILE).is_file()]
     saes = [s for s in saes if s.cfg.is_transcoder]
     return sorted(saes, key=lambda s: _layer_of(s.cfg.hook_name) if _layer_of(s.cfg.hook_name) is not None else -1)
 
 
-def _load_clt(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None):
+def _load_clt(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+              mmap: bool = False):
     """A cross-layer transcoder (ours, circuit-tracer's model_kind: cross_layer_transcoder, sparsify's), checked
     against the model when given."""
     from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
 
-    clt = _stored(CrossLayerTranscoder.load(folder, device=device), dtype, compute_dtype)
+    clt = _stored(CrossLayerTranscoder.load(folder, device=device, mmap=mmap), None if mmap else dtype, compute_dtype)
     if model is not None:
         check_clt_fits(clt, model, f"the CLT in {folder}")
     return clt
@@ -514,20 +526,21 @@ SET_LAYOUTS: list[tuple[str, Callable[[Path], bool], Callable[..., Any]]] = [
 
 
 def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Any = None,
-                     dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
-                     ) -> list[SparseDictionary] | Any:
+                     dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
+                     mmap: bool = False) -> list[SparseDictionary] | Any:
     """A set of per-layer transcoders, one per layer in layer order (circuit-tracer's config.yaml +
     layer_{i}.safetensors, or a folder of our transcoder folders). With model: each bound and checked,
     and the set must cover every layer of the model. A cross-layer transcoder folder (any of
     CrossLayerTranscoder.load's layouts) gives the CrossLayerTranscoder itself. dtype / compute_dtype: each
-    transcoder held in dtype as soon as it is read (DictionaryModule.set_dtypes; both None: as read)."""
+    transcoder held in dtype as soon as it is read (DictionaryModule.set_dtypes; both None: as read). mmap: map
+    our own layout's weights from their files, read when used (load_dictionary)."""
     _check_dtypes(dtype, compute_dtype, device)
     folder = Path(path)
     if not folder.is_dir():
         raise CircuitlabError(f"transcoder set not found: {folder} (a folder)")
     for name, detect, load in SET_LAYOUTS:
         if detect(folder):
-            out = load(folder, device, model, dtype, compute_dtype)
+            out = load(folder, device, model, dtype, compute_dtype, mmap)
             break
     else:
         raise CircuitlabError(f"{folder} holds no transcoder set ({', '.join(n for n, _, _ in SET_LAYOUTS)})")

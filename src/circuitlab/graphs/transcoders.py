@@ -87,19 +87,20 @@ class Transcoders:
 
     @classmethod
     def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, dtype: str | torch.dtype | None = None,
-             compute_dtype: str | torch.dtype | None = None) -> "Transcoders":
+             compute_dtype: str | torch.dtype | None = None, mmap: bool = False) -> "Transcoders":
         """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
         layout or sparsify's), one dictionary folder per layer (what `circuitlab sae train` writes under its
         dictionaries/), the folder of such a run (per-layer or kind: clt), or circuit-tracer's per-layer
         layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders).
         dtype: hold each transcoder's matrices in it, cast as soon as it is read (26 float32 transcoders of
-        16,384 latents never sit in memory together); compute_dtype: default the model's."""
+        16,384 latents never sit in memory together); compute_dtype: default the model's. mmap: map the weights
+        of circuitlab's own layouts from their files, read as each layer uses them (dictionaries/mapped.py)."""
         from circuitlab.dictionaries.clt import is_clt_folder
         from circuitlab.dictionaries.published import load_transcoders
 
         if dtype is not None and compute_dtype is None:
             compute_dtype = model_dtype(model)
-        dtypes = {"dtype": dtype, "compute_dtype": compute_dtype}
+        dtypes = {"dtype": dtype, "compute_dtype": compute_dtype, "mmap": mmap}
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
@@ -155,17 +156,20 @@ class Transcoders:
 
     def encoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
         """features [n] -> [n, d_in]: the direction each feature's pre-activation reads."""
+        self._dicts[layer].check_mapped()
         return self._dicts[layer].W_enc[:, features].T
 
     def decoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
         """features [n] -> [n, len(writes(layer)), d_model]: what one unit of each feature adds to each
         layer it writes."""
+        self._dicts[layer].check_mapped()
         return self._dicts[layer].W_dec[features][:, None, :]
 
     def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
         """The reconstruction of layer's MLP output from the features of the layers writing into it.
         acts: {source layer: [..., d_sae]} -> [..., d_model] (decoder bias included, skip not)."""
         d = self._dicts[layer]
+        d.check_mapped()
         return stored_matmul(acts[layer].to(d.compute_dtype), d.W_dec) + d.b_dec
 
     def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
@@ -246,12 +250,15 @@ class CrossLayerTranscoders(Transcoders):
         return self.clt.encode_layer(x, layer)
 
     def encoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
+        self.clt.check_mapped()
         return self.clt.W_enc[layer][:, features].T
 
     def decoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
+        self.clt.check_mapped()
         return torch.stack([self.clt.decoder(layer, t)[features] for t in self.writes(layer)], dim=1)
 
     def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
+        self.clt.check_mapped()
         out = self.clt.b_dec[layer]
         for src in range(layer + 1):
             dec = self.clt.decoder(src, layer)
