@@ -295,3 +295,18 @@ def test_mapping_refuses_what_it_cannot_map(tmp_path):
     save_transcoders(dicts, tmp_path / "ct")
     with pytest.raises(CircuitlabError, match="only circuitlab's own transcoder folders can be memory-mapped"):
         Transcoders.load(model, tmp_path / "ct", mmap=True)
+
+
+def test_stored_matmul_blocks_of_rows(monkeypatch):
+    """x @ w with w [a, b] stored in half precision (a dictionary's W_enc, W_dec), contiguous or a transposed
+    view, few or many rows, forward and backward: x @ w.float()."""
+    monkeypatch.setattr(storage, "_TILE_BYTES", 3 * 40 * 4)
+    monkeypatch.setattr(storage, "_CHUNK_BYTES", 5 * 40 * 4)
+    w = torch.randn(32, 40, generator=torch.Generator().manual_seed(0)).bfloat16()
+    for stored in (w, w.T.contiguous().T):
+        for rows in (4, 300):
+            x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
+            out, ref = storage.stored_matmul(x, stored), x @ w.float()
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+            (g,), (g_ref,) = torch.autograd.grad(out.square().sum(), x), torch.autograd.grad(ref.square().sum(), x)
+            torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-5)

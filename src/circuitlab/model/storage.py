@@ -116,9 +116,16 @@ def cast_parameters(module: nn.Module, storage: torch.dtype, compute: torch.dtyp
 
 
 def stored_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., a] @ w [a, b] in x's dtype: x @ w itself when w is stored in it, else stored_linear(x, w^T)
-    (a dictionary's W_enc / W_dec held in half precision, upcast a block at a time)."""
-    return x @ w if w.dtype == x.dtype else stored_linear(x, w.T)
+    """x [..., a] @ w [a, b] in x's dtype: x @ w itself when w is stored in it; else w (a dictionary's W_enc /
+    W_dec held in half precision) is upcast a block of its rows at a time (contiguous blocks: a transposed
+    view's blocks would be strided gathers, ~30x slower), and under autograd the backward re-reads it."""
+    if w.dtype == x.dtype:
+        return x @ w
+    if not w.is_contiguous():
+        return stored_linear(x, w.T)  # w^T is the contiguous one: its rows are w's columns
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _UpcastMatmul.apply(x, w.detach())
+    return _row_blocks_matmul(x, w.detach())
 
 
 def stored_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -182,6 +189,48 @@ def _chunked_grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
         part = grad[..., start:stop] @ weight[start:stop].to(grad.dtype)
         out = part if out is None else out + part
     return out
+
+
+def _row_blocks_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., a] @ w [a, b] in x's dtype, summed over blocks of w's rows, each upcast into one reused buffer
+    (cache-sized for few rows of x, else up to _CHUNK_BYTES)."""
+    lead, (n_in, n_out) = x.shape[:-1], w.shape
+    flat = x.reshape(-1, n_in)
+    budget = _TILE_BYTES if flat.shape[0] <= _FEW_ROWS else _CHUNK_BYTES
+    rows = max(1, budget // max(1, n_out * x.dtype.itemsize))
+    if rows >= n_in:
+        return (flat @ w.to(x.dtype)).reshape(*lead, n_out)
+    buffer = torch.empty(rows, n_out, dtype=x.dtype, device=x.device)
+    out = torch.zeros(flat.shape[0], n_out, dtype=x.dtype, device=x.device)
+    for start in range(0, n_in, rows):
+        stop = min(start + rows, n_in)
+        block = buffer[:stop - start]
+        block.copy_(w[start:stop])
+        out.addmm_(flat[:, start:stop], block)
+    return out.reshape(*lead, n_out)
+
+
+class _UpcastMatmul(torch.autograd.Function):
+    """x @ w with w [a, b] stored in another dtype (no gradient to it); the backward re-reads the stored w."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return _row_blocks_matmul(x, w)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (w,) = ctx.saved_tensors  # grad [..., b] @ w^T [b, a]: w's row blocks give the input's column blocks
+        rows = _rows_per_chunk(w, grad.dtype)
+        if rows >= w.shape[0]:  # one block (no full-range slice: vmap has no rule for the alias it makes)
+            return grad @ w.to(grad.dtype).T, None
+        parts = [grad @ w[start:start + rows].to(grad.dtype).T for start in range(0, w.shape[0], rows)]
+        return torch.cat(parts, dim=-1), None
 
 
 class _UpcastLinear(torch.autograd.Function):
