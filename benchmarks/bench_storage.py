@@ -16,6 +16,7 @@ layer (16,384 latents, ReLU, reading blocks.L.ln2.hook_normalized, writing block
 
     .venv/bin/python benchmarks/bench_storage.py memory --dtype bfloat16 --layers 26
     .venv/bin/python benchmarks/bench_storage.py memory --dtype float32 --layers 2 4     # extrapolated to 26
+    .venv/bin/python benchmarks/bench_storage.py memory --dtype bfloat16 --layers 4 --mmap  # transcoders mapped
     .venv/bin/python benchmarks/bench_storage.py speed --layers 4 --tokens 16 --threads 1
 """
 from __future__ import annotations
@@ -44,15 +45,24 @@ from bench_storage import build_model, build_transcoders
 def peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-def hwm_mb():
+def status_mb(field):
     with open("/proc/self/status") as f:
-        return [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")][0]
+        return [int(line.split()[1]) / 1024 for line in f if line.startswith(field + ":")][0]
 
 torch.set_num_threads({threads})
 start = time.perf_counter()
 model = build_model({layers}, {dtype!r})
 after_model = peak_mb()
 dicts = build_transcoders(model, {dtype!r}) if {transcoders} else []
+if {mmap} and dicts:  # saved once in our layout, then mapped back: file-backed pages instead of anonymous memory
+    import tempfile
+    from circuitlab.graphs import Transcoders
+    folder = tempfile.mkdtemp(dir={tmp!r})
+    for i, d in enumerate(dicts):
+        d.save(f"{{folder}}/layer{{i:02d}}")
+    dicts = None
+    tc = Transcoders.load(model, folder, mmap=True)
+    dicts = [tc.dictionary(i) for i in tc.layers]
 built = time.perf_counter() - start
 after_build = peak_mb()
 tokens = torch.randint(0, model.cfg.d_vocab, (1, {tokens}), generator=torch.Generator().manual_seed(0))
@@ -64,9 +74,13 @@ with torch.no_grad():
         d(cache[d.cfg.hook_name])
 forward = time.perf_counter() - t0
 print(json.dumps({{"layers": {layers}, "dtype": {dtype!r}, "transcoders": len(dicts), "model_peak_mb": after_model,
-                  "build_peak_mb": after_build, "peak_mb": peak_mb(), "vmhwm_mb": hwm_mb(), "build_s": built,
+                  "build_peak_mb": after_build, "peak_mb": peak_mb(), "vmhwm_mb": status_mb("VmHWM"),
+                  "rss_anon_mb": status_mb("RssAnon"), "rss_file_mb": status_mb("RssFile"), "build_s": built,
                   "forward_s": forward, "params": model.num_params(),
                   "storage": str(model.storage_dtype), "compute": str(model.compute_dtype)}}))
+if {mmap} and dicts:
+    import shutil
+    shutil.rmtree(folder)
 """
 
 
@@ -114,16 +128,20 @@ def memory(args: argparse.Namespace) -> list[dict]:
     results = []
     for layers in args.layers:
         code = CHILD.format(bench=str(Path(__file__).parent), threads=args.threads, layers=layers, dtype=args.dtype,
-                            transcoders=not args.no_transcoders, tokens=args.tokens)
+                            transcoders=not args.no_transcoders, tokens=args.tokens, mmap=args.mmap,
+                            tmp=args.tmp)
         env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             sys.exit(f"child failed:\n{proc.stderr[-2000:]}")
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         results.append(r)
-        print(f"{args.dtype} storage, {layers} layers + {r['transcoders']} transcoders: peak {r['peak_mb'] / 1024:.2f} "
-              f"GiB (model built {r['model_peak_mb'] / 1024:.2f}, all built {r['build_peak_mb'] / 1024:.2f}); "
-              f"forward {r['forward_s']:.2f} s; built in {r['build_s']:.0f} s", flush=True)
+        mapped = " (memory-mapped)" if args.mmap else ""
+        print(f"{args.dtype} storage, {layers} layers + {r['transcoders']} transcoders{mapped}: peak "
+              f"{r['peak_mb'] / 1024:.2f} GiB (model built {r['model_peak_mb'] / 1024:.2f}, all built "
+              f"{r['build_peak_mb'] / 1024:.2f}); after the forward: {r['rss_anon_mb'] / 1024:.2f} GiB anonymous + "
+              f"{r['rss_file_mb'] / 1024:.2f} GiB file-backed; forward {r['forward_s']:.2f} s; built in "
+              f"{r['build_s']:.0f} s", flush=True)
     if len(results) >= 2:
         a, b = results[0], results[-1]
         per_layer = (b["peak_mb"] - a["peak_mb"]) / (b["layers"] - a["layers"])
@@ -165,6 +183,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: what perf.threads_for_work picks on a busy 2-core machine)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-transcoders", action="store_true")
+    p.add_argument("--mmap", action="store_true", help="save the transcoders in our layout and map them back")
+    p.add_argument("--tmp", default="/tmp", help="where --mmap saves them (deleted after)")
     p.add_argument("--json", default=None, help="also write the memory results here")
     args = p.parse_args()
     if args.what == "speed":
