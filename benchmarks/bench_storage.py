@@ -180,7 +180,8 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", help="storage dtype (default bfloat16)")
     p.add_argument("--layers", type=int, nargs="+", default=[26], help="layer counts (default 26)")
     p.add_argument("--tokens", type=int, default=16)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: what perf.threads_for_work picks on a busy 2-core machine)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: what perf.threads_for_work picks on a busy 2-core machine)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-transcoders", action="store_true")
     p.add_argument("--mmap", action="store_true", help="save the transcoders in our layout and map them back")

@@ -108,8 +108,9 @@ class Transformer(WeightViews, nn.Module):
                    ) -> "Transformer":
         """Hold the weights in `storage` (default: as they are) and compute in `compute` (default: float32 on a
         CPU for half-precision storage, the storage dtype on a GPU). Casts the parameters in place: matrices to
-        `storage`, vectors (biases, norm gains) to `compute` (the computed rotary tables stay float32); an unknown dtype or one the device cannot compute in is one InputError,
-        raised before anything changes. Returns the model."""
+        `storage`, vectors (biases, norm gains) to `compute` (the computed rotary tables stay float32). An
+        unknown dtype or one the device cannot compute in is one InputError, raised before anything changes.
+        Returns the model."""
         device = self.embed.weight.device
         storage_dtype, compute_dtype = resolve_dtypes(storage if storage is not None else self.storage_dtype,
                                                       compute, device)

@@ -30,8 +30,9 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "to
 
 
 def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch.float32, *,
-                    compute_dtype: str | torch.dtype | None = None, n_ctx: int | None = None, tokenizer: bool = True, device: str | torch.device = "cpu",
-                    cache_dir: str | os.PathLike | None = None, revision: str | None = None):
+                    compute_dtype: str | torch.dtype | None = None, n_ctx: int | None = None, tokenizer: bool = True,
+                    device: str | torch.device = "cpu", cache_dir: str | os.PathLike | None = None,
+                    revision: str | None = None):
     """A Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint as (Transformer, tokenizer).
 
     name_or_path: a local folder (config.json + model.safetensors, sharded safetensors or

@@ -129,7 +129,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype:
     folder. Weights are read straight into the model, tensor by tensor (no random init, no copy).
 
     dtype: the storage dtype of the weights (default: the file's own when it is bfloat16 or float16, so a
-    model imported in half precision stays half the size; float32 otherwise); compute_dtype: what it computes in (default: float32 on a CPU, the storage dtype on a GPU).
+    model imported in half precision stays half the size; float32 otherwise); compute_dtype: what it computes
+    in (default: float32 on a CPU, the storage dtype on a GPU).
     """
     from circuitlab.data import load_tokenizer
 
