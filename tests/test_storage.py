@@ -310,3 +310,18 @@ def test_stored_matmul_blocks_of_rows(monkeypatch):
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
             (g,), (g_ref,) = torch.autograd.grad(out.square().sum(), x), torch.autograd.grad(ref.square().sum(), x)
             torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-5)
+
+
+def test_analyses_that_read_weights_run_on_half_storage():
+    """Folding works on a half-precision model (in the compute dtype, the result held as the model was); the
+    weight-product analyses see the stored values in float32."""
+    from circuitlab.analysis.folding import fold_layer_norm
+    from circuitlab.analysis.qk_ov import ov_circuit
+
+    _, half, rounded = pair("gpt2", torch.bfloat16)
+    folded = fold_layer_norm(half)
+    assert folded.storage_dtype == torch.bfloat16 and folded.compute_dtype == torch.float32
+    ids = tokens()
+    # the folded weights are rounded to bfloat16 again: the log-probabilities move by that rounding only
+    assert rel(folded(ids).log_softmax(-1), fold_layer_norm(rounded)(ids).log_softmax(-1)) < TOL[torch.bfloat16]
+    assert torch.equal(ov_circuit(half, 0).AB, ov_circuit(rounded, 0).AB)
