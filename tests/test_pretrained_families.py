@@ -264,7 +264,7 @@ def test_sharded_bf16_checkpoints_load_in_bf16(imported, tmp_path):
     hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16", max_shard_size="20KB")
     hf.float()
     assert len(list((tmp_path / "bf16").glob("model-*.safetensors"))) > 2
-    model, _ = load_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, tokenizer=False)
+    model, _ = load_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, compute_dtype=torch.bfloat16, tokenizer=False)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert torch.equal(model.embed.weight, hf.model.embed_tokens.weight.to(torch.bfloat16))
     as_fp32, _ = load_pretrained(tmp_path / "bf16", tokenizer=False)
@@ -272,6 +272,9 @@ def test_sharded_bf16_checkpoints_load_in_bf16(imported, tmp_path):
                                                                 attn_implementation="eager").eval()
     ids = prompt(6)
     exact = as_fp32(ids)  # the bf16 weights in fp32 arithmetic
+    held, _ = load_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, tokenizer=False)  # default: fp32 compute
+    assert held.storage_dtype == torch.bfloat16 and held.compute_dtype == torch.float32
+    torch.testing.assert_close(held(ids), exact, atol=1e-5, rtol=1e-5)  # the same arithmetic
     ours = (model(ids).float() - exact).abs().mean().item()
     theirs = (hf_logits(hf_bf16, ids).float() - exact).abs().mean().item()
     assert ours < 2 * theirs  # bf16 arithmetic about as close to fp32 as transformers' own bf16 run

@@ -74,11 +74,14 @@ def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: b
     elif center_unembed:
         require(cfg, "center_unembed", "linear_readout")
     folded = copy.deepcopy(model)
+    storage, compute = model.storage_dtype, model.compute_dtype
+    if storage != compute:  # half-precision storage: fold in the compute dtype, then hold the result as before
+        folded.set_dtypes(compute)
     with torch.no_grad():
         if folded.cfg.tied_embeddings:
             folded.unembed.weight = nn.Parameter(folded.embed.weight.detach().clone())
             folded.cfg.tied_embeddings = False  # the copy owns its cfg (deepcopy), so this touches only it
-        if cfg.embed_scale != 1.0:  # the same products as the forward's x * scale, in the weights' dtype
+        if cfg.embed_scale != 1.0:  # the same products as the forward's x * scale, in the dtype computed in
             folded.embed.weight *= torch.tensor(cfg.embed_scale, dtype=folded.embed.weight.dtype)
             folded.cfg.embed_scale = 1.0
         if cfg.norm != "none":
@@ -98,7 +101,7 @@ def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: b
             W -= W.mean(dim=0, keepdim=True)
             if folded.unembed.bias is not None:
                 folded.unembed.bias -= folded.unembed.bias.mean()
-    return folded
+    return folded.set_dtypes(storage, compute) if storage != compute else folded
 
 
 def _fold_norm(norm: nn.Module, linear: nn.Linear) -> None:

@@ -15,7 +15,7 @@ DEMO_EXAMPLE = "circuitlab graph demo --out runs/graphs   (continue an interrupt
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.checks import SHARE
-    from circuitlab.commands._args import positive_int
+    from circuitlab.commands._args import add_dtype_arguments, positive_int
     from circuitlab.experiments.dashboards import CARD_TOKENS
     from circuitlab.graphs.graph import TOKEN_NODES
 
@@ -47,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="held-out story tokens the report's feature cards (hover in the viewer) are built on when "
                         "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096, "
                         f"at most {CARD_TOKENS.high})")
+    add_dtype_arguments(p)
+    p.add_argument("--mmap", action="store_true",
+                   help="memory-map the transcoders' weights from their files (circuitlab's own layouts), read as "
+                        "each layer uses them: their pages can be dropped under memory pressure")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -119,16 +123,20 @@ def run(args: argparse.Namespace) -> int:
 
         p = planted_path_model()
         model, tc, tok = p.model, p.transcoders, PlantedTokenizer()
+        if args.dtype is not None or args.compute_dtype is not None:
+            model.set_dtypes(args.dtype, args.compute_dtype)
+            tc.set_dtypes(args.dtype, model.compute_dtype)
         saved = None
     else:
         if not args.checkpoint or not args.transcoders:
             raise InputError("give --checkpoint DIR and --transcoders DIR (or --planted for the built-in model)")
         from circuitlab.training import load_checkpoint
 
-        model, tok, _ = load_checkpoint(args.checkpoint)
+        model, tok, _ = load_checkpoint(args.checkpoint, dtype=args.dtype, compute_dtype=args.compute_dtype)
         if tok is None:
             raise InputError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
-        tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial)
+        tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial, dtype=args.dtype,
+                              compute_dtype=model.compute_dtype if args.dtype is not None else None, mmap=args.mmap)
         from circuitlab.viz.graph_view import saved_dashboards
 
         saved = saved_dashboards(args.transcoders)

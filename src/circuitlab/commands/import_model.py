@@ -8,7 +8,7 @@ NAME = "import"
 HELP = "import a Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint"
 EXAMPLE = "circuitlab import gpt2 --out models/gpt2"
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16")  # storage dtypes of the written model.safetensors
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="NAME_OR_PATH",
                    help="a local Hugging Face checkpoint folder, or a hub name (local cache first, then the network)")
     p.add_argument("--out", required=True, help="folder to write (model.safetensors, config.json, tokenizer/)")
-    p.add_argument("--dtype", choices=_DTYPES, default="float32", help="parameter dtype (default float32)")
+    p.add_argument("--dtype", choices=_DTYPES, default="float32",
+                   help="storage dtype of the written weights (default float32); bfloat16 halves the file and the "
+                        "memory of every command that loads it, which still computes in float32 on a CPU "
+                        "(--compute-dtype there)")
     p.add_argument("--n-ctx", type=positive_int, default=None, help="keep a shorter context than the checkpoint's")
     p.add_argument("--no-tokenizer", action="store_true", help="do not import the tokenizer")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit)")

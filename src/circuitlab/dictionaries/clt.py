@@ -26,9 +26,10 @@ from torch import nn
 
 from circuitlab.atomic import atomic_dir, json_text
 import circuitlab.dictionaries.clt_formats as clt_formats
-from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
+from circuitlab.dictionaries.module import DictionaryModule, map_weights, read_own_folder, write_own_folder
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.storage import stored_matmul
 
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -77,7 +78,8 @@ class CrossLayerTranscoder(DictionaryModule):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.W_enc[0].dtype
+        """The dtype the CLT computes in (its compute dtype; the matrices may be stored in half precision)."""
+        return self.compute_dtype
 
     def _check(self, x: torch.Tensor, layer: int) -> None:
         if not 0 <= layer < self.cfg.n_layers:
@@ -88,7 +90,8 @@ class CrossLayerTranscoder(DictionaryModule):
     def pre_acts(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """x [..., d_model] (layer `layer`'s MLP input) -> pre-activations [..., d_sae]."""
         self._check(x, layer)
-        return x.to(self.dtype) @ self.W_enc[layer] + self.b_enc[layer]
+        self.check_mapped()
+        return stored_matmul(x.to(self.dtype), self.W_enc[layer]) + self.b_enc[layer]
 
     def activate(self, pre: torch.Tensor, layer: int) -> torch.Tensor:
         """Inference activation [..., d_sae]: ReLU, TopK (k per layer), or JumpReLU (BatchTopK too)."""
@@ -119,8 +122,9 @@ class CrossLayerTranscoder(DictionaryModule):
     def decode_layer(self, acts: torch.Tensor, source: int) -> torch.Tensor:
         """Layer `source`'s activations [..., d_sae] -> what they write into the MLP outputs of layers
         source..L-1 [..., L - source, d_model] (no bias, no skip)."""
+        self.check_mapped()
         W = self.W_dec[source]
-        out = acts.to(self.dtype) @ W.flatten(1)                              # [..., T * d_model]
+        out = stored_matmul(acts.to(self.dtype), W.flatten(1))                # [..., T * d_model]
         out = out.unflatten(-1, W.shape[1:])
         if self.cfg.tied:
             out = out.expand(*out.shape[:-2], self.cfg.n_layers - source, self.cfg.d_model)
@@ -136,7 +140,7 @@ class CrossLayerTranscoder(DictionaryModule):
             if self.cfg.skip:
                 if xs is None:
                     raise CircuitlabError("a skip CLT's decode needs its inputs too: decode(acts, xs)")
-                y = y + xs[..., t, :].to(self.dtype) @ self.W_skip[t]
+                y = y + stored_matmul(xs[..., t, :].to(self.dtype), self.W_skip[t])
             outs.append(y)
         return torch.stack(outs, dim=-2)
 
@@ -153,11 +157,11 @@ class CrossLayerTranscoder(DictionaryModule):
     # ------------------------------------------------------------------ views
     def decoder_norms(self) -> torch.Tensor:
         """[L, d_sae]: the norm of each feature's whole decoder (all the layers it writes to together)."""
-        return torch.stack([W.flatten(1).norm(dim=-1) for W in self.W_dec])
+        return torch.stack([W.flatten(1).to(self.dtype).norm(dim=-1) for W in self.W_dec])
 
     def write_norms(self, layer: int) -> torch.Tensor:
         """[d_sae, L - layer]: how strongly each feature of `layer` writes into each layer from `layer` on."""
-        norms = self.W_dec[layer].norm(dim=-1)
+        norms = self.W_dec[layer].to(self.dtype).norm(dim=-1)
         return norms.expand(-1, self.cfg.n_layers - layer) if self.cfg.tied else norms
 
     @torch.no_grad()
@@ -231,13 +235,19 @@ class CrossLayerTranscoder(DictionaryModule):
         return folder
 
     @classmethod
-    def load(cls, folder: str | Path, device: str | torch.device = "cpu") -> "CrossLayerTranscoder":
-        """Load a CLT folder in any of the three layouts (found from its files)."""
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu", mmap: bool = False) -> "CrossLayerTranscoder":
+        """Load a CLT folder in any of the three layouts (found from its files). mmap: map our own layout's
+        weights from its file, read when used (dictionaries/mapped.py)."""
         folder = Path(folder)
         if not folder.is_dir():
             raise CircuitlabError(f"CLT folder not found: {folder}")
+        if mmap and not (folder / WEIGHTS_FILE).is_file():
+            raise CircuitlabError(f"{folder} is a published CLT layout, which is converted as it is read: only "
+                                  f"circuitlab's own ({WEIGHTS_FILE}) can be memory-mapped; save it as ours once")
         if (folder / WEIGHTS_FILE).is_file():
-            clt = _read_ours(folder)
+            if mmap:
+                map_weights(folder / WEIGHTS_FILE, device)  # the device check, before anything is read
+            clt = _read_ours(folder, mmap)
         elif (folder / "W_enc_0.safetensors").is_file():
             clt = cls.from_tensors(*clt_formats.read_circuit_tracer(folder), str(folder))
         elif clt_formats.is_sparsify_clt(folder):
@@ -272,8 +282,11 @@ def _write_ours(clt: CrossLayerTranscoder, folder: Path) -> None:
     write_own_folder(folder, clt.state_dict(), json_text(clt.cfg.to_dict(), indent=2), WEIGHTS_FILE, CONFIG_FILE)
 
 
-def _read_ours(folder: Path) -> CrossLayerTranscoder:
-    cfg, tensors = read_own_folder(folder, "CLT", WEIGHTS_FILE, CONFIG_FILE, _clt_config)
+def _read_ours(folder: Path, mmap: bool = False) -> CrossLayerTranscoder:
+    mapped = map_weights(folder / WEIGHTS_FILE, "cpu") if mmap else None
+    cfg, tensors = read_own_folder(folder, "CLT", WEIGHTS_FILE, CONFIG_FILE, _clt_config, mapped=mapped)
+    if mapped is not None:
+        return CrossLayerTranscoder._mapped_from(cfg, mapped, tensors, f"CLT {folder} does not match its config")
     return CrossLayerTranscoder.from_tensors(cfg, tensors, str(folder))
 
 

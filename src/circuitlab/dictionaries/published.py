@@ -57,6 +57,7 @@ from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.sae import CONFIG_FILE, LOAD_ANY, WEIGHTS_FILE, SparseDictionary, check_base_model
 from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
 from circuitlab.errors import CircuitlabError, did_you_mean
+from circuitlab.model.storage import resolve_dtypes
 from circuitlab.textfile import read_text
 
 GEMMA_SCOPE, GEMMA_SCOPE_2, LLAMA_SCOPE = "params.npz", "params.safetensors", "hyperparams.json"
@@ -341,9 +342,15 @@ def load_llama_scope(folder: str | Path) -> SparseDictionary:
                   metadata={"source": "llama-scope", "folder": str(folder), "norm_scale_in": s_in, "norm_scale_out": s_out})
 
 
-def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model: Any = None) -> SparseDictionary:
+def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model: Any = None,
+                    dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
+                    mmap: bool = False) -> SparseDictionary:
     """Any single dictionary: ours, SAELens, Gemma Scope (1 and 2), Llama Scope, or one layer of a
-    circuit-tracer set (its layer_{i}.safetensors); the folder or the file. With model: bound to it."""
+    circuit-tracer set (its layer_{i}.safetensors); the folder or the file. With model: bound to it.
+    dtype / compute_dtype: hold its matrices in dtype and compute in compute_dtype (DictionaryModule.set_dtypes;
+    both None: as read). mmap: map the weights of our own layout from their file, read when used (published
+    layouts are converted as they are read: save one as ours to map it)."""
+    _check_dtypes(dtype, compute_dtype, device)
     path = Path(path)
     if not path.exists():
         raise CircuitlabError(f"dictionary not found: {path}")
@@ -351,7 +358,14 @@ def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model:
     if path.is_file() and re.fullmatch(r"layer_\d+\.safetensors", path.name) and (folder / CT_CONFIG).is_file():
         sae = load_ct_layer(folder, int(path.name[6:-12]), path)
     elif (folder / WEIGHTS_FILE).is_file():
-        sae = SparseDictionary.load_own(folder)
+        sae = SparseDictionary.load_own(folder, device, mmap=mmap)
+        if mmap and dtype is not None and sae.storage_dtype != resolve_dtypes(dtype, None, device)[0]:
+            raise CircuitlabError(f"{folder / WEIGHTS_FILE} holds {str(sae.storage_dtype)[6:]}; a memory-mapped "
+                                  f"dictionary is held in its file's dtype, not {dtype} (save it in {dtype}, or "
+                                  "load it without mmap)")
+    elif mmap:
+        raise CircuitlabError(f"{folder} is a published layout, converted as it is read: only circuitlab's own "
+                              f"({WEIGHTS_FILE}) can be memory-mapped; save it as ours once (sae.save(folder))")
     elif is_saelens_folder(folder):
         sae = load_saelens(folder)
     elif (folder / GEMMA_SCOPE).is_file():
@@ -367,8 +381,19 @@ def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model:
         raise CircuitlabError(f"{folder} holds no dictionary (ours: {WEIGHTS_FILE} + {CONFIG_FILE}; SAELens: cfg.json + "
                               f"sae_weights.safetensors; Gemma Scope: {GEMMA_SCOPE}; Gemma Scope 2: {GEMMA_SCOPE_2}; "
                               f"Llama Scope: {LLAMA_SCOPE})")
-    sae = sae.to(device)
+    sae = _stored(sae.to(device), dtype, compute_dtype)
     return bind(sae, model, f"the dictionary in {path}") if model is not None else sae
+
+
+def _check_dtypes(dtype: Any, compute_dtype: Any, device: Any) -> None:
+    """Bad dtype names fail before any file is read."""
+    if dtype is not None or compute_dtype is not None:
+        resolve_dtypes(dtype, compute_dtype, device)
+
+
+def _stored(d: Any, dtype: Any, compute_dtype: Any) -> Any:
+    """d held in dtype and computing in compute_dtype, cast as soon as it is read (one float32 copy at a time)."""
+    return d.set_dtypes(dtype, compute_dtype) if dtype is not None or compute_dtype is not None else d
 
 
 # ---------------------------------------------------------------------------- transcoder sets
@@ -462,10 +487,14 @@ def load_ct_layer(folder: Path, layer: int, file: Path | None = None, raw: dict[
                   metadata={"source": "circuit-tracer", "file": str(file), "layer": layer, **names})
 
 
-def _load_ct_set(folder: Path, device: Any, model: Any) -> list[SparseDictionary]:
+def _load_ct_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+                 mmap: bool = False) -> list[SparseDictionary]:
+    if mmap:
+        raise CircuitlabError(f"{folder} is circuit-tracer's layout, converted as it is read: only circuitlab's own "
+                              "transcoder folders can be memory-mapped; save them as ours once (save_transcoders)")
     raw = _ct_config(folder)
     files = _ct_files(folder, raw)
-    return [load_ct_layer(folder, i, f, raw).to(device) for i, f in enumerate(files)]
+    return [_stored(load_ct_layer(folder, i, f, raw).to(device), dtype, compute_dtype) for i, f in enumerate(files)]
 
 
 def _is_ct_set(folder: Path) -> bool:
@@ -476,18 +505,21 @@ def _is_our_set(folder: Path) -> bool:
     return any((sub / WEIGHTS_FILE).is_file() for sub in folder.iterdir() if sub.is_dir())
 
 
-def _load_our_set(folder: Path, device: Any, model: Any) -> list[SparseDictionary]:
-    saes = [load_dictionary(sub, device) for sub in sorted(folder.iterdir()) if (sub / WEIGHTS_FILE).is_file()]
+def _load_our_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+                  mmap: bool = False) -> list[SparseDictionary]:
+    saes = [load_dictionary(sub, device, dtype=dtype, compute_dtype=compute_dtype, mmap=mmap)
+            for sub in sorted(folder.iterdir()) if (sub / WEIGHTS_FILE).is_file()]
     saes = [s for s in saes if s.cfg.is_transcoder]
     return sorted(saes, key=lambda s: _layer_of(s.cfg.hook_name) if _layer_of(s.cfg.hook_name) is not None else -1)
 
 
-def _load_clt(folder: Path, device: Any, model: Any):
+def _load_clt(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+              mmap: bool = False):
     """A cross-layer transcoder (ours, circuit-tracer's model_kind: cross_layer_transcoder, sparsify's), checked
     against the model when given."""
     from circuitlab.dictionaries.clt import CrossLayerTranscoder, bind_clt, check_clt_fits
 
-    clt = CrossLayerTranscoder.load(folder, device=device)
+    clt = _stored(CrossLayerTranscoder.load(folder, device=device, mmap=mmap), None if mmap else dtype, compute_dtype)
     if model is not None:
         clt = bind_clt(clt, model, f"the CLT in {folder}")
         check_clt_fits(clt, model, f"the CLT in {folder}")
@@ -502,24 +534,29 @@ def _is_clt(folder: Path) -> bool:
 
 # (name, detect(folder), load(folder, device, model)) tried in order; a CLT first (its circuit-tracer folder
 # has a config.yaml too).
-SET_LAYOUTS: list[tuple[str, Callable[[Path], bool], Callable[[Path, Any, Any], Any]]] = [
+SET_LAYOUTS: list[tuple[str, Callable[[Path], bool], Callable[..., Any]]] = [
     ("cross-layer transcoder", _is_clt, _load_clt),
     ("circuit-tracer transcoder set", _is_ct_set, _load_ct_set),
     ("folder of circuitlab transcoders", _is_our_set, _load_our_set),
 ]
 
 
-def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Any = None) -> list[SparseDictionary] | Any:
+def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Any = None,
+                     dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
+                     mmap: bool = False) -> list[SparseDictionary] | Any:
     """A set of per-layer transcoders, one per layer in layer order (circuit-tracer's config.yaml +
     layer_{i}.safetensors, or a folder of our transcoder folders). With model: each bound and checked,
     and the set must cover every layer of the model. A cross-layer transcoder folder (any of
-    CrossLayerTranscoder.load's layouts) gives the CrossLayerTranscoder itself."""
+    CrossLayerTranscoder.load's layouts) gives the CrossLayerTranscoder itself. dtype / compute_dtype: each
+    transcoder held in dtype as soon as it is read (DictionaryModule.set_dtypes; both None: as read). mmap: map
+    our own layout's weights from their files, read when used (load_dictionary)."""
+    _check_dtypes(dtype, compute_dtype, device)
     folder = Path(path)
     if not folder.is_dir():
         raise CircuitlabError(f"transcoder set not found: {folder} (a folder)")
     for name, detect, load in SET_LAYOUTS:
         if detect(folder):
-            out = load(folder, device, model)
+            out = load(folder, device, model, dtype, compute_dtype, mmap)
             break
     else:
         raise CircuitlabError(f"{folder} holds no transcoder set ({', '.join(n for n, _, _ in SET_LAYOUTS)})")

@@ -22,8 +22,9 @@ from torch import nn
 
 from circuitlab.atomic import json_text
 from circuitlab.dictionaries.config import DictionaryConfig
-from circuitlab.dictionaries.module import DictionaryModule, read_own_folder, write_own_folder
+from circuitlab.dictionaries.module import DictionaryModule, map_weights, read_own_folder, write_own_folder
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.storage import stored_matmul
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -64,10 +65,11 @@ class SparseDictionary(DictionaryModule):
     def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
         """[..., d_in] -> encoder pre-activations [..., d_sae]."""
         self._check_width(x, self.cfg.d_in, "input")
-        x = x.to(self.W_enc.dtype)
+        self.check_mapped()
+        x = x.to(self.compute_dtype)
         if self.cfg.apply_b_dec_to_input:
             x = x - self.b_dec
-        return x @ self.W_enc + self.b_enc
+        return stored_matmul(x, self.W_enc) + self.b_enc
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
         """Inference activation of pre-activations [..., d_sae]: ReLU, TopK, or JumpReLU (BatchTopK too)."""
@@ -85,11 +87,12 @@ class SparseDictionary(DictionaryModule):
 
     def decode(self, acts: torch.Tensor, x: torch.Tensor | None = None) -> torch.Tensor:
         """acts [..., d_sae] -> reconstruction [..., d_out]. A skip transcoder also needs its input x [..., d_in]."""
-        out = acts.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+        self.check_mapped()
+        out = stored_matmul(acts.to(self.compute_dtype), self.W_dec) + self.b_dec
         if self.cfg.skip:
             if x is None:
                 raise CircuitlabError("a skip transcoder's decode needs its input x too: decode(acts, x)")
-            out = out + x.to(self.W_skip.dtype) @ self.W_skip
+            out = out + stored_matmul(x.to(self.compute_dtype), self.W_skip)
         return out
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +112,7 @@ class SparseDictionary(DictionaryModule):
 
     def decoder_norms(self) -> torch.Tensor:
         """[d_sae] norm of each decoder row (feature direction)."""
-        return self.W_dec.norm(dim=-1)
+        return self.W_dec.to(self.compute_dtype).norm(dim=-1)
 
     @torch.no_grad()
     def folded(self, in_scale: float, out_scale: float | None = None) -> "SparseDictionary":
@@ -141,23 +144,32 @@ class SparseDictionary(DictionaryModule):
         return folder
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: nn.Module | None = None
-             ) -> "SparseDictionary":
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: nn.Module | None = None,
+             dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
+             mmap: bool = False) -> "SparseDictionary":
         """Load a folder written by save(), or a published layout (the folder or its file): SAELens, Gemma
         Scope 1 and 2, Llama Scope, one layer of a circuit-tracer set (see dictionaries/published.py).
 
         model: check the dictionary against it (base model, hooks, widths) and bind the reading points
-        that need it (a published transcoder reading the MLP input after ln2's gain)."""
-        return LOAD_ANY[0](path, device=device, model=model)
+        that need it (a published transcoder reading the MLP input after ln2's gain).
+        dtype / compute_dtype: hold the matrices in dtype, compute in compute_dtype (set_dtypes). mmap: map our
+        own folder's weights from its file, read when used (load_own)."""
+        return LOAD_ANY[0](path, device=device, model=model, dtype=dtype, compute_dtype=compute_dtype, mmap=mmap)
 
     @classmethod
-    def load_own(cls, folder: str | Path, device: str | torch.device = "cpu") -> "SparseDictionary":
-        """Load a folder written by save() (dictionary.safetensors + config.json)."""
+    def load_own(cls, folder: str | Path, device: str | torch.device = "cpu", mmap: bool = False
+                 ) -> "SparseDictionary":
+        """Load a folder written by save() (dictionary.safetensors + config.json). mmap: map the weights from
+        the file instead of reading them (CPU; held in the file's dtype, read when used; dictionaries/mapped.py)."""
         folder = Path(folder)
         if not (folder / WEIGHTS_FILE).is_file():
             raise CircuitlabError(f"{folder} holds no dictionary (expected {WEIGHTS_FILE} and {CONFIG_FILE})")
+        mapped = map_weights(folder / WEIGHTS_FILE, device) if mmap else None
         cfg, tensors = read_own_folder(folder, "dictionary", WEIGHTS_FILE, CONFIG_FILE, DictionaryConfig.from_dict,
-                                       device)
+                                       device, mapped)
+        if mapped is not None:
+            return cls._mapped_from(cfg, mapped, tensors, f"dictionary {folder} does not match its config "
+                                    f"(d_in={cfg.d_in}, d_sae={cfg.d_sae})")
         return cls.from_tensors(cfg, tensors, str(folder)).to(device)
 
     @classmethod

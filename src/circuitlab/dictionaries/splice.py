@@ -45,6 +45,7 @@ from circuitlab.dictionaries.sae import check_base_model
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
 from circuitlab.model.hooks import HookPoint
+from circuitlab.model.storage import stored_matmul
 
 PARTS = ("input", "acts_post", "recons", "error", "output")
 
@@ -220,7 +221,7 @@ def _splice_output(att: _Attached, x_in: torch.Tensor, y: torch.Tensor) -> torch
     recons_clean, acts = d(x_in)  # [..., d_out], [..., d_sae]
     acts_h = p["acts_post"](acts)
     # A hooked edit of the features moves the reconstruction by exactly the decoder's image of the edit.
-    recons = recons_clean if acts_h is acts else recons_clean + (acts_h - acts) @ d.W_dec
+    recons = recons_clean if acts_h is acts else recons_clean + stored_matmul(acts_h - acts, d.W_dec)
 
     def again() -> torch.Tensor | None:
         return d(x_in)[0] if torch.is_grad_enabled() and x_in.requires_grad else None
@@ -307,14 +308,14 @@ def _clt_out_fn(att: _AttachedCLT, layer: int):
         x_in = att.seen[layer][0]
         recons_clean = clt.b_dec[layer] + sum(att.seen[s][1][..., layer - s, :] for s in range(layer + 1))
         if clt.cfg.skip:
-            recons_clean = recons_clean + x_in.to(clt.dtype) @ clt.W_skip[layer]
+            recons_clean = recons_clean + stored_matmul(x_in.to(clt.dtype), clt.W_skip[layer])
         edits = [att.seen[s][2][..., layer - s, :] for s in range(layer + 1) if att.seen[s][2] is not None]
         recons = recons_clean + sum(edits) if edits else recons_clean
 
         def again() -> torch.Tensor | None:
             paths = [att.seen[s][3][..., layer - s, :] for s in range(layer + 1) if att.seen[s][3] is not None]
             if clt.cfg.skip and torch.is_grad_enabled() and x_in.requires_grad:
-                paths.append(x_in.to(clt.dtype) @ clt.W_skip[layer])
+                paths.append(stored_matmul(x_in.to(clt.dtype), clt.W_skip[layer]))
             return sum(paths) if paths else None
 
         return _output_with_error(p, y_flat, recons_clean, recons, att.error_term, again).reshape(y.shape)

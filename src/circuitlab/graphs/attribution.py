@@ -36,6 +36,7 @@ from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, check_token_nodes, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders, made_with
+from circuitlab.model import model_dtype
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
 
@@ -306,7 +307,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
     max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
     token_nodes = check_token_nodes(token_nodes)
-    dtype = dtype or next(model.parameters()).dtype
+    dtype = dtype or model_dtype(model)
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
     last = rm.logits[-1]

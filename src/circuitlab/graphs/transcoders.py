@@ -22,6 +22,8 @@ import torch
 
 from circuitlab.dictionaries.sae import SparseDictionary, base_model_id, check_base_model
 from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.model import model_dtype
+from circuitlab.model.storage import stored_matmul
 
 MLP_OUT = "blocks.{}.hook_mlp_out"
 MLP_OUT_BEFORE_NORM = "blocks.{}.mlp.hook_out"   # before a post-MLP norm (circuit-tracer's mlp.hook_out)
@@ -89,28 +91,37 @@ class Transcoders:
         return cls(cfg.n_layers, cfg.d_model, by_layer)
 
     @classmethod
-    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False) -> "Transcoders":
+    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, dtype: str | torch.dtype | None = None,
+             compute_dtype: str | torch.dtype | None = None, mmap: bool = False) -> "Transcoders":
         """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
         layout or sparsify's), one dictionary folder per layer (what `circuitlab sae train` writes under its
         dictionaries/), the folder of such a run (per-layer or kind: clt), or circuit-tracer's per-layer
-        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders)."""
-        from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
+        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders).
+        dtype: hold each transcoder's matrices in it, cast as soon as it is read (26 float32 transcoders of
+        16,384 latents never sit in memory together); compute_dtype: default the model's. mmap: map the weights
+        of circuitlab's own layouts from their files, read as each layer uses them (dictionaries/mapped.py)."""
+        from circuitlab.dictionaries.clt import is_clt_folder
+        from circuitlab.dictionaries.published import load_transcoders
 
+        if dtype is not None and compute_dtype is None:
+            compute_dtype = model_dtype(model)
+        dtypes = {"dtype": dtype, "compute_dtype": compute_dtype, "mmap": mmap}
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
         if is_clt_folder(folder):
-            return cls.cross_layer(model, CrossLayerTranscoder.load(folder))
+            return cls.cross_layer(model, load_transcoders(folder, **dtypes))
         if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
             from circuitlab.dictionaries import load_transcoders
             from circuitlab.dictionaries.published import bind
 
             if not allow_partial:
-                return cls.per_layer(model, load_transcoders(folder, model=model))
+                return cls.per_layer(model, load_transcoders(folder, model=model, **dtypes))
             # A partial set (fewer layers than the model) is bound layer by layer: its hooks are named as
             # circuit-tracer names them (mlp.hook_in, mlp.hook_out, ...) and become the model's on binding.
             return cls.per_layer(model, [bind(d, model, f"the transcoder for layer {i} in {folder}")
-                                         for i, d in enumerate(load_transcoders(folder))], allow_partial=True)
+                                         for i, d in enumerate(load_transcoders(folder, **dtypes))],
+                                 allow_partial=True)
         if (folder / "dictionaries").is_dir():
             folder = folder / "dictionaries"
         subs = sorted(p for p in folder.iterdir() if p.is_dir())
@@ -120,8 +131,8 @@ class Transcoders:
             if len(clts) > 1 or others:
                 raise InputError(f"{folder} holds {len(clts)} cross-layer transcoder(s) beside other dictionaries; "
                                  "give the folder of the one to use")
-            return cls.cross_layer(model, CrossLayerTranscoder.load(clts[0]))
-        dicts = [SparseDictionary.load(p) for p in others]
+            return cls.cross_layer(model, load_transcoders(clts[0], **dtypes))
+        dicts = [SparseDictionary.load(p, **dtypes) for p in others]
         if not dicts:
             raise InputError(f"{folder} holds no transcoders (expected one dictionary folder per layer or a "
                              "cross-layer transcoder)")
@@ -160,28 +171,39 @@ class Transcoders:
 
     def encoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
         """features [n] -> [n, d_in]: the direction each feature's pre-activation reads."""
+        self._dicts[layer].check_mapped()
         return self._dicts[layer].W_enc[:, features].T
 
     def decoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
         """features [n] -> [n, len(writes(layer)), d_model]: what one unit of each feature adds to each
         layer it writes."""
+        self._dicts[layer].check_mapped()
         return self._dicts[layer].W_dec[features][:, None, :]
 
     def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
         """The reconstruction of layer's MLP output from the features of the layers writing into it.
         acts: {source layer: [..., d_sae]} -> [..., d_model] (decoder bias included, skip not)."""
         d = self._dicts[layer]
-        return acts[layer].to(d.W_dec.dtype) @ d.W_dec + d.b_dec
+        d.check_mapped()
+        return stored_matmul(acts[layer].to(d.compute_dtype), d.W_dec) + d.b_dec
 
     def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         """The linear skip path x [..., d_in] -> [..., d_model], or None when the transcoder has none."""
         d = self._dicts[layer]
-        return x.to(d.W_skip.dtype) @ d.W_skip if d.cfg.skip else None
+        return stored_matmul(x.to(d.compute_dtype), d.W_skip) if d.cfg.skip else None
+
+    def set_dtypes(self, dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
+                   ) -> "Transcoders":
+        """Every dictionary's matrices held in dtype, computing in compute_dtype (DictionaryModule.set_dtypes),
+        in place. Returns self."""
+        for d in self._dicts.values():
+            d.set_dtypes(dtype, compute_dtype)
+        return self
 
     def to(self, dtype: torch.dtype) -> "Transcoders":
         """A copy with every dictionary in dtype (float64 for exact checks)."""
         return Transcoders(self.n_layers, self.d_model,   # Module.to works in place: copy first
-                           {k: copy.deepcopy(v).to(dtype) for k, v in self._dicts.items()})
+                           {k: copy.deepcopy(v).to(dtype).set_dtypes(dtype, dtype) for k, v in self._dicts.items()})
 
     @classmethod
     def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
@@ -268,23 +290,30 @@ class CrossLayerTranscoders(Transcoders):
         return self.clt.encode_layer(x, layer)
 
     def encoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
+        self.clt.check_mapped()
         return self.clt.W_enc[layer][:, features].T
 
     def decoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
+        self.clt.check_mapped()
         return torch.stack([self.clt.decoder(layer, t)[features] for t in self.writes(layer)], dim=1)
 
     def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
+        self.clt.check_mapped()
         out = self.clt.b_dec[layer]
         for src in range(layer + 1):
             dec = self.clt.decoder(src, layer)
-            out = out + acts[src].to(dec.dtype) @ dec
+            out = out + stored_matmul(acts[src].to(self.clt.dtype), dec)
         return out
 
     def skip(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         if not self.clt.cfg.skip:
             return None
-        w = self.clt.W_skip[layer]
-        return x.to(w.dtype) @ w
+        return stored_matmul(x.to(self.clt.dtype), self.clt.W_skip[layer])
+
+    def set_dtypes(self, dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None
+                   ) -> "CrossLayerTranscoders":
+        self.clt.set_dtypes(dtype, compute_dtype)
+        return self
 
     def to(self, dtype: torch.dtype) -> "CrossLayerTranscoders":
         return CrossLayerTranscoders(copy.deepcopy(self.clt).to(dtype))  # Module.to works in place: copy first

@@ -16,6 +16,7 @@ from torch import nn
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import HookPoint
+from circuitlab.model.storage import Linear, stored_linear, upcast
 
 
 class _Centre(torch.autograd.Function):
@@ -64,8 +65,8 @@ class Norm(nn.Module):
         frozen = self.frozen_scale
         if frozen is None and not (self.hook_scale.active or self.hook_normalized.active):
             if self.kind == "layernorm":
-                return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
-            return F.rms_norm(x, (x.shape[-1],), self.w, self.eps)
+                return F.layer_norm(x, (x.shape[-1],), upcast(self.w, x), upcast(self.b, x), self.eps)
+            return F.rms_norm(x, (x.shape[-1],), upcast(self.w, x), self.eps)
         if self.kind == "layernorm":
             x = _Centre.apply(x) if frozen is not None else x - x.mean(-1, keepdim=True)
         scale = self.hook_scale(self.scale_of(x, centred=True))
@@ -205,8 +206,8 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.bias)
-        self.out = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.bias) if cfg.use_attn_out else None
+        self.qkv = Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.bias)
+        self.out = Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.bias) if cfg.use_attn_out else None
         if cfg.positional == "rotary":
             self.rotary = rotary if rotary is not None else Rotary(cfg)  # shared across layers when given
         else:
@@ -235,7 +236,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv, self.d_head
         if self.frozen_pattern is not None:  # q and k are dead under a frozen pattern: project V alone
-            v = F.linear(x, *self._v_weights())
+            v = stored_linear(x, *self._v_weights())
             z = self._attend(None, None, v.view(B, T, K, D), kv_cache)
         else:
             q, k, v = self.qkv(x).split([H * D, K * D, K * D], dim=-1)
@@ -258,8 +259,9 @@ class Attention(nn.Module):
         """
         H, K, D = self.n_heads, self.n_kv, self.d_head
         lead, T = q_in.shape[:-3], q_in.shape[-3]
-        W = self.qkv.weight.view(H + 2 * K, D, -1)  # [q heads, k heads, v heads; d_head, d_model]
-        b = self.qkv.bias.view(H + 2 * K, D) if self.qkv.bias is not None else None
+        # [q heads, k heads, v heads; d_head, d_model], in the inputs' dtype (one layer upcast when stored in half)
+        W = upcast(self.qkv.weight, q_in).view(H + 2 * K, D, -1)
+        b = upcast(self.qkv.bias, q_in).view(H + 2 * K, D) if self.qkv.bias is not None else None
         parts: list[torch.Tensor | None] = []
         for x, rows in ((q_in, slice(0, H)), (k_in, slice(H, H + K)), (v_in, slice(H + K, H + 2 * K))):
             if self.frozen_pattern is not None and rows.start < H + K:
@@ -280,7 +282,7 @@ class Attention(nn.Module):
         """z [batch, pos, head, d_head] -> each head's output [batch, pos, head, d_model] (no b_O)."""
         if self.out is None:  # V-only heads write z itself (d_head == d_model)
             return z
-        w_o = self.out.weight.T.reshape(self.n_heads, self.d_head, -1)  # [head, d_head, d_model]
+        w_o = upcast(self.out.weight, z).T.reshape(self.n_heads, self.d_head, -1)  # [head, d_head, d_model]
         return torch.einsum("bphd,hdm->bphm", z, w_o)
 
     def _attend(self, q: torch.Tensor | None, k: torch.Tensor | None, v: torch.Tensor,
@@ -386,8 +388,8 @@ class MLP(nn.Module):
         self.d_mlp = cfg.mlp_dim
         self.gated = self.kind in ("swiglu", "geglu")
         width = 2 * self.d_mlp if self.gated else self.d_mlp
-        self.fc_in = nn.Linear(cfg.d_model, width, bias=cfg.bias)
-        self.fc_out = nn.Linear(self.d_mlp, cfg.d_model, bias=cfg.bias)
+        self.fc_in = Linear(cfg.d_model, width, bias=cfg.bias)
+        self.fc_out = Linear(self.d_mlp, cfg.d_model, bias=cfg.bias)
         self.hook_pre = HookPoint()
         if self.gated:
             self.hook_pre_linear = HookPoint()
@@ -456,7 +458,8 @@ class Block(nn.Module):
         (ln1_post) a head's share is its result through the norm as the linear map it is at the scale of the
         whole output (this run's; the reference's in frozen mode), rest is b_O's share plus the norm's bias."""
         out = self.attn.out
-        b_O = out.bias if out is not None and out.bias is not None else torch.zeros_like(result[..., 0, :])
+        has_b = out is not None and out.bias is not None
+        b_O = upcast(out.bias, result) if has_b else torch.zeros_like(result[..., 0, :])
         if self.cfg.block_norms == "pre":
             return result, b_O.expand_as(result[..., 0, :])
         norm = self.ln1_post

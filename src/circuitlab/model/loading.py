@@ -21,19 +21,24 @@ import torch
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.components import Rotary
+from circuitlab.model.storage import resolve_dtypes
 from circuitlab.model.transformer import Transformer, check_device
 
 
-def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> Transformer:
+def uninitialised_model(cfg: ModelConfig, dtype: str | torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", compute_dtype: str | torch.dtype | None = None
+                        ) -> Transformer:
     """A Transformer whose parameters hold garbage, to be filled from a checkpoint; buffers are computed.
 
     Built on the meta device (no memory, no init), then given real but unwritten storage, which
-    costs neither time nor resident memory until the weights are read in.
+    costs neither time nor resident memory until the weights are read in. dtype: the storage dtype of the
+    weight matrices; compute_dtype: what it computes in (storage.resolve_dtypes: float32 on a CPU for half
+    storage); both checked before anything is allocated.
     """
     device = check_device(device)
+    storage, compute = resolve_dtypes(dtype, compute_dtype, device)
     with torch.device("meta"):
-        model = Transformer(cfg).to(dtype)
+        model = Transformer(cfg).to(storage)
     model.to_empty(device=device)
     if cfg.tied_embeddings:  # moving off the meta device makes a new tensor per module: tie them again
         model.unembed.weight = model.embed.weight
@@ -45,7 +50,16 @@ def uninitialised_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
                 fresh[rotary.local] = Rotary(cfg, local=rotary.local)
         for name, table in fresh[rotary.local].named_buffers():
             setattr(rotary, name, table)
-    return model
+    return model.set_dtypes(storage, compute)  # vectors (biases, gains) to the compute dtype
+
+
+def stored_dtype(files: list[Path]) -> torch.dtype | None:
+    """The dtype the largest floating tensor of the first safetensors file is stored in (the weights' storage
+    dtype), read from its header alone; None when it holds no floating tensor."""
+    shard = _SafetensorsShard(Path(files[0]))
+    floats = [(math.prod(e["shape"]), _SAFETENSORS_DTYPES[e["dtype"]]) for e in shard.header.values()
+              if _SAFETENSORS_DTYPES[e["dtype"]].is_floating_point]
+    return max(floats, key=lambda f: f[0])[1] if floats else None
 
 
 class TensorReader:

@@ -22,6 +22,7 @@ from circuitlab.errors import CircuitlabError, InputError
 import circuitlab.model.hooks as H
 from circuitlab.model.components import Attention, Block, LayerKV, Norm, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
+from circuitlab.model.storage import Linear, cast_parameters, compute_of, dtype_name, resolve_dtypes, upcast
 from circuitlab.model.tokens import check_tokens
 from circuitlab.model.weights import WeightViews
 
@@ -30,6 +31,13 @@ from circuitlab.model.weights import WeightViews
 def model_device(model: nn.Module) -> torch.device:
     """The device of a model's parameters (one home for the lookup every analysis needs)."""
     return next(model.parameters()).device
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model's activations are computed in: its compute dtype when it has one (a Transformer whose
+    weights are stored in half precision), else its parameters' dtype."""
+    compute = getattr(model, "compute_dtype", None)
+    return compute if isinstance(compute, torch.dtype) else next(model.parameters()).dtype
 
 
 @contextlib.contextmanager
@@ -76,11 +84,44 @@ class Transformer(WeightViews, nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, local if local is not None and cfg.is_sliding(i) else rotary, i)
                                     for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg)
-        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=cfg.bias)
+        self.unembed = Linear(cfg.d_model, cfg.d_vocab, bias=cfg.bias)
         if cfg.tied_embeddings:
             self.unembed.weight = self.embed.weight
+        # The dtype activations are computed in; None: the parameters' own (set_dtypes stores them apart).
+        self._compute_dtype: torch.dtype | None = None
         self.reset_parameters()
         H.name_hook_points(self)
+
+    # ------------------------------------------------------------------ dtypes
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype the weight matrices are held in."""
+        return self.embed.weight.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype every activation is computed in: the embeddings are cast to it and each stored weight is
+        upcast to it per use (storage.stored_linear), one layer at a time."""
+        return compute_of(self.storage_dtype, self._compute_dtype)
+
+    def set_dtypes(self, storage: str | torch.dtype | None = None, compute: str | torch.dtype | None = None
+                   ) -> "Transformer":
+        """Hold the weights in `storage` (default: as they are) and compute in `compute` (default: float32 on a
+        CPU for half-precision storage, the storage dtype on a GPU). Casts the parameters in place: matrices to
+        `storage`, vectors (biases, norm gains) to `compute` (the computed rotary tables stay float32). An
+        unknown dtype or one the device cannot compute in is one InputError, raised before anything changes.
+        Returns the model."""
+        device = self.embed.weight.device
+        storage_dtype, compute_dtype = resolve_dtypes(storage if storage is not None else self.storage_dtype,
+                                                      compute, device)
+        cast_parameters(self, storage_dtype, compute_dtype)
+        self._compute_dtype = None if compute_dtype == storage_dtype else compute_dtype
+        return self
+
+    def dtype_summary(self) -> str:
+        """'float32', or 'bfloat16 storage, float32 compute'."""
+        s, c = self.storage_dtype, self.compute_dtype
+        return dtype_name(s) if s == c else f"{dtype_name(s)} storage, {dtype_name(c)} compute"
 
     # ------------------------------------------------------------------ init
     def reset_parameters(self, seed: int | None = None) -> None:
@@ -115,7 +156,9 @@ class Transformer(WeightViews, nn.Module):
         """tokens [...] (valid ids) -> their embeddings [..., d_model]: the rows of W_E times cfg.embed_scale.
         This is what hook_embed carries (input attribution's 'embeddings')."""
         x = self.embed(tokens)
-        if self.cfg.embed_scale != 1.0:  # Gemma: times sqrt(d_model), rounded to the weights' dtype as HF does
+        if x.dtype != self.compute_dtype:  # the rows of a half-precision W_E, upcast (never the whole table)
+            x = x.to(self.compute_dtype)
+        if self.cfg.embed_scale != 1.0:  # Gemma: times sqrt(d_model), rounded to the dtype computed in, as HF does
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         return x
 
@@ -126,7 +169,7 @@ class Transformer(WeightViews, nn.Module):
         x = self.hook_embed(token_embeds)
         if self.cfg.positional == "learned":
             pos = torch.arange(offset, offset + x.shape[-2], device=x.device)
-            x = x + self.hook_pos_embed(self.pos_embed(pos).expand_as(x))
+            x = x + self.hook_pos_embed(upcast(self.pos_embed(pos), x).expand_as(x))
         return x
 
     def embed_tokens(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:

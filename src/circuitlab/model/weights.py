@@ -4,7 +4,8 @@ Shapes: W_E [d_vocab, d_model]; W_pos [n_ctx, d_model]; W_U [d_model, d_vocab];
 W_Q, W_K, W_V [layer, head, d_model, d_head] (GQA: k/v heads repeated to query heads);
 W_O [layer, head, d_head, d_model]; W_QK [layer, head, d_model, d_model] = W_Q W_Kᵀ;
 W_OV [layer, head, d_model, d_model] = W_V W_O; W_in [layer, d_model, d_mlp];
-W_out [layer, d_mlp, d_model]. The views are differentiable tensors, not copies kept in sync.
+W_out [layer, d_mlp, d_model]. The views are differentiable tensors, not copies kept in sync; they are in the
+model's compute dtype (copies upcast from half-precision storage, the parameters themselves otherwise).
 """
 from __future__ import annotations
 
@@ -16,20 +17,24 @@ from circuitlab.errors import CircuitlabError
 class WeightViews:
     """Mixin for Transformer: per-head views computed from the stored (fused) parameters."""
 
+    def _computed(self, t: torch.Tensor) -> torch.Tensor:
+        """A stored tensor in the compute dtype (itself when stored in it)."""
+        return t if t.dtype == self.compute_dtype else t.to(self.compute_dtype)
+
     # ------------------------------------------------------------------ embeddings
     @property
     def W_E(self) -> torch.Tensor:
-        return self.embed.weight
+        return self._computed(self.embed.weight)
 
     @property
     def W_pos(self) -> torch.Tensor:
         if self.cfg.positional != "learned":
             raise CircuitlabError(f"W_pos: this model has {self.cfg.positional!r} positions, not learned ones")
-        return self.pos_embed.weight
+        return self._computed(self.pos_embed.weight)
 
     @property
     def W_U(self) -> torch.Tensor:
-        return self.unembed.weight.T
+        return self._computed(self.unembed.weight).T
 
     def unembed_directions(self, directions: torch.Tensor) -> torch.Tensor:
         """Residual-stream directions [..., d_model] read as logit changes [..., d_vocab] per unit length:
@@ -38,13 +43,15 @@ class WeightViews:
         if self.cfg.norm == "layernorm":
             directions = directions - directions.mean(dim=-1, keepdim=True)
         if self.cfg.norm != "none":
-            directions = directions * self.ln_final.w
+            directions = directions * self._computed(self.ln_final.w)
         return directions @ self.W_U
 
     @property
     def b_U(self) -> torch.Tensor:
         b = self.unembed.bias
-        return b if b is not None else torch.zeros(self.cfg.d_vocab, device=self.W_E.device)
+        if b is None:
+            return torch.zeros(self.cfg.d_vocab, device=self.embed.weight.device, dtype=self.compute_dtype)
+        return self._computed(b)
 
     # ------------------------------------------------------------------ attention
     def _qkv_split(self, part: str, bias: bool = False) -> torch.Tensor:
@@ -61,7 +68,7 @@ class WeightViews:
             if n != H:
                 w = w.repeat_interleave(H // n, dim=0)
             per_layer.append(w)
-        return torch.stack(per_layer) if per_layer else torch.empty(0)
+        return self._computed(torch.stack(per_layer)) if per_layer else torch.empty(0)
 
     @property
     def W_Q(self) -> torch.Tensor:
@@ -94,9 +101,9 @@ class WeightViews:
         for block in self.blocks:
             out = block.attn.out
             if out is None:  # V-only heads write z straight into the residual stream
-                per_layer.append(torch.eye(D, device=self.W_E.device).expand(H, D, D))
+                per_layer.append(torch.eye(D, device=self.embed.weight.device).expand(H, D, D))
             else:
-                per_layer.append(out.weight.T.reshape(H, D, -1))
+                per_layer.append(self._computed(out.weight).T.reshape(H, D, -1))
         return torch.stack(per_layer) if per_layer else torch.empty(0)
 
     @property
@@ -104,8 +111,8 @@ class WeightViews:
         """[layer, d_model]"""
         d = self.cfg.d_model
         return torch.stack([
-            b.attn.out.bias if b.attn.out is not None and b.attn.out.bias is not None
-            else torch.zeros(d, device=self.W_E.device) for b in self.blocks
+            self._computed(b.attn.out.bias) if b.attn.out is not None and b.attn.out.bias is not None
+            else torch.zeros(d, device=self.embed.weight.device) for b in self.blocks
         ]) if len(self.blocks) else torch.empty(0)
 
     @property
@@ -120,7 +127,7 @@ class WeightViews:
     def _mlp_stack(self, fn) -> torch.Tensor:
         if not self.cfg.has_mlp:
             raise CircuitlabError("this model is attention-only: it has no MLP weights")
-        return torch.stack([fn(b.mlp) for b in self.blocks])
+        return torch.stack([self._computed(fn(b.mlp)) for b in self.blocks])
 
     @property
     def W_in(self) -> torch.Tensor:

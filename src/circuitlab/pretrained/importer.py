@@ -29,14 +29,18 @@ from circuitlab.pretrained.source import read_hf_config, resolve_checkpoint, str
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
-def load_pretrained(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
-                    n_ctx: int | None = None, tokenizer: bool = True, device: str | torch.device = "cpu",
-                    cache_dir: str | os.PathLike | None = None, revision: str | None = None):
+def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch.float32, *,
+                    compute_dtype: str | torch.dtype | None = None, n_ctx: int | None = None, tokenizer: bool = True,
+                    device: str | torch.device = "cpu", cache_dir: str | os.PathLike | None = None,
+                    revision: str | None = None):
     """A Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint as (Transformer, tokenizer).
 
     name_or_path: a local folder (config.json + model.safetensors, sharded safetensors or
         pytorch_model.bin), or a hub name, looked up in the local HF cache first, then online.
-    dtype: the parameters' dtype (the checkpoint's tensors are converted while copying).
+    dtype: the storage dtype of the weight matrices (the checkpoint's tensors are converted while copying):
+        bfloat16 / float16 hold the model in half the memory.
+    compute_dtype: the dtype it computes in (default: float32 on a CPU, where half-precision arithmetic is
+        slow or inexact, each weight upcast per use; the storage dtype on a GPU). See model/storage.py.
     n_ctx: a shorter context than the checkpoint's (smaller rotary tables / position embedding).
     tokenizer: also load the checkpoint's tokenizer with transformers.AutoTokenizer (None if the
         checkpoint has none).
@@ -47,7 +51,8 @@ def load_pretrained(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.
     hf = read_hf_config(folder)
     family = family_for(hf)
     cfg = model_config_from_hf(hf, n_ctx).replace(name=_display_name(name_or_path, folder))
-    model = assemble(cfg, family, hf, stream_tensors(weight_files(folder)), dtype=dtype, device=device)
+    model = assemble(cfg, family, hf, stream_tensors(weight_files(folder)), dtype=dtype, device=device,
+                     compute_dtype=compute_dtype)
     return model, (load_hf_tokenizer(folder) if tokenizer else None)
 
 
@@ -56,9 +61,11 @@ def _display_name(name_or_path: str | os.PathLike, folder: Path) -> str:
 
 
 def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple[str, TensorReader]],
-             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
-    """Build a Transformer from (checkpoint key, reader) pairs, placing each tensor as `family` says."""
-    model = uninitialised_model(cfg, dtype, device)
+             dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
+             compute_dtype: str | torch.dtype | None = None) -> Transformer:
+    """Build a Transformer from (checkpoint key, reader) pairs, placing each tensor as `family` says
+    (matrices in `dtype`, vectors in the compute dtype: uninitialised_model)."""
+    model = uninitialised_model(cfg, dtype, device, compute_dtype)
     params = dict(model.named_parameters())  # a tied unembedding appears once, as embed.weight
     rows_written = dict.fromkeys(params, 0)
     unknown = []

@@ -25,7 +25,8 @@ from circuitlab.atomic import atomic_dir, json_text, old_copy
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
-from circuitlab.model.loading import stream_safetensors, uninitialised_model
+from circuitlab.model.loading import stored_dtype, stream_safetensors, uninitialised_model
+from circuitlab.model.storage import HALF
 
 FORMAT = "circuitlab-checkpoint-1"
 MODEL_FILE, CONFIG_FILE, OPTIM_FILE, RNG_FILE, STATE_FILE, TOKENIZER_DIR = (
@@ -122,15 +123,24 @@ def read_trainer_state(path: str | Path) -> dict[str, Any] | None:
         raise CircuitlabError(f"{file} is damaged or unreadable ({e})") from None
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+                    compute_dtype: str | torch.dtype | None = None):
     """(model in eval mode, circuitlab Tokenizer or None, config.json dict) from a checkpoint or run
-    folder. Weights are read straight into the model, tensor by tensor (no random init, no copy)."""
+    folder. Weights are read straight into the model, tensor by tensor (no random init, no copy).
+
+    dtype: the storage dtype of the weights (default: the file's own when it is bfloat16 or float16, so a
+    model imported in half precision stays half the size; float32 otherwise); compute_dtype: what it computes
+    in (default: float32 on a CPU, the storage dtype on a GPU).
+    """
     from circuitlab.data import load_tokenizer
 
     folder = find_checkpoint(path)
     meta = read_checkpoint_meta(folder)
     cfg = ModelConfig.from_dict(meta["model"])
-    model = uninitialised_model(cfg, device=device)
+    if dtype is None:  # half-precision files stay half; anything else loads as float32, as it always has
+        stored = stored_dtype([folder / MODEL_FILE])
+        dtype = stored if stored in HALF else torch.float32
+    model = uninitialised_model(cfg, dtype, device, compute_dtype)
     params = dict(model.named_parameters())  # a tied unembedding appears once, as embed.weight
     written = set()
     for key, reader in stream_safetensors([folder / MODEL_FILE]):

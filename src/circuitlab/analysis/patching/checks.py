@@ -10,7 +10,7 @@ import torch
 from circuitlab.analysis.patching.metrics import Metric
 from circuitlab.analysis.patching.targets import get_target
 from circuitlab.errors import CircuitlabError
-from circuitlab.model import model_device
+from circuitlab.model import model_device, model_dtype
 from circuitlab.model.hooks import act_name
 from circuitlab.model.tokens import check_tokens
 
@@ -45,8 +45,7 @@ def check_metric(model, metric: Metric, shape: tuple[int, int]) -> None:
     """Call the metric on zero logits [batch, pos, d_vocab]: it must return one number. Costs no forward pass."""
     if not callable(metric):
         raise CircuitlabError(f"the metric must be a function of the logits, got {type(metric).__name__}")
-    param = next(model.parameters())
-    dummy = torch.zeros(*shape, model.cfg.d_vocab, device=param.device, dtype=param.dtype)
+    dummy = torch.zeros(*shape, model.cfg.d_vocab, device=model_device(model), dtype=model_dtype(model))
     try:
         out = metric(dummy)
     except CircuitlabError:

@@ -28,7 +28,7 @@ import torch
 
 from circuitlab.checks import COUNT, POSITIVE, Number
 from circuitlab.errors import InputError
-from circuitlab.model import model_device
+from circuitlab.model import model_device, model_dtype
 
 NOISE_KINDS = ("gaussian", "uniform", "replace")
 # k in nu = k x std: past a few the noise already swamps the embeddings (the paper's is 3); far past, the
@@ -170,7 +170,7 @@ def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noi
         draw = (torch.rand(S, B, len(positions), D, generator=gen) * 2 - 1) * math.sqrt(3)
     offsets = torch.zeros(S, B, T, D, dtype=torch.float64)
     offsets[:, :, positions] = draw.double() * nu
-    dtype = next(model.parameters()).dtype
+    dtype = model_dtype(model)
     return Corrupted(rows.repeat(S, 1).to(device), offsets.view(S * B, T, D).to(device, dtype), float(nu),
                      min(positions))
 
