@@ -30,6 +30,47 @@ def _layer_of(hook: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
+def _is_dictionary_folder(folder: Path) -> bool:
+    """One dictionary's own folder (ours or SAELens's), as opposed to a folder of them."""
+    from circuitlab.dictionaries.sae import WEIGHTS_FILE
+    from circuitlab.dictionaries.saelens import is_saelens_folder
+
+    return (folder / WEIGHTS_FILE).is_file() or is_saelens_folder(folder)
+
+
+def _set_of(folder: Path, layer: int) -> str:
+    """The set a per-layer transcoder's folder belongs to: its name without the `-<layer>` that `sae train`'s
+    `kind: transcoders` adds (transcoders-2 -> transcoders); other names form the set "per-layer"."""
+    stem, _, tail = folder.name.rpartition("-")
+    return stem if stem and tail == str(layer) else "per-layer"
+
+
+def transcoder_sets(folder: str | Path) -> dict[str, Any]:
+    """The transcoder sets in a folder of dictionary folders or a `sae train` run (its dictionaries/):
+    name -> a CrossLayerTranscoder (named by its folder) or a list of per-layer transcoders (SparseDictionary),
+    in name order. SAEs (no output hook) are not transcoders and are left out."""
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
+
+    folder = Path(folder)
+    if (folder / "dictionaries").is_dir():
+        folder = folder / "dictionaries"
+    sets: dict[str, Any] = {}
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if is_clt_folder(sub):
+            sets[sub.name] = CrossLayerTranscoder.load(sub)
+        elif _is_dictionary_folder(sub):
+            d = SparseDictionary.load(sub)
+            layer = _layer_of(d.cfg.out_hook_name or "")
+            if d.cfg.is_transcoder and layer is not None:
+                sets.setdefault(_set_of(sub, layer), []).append(d)
+    return dict(sorted(sets.items()))
+
+
+def _describe_sets(sets: dict[str, Any]) -> str:
+    return ", ".join(f"{name} ({'a cross-layer transcoder' if not isinstance(s, list) else f'{len(s)} per-layer transcoders'})"
+                     for name, s in sets.items())
+
+
 class Transcoders:
     """Per-layer transcoders (``per_layer``) or a cross-layer transcoder, for one model.
 
@@ -84,38 +125,45 @@ class Transcoders:
         return cls(cfg.n_layers, cfg.d_model, by_layer)
 
     @classmethod
-    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False) -> "Transcoders":
+    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, set_name: str | None = None
+             ) -> "Transcoders":
         """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
-        layout or sparsify's), one dictionary folder per layer (what `circuitlab sae train` writes under its
-        dictionaries/), the folder of such a run (per-layer or kind: clt), or circuit-tracer's per-layer
-        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders)."""
+        layout or sparsify's), circuit-tracer's per-layer layout (config.yaml + layer_{i}.safetensors, read by
+        circuitlab.dictionaries.load_transcoders), one transcoder's own folder (a partial set), or a folder of
+        dictionary folders / a `circuitlab sae train` run. A run may hold several sets (clt-demo: a CLT beside
+        a transcoder per layer): `set_name` names one (transcoder_sets lists them); without it a run holding
+        more than one is refused, naming them."""
         from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
 
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
-        if is_clt_folder(folder):
-            return cls.cross_layer(model, CrossLayerTranscoder.load(folder))
-        if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
-            from circuitlab.dictionaries import load_transcoders
+        if is_clt_folder(folder) or (folder / "config.yaml").is_file() or _is_dictionary_folder(folder):
+            if set_name is not None:
+                raise InputError(f"{folder} is one transcoder set: drop the set name {set_name!r} (it picks one set "
+                                 "of a run's dictionaries/)")
+            if is_clt_folder(folder):
+                return cls.cross_layer(model, CrossLayerTranscoder.load(folder))
+            if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set
+                from circuitlab.dictionaries import load_transcoders
 
-            return cls.per_layer(model, load_transcoders(folder, model=None if allow_partial else model),
-                                 allow_partial=allow_partial)
-        if (folder / "dictionaries").is_dir():
-            folder = folder / "dictionaries"
-        subs = sorted(p for p in folder.iterdir() if p.is_dir())
-        clts = [p for p in subs if is_clt_folder(p)]
-        others = [p for p in subs if p not in clts and ((p / "config.json").is_file() or (p / "cfg.json").is_file())]
-        if clts:
-            if len(clts) > 1 or others:
-                raise InputError(f"{folder} holds {len(clts)} cross-layer transcoder(s) beside other dictionaries; "
-                                 "give the folder of the one to use")
-            return cls.cross_layer(model, CrossLayerTranscoder.load(clts[0]))
-        dicts = [SparseDictionary.load(p) for p in others]
-        if not dicts:
-            raise InputError(f"{folder} holds no transcoders (expected one dictionary folder per layer or a "
+                return cls.per_layer(model, load_transcoders(folder, model=None if allow_partial else model),
+                                     allow_partial=allow_partial)
+            return cls.per_layer(model, [SparseDictionary.load(folder)], allow_partial=allow_partial)
+        sets = transcoder_sets(folder)
+        where = folder / "dictionaries" if (folder / "dictionaries").is_dir() else folder
+        if not sets:
+            raise InputError(f"{where} holds no transcoders (expected one dictionary folder per layer or a "
                              "cross-layer transcoder)")
-        return cls.per_layer(model, dicts, allow_partial=allow_partial)
+        if set_name is None and len(sets) > 1:
+            raise InputError(f"{where} holds {len(sets)} transcoder sets: {_describe_sets(sets)}; name one "
+                             "(--transcoder-set NAME; in Python set_name=NAME)")
+        if set_name is not None and set_name not in sets:
+            raise InputError(f"{where} holds no transcoder set {set_name!r}; it holds {_describe_sets(sets)}")
+        found = sets[set_name if set_name is not None else next(iter(sets))]
+        if isinstance(found, CrossLayerTranscoder):
+            return cls.cross_layer(model, found)
+        return cls.per_layer(model, found, allow_partial=allow_partial)
 
     # ------------------------------------------------------------------ the interface
     def has(self, layer: int) -> bool:
