@@ -30,45 +30,19 @@ def _layer_of(hook: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
-def _is_dictionary_folder(folder: Path) -> bool:
-    """One dictionary's own folder (ours or SAELens's), as opposed to a folder of them."""
-    from circuitlab.dictionaries.sae import WEIGHTS_FILE
-    from circuitlab.dictionaries.saelens import is_saelens_folder
-
-    return (folder / WEIGHTS_FILE).is_file() or is_saelens_folder(folder)
-
-
-def _set_of(folder: Path, layer: int) -> str:
-    """The set a per-layer transcoder's folder belongs to: its name without the `-<layer>` that `sae train`'s
-    `kind: transcoders` adds (transcoders-2 -> transcoders); other names form the set "per-layer"."""
-    stem, _, tail = folder.name.rpartition("-")
-    return stem if stem and tail == str(layer) else "per-layer"
-
-
 def transcoder_sets(folder: str | Path) -> dict[str, Any]:
-    """The transcoder sets in a folder of dictionary folders or a `sae train` run (its dictionaries/):
-    name -> a CrossLayerTranscoder (named by its folder) or a list of per-layer transcoders (SparseDictionary),
-    in name order. SAEs (no output hook) are not transcoders and are left out."""
-    from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
+    """The transcoder sets a folder holds (dictionaries.sets.dictionary_sets, SAEs left out): name -> a
+    CrossLayerTranscoder or a list of per-layer transcoders (SparseDictionary) in layer order."""
+    from circuitlab.dictionaries.sets import dictionary_sets
 
-    folder = Path(folder)
-    if (folder / "dictionaries").is_dir():
-        folder = folder / "dictionaries"
-    sets: dict[str, Any] = {}
-    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
-        if is_clt_folder(sub):
-            sets[sub.name] = CrossLayerTranscoder.load(sub)
-        elif _is_dictionary_folder(sub):
-            d = SparseDictionary.load(sub)
-            layer = _layer_of(d.cfg.out_hook_name or "")
-            if d.cfg.is_transcoder and layer is not None:
-                sets.setdefault(_set_of(sub, layer), []).append(d)
-    return dict(sorted(sets.items()))
+    return {name: list(found.values()) if isinstance(found, dict) else found
+            for name, found in dictionary_sets(folder).items() if not isinstance(found, SparseDictionary)}
 
 
 def _describe_sets(sets: dict[str, Any]) -> str:
-    return ", ".join(f"{name} ({'a cross-layer transcoder' if not isinstance(s, list) else f'{len(s)} per-layer transcoders'})"
-                     for name, s in sets.items())
+    from circuitlab.dictionaries.sets import describe_sets
+
+    return describe_sets({name: {i: d for i, d in enumerate(s)} if isinstance(s, list) else s for name, s in sets.items()})
 
 
 class Transcoders:
@@ -138,7 +112,9 @@ class Transcoders:
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
-        if is_clt_folder(folder) or (folder / "config.yaml").is_file() or _is_dictionary_folder(folder):
+        from circuitlab.dictionaries.sets import is_dictionary_folder
+
+        if is_clt_folder(folder) or (folder / "config.yaml").is_file() or is_dictionary_folder(folder):
             if set_name is not None:
                 raise InputError(f"{folder} is one transcoder set: drop the set name {set_name!r} (it picks one set "
                                  "of a run's dictionaries/)")
