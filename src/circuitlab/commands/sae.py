@@ -269,7 +269,7 @@ SUBCOMMANDS = {
     "train": (TRAIN_HELP, TRAIN_EXAMPLE, _train_args, _run_train),
     "eval": (EVAL_HELP, EVAL_EXAMPLE, _eval_args, _run_eval),
     "dashboards": ("feature dashboards: top contexts, activation histogram, density, promoted/suppressed tokens",
-                   "circuitlab sae dashboards --dictionary runs/sae/dictionaries/mlp --checkpoint runs/features/model",
+                   "circuitlab sae dashboards --dictionary runs/transcoder-demo/dictionaries/transcoders-0 --checkpoint runs/features/model",
                    add_dashboards_arguments, run_dashboards),
     "export": (EXPORT_HELP, EXPORT_EXAMPLE, _export_args, _run_export),
     "demo": ("features demo: a 1-layer MLP model on the stories, a TopK dictionary on its MLP, readable features",
