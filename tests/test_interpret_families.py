@@ -76,7 +76,7 @@ def test_experiments_for_skips_with_a_reason_and_refuses_a_named_one():
     run, skipped = experiments_for(olmo)
     assert "circuits" not in run and "heads" in run and list(skipped) == ["circuits"]
     assert "post norms" in skipped["circuits"]
-    with pytest.raises(ConfigError, match=r"^circuits assumes .*post norms.*: leave circuits out of --experiments$"):
+    with pytest.raises(ConfigError, match=r"^the circuits experiment assumes .*post norms.*: leave circuits out of --experiments$"):
         experiments_for(olmo, ["logit_lens", "circuits"], by_name=True)
     assert experiments_for(olmo, ["logit_lens", "heads"], by_name=True) == (["logit_lens", "heads"], {})
 

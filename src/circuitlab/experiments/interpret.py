@@ -71,7 +71,7 @@ def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool 
     unknown = [n for n in names if n not in needs]
     if unknown:
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(needs)}")
-    left_out = {n: r for n in names if (r := why_not(model_or_cfg, n, *needs[n]))}
+    left_out = {n: r for n in names if (r := why_not(model_or_cfg, f"the {n} experiment", *needs[n]))}
     if left_out and by_name:
         name, reason = next(iter(left_out.items()))
         raise ConfigError(f"{reason}: leave {name} out of --experiments")
