@@ -94,3 +94,15 @@ def test_graph_command_names_either_set(run, name, kind, tmp_path, capsys, one_t
                  "--prompt", "Lily saw a cat.", "--out", str(tmp_path / "refused")]) == 2
     err = capsys.readouterr().err
     assert "holds 2 transcoder sets" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_explorer_takes_either_set(run):
+    """`circuitlab serve --transcoders RUN --transcoder-set NAME`: the explorer's interventions use the named set."""
+    from circuitlab.errors import InputError
+    from circuitlab.serve.app import create_app
+
+    root, _ = run
+    for name in ("clt-batchtopk", "transcoders"):
+        create_app(root / "model", transcoders=root / "run", transcoder_set=name)
+    with pytest.raises(InputError, match="holds 2 transcoder sets"):
+        create_app(root / "model", transcoders=root / "run")
