@@ -77,16 +77,15 @@ def mine_run(folder: Path) -> None:
 
 
 def hf_model(folder: Path) -> None:
-    """exports/mlp-4l-hf: runs/mlp-4l's kind of model as `circuitlab export --out exports/mlp-4l-hf` writes it (a Hugging
-    Face GPT-2 folder: config.json, model.safetensors, tokenizer files)."""
-    from circuitlab import ModelConfig, Transformer
+    """runs/quick (the LLaMA-style `quick` preset, narrowed) and exports/quick-hf: that model as `circuitlab export
+    --checkpoint runs/quick --out exports/quick-hf` writes it (a Hugging Face LLaMA folder: config.json,
+    model.safetensors, tokenizer files)."""
     from circuitlab.pretrained import export_hf
+    from circuitlab.training import load_checkpoint
 
-    tokenizer = story_tokenizer()
-    torch.manual_seed(0)
-    cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=4, d_model=32, n_heads=4, d_mlp=128, d_vocab=tokenizer.vocab_size,
-                                  n_ctx=64)
-    export_hf(Transformer(cfg), folder / "exports" / "mlp-4l-hf", tokenizer)
+    save_run(folder / "runs" / "quick", "quick", n_layers=2, d_mlp=64)
+    model, tokenizer, _ = load_checkpoint(folder / "runs" / "quick")
+    export_hf(model, folder / "exports" / "quick-hf", tokenizer)
 
 
 def forge_compare_run(folder: Path) -> None:
@@ -137,7 +136,8 @@ MADE_BY: dict[str, dict[str, str]] = {
     "demo": {"runs/demo/2l": "circuitlab demo", "runs/demo/1l": "circuitlab demo"},
     "mlp-4l": {"runs/mlp-4l": "circuitlab train --config mlp-4l"},
     "mine": {"runs/mine": "circuitlab train --config demo --out runs/mine"},
-    "hf-model": {"exports/mlp-4l-hf": "circuitlab export --checkpoint runs/mlp-4l --out exports/mlp-4l-hf"},
+    "hf-model": {"runs/quick": "circuitlab train --config quick --set data.source=stories",
+                 "exports/quick-hf": "circuitlab export --checkpoint runs/quick --out exports/quick-hf"},
     "forge-compare": {"runs/forge-compare/trained": "circuitlab forge compare"},
     "graphs": {"runs/features/model": "circuitlab sae demo",
                "runs/transcoder-demo/dictionaries/transcoders-0": "circuitlab sae train --config transcoder-demo"},
@@ -194,24 +194,34 @@ def test_stand_ins_are_what_documented_commands_write(tmp_path):
     assert used <= set(MADE_BY), f"fixtures without their command: {used - set(MADE_BY)}"
 
 
+# Each documented command at a small size: (prefix, options appended) for the slow run on the commands' own output.
+SMALL = [("circuitlab sae demo", "--model-steps 30 --dictionary-steps 20 --no-progress"),
+         ("circuitlab sae train", "--no-progress --set train.steps=20 --set train.batch_size=256 --set train.eval_batches=1 "
+                                  "--set train.ckpt_every=0 --set data.n_stories=200 --set store.seqs_per_chunk=16"),
+         ("circuitlab train", "--no-progress --set train.steps=20"),
+         ("circuitlab export", "")]
+
+
 @pytest.mark.slow
-def test_graphs_doc_runs_on_what_its_commands_write(tmp_path, monkeypatch):
-    """docs/graphs.md on the documented commands' own output, at small step counts: `circuitlab sae demo`, then
-    `circuitlab sae train --config transcoder-demo`, then the doc's `circuitlab graph` line and its Python blocks."""
+@pytest.mark.parametrize("name", ["graphs.md", "dictionaries.md", "causal.md", "pretrained.md"])
+def test_doc_runs_on_what_its_commands_write(name, tmp_path, monkeypatch, one_thread):
+    """The doc's Python blocks (and graphs.md's `circuitlab graph` line) on the documented commands' own output,
+    each command run at a small step count (SMALL), in the order MADE_BY lists them: what the stand-ins stand for."""
     import shlex
 
     from circuitlab.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["sae", "demo", "--model-steps", "30", "--dictionary-steps", "20", "--no-progress"]) == 0
-    sets = ["train.steps=20", "train.batch_size=256", "train.eval_batches=1", "train.ckpt_every=0", "data.n_stories=200",
-            "store.seqs_per_chunk=16"]
-    assert main(["sae", "train", "--config", "transcoder-demo", "--no-progress",
-                 *[a for s in sets for a in ("--set", s)]]) == 0
-    text = (ROOT / "docs" / "graphs.md").read_text()
-    line = next(l for l in text.splitlines() if l.startswith("circuitlab graph --checkpoint runs/features/model"))
-    assert main([*shlex.split(line)[1:], "--dashboard-tokens", "0"]) == 0
-    assert helpers.run_blocks(blocks(ROOT / "docs" / "graphs.md"), tmp_path, "docs/graphs.md") == len(blocks(ROOT / "docs" / "graphs.md"))
+    commands = list(dict.fromkeys(c for need in NEEDS[name] for c in MADE_BY[need].values()))
+    for command in commands:
+        extra = next(opts for prefix, opts in SMALL if command.startswith(prefix))
+        assert main([*shlex.split(command)[1:], *shlex.split(extra)]) == 0, command
+    doc = ROOT / "docs" / name
+    if name == "graphs.md":
+        line = next(l for l in doc.read_text().splitlines() if l.startswith("circuitlab graph --checkpoint runs/features"))
+        assert main([*shlex.split(line)[1:], "--dashboard-tokens", "0"]) == 0
+    found = blocks(doc)
+    assert helpers.run_blocks(found, tmp_path, f"docs/{name}") == sum(info != "no-run" for _, info, _ in found)
 
 
 def test_blocks_that_do_not_run_are_few_and_marked():
