@@ -77,14 +77,15 @@ def mine_run(folder: Path) -> None:
 
 
 def hf_model(folder: Path) -> None:
-    """models/tiny-gpt2: a Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer files)."""
-    from circuitlab import ModelConfig, Transformer
+    """runs/quick (the LLaMA-style `quick` preset, narrowed) and exports/quick-hf: that model as `circuitlab export
+    --checkpoint runs/quick --out exports/quick-hf` writes it (a Hugging Face LLaMA folder: config.json,
+    model.safetensors, tokenizer files)."""
     from circuitlab.pretrained import export_hf
+    from circuitlab.training import load_checkpoint
 
-    tokenizer = story_tokenizer()
-    torch.manual_seed(0)
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=32, n_heads=4, d_vocab=tokenizer.vocab_size, n_ctx=64)
-    export_hf(Transformer(cfg), folder / "models" / "tiny-gpt2", tokenizer)
+    save_run(folder / "runs" / "quick", "quick", n_layers=2, d_mlp=64)
+    model, tokenizer, _ = load_checkpoint(folder / "runs" / "quick")
+    export_hf(model, folder / "exports" / "quick-hf", tokenizer)
 
 
 def forge_compare_run(folder: Path) -> None:
@@ -95,19 +96,24 @@ def forge_compare_run(folder: Path) -> None:
     train(addition_run_config(2, 2, steps=1), folder / "runs" / "forge-compare" / "trained", progress=False)
 
 
+def features_model(folder: Path) -> None:
+    """runs/features/model, the model `circuitlab sae demo` trains: GPT-2 style, 1 layer with an MLP."""
+    save_run(folder / "runs" / "features" / "model", "gpt2-tiny", n_layers=1, d_mlp=64)
+
+
 def graph_inputs(folder: Path) -> None:
-    """runs/features/model (a model with MLPs) and runs/transcoders: a transcoder per layer in circuit-tracer's
-    layout (reading blocks.L.ln2.hook_normalized, writing blocks.L.hook_mlp_out), random, for that model."""
+    """runs/features/model and runs/transcoder-demo as `circuitlab sae train --config transcoder-demo` writes it: its
+    one `kind: transcoders` entry expanded to the model's one layer (dictionaries/transcoders-0: a TopK skip
+    transcoder reading blocks.0.ln2.hook_normalized, writing blocks.0.hook_mlp_out), random."""
     from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
-    from circuitlab.dictionaries.published import save_transcoders
     from circuitlab.training import load_checkpoint
 
-    save_run(folder / "runs" / "features" / "model", "gpt2-tiny", n_layers=2, d_mlp=64)
+    features_model(folder)
     model, _, _ = load_checkpoint(folder / "runs" / "features" / "model")
-    saes = [SparseDictionary(DictionaryConfig("relu", d_in=32, d_sae=64, hook_name=f"blocks.{l}.ln2.hook_normalized",
-                                              out_hook_name=f"blocks.{l}.hook_mlp_out", base_model=base_model_id(model)),
-                             seed=l) for l in range(2)]
-    save_transcoders(saes, folder / "runs" / "transcoders")
+    SparseDictionary(DictionaryConfig("topk", d_in=32, d_sae=64, k=4, skip=True, hook_name="blocks.0.ln2.hook_normalized",
+                                      out_hook_name="blocks.0.hook_mlp_out", base_model=base_model_id(model),
+                                      metadata={"name": "transcoders-0"}),
+                     seed=0).save(folder / "runs" / "transcoder-demo" / "dictionaries" / "transcoders-0")
 
 
 def clt_demo(folder: Path) -> None:
@@ -121,6 +127,23 @@ def clt_demo(folder: Path) -> None:
 
 
 FIXTURES = {"clt-demo": clt_demo, "graphs": graph_inputs, "forge-compare": forge_compare_run, "demo": demo_run, "mlp-4l": mlp_run, "mine": mine_run, "hf-model": hf_model}
+
+# What each stand-in above is, and the documented command that writes it there: the paths a fixture makes, each
+# under that command's output folder (its --out, or its default). test_stand_ins_are_what_documented_commands_write
+# checks both, and that the command is in the docs or the README; the slow test runs graphs.md on the commands'
+# own output.
+MADE_BY: dict[str, dict[str, str]] = {
+    "demo": {"runs/demo/2l": "circuitlab demo", "runs/demo/1l": "circuitlab demo"},
+    "mlp-4l": {"runs/mlp-4l": "circuitlab train --config mlp-4l"},
+    "mine": {"runs/mine": "circuitlab train --config demo --out runs/mine"},
+    "hf-model": {"runs/quick": "circuitlab train --config quick --set data.source=stories",
+                 "exports/quick-hf": "circuitlab export --checkpoint runs/quick --out exports/quick-hf"},
+    "forge-compare": {"runs/forge-compare/trained": "circuitlab forge compare"},
+    "graphs": {"runs/features/model": "circuitlab sae demo",
+               "runs/transcoder-demo/dictionaries/transcoders-0": "circuitlab sae train --config transcoder-demo"},
+    "clt-demo": {"runs/mlp-4l": "circuitlab train --config mlp-4l",
+                 "runs/clt-demo/dictionaries/clt-batchtopk": "circuitlab sae train --config clt-demo"},
+}
 
 
 def run_doc(doc: Path, folder: Path) -> int:
@@ -139,6 +162,66 @@ def marks(doc: Path) -> list:
 def test_doc_python_blocks_run_as_written(doc, tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(tmp_path)
     run_doc(doc, tmp_path)
+
+
+def command_out(command: str) -> str:
+    """The folder a documented command writes: its --out, or its default (train / sae train: runs/<config name>)."""
+    import shlex
+
+    from circuitlab.cli import build_parser
+
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    return str(args.out or f"runs/{Path(args.config).stem}")
+
+
+def test_stand_ins_are_what_documented_commands_write(tmp_path):
+    """Each path a doc reads (the stand-ins its fixtures make) is under the output folder of a command the docs or
+    the README show, and a fixture makes nothing else: a doc cannot read a folder no documented command writes."""
+    shown = "\n".join(p.read_text() for p in [*DOCS, ROOT / "README.md"])
+    for fixture, paths in MADE_BY.items():
+        made = tmp_path / fixture
+        made.mkdir()
+        FIXTURES[fixture](made)
+        for path, command in paths.items():
+            assert command in shown, f"{fixture}: `{command}` is not shown in the docs or README"
+            out = command_out(command)
+            assert path == out or path.startswith(out + "/"), f"{fixture}: {path} is not under {command}'s {out}"
+            assert (made / path).exists(), f"{fixture} does not make {path}"
+        stray = [f.relative_to(made).as_posix() for f in made.rglob("*") if f.is_file()
+                 and not any(f.relative_to(made).as_posix().startswith(p + "/") for p in paths)]
+        assert not stray, f"{fixture} makes {stray[:3]}, which MADE_BY does not name"
+    used = {need for needs in NEEDS.values() for need in needs}
+    assert used <= set(MADE_BY), f"fixtures without their command: {used - set(MADE_BY)}"
+
+
+# Each documented command at a small size: (prefix, options appended) for the slow run on the commands' own output.
+SMALL = [("circuitlab sae demo", "--model-steps 30 --dictionary-steps 20 --no-progress"),
+         ("circuitlab sae train", "--no-progress --set train.steps=20 --set train.batch_size=256 --set train.eval_batches=1 "
+                                  "--set train.ckpt_every=0 --set data.n_stories=200 --set store.seqs_per_chunk=16"),
+         ("circuitlab train", "--no-progress --set train.steps=20"),
+         ("circuitlab export", "")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["graphs.md", "dictionaries.md", "causal.md", "pretrained.md"])
+def test_doc_runs_on_what_its_commands_write(name, tmp_path, monkeypatch, one_thread):
+    """The doc's Python blocks (and graphs.md's `circuitlab graph` line) on the documented commands' own output,
+    each command run at a small step count (SMALL), in the order MADE_BY lists them: what the stand-ins stand for."""
+    import shlex
+
+    from circuitlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    commands = list(dict.fromkeys(c for need in NEEDS[name] for c in MADE_BY[need].values()))
+    for command in commands:
+        extra = next(opts for prefix, opts in SMALL if command.startswith(prefix))
+        assert main([*shlex.split(command)[1:], *shlex.split(extra)]) == 0, command
+    doc = ROOT / "docs" / name
+    if name == "graphs.md":
+        line = next(l for l in doc.read_text().splitlines() if l.startswith("circuitlab graph --checkpoint runs/features"))
+        assert main([*shlex.split(line)[1:], "--dashboard-tokens", "0"]) == 0
+    found = blocks(doc)
+    assert helpers.run_blocks(found, tmp_path, f"docs/{name}") == sum(info != "no-run" for _, info, _ in found)
 
 
 def test_blocks_that_do_not_run_are_few_and_marked():

@@ -103,6 +103,9 @@ def test_bundled_transcoder_config_trains_a_transcoder_that_replaces_the_mlp(tin
             "store.seqs_per_chunk=16", "train.steps=4", "train.batch_size=64", "train.eval_batches=1", "train.ckpt_every=0"]
     assert main(["sae", "train", "--config", "transcoder-demo", "--out", str(out), "--no-progress",
                  *[a for s in sets for a in ("--set", s)]]) == 0
-    (entry,) = json.loads((out / "results.json").read_text())["dictionaries"]
-    assert entry["config"]["out_hook_name"] == "blocks.0.hook_mlp_out" and entry["config"]["skip"]
-    assert entry["metrics"]["spliced"]["ce_zero"] != entry["metrics"]["spliced"]["ce_clean"]  # the MLP was replaced
+    entries = json.loads((out / "results.json").read_text())["dictionaries"]  # one per layer: transcoders-L
+    assert [e["name"] for e in entries] == ["transcoders-0", "transcoders-1"]
+    for layer, entry in enumerate(entries):
+        assert entry["config"]["hook_name"] == f"blocks.{layer}.ln2.hook_normalized"
+        assert entry["config"]["out_hook_name"] == f"blocks.{layer}.hook_mlp_out" and entry["config"]["skip"]
+        assert entry["metrics"]["spliced"]["ce_zero"] != entry["metrics"]["spliced"]["ce_clean"]  # the MLP was replaced

@@ -96,6 +96,14 @@ class ModelConfig:
     def has_mlp(self) -> bool:
         return not self.attn_only
 
+    def mlp_input_hook(self, layer: int | str) -> str:
+        """The hook holding what layer's MLP reads (a transcoder's default input): its pre-norm's output
+        (ln2.hook_normalized, before the norm's gain); with no norm before the MLP (OLMo-2's post-norms, or no norms) the stream it reads,
+        hook_resid_mid, or hook_resid_pre where attention and MLP run in parallel. `layer` may be "{layer}"."""
+        if self.block_norms != "post" and self.norm != "none":
+            return f"blocks.{layer}.ln2.hook_normalized"
+        return f"blocks.{layer}.hook_resid_pre" if self.parallel_attn_mlp else f"blocks.{layer}.hook_resid_mid"
+
     # ------------------------------------------------------------------ what analyses assume (model/assumptions.py)
     # A new switch that breaks one of these must turn it off here; analyses relying on it then refuse the model.
     @property

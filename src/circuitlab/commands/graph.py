@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-layer transcoders (a folder of dictionary folders, a `sae train` run, or circuit-tracer's "
                         "layout: config.yaml + layer_{i}.safetensors) or a cross-layer transcoder folder (ours, "
                         "circuit-tracer's cross_layer_transcoder layout or sparsify's)")
+    p.add_argument("--transcoder-set", default=None, metavar="NAME",
+                   help="when --transcoders is a run holding several sets (clt-demo: a CLT beside a transcoder per "
+                        "layer), the one to use: the CLT's folder name (clt-batchtopk) or the per-layer set's "
+                        "(transcoders); a run with several lists them")
     p.add_argument("--planted", action="store_true",
                    help="use the built-in forged model whose MLPs are planted features (tokens x A B Z y)")
     p.add_argument("--prompt", default=None, help="the text whose next-token prediction the graph explains (required)")
@@ -117,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
                          "--foil)")
     check_output_folder(args.out, "graph", overwrite=args.overwrite)   # before the model is even read
     if args.planted:
-        if args.checkpoint or args.transcoders:
-            raise InputError("--planted uses the built-in model: drop --checkpoint/--transcoders")
+        if args.checkpoint or args.transcoders or args.transcoder_set:
+            raise InputError("--planted uses the built-in model: drop --checkpoint/--transcoders/--transcoder-set")
         from circuitlab.graphs.planted import PlantedTokenizer, planted_path_model
 
         p = planted_path_model()
@@ -135,8 +139,9 @@ def run(args: argparse.Namespace) -> int:
         model, tok, _ = load_checkpoint(args.checkpoint, dtype=args.dtype, compute_dtype=args.compute_dtype)
         if tok is None:
             raise InputError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
-        tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial, dtype=args.dtype,
-                              compute_dtype=model.compute_dtype if args.dtype is not None else None, mmap=args.mmap)
+        tc = Transcoders.load(model, args.transcoders, allow_partial=args.partial, set_name=args.transcoder_set,
+                              dtype=args.dtype, compute_dtype=model.compute_dtype if args.dtype is not None else None,
+                              mmap=args.mmap)
         from circuitlab.viz.graph_view import saved_dashboards
 
         saved = saved_dashboards(args.transcoders)

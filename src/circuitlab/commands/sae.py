@@ -231,14 +231,49 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- export
+
+EXPORT_HELP = ("write dictionaries in another library's layout: ours, SAELens, circuit-tracer (per-layer sets, CLTs), "
+               "sparsify (CLTs), Gemma Scope, Gemma Scope 2, Llama Scope; each read back and checked")
+EXPORT_EXAMPLE = "circuitlab sae export runs/clt-demo --layout circuit-tracer --out exports/clt-demo-ct"
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    from circuitlab.dictionaries.export import LAYOUTS
+
+    p.add_argument("source", metavar="SOURCE",
+                   help="a `sae train` run, a folder of dictionaries, one CLT or circuit-tracer set, or one dictionary")
+    p.add_argument("--layout", required=True, choices=LAYOUTS, help="the layout to write")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to write (an earlier export there is set aside as "
+                                                               "DIR.<time> once the new one is complete)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="the sets / dictionaries to export (default all): a CLT's or dictionary's folder name, or a "
+                        "per-layer set's name (transcoders); an unknown name lists them")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out instead")
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from circuitlab.dictionaries.export import export_dictionaries
+
+    written, kept = export_dictionaries(args.source, args.layout, args.out, only=args.only, overwrite=args.overwrite)
+    if kept is not None:
+        print(f"kept the earlier export as {kept}")
+    for name, folders in written.items():
+        print(f"{name}: {', '.join(f'{args.out}/{f}' for f in folders)}")
+    print(f"wrote {args.layout} layout to {args.out}/ (each read back by circuitlab's reader: same latents and "
+          f"reconstructions); export.json lists what came from where")
+    return 0
+
+
 # ---------------------------------------------------------------------------- wiring
 
 SUBCOMMANDS = {
     "train": (TRAIN_HELP, TRAIN_EXAMPLE, _train_args, _run_train),
     "eval": (EVAL_HELP, EVAL_EXAMPLE, _eval_args, _run_eval),
     "dashboards": ("feature dashboards: top contexts, activation histogram, density, promoted/suppressed tokens",
-                   "circuitlab sae dashboards --dictionary runs/sae/dictionaries/mlp --checkpoint runs/features/model",
+                   "circuitlab sae dashboards --dictionary runs/transcoder-demo/dictionaries/transcoders-0 --checkpoint runs/features/model",
                    add_dashboards_arguments, run_dashboards),
+    "export": (EXPORT_HELP, EXPORT_EXAMPLE, _export_args, _run_export),
     "demo": ("features demo: a 1-layer MLP model on the stories, a TopK dictionary on its MLP, readable features",
              "circuitlab sae demo --out runs/features", add_demo_arguments, run_demo),
 }

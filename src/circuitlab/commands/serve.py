@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="runs folder whose `circuitlab graph` outputs /graphs lists (default: runs/ when it exists)")
     p.add_argument("--transcoders", default=None, metavar="DIR",
                    help="the model's transcoders: interventions, feature cards and new graphs on /graphs")
+    p.add_argument("--transcoder-set", default=None, metavar="NAME",
+                   help="when --transcoders is a run holding several sets (clt-demo), the one to use (as circuitlab "
+                        "graph --transcoder-set: clt-batchtopk or transcoders)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; anything else exposes the "
                         "explorer to your network)")
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                      allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device,
                      dictionaries=args.dictionary, lens=args.lens, circuits=args.circuit,
                      graphs=args.graphs if args.graphs is not None else ("runs" if Path("runs").is_dir() else None),
-                     transcoders=args.transcoders, graph_runner=graph_experiment)
+                     transcoders=args.transcoders, graph_runner=graph_experiment, transcoder_set=args.transcoder_set)
     check_port_free(args.host, args.port)
     import uvicorn
 

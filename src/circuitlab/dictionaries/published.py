@@ -239,10 +239,11 @@ def load_gemma_scope(file: str | Path, hook_name: str | None = None, out_hook_na
         tensors = _read(file, lambda: {k: torch.from_numpy(np.array(z[k])) for k in z.files})
     _need(tensors, ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"), str(file))
     path = file.as_posix()
-    repo = re.search(r"gemma-scope-(\d+b)-(pt|it)-(res|mlp|att|transcoders)", path)
+    # the hub's gemma-scope-2b-pt-res/..., or gemma-scope-res/... (no model named) as `circuitlab sae export` writes
+    repo = re.search(r"gemma-scope-(?:(\d+b)-(pt|it)-)?(res|mlp|att|transcoders)", path)
     layer = re.search(r"/layer_(\d+)/", path)
     base: dict[str, Any] = {}
-    if repo:
+    if repo and repo.group(1):
         size, kind, site = repo.groups()
         base = {"name": f"google/gemma-2-{size}" + ("-it" if kind == "it" else ""), "d_model": _GS_D_MODEL.get(size)}
     if hook_name is None:

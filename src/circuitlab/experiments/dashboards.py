@@ -1,6 +1,7 @@
 """`circuitlab sae dashboards`: a dictionary's feature dashboards on held-out text, saved and drawn.
 
-    found = build_dashboards(DashboardOptions(dictionary="runs/sae/dict", checkpoint="runs/features/model"))
+    found = build_dashboards(DashboardOptions(dictionary="runs/transcoder-demo/dictionaries/transcoders-0",
+                                              checkpoint="runs/features/model"))
     found.report        # <out>/report.html;  found.folder: dashboards.safetensors + dashboards.json
 """
 from __future__ import annotations

@@ -25,9 +25,11 @@ class InterpretResult:
     experiments: list[str]
     model: dict[str, Any]                       # the model's config
     results: dict[str, ExperimentResult] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)   # experiments left out: name -> why (the architecture)
 
     def to_dict(self) -> dict[str, Any]:
         return {"checkpoint": self.checkpoint, "experiments": list(self.experiments), "model": self.model,
+                "skipped": dict(self.skipped),
                 **{name: found.to_dict() for name, found in self.results.items()}}
 
     def _repr_html_(self) -> str:
@@ -46,6 +48,34 @@ def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("clean"), opts.get("corrupt"))
     table.update(interpret_tracing.EXPERIMENTS)  # fn(model, tokenizer, out, opts)
     return table
+
+
+def experiment_needs() -> dict[str, tuple[str, ...]]:
+    """Each experiment's architecture assumptions (model.assumptions names; none for most)."""
+    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+
+    return {name: getattr(mod, "NEEDS", {}).get(name, ()) for mod in (interpret_reading, interpret_inputs,
+            interpret_causal, interpret_tracing) for name in mod.EXPERIMENTS}
+
+
+def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool = False
+                    ) -> tuple[list[str], dict[str, str]]:
+    """(the experiments among `names` (default: all) to run on this model, {left out: why}): those whose
+    architecture assumptions the model breaks are left out; named by the user (by_name), one is refused in
+    one line (ConfigError)."""
+    from circuitlab.errors import ConfigError
+    from circuitlab.model.assumptions import why_not
+
+    needs = experiment_needs()
+    names = list(needs) if names is None else list(names)
+    unknown = [n for n in names if n not in needs]
+    if unknown:
+        raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(needs)}")
+    left_out = {n: r for n in names if (r := why_not(model_or_cfg, f"the {n} experiment", *needs[n]))}
+    if left_out and by_name:
+        name, reason = next(iter(left_out.items()))
+        raise ConfigError(f"{reason}: leave {name} out of --experiments")
+    return [n for n in names if n not in left_out], left_out
 
 
 def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str] | None = None,
@@ -89,11 +119,14 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
             raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it, so {', '.join(needs_text)} cannot "
                                   f"encode text; run --experiments {' '.join(NO_TEXT)} (weights and token ids only), "
                                   "or import the model with its tokenizer")
+    names, left_out = experiments_for(model, names, by_name=experiments is not None)
+    for name, reason in left_out.items():
+        warnings.warn(f"{name} skipped: {reason}", stacklevel=2)
     # A previous interpret output is kept renamed, anything else refused: never two runs' files in one folder.
     kept = set_aside(Path(out), _is_interpret_output, "interpret results")
     if kept is not None:
         print(f"moved the previous results to {kept}")
-    result = InterpretResult(str(checkpoint), names, model.cfg.to_dict())
+    result = InterpretResult(str(checkpoint), names, model.cfg.to_dict(), skipped=left_out)
     with atomic_dir(Path(out)) as tmp:  # the folder appears complete, or not at all
         for name in names:
             result.results[name] = table[name](model, tokenizer, tmp, opts)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.logit_attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
-from circuitlab.analysis.qk_ov import (direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
+from circuitlab.analysis.qk_ov import (copying_scores, direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import weights_model
 from circuitlab.analysis.heads.detectors import induction_by_period, induction_test_tokens
@@ -24,6 +24,7 @@ from circuitlab.analysis.heads.induction import in_context_learning_score
 from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.lens import logit_lens
 from circuitlab.model import model_device
+from circuitlab.model.assumptions import ASSUMPTIONS, unmet
 from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
@@ -82,7 +83,8 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
     if model.cfg.n_layers > 0:
         # The labels' weight evidence is these circuits' scores: compute them once, in classify_heads.
         classes = classify_heads(model, _head_tokens(model).to(model_device(model)))
-        copying = classes.copying
+        # None where heads are not additive: then the scores' own analysis refuses the model (NEEDS below)
+        copying = classes.copying if classes.copying is not None else copying_scores(wm)
         figures.append(copying_scores_figure(copying.scores).save_png(out_dir / "copying_scores.png").name)
         found["copying"] = copying.to_dict()
         summary.append(f"copying heads (score >= {copying.threshold}): "
@@ -161,6 +163,8 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> Experiment
                                                   ).save_png(out_dir / "induction_by_period.png").name)
     summary = [str(label) for label in classes.labels if label.label not in ("low-entropy", "diffuse")]
     summary += [f"not assigned: {label}" for label in classes.rejected]
+    if classes.weights_unread:
+        summary.append(f"weight checks left out (copying score, K-composition): {classes.weights_unread}")
     summary.append(f"in-context learning score on tiled random tokens: {icl.score:.3f} nats "
                    f"(loss at position {icl.late_pos} minus at {icl.early_pos})")
     if sweep is not None:
@@ -216,7 +220,10 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> Expe
                + ", ".join(f"{c} {v:+.3f}" for c, v in dla.top(5))]
     found: dict[str, Any] = {"prompt": prompt or DEFAULT_PROMPT, "answer": a, "wrong": b,
                              "attribution": dla.to_dict(), "decomposition": parts.to_dict()}
-    if model.cfg.has_mlp:
+    if model.cfg.has_mlp and unmet(model, "pre_norm"):
+        summary.append(f"the MLP neurons' output tokens are left out: they read W_out through the unembedding, and "
+                       f"this model has {ASSUMPTIONS['pre_norm'][2](model.cfg)}")
+    elif model.cfg.has_mlp:
         mlp_labels = [i for i, lab in enumerate(dla.labels) if lab.endswith("MLP")]
         best = max(mlp_labels, key=lambda i: abs(float(dla.mean()[i])))
         layer = int(dla.labels[best].split()[0][1:])
@@ -231,6 +238,10 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> Expe
 
 # The analyses that read only the weights and token ids (no text): they run on a model without a tokenizer.
 NO_TEXT = ("circuits", "heads")
+
+# What an experiment assumes of the architecture (model.assumptions names), beyond what every analysis holds:
+# interpret skips it, with a warning, on a model that breaks one (asked for by name: refused in one line).
+NEEDS: dict[str, tuple[str, ...]] = {"circuits": ("additive_heads",)}
 
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "circuits": run_circuits,

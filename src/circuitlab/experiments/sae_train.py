@@ -89,12 +89,14 @@ def load_sae_config(name: str, overrides: list[str]) -> dict[str, Any]:
 KINDS = ("dictionary", "clt", "transcoders")
 
 
-def _layer_transcoder(d: dict[str, Any], layer: int) -> dict[str, Any]:
-    """One layer's transcoder of a `kind: transcoders` entry (a transcoder per MLP, reading its input)."""
+def _layer_transcoder(d: dict[str, Any], layer: int, mlp_input: str | None = None) -> dict[str, Any]:
+    """One layer's transcoder of a `kind: transcoders` entry (a transcoder per MLP, reading its input: the
+    entry's input_hook, else mlp_input, the model's ModelConfig.mlp_input_hook template)."""
     from circuitlab.dictionaries.clt import CLTConfig
 
     d = {k: v for k, v in d.items() if k != "kind"}
-    in_hook, out_hook = d.pop("input_hook", CLTConfig.input_hook), d.pop("output_hook", CLTConfig.output_hook)
+    in_hook = d.pop("input_hook", mlp_input or CLTConfig.input_hook)
+    out_hook = d.pop("output_hook", CLTConfig.output_hook)
     meta = {**d.pop("metadata", {})}
     meta["name"] = f"{meta.get('name', 'transcoders')}-{layer}"
     return {**d, "hook_name": in_hook.format(layer=layer), "out_hook_name": out_hook.format(layer=layer), "metadata": meta}
@@ -109,6 +111,7 @@ def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -
 
     out, groups = [], {}
     L, d_model = model.cfg.n_layers, model.cfg.d_model
+    mlp_input = model.cfg.mlp_input_hook("{layer}")  # the family's MLP input, when an entry names none
     for d, own in entries:
         kind = d.get("kind", "dictionary")
         if kind == "clt":
@@ -116,16 +119,16 @@ def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -
                 raise CircuitlabError(f"the CLT config says n_layers={d['n_layers']} but the model has {L} layers")
             if d.get("d_model", d_model) != d_model:
                 raise CircuitlabError(f"the CLT config says d_model={d['d_model']} but the model's d_model is {d_model}")
-            out.append(({**d, "n_layers": L, "d_model": d_model}, own))
+            out.append(({"input_hook": mlp_input, **d, "n_layers": L, "d_model": d_model}, own))
         elif kind == "transcoders":
             name = (d.get("metadata") or {}).get("name", "transcoders")
             groups[name] = list(range(len(out), len(out) + L))
             target = TRAIN_RULES["target_l0"].check(own.get("target_l0", target_l0), "train.target_l0", ConfigError)
             if not isinstance(target, list) or d.get("architecture", "relu") not in PENALTY_ARCHITECTURES:
-                out += [(_layer_transcoder(d, layer), own) for layer in range(L)]
+                out += [(_layer_transcoder(d, layer, mlp_input), own) for layer in range(L)]
                 continue
             targets = per_layer_targets(target, L, f"the model has {L} layers")
-            out += [(_layer_transcoder(d, layer), {**own, "target_l0": targets[layer]}) for layer in range(L)]
+            out += [(_layer_transcoder(d, layer, mlp_input), {**own, "target_l0": targets[layer]}) for layer in range(L)]
         else:
             out.append((d, own))
     return out, groups

@@ -35,6 +35,21 @@ def _layer_of(hook: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
+def transcoder_sets(folder: str | Path) -> dict[str, Any]:
+    """The transcoder sets a folder holds (dictionaries.sets.dictionary_sets, SAEs left out): name -> a
+    CrossLayerTranscoder or a list of per-layer transcoders (SparseDictionary) in layer order."""
+    from circuitlab.dictionaries.sets import dictionary_sets
+
+    return {name: list(found.values()) if isinstance(found, dict) else found
+            for name, found in dictionary_sets(folder).items() if not isinstance(found, SparseDictionary)}
+
+
+def _describe_sets(sets: dict[str, Any]) -> str:
+    from circuitlab.dictionaries.sets import describe_sets
+
+    return describe_sets({name: {i: d for i, d in enumerate(s)} if isinstance(s, list) else s for name, s in sets.items()})
+
+
 class Transcoders:
     """Per-layer transcoders (``per_layer``) or a cross-layer transcoder, for one model.
 
@@ -91,16 +106,20 @@ class Transcoders:
         return cls(cfg.n_layers, cfg.d_model, by_layer)
 
     @classmethod
-    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, dtype: str | torch.dtype | None = None,
-             compute_dtype: str | torch.dtype | None = None, mmap: bool = False) -> "Transcoders":
+    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, set_name: str | None = None,
+             dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
+             mmap: bool = False) -> "Transcoders":
         """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
-        layout or sparsify's), one dictionary folder per layer (what `circuitlab sae train` writes under its
-        dictionaries/), the folder of such a run (per-layer or kind: clt), or circuit-tracer's per-layer
-        layout (config.yaml + layer_{i}.safetensors, read by circuitlab.dictionaries.load_transcoders).
-        dtype: hold each transcoder's matrices in it, cast as soon as it is read (26 float32 transcoders of
-        16,384 latents never sit in memory together); compute_dtype: default the model's. mmap: map the weights
-        of circuitlab's own layouts from their files, read as each layer uses them (dictionaries/mapped.py)."""
-        from circuitlab.dictionaries.clt import is_clt_folder
+        layout or sparsify's), circuit-tracer's per-layer layout (config.yaml + layer_{i}.safetensors, read by
+        circuitlab.dictionaries.load_transcoders), one transcoder's own folder (a partial set), or a folder of
+        dictionary folders / a `circuitlab sae train` run. A run may hold several sets (clt-demo: a CLT beside
+        a transcoder per layer): `set_name` names one (transcoder_sets lists them); without it a run holding
+        more than one is refused, naming them.
+        dtype: hold each transcoder's matrices in it (a set's folder: cast as soon as it is read, so 26 float32
+        transcoders of 16,384 latents never sit in memory together); compute_dtype: default the model's. mmap:
+        map the weights of circuitlab's own layouts from their files, read as each layer uses them
+        (dictionaries/mapped.py)."""
+        from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
         from circuitlab.dictionaries.published import load_transcoders
 
         if dtype is not None and compute_dtype is None:
@@ -109,34 +128,42 @@ class Transcoders:
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
-        if is_clt_folder(folder):
-            return cls.cross_layer(model, load_transcoders(folder, **dtypes))
-        if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
-            from circuitlab.dictionaries import load_transcoders
-            from circuitlab.dictionaries.published import bind
+        from circuitlab.dictionaries.sets import is_dictionary_folder
 
-            if not allow_partial:
-                return cls.per_layer(model, load_transcoders(folder, model=model, **dtypes))
-            # A partial set (fewer layers than the model) is bound layer by layer: its hooks are named as
-            # circuit-tracer names them (mlp.hook_in, mlp.hook_out, ...) and become the model's on binding.
-            return cls.per_layer(model, [bind(d, model, f"the transcoder for layer {i} in {folder}")
-                                         for i, d in enumerate(load_transcoders(folder, **dtypes))],
-                                 allow_partial=True)
-        if (folder / "dictionaries").is_dir():
-            folder = folder / "dictionaries"
-        subs = sorted(p for p in folder.iterdir() if p.is_dir())
-        clts = [p for p in subs if is_clt_folder(p)]
-        others = [p for p in subs if p not in clts and ((p / "config.json").is_file() or (p / "cfg.json").is_file())]
-        if clts:
-            if len(clts) > 1 or others:
-                raise InputError(f"{folder} holds {len(clts)} cross-layer transcoder(s) beside other dictionaries; "
-                                 "give the folder of the one to use")
-            return cls.cross_layer(model, load_transcoders(clts[0], **dtypes))
-        dicts = [SparseDictionary.load(p, **dtypes) for p in others]
-        if not dicts:
-            raise InputError(f"{folder} holds no transcoders (expected one dictionary folder per layer or a "
+        if is_clt_folder(folder) or (folder / "config.yaml").is_file() or is_dictionary_folder(folder):
+            if set_name is not None:
+                raise InputError(f"{folder} is one transcoder set: drop the set name {set_name!r} (it picks one set "
+                                 "of a run's dictionaries/)")
+            if is_clt_folder(folder):
+                return cls.cross_layer(model, load_transcoders(folder, **dtypes))
+            if (folder / "config.yaml").is_file():  # circuit-tracer's per-layer set: config.yaml + layer_{i}.safetensors
+                from circuitlab.dictionaries.published import bind
+
+                if not allow_partial:
+                    return cls.per_layer(model, load_transcoders(folder, model=model, **dtypes))
+                # A partial set (fewer layers than the model) is bound layer by layer: its hooks are named as
+                # circuit-tracer names them (mlp.hook_in, mlp.hook_out, ...) and become the model's on binding.
+                return cls.per_layer(model, [bind(d, model, f"the transcoder for layer {i} in {folder}")
+                                             for i, d in enumerate(load_transcoders(folder, **dtypes))],
+                                     allow_partial=True)
+            return cls.per_layer(model, [SparseDictionary.load(folder, **dtypes)], allow_partial=allow_partial)
+        sets = transcoder_sets(folder)
+        where = folder / "dictionaries" if (folder / "dictionaries").is_dir() else folder
+        if not sets:
+            raise InputError(f"{where} holds no transcoders (expected one dictionary folder per layer or a "
                              "cross-layer transcoder)")
-        return cls.per_layer(model, dicts, allow_partial=allow_partial)
+        if set_name is None and len(sets) > 1:
+            raise InputError(f"{where} holds {len(sets)} transcoder sets: {_describe_sets(sets)}; name one "
+                             "(--transcoder-set NAME; in Python set_name=NAME)")
+        if set_name is not None and set_name not in sets:
+            raise InputError(f"{where} holds no transcoder set {set_name!r}; it holds {_describe_sets(sets)}")
+        found = sets[set_name if set_name is not None else next(iter(sets))]
+        if dtype is not None or compute_dtype is not None:   # a run's sets are read whole, then cast
+            for d in (found if isinstance(found, list) else [found]):
+                d.set_dtypes(dtype, compute_dtype)
+        if isinstance(found, CrossLayerTranscoder):
+            return cls.cross_layer(model, found)
+        return cls.per_layer(model, found, allow_partial=allow_partial)
 
     # ------------------------------------------------------------------ the interface
     def has(self, layer: int) -> bool:

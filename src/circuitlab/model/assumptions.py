@@ -36,11 +36,18 @@ def unmet(model_or_cfg, *needs: str) -> list[str]:
     return [n for n in needs if not ASSUMPTIONS[n][0](cfg)]
 
 
+def why_not(model_or_cfg, what: str, *needs: str) -> str | None:
+    """The one sentence saying which assumption of `what` this model breaks, or None when it holds them all."""
+    broken = unmet(model_or_cfg, *needs)
+    if not broken:
+        return None
+    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
+    name = f" {cfg.name!r}" if cfg.name else ""
+    return f"{what} assumes {ASSUMPTIONS[broken[0]][1]}; this model{name} has {ASSUMPTIONS[broken[0]][2](cfg)}"
+
+
 def require(model_or_cfg, what: str, *needs: str) -> None:
     """Raise a one-line ConfigError when the model (or its config) breaks an assumption `what` relies on."""
-    broken = unmet(model_or_cfg, *needs)
-    if broken:
-        cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
-        name = f" {cfg.name!r}" if cfg.name else ""
-        raise ConfigError(f"{what} assumes {ASSUMPTIONS[broken[0]][1]}; this model{name} has "
-                          f"{ASSUMPTIONS[broken[0]][2](cfg)}")
+    reason = why_not(model_or_cfg, what, *needs)
+    if reason:
+        raise ConfigError(reason)

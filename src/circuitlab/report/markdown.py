@@ -175,6 +175,8 @@ def interpret_markdown(results: Mapping[str, Any]) -> str:
             fig = fig if isinstance(fig, str) else fig.get("file", "")
             lines.append(f"![{name}]({fig})")
         lines.append("")
+    for name, why in (results.get("skipped") or {}).items():  # left out for this architecture
+        lines += [f"## {name} (skipped)", "", why, ""]
     return "\n".join(lines)
 
 

@@ -205,6 +205,10 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     model = run.model
     if model is None or model.cfg.n_layers == 0:
         return None
+    from circuitlab.model.assumptions import unmet
+
+    if unmet(model, "additive_heads"):  # post-norms: a head's OV circuit is not defined (the circuits experiment is skipped)
+        return None
     wm = weights_model(model)
     if run.tokenizer is not None:
         ids = [i for i in run.tokenizer.encode(prompt or DEFAULT_PROMPT) if 0 <= i < model.cfg.d_vocab]

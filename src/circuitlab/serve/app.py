@@ -213,14 +213,16 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                allowed_hosts: list[str] | None = None, device: str = "cpu",
                dictionaries: list[str | Path] | None = None, lens: str | Path | None = None,
                circuits: list[str | Path] | None = None, graphs: str | Path | None = None,
-               transcoders: str | Path | None = None, graph_runner: Any = None) -> FastAPI:
+               transcoders: str | Path | None = None, graph_runner: Any = None,
+               transcoder_set: str | None = None) -> FastAPI:
     """The explorer app for the run (or checkpoint) folder run_dir; None serves the adder page alone.
     dictionaries: dictionary folders for the feature browser (/features); they need run_dir's model.
     lens: a tuned-lens folder for /inputs (default: run_dir/tuned_lens when one is saved there).
     circuits: `circuitlab circuit` output folders for /circuits (shown with or without a model).
     graphs: the runs folder whose `circuitlab graph` outputs /graphs lists (and where it writes new ones).
     transcoders: the model's transcoders (a `sae train` run or circuit-tracer's layout), for interventions,
-    feature cards and new graphs on /graphs. graph_runner: what writes a new graph folder
+    feature cards and new graphs on /graphs; transcoder_set: which set of a run holding several (Transcoders.load's
+    set_name). graph_runner: what writes a new graph folder
     (experiments.graph.graph_experiment; `circuitlab serve` passes it, this layer cannot import it).
 
     The model is loaded here, so a missing or corrupt checkpoint is a CircuitlabError before any
@@ -268,7 +270,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
             raise CircuitlabError("--transcoders needs --checkpoint: the model the transcoders were trained on")
         from circuitlab.graphs import Transcoders
 
-        tc = Transcoders.load(model, transcoders)
+        tc = Transcoders.load(model, transcoders, set_name=transcoder_set)
     if graphs is not None and not Path(graphs).is_dir():
         raise CircuitlabError(f"--graphs {graphs} is not a folder (give the runs folder holding `circuitlab graph` "
                               "outputs)")

@@ -25,6 +25,7 @@ from circuitlab.analysis.heads.detectors import (DETECTORS, MIN_PERIOD, HeadScor
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.assumptions import ASSUMPTIONS, unmet
 from circuitlab.model.transformer import model_device
 from circuitlab.names import head_name
 
@@ -92,10 +93,11 @@ class HeadClasses:
     labels: list[HeadLabel]
     rejected: list[HeadLabel]
     scores: HeadScores
-    copying: CopyingScores
+    copying: CopyingScores | None       # None where heads do not add into the stream (weights_unread says why)
     composition: CompositionScores | None
     thresholds: dict[str, float] = field(default_factory=dict)
     periods: PeriodSweep | None = None  # the induction test [r, r] at a short and the longest period
+    weights_unread: str | None = None   # why the weight checks were left out (post-norms), else None
 
     def labels_of(self, layer: int, head: int) -> list[str]:
         return [lab.label for lab in self.labels if (lab.layer, lab.head) == (layer, head)]
@@ -104,15 +106,17 @@ class HeadClasses:
         return [(lab.layer, lab.head) for lab in self.labels if lab.label == label]
 
     def summary(self) -> list[str]:
-        return [str(lab) for lab in self.labels] + [f"not assigned: {lab}" for lab in self.rejected]
+        note = [f"weight checks left out (copying score, K-composition): {self.weights_unread}"] if self.weights_unread else []
+        return [str(lab) for lab in self.labels] + [f"not assigned: {lab}" for lab in self.rejected] + note
 
     def to_dict(self) -> dict[str, Any]:
         return {"labels": [lab.to_dict() for lab in self.labels],
                 "rejected": [lab.to_dict() for lab in self.rejected],
-                "scores": self.scores.to_dict(), "copying": self.copying.to_dict(),
+                "scores": self.scores.to_dict(), "copying": self.copying.to_dict() if self.copying is not None else None,
                 "composition": self.composition.to_dict() if self.composition is not None else None,
                 "thresholds": dict(self.thresholds),
-                "periods": self.periods.to_dict() if self.periods is not None else None}
+                "periods": self.periods.to_dict() if self.periods is not None else None,
+                "weights_unread": self.weights_unread}
 
 
 @torch.no_grad()
@@ -134,7 +138,10 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
     - low-entropy / diffuse: normalised attention entropy <= / >= its cut-off.
 
     Weight evidence is computed on fold_layer_norm(model) when the model has norms (a copy; the
-    model is not changed).
+    model is not changed). Where a head's output does not add into the residual stream by itself (post- or
+    sandwich norms: Gemma-2, OLMo-2) its OV circuit is not defined: the weight checks (copying score,
+    K-composition) are left out, no head is labelled copying, induction rests on behaviour alone, and
+    `weights_unread` says why.
     """
     unknown = set(thresholds or {}) - set(THRESHOLDS)
     if unknown:
@@ -152,9 +159,15 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
     scores = detect_heads(cache, tokens)
     periods = induction_by_period(model, detector_periods(seq_len or min(cfg.n_ctx, 256)), batch, seed)
 
-    folded = weights_model(model)
-    copying = copying_scores(folded, th["copying"])
-    composition = composition_scores(folded) if cfg.n_layers > 1 else None
+    broken = unmet(model, "additive_heads")
+    weights_unread = None
+    if broken:
+        weights_unread = f"this model has {ASSUMPTIONS['additive_heads'][2](cfg)}, so a head's OV circuit is not defined"
+        copying = composition = None
+    else:
+        folded = weights_model(model)
+        copying = copying_scores(folded, th["copying"])
+        composition = composition_scores(folded) if cfg.n_layers > 1 else None
 
     labels: list[HeadLabel] = []
     rejected: list[HeadLabel] = []
@@ -167,9 +180,10 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
             candidates = [HeadLabel(layer, head, label, [_score_evidence(scores, key, layer, head, th)])
                           for key, label in behaviour.items()]
             candidates.append(_induction_label(layer, head, scores, periods, copying, composition, prev_heads, th))
-            candidates.append(HeadLabel(layer, head, "copying",
-                                        [Evidence("copying score", float(copying.scores[layer, head]),
-                                                  th["copying"])]))
+            if copying is not None:
+                candidates.append(HeadLabel(layer, head, "copying",
+                                            [Evidence("copying score", float(copying.scores[layer, head]),
+                                                      th["copying"])]))
             entropy = float(scores["entropy"][layer, head])
             candidates.append(HeadLabel(layer, head, "low-entropy",
                                         [Evidence("attention entropy", entropy, th["low_entropy"], below=True)]))
@@ -180,7 +194,7 @@ def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[s
                     labels.append(cand)
                 elif cand.label == "induction" and any(e.passed for e in cand.evidence[:1 + len(periods.periods)]):
                     rejected.append(cand)  # attends like one somewhere, but not at every period or not by its weights
-    return HeadClasses(labels, rejected, scores, copying, composition, th, periods)
+    return HeadClasses(labels, rejected, scores, copying, composition, th, periods, weights_unread)
 
 
 def _score_evidence(scores: HeadScores, key: str, layer: int, head: int, th: dict[str, float]) -> Evidence:
@@ -195,12 +209,14 @@ def detector_periods(seq_len: int) -> list[int]:
     return sorted({max(2, seq_len // 8), seq_len // 2})
 
 
-def _induction_label(layer: int, head: int, scores: HeadScores, periods: PeriodSweep, copying: CopyingScores,
+def _induction_label(layer: int, head: int, scores: HeadScores, periods: PeriodSweep, copying: CopyingScores | None,
                      composition: CompositionScores | None, prev_heads: list[tuple[int, int]],
                      th: dict[str, float]) -> HeadLabel:
     evidence = [_score_evidence(scores, "induction", layer, head, th)]
     evidence += [Evidence(f"induction score on [r, r] with period {p}", float(periods.scores[i, layer, head]),
                           th["induction"]) for i, p in enumerate(periods.periods)]
+    if copying is None:  # no OV circuit to read (post-norms): behaviour alone
+        return HeadLabel(layer, head, "induction", evidence)
     evidence.append(Evidence("copying score", float(copying.scores[layer, head]), 1e-6))  # i.e. positive
     earlier = [(l, h) for l, h in prev_heads if l < layer]
     if composition is None or not earlier:
