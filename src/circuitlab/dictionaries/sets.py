@@ -47,9 +47,17 @@ def _set_of(name: str, layer: int) -> str:
     return stem if stem and tail == str(layer) else PER_LAYER
 
 
-def dictionary_sets(folder: str | Path) -> dict[str, Any]:
+def dictionary_sets(folder: str | Path, dtype: Any = None, compute_dtype: Any = None,
+                    mmap: bool = False) -> dict[str, Any]:
     """name -> a CrossLayerTranscoder, a per-layer transcoder set ({member folder name: SparseDictionary}, in
-    layer order) or a SparseDictionary (one standing alone), in name order; see the module's docstring."""
+    layer order) or a SparseDictionary (one standing alone), in name order; see the module's docstring.
+    dtype, compute_dtype, mmap: as SparseDictionary.load (each dictionary cast as soon as it is read)."""
+    loading = {"dtype": dtype, "compute_dtype": compute_dtype, "mmap": mmap}
+
+    def clt(path: Path) -> Any:
+        found = CrossLayerTranscoder.load(path, mmap=mmap)
+        return found.set_dtypes(dtype, compute_dtype) if dtype is not None or compute_dtype is not None else found
+
     from circuitlab.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
     from circuitlab.dictionaries.published import CT_CONFIG, load_transcoders
 
@@ -57,19 +65,19 @@ def dictionary_sets(folder: str | Path) -> dict[str, Any]:
     if not folder.is_dir():
         raise CircuitlabError(f"dictionary folder not found: {folder}")
     if is_clt_folder(folder):
-        return {folder.name: CrossLayerTranscoder.load(folder)}
+        return {folder.name: clt(folder)}
     if (folder / CT_CONFIG).is_file():
-        return {folder.name: {f"layer_{i}": d for i, d in enumerate(load_transcoders(folder))}}
+        return {folder.name: {f"layer_{i}": d for i, d in enumerate(load_transcoders(folder, **loading))}}
     if is_dictionary_folder(folder):
-        return {folder.name: SparseDictionary.load(folder)}
+        return {folder.name: SparseDictionary.load(folder, **loading)}
     if (folder / "dictionaries").is_dir():
         folder = folder / "dictionaries"
     sets: dict[str, Any] = {}
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
         if is_clt_folder(sub):
-            sets[sub.name] = CrossLayerTranscoder.load(sub)
+            sets[sub.name] = clt(sub)
         elif is_dictionary_folder(sub):
-            d = SparseDictionary.load(sub)
+            d = SparseDictionary.load(sub, **loading)
             if is_per_layer_transcoder(d):
                 sets.setdefault(_set_of(sub.name, layer_of(d.cfg.out_hook_name)), {})[sub.name] = d
             else:

@@ -35,13 +35,14 @@ def _layer_of(hook: str) -> int | None:
     return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
-def transcoder_sets(folder: str | Path) -> dict[str, Any]:
+def transcoder_sets(folder: str | Path, **loading: Any) -> dict[str, Any]:
     """The transcoder sets a folder holds (dictionaries.sets.dictionary_sets, SAEs left out): name -> a
-    CrossLayerTranscoder or a list of per-layer transcoders (SparseDictionary) in layer order."""
+    CrossLayerTranscoder or a list of per-layer transcoders (SparseDictionary) in layer order. loading: dtype,
+    compute_dtype, mmap (dictionary_sets)."""
     from circuitlab.dictionaries.sets import dictionary_sets
 
     return {name: list(found.values()) if isinstance(found, dict) else found
-            for name, found in dictionary_sets(folder).items() if not isinstance(found, SparseDictionary)}
+            for name, found in dictionary_sets(folder, **loading).items() if not isinstance(found, SparseDictionary)}
 
 
 def _describe_sets(sets: dict[str, Any]) -> str:
@@ -147,7 +148,7 @@ class Transcoders:
                                              for i, d in enumerate(load_transcoders(folder, **dtypes))],
                                      allow_partial=True)
             return cls.per_layer(model, [SparseDictionary.load(folder, **dtypes)], allow_partial=allow_partial)
-        sets = transcoder_sets(folder)
+        sets = transcoder_sets(folder, **dtypes)
         where = folder / "dictionaries" if (folder / "dictionaries").is_dir() else folder
         if not sets:
             raise InputError(f"{where} holds no transcoders (expected one dictionary folder per layer or a "
@@ -158,9 +159,6 @@ class Transcoders:
         if set_name is not None and set_name not in sets:
             raise InputError(f"{where} holds no transcoder set {set_name!r}; it holds {_describe_sets(sets)}")
         found = sets[set_name if set_name is not None else next(iter(sets))]
-        if dtype is not None or compute_dtype is not None:   # a run's sets are read whole, then cast
-            for d in (found if isinstance(found, list) else [found]):
-                d.set_dtypes(dtype, compute_dtype)
         if isinstance(found, CrossLayerTranscoder):
             return cls.cross_layer(model, found)
         return cls.per_layer(model, found, allow_partial=allow_partial)
