@@ -160,3 +160,32 @@ def test_an_attention_only_model_needs_no_transcoders():
     assert qk.error < 1e-9 and qk.query_parts[qk.top_pairs(1)[0]["q"]]["kind"] == "token"
     kinds = [p["kind"] for p in qk.key_parts]
     assert "position" in kinds and "feature" not in kinds            # learned positions apart from the token
+
+
+def test_graph_command_with_qk_writes_heads_and_qk_everywhere(tmp_path, monkeypatch, capsys):
+    from circuitlab.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "g", "--qk", "--dashboard-tokens", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "QK attributions: 1 heads" in out and "L1H0 carries L0 F0 @1 'A' -> L1 F0 @6 'x'" in out
+    results = json.loads((tmp_path / "g" / "results.json").read_text())
+    strongest = results["head_loadings"]["strongest"][0]
+    assert (strongest["layer"], strongest["head"], strongest["query_pos"], strongest["key_pos"]) == (1, 0, 6, 1)
+    assert strongest["loading"] == pytest.approx(strongest["edge"], abs=1e-9)   # the planted head carries it all
+    qk = results["qk"][0]
+    # the planted head's scores are all zero: uniform attention, 1/7 on each key, no term
+    assert qk["score"] == 0 and qk["key"]["prob"] == pytest.approx(1 / 7) and qk["top_pairs"] == []
+    viewer = json.loads((tmp_path / "g" / "graph.json").read_text())
+    carried = [x for x in viewer["links"] if "heads" in x]
+    assert len(carried) == 1 and carried[0]["heads"][0][:2] == [1, 0] and viewer["qk"][0]["layer"] == 1
+    assert "## Heads" in (tmp_path / "g" / "report.md").read_text()
+    assert "QK attributions" in (tmp_path / "g" / "report.html").read_text()
+    graph = Graph.load(tmp_path / "g" / "graph")
+    assert graph.head_loadings().edges.tolist() == [[graph.index("feature", 1, 6, 0), graph.index("feature", 0, 1, 0)]]
+    try:
+        code = main(["graph", "--planted", "--prompt", "xAxBxyx", "--out", "bad", "--qk-heads", "0"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "qk-heads" in err and len(err.strip().splitlines()) == 1

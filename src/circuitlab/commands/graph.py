@@ -5,7 +5,7 @@ import argparse
 
 HELP = ("attribution graph of a next-token prediction: transcoder features, error and token nodes, logits; "
         "pruned, scored, written for Neuronpedia's viewer (also: --checkpoint DIR --transcoders DIR --prompt TEXT)")
-EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted   "
+EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted --qk   "
            "(the graphs demo: circuitlab graph demo --help)")
 DEMO_HELP = ("graphs demo: train a 2-layer MLP model on the stories and its transcoders, then explain three "
              "predictions (a repeated name, two memorised phrases) with attribution graphs, each tested by an "
@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="held-out story tokens the report's feature cards (hover in the viewer) are built on when "
                         "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096, "
                         f"at most {CARD_TOKENS.high})")
+    p.add_argument("--qk", action="store_true",
+                   help="also explain why the heads carrying the strongest cross-position edges attended where they "
+                        "did: each head's score split into (query part x key part) terms (QK attributions)")
+    p.add_argument("--qk-heads", type=positive_int, default=10,
+                   help="with --qk: this many (head, query, key) places, the most influential first (default 10)")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
                               max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
                               overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens,
-                              saved_dashboards=saved)
+                              saved_dashboards=saved, qk=args.qk, qk_heads=args.qk_heads)
     for line in result.summary:
         print(line)
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "

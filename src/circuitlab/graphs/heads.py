@@ -196,3 +196,36 @@ def _target_gradients(graph: Graph, rm: ReplacementModel, lp: Any, z: dict[int, 
         if f is not None:
             out[k] = f[torch.arange(n), 0, pos]                                        # [n, H, D]
     return out
+
+
+def strongest_heads(graph: Graph, k: int = 10) -> list[dict[str, Any]]:
+    """The (layer, head, query_pos, key_pos) that carry the most of the graph's influence across positions,
+    from its loadings: each head's share of an edge, as an edge's influence is measured (|loading| over the
+    target's total |input|, times the target's influence plus its logit weight); query: the edge's target
+    position, key: its source's. The k strongest distinct ones, with the edge that ranked each."""
+    loadings = graph.head_loadings()
+    stats, w = graph._influence_stats(), graph.weights()
+    t = loadings.edges[:, 0]
+    weight = stats["inv"][t] * (stats["influence"][t] + w[t])                        # [n_edges]
+    score = loadings.heads.abs() * weight[:, None, None]                               # [n_edges, L, H]
+    n_heads = score.shape[2]
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[int, int, int, int]] = set()
+    for flat in score.flatten().argsort(descending=True).tolist():
+        e, j = divmod(flat, score.shape[1] * n_heads)
+        if score.flatten()[flat] <= 0:
+            break
+        layer, head = divmod(j, n_heads)
+        target, source = loadings.edges[e].tolist()
+        key = (layer, head, graph.node(target)["pos"], graph.node(source)["pos"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({"layer": layer, "head": head, "query_pos": key[2], "key_pos": key[3], "target": target,
+                    "source": source, "loading": float(loadings.heads[e, layer, head]),
+                    "edge": float(loadings.edge[e]), "score": float(score.flatten()[flat]),
+                    "words": f"L{layer}H{head} carries {graph.label(source)} -> {graph.label(target)} "
+                             f"({float(loadings.heads[e, layer, head]):+.3g} of {float(loadings.edge[e]):+.3g})"})
+        if len(out) == k:
+            break
+    return out

@@ -78,11 +78,11 @@ class QKAttribution(Displayed):
 
     def key_softmax(self) -> dict[str, Any]:
         """The key at key_pos in the softmax: its probability, rank, and its score's margin over the best
-        other key (negative: another key scored higher)."""
+        other key (negative: another key scored higher; None when it is the only key)."""
         me = next(k for k in self.keys if k["pos"] == self.key_pos)
         others = [k["score"] for k in self.keys if k["pos"] != self.key_pos]
         return {"prob": me["prob"], "rank": me["rank"], "score": me["score"],
-                "margin": me["score"] - max(others) if others else math.inf}
+                "margin": me["score"] - max(others) if others else None}
 
     def summary(self, k: int = 3) -> list[str]:
         s = self.key_softmax()
@@ -91,7 +91,7 @@ class QKAttribution(Displayed):
                  f"@{self.key_pos}: score {self.score:+.3g}"
                  + (f" (raw {self.raw_score:+.3g} before the soft-cap)" if self.soft_cap is not None else "")
                  + f", attention {s['prob']:.2f} (rank {s['rank']}; "
-                 + (f"margin {s['margin']:+.3g} over the next key)" if math.isfinite(s["margin"]) else "the only key)")]
+                 + (f"margin {s['margin']:+.3g} over the next key)" if s["margin"] is not None else "the only key)")]
         if winner["pos"] != self.key_pos:
             lines.append(f"the head attended most to {winner['token']} @{winner['pos']} ({winner['prob']:.2f})")
         lines += [p["words"] for p in self.top_pairs(k)]
@@ -356,7 +356,7 @@ def _one(ref: _Reference, layer: int, head: int, qp: int, kp: int, tokenizer: An
     raw = score if attn.softcap is None else attn.softcap * math.atanh(score / attn.softcap)
     pattern = ref.at(f"blocks.{layer}.attn.hook_pattern", qp)[head, :qp + 1].double()
     order = pattern.argsort(descending=True, stable=True).tolist()
-    rank = {p: r + 1 for r, p in enumerate(order)}
+    rank = {p: 1 + int((pattern > pattern[p]).sum()) for p in order}     # ties share a rank
     keys = [{"pos": p, "token": _token_str(tokenizer, int(ref.tokens[p])), "prob": float(pattern[p]),
              "score": float(scores[p]), "rank": rank[p]} for p in order[:5]]
     if kp not in order[:5]:
