@@ -20,10 +20,10 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.errors import InputError
-from circuitlab.graphs.attribution import _Columns, rows_per_pass
+from circuitlab.graphs.attribution import rows_per_pass
 from circuitlab.graphs.graph import Graph, Pruned
 from circuitlab.graphs.loadings import HeadLoadings
-from circuitlab.graphs.replacement import ReplacementModel
+from circuitlab.graphs.replacement import ReplacementModel, _mlps_stood_in, _Stop
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model.hooks import HookPoint
 
@@ -38,19 +38,25 @@ def cross_position_edges(graph: Graph, pruned: Pruned | None = None) -> torch.Te
     if pruned is not None:
         mask &= pruned.edge_mask
     t, s = mask.nonzero(as_tuple=True)
-    pos = torch.tensor([graph.node(i)["pos"] for i in range(graph.n_nodes)])
+    pos = node_positions(graph)
     keep = pos[s] < pos[t]
     t, s = t[keep], s[keep]
     order = a[t, s].abs().argsort(descending=True)
     return torch.stack([t[order], s[order]], 1)
 
 
+def node_positions(graph: Graph) -> torch.Tensor:
+    """Each node's position [n_nodes] (logits: the last), in the graph's node order."""
+    T = graph.n_pos
+    return torch.cat([graph.features[:, 1], torch.arange(graph.n_layers * T) % T, torch.arange(T),
+                      torch.full((graph.n_logits,), T - 1)])
+
+
 def loading_cost(model: Any, graph: Graph, edges: torch.Tensor) -> dict[str, Any]:
-    """Said before the work: backward rows (one per target, layer and head), and the loadings' size."""
+    """Said before the work: one backward row per target, one forward copy of the prompt per source, and
+    the loadings' size."""
     cfg = model.cfg
-    targets = edges[:, 0].unique()
-    rows = len(targets) * cfg.n_layers * cfg.n_heads
-    return {"edges": len(edges), "targets": len(targets), "rows": rows,
+    return {"edges": len(edges), "targets": len(edges[:, 0].unique()), "sources": len(edges[:, 1].unique()),
             "loadings_mb": len(edges) * cfg.n_layers * cfg.n_heads * 8 / 2**20}
 
 
@@ -72,65 +78,53 @@ def head_loadings(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pr
     if not torch.equal(rm.active_features, graph.active_features):
         raise InputError("this graph was not made with this model and these transcoders (its active features differ)")
     dtype = graph.adjacency.dtype
-    T, n_all = graph.n_pos, len(graph.active_features)
-    cols = _Columns(rm, graph.active_features, graph.activations, dtype)
-
-    def column(node: int) -> int:
-        if node < graph.error_start:
-            return int(graph.selected[node])
-        if node < graph.token_start:
-            return n_all + node - graph.error_start
-        return n_all + L * T + node - graph.token_start
-
+    T = graph.n_pos
     directions = _logit_directions(graph, logit_directions, model.cfg.d_vocab)
     targets = edges[:, 0].unique().tolist()
+    sources = edges[:, 1].unique().tolist()
     for t in targets:
         kind = graph.node(t)["kind"]
         if kind not in ("feature", "logit"):
             raise InputError(f"node {t} ({graph.label(t)}) has no incoming edges to split")
     cost = loading_cost(model, graph, edges)
     if verbose:
-        print(f"head loadings: {cost['edges']} cross-position edges into {cost['targets']} targets, "
-              f"{cost['rows']} backward rows, {cost['loadings_mb']:.2f} MB")
+        print(f"head loadings: {cost['edges']} cross-position edges from {cost['sources']} sources into "
+              f"{cost['targets']} targets: {cost['targets']} backward rows, {cost['sources']} forward copies, "
+              f"{cost['loadings_mb']:.2f} MB")
     heads = torch.zeros(len(edges), L, H, dtype=torch.float64)
+    positions = node_positions(graph).tolist()
     patterns = [rm.frozen[f"blocks.{layer}.attn.hook_pattern"][0].to(dtype) for layer in range(L)]  # [H, T, T]
+    B = max(1, min(batch_size, rows_per_pass(model, graph.n_nodes, T)))
+    bar = tqdm(total=len(targets) + len(sources), desc="head loadings", unit="node", disable=not progress)
+    # 1. each target's gradient at every head's output z at its position: one backward row per target
     z: dict[int, torch.Tensor] = {}
-    v: dict[int, torch.Tensor] = {}
 
-    def keep(store: dict[int, torch.Tensor]) -> Any:
-        def fn(t: torch.Tensor, hook: HookPoint) -> None:
-            store[int(hook.name.split(".")[1])] = t
-        return fn
+    def keep_z(t: torch.Tensor, hook: HookPoint) -> None:
+        z[int(hook.name.split(".")[1])] = t
 
-    fns = [(f"blocks.{layer}.attn.hook_z", keep(z)) for layer in range(L)]
-    fns += [(f"blocks.{layer}.attn.hook_v", keep(v)) for layer in range(L)]
-    with model.hooks(fns):
+    with model.hooks([(f"blocks.{layer}.attn.hook_z", keep_z) for layer in range(L)]):
         lp = rm.linear_pass(T, logits=True)
-    B = max(1, min(batch_size, rows_per_pass(model, cols.n_cols, T)))
-    bar = tqdm(total=len(targets), desc="head loadings", unit="target", disable=not progress)
+    grads = torch.zeros(len(targets), L, H, cfg.head_dim, dtype=dtype)               # [targets, L, H, d_head]
     for i in range(0, len(targets), B):
         chunk = targets[i:i + B]
-        g = _target_gradients(graph, rm, lp, z, chunk, directions, transcoders)       # {layer: [n, H, d_head]}
-        where = {t: (edges[:, 0] == t).nonzero().flatten() for t in chunk}
-        for layer, gl in g.items():
-            # rows (target, head) of this layer: the gradient put on v at every key k != pt
-            n = len(chunk)
-            grad_v = v[layer].new_zeros(n * H, *v[layer].shape)                         # [rows, 1, T, K, D]
-            for a, t in enumerate(chunk):
-                pt = graph.node(t)["pos"]
-                p = patterns[layer][:, pt, :pt]                                         # [H, pt] keys before pt
-                for h in range(H):
-                    grad_v[a * H + h, 0, :pt, h // (H // K)] = p[h, :, None] * gl[a, h]
-            below = [k for k in sorted(lp.out) if k < layer]
-            found = torch.autograd.grad([v[layer]], [lp.out[k] for k in below] + [lp.embed], [grad_v],
-                                        retain_graph=True, allow_unused=True, is_grads_batched=True)
-            g_out = {k: f[:, 0].to(dtype) for k, f in zip(below, found[:-1]) if f is not None}
-            g_emb = found[-1][:, 0] if found[-1] is not None else grad_v.new_zeros(n * H, *lp.embed.shape[1:])
-            rows = cols.rows(g_out, g_emb.to(dtype)).view(n, H, -1)
-            for a, t in enumerate(chunk):
-                idx = where[t]
-                src = torch.tensor([column(int(s)) for s in edges[idx, 1]], dtype=torch.long)
-                heads[idx, layer] = rows[a][:, src].T.double()
+        for layer, g in _target_gradients(graph, lp, z, chunk, positions, directions, transcoders).items():
+            grads[i:i + len(chunk), layer] = g.to(dtype)
+        bar.update(len(chunk))
+    del lp, z
+    # 2. each source's part of every head's values, mixed by the pattern off the diagonal (forward, batched):
+    # what the head carried to each query from other positions; dotted with the target's gradient there
+    row = {t: i for i, t in enumerate(targets)}
+    t_row = torch.tensor([row[int(t)] for t in edges[:, 0]])
+    t_pos = torch.tensor([positions[int(t)] for t in edges[:, 0]])
+    for i in range(0, len(sources), B):
+        chunk = sources[i:i + B]
+        carried = _carried(model, rm, transcoders, graph, chunk, patterns)            # {layer: [n, H, T, d_head]}
+        slot = {s_: b for b, s_ in enumerate(chunk)}
+        mine = torch.tensor([j for j, s_ in enumerate(edges[:, 1].tolist()) if s_ in slot], dtype=torch.long)
+        if len(mine):
+            b = torch.tensor([slot[int(s_)] for s_ in edges[mine, 1]])
+            for layer, y in carried.items():
+                heads[mine, layer] = (grads[t_row[mine], layer] * y[b, :, t_pos[mine]]).sum(-1).double()
         bar.update(len(chunk))
     bar.close()
     edge = graph.adjacency[edges[:, 0], edges[:, 1]].double()
@@ -154,7 +148,7 @@ def _logit_directions(graph: Graph, given: Sequence[torch.Tensor] | None, d_voca
     return out
 
 
-def _target_gradients(graph: Graph, rm: ReplacementModel, lp: Any, z: dict[int, torch.Tensor], chunk: list[int],
+def _target_gradients(graph: Graph, lp: Any, z: dict[int, torch.Tensor], chunk: list[int], positions: list[int],
                       directions: list[torch.Tensor | None], transcoders: Transcoders) -> dict[int, torch.Tensor]:
     """d target / d z at the target's position, for every head: {layer: [n, n_heads, d_head]} (layers the
     targets read; as attribution injects them: a feature's encoder vector at its input, a demeaned logit)."""
@@ -191,7 +185,7 @@ def _target_gradients(graph: Graph, rm: ReplacementModel, lp: Any, z: dict[int, 
     found = torch.autograd.grad(outputs, [z[k] for k in layers], grads, retain_graph=True, allow_unused=True,
                                 is_grads_batched=True)
     out = {}
-    pos = torch.tensor([graph.node(t)["pos"] for t in chunk])
+    pos = torch.tensor([positions[t] for t in chunk])
     for k, f in zip(layers, found):
         if f is not None:
             out[k] = f[torch.arange(n), 0, pos]                                        # [n, H, D]
@@ -209,6 +203,7 @@ def strongest_heads(graph: Graph, k: int = 10) -> list[dict[str, Any]]:
     weight = stats["inv"][t] * (stats["influence"][t] + w[t])                        # [n_edges]
     score = loadings.heads.abs() * weight[:, None, None]                               # [n_edges, L, H]
     n_heads = score.shape[2]
+    positions = node_positions(graph).tolist()
     out: list[dict[str, Any]] = []
     seen: set[tuple[int, int, int, int]] = set()
     for flat in score.flatten().argsort(descending=True).tolist():
@@ -217,7 +212,7 @@ def strongest_heads(graph: Graph, k: int = 10) -> list[dict[str, Any]]:
             break
         layer, head = divmod(j, n_heads)
         target, source = loadings.edges[e].tolist()
-        key = (layer, head, graph.node(target)["pos"], graph.node(source)["pos"])
+        key = (layer, head, positions[target], positions[source])
         if key in seen:
             continue
         seen.add(key)
@@ -228,4 +223,68 @@ def strongest_heads(graph: Graph, k: int = 10) -> list[dict[str, Any]]:
                              f"({float(loadings.heads[e, layer, head]):+.3g} of {float(loadings.edge[e]):+.3g})"})
         if len(out) == k:
             break
+    return out
+
+
+@torch.no_grad()
+def _carried(model: Any, rm: ReplacementModel, transcoders: Transcoders, graph: Graph, sources: list[int],
+             patterns: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """What each head carries to each query from the other positions, of each source's contribution alone:
+    {layer: [n_sources, n_heads, pos, d_head]} = pattern (diagonal zeroed) @ values, through the frozen linear
+    system (patterns, norm scales, features fixed; MLP outputs = skip path + the source's own part). One
+    forward of len(sources) + 1 copies; copy 0 has no source and is taken away (the biases' share)."""
+    cfg = model.cfg
+    L, H, K, T, d = cfg.n_layers, cfg.n_heads, cfg.kv_heads, graph.n_pos, cfg.d_model
+    dtype = next(model.parameters()).dtype
+    n = len(sources) + 1
+    embed = torch.zeros(n, T, d, dtype=dtype)
+    outs = {k: torch.zeros(n, T, d, dtype=dtype) for k in range(L)}
+    for b, s in enumerate(sources, 1):
+        node = graph.node(s)
+        p = node["pos"]
+        if node["kind"] == "token":
+            embed[b, p] = rm.embeddings[p]
+        elif node["kind"] == "error":
+            if not (graph.bos and p == 0):   # position 0's MLP output is a constant there, not a node
+                outs[node["layer"]][b, p] = rm.errors[node["layer"]][p]
+        else:
+            dec = transcoders.decoder_vectors(node["layer"], torch.tensor([node["feature"]]))[0]    # [writes, d]
+            for i, k in enumerate(transcoders.writes(node["layer"])):
+                outs[k][b, p] += node["activation"] * dec[i].to(dtype)
+    x: dict[int, torch.Tensor] = {}
+    v: dict[int, torch.Tensor] = {}
+
+    def read(t: torch.Tensor, hook: HookPoint) -> None:
+        x[int(hook.name.split(".")[1])] = t
+
+    def write(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
+        layer = int(hook.name.split(".")[1])
+        skip = transcoders.skip(layer, x[layer]) if transcoders.has(layer) else None
+        return (outs[layer] if skip is None else outs[layer] + skip.to(dtype)).to(y.dtype)
+
+    def keep_v(t: torch.Tensor, hook: HookPoint) -> None:
+        v[int(hook.name.split(".")[1])] = t
+
+    def stop(t: torch.Tensor, hook: HookPoint) -> None:
+        raise _Stop
+
+    fns = [("hook_embed", lambda t, hook: embed.to(t.dtype))]
+    if "hook_pos_embed" in model.hook_points():
+        fns.append(("hook_pos_embed", lambda t, hook: torch.zeros_like(t)))
+    fns += [(transcoders.input_hook(layer), read) for layer in transcoders.layers]
+    fns += [(transcoders.output_hook(layer), write) for layer in range(L)]
+    fns += [(f"blocks.{layer}.attn.hook_v", keep_v) for layer in range(L)]
+    fns.append((f"blocks.{L - 1}.hook_resid_post", stop))
+    with model.frozen(rm.frozen), model.hooks(fns), _mlps_stood_in(model):
+        try:
+            model(rm.tokens[None].expand(n, T))
+        except _Stop:
+            pass
+    out = {}
+    for layer in range(L):
+        off = patterns[layer].clone()
+        off.diagonal(dim1=-2, dim2=-1).zero_()                                         # [H, T, T], k != q
+        vals = v[layer].to(off.dtype).repeat_interleave(H // K, dim=2)                 # [n, T, H, D]
+        y = torch.einsum("hqk,nkhd->nhqd", off, vals)
+        out[layer] = y[1:] - y[:1]
     return out
