@@ -1,15 +1,16 @@
-"""Computing head loadings (graphs/loadings.py says what they are) by batched backward passes.
+"""Computing head loadings (graphs/loadings.py says what they are).
 
     loadings = head_loadings(model, transcoders, graph, pruned)     # the pruned graph's cross-position edges
     graph.loadings = loadings                                        # saved with the graph; graph.head_loadings()
 
-For a target at position pt (a feature's pre-activation, a logit), one backward pass gives g = d target / d z
+For a target at position pt (a feature's pre-activation, a logit), one backward row gives g = d target / d z
 for every head's output z at pt (every path from z at pt to the target stays at pt: attention is causal).
-The paths whose last change of position is head (L, h) reading key k != pt carry
-    pattern[L, h, pt, k] * g[L, h] . v[L, h, k],
-so a second backward pass, from each layer's values v with that gradient put on every k != pt, gives the
-head's share of every edge into the target at once, in the graph's own columns (attribution._Columns).
-Rows: one per (target, layer, head), grouped by layer, batched within the attribution's memory bound.
+For a source, one forward copy of the prompt through the frozen linear system, with only the source's
+contribution in it, gives every head's values v; mixed by the head's pattern with the diagonal left out,
+    y[q] = sum over k != q of pattern[q, k] v[k],
+they are what the head carried to query q from other positions: the paths whose last change of position is
+that head. The head's loading on the edge is g . y[pt]. Targets and sources are batched within the
+attribution's memory bound (rows_per_pass); the forward's copy 0 holds no source and is taken away (biases).
 """
 from __future__ import annotations
 
