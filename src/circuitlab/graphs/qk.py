@@ -35,7 +35,6 @@ from circuitlab.model.hooks import ActivationCache, HookPoint
 
 FULL_TERMS = 2 ** 22     # keep the whole [query parts, key parts] matrix up to this many terms (32 MiB float64)
 TOP_PAIRS = 50           # past it: the largest pairs by |term| and every part's row / column sums
-PART_KINDS = ("token", "position", "feature", "error", "skip", "head", "bias")
 
 
 @dataclass
