@@ -91,7 +91,7 @@ class QKAttribution(Displayed):
                  + (f" (raw {self.raw_score:+.3g} before the soft-cap)" if self.soft_cap is not None else "")
                  + f", attention {s['prob']:.2f} (rank {s['rank']}; "
                  + (f"margin {s['margin']:+.3g} over the next key)" if s["margin"] is not None else "the only key)")]
-        if winner["pos"] != self.key_pos:
+        if winner["prob"] > s["prob"]:
             lines.append(f"the head attended most to {winner['token']} @{winner['pos']} ({winner['prob']:.2f})")
         lines += [p["words"] for p in self.top_pairs(k)]
         return lines
