@@ -145,3 +145,24 @@ def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server,
                            ".dispatchEvent(new MouseEvent('mouseenter', {pageX: 10, pageY: 10}));")
     helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-tip .clgv-context"),
                      "a served feature card", timeout=60)
+
+
+def test_clicking_an_edge_shows_the_heads_that_carried_it(runs, browser):
+    """A cross-position link's head loadings (graph.json: heads, heads_rest) as one bar per head, largest first."""
+    root, _ = runs
+    folder = root / "graphs" / "lily"
+    data = json.loads((folder / "graph.json").read_text())
+    carried = [x for x in data["links"] if x.get("heads")]
+    assert carried, "the pruned graph has cross-position edges"
+    x = max(carried, key=lambda x: abs(x["weight"]))
+    browser.get((folder / "report.html").as_uri())
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", ".clgv-count[data-nodes]"), "the graph view")
+    browser.execute_script("document.querySelector(`.clgv-edge[data-source='${arguments[0]}'][data-target="
+                           "'${arguments[1]}']`).dispatchEvent(new MouseEvent('click', {bubbles: true}));",
+                           x["source"], x["target"])
+    rows = browser.find_elements("css selector", ".clgv-head-row")
+    rest = abs(x["heads_rest"]) > 1e-9 * abs(x["weight"])
+    assert len(rows) == len(x["heads"]) + rest
+    assert rows[0].text.startswith("L{}H{}".format(*x["heads"][0][:2]))
+    assert browser.find_elements("css selector", ".clgv-bar.pos, .clgv-bar.neg")
+    assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

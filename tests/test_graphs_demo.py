@@ -196,3 +196,19 @@ def test_graph_demo_command_at_its_real_budget(tmp_path):
     assert verdict in name["sentences"][-1], (a, name["sentences"][-1])
     report = (out / "report.md").read_text()
     assert all(s in report for g in r["graphs"] for s in g["sentences"])
+
+
+def test_the_name_graph_says_which_head_carried_the_name_and_why(demo):
+    """The name graph's files hold its head loadings; when a pruned edge crosses from an earlier mention, the
+    head carrying the most and its QK attribution at the last position are in results.json and the reports."""
+    name = demo.graphs[0]
+    graph = Graph.load(demo.out / "graphs" / "name" / "graph")
+    assert graph.loadings is not None and graph.loadings.remainder.abs().max() <= 1e-4 * graph.loadings.edge.abs().max()
+    r = json.loads((demo.out / "results.json").read_text())["graphs"][0]
+    if name.heads is None:
+        assert r["heads"] is None
+        return
+    h = r["heads"]
+    assert h["key_pos"] in name.focus_positions and h["query_pos"] == graph.n_pos - 1
+    assert h["qk"]["layer"] == h["layer"] and abs(h["qk"]["terms_sum"] - h["qk"]["raw_score"]) < 1e-3
+    assert f"Heads: {h['words']}" in (demo.out / "report.md").read_text()

@@ -5,7 +5,7 @@ import argparse
 
 HELP = ("attribution graph of a next-token prediction: transcoder features, error and token nodes, logits; "
         "pruned, scored, written for Neuronpedia's viewer (also: --checkpoint DIR --transcoders DIR --prompt TEXT)")
-EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted   "
+EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted --qk   "
            "(the graphs demo: circuitlab graph demo --help)")
 DEMO_HELP = ("graphs demo: train a 2-layer MLP model on the stories and its transcoders, then explain three "
              "predictions (a repeated name, two memorised phrases) with attribution graphs, each tested by an "
@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mmap", action="store_true",
                    help="memory-map the transcoders' weights from their files (circuitlab's own layouts), read as "
                         "each layer uses them: their pages can be dropped under memory pressure")
+    p.add_argument("--qk", action="store_true",
+                   help="also explain why the heads carrying the strongest cross-position edges attended where they "
+                        "did: each head's score split into (query part x key part) terms (QK attributions)")
+    p.add_argument("--qk-heads", type=positive_int, default=10,
+                   help="with --qk: this many (head, query, key) places, the most influential first (default 10)")
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -153,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
                               max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
                               overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens,
-                              saved_dashboards=saved, token_nodes=args.token_nodes)
+                              saved_dashboards=saved, token_nodes=args.token_nodes, qk=args.qk,
+                              qk_heads=args.qk_heads)
     if result.kept:
         print(f"kept the earlier graph as {result.kept}")
     for line in result.summary:

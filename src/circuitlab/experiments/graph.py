@@ -24,6 +24,8 @@ from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_diffe
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
 from circuitlab.graphs.graph import check_threshold
+from circuitlab.graphs.heads import head_loadings, strongest_heads
+from circuitlab.graphs.qk import qk_attributions, qk_cost, qk_html
 from circuitlab.viz.graph_view import feature_cards, graph_view_html
 from circuitlab.training.outputs import MARKER, check_output_folder, output_folder
 
@@ -39,6 +41,7 @@ class GraphRun:
     out: Path | None = None
     kept: Path | None = None    # where an earlier graph in `out` was set aside
     cards: dict[str, Any] = field(default_factory=dict)   # feature dashboards shown by the viewer
+    qk: list[Any] = field(default_factory=list)           # QKAttributions of the strongest heads (with --qk)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.data, "summary": self.summary}
@@ -46,7 +49,7 @@ class GraphRun:
     def _repr_html_(self) -> str:
         """The findings and the interactive viewer (the static drawing where scripts do not run)."""
         items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary)
-        view = graph_view_html(neuronpedia_json(self.graph, self.pruned), features=self.cards,
+        view = graph_view_html(viewer_data(self), features=self.cards,
                                fallback=graph_svg(self.graph, self.pruned))
         return f"<b>attribution graph</b><ul>{items}</ul>{view}"
 
@@ -56,18 +59,23 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
                      max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
                      slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096,
-                     saved_dashboards: dict[int, Any] | None = None, token_nodes: str = "embedding") -> GraphRun:
-    """Attribute the prediction after `prompt`, prune, and (with `out`) write the files. The report's feature
+                     saved_dashboards: dict[int, Any] | None = None, token_nodes: str = "embedding",
+                     qk: bool = False, qk_heads: int = 10) -> GraphRun:
+    """Attribute the prediction after `prompt`, prune, split the pruned graph's cross-position edges over the
+    heads that carried them (graph.loadings), and (with `out`) write the files. qk: also the QK attributions of
+    the qk_heads (head, query, key) carrying the most influence across positions. The report's feature
     cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
     they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none). token_nodes: see
     graphs.attribute ("W_E": circuit-tracer's token nodes).
     Every argument and the output folder are checked before any work (the output policy of
     training.outputs); an earlier graph in `out` is set aside (run.kept says where) only once the new one
     is ready."""
+    from circuitlab.checks import COUNT
     from circuitlab.errors import InputError
     from circuitlab.experiments.dashboards import CARD_TOKENS
 
     dashboard_tokens = CARD_TOKENS.check(dashboard_tokens, "dashboard_tokens")
+    qk_heads = COUNT.check(qk_heads, "--qk-heads")
     node_threshold = check_threshold(node_threshold, "--node-threshold")
     edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
     if out is not None:
@@ -90,6 +98,23 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     pruned = graph.prune(node_threshold, edge_threshold)
     paths = graph.top_paths(5, pruned)
     t_prune = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    directions = [t.direction for t in targets] if foil is not None else None   # a difference: not one token
+    graph.loadings = head_loadings(model, transcoders, graph, pruned, logit_directions=directions,
+                                   batch_size=batch_size, progress=progress, verbose=progress)
+    heads = strongest_heads(graph, qk_heads)
+    t_heads = time.perf_counter() - t0
+    qks: list[Any] = []
+    t0 = time.perf_counter()
+    if qk and heads:
+        if progress:
+            c = qk_cost(model, transcoders, len(heads), graph.n_pos)
+            print(f"QK attributions: {c['requests']} heads; head outputs kept {c['head_outputs_mb']:.2f} MB, terms at "
+                  f"most {c['terms_mb_max']:.0f} MB per head")
+        qks = qk_attributions(model, transcoders, graph.tokens, [(h["layer"], h["head"], h["query_pos"],
+                                                                  h["key_pos"]) for h in heads],
+                              tokenizer, bos=graph.bos)
+    t_qk = time.perf_counter() - t0
     s = graph.summary(pruned)
     summary = [f"{graph.n_pos} tokens, {s['n_active_features']} active features, {graph.n_nodes} nodes; logits: "
                + ", ".join(f"{x['label']!r} ({x['weight']:.2f})" for x in s["logits"]),
@@ -99,7 +124,14 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     if paths:
         summary.append(f"strongest path: {paths[0]['words']} (strength {paths[0]['strength']:.3g})")
     info = dict(graph.info)
-    info["seconds"] = {**info.get("seconds", {}), "prune": t_prune}
+    info["seconds"] = {**info.get("seconds", {}), "prune": t_prune, "head_loadings": t_heads}
+    if qk:
+        info["seconds"]["qk"] = t_qk
+    if heads:
+        summary.append("heads carrying the most across positions: " + "; ".join(h["words"] for h in heads[:3]))
+    for r in qks[:3]:
+        lines = r.summary(1)
+        summary.append(lines[0] + (f"; top pair {r.top_pairs(1)[0]['words']}" if r.pairs else ""))
     peak = "" if info.get("peak_mb") is None else f", peak memory {info['peak_mb']:.0f} MB"
     summary.append(f"attribution {info['seconds'].get('total', 0.0):.1f} s ({info.get('backward_passes')} backward "
                    f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
@@ -107,8 +139,11 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                                                          for p in paths],
             "transcoders": graph.transcoders, "token_nodes": graph.token_nodes, "identity": graph.identity,
             "timings_s": info["seconds"],
-            "memory": {"adjacency_mb": info.get("adjacency_mb"), "attribution_peak_mb": info.get("peak_mb")}}
-    run = GraphRun(graph, pruned, summary, data)
+            "memory": {"adjacency_mb": info.get("adjacency_mb"), "attribution_peak_mb": info.get("peak_mb")},
+            "head_loadings": {**graph.loadings.to_dict(), "strongest": heads}}
+    if qk:
+        data["qk"] = [r.to_dict() for r in qks]
+    run = GraphRun(graph, pruned, summary, data, qk=qks)
     if dashboard_tokens or saved_dashboards:
         run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens,
                                         saved=saved_dashboards)
@@ -120,7 +155,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
 def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False) -> Path:
     """Write every file of the run into `out` (the output-folder policy: an earlier graph folder is set aside,
     or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
-    data = neuronpedia_json(run.graph, run.pruned, slug=slug)
+    data = viewer_data(run, slug)
     viewer = json_text(data)
     svg = graph_svg(run.graph, run.pruned)
     view = graph_view_html(data, features=run.cards, fallback=svg)
@@ -142,11 +177,31 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     return out
 
 
+def viewer_data(run: GraphRun, slug: str = "graph") -> dict[str, Any]:
+    """The viewer's JSON (export.neuronpedia_json: links carry their heads) with the QK attributions, if any."""
+    data = neuronpedia_json(run.graph, run.pruned, slug=slug)
+    if run.qk:
+        data["qk"] = [r.to_dict() for r in run.qk]
+    return data
+
+
+def _heads_markdown(run: GraphRun) -> list[str]:
+    lines = []
+    strongest = run.data.get("head_loadings", {}).get("strongest", [])
+    if strongest:
+        lines += ["## Heads", "", "Which heads carried the pruned graph's cross-position edges (each edge's head "
+                  "loadings; the strongest by influence):", ""] + [f"- {h['words']}" for h in strongest] + [""]
+    for r in run.qk:
+        lines += [f"### QK: {r.summary(0)[0]}", ""] + [f"- {x}" for x in r.summary(5)[1:]] + [""]
+    return lines
+
+
 def _markdown(run: GraphRun) -> str:
     lines = ["# Attribution graph", "", f"Prompt: `{run.data['prompt']}`", ""]
     lines += [f"- {s}" for s in run.summary]
     lines += ["", "| strongest paths | strength |", "|---|---|"]
     lines += [f"| {p['words']} | {p['strength']:.3g} |" for p in run.data["top_paths"]]
+    lines += [""] + _heads_markdown(run)
     lines += ["", f"![pruned graph]({SVG})", "",
               f"Files: `{GRAPH_DIR}/` (the full graph, reload with `Graph.load`), `{VIEWER_JSON}` (open in "
               "Neuronpedia's or circuit-tracer's graph viewer), `results.json`.", ""]
@@ -164,11 +219,19 @@ def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, prun
 
 def _html(run: GraphRun, view: str) -> str:
     items = "".join(f"<li>{html.escape(s)}</li>" for s in run.summary)
+    strongest = run.data.get("head_loadings", {}).get("strongest", [])
+    heads = ""
+    if strongest:
+        heads = ("<h2>Heads</h2><p>Which heads carried the pruned graph's cross-position edges (click an edge in "
+                 "the viewer for its heads):</p><ul>" + "".join(f"<li>{html.escape(h['words'])}</li>" for h in strongest)
+                 + "</ul>")
+    if run.qk:
+        heads += "<h2>QK attributions</h2>" + qk_html(run.qk)
     rows = "".join(f"<tr><td>{html.escape(p['words'])}</td><td>{p['strength']:.3g}</td></tr>"
                    for p in run.data["top_paths"])
     return ("<!doctype html><html><head><meta charset='utf-8'><title>attribution graph</title>"
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left}</style></head>"
             f"<body><h1>Attribution graph</h1><p>Prompt: <code>{html.escape(run.data['prompt'])}</code></p>"
-            f"<ul>{items}</ul><table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table>"
+            f"<ul>{items}</ul><table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table>{heads}"
             f"<h2>The pruned graph</h2>{view}<p>A static drawing: <a href='{SVG}'>{SVG}</a>; the graph file the "
             f"view reads: <a href='{VIEWER_JSON}'>{VIEWER_JSON}</a>.</p></body></html>")

@@ -126,6 +126,7 @@ class GraphFinding:
     ablation: Ablation
     p_without_context: float | None = None   # name: p(target) with the earlier mentions cut away
     files: str = ""
+    heads: dict[str, Any] | None = None      # name: the head carrying the name from its earlier mention, and why
 
     def sentences(self) -> list[str]:
         s, a = self.scores, self.ablation
@@ -533,15 +534,42 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
         spec.focus, spec.focus_positions, share, logit_inputs, top_features,
         paths[0]["words"] if paths else "", ablation,
         round(_probability(model, spec.without_context, spec.target), 4) if spec.without_context else None)
+    qk = []
+    if spec.mechanism == "name":
+        finding.heads, qk = name_heads(model, tc, tokenizer, graph, pruned, spec, tokens)
     cards = (graph_feature_cards(model, tc, graph, pruned, tokenizer, n_tokens=dashboard_tokens)
              if dashboard_tokens else {})
     if out is not None:
         run = GraphRun(graph, pruned, finding.sentences(), {
             "prompt": prompt, "graph": graph.summary(pruned), "finding": finding.to_dict(),
-            "top_paths": [{"strength": x["strength"], "words": x["words"]} for x in paths]}, cards=cards)
+            "top_paths": [{"strength": x["strength"], "words": x["words"]} for x in paths]}, cards=cards, qk=qk)
         finding.files = str(write_graph_run(run, out / spec.slug, spec.slug, overwrite=True))
     finding.view = (graph, pruned, cards)   # for report.html's viewer (not a field: not in results.json)
     return finding
+
+
+def name_heads(model, tc, tokenizer, graph, pruned, spec: PromptSpec, tokens: torch.Tensor
+               ) -> tuple[dict[str, Any] | None, list[Any]]:
+    """The head that carries the most influence from the name's earlier mentions to the last position (head
+    loadings of the pruned graph, kept in its files) and its QK attribution there: which query and key parts
+    made it attend to the earlier mention. (None, []) when no pruned edge crosses from a mention."""
+    from circuitlab.graphs.heads import head_loadings, strongest_heads
+    from circuitlab.graphs.qk import qk_attribution
+
+    graph.loadings = head_loadings(model, tc, graph, pruned)
+    last = graph.n_pos - 1
+    found = [h for h in strongest_heads(graph, 50) if h["query_pos"] == last and h["key_pos"] in spec.focus_positions]
+    if not found:
+        return None, []
+    h = found[0]
+    qk = qk_attribution(model, tc, tokens, h["layer"], h["head"], last, h["key_pos"], tokenizer=tokenizer)
+    soft = qk.key_softmax()
+    words = (f"L{h['layer']}H{h['head']} carries the most from the earlier mention: {h['words']}. It attends "
+             f"from the last position to {qk.key_token} @{h['key_pos']} with weight {soft['prob']:.2f} (rank "
+             f"{soft['rank']}); its score there {qk.score:+.3g} comes most from "
+             + "; ".join(p["words"] for p in qk.top_pairs(2)) + ".")
+    return {"layer": h["layer"], "head": h["head"], "query_pos": last, "key_pos": h["key_pos"],
+            "loading": h["loading"], "edge": h["edge"], "qk": qk.to_dict(5), "words": words}, [qk]
 
 
 def ablate(model, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int], tokenizer,
@@ -588,6 +616,8 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
                   "|---|---|---|---|"]
         lines += [f"| {f['label']} | {f['influence']:.3f} | {f['effect']:+.3f} | "
                   f"{f['activation']:.3g} |" for f in g.top_features]
+        if g.heads:
+            lines += ["", f"Heads: {g.heads['words']}"]
         lines += ["", f"Files: `{Path(g.files).relative_to(out) if g.files else ''}/` (graph.json opens in "
                       "Neuronpedia's or circuit-tracer's viewer; graph.svg is the pruned graph)."]
     lines += ["", "## Numbers", "", "| graph | p(target) | replacement | completeness | focus share | "
@@ -619,6 +649,8 @@ def report_html(result: GraphsDemoResult) -> str:
         parts.append(f"<section id='{esc(g.slug)}'><h2>{esc(g.slug)}: {esc(repr(g.target))}</h2>"
                      f"<p>Prompt: <code>{esc(g.prompt)}</code></p><ul>"
                      + "".join(f"<li>{esc(s)}</li>" for s in g.sentences()) + "</ul>")
+        if g.heads:
+            parts.append(f"<p>Heads: {esc(g.heads['words'])}</p>")
         view = getattr(g, "view", None)
         if view is not None:
             parts.append(graph_view(*view, g.slug))

@@ -84,7 +84,8 @@ def build_previous_token_model(d_vocab: int = 20, n_ctx: int = 32, sharpness: fl
                      "one previous-token head; logits = one-hot of the previous token")
 
 
-def build_induction_model(d_vocab: int = 20, n_ctx: int = 32, sharpness: float = 20.0) -> HandBuilt:
+def build_induction_model(d_vocab: int = 20, n_ctx: int = 32, sharpness: float = 20.0,
+                          d_mlp: int | None = None) -> HandBuilt:
     """Two layers, two heads each: an induction circuit plus two heads that write nothing.
 
     L0H0 previous-token head: writes the previous token into "prev".
@@ -94,11 +95,14 @@ def build_induction_model(d_vocab: int = 20, n_ctx: int = 32, sharpness: float =
     L1H1 first-token head: attends to position 0; writes nothing.
     Logits = "out", so on a repeated random sequence the second repeat is predicted exactly:
     argmax(logits[:, p]) == tokens[:, p + 1] for p in the second half (up to the last position).
+    d_mlp: give the blocks MLPs of that width, all zero (they compute nothing: a replacement model of it has
+    exact transcoders, as attribution graphs need).
     """
     _check_sizes(d_vocab, n_ctx, sharpness)
     layout = ResidualLayout({"one": 1, "tok": d_vocab, "pos": n_ctx, "prev": d_vocab, "out": d_vocab})
+    mlps = {} if d_mlp is None else {"d_mlp": d_mlp}
     f = Forge(layout, n_layers=2, n_heads=2, d_head=max(n_ctx, d_vocab + 1), d_vocab=d_vocab, n_ctx=n_ctx,
-              positional="learned")
+              positional="learned", **mlps)
     eye_v, eye_p = torch.eye(d_vocab), torch.eye(n_ctx)
     for t in range(d_vocab):
         f.embed(t, one=1, tok=eye_v[t])   # W_E: [one = 1, tok = onehot(t)]

@@ -88,6 +88,22 @@ def pruning_shares(graph: Graph, pruned: Pruned) -> tuple[torch.Tensor, torch.Te
     return node_before, t, s, _share_before(scores, scores[at[t], at[s]])
 
 
+def _add_heads(graph: Graph, links: list[dict[str, Any]], targets: list[int], sources: list[int], k: int = 8) -> None:
+    """Each cross-position link's head loadings (the viewer draws them as bars when the link is clicked):
+    heads [[layer, head, loading], ...] the strongest k, heads_rest: the rest of the edge (other heads and
+    the same-position remainder). Links without loadings get none."""
+    row = {(int(t), int(s)): i for i, (t, s) in enumerate(graph.loadings.edges.tolist())}
+    for link, t, s in zip(links, targets, sources):
+        i = row.get((t, s))
+        if i is None:
+            continue
+        flat = graph.loadings.heads[i].flatten()
+        n_heads = graph.loadings.heads.shape[2]
+        top = [j for j in flat.abs().argsort(descending=True)[:k].tolist() if flat[j] != 0]
+        link["heads"] = [[j // n_heads, j % n_heads, float(flat[j])] for j in top]
+        link["heads_rest"] = float(graph.loadings.edge[i]) - sum(float(flat[j]) for j in top)
+
+
 def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: str = "circuitlab") -> dict[str, Any]:
     """The viewer's JSON for the pruned graph (a dict; see write_neuronpedia)."""
     keep = pruned.node_mask.nonzero().flatten().tolist()
@@ -104,6 +120,8 @@ def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: st
     befores = edge_before.tolist()
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w, "influence_before": b}
              for t, s, w, b in zip(targets.tolist(), sources.tolist(), weights, befores)]
+    if graph.loadings is not None:
+        _add_heads(graph, links, targets.tolist(), sources.tolist())
     linked = {x["source"] for x in links} | {x["target"] for x in links}
     used = [n for n in nodes.values() if n["node_id"] in linked or n["feature_type"] in ("embedding", "logit")]
     tokens = graph.token_strs or [str(int(t)) for t in graph.tokens]

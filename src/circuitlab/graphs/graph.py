@@ -31,6 +31,7 @@ from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.graphs.loadings import HeadLoadings
 from circuitlab.textfile import read_text
 
 FORMAT = "circuitlab-graph-1"
@@ -132,7 +133,8 @@ class Graph(Displayed):
     tokens [pos]; active_features [n_active, 3] (layer, pos, feature) with activations [n_active];
     selected [n_feat]: the active features that are nodes (all unless capped); adjacency [n, n];
     logit_tokens [n_logit] (-1 for a direction), logit_weights [n_logit]; info: timings, memory;
-    token_nodes: what a token node adds (TOKEN_NODES: "embedding", the default, or circuit-tracer's "W_E")."""
+    token_nodes: what a token node adds (TOKEN_NODES: "embedding", the default, or circuit-tracer's "W_E").
+    loadings: the cross-position edges split over heads (graphs.heads.head_loadings), when computed."""
 
     tokens: torch.Tensor
     active_features: torch.Tensor
@@ -150,6 +152,7 @@ class Graph(Displayed):
     info: dict[str, Any] = field(default_factory=dict)
     token_nodes: str = "embedding"
     identity: dict[str, Any] | None = None   # the model and transcoders it was made with (transcoders.made_with)
+    loadings: HeadLoadings | None = None
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ node bookkeeping
@@ -348,6 +351,18 @@ class Graph(Displayed):
         return [{"strength": s, "nodes": list(reversed(p)), "words": " -> ".join(self.label(i) for i in reversed(p))}
                 for s, p in done[:k]]
 
+    def head_loadings(self, target: int | None = None, source: int | None = None, k: int | None = None) -> Any:
+        """The head loadings (HeadLoadings), or one edge's split {"edge", "remainder", "heads": [{"layer",
+        "head", "loading", "share"}, ...]} (target and source are node indices; k: the strongest k heads)."""
+        if self.loadings is None:
+            raise InputError("this graph has no head loadings: compute them with graphs.heads.head_loadings(model, "
+                             "transcoders, graph, pruned) and set graph.loadings (`circuitlab graph` does)")
+        if target is None and source is None:
+            return self.loadings
+        if target is None or source is None:
+            raise InputError("give both the target and the source node of the edge")
+        return self.loadings.for_edge(target, source, k)
+
     # ------------------------------------------------------------------ results
     def summary(self, pruned: Pruned | None = None) -> dict[str, Any]:
         s = self.scores()
@@ -385,6 +400,8 @@ class Graph(Displayed):
         tensors = {"tokens": self.tokens, "active_features": self.active_features, "activations": self.activations,
                    "selected": self.selected, "adjacency": self.adjacency, "logit_tokens": self.logit_tokens,
                    "logit_weights": self.logit_weights}
+        if self.loadings is not None:
+            tensors.update(self.loadings.tensors())
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         meta = self.to_dict()
         with atomic_dir(Path(folder)) as tmp:
@@ -410,7 +427,7 @@ class Graph(Displayed):
                        transcoders=meta["transcoders"], info=meta["info"],
                        token_nodes=check_token_nodes(meta.get("token_nodes", "embedding"),   # older files: embedding
                                                      f"{folder / META}'s token_nodes"),
-                       identity=meta.get("identity"))
+                       identity=meta.get("identity"), loadings=HeadLoadings.from_tensors(t))
         except CircuitlabError:
             raise
         except Exception as e:  # noqa: BLE001 - a truncated or corrupt file is the user's to write again

@@ -101,3 +101,33 @@ class PlantedTokenizer:
         if text not in VOCAB:
             raise InputError(f"{what} {text!r} is not one token of the planted model ({', '.join(VOCAB)})")
         return VOCAB.index(text)
+
+
+@dataclass
+class PlantedInduction:
+    """The forge's induction circuit (graphs' version: zero MLPs, exact transcoders) on a repeated sequence.
+
+    At query_pos (the second occurrence of a token) the induction head (1, 0) attends key_pos (the token after
+    its first occurrence) because the previous-token head (0, 0) wrote that token's predecessor there; it
+    copies the token at key_pos, the prediction. decoys: heads that attend but write nothing."""
+
+    model: object
+    transcoders: Transcoders
+    tokens: torch.Tensor                 # [pos]
+    query_pos: int
+    key_pos: int
+    induction: tuple[int, int] = (1, 0)
+    previous_token: tuple[int, int] = (0, 0)
+    decoys: tuple[tuple[int, int], ...] = ((0, 1), (1, 1))
+
+
+def planted_induction_model(d_vocab: int = 12, n_ctx: int = 16, length: int = 6, seed: int = 0) -> PlantedInduction:
+    """A random sequence of `length` distinct tokens followed by its first token again (a float64 model): at
+    the last position (query_pos, that token's second occurrence) the induction head attends position 1
+    (key_pos, whose previous token matches) and predicts the token there."""
+    from circuitlab.forge.examples import build_induction_model
+
+    model = build_induction_model(d_vocab=d_vocab, n_ctx=n_ctx, d_mlp=1).model.double()
+    seq = torch.randperm(d_vocab, generator=torch.Generator().manual_seed(seed))[:length]
+    tokens = torch.cat([seq, seq[:1]])
+    return PlantedInduction(model, exact_transcoders(model), tokens, query_pos=length, key_pos=1)

@@ -272,6 +272,40 @@ class Attention(nn.Module):
         z = self._attend(*parts, None)  # [batch', pos, n_heads, d_head]
         return self.hook_result(self._per_head(z)).reshape(*lead, T, H, -1)
 
+    def qk_of_parts(self, x: torch.Tensor, pos: int, role: str) -> torch.Tensor:
+        """Frozen mode: normalised inputs x [n + 1, d_model] at absolute position pos, the last row the constant
+        (ln1's bias) -> each row's share of every head's query (role "q": [n + 1, n_heads, d_head]) or key ("k":
+        [n + 1, n_kv_heads, d_head]) as _attend computes it: W_Q / W_K, q/k norm with the reference's scale at
+        pos, rotary at pos; b_Q / b_K and the q/k norm's bias go to the last row. The rows' sum is the query or
+        key the model computed at pos (every step is linear once the scales are frozen)."""
+        H, K, D = self.n_heads, self.n_kv, self.d_head
+        heads, start = (H, 0) if role == "q" else (K, H * D)
+        y = x @ self.qkv.weight[start:start + heads * D].T                   # [n + 1, heads * D]
+        if self.qkv.bias is not None:
+            y = torch.cat([y[:-1], y[-1:] + self.qkv.bias[start:start + heads * D]])
+        if self.cfg.qk_norm != "none":
+            norm = self.q_norm if role == "q" else self.k_norm
+            if norm.frozen_scale is None:
+                raise CircuitlabError("qk_of_parts needs frozen mode (the reference run's q/k norm scales)")
+            scale = norm.frozen_scale[0, pos]                                  # [heads, 1] or [1]
+            if self.cfg.qk_norm == "head":
+                y = y.view(-1, heads, D)
+            y = norm.linear(y, scale)
+            y = torch.cat([y[:-1], y[-1:] + norm.bias])
+        y = y.reshape(-1, heads, D)
+        if self.rotary is not None:  # a rotation by the absolute position: linear, part by part
+            y = self.rotary(y[:, None], offset=pos)[:, 0]
+        return y
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head a query head reads (grouped-query attention shares one among n_heads // n_kv)."""
+        return head // (self.n_heads // self.n_kv)
+
+    def score_terms(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """q [n, d_head], k [m, d_head] (one head's, parts of a query and a key) -> [n, m] their products times
+        the score scale: the terms of the score before any soft-cap and mask (their sum is the raw score)."""
+        return (q @ k.T) * self.scale
+
     def _v_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The V rows of the fused projection: weight [n_kv_heads * d_head, d_model], bias (or None)."""
         start = (self.n_heads + self.n_kv) * self.d_head
@@ -478,6 +512,21 @@ class Block(nn.Module):
         n_heads, d_model] without b_O and before any post-norm (ln1_post; Attention.split_forward). With every
         input equal to resid_pre, attn_out_shares of them sum to this block's hook_attn_out."""
         return self.attn.split_forward(*(per_head_norm(self.ln1, x) for x in (q_in, k_in, v_in)))
+
+    def qk_parts(self, parts: torch.Tensor, pos: int, role: str) -> torch.Tensor:
+        """Frozen mode: parts [n, d_model] of this block's input at absolute position pos (their sum is
+        blocks.l.hook_resid_pre there, in the reference run) -> each part's share of every head's query (role
+        "q") or key ("k") [n + 1, heads, d_head], through ln1 as the linear map it is at the reference's scale
+        at pos, then Attention.qk_of_parts; row n is the constant no part carries (norm biases, b_Q / b_K)."""
+        ln = self.ln1
+        const = parts.new_zeros(1, parts.shape[-1])
+        if isinstance(ln, Norm):
+            if ln.frozen_scale is None:
+                raise CircuitlabError("qk_parts needs frozen mode (the reference run's norm scales)")
+            x = torch.cat([ln.linear(parts, ln.frozen_scale[0, pos]), const + ln.bias])
+        else:
+            x = torch.cat([parts, const])
+        return self.attn.qk_of_parts(x, pos, role)
 
 
 def per_head_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:

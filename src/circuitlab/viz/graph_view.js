@@ -192,6 +192,7 @@ window.CLGraphView = window.CLGraphView || (function () {
         const title = svg("title");
         title.textContent = `${label(byId[x.source])} → ${label(byId[x.target])}: ${x.weight.toPrecision(4)}`;
         line.append(title);
+        line.addEventListener("click", ev => { ev.stopPropagation(); showEdge(x); });
         lineOf.set(x, line);
         edges.append(line);
       });
@@ -346,6 +347,43 @@ window.CLGraphView = window.CLGraphView || (function () {
              el("td", { text: x.weight.toPrecision(3) }), el("td", { text: p.share(x).toFixed(3) }))));
       detail.append(el("h4", { class: "clgv-selected", text: label(n) }), el("p", { text: facts.join(", ") }), pinBtn,
                     table("strongest inputs", p.inputs, "source"), table("strongest outputs", p.outputs, "target"));
+    }
+
+    // ---- an edge: the heads that carried it (head loadings, signed bars) and, when the file has them, the
+    // QK attribution of the head at (the target's position, the source's): why it attended there
+    function showEdge(x) {
+      detail.textContent = "";
+      const src = byId[x.source], tgt = byId[x.target];
+      detail.append(el("h4", { class: "clgv-edge-title", text: `${label(src)} → ${label(tgt)}` }),
+                    el("p", { text: `weight ${x.weight.toPrecision(4)}` }));
+      if (!x.heads) {
+        detail.append(el("p", { class: "clgv-hint", text: src.ctx_idx === tgt.ctx_idx
+          ? "a same-position edge: no head moved it" : "no head loadings for this edge in the file" }));
+        return;
+      }
+      const rows = x.heads.map(h => ({ name: `L${h[0]}H${h[1]}`, v: h[2], head: h }));
+      if (Math.abs(x.heads_rest) > 1e-9 * Math.abs(x.weight)) rows.push({ name: "other heads / same position", v: x.heads_rest });
+      const vmax = most(rows, r => Math.abs(r.v), 1e-30);
+      const bars = el("table", { class: "clgv-heads" }, el("tr", {}, el("th", { text: "carried by" }),
+        el("th", { text: "loading" }), el("th", { text: "" })));
+      for (const r of rows) {
+        const w = (100 * Math.abs(r.v) / vmax).toFixed(1);
+        bars.append(el("tr", { class: "clgv-head-row" }, el("td", { text: r.name }), el("td", { text: r.v.toPrecision(3) }),
+          el("td", {}, el("div", { class: "clgv-bar " + (r.v > 0 ? "pos" : "neg"), style: `width: ${w}%` }))));
+      }
+      detail.append(bars);
+      const qks = (data.qk || []).filter(q => q.query_pos === tgt.ctx_idx && q.key_pos === src.ctx_idx &&
+                                             x.heads.some(h => h[0] === q.layer && h[1] === q.head));
+      for (const q of qks) {
+        const k = q.key;
+        detail.append(el("h4", { class: "clgv-qk", text: `why L${q.layer}H${q.head} attended @${q.key_pos}` }),
+          el("p", { text: `score ${q.score.toPrecision(3)}, attention ${k.prob.toFixed(2)} (rank ${k.rank}` +
+                          (k.margin !== null ? `, margin ${k.margin.toPrecision(3)} over the next key)` : ")") }),
+          el("table", {}, el("tr", {}, el("th", { text: "query part" }), el("th", { text: "key part" }),
+                             el("th", { text: "term" })),
+             ...q.top_pairs.slice(0, 6).map(p => el("tr", {}, el("td", { text: p.query }), el("td", { text: p.key }),
+                                                      el("td", { text: p.term.toPrecision(3) })))));
+      }
     }
 
     // ---- feature cards on hover: embedded dashboards, or the server's (computed on demand)
