@@ -24,7 +24,6 @@ source (the same latents and reconstructions on random inputs) before the folder
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +135,7 @@ def export_dictionaries(source: str | Path, layout: str, out: str | Path, only: 
     the names (dictionaries.sets) to export, default all. Returns ({name: [folders written, relative to out]},
     where an earlier export in out was set aside, or None). The earlier export is moved only once the new one is
     complete (or replaced: overwrite); a folder holding anything else is refused before any work."""
-    from circuitlab.atomic import atomic_dir, atomic_write_text, set_aside
+    from circuitlab.atomic import atomic_dir, atomic_write_json, set_aside
     from circuitlab.dictionaries.sets import describe_sets, dictionary_sets
 
     out = Path(out)
@@ -157,8 +156,7 @@ def export_dictionaries(source: str | Path, layout: str, out: str | Path, only: 
             folders = _write(name, found, layout, tmp)
             _read_back(name, found, folders)
             written[name] = [f.relative_to(tmp).as_posix() for f in folders]
-        atomic_write_text(tmp / MANIFEST, json.dumps({"source": str(source), "layout": layout, "written": written},
-                                                     indent=2))
+        atomic_write_json(tmp / MANIFEST, {"source": str(source), "layout": layout, "written": written}, indent=2)
         kept = None if overwrite else set_aside(out, is_export, "export")  # complete: now make room for it
     return written, kept
 
