@@ -319,3 +319,41 @@ def test_a_resume_that_would_not_continue_the_folder_is_refused_before_any_train
     assert "its model trained 3 steps" not in err and "more than --model-steps" not in err
     assert "transcoders were trained on the model at step 3" in err and len(err.splitlines()) == 1
     assert _model_step(out) == 3
+
+
+# `circuitlab graph demo` at the tiny sizes, sending itself `sys.argv[1]` (SIGTERM, SIGINT) as the graphs stage
+# starts its first graph
+_STOPPING = """
+import functools, os, signal, sys
+import circuitlab.experiments.graphs_demo as gd
+gd.GraphsDemoOptions = functools.partial(gd.GraphsDemoOptions, **%r)
+def explain(*args, **kwargs):
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    raise AssertionError("the signal did not stop the demo")
+gd.explain = explain
+from circuitlab.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_stop_in_the_graphs_stage_says_what_is_kept_and_the_command_that_continues(demo, tmp_path):
+    """Issue 40: an interrupt in the graphs stage printed no resume command, and SIGTERM said nothing. A real
+    process, signalled while making the graphs: the line names what is kept and the command that continues."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = _copy(demo, tmp_path)
+    sizes = {k: v for k, v in TINY.items() if k not in ("model_steps", "transcoder_steps", "progress")}
+    argv = ["graph", "demo", "--out", str(out), "--resume", "--model-steps", "3", "--transcoder-steps", "4",
+            "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", _STOPPING % sizes, "SIGTERM", *argv], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line == (f"circuitlab graph: terminated: stopped while making the graphs; the model and the transcoders "
+                    f"in {out} are kept; continue with: circuitlab {' '.join(argv)}"), line
+    assert _model_step(out) == 3

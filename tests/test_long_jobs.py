@@ -61,20 +61,36 @@ from circuitlab.dictionaries.train import DictionaryTrainer
 step = DictionaryTrainer.train_step
 def train_step(self, batch):
     if self.step == int(sys.argv[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
     return step(self, batch)
 DictionaryTrainer.train_step = train_step
 from circuitlab.cli import main
-main(sys.argv[2:])
+sys.exit(main(sys.argv[3:]))
 """
 
 
-def _killed_at(root, out, step):
-    """`circuitlab sae train` in a subprocess, killed with SIGKILL as it starts step `step` (after `step` steps)."""
+def _killed_at(root, out, step, sig="SIGKILL"):
+    """`circuitlab sae train` in a subprocess, sent `sig` (SIGKILL by default) as it starts step `step` (after
+    `step` steps). Returns stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", _KILLER, str(step), *_train(root, out)], env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", _KILLER, str(step), sig, *_train(root, out)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    signum = getattr(signal, sig)
+    assert r.returncode == (-signum if signum == signal.SIGKILL else 128 + signum), r.stderr[-2000:]
+    return r.stderr
+
+
+def test_sae_train_terminated_saves_the_step_and_says_how_to_resume(root):
+    """SIGTERM (a scheduler, `docker stop`) does what Ctrl-C does: the step finishes, is saved, and the one line
+    says the command that continues; resuming gives the uninterrupted run's weights."""
+    err = _killed_at(root, "term", 5, "SIGTERM")
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("circuitlab sae: terminated: stopped at step 6 and saved "), line
+    assert line.endswith(" ".join(["continue with: circuitlab", *_train(root, "term"), "--resume"])), line
+    assert main(_train(root, "term", "--resume")) == 0
+    assert _steps(root / "term") == list(range(1, STEPS + 1))
+    straight, resumed = _weights(root / "straight"), _weights(root / "term")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
 def test_sae_train_killed_after_a_checkpoint_resumes_exactly(root, capsys):

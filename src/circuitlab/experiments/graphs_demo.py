@@ -34,8 +34,10 @@ import torch
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
+from circuitlab.training.interrupts import continue_on_interrupt
 
 KINDS = ("per-layer", "clt")
+RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 N_ABLATED = 10         # features steered by each graph's intervention (those the graph says raise the logit most)
 STEER = -1.0           # ...to this multiple of their activation: each one's contribution reversed
 CONFIRMS = 0.5         # the intervention confirms the story when it removes at least this share of p(target)...
@@ -326,15 +328,23 @@ def _positions(pos: list[int]) -> str:
 def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
     out = _prepare(opts)
     clock = StageClock()
-    run = train_model(opts, out / "model")
+    # a stop (Ctrl-C, the termination signal) in a stage says what is kept and the command that continues;
+    # the training loops say it themselves, with their step and checkpoint
+    model_saved = f"the model's checkpoint in {out / 'model'} is" if (out / "model" / "checkpoint").is_dir() else None
+    with continue_on_interrupt("preparing the model's training", model_saved, RESUME):
+        run = train_model(opts, out / "model")
     clock.lap("model")
     model, tokenizer = run.model.eval(), run.tokenizer
-    tc, tc_info = train_transcoders(model, tokenizer, opts, out / "transcoders")
+    with continue_on_interrupt("training the transcoders", f"the model in {out / 'model'} is", RESUME):
+        tc, tc_info = train_transcoders(model, tokenizer, opts, out / "transcoders")
     clock.lap("transcoders")
     graphs = []
-    for spec in demo_prompts(model, tokenizer, opts):
-        graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress,
-                              dashboard_tokens=opts.dashboard_tokens))
+    with continue_on_interrupt("making the graphs", f"the model and the transcoders in {out} are", RESUME):
+        specs = demo_prompts(model, tokenizer, opts)
+        for i, spec in enumerate(specs):
+            print(f"graph {i + 1} of {len(specs)}: {spec.slug}")
+            graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress,
+                                  dashboard_tokens=opts.dashboard_tokens))
     clock.lap("graphs")
     result = GraphsDemoResult(
         out, {"n_layers": model.cfg.n_layers, "d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
