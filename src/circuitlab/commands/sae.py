@@ -212,13 +212,15 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
     p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the 1-layer model (default 600)")
     p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 500)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted demo in --out: a finished model is reused, the rest resumes")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from circuitlab.experiments.features_demo import FeaturesDemoOptions, run_features_demo
 
-    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress)
+    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress, resume=args.resume)
     if args.model_steps is not None:
         opts.model_steps = args.model_steps
     if args.dictionary_steps is not None:

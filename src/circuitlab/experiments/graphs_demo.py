@@ -33,7 +33,8 @@ import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
-from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
+from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, fresh_out,
+                                                train_or_reuse)
 from circuitlab.training.interrupts import continue_on_interrupt
 
 KINDS = ("per-layer", "clt")
@@ -464,41 +465,8 @@ def model_run_config(opts: GraphsDemoOptions):
 
 def train_model(opts: GraphsDemoOptions, out: Path):
     """The 2-layer model; resumes its checkpoint when opts.resume (a finished run is loaded as it is)."""
-    from circuitlab.training import load_checkpoint, train
-    from circuitlab.training.checkpoint import read_trainer_state
-
-    steps, cfg = opts.model_steps, model_run_config(opts)
-    saved = (out / "checkpoint").is_dir() and opts.resume
-    if saved:
-        state = read_trainer_state(out / "checkpoint") or {}
-        if state.get("step", 0) >= steps:
-            print(f"the model in {out} already finished {steps} steps; reusing it")
-            model, tokenizer, _ = load_checkpoint(out / "checkpoint")
-            return _Finished(model, tokenizer, state)
-    print(f"training a 2-layer model with {opts.d_mlp}-neuron MLPs for {steps} steps"
-          + (" (resuming)" if saved else ""))
-    return train(cfg, out, resume=saved, progress=opts.progress)
-
-
-@dataclass
-class _Finished:
-    """A model run finished earlier (what train() would return, from its checkpoint's state)."""
-
-    model: Any
-    tokenizer: Any
-    state: dict[str, Any]
-
-    @property
-    def steps(self) -> int:
-        return int(self.state["step"])
-
-    @property
-    def tokens_seen(self) -> int:
-        return int(self.state["tokens_seen"])
-
-    @property
-    def best_val_loss(self) -> float:
-        return float(self.state["best_val_loss"])
+    return train_or_reuse(model_run_config(opts), out, opts.resume, opts.progress,
+                          f"a 2-layer model with {opts.d_mlp}-neuron MLPs")
 
 
 def train_transcoders(model, tokenizer, opts: GraphsDemoOptions, out: Path):

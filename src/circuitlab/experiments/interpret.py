@@ -89,6 +89,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
             raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it, so {', '.join(needs_text)} cannot "
                                   f"encode text; run --experiments {' '.join(NO_TEXT)} (weights and token ids only), "
                                   "or import the model with its tokenizer")
+    check_options(model, tokenizer, names, opts)   # every argument, before anything on disk changes
     # A previous interpret output is kept renamed, anything else refused: never two runs' files in one folder.
     kept = set_aside(Path(out), _is_interpret_output, "interpret results")
     if kept is not None:
@@ -102,6 +103,35 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         (tmp / "report.md").write_text(interpret_markdown(results))
         write_interpret_report(tmp, results, model, tokenizer)  # report.html
     return result
+
+
+def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
+    """Refuse now, in one line, what the chosen experiments would refuse later: the prompt (empty), the clean and
+    corrupted pair, a saved lens that does not fit the model, and causal tracing's noise, window and subject.
+    Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
+    from circuitlab.analysis.lens.tuned import TunedLens
+    from circuitlab.analysis.patching.causal_tracing import check_window, subject_span
+    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+
+    if tokenizer is None:
+        return   # the weights-only analyses take no text options
+    with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
+        warnings.simplefilter("ignore")
+        tokens = interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
+    if any(n in interpret_causal.EXPERIMENTS for n in names):
+        if opts.get("clean") is None:
+            interpret_causal.induction_pair(model, tokenizer)
+        else:
+            from circuitlab.analysis.patching import check_pair
+
+            check_pair(model, tokenizer.encode(opts["clean"]), tokenizer.encode(opts["corrupt"]))
+    if any(n in interpret_inputs.EXPERIMENTS for n in names) and TunedLens.exists(opts.get("lens") or ""):
+        TunedLens.load(opts["lens"], model)
+    if "causal_tracing" in names:
+        interpret_tracing.tracing_noise(opts, tokenizer)
+        check_window(model, opts.get("window"))
+        if opts.get("subject") is not None:
+            subject_span(tokens.tolist(), opts["subject"], tokenizer)
 
 
 def _is_interpret_output(folder: Path) -> bool:

@@ -50,9 +50,26 @@ def start_or_resume(out: Path, resume: bool, overwrite: bool, quiet: bool = Fals
         raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)"
                               + ("; run without --resume to start" if not held else "; give another --out"))
     if saved and not overwrite:
+        if _finished(out):
+            raise CircuitlabError(f"{out} holds a finished run: pass --overwrite to replace it, or give another "
+                                  "--out (--resume with a higher train.steps trains it on)")
         raise CircuitlabError(f"{out} holds an unfinished run (its {CHECKPOINT}/): pass --resume to continue it, "
                               "or --overwrite to start over")
     return False
+
+
+def _finished(out: Path) -> bool:
+    """Whether the run in out finished: its results.json (written once the last step is saved) is of the step
+    its checkpoint holds (a finished run trained on and stopped again is unfinished)."""
+    import json
+
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+
+    try:
+        done = json.loads((out / "results.json").read_text())["steps"]
+        return done == json.loads((out / CHECKPOINT / STATE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def stream_shards(out: Path, resume: bool, asked: int | None, world: int) -> int:
