@@ -105,3 +105,41 @@ def test_an_earlier_features_demo_is_kept_renamed_and_other_files_are_refused(tm
     with pytest.raises(CircuitlabError, match="already holds other files"):
         _fresh(other)
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_an_interrupted_features_demo_continues_with_the_command_it_prints(demo, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the dictionary trains: the line's command (`sae demo ... --resume`) continues it; another
+    --model-steps is refused before any training."""
+    import functools
+    import shutil
+    import signal
+
+    import circuitlab.experiments.features_demo as fd
+    from circuitlab.cli import main
+    from circuitlab.dictionaries.train import DictionaryTrainer
+
+    out = tmp_path / "features"
+    shutil.copytree(demo.out, out)
+    shutil.rmtree(out / "dictionary")
+    (out / "results.json").unlink()
+    sizes = {k: v for k, v in TINY.items() if k not in ("model_steps", "dictionary_steps", "progress")}
+    monkeypatch.setattr(fd, "FeaturesDemoOptions", functools.partial(FeaturesDemoOptions, **sizes))
+    argv = ["sae", "demo", "--out", str(out), "--model-steps", "3", "--dictionary-steps", "6", "--no-progress",
+            "--resume"]
+    assert main([*argv[:5], "5", *argv[6:]]) == 2
+    assert "--model-steps (3 -> 5)" in capsys.readouterr().err and not (out / "dictionary").exists()
+    step = DictionaryTrainer.train_step
+
+    def train_step(self, batch):
+        if self.step == 2:
+            signal.raise_signal(signal.SIGINT)
+        return step(self, batch)
+
+    monkeypatch.setattr(DictionaryTrainer, "train_step", train_step)
+    assert main(argv) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"circuitlab sae: interrupted: stopped at step 3 and saved {out / 'dictionary' / 'checkpoint'}; "
+                    f"continue with: circuitlab {' '.join(argv)}"), line
+    monkeypatch.setattr(DictionaryTrainer, "train_step", step)
+    assert main(argv) == 0
+    assert json.loads((out / "results.json").read_text())["dictionary"]["tokens_trained"] == 6 * TINY["dictionary_batch"]

@@ -144,6 +144,12 @@ def test_ctrl_c_saves_says_where_and_how_to_resume(root, capsys, monkeypatch):
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+def test_rerunning_a_finished_sae_train_is_never_called_unfinished(root, capsys):
+    assert main(_train(root, "straight")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a finished run: pass --overwrite to replace it" in err and "unfinished" not in err, err
+
+
 def test_non_finite_learning_rates_are_refused(root, capsys):
     for value in ("inf", "nan", "-1", "0", "true"):
         assert main(_train(root, f"lr_{value}", "--set", f"train.lr={value}")) == 2
@@ -185,6 +191,9 @@ def test_lens_train_interrupted_resumes_and_refuses_other_settings(root, capsys,
     assert main([*lens, "--resume", "--text", str(root / "other.txt")]) == 2
     assert "--text (None -> " in capsys.readouterr().err
     assert main([*lens, "--resume"]) == 0
+    assert main([*lens, "--resume"]) == 2             # finished: never called unfinished
+    err = capsys.readouterr().err
+    assert "holds a finished tuned lens: nothing to resume" in err and "unfinished" not in err, err
     straight = ["lens", "train", *lens[2:]]
     straight[straight.index("--out") + 1] = str(root / "lens_straight")
     assert main(straight) == 0

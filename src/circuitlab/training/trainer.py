@@ -313,9 +313,13 @@ def _finished_steps(out_dir: Path) -> int | None:
     """The steps of the run in out_dir when its checkpoint reached the run's own train.steps, else None."""
     from circuitlab.training.checkpoint import read_checkpoint_meta, read_trainer_state
 
+    import warnings
+
     try:
-        step = int((read_trainer_state(out_dir) or {})["step"])
-        planned = int(read_checkpoint_meta(out_dir)["run"]["train"]["steps"])
+        with warnings.catch_warnings():   # a checkpoint.old is warned about where it is used, not here
+            warnings.simplefilter("ignore")
+            step = int((read_trainer_state(out_dir) or {})["step"])
+            planned = int(read_checkpoint_meta(out_dir)["run"]["train"]["steps"])
     except (CircuitlabError, KeyError, TypeError, ValueError):
         return None
     return step if step >= planned else None
