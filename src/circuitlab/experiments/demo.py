@@ -132,6 +132,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     train_seconds = time.time() - t0
     with continue_on_interrupt("analysing the models", f"the trained models in {out} are", RESUME):
         result = analyse(runs, out)
+        print("writing the figures and the report")
         write_outputs(result, runs, out)
     total = time.time() - t0
     gflops = (gflops_before + work_gflops()) / 2  # the machine's speed around the run, load included
@@ -175,7 +176,9 @@ def analyse(runs: dict, out: Path) -> DemoResult:
     curves = {name: read_metrics(r.out_dir) for name, r in runs.items()}
     for name, r in runs.items():
         model = r.model
+        print(f"analysing the {model.cfg.n_layers}-layer model: every head's behaviour and weights")
         classes = classify_heads(model)
+        print(f"analysing the {model.cfg.n_layers}-layer model: induction at every period")
         sweep = induction_by_period(model, batch=32, seed=99, exclude=[r.tokenizer.eos_id])
         repeat_loss = float(sweep.loss_second.mean())  # loss on the second copy of [r, r], all periods
         heads = []
@@ -197,6 +200,7 @@ def analyse(runs: dict, out: Path) -> DemoResult:
             previous_token_heads=[head_name(l, h) for l, h in classes.heads_with("previous-token")],
             phase_change=phase_change(curves[name]), train_seconds=round(r.seconds, 1),
             induction_by_period=sweep.to_dict(), classes=classes)
+    print("drawing the training curves and induction by period")
     figures = {"training_curves": "training_curves.png", "induction_by_period": "induction_by_period.png"}
     training_curves_figure(curves, {name: m.phase_change for name, m in result.models.items()}).save_png(
         out / figures["training_curves"])
@@ -220,6 +224,7 @@ def analyse(runs: dict, out: Path) -> DemoResult:
         experiments += [("patching", CAUSAL["patching"]),
                         ("ablation", partial(CAUSAL["ablation"], group=found.induction_heads or None))]
         for experiment, run in experiments:
+            print(f"running {experiment} on the 2-layer model")
             found_exp = run(two.model, two.tokenizer, out, None)
             result.analysis[experiment] = found_exp
             for fig in found_exp.figures:

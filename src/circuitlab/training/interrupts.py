@@ -120,7 +120,7 @@ def stage_interrupted(stage: str, saved: str | None, python_resume: str = "the s
 
 def restart_message(head: str = "stopped") -> str:
     """What a stop in a command that saves nothing along the way says: the same command starts over."""
-    again = command_line(drop=("--resume",))
+    again = command_line()   # as given: with --resume it goes on from what an earlier run saved
     return f"{head} before anything was saved; the same command starts over{f': {again}' if again else ''}"
 
 
