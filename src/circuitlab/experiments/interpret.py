@@ -96,7 +96,8 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         print(f"moved the previous results to {kept}")
     result = InterpretResult(str(checkpoint), names, model.cfg.to_dict())
     with atomic_dir(Path(out)) as tmp:  # the folder appears complete, or not at all
-        for name in names:
+        for i, name in enumerate(names):
+            print(f"running {name} ({i + 1} of {len(names)})")   # progress between the analyses
             result.results[name] = table[name](model, tokenizer, tmp, opts)
         results = result.to_dict()
         (tmp / "results.json").write_text(json_text(results, indent=2, default=str))
