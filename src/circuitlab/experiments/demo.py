@@ -22,7 +22,7 @@ from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
 from circuitlab.experiments.demo_budget import work_gflops
 from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
-from circuitlab.training import RunConfig, read_metrics, train
+from circuitlab.training import RunConfig, read_metrics
 from circuitlab.training.outputs import check_writable
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
