@@ -48,6 +48,10 @@ def test_sentences_follow_the_numbers():
     text = " ".join(result.summary())
     assert "explains 87.6% of their variance with 16.0 features active per token" in text
     assert "from 1.250 to 1.400 nats, against 2.750" in text and "90.0% of the MLP's contribution" in text
+    # the numbers that contradict the share: zeroing barely moves the loss (issue 40's short-run case)
+    m = dict(result.metrics, ce_loss_clean=6.286, ce_loss_spliced=6.270, ce_loss_zero=6.292, ce_loss_recovered=3.636)
+    flat = " ".join(FeaturesDemoResult(**{**result.__dict__, "metrics": m}).summary())
+    assert "363.6%" not in flat and "nothing can be concluded about the share of it kept with the dictionary" in flat
     assert "60% of the features that fire are token-specific" in text and "against 10% of the MLP's 512 neurons" in text
     assert "the features are more monosemantic than the neurons" in text
     assert "120 s scaled to a 150 GFLOP/s machine" in text

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
+from circuitlab.dictionaries.metrics import loss_kept
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, check_model_plan,
                                                 fresh_out, resume_out, train_or_reuse)
 from circuitlab.training.interrupts import continue_on_interrupt
@@ -97,9 +98,11 @@ class FeaturesDemoResult:
             f"with {m['l0']:.1f} features active per token.",
         ]
         if "ce_loss_recovered" in m:
-            lines.append(f"Spliced in place of the MLP activations (without the error term) it raises the loss from "
-                         f"{m['ce_loss_clean']:.3f} to {m['ce_loss_spliced']:.3f} nats, against {m['ce_loss_zero']:.3f} when "
-                         f"the MLP is zeroed: {m['ce_loss_recovered']:.1%} of the MLP's contribution to the loss is kept.")
+            kept = loss_kept(m["ce_loss_clean"], m["ce_loss_spliced"], m["ce_loss_zero"], m["ce_loss_recovered"],
+                             "the MLP", "the MLP's", "the dictionary")
+            lines.append(f"Spliced in place of the MLP activations (without the error term) it takes the loss from "
+                         f"{m['ce_loss_clean']:.3f} to {m['ce_loss_spliced']:.3f} nats, against {m['ce_loss_zero']:.3f} "
+                         f"when the MLP is zeroed: {kept}.")
         lines.append(f"On {s['tokens']:,} held-out tokens, {s['dead_fraction']:.1%} of the features never fire.")
         verdict = ("more" if s["features_specific"] > s["neurons_specific"] else
                    "less" if s["features_specific"] < s["neurons_specific"] else "as")

@@ -303,20 +303,11 @@ def _replacement_verdict(replacement: float) -> str:
 
 
 def _loss_kept(tc: dict[str, Any]) -> str:
-    """The share of the MLPs' contribution to the loss the transcoders keep, when the numbers can say it: zeroing
-    the MLPs must move the loss by more than GAP_FLOOR nats for the share to mean anything."""
-    from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
+    """The share of the MLPs' contribution to the loss the transcoders keep, when the numbers can say it."""
+    from circuitlab.dictionaries.metrics import loss_kept
 
-    clean, spliced, zero, kept = tc["ce_loss_clean"], tc["ce_loss_spliced"], tc["ce_loss_zero"], tc["ce_loss_recovered"]
-    if gap_within_noise(clean, zero) or zero < clean:
-        return (f"zeroing the MLPs moves the loss by {zero - clean:+.3f} nats (raising it by at least {GAP_FLOOR:g} "
-                "would show what they contribute), so nothing can be concluded about how much of their contribution "
-                "the transcoders keep")
-    if spliced <= clean:
-        return f"the loss with the transcoders is no higher than the model's own: all of the MLPs' contribution kept"
-    if spliced >= zero:
-        return "the loss with the transcoders is no lower than with the MLPs zeroed: none of their contribution kept"
-    return f"{kept:.1%} of the MLPs' contribution kept"
+    return loss_kept(tc["ce_loss_clean"], tc["ce_loss_spliced"], tc["ce_loss_zero"], tc["ce_loss_recovered"],
+                     "the MLPs", "the MLPs'", "the transcoders")
 
 
 def _positions(pos: list[int]) -> str:

@@ -257,7 +257,8 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         m = entry["metrics"]
         per_layer = " per layer" if isinstance(sae, CrossLayerTranscoder) else ""
         print(f"{folder}: L0 {m['l0']:.1f}{per_layer}, explained variance {m['explained_variance']:.3f}, dead {m['dead_frac']:.1%}, "
-              f"CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; zero-ablated {s.ce_zero:.3f})")
+              f"CE recovered {s.ce_recovered:.3f}{s.recovered_note()} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; "
+              f"zero-ablated {s.ce_zero:.3f})")
     summary["replacements"] = []
     for name, members in groups.items():  # a transcoder per layer, every MLP replaced at once, beside the CLTs
         s = spliced_loss(model, [result.dictionaries[i] for i in members], toks)
@@ -267,7 +268,8 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
                                         "mean_layer_explained_variance": 1 - fvu,
                                         "mean_l0": sum(m["l0"] for m in ms) / len(ms), "spliced": s.to_dict()})
         print(f"{name} ({len(members)} per-layer transcoders, every MLP replaced at once): mean explained variance "
-              f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}), KL {s.kl:.4f}")
+              f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f}{s.recovered_note()} (CE {s.ce_clean:.3f} -> "
+              f"{s.ce_spliced:.3f}), KL {s.kl:.4f}")
     from circuitlab.atomic import atomic_write_text
 
     atomic_write_text(out / "results.json", json_text(summary, indent=2))
