@@ -106,6 +106,10 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     return result
 
 
+# the experiments that encode --prompt (or the default story prompt)
+PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens", "causal_tracing"}
+
+
 def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
     """Refuse now, in one line, what the chosen experiments would refuse later: the prompt (empty), the clean and
     corrupted pair, a saved lens that does not fit the model, and causal tracing's noise, window and subject.
@@ -116,9 +120,14 @@ def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> N
 
     if tokenizer is None:
         return   # the weights-only analyses take no text options
-    with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
-        warnings.simplefilter("ignore")
-        tokens = interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
+    if "causal_tracing" in names:   # its options first, as the experiment checks them
+        interpret_tracing.tracing_noise(opts, tokenizer)
+        check_window(model, opts.get("window"))
+    tokens = None
+    if PROMPTED.intersection(names):
+        with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
+            warnings.simplefilter("ignore")
+            tokens = interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
     if any(n in interpret_causal.EXPERIMENTS for n in names):
         if opts.get("clean") is None:
             interpret_causal.induction_pair(model, tokenizer)
@@ -128,11 +137,8 @@ def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> N
             check_pair(model, tokenizer.encode(opts["clean"]), tokenizer.encode(opts["corrupt"]))
     if any(n in interpret_inputs.EXPERIMENTS for n in names) and TunedLens.exists(opts.get("lens") or ""):
         TunedLens.load(opts["lens"], model)
-    if "causal_tracing" in names:
-        interpret_tracing.tracing_noise(opts, tokenizer)
-        check_window(model, opts.get("window"))
-        if opts.get("subject") is not None:
-            subject_span(tokens.tolist(), opts["subject"], tokenizer)
+    if "causal_tracing" in names and opts.get("subject") is not None and tokens is not None:
+        subject_span(tokens.tolist(), opts["subject"], tokenizer)
 
 
 def _is_interpret_output(folder: Path) -> bool:

@@ -10,7 +10,7 @@ from circuitlab.pretrained.llama_like import Gemma2, Gemma3, Olmo2, Phi3, Qwen3
 
 
 def _all_families() -> tuple[Family, ...]:
-    return (GPT2(), GPTNeoX(), Llama(), GPTJ(), Gemma2(), Gemma3(), Qwen3(), Olmo2(), Phi3())
+    return (GPT2(), GPTNeoX(), Llama(), Qwen3(), Gemma2(), Gemma3(), Olmo2(), Phi3(), GPTJ())
 
 
 def supported_names() -> list[str]:
