@@ -78,3 +78,28 @@ def test_a_stop_where_nothing_is_saved_says_the_same_command_starts_over(tmp_pat
         assert err == (f"circuitlab graph: {how}: stopped before anything was saved; the same command starts over: "
                        f"circuitlab {' '.join(argv)}"), err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL     # the command's handler is gone after it
+
+
+def test_the_explorer_stops_on_sigterm_and_says_how_to_start_it_again():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["serve", "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "circuitlab.cli", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert err.strip().splitlines()[-1] == (f"circuitlab serve: terminated: the explorer stopped; start it again with: "
+                                            f"circuitlab {' '.join(argv)}"), err

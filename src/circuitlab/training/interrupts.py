@@ -37,6 +37,12 @@ def stopped_by() -> int:
     return _stopped_by or signal.SIGINT
 
 
+def note_stop(signum: int) -> None:
+    """Record the signal that stopped the command, for one that caught it itself (the explorer's server)."""
+    global _stopped_by
+    _stopped_by = signum
+
+
 def _signal_name(signum: int) -> str:
     return "the termination signal" if signum == signal.SIGTERM else "Ctrl-C"
 
