@@ -146,4 +146,5 @@ def test_an_interrupted_features_demo_continues_with_the_command_it_prints(demo,
                     f"continue with: circuitlab {' '.join(argv)}"), line
     monkeypatch.setattr(DictionaryTrainer, "train_step", step)
     assert main(argv) == 0
-    assert json.loads((out / "results.json").read_text())["dictionary"]["tokens_trained"] == 6 * TINY["dictionary_batch"]
+    trained = json.loads((out / "results.json").read_text())["dictionary"]["tokens_trained"]
+    assert trained == 6 * TINY["dictionary_batch"]

@@ -181,7 +181,8 @@ def test_no_verdict_stands_on_numbers_that_contradict_it():
     assert "now predicting 'mo'" in _verdicts(_finding(rank=2, top_prediction=" the",
                                                       ablation=Ablation(["a"], 0.4, 0.3, 0.3, 0.4, ["b"], "mo")))
     assert "largest share of the logit's direct input, 70%, comes from features." in _verdicts(_finding(
-        logit_inputs={"feature": 0.7, "error": 0.1, "token": 0.2}, ablation=Ablation(["a"], 0.8, 0.7, 0.7, 0.8, ["b"], "mo")))
+        logit_inputs={"feature": 0.7, "error": 0.1, "token": 0.2},
+        ablation=Ablation(["a"], 0.8, 0.7, 0.7, 0.8, ["b"], "mo")))
 
 
 def _result(**transcoders) -> GraphsDemoResult:
@@ -219,7 +220,8 @@ def test_the_summary_says_nothing_the_numbers_contradict():
     assert "no lower than with the MLPs zeroed: none of the MLPs' contribution kept" in \
         " ".join(_result(ce_loss_spliced=3.2, ce_loss_recovered=-0.133).summary())
     result = _result()
-    result.graphs.append(_finding(slug="c", p_target=0.001, ablation=Ablation(["x"], 0.001, 0.0, 0.0, 0.001, ["y"], "q")))
+    result.graphs.append(_finding(slug="c", p_target=0.001,
+                                  ablation=Ablation(["x"], 0.001, 0.0, 0.0, 0.001, ["y"], "q")))
     assert "1 of the 3 interventions confirm their graph's story (name); 1 could not test one (c: the model does " \
            "not predict the target, p < 0.05)." in " ".join(result.summary())
 

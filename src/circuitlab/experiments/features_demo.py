@@ -101,8 +101,8 @@ class FeaturesDemoResult:
             kept = loss_kept(m["ce_loss_clean"], m["ce_loss_spliced"], m["ce_loss_zero"], m["ce_loss_recovered"],
                              "the MLP", "the MLP's", "the dictionary")
             lines.append(f"Spliced in place of the MLP activations (without the error term) it takes the loss from "
-                         f"{m['ce_loss_clean']:.3f} to {m['ce_loss_spliced']:.3f} nats, against {m['ce_loss_zero']:.3f} "
-                         f"when the MLP is zeroed: {kept}.")
+                         f"{m['ce_loss_clean']:.3f} to {m['ce_loss_spliced']:.3f} nats, against "
+                         f"{m['ce_loss_zero']:.3f} when the MLP is zeroed: {kept}.")
         lines.append(f"On {s['tokens']:,} held-out tokens, {s['dead_fraction']:.1%} of the features never fire.")
         verdict = ("more" if s["features_specific"] > s["neurons_specific"] else
                    "less" if s["features_specific"] < s["neurons_specific"] else "as")

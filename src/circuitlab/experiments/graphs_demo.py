@@ -152,8 +152,8 @@ class GraphFinding:
             out.append(self._context_sentence())
         out.append(f"The graph has {self.n_active_features} active features; pruned, {self.pruned['features']} "
                    f"feature nodes and {self.pruned['edges']} edges remain. Replacement score "
-                   f"{s['replacement']:.2f}, completeness {s['completeness']:.2f}: " + _replacement_verdict(s["replacement"])
-                   + ".")
+                   f"{s['replacement']:.2f}, completeness {s['completeness']:.2f}: "
+                   f"{_replacement_verdict(s['replacement'])}.")
         out.append(self._trace_sentence())
         li = self.logit_inputs
         out.append(f"The logit's direct inputs: {li['feature']:.0%} from features, {li['error']:.0%} from error "
@@ -200,9 +200,11 @@ class GraphFinding:
         if self.mechanism == "name":
             most = f", though other positions hold more ({other:.0%})" if other > max(focus, last) else ""
             if focus > last:
-                return lead + f": the graph traces more of the prediction to the earlier mention than to the last token{most}."
+                return lead + (": the graph traces more of the prediction to the earlier mention than to the last "
+                               f"token{most}.")
             if last > focus:
-                return lead + f": the graph traces more of the prediction to the last token than to the earlier mention{most}."
+                return lead + (": the graph traces more of the prediction to the last token than to the earlier "
+                               f"mention{most}.")
             return lead + f": the earlier mention and the last token hold equal shares{most}."
         if focus + last > 0.5:
             return lead + ": the graph traces the prediction to the phrase itself."
@@ -358,7 +360,7 @@ def _prepare(opts: GraphsDemoOptions) -> Path:
         check_resume(opts, out)
     else:
         out = fresh_out(out, _is_graphs_demo_output, "graphs demo")
-    atomic_write_text(out / OPTIONS_FILE, json.dumps(stage_options(opts), indent=2) + "\n")
+    atomic_write_text(out / OPTIONS_FILE, json_text(stage_options(opts), indent=2) + "\n")
     return out
 
 
@@ -385,7 +387,9 @@ def _saved_step(folder: Path, stage: str) -> int | None:
 
     try:
         if stage == "model":
-            return int((read_trainer_state(folder / "checkpoint") or {})["step"]) if (folder / "checkpoint").is_dir() else None
+            if not (folder / "checkpoint").is_dir():
+                return None
+            return int((read_trainer_state(folder / "checkpoint") or {})["step"])
         state = folder / CHECKPOINT / STATE
         return int(json.loads(state.read_text())["step"]) if state.is_file() else None
     except (KeyError, ValueError, OSError, TypeError) as e:

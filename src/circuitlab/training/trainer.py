@@ -294,8 +294,8 @@ def _check_fresh(out_dir: Path) -> None:
     if any(is_checkpoint(p) for p in (out_dir / "checkpoint", old_copy(out_dir / "checkpoint"))):
         done = _finished_steps(out_dir)
         if done is not None:   # a finished run is never called unfinished
-            raise CircuitlabError(f"{out_dir} already holds a checkpoint of a finished run ({done} steps); choose another --out, or "
-                                  "raise train.steps and pass --resume to train it on")
+            raise CircuitlabError(f"{out_dir} already holds a checkpoint of a finished run ({done} steps); choose "
+                                  "another --out, or raise train.steps and pass --resume to train it on")
         raise CircuitlabError(f"{out_dir} already holds a checkpoint; pass --resume to continue it, "
                               "or choose another --out")
     if any(is_checkpoint(out_dir / name) for name in held):
