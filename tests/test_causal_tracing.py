@@ -235,6 +235,24 @@ def test_interpret_causal_tracing_on_the_planted_fact(planted, tmp_path, capsys)
     spec = causal_trace_figure(trace)
     assert [p.name for p in spec.panels] == ["hidden", "mlp", "attn", "hidden_no_mlp"]
     assert spec.panels[0].heatmap.y[5:7] == ["5 D*", "6 i*"] and spec.panels[1].heatmap.scale == "Greens"
+    # issue 40: a bad argument moved the previous results aside, then failed. Every one is refused first.
+    before = (out / "results.json").read_text()
+    base = ["interpret", "--checkpoint", str(tmp_path / "facts"), "--out", str(out)]
+    n = planted.model.cfg.n_layers
+    for extra, said in (
+            (["--experiments", "causal_tracing", "--prompt", "then Di had", "--subject", "Di", "--window", str(n + 1)],
+             f"a window of {n + 1} layers is wider than the model"),
+            (["--experiments", "causal_tracing", "--prompt", "then Di had", "--subject", "Zo"], "is not in the prompt"),
+            (["--experiments", "causal_tracing", "--prompt", "then Di had", "--subject", "Di", "--replace-with", "Bo"],
+             "--replace-with goes with --noise replace"),
+            (["--experiments", "patching", "--clean", "then Di had", "--corrupt", "then"], "token"),
+            (["--experiments", "logit_lens", "--prompt", ""], "the prompt is empty")):
+        capsys.readouterr()
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1, (extra, err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["facts", "tracing"], extra   # nothing set aside
+        assert (out / "results.json").read_text() == before
 
 
 @pytest.mark.slow

@@ -176,3 +176,14 @@ def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path, umask):
     assert mode(tmp_path / "atomic.txt") == mode(tmp_path / "plain.txt") == 0o666 & ~umask
     assert mode(tmp_path / "ckpt") == mode(tmp_path / "plain_dir") == 0o777 & ~umask
     assert {mode(p) for p in (tmp_path / "ckpt").iterdir()} == {0o666 & ~umask}
+
+
+def test_rerunning_a_finished_train_is_never_called_unfinished(straight, tmp_path, capsys):
+    tmp, reference = straight
+    argv = ["train", "--config", str(_config(tmp, tmp_path)), "--out", str(tmp / "run"), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"already holds a checkpoint of a finished run ({reference.steps} steps)" in err, err
+    assert "pass --resume to continue" not in err and len(err.splitlines()) == 1
+    assert main([*argv, "--resume"]) == 2
+    assert f"already finished {reference.steps} steps" in capsys.readouterr().err

@@ -113,3 +113,50 @@ def test_the_demo_keeps_an_earlier_demo_renamed_and_refuses_other_files(tmp_path
     with pytest.raises(CircuitlabError, match="already holds other files"):
         run_demo(DemoOptions(out=other, progress=False))
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_an_interrupted_demo_says_the_command_that_continues_it_and_that_command_does(demo_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    """Ctrl-C in the demo's second model: the line's command (with --resume, which `circuitlab demo` accepts)
+    continues it; a resume with other steps is refused before any training; a finished demo is said finished."""
+    import shutil
+    import signal
+
+    import circuitlab.experiments.demo as demo
+    import circuitlab.training.trainer as trainer_module
+    from circuitlab.cli import main
+    from circuitlab.experiments.demo import DemoResult
+    from circuitlab.training.checkpoint import read_trainer_state
+
+    # the analysis is the fixture's (tested above); here only the stages around it
+    monkeypatch.setattr(demo, "analyse", lambda runs, out: DemoResult({}, figures={"steps": {n: r.steps for n, r in
+                                                                                            runs.items()}}))
+    monkeypatch.setattr(demo, "write_outputs", lambda *a: None)
+
+    out = tmp_path / "demo"
+    shutil.copytree(demo_dir, out)
+    shutil.rmtree(out / "1l")
+    (out / "results.json").unlink()
+    argv = ["demo", "--out", str(out), "--steps", "12", "--steps-1l", "4", "--no-progress", "--resume"]
+    real = trainer_module.lr_at
+    monkeypatch.setattr(trainer_module, "lr_at", lambda step, *a: (signal.raise_signal(signal.SIGINT)
+                                                                    if step == 1 else None, real(step, *a))[1])
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    assert "the model in" in captured.out and "already finished 12 steps; reusing it" in captured.out   # 2l reused
+    line = captured.err.strip().splitlines()[-1]
+    assert line == (f"circuitlab demo: interrupted: stopped at step 2 and saved {out / '1l' / 'checkpoint'}; "
+                    f"continue with: circuitlab {' '.join(argv)}"), line
+    monkeypatch.setattr(trainer_module, "lr_at", real)
+    before = read_trainer_state(out / "1l" / "checkpoint")["step"]
+    wrong = [a if a != "4" else "6" for a in argv]
+    assert main(wrong) == 2                                          # another plan: refused before training
+    err = capsys.readouterr().err.strip()
+    assert "--steps-1l (4 -> 6)" in err and len(err.splitlines()) == 1
+    assert read_trainer_state(out / "1l" / "checkpoint")["step"] == before
+    assert main(argv) == 0                                           # the printed command continues it
+    assert read_trainer_state(out / "1l" / "checkpoint")["step"] == 4
+    assert json.loads((out / "results.json").read_text())["figures"]["steps"] == {"2l": 12, "1l": 4}
+    assert main(argv) == 0                                           # and rerunning the finished demo says so
+    said = capsys.readouterr().out
+    assert f"the demo in {out} is finished" in said and "unfinished" not in said

@@ -188,3 +188,24 @@ def test_reconstruction_metrics_match_their_definitions():
     want = float((x / 2).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
     assert m.fvu == pytest.approx(want, rel=1e-5) and m.l2_ratio == pytest.approx(0.5, rel=1e-5)
     assert m.to_dict()["log10_density_histogram"]["counts"]
+
+
+def test_the_loss_kept_is_said_only_where_the_numbers_carry_it():
+    """One home (dictionaries.metrics.loss_kept) for "X% of the MLP's contribution kept": each verdict against
+    numbers that contradict it (issue 40: 6.286 -> 6.270 with 6.292 zeroed read "363.6% kept")."""
+    from circuitlab.dictionaries.metrics import SplicedLoss
+
+    def said(clean, spliced, zero):
+        s = SplicedLoss(clean, spliced, zero, (zero - spliced) / (zero - clean) if zero != clean else float("nan"), 0.0)
+        return s.kept("the MLP", "the MLP's", "the dictionary"), s.recovered_note()
+
+    assert said(1.5, 1.6, 3.0) == ("93.3% of the MLP's contribution kept", "")
+    text, note = said(6.286, 6.270, 6.292)
+    assert "363.6%" not in text and "nothing can be concluded" in text and "+0.006 nats" in text
+    assert note == " (not measurable: zeroing moves the loss by only +0.006 nats)"
+    assert "nothing can be concluded" in said(1.5, 1.5, 1.5)[0]                     # no gap at all (nan share)
+    assert "nothing can be concluded" in said(1.5, 1.6, 1.3)[0]                     # zeroing helps
+    assert said(1.5, 1.45, 3.0)[0].endswith("no higher than the model's own: all of the MLP's contribution kept")
+    assert said(1.5, 3.2, 3.0)[0].endswith("none of the MLP's contribution kept")
+    assert said(1.5, 1.55, 1.6)[0] == "50.0% of the MLP's contribution kept"        # a 0.1-nat gap: measured
+    assert "nothing can be concluded" in said(1.5, 1.55, 1.599)[0]                  # just under it: not

@@ -48,6 +48,10 @@ def test_sentences_follow_the_numbers():
     text = " ".join(result.summary())
     assert "explains 87.6% of their variance with 16.0 features active per token" in text
     assert "from 1.250 to 1.400 nats, against 2.750" in text and "90.0% of the MLP's contribution" in text
+    # the numbers that contradict the share: zeroing barely moves the loss (issue 40's short-run case)
+    m = dict(result.metrics, ce_loss_clean=6.286, ce_loss_spliced=6.270, ce_loss_zero=6.292, ce_loss_recovered=3.636)
+    flat = " ".join(FeaturesDemoResult(**{**result.__dict__, "metrics": m}).summary())
+    assert "363.6%" not in flat and "nothing can be concluded about the share of it kept with the dictionary" in flat
     assert "60% of the features that fire are token-specific" in text and "against 10% of the MLP's 512 neurons" in text
     assert "the features are more monosemantic than the neurons" in text
     assert "120 s scaled to a 150 GFLOP/s machine" in text
@@ -105,3 +109,42 @@ def test_an_earlier_features_demo_is_kept_renamed_and_other_files_are_refused(tm
     with pytest.raises(CircuitlabError, match="already holds other files"):
         _fresh(other)
     assert (other / "notes.txt").read_text() == "keep me"
+
+
+def test_an_interrupted_features_demo_continues_with_the_command_it_prints(demo, tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the dictionary trains: the line's command (`sae demo ... --resume`) continues it; another
+    --model-steps is refused before any training."""
+    import functools
+    import shutil
+    import signal
+
+    import circuitlab.experiments.features_demo as fd
+    from circuitlab.cli import main
+    from circuitlab.dictionaries.train import DictionaryTrainer
+
+    out = tmp_path / "features"
+    shutil.copytree(demo.out, out)
+    shutil.rmtree(out / "dictionary")
+    (out / "results.json").unlink()
+    sizes = {k: v for k, v in TINY.items() if k not in ("model_steps", "dictionary_steps", "progress")}
+    monkeypatch.setattr(fd, "FeaturesDemoOptions", functools.partial(FeaturesDemoOptions, **sizes))
+    argv = ["sae", "demo", "--out", str(out), "--model-steps", "3", "--dictionary-steps", "6", "--no-progress",
+            "--resume"]
+    assert main([*argv[:5], "5", *argv[6:]]) == 2
+    assert "--model-steps (3 -> 5)" in capsys.readouterr().err and not (out / "dictionary").exists()
+    step = DictionaryTrainer.train_step
+
+    def train_step(self, batch):
+        if self.step == 2:
+            signal.raise_signal(signal.SIGINT)
+        return step(self, batch)
+
+    monkeypatch.setattr(DictionaryTrainer, "train_step", train_step)
+    assert main(argv) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (f"circuitlab sae: interrupted: stopped at step 3 and saved {out / 'dictionary' / 'checkpoint'}; "
+                    f"continue with: circuitlab {' '.join(argv)}"), line
+    monkeypatch.setattr(DictionaryTrainer, "train_step", step)
+    assert main(argv) == 0
+    trained = json.loads((out / "results.json").read_text())["dictionary"]["tokens_trained"]
+    assert trained == 6 * TINY["dictionary_batch"]

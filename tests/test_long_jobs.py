@@ -61,20 +61,36 @@ from circuitlab.dictionaries.train import DictionaryTrainer
 step = DictionaryTrainer.train_step
 def train_step(self, batch):
     if self.step == int(sys.argv[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
     return step(self, batch)
 DictionaryTrainer.train_step = train_step
 from circuitlab.cli import main
-main(sys.argv[2:])
+sys.exit(main(sys.argv[3:]))
 """
 
 
-def _killed_at(root, out, step):
-    """`circuitlab sae train` in a subprocess, killed with SIGKILL as it starts step `step` (after `step` steps)."""
+def _killed_at(root, out, step, sig="SIGKILL"):
+    """`circuitlab sae train` in a subprocess, sent `sig` (SIGKILL by default) as it starts step `step` (after
+    `step` steps). Returns stderr."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", _KILLER, str(step), *_train(root, out)], env=env, capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", _KILLER, str(step), sig, *_train(root, out)], env=env,
+                       capture_output=True, text=True, timeout=300)
+    signum = getattr(signal, sig)
+    assert r.returncode == (-signum if signum == signal.SIGKILL else 128 + signum), r.stderr[-2000:]
+    return r.stderr
+
+
+def test_sae_train_terminated_saves_the_step_and_says_how_to_resume(root):
+    """SIGTERM (a scheduler, `docker stop`) does what Ctrl-C does: the step finishes, is saved, and the one line
+    says the command that continues; resuming gives the uninterrupted run's weights."""
+    err = _killed_at(root, "term", 5, "SIGTERM")
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("circuitlab sae: terminated: stopped at step 6 and saved "), line
+    assert line.endswith(" ".join(["continue with: circuitlab", *_train(root, "term"), "--resume"])), line
+    assert main(_train(root, "term", "--resume")) == 0
+    assert _steps(root / "term") == list(range(1, STEPS + 1))
+    straight, resumed = _weights(root / "straight"), _weights(root / "term")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
 def test_sae_train_killed_after_a_checkpoint_resumes_exactly(root, capsys):
@@ -128,6 +144,12 @@ def test_ctrl_c_saves_says_where_and_how_to_resume(root, capsys, monkeypatch):
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+def test_rerunning_a_finished_sae_train_is_never_called_unfinished(root, capsys):
+    assert main(_train(root, "straight")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a finished run: pass --overwrite to replace it" in err and "unfinished" not in err, err
+
+
 def test_non_finite_learning_rates_are_refused(root, capsys):
     for value in ("inf", "nan", "-1", "0", "true"):
         assert main(_train(root, f"lr_{value}", "--set", f"train.lr={value}")) == 2
@@ -169,6 +191,9 @@ def test_lens_train_interrupted_resumes_and_refuses_other_settings(root, capsys,
     assert main([*lens, "--resume", "--text", str(root / "other.txt")]) == 2
     assert "--text (None -> " in capsys.readouterr().err
     assert main([*lens, "--resume"]) == 0
+    assert main([*lens, "--resume"]) == 2             # finished: never called unfinished
+    err = capsys.readouterr().err
+    assert "holds a finished tuned lens: nothing to resume" in err and "unfinished" not in err, err
     straight = ["lens", "train", *lens[2:]]
     straight[straight.index("--out") + 1] = str(root / "lens_straight")
     assert main(straight) == 0

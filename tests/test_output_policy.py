@@ -46,7 +46,7 @@ def _marked(folder: Path, kind: str, **files: str) -> None:
 def where(tmp_path_factory):
     """{run}: a 1-layer MLP model with a char tokenizer; {prompts}: a prompt file; earlier outputs of each
     command: {graph_prev} (a real one), {circuit_prev}, {steer_prev}, {interpret_prev} (and a second,
-    {interpret_prev2}, for the case that still moves it), {import_prev},
+    {interpret_prev2}, for the window refused before it moves), {import_prev},
     {export_prev}, {sae_prev}; {tmp}: the folder."""
     root = tmp_path_factory.mktemp("policy")
     torch.manual_seed(0)
@@ -122,8 +122,6 @@ REFUSED = [
     # forge compare
     ("forge compare --steps 0 --out {tmp}/fc_new", "steps must be a positive whole number"),
 ]
-# interpret moves its earlier results aside before it checks --window (issue 40; `newruns` fixes the order)
-PENDING = {c for c, _ in REFUSED if "--window 2" in c}
 
 
 def _argv(command: str, where: dict[str, str]) -> list[str]:
@@ -158,10 +156,8 @@ def _run(argv: list[str]) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("command, fragment", [
-    pytest.param(c, f, marks=pytest.mark.xfail(reason="interpret's order is fixed by the interpret/import piece",
-                                               strict=False)) if c in PENDING else (c, f) for c, f in REFUSED],
-    ids=[c.split(" --")[0] + f" [{i}]" for i, (c, _) in enumerate(REFUSED)])
+@pytest.mark.parametrize("command, fragment", REFUSED,
+                         ids=[c.split(" --")[0] + f" [{i}]" for i, (c, _) in enumerate(REFUSED)])
 def test_a_refused_run_changes_nothing_on_disk(where, command, fragment, capsys, monkeypatch):
     root = Path(where["tmp"])
     monkeypatch.chdir(root)

@@ -397,3 +397,40 @@ def test_imported_folder_loads_as_a_training_checkpoint(tmp_path, imported):
     ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
     assert torch.equal(model(ids), reference(ids))
     assert tok.encode("the cat sat") == tokenizer.encode("the cat sat")
+
+
+def test_import_refuses_a_tokenizer_without_eos_before_moving_the_earlier_import(tmp_path, imported, capsys):
+    """Issue 40: a tokenizer with no end-of-text token set the earlier import aside silently, then failed."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    _, _, _, folder = imported["gpt2-tied"]
+    source = tmp_path / "no-eos"
+    shutil.copytree(folder, source)
+    for f in source.glob("*token*"):
+        f.unlink()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "the", "cat"])}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(source)
+    out = tmp_path / "models" / "tiny"
+    assert main(["import", str(folder), "--out", str(out), "--no-tokenizer"]) == 0
+    before = sorted(p.name for p in out.parent.iterdir())
+    capsys.readouterr()
+    assert main(["import", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no end-of-text (EOS) token" in err and "--no-tokenizer" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in out.parent.iterdir()) == before      # nothing set aside, nothing written
+    assert main(["import", str(source), "--out", str(out), "--no-tokenizer"]) == 0   # the way it points to
+
+
+def test_import_help_lists_every_family_of_the_catalogue(capsys):
+    from circuitlab.pretrained.catalog import _all_families, supported_names
+
+    with pytest.raises(SystemExit):
+        main(["import", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    names = supported_names()
+    assert len(names) == 11 and all(name in text for name in names), text
+    for family in _all_families():   # each family is named by at least one of its covers
+        assert all(name in text for name in (family.covers or (family.name,))), family.name

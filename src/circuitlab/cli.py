@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 import warnings
 
@@ -68,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     # A warning is one line too, without the source line Python shows by default.
     default_format = warnings.formatwarning
     warnings.formatwarning = lambda message, category, *_: f"circuitlab {args.command}: warning: {message}\n"
+    from circuitlab.training.interrupts import restart_message, stop_signals_as_ctrl_c, stopped_by
+
     try:
-        return int(args._run(args) or 0)
+        with stop_signals_as_ctrl_c():   # the termination signal saves and says what Ctrl-C does
+            return int(args._run(args) or 0)
     except CircuitlabError as e:
         print(f"circuitlab {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -85,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"circuitlab {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:
-        print(f"circuitlab {args.command}: interrupted{f': {e}' if str(e) else ''}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # every stop says how to go on: a stage's own message, or start over
+        signum = stopped_by()
+        how = "terminated" if signum == signal.SIGTERM else "interrupted"
+        print(f"circuitlab {args.command}: {how}: {str(e) or restart_message()}", file=sys.stderr)
+        return 128 + int(signum)
     finally:
         warnings.formatwarning = default_format
         set_command_line(None)  # a later Python call in this process is not this command

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 HELP = "train a 2-layer (and a 1-layer) attention-only model and find its induction heads (~1.5 min on 2 CPU cores; prints the time scaled to 150 GFLOP/s)"
-EXAMPLE = "circuitlab demo --out runs/demo"
+EXAMPLE = "circuitlab demo --out runs/demo   (continue an interrupted one: add --resume)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -14,6 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="output directory (an existing one is kept, renamed)")
     p.add_argument("--steps", type=positive_int, default=None, help="training steps of the 2-layer model (default: configs/demo.yaml)")
     p.add_argument("--steps-1l", type=positive_int, default=300, help="training steps of the 1-layer model")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted demo in --out: finished models are reused, the rest resumes")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -23,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     result = run_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
-                                   progress=not args.no_progress))
+                                   progress=not args.no_progress, resume=args.resume))
     print()
     print((out / "report.md").read_text())
     wall = result.wall_seconds

@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from circuitlab.pretrained.catalog import SUPPORTED
+
 NAME = "import"
-HELP = "import a Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint"
+HELP = f"import a Hugging Face checkpoint of any family the catalogue reads: {SUPPORTED}"
 EXAMPLE = "circuitlab import gpt2 --out models/gpt2"
 
 _DTYPES = ("float32", "bfloat16", "float16")  # storage dtypes of the written model.safetensors
@@ -31,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from circuitlab.atomic import set_aside
+    from circuitlab.errors import InputError
     from circuitlab.pretrained import load_pretrained
     from circuitlab.training.checkpoint import is_checkpoint, save_checkpoint
     from circuitlab.training.outputs import check_writable
@@ -41,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
                                        revision=args.revision)
     cfg = model.cfg
     source = {"name_or_path": str(args.source), "revision": args.revision, "dtype": args.dtype}
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", 0) is None:  # checked before anything moves
+        raise InputError(f"the tokenizer of {args.source} has no end-of-text (EOS) token, which circuitlab needs to "
+                         "separate documents; import the weights alone with --no-tokenizer (generate and interpret "
+                         "need a tokenizer), or give the checkpoint's tokenizer an eos_token")
     kept = set_aside(Path(args.out), is_checkpoint, "model")
-    out = save_checkpoint(args.out, model, tokenizer, extra={"source": source})
     if kept:
         print(f"kept the previous model as {kept}")
+    out = save_checkpoint(args.out, model, tokenizer, extra={"source": source})
     print(f"imported {args.source}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads"
           f"{f' ({cfg.kv_heads} kv)' if cfg.kv_heads != cfg.n_heads else ''}, "
           f"{model.num_params():,} parameters, {args.dtype}")

@@ -129,7 +129,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     print(f"  dead {metrics.dead_frac:.1%} (fired on none of the {metrics.n_rows:,} tokens: a rate below "
           f"1/{metrics.n_rows:,} reads as dead)  dense (>10%) {metrics.dense_frac:.1%}")
     print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
-          f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
+          f"CE recovered {s.ce_recovered:.4f}{s.recovered_note()}  KL {s.kl:.4g}")
     if args.json:
         atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
     return 0
@@ -163,7 +163,7 @@ def _eval_clt(args: argparse.Namespace) -> int:
     print(f"  all layers: explained variance {metrics.explained_variance:.4f}  dead {metrics.dead_frac:.1%}  "
           f"dense (>10%) {metrics.dense_frac:.1%}")
     print(f"  every MLP replaced: CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
-          f"CE recovered {s.ce_recovered:.4f}  KL {s.kl:.4g}")
+          f"CE recovered {s.ce_recovered:.4f}{s.recovered_note()}  KL {s.kl:.4g}")
     if args.json:
         atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
     return 0
@@ -212,13 +212,15 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
     p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the 1-layer model (default 600)")
     p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 500)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted demo in --out: a finished model is reused, the rest resumes")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from circuitlab.experiments.features_demo import FeaturesDemoOptions, run_features_demo
 
-    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress)
+    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress, resume=args.resume)
     if args.model_steps is not None:
         opts.model_steps = args.model_steps
     if args.dictionary_steps is not None:

@@ -90,5 +90,25 @@ def run(args: argparse.Namespace) -> int:
     if not loopback:
         print(f"warning: bound to {args.host}: anyone who can reach this machine can use the explorer",
               file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", server_header=False)
-    return 0
+    class Server(uvicorn.Server):
+        """uvicorn's server, remembering the signal that stopped it (it shuts down, then passes the signal on)."""
+
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            self.stopped_by = sig
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", server_header=False))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if server.stopped_by is None:
+        return 0
+    from circuitlab.errors import command_line
+    from circuitlab.training.interrupts import note_stop
+
+    note_stop(server.stopped_by)   # the exit status and the word (interrupted / terminated) follow the signal
+    again = command_line()
+    raise KeyboardInterrupt(f"the explorer stopped{f'; start it again with: {again}' if again else ''}")

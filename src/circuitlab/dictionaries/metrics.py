@@ -109,6 +109,35 @@ class SplicedLoss:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def recovered_note(self) -> str:
+        """What a printed "CE recovered" needs beside it when the numbers cannot carry it: "" or " (not measurable:
+        zeroing moves the loss by only +0.018 nats)"."""
+        from circuitlab.analysis.patching.metrics import gap_within_noise
+
+        if gap_within_noise(self.ce_clean, self.ce_zero) or self.ce_zero < self.ce_clean:
+            return f" (not measurable: zeroing moves the loss by only {self.ce_zero - self.ce_clean:+.3f} nats)"
+        return ""
+
+    def kept(self, what: str, owner: str, by: str) -> str:
+        """loss_kept in words for these numbers (what="the MLPs", owner="the MLPs'", by="the transcoders")."""
+        return loss_kept(self.ce_clean, self.ce_spliced, self.ce_zero, self.ce_recovered, what, owner, by)
+
+
+def loss_kept(clean: float, spliced: float, zero: float, recovered: float, what: str, owner: str, by: str) -> str:
+    """The share of `what`'s contribution to the loss a dictionary (`by`) keeps when spliced in, in words, when the
+    numbers can say it: zeroing `what` must raise the loss by at least GAP_FLOOR nats for the share to mean anything
+    (a short run's 6.286 -> 6.270 with 6.292 zeroed is not "363.6% kept"); outside [0, 1] it says all or none."""
+    from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
+
+    if gap_within_noise(clean, zero) or zero < clean or math.isnan(recovered):
+        return (f"zeroing {what} moves the loss by {zero - clean:+.3f} nats (a rise of at least {GAP_FLOOR:g} would "
+                f"show {owner} contribution), so nothing can be concluded about the share of it kept with {by}")
+    if spliced <= clean:
+        return f"the loss with {by} is no higher than the model's own: all of {owner} contribution kept"
+    if spliced >= zero:
+        return f"the loss with {by} is no lower than with {what} zeroed: none of {owner} contribution kept"
+    return f"{recovered:.1%} of {owner} contribution kept"
+
 
 @torch.no_grad()
 def spliced_loss(model: nn.Module, sae, tokens: torch.Tensor) -> SplicedLoss:

@@ -22,7 +22,7 @@ from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
 from circuitlab.experiments.demo_budget import work_gflops
 from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
-from circuitlab.training import RunConfig, read_metrics, train
+from circuitlab.training import RunConfig, read_metrics
 from circuitlab.training.outputs import check_writable
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
@@ -34,6 +34,10 @@ class DemoOptions:
     steps_2l: int | None = None   # default: from configs/demo.yaml
     steps_1l: int = 300
     progress: bool = True
+    resume: bool = False   # continue an earlier (interrupted or finished) demo in out
+
+
+RESUME = "run_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 
 
 @dataclass
@@ -89,29 +93,47 @@ class DemoResult:
 
 
 def run_demo(opts: DemoOptions) -> DemoResult:
-    out = Path(opts.out)
-    check_writable(out, "the demo")
-    kept = set_aside(out, _is_demo_output, "demo")  # an earlier demo is kept renamed; other files are refused
-    if kept is not None:
-        print(f"moved the previous demo to {kept}")
-    out.mkdir(parents=True, exist_ok=True)
+    """Train both models into opts.out and analyse them. With opts.resume, continue an earlier demo there: each
+    model's run must be of the asked steps (checked before any training), a finished one is reused, an
+    interrupted one resumes; the analysis and the report are made again."""
     from circuitlab.analysis.heads.induction import training_probes
+    from circuitlab.experiments.demo_budget import check_model_plan, resume_out, train_or_reuse
+    from circuitlab.training.interrupts import continue_on_interrupt
 
     base = RunConfig.load(resolve_config("demo"))
+    plan = [("2l", 2, opts.steps_2l or base.train.steps, "--steps"), ("1l", 1, opts.steps_1l, "--steps-1l")]
+    out = Path(opts.out)
+    check_writable(out, "the demo")
+    if opts.resume:
+        resume_out(out, _is_demo_output, "demo")
+        for name, _, steps, flag in plan:
+            check_model_plan(out / name, steps, flag, out)
+        if (out / "results.json").is_file():
+            print(f"the demo in {out} is finished: reusing its models, making the analysis and the report again")
+    else:
+        kept = set_aside(out, _is_demo_output, "demo")  # an earlier demo is kept renamed; other files are refused
+        if kept is not None:
+            print(f"moved the previous demo to {kept}")
+        out.mkdir(parents=True, exist_ok=True)
     gflops_before = work_gflops()
     t0 = time.time()
     runs = {}
-    for name, layers, steps in (("2l", 2, opts.steps_2l or base.train.steps), ("1l", 1, opts.steps_1l)):
+    for name, layers, steps, _ in plan:
         description = base.description if layers == 2 else "1-layer attention-only model, the demo's contrast"
         cfg = RunConfig.from_dict({**base.to_dict(), "name": f"demo-{name}", "description": description,
                                    "model": {**base.model, "preset": f"attn-only-{layers}l"}})
         cfg.train.steps = steps
         cfg.train.ckpt_every = steps
-        print(f"training the {layers}-layer attention-only model for {steps} steps")
-        runs[name] = train(cfg, out / name, progress=opts.progress, track=training_probes())
+        kept_models = ", ".join(str(out / n) for n, *_ in plan if (out / n / "checkpoint").is_dir()) or None
+        with continue_on_interrupt(f"preparing the {layers}-layer model's training",
+                                   f"the models' checkpoints in {kept_models} are" if kept_models else None, RESUME):
+            runs[name] = train_or_reuse(cfg, out / name, opts.resume, opts.progress,
+                                        f"the {layers}-layer attention-only model", track=training_probes())
     train_seconds = time.time() - t0
-    result = analyse(runs, out)
-    write_outputs(result, runs, out)
+    with continue_on_interrupt("analysing the models", f"the trained models in {out} are", RESUME):
+        result = analyse(runs, out)
+        print("writing the figures and the report")
+        write_outputs(result, runs, out)
     total = time.time() - t0
     gflops = (gflops_before + work_gflops()) / 2  # the machine's speed around the run, load included
     result.wall_seconds = {"training": round(train_seconds, 1), "total": round(total, 1), "gflops": round(gflops, 1),
@@ -154,7 +176,9 @@ def analyse(runs: dict, out: Path) -> DemoResult:
     curves = {name: read_metrics(r.out_dir) for name, r in runs.items()}
     for name, r in runs.items():
         model = r.model
+        print(f"analysing the {model.cfg.n_layers}-layer model: every head's behaviour and weights")
         classes = classify_heads(model)
+        print(f"analysing the {model.cfg.n_layers}-layer model: induction at every period")
         sweep = induction_by_period(model, batch=32, seed=99, exclude=[r.tokenizer.eos_id])
         repeat_loss = float(sweep.loss_second.mean())  # loss on the second copy of [r, r], all periods
         heads = []
@@ -176,6 +200,7 @@ def analyse(runs: dict, out: Path) -> DemoResult:
             previous_token_heads=[head_name(l, h) for l, h in classes.heads_with("previous-token")],
             phase_change=phase_change(curves[name]), train_seconds=round(r.seconds, 1),
             induction_by_period=sweep.to_dict(), classes=classes)
+    print("drawing the training curves and induction by period")
     figures = {"training_curves": "training_curves.png", "induction_by_period": "induction_by_period.png"}
     training_curves_figure(curves, {name: m.phase_change for name, m in result.models.items()}).save_png(
         out / figures["training_curves"])
@@ -199,6 +224,7 @@ def analyse(runs: dict, out: Path) -> DemoResult:
         experiments += [("patching", CAUSAL["patching"]),
                         ("ablation", partial(CAUSAL["ablation"], group=found.induction_heads or None))]
         for experiment, run in experiments:
+            print(f"running {experiment} on the 2-layer model")
             found_exp = run(two.model, two.tokenizer, out, None)
             result.analysis[experiment] = found_exp
             for fig in found_exp.figures:

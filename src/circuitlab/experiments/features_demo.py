@@ -21,7 +21,10 @@ from typing import Any
 import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
-from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
+from circuitlab.dictionaries.metrics import loss_kept
+from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, check_model_plan,
+                                                fresh_out, resume_out, train_or_reuse)
+from circuitlab.training.interrupts import continue_on_interrupt
 
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
@@ -44,6 +47,10 @@ class FeaturesDemoOptions:
     n_stories: int = 6000         # the built-in stories the model trains on (the induction demo's corpus)
     seed: int = 0
     progress: bool = True
+    resume: bool = False          # continue an earlier (interrupted or finished) features demo in out
+
+
+RESUME = "run_features_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 
 
 @dataclass
@@ -91,9 +98,11 @@ class FeaturesDemoResult:
             f"with {m['l0']:.1f} features active per token.",
         ]
         if "ce_loss_recovered" in m:
-            lines.append(f"Spliced in place of the MLP activations (without the error term) it raises the loss from "
-                         f"{m['ce_loss_clean']:.3f} to {m['ce_loss_spliced']:.3f} nats, against {m['ce_loss_zero']:.3f} when "
-                         f"the MLP is zeroed: {m['ce_loss_recovered']:.1%} of the MLP's contribution to the loss is kept.")
+            kept = loss_kept(m["ce_loss_clean"], m["ce_loss_spliced"], m["ce_loss_zero"], m["ce_loss_recovered"],
+                             "the MLP", "the MLP's", "the dictionary")
+            lines.append(f"Spliced in place of the MLP activations (without the error term) it takes the loss from "
+                         f"{m['ce_loss_clean']:.3f} to {m['ce_loss_spliced']:.3f} nats, against "
+                         f"{m['ce_loss_zero']:.3f} when the MLP is zeroed: {kept}.")
         lines.append(f"On {s['tokens']:,} held-out tokens, {s['dead_fraction']:.1%} of the features never fire.")
         verdict = ("more" if s["features_specific"] > s["neurons_specific"] else
                    "less" if s["features_specific"] < s["neurons_specific"] else "as")
@@ -121,31 +130,61 @@ class FeaturesDemoResult:
 def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
     from circuitlab.dictionaries.features import feature_dashboards, text_batches
 
-    out = fresh_out(opts.out, _is_features_demo_output, "features demo")
+    out = _prepare(opts)
     clock = StageClock()
-    run = _train_model(opts, out / "model")
+    saved = f"the model's checkpoint in {out / 'model'} is" if (out / "model" / "checkpoint").is_dir() else None
+    with continue_on_interrupt("preparing the model's training", saved, RESUME):
+        run = _train_model(opts, out / "model")
     clock.lap("model")
     model, tokenizer = run.model.eval(), run.tokenizer
-    sae, found, folder, trained_on, data = _train_dictionary(model, tokenizer, opts, out / "dictionary")
+    with continue_on_interrupt("training the dictionary", f"the model in {out / 'model'} is", RESUME):
+        sae, found, folder, trained_on, data = _train_dictionary(model, tokenizer, opts, out / "dictionary")
     clock.lap("dictionary")
-    metrics = _metrics(model, sae, found, data)
-    held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=64, batch_size=32)
-    dash = feature_dashboards(model, sae, held_out, k=10, tokenizer=tokenizer, progress=opts.progress)
-    dash.save(folder / "dashboards")  # where `circuitlab serve --dictionary` looks for them
-    features = [_finding(dash, f) for f in range(sae.cfg.d_sae)]
-    neurons = _neuron_findings(model, held_out, tokenizer, k=10)
-    alive = [f for f in features if f.density > 0]
-    specificity = {"tokens": dash.n_tokens, "contexts": 10, "dead_fraction": dash.summary()["dead_fraction"],
-                   "features_specific": _share(f.top_share >= SPECIFIC for f in alive),
-                   "neurons_specific": _share(n.top_share >= SPECIFIC for n in neurons if n.contexts)}
-    shown = pick_readable(alive, opts.shown)
-    result = FeaturesDemoResult(
-        out, {"d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
-              "val_loss": round(run.best_val_loss, 4), "params": model.num_params()},
-        {"architecture": sae.cfg.architecture, "d_sae": sae.cfg.d_sae, "k": opts.k, "hook_name": HOOK,
-         "tokens_trained": trained_on, "folder": str(folder)}, metrics, specificity, shown, *clock.finish())
-    write_features_report(result, dash)
+    with continue_on_interrupt("making the dashboards and the report", f"the model and the dictionary in {out} are",
+                               RESUME):
+        metrics = _metrics(model, sae, found, data)
+        held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=64, batch_size=32)
+        dash = feature_dashboards(model, sae, held_out, k=10, tokenizer=tokenizer, progress=opts.progress)
+        dash.save(folder / "dashboards")  # where `circuitlab serve --dictionary` looks for them
+        features = [_finding(dash, f) for f in range(sae.cfg.d_sae)]
+        neurons = _neuron_findings(model, held_out, tokenizer, k=10)
+        alive = [f for f in features if f.density > 0]
+        specificity = {"tokens": dash.n_tokens, "contexts": 10, "dead_fraction": dash.summary()["dead_fraction"],
+                       "features_specific": _share(f.top_share >= SPECIFIC for f in alive),
+                       "neurons_specific": _share(n.top_share >= SPECIFIC for n in neurons if n.contexts)}
+        shown = pick_readable(alive, opts.shown)
+        result = FeaturesDemoResult(
+            out, {"d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
+                  "val_loss": round(run.best_val_loss, 4), "params": model.num_params()},
+            {"architecture": sae.cfg.architecture, "d_sae": sae.cfg.d_sae, "k": opts.k, "hook_name": HOOK,
+             "tokens_trained": trained_on, "folder": str(folder)}, metrics, specificity, shown, *clock.finish())
+        write_features_report(result, dash)
     return result
+
+
+def _prepare(opts: FeaturesDemoOptions) -> Path:
+    """The out folder: a fresh one (an earlier features demo kept renamed) or, with resume, the earlier demo,
+    its plan checked before any training: the model's run of --model-steps, the dictionary's of at most
+    --dictionary-steps (the trainer refuses other settings when it loads it)."""
+    import json
+
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+    from circuitlab.errors import InputError
+
+    if not opts.resume:
+        return fresh_out(opts.out, _is_features_demo_output, "features demo")
+    out = resume_out(opts.out, _is_features_demo_output, "features demo")
+    check_model_plan(out / "model", opts.model_steps, "--model-steps", out)
+    state = out / "dictionary" / CHECKPOINT / STATE
+    if state.is_file():
+        step = int(json.loads(state.read_text()).get("step", 0))
+        if step > opts.dictionary_steps:
+            raise InputError(f"cannot resume {out}: its dictionary trained {step} steps, more than --dictionary-steps "
+                             f"{opts.dictionary_steps}; resume with --dictionary-steps {step}, or drop --resume")
+    if (out / "results.json").is_file():
+        print(f"the features demo in {out} is finished: reusing its model and dictionary, making the dashboards "
+              "and the report again")
+    return out
 
 
 def _is_features_demo_output(folder: Path) -> bool:
@@ -154,7 +193,7 @@ def _is_features_demo_output(folder: Path) -> bool:
 
 
 def _train_model(opts: FeaturesDemoOptions, out: Path):
-    from circuitlab.training import RunConfig, train
+    from circuitlab.training import RunConfig
 
     steps = opts.model_steps
     cfg = RunConfig.from_dict({
@@ -164,8 +203,7 @@ def _train_model(opts: FeaturesDemoOptions, out: Path):
         "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": 64, "lr": 3e-3,
                   "warmup_steps": min(50, steps), "eval_every": max(1, steps // 3), "eval_batches": 4, "ckpt_every": steps, "track_every": steps,
                   "log_every": max(1, steps // 50), "seed": opts.seed}})
-    print(f"training a 1-layer model with a {opts.d_mlp}-neuron MLP for {steps} steps")
-    return train(cfg, out, progress=opts.progress)
+    return train_or_reuse(cfg, out, opts.resume, opts.progress, f"a 1-layer model with a {opts.d_mlp}-neuron MLP")
 
 
 def _train_dictionary(model, tokenizer, opts: FeaturesDemoOptions, out: Path):

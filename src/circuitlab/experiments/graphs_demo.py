@@ -33,13 +33,17 @@ import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
-from circuitlab.experiments.demo_budget import StageClock, budget_dict, budget_sentence, fresh_out
+from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, fresh_out,
+                                                train_or_reuse)
+from circuitlab.training.interrupts import continue_on_interrupt
 
 KINDS = ("per-layer", "clt")
+RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 N_ABLATED = 10         # features steered by each graph's intervention (those the graph says raise the logit most)
 STEER = -1.0           # ...to this multiple of their activation: each one's contribution reversed
 CONFIRMS = 0.5         # the intervention confirms the story when it removes at least this share of p(target)...
 CONTROL_AT_MOST = 0.5  # ...and the control removes at most this share of what the intervention removed
+PREDICTED = 0.05       # below this p(target) the model does not predict the target: no story about it can be tested
 NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
                  "every day. One day, {name}")
 PHRASES = (("once-upon-a-time", "Once upon a time"),
@@ -128,58 +132,109 @@ class GraphFinding:
     files: str = ""
     heads: dict[str, Any] | None = None      # name: the head carrying the name from its earlier mention, and why
 
+    @property
+    def predicted(self) -> bool:
+        """Whether the model predicts the target enough for a story about the prediction to be tested."""
+        return self.p_target >= PREDICTED
+
+    @property
+    def confirmed(self) -> bool | None:
+        """Whether the intervention confirms the story; None when it cannot (the target is not predicted)."""
+        return self.ablation.confirms if self.predicted else None
+
     def sentences(self) -> list[str]:
+        """The finding in words; each verdict follows from the numbers it states, or says that nothing can be
+        concluded from them (tests/test_graphs_demo.py turns every number against its verdict)."""
         s, a = self.scores, self.ablation
         out = [f"Prompt {self.prompt!r} → {self.target!r}: the model gives {self.target!r} probability "
                f"{self.p_target:.2f}" + (" (its top prediction)." if self.rank == 1 else
                                           f" (rank {self.rank}; its top prediction is {self.top_prediction!r}).")]
         if self.p_without_context is not None:
-            depends = self.p_without_context < 0.5 * self.p_target
-            out.append(f"Without the earlier mentions (the last sentence alone) it gives {self.p_without_context:.2f}: "
-                       + ("the prediction comes from the context, not from the name's first piece alone."
-                          if depends else "the name's first piece predicts it about as well alone, so this "
-                                          "prompt does not test copying from earlier."))
-        errors = 1 - s["replacement"]
+            out.append(self._context_sentence())
         out.append(f"The graph has {self.n_active_features} active features; pruned, {self.pruned['features']} "
                    f"feature nodes and {self.pruned['edges']} edges remain. Replacement score "
                    f"{s['replacement']:.2f}, completeness {s['completeness']:.2f}: "
-                   + ("the transcoders' features explain most of the influence" if errors < 0.5 else
-                      "the error nodes (what the transcoders miss) carry most of the influence, so the features "
-                      "tell only part of the story") + ".")
-        focus, last = self.token_share["focus"], self.token_share["last"]
-        lead = (f"{self.focus[0].upper()}{self.focus[1:]} (positions {_positions(self.focus_positions)}) hold "
-                f"{focus:.0%} of the token nodes' influence on {self.target!r}, the last token {last:.0%}")
-        if self.mechanism == "name":
-            lead += (": the graph traces the prediction back to the earlier mention." if focus >= last else
-                     ": the graph traces the prediction mostly to the last token, not to the earlier mention.")
-        else:
-            lead += (": the graph traces the prediction to the phrase itself." if focus + last >= 0.5 else
-                     ": most of the influence comes from outside the phrase.")
-        out.append(lead)
+                   f"{_replacement_verdict(s['replacement'])}.")
+        out.append(self._trace_sentence())
         li = self.logit_inputs
         out.append(f"The logit's direct inputs: {li['feature']:.0%} from features, {li['error']:.0%} from error "
                    f"nodes, {li['token']:.0%} straight from token embeddings (through attention).")
         if self.top_path:
             out.append(f"Strongest path: {self.top_path}.")
-        verdict = ("This confirms that these features carry the prediction." if a.confirms else
-                   "This does not confirm the story: " + (
-                       f"the prediction survives the intervention; {_carrier(li)}." if a.drop < CONFIRMS else
-                       "as many other active features at the same places matter about as much, so the graph did not "
-                       "single these out."))
         zeroed = "" if a.p_zeroed is None else f"; zeroing them instead gives {a.p_zeroed:.2f}"
+        # 'still' only when the intervention left the model's top prediction where it was
+        still = "still" if a.top_after == self.top_prediction else "now"
         out.append(f"Intervention: steering the {len(a.features)} features the graph says raise {self.target!r} "
                    f"most ({', '.join(a.features)}) to {a.scale:g}x their activation moves p({self.target!r}) "
                    f"from {a.p_before:.2f} to {a.p_replacement:.2f} in the replacement model and to "
-                   f"{a.p_model:.2f} in the real model (attention free; "
-                   f"{'still' if a.top_after == self.target else 'now'} predicting {a.top_after!r}){zeroed}; "
+                   f"{a.p_model:.2f} in the real model (attention free; {still} predicting {a.top_after!r}){zeroed}; "
                    f"steering {len(a.control)} other active features at the same layers and positions the same "
-                   f"way gives {a.p_control:.2f}. {verdict}")
+                   f"way gives {a.p_control:.2f}. {self._intervention_verdict()}")
         return out
+
+    def _not_predicted(self) -> str:
+        return (f"the model gives {self.target!r} only {self.p_target:.2f} (less than {PREDICTED:g}), so there is "
+                "no prediction to explain")
+
+    def _context_sentence(self) -> str:
+        """p(target) from the last sentence alone against p with the earlier mentions."""
+        p, alone = self.p_target, self.p_without_context
+        head = f"Without the earlier mentions (the last sentence alone) it gives {alone:.2f}: "
+        if not self.predicted:
+            return head + f"nothing can be concluded about copying: {self._not_predicted()}."
+        if alone < 0.5 * p:
+            return head + (f"the context raises p({self.target!r}) from {alone:.2f} to {p:.2f}, so the prediction "
+                           "comes from the context, not from the name's first piece alone.")
+        if alone >= p:
+            return head + ("the name's first piece predicts it at least as well alone, so this prompt does not "
+                           "test copying from earlier.")
+        return head + ("the context raises it less than twofold, so this prompt does not clearly test copying "
+                       "from earlier.")
+
+    def _trace_sentence(self) -> str:
+        """Where the token nodes' influence on the target comes from: the focus positions, the last token, the rest."""
+        focus, last, other = self.token_share["focus"], self.token_share["last"], self.token_share["other"]
+        lead = (f"{self.focus[0].upper()}{self.focus[1:]} (positions {_positions(self.focus_positions)}) hold "
+                f"{focus:.0%} of the token nodes' influence on {self.target!r}, the last token {last:.0%}")
+        if not self.predicted:
+            return lead + f"; nothing can be concluded about the prediction: {self._not_predicted()}."
+        if self.mechanism == "name":
+            most = f", though other positions hold more ({other:.0%})" if other > max(focus, last) else ""
+            if focus > last:
+                return lead + (": the graph traces more of the prediction to the earlier mention than to the last "
+                               f"token{most}.")
+            if last > focus:
+                return lead + (": the graph traces more of the prediction to the last token than to the earlier "
+                               f"mention{most}.")
+            return lead + f": the earlier mention and the last token hold equal shares{most}."
+        if focus + last > 0.5:
+            return lead + ": the graph traces the prediction to the phrase itself."
+        if focus + last < 0.5:
+            return lead + ": most of the influence comes from outside the phrase."
+        return lead + ": half of the influence comes from the phrase, half from outside it."
+
+    def _intervention_verdict(self) -> str:
+        a = self.ablation
+        if not self.predicted:
+            return f"Nothing can be concluded from it: {self._not_predicted()}."
+        if a.confirms:
+            control = (f"the control raises it" if a.control_drop < 0 else f"the control removes {a.control_drop:.0%}")
+            return (f"This confirms that these features carry the prediction: they remove {a.drop:.0%} of "
+                    f"p({self.target!r}), {control}.")
+        if a.drop <= 0:
+            return (f"This does not confirm the story: the intervention does not lower p({self.target!r}); "
+                    f"{_carrier(self.logit_inputs)}.")
+        if a.drop < CONFIRMS:
+            return (f"This does not confirm the story: the intervention removes only {a.drop:.0%} of "
+                    f"p({self.target!r}) (confirming takes {CONFIRMS:.0%}); {_carrier(self.logit_inputs)}.")
+        return (f"This does not confirm the story: steering as many other active features at the same places removes "
+                f"{a.control_drop:.0%} of p({self.target!r}), more than half of the {a.drop:.0%} these remove, so "
+                "the graph did not single these out.")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ablation"] = {**asdict(self.ablation), "drop": round(self.ablation.drop, 4),
-                         "control_drop": round(self.ablation.control_drop, 4), "confirms": self.ablation.confirms}
+                         "control_drop": round(self.ablation.control_drop, 4), "confirms": self.confirmed}
         d["sentences"] = self.sentences()
         return d
 
@@ -200,17 +255,20 @@ class GraphsDemoResult:
         """The report's findings in words, each from the numbers above."""
         md, tc = self.model, self.transcoders
         kind = ("one cross-layer transcoder" if tc["kind"] == "clt" else f"a transcoder per MLP")
-        confirmed = [g.slug for g in self.graphs if g.ablation.confirms]
+        confirmed = [g.slug for g in self.graphs if g.confirmed]
+        untested = [g.slug for g in self.graphs if not g.predicted]
         lines = [
             f"A {md['n_layers']}-layer transformer with {md['d_mlp']}-neuron MLPs trained for {md['steps']} steps "
             f"({md['tokens_seen']:,} tokens) on the built-in stories reached a validation loss of {md['val_loss']:.3f} nats.",
             f"Its MLPs were replaced by {kind} ({tc['architecture']}, {tc['d_sae']:,} features per layer, "
             f"k = {tc['k']}, with a linear skip), trained on {tc['tokens_trained']:,} activations: mean explained "
             f"variance {tc['explained_variance']:.1%}; with every MLP replaced at once the loss goes from "
-            f"{tc['ce_loss_clean']:.3f} to {tc['ce_loss_spliced']:.3f} nats (MLPs zeroed: {tc['ce_loss_zero']:.3f}), "
-            f"{tc['ce_loss_recovered']:.1%} of the MLPs' contribution kept.",
+            f"{tc['ce_loss_clean']:.3f} to {tc['ce_loss_spliced']:.3f} nats (MLPs zeroed: {tc['ce_loss_zero']:.3f}): "
+            f"{_loss_kept(tc)}.",
             f"{len(confirmed)} of the {len(self.graphs)} interventions confirm their graph's story"
-            + (f" ({', '.join(confirmed)})." if confirmed else "."),
+            + (f" ({', '.join(confirmed)})" if confirmed else "")
+            + (f"; {len(untested)} could not test one ({', '.join(untested)}: the model does not predict the "
+               f"target, p < {PREDICTED:g})." if untested else "."),
             budget_sentence(self),
         ]
         return lines
@@ -233,7 +291,26 @@ def _carrier(logit_inputs: dict[str, float]) -> str:
     return {"token": f"{share} comes straight from the token embeddings through attention, which steering "
                      "features does not remove",
             "error": f"{share} comes from the error nodes, what the transcoders miss",
-            "feature": f"{share} comes from features, so other features than these carry it"}[kind]
+            "feature": f"the largest share of the logit's direct input, {logit_inputs[kind]:.0%}, comes from "
+                       "features"}[kind]
+
+
+def _replacement_verdict(replacement: float) -> str:
+    """Who carries the influence by the replacement score (the share that does not pass through error nodes)."""
+    if replacement > 0.5:
+        return "the transcoders' features explain most of the influence"
+    if replacement < 0.5:
+        return ("the error nodes (what the transcoders miss) carry most of the influence, so the features "
+                "tell only part of the story")
+    return "the features and the error nodes carry equal shares of the influence"
+
+
+def _loss_kept(tc: dict[str, Any]) -> str:
+    """The share of the MLPs' contribution to the loss the transcoders keep, when the numbers can say it."""
+    from circuitlab.dictionaries.metrics import loss_kept
+
+    return loss_kept(tc["ce_loss_clean"], tc["ce_loss_spliced"], tc["ce_loss_zero"], tc["ce_loss_recovered"],
+                     "the MLPs", "the MLPs'", "the transcoders")
 
 
 def _positions(pos: list[int]) -> str:
@@ -246,15 +323,23 @@ def _positions(pos: list[int]) -> str:
 def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
     out = _prepare(opts)
     clock = StageClock()
-    run = train_model(opts, out / "model")
+    # a stop (Ctrl-C, the termination signal) in a stage says what is kept and the command that continues;
+    # the training loops say it themselves, with their step and checkpoint
+    model_saved = f"the model's checkpoint in {out / 'model'} is" if (out / "model" / "checkpoint").is_dir() else None
+    with continue_on_interrupt("preparing the model's training", model_saved, RESUME):
+        run = train_model(opts, out / "model")
     clock.lap("model")
     model, tokenizer = run.model.eval(), run.tokenizer
-    tc, tc_info = train_transcoders(model, tokenizer, opts, out / "transcoders")
+    with continue_on_interrupt("training the transcoders", f"the model in {out / 'model'} is", RESUME):
+        tc, tc_info = train_transcoders(model, tokenizer, opts, out / "transcoders")
     clock.lap("transcoders")
     graphs = []
-    for spec in demo_prompts(model, tokenizer, opts):
-        graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress,
-                              dashboard_tokens=opts.dashboard_tokens))
+    with continue_on_interrupt("making the graphs", f"the model and the transcoders in {out} are", RESUME):
+        specs = demo_prompts(model, tokenizer, opts)
+        for i, spec in enumerate(specs):
+            print(f"graph {i + 1} of {len(specs)}: {spec.slug}")
+            graphs.append(explain(model, tc, tokenizer, spec, out / "graphs", progress=opts.progress,
+                                  dashboard_tokens=opts.dashboard_tokens))
     clock.lap("graphs")
     result = GraphsDemoResult(
         out, {"n_layers": model.cfg.n_layers, "d_mlp": opts.d_mlp, "steps": run.steps, "tokens_seen": run.tokens_seen,
@@ -265,19 +350,92 @@ def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
 
 
 def _prepare(opts: GraphsDemoOptions) -> Path:
-    """The out folder: with resume, an earlier (maybe interrupted) graphs demo there; otherwise an empty
-    folder, an earlier graphs demo being kept renamed and other files refused."""
+    """The out folder: with resume, an earlier (maybe interrupted) graphs demo there, its whole plan checked
+    against what is on disk before any training (check_resume); otherwise an empty folder, an earlier graphs
+    demo being kept renamed and other files refused. The options that decide each stage's result are recorded
+    (OPTIONS_FILE) for a later --resume to compare."""
     out = Path(opts.out)
     if opts.resume:
         if not (out / "model").is_dir():
             raise InputError(f"--resume: {out} holds no graphs demo to continue (no model/ folder); drop --resume")
-        return out
-    return fresh_out(out, _is_graphs_demo_output, "graphs demo")
+        check_resume(opts, out)
+    else:
+        out = fresh_out(out, _is_graphs_demo_output, "graphs demo")
+    atomic_write_text(out / OPTIONS_FILE, json_text(stage_options(opts), indent=2) + "\n")
+    return out
+
+
+OPTIONS_FILE = "options.json"
+# The options that decide each training stage's result, by the folder the stage writes (the graphs are remade
+# on every run, so theirs are free to change), with the flag that sets each from the command line.
+STAGE_OPTIONS = {
+    "model": {"model_steps": "--model-steps", "segment_steps": "segment_steps", "model_batch": "model_batch",
+              "d_mlp": "d_mlp", "n_stories": "n_stories", "seed": "seed"},
+    "transcoders": {"transcoders": "--transcoders", "transcoder_steps": "--transcoder-steps", "d_sae": "d_sae",
+                    "k": "k", "transcoder_batch": "transcoder_batch"},
+}
+
+
+def stage_options(opts: GraphsDemoOptions) -> dict[str, dict[str, Any]]:
+    """{stage: {option: value}} of STAGE_OPTIONS (what options.json holds)."""
+    return {stage: {k: getattr(opts, k) for k in names} for stage, names in STAGE_OPTIONS.items()}
+
+
+def _saved_step(folder: Path, stage: str) -> int | None:
+    """The step of a stage's checkpoint in `folder` (the model's trainer state, the transcoders' state.json)."""
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+    from circuitlab.training.checkpoint import read_trainer_state
+
+    try:
+        if stage == "model":
+            if not (folder / "checkpoint").is_dir():
+                return None
+            return int((read_trainer_state(folder / "checkpoint") or {})["step"])
+        state = folder / CHECKPOINT / STATE
+        return int(json.loads(state.read_text())["step"]) if state.is_file() else None
+    except (KeyError, ValueError, OSError, TypeError) as e:
+        raise InputError(f"--resume: {folder}'s checkpoint is damaged ({e}); drop --resume to start over") from None
+
+
+def check_resume(opts: GraphsDemoOptions, out: Path) -> None:
+    """Refuse, before any training, a --resume whose stages would not continue what `out` holds: a stage that
+    holds work (a checkpoint or results) must be resumed with the options it started with (options.json),
+    a checkpoint cannot hold more steps than asked, and the model cannot train on under transcoders trained
+    on it. Says what a finished demo reuses."""
+    recorded: dict[str, dict[str, Any]] = {}
+    if (out / OPTIONS_FILE).is_file():
+        try:
+            recorded = json.loads((out / OPTIONS_FILE).read_text())
+        except ValueError as e:
+            raise InputError(f"--resume: {out / OPTIONS_FILE} is damaged ({e}); drop --resume to start over") from None
+    asked = stage_options(opts)
+    held = {stage: (out / stage).is_dir() and any((out / stage).iterdir()) for stage in STAGE_OPTIONS}
+    changed = [f"{STAGE_OPTIONS[stage][k]} ({recorded[stage][k]!r} -> {v!r})"
+               for stage, values in asked.items() if held[stage] and isinstance(recorded.get(stage), dict)
+               for k, v in values.items() if k in recorded[stage] and recorded[stage][k] != v]
+    if changed:
+        raise InputError(f"cannot resume {out} with other settings: {', '.join(changed)}; resume with the settings "
+                         "it started with, or drop --resume to start a new demo (the earlier one is kept renamed)")
+    steps = {"model": opts.model_steps, "transcoders": opts.transcoder_steps}
+    flag = {"model": "--model-steps", "transcoders": "--transcoder-steps"}
+    saved = {stage: _saved_step(out / stage, stage) for stage in STAGE_OPTIONS}
+    for stage, step in saved.items():
+        if step is not None and step > steps[stage]:
+            raise InputError(f"cannot resume {out}: its {stage} trained {step} steps, more than {flag[stage]} "
+                             f"{steps[stage]}; resume with {flag[stage]} {step}, or drop --resume to start a new demo")
+    if held["transcoders"] and saved["model"] is not None and saved["model"] < opts.model_steps:
+        raise InputError(f"cannot resume {out}: its transcoders were trained on the model at step {saved['model']}, "
+                         f"and training the model on to {opts.model_steps} would leave them behind; resume with "
+                         f"--model-steps {saved['model']}, or drop --resume to start a new demo")
+    if (out / "results.json").is_file():
+        print(f"the graphs demo in {out} is finished: reusing its model and transcoders, making the graphs and the "
+              "report again")
 
 
 def _is_graphs_demo_output(folder: Path) -> bool:
     """A graphs demo's folder, complete or cut short: its results or one of its stages' folders."""
-    return any((folder / name).exists() for name in ("results.json", "report.md", "model", "transcoders", "graphs"))
+    return any((folder / name).exists() for name in ("results.json", "report.md", "model", "transcoders", "graphs",
+                                                     OPTIONS_FILE))
 
 
 def _data_config(opts: GraphsDemoOptions) -> dict[str, Any]:
@@ -303,41 +461,8 @@ def model_run_config(opts: GraphsDemoOptions):
 
 def train_model(opts: GraphsDemoOptions, out: Path):
     """The 2-layer model; resumes its checkpoint when opts.resume (a finished run is loaded as it is)."""
-    from circuitlab.training import load_checkpoint, train
-    from circuitlab.training.checkpoint import read_trainer_state
-
-    steps, cfg = opts.model_steps, model_run_config(opts)
-    saved = (out / "checkpoint").is_dir() and opts.resume
-    if saved:
-        state = read_trainer_state(out / "checkpoint") or {}
-        if state.get("step", 0) >= steps:
-            print(f"the model in {out} already finished {steps} steps; reusing it")
-            model, tokenizer, _ = load_checkpoint(out / "checkpoint")
-            return _Finished(model, tokenizer, state)
-    print(f"training a 2-layer model with {opts.d_mlp}-neuron MLPs for {steps} steps"
-          + (" (resuming)" if saved else ""))
-    return train(cfg, out, resume=saved, progress=opts.progress)
-
-
-@dataclass
-class _Finished:
-    """A model run finished earlier (what train() would return, from its checkpoint's state)."""
-
-    model: Any
-    tokenizer: Any
-    state: dict[str, Any]
-
-    @property
-    def steps(self) -> int:
-        return int(self.state["step"])
-
-    @property
-    def tokens_seen(self) -> int:
-        return int(self.state["tokens_seen"])
-
-    @property
-    def best_val_loss(self) -> float:
-        return float(self.state["best_val_loss"])
+    return train_or_reuse(model_run_config(opts), out, opts.resume, opts.progress,
+                          f"a 2-layer model with {opts.d_mlp}-neuron MLPs")
 
 
 def train_transcoders(model, tokenizer, opts: GraphsDemoOptions, out: Path):
@@ -624,7 +749,7 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
               "p after intervention (real model) | control | confirms |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {g.slug} | {g.p_target:.3f} | {g.scores['replacement']:.3f} | {g.scores['completeness']:.3f} | "
               f"{g.token_share['focus']:.3f} | {g.ablation.p_model:.3f} | {g.ablation.p_control:.3f} | "
-              f"{'yes' if g.ablation.confirms else 'no'} |" for g in result.graphs]
+              f"{ {True: 'yes', False: 'no', None: 'untested'}[g.confirmed]} |" for g in result.graphs]
     atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
     atomic_write_text(out / "report.html", report_html(result))

@@ -122,19 +122,56 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     names, left_out = experiments_for(model, names, by_name=experiments is not None)
     for name, reason in left_out.items():
         warnings.warn(f"{name} skipped: {reason}", stacklevel=2)
+    check_options(model, tokenizer, names, opts)   # every argument, before anything on disk changes
     # A previous interpret output is kept renamed, anything else refused: never two runs' files in one folder.
     kept = set_aside(Path(out), _is_interpret_output, "interpret results")
     if kept is not None:
         print(f"moved the previous results to {kept}")
     result = InterpretResult(str(checkpoint), names, model.cfg.to_dict(), skipped=left_out)
     with atomic_dir(Path(out)) as tmp:  # the folder appears complete, or not at all
-        for name in names:
+        for i, name in enumerate(names):
+            print(f"running {name} ({i + 1} of {len(names)})")   # progress between the analyses
             result.results[name] = table[name](model, tokenizer, tmp, opts)
         results = result.to_dict()
         (tmp / "results.json").write_text(json_text(results, indent=2, default=str))
         (tmp / "report.md").write_text(interpret_markdown(results))
         write_interpret_report(tmp, results, model, tokenizer)  # report.html
     return result
+
+
+# the experiments that encode --prompt (or the default story prompt)
+PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens", "causal_tracing"}
+
+
+def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
+    """Refuse now, in one line, what the chosen experiments would refuse later: the prompt (empty), the clean and
+    corrupted pair, a saved lens that does not fit the model, and causal tracing's noise, window and subject.
+    Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
+    from circuitlab.analysis.lens.tuned import TunedLens
+    from circuitlab.analysis.patching.causal_tracing import check_window, subject_span
+    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+
+    if tokenizer is None:
+        return   # the weights-only analyses take no text options
+    if "causal_tracing" in names:   # its options first, as the experiment checks them
+        interpret_tracing.tracing_noise(opts, tokenizer)
+        check_window(model, opts.get("window"))
+    tokens = None
+    if PROMPTED.intersection(names):
+        with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
+            warnings.simplefilter("ignore")
+            tokens = interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
+    if any(n in interpret_causal.EXPERIMENTS for n in names):
+        if opts.get("clean") is None:
+            interpret_causal.induction_pair(model, tokenizer)
+        else:
+            from circuitlab.analysis.patching import check_pair
+
+            check_pair(model, tokenizer.encode(opts["clean"]), tokenizer.encode(opts["corrupt"]))
+    if any(n in interpret_inputs.EXPERIMENTS for n in names) and TunedLens.exists(opts.get("lens") or ""):
+        TunedLens.load(opts["lens"], model)
+    if "causal_tracing" in names and opts.get("subject") is not None and tokens is not None:
+        subject_span(tokens.tolist(), opts["subject"], tokenizer)
 
 
 def _is_interpret_output(folder: Path) -> bool:

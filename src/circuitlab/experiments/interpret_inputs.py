@@ -50,7 +50,8 @@ def load_or_train_lens(model, tokenizer, lens: str | Path | None, steps: int = Q
     if lens is not None and TunedLens.exists(lens):
         return TunedLens.load(lens, model), f"loaded from {lens}"
     seq = min(64, model.cfg.n_ctx)
-    trained = train_tuned_lens(model, story_batches(tokenizer, n_batches=8, batch_size=8, seq_len=seq), steps=steps)
+    trained = train_tuned_lens(model, story_batches(tokenizer, n_batches=8, batch_size=8, seq_len=seq), steps=steps,
+                               progress=True)   # seconds to a minute: shown
     return trained, (f"trained here for {steps} steps on built-in stories (train a better one with "
                      "`circuitlab lens train`)")
 

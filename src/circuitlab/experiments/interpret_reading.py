@@ -155,7 +155,8 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> Experiment
                                                  ).save_png(out_dir / "head_patterns.png").name)
     icl = in_context_learning_score(model, tokens)
     eos = getattr(tokenizer, "eos_id", None)
-    sweep = induction_by_period(model, exclude=[] if eos is None else [eos]) if model.cfg.n_ctx >= 8 else None
+    sweep = (induction_by_period(model, exclude=[] if eos is None else [eos], progress=True)
+             if model.cfg.n_ctx >= 8 else None)
     if sweep is not None:
         from circuitlab.viz.training import induction_by_period_figure
 

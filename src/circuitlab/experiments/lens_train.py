@@ -70,6 +70,9 @@ def train_lens(opts: LensTrainOptions) -> LensTrainResult:
     check_writable(out, "the tuned lens")
     state = out / STATE_FILE
     if opts.resume and not state.is_file():
+        if TunedLens.exists(out):   # a finished training is never called unfinished
+            raise CircuitlabError(f"{out} holds a finished tuned lens: nothing to resume; pass --overwrite to train "
+                                  "a new one, or choose another --out")
         raise CircuitlabError(f"nothing to resume in {out} (no {STATE_FILE})")
     if not opts.resume and not opts.overwrite:
         if state.is_file():

@@ -50,9 +50,26 @@ def start_or_resume(out: Path, resume: bool, overwrite: bool, quiet: bool = Fals
         raise CircuitlabError(f"nothing to resume in {out} (no {CHECKPOINT}/)"
                               + ("; run without --resume to start" if not held else "; give another --out"))
     if saved and not overwrite:
+        if _finished(out):
+            raise CircuitlabError(f"{out} holds a finished run: pass --overwrite to replace it, or give another "
+                                  "--out (--resume with a higher train.steps trains it on)")
         raise CircuitlabError(f"{out} holds an unfinished run (its {CHECKPOINT}/): pass --resume to continue it, "
                               "or --overwrite to start over")
     return False
+
+
+def _finished(out: Path) -> bool:
+    """Whether the run in out finished: its results.json (written once the last step is saved) is of the step
+    its checkpoint holds (a finished run trained on and stopped again is unfinished)."""
+    import json
+
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+
+    try:
+        done = json.loads((out / "results.json").read_text())["steps"]
+        return done == json.loads((out / CHECKPOINT / STATE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def stream_shards(out: Path, resume: bool, asked: int | None, world: int) -> int:
@@ -243,7 +260,8 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         m = entry["metrics"]
         per_layer = " per layer" if isinstance(sae, CrossLayerTranscoder) else ""
         print(f"{folder}: L0 {m['l0']:.1f}{per_layer}, explained variance {m['explained_variance']:.3f}, dead {m['dead_frac']:.1%}, "
-              f"CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; zero-ablated {s.ce_zero:.3f})")
+              f"CE recovered {s.ce_recovered:.3f}{s.recovered_note()} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}; "
+              f"zero-ablated {s.ce_zero:.3f})")
     summary["replacements"] = []
     for name, members in groups.items():  # a transcoder per layer, every MLP replaced at once, beside the CLTs
         s = spliced_loss(model, [result.dictionaries[i] for i in members], toks)
@@ -253,7 +271,8 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
                                         "mean_layer_explained_variance": 1 - fvu,
                                         "mean_l0": sum(m["l0"] for m in ms) / len(ms), "spliced": s.to_dict()})
         print(f"{name} ({len(members)} per-layer transcoders, every MLP replaced at once): mean explained variance "
-              f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f} (CE {s.ce_clean:.3f} -> {s.ce_spliced:.3f}), KL {s.kl:.4f}")
+              f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f}{s.recovered_note()} (CE {s.ce_clean:.3f} -> "
+              f"{s.ce_spliced:.3f}), KL {s.kl:.4f}")
     from circuitlab.atomic import atomic_write_text
 
     atomic_write_text(out / "results.json", json_text(summary, indent=2))

@@ -10,10 +10,16 @@ from circuitlab.pretrained.llama_like import Gemma2, Gemma3, Olmo2, Phi3, Qwen3
 
 
 def _all_families() -> tuple[Family, ...]:
-    return (GPT2(), GPTNeoX(), Llama(), GPTJ(), Gemma2(), Gemma3(), Qwen3(), Olmo2(), Phi3())
+    return (GPT2(), GPTNeoX(), Llama(), Qwen3(), Gemma2(), Gemma3(), Olmo2(), Phi3(), GPTJ())
 
 
-SUPPORTED = "GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 (text), OLMo-2, Phi-3 and GPT-J"
+def supported_names() -> list[str]:
+    """Every model family the importer reads, as users name them (each Family's covers), in catalogue order."""
+    return [name for family in _all_families() for name in (family.covers or (family.name,))]
+
+
+_names = supported_names()
+SUPPORTED = f"{', '.join(_names[:-1])} and {_names[-1]}"   # for messages and `circuitlab import --help`
 
 
 def family_for(hf: dict) -> Family:

@@ -150,6 +150,7 @@ def _bias(state: dict[str, torch.Tensor], name: str, size: int, like: torch.Tens
 class Family(ABC):
     name = ""
     model_types: tuple[str, ...] = ()
+    covers: tuple[str, ...] = ()   # the model families it reads, as users name them (default: its name)
     ignore = re.compile(r"$^")  # checkpoint keys that hold buffers, not weights
 
     @abstractmethod
@@ -250,6 +251,7 @@ class GPTNeoX(Family):
 
     name = "GPT-NeoX"
     model_types = ("gpt_neox",)
+    covers = ("GPT-NeoX/Pythia",)
     ignore = re.compile(r"(^|\.)attention\.(masked_)?bias$|rotary_emb\.inv_freq$")
 
     def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
@@ -327,6 +329,7 @@ class Llama(Family):
 
     name = "LLaMA"
     model_types = ("llama", "mistral", "qwen2")
+    covers = ("LLaMA", "Mistral", "Qwen2")
     ignore = re.compile(r"rotary_emb\.inv_freq$")
 
     def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:

@@ -259,6 +259,7 @@ class Gemma3(Gemma2):
 
     name = "Gemma-3"
     model_types = ("gemma3_text",)
+    covers = ("Gemma-3 (text)",)
 
     def config(self, hf: dict, n_ctx: int | None = None) -> ModelConfig:
         act = _get(hf, "hidden_activation", "gelu_pytorch_tanh")

@@ -292,6 +292,10 @@ def _check_fresh(out_dir: Path) -> None:
         return
     held = [p.name for p in sorted(out_dir.iterdir())]
     if any(is_checkpoint(p) for p in (out_dir / "checkpoint", old_copy(out_dir / "checkpoint"))):
+        done = _finished_steps(out_dir)
+        if done is not None:   # a finished run is never called unfinished
+            raise CircuitlabError(f"{out_dir} already holds a checkpoint of a finished run ({done} steps); choose "
+                                  "another --out, or raise train.steps and pass --resume to train it on")
         raise CircuitlabError(f"{out_dir} already holds a checkpoint; pass --resume to continue it, "
                               "or choose another --out")
     if any(is_checkpoint(out_dir / name) for name in held):
@@ -303,6 +307,22 @@ def _check_fresh(out_dir: Path) -> None:
     if others:
         raise CircuitlabError(f"{out_dir} already holds other files ({', '.join(others[:4])}); "
                               "choose a new or empty --out")
+
+
+def _finished_steps(out_dir: Path) -> int | None:
+    """The steps of the run in out_dir when its checkpoint reached the run's own train.steps, else None."""
+    from circuitlab.training.checkpoint import read_checkpoint_meta, read_trainer_state
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():   # a checkpoint.old is warned about where it is used, not here
+            warnings.simplefilter("ignore")
+            step = int((read_trainer_state(out_dir) or {})["step"])
+            planned = int(read_checkpoint_meta(out_dir)["run"]["train"]["steps"])
+    except (CircuitlabError, KeyError, TypeError, ValueError):
+        return None
+    return step if step >= planned else None
 
 
 def _yaml(data: dict) -> str:

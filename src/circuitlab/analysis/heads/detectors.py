@@ -234,12 +234,15 @@ class PeriodSweep:
 
 @torch.no_grad()
 def induction_by_period(model, periods: Sequence[int] | None = None, batch: int = 16, seed: int = 0,
-                        exclude: Sequence[int] = ()) -> PeriodSweep:
+                        exclude: Sequence[int] = (), progress: bool = False) -> PeriodSweep:
     """Run [r, r] (tokens [batch, 2 * period]) at each period; r is drawn uniformly from the token ids
     other than `exclude` (pass the tokenizer's special tokens), with a generator seeded by `seed`.
 
     periods default: default_periods(model.cfg.n_ctx), i.e. every period from 4 to half the context.
+    progress: a bar over the periods (seconds at a 256-token context, more at real size).
     """
+    from tqdm.auto import tqdm
+
     cfg = model.cfg
     periods = default_periods(cfg.n_ctx) if periods is None else [int(p) for p in periods]
     bad = [p for p in periods if not 2 <= p <= cfg.n_ctx // 2]
@@ -251,7 +254,7 @@ def induction_by_period(model, periods: Sequence[int] | None = None, batch: int 
     device = model_device(model)
     gen = torch.Generator().manual_seed(seed)
     scores, first, second = [], [], []
-    for p in periods:
+    for p in tqdm(periods, desc="induction by period", unit="period", disable=not progress, leave=False):
         tokens = repeated_random_tokens(batch, p, cfg.d_vocab, gen, exclude=exclude).to(device)
         logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
         losses = lm_loss(logits[:, :-1].float(), tokens[:, 1:], per_token=True)  # [batch, 2p - 1]; i predicts i + 1
