@@ -212,7 +212,12 @@ class _PeakMemory:
 
 
 class _Columns:
-    """Turns gradients at the sources' places into adjacency columns (all sources, in node order)."""
+    """Turns gradients at the sources' places into adjacency columns (all sources, in node order).
+
+    A source layer's features are laid out per position, padded to the most any position has ([T, m]), so
+    that one batched product per (source layer, layer written) gives every row's edges from all of them:
+    [pos, rows, d_model] @ [pos, d_model, m] (a product per position and layer was hundreds of small,
+    strided matrix products per backward pass)."""
 
     @torch.no_grad()
     def __init__(self, rm: ReplacementModel, features: torch.Tensor, values: torch.Tensor, dtype: torch.dtype,
@@ -220,20 +225,24 @@ class _Columns:
         tc, T = rm.tc, rm.n_pos
         self.n_feat, self.T, self.L = len(features), T, tc.n_layers
         self.n_cols = self.n_feat + (self.L + 1) * T
-        # Per target layer k: (pos, first column, act * decoder vectors into k [n, d_model]). Features are
-        # sorted by (layer, pos, feature), so one source layer's features at one position are adjacent columns.
-        self.writes: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+        # Per target layer k: (pos [n], columns [n], slot [n] in the padded [T, m] layout, act * decoder vectors
+        # into k [T, m, d_model]). Features are sorted by (layer, pos, feature): one layer's are adjacent columns.
+        self.writes: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         for layer in tc.layers:
             mine = (features[:, 0] == layer).nonzero().flatten()
             if not len(mine):
                 continue
+            pos = features[mine, 1]
+            counts = torch.bincount(pos, minlength=T)
+            m = int(counts.max())
+            first = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
+            slot = pos * m + (torch.arange(len(mine)) - first[pos])              # [n] place in [T * m]
             dec = tc.decoder_vectors(layer, features[mine, 2]).to(dtype)          # [n, w, d]
             dec = dec * values[mine].to(dtype)[:, None, None]
-            pos, counts = features[mine, 1].unique_consecutive(return_counts=True)
-            starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
             for i, k in enumerate(tc.writes(layer)):
-                for p, a, n in zip(pos.tolist(), starts.tolist(), counts.tolist()):
-                    self.writes.setdefault(k, []).append((p, int(mine[a]), dec[a:a + n, i].contiguous()))
+                padded = dec.new_zeros(T * m, dec.shape[-1])
+                padded[slot] = dec[:, i]
+                self.writes.setdefault(k, []).append((mine, slot, padded.view(T, m, -1)))
         errs = torch.stack([rm.errors[k] for k in range(self.L)]).to(dtype).clone()   # [L, T, d]
         if rm.bos:
             errs[:, 0] = 0  # position 0's MLP output is a constant, not a node
@@ -246,10 +255,12 @@ class _Columns:
         R, P = grad_embed.shape[:2]  # a pass over the first P positions: later sources get no gradient
         rows = grad_embed.new_zeros(R, self.n_cols)
         for k, g in grads_out.items():
-            for p, a, vecs in self.writes.get(k, ()):
-                if p < P:
-                    block = rows[:, a:a + len(vecs)]
-                    block.addmm_(g[:, p], vecs.T)
+            gt = g.transpose(0, 1)                                                   # [P, R, d]
+            for cols, slot, dec in self.writes.get(k, ()):
+                m = dec.shape[1]
+                edges = torch.bmm(gt, dec[:P].transpose(1, 2)).transpose(0, 1)       # [R, P, m]
+                seen = slot < P * m                                                  # sources at positions < P
+                rows[:, cols[seen]] += edges.reshape(R, P * m)[:, slot[seen]]
             start = self.n_feat + k * self.T
             rows[:, start:start + P] = (g * self.errors[k][:P]).sum(-1)
         start = self.n_feat + self.L * self.T
