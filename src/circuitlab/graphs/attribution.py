@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab import memory
 from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, check_token_nodes, normalized
@@ -40,11 +41,20 @@ from circuitlab.model import model_dtype
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
 
-# Memory bounds (floats; float32 = 4 bytes each). The graph's dense matrices grow with the square of its node
-# count, so a long prompt or wide transcoders are refused before any backward pass, saying how many feature
-# nodes fit; the rows of one backward pass grow with the batch, so batch_size is cut to what fits.
-GRAPH_BUDGET = 2 ** 29   # 2 GiB: the adjacency, pruning's float64 copy, the decoder columns, capped rows
-BATCH_BUDGET = 2 ** 26   # 256 MiB: one backward pass's batched gradients and rows
+# Memory bounds: shares of the memory budget (circuitlab.memory: the memory available now, or --memory). The
+# graph's dense matrices grow with the square of its node count, so a long prompt or wide transcoders are
+# refused before any backward pass, saying how many feature nodes fit; the rows of one backward pass grow with
+# the batch, so batch_size is cut to what fits.
+
+
+def graph_budget() -> int:
+    """Floats the graph's dense matrices may take: the adjacency, pruning's float64 copy, the capped rows."""
+    return memory.floats(memory.GRAPH_SHARE)
+
+
+def pass_budget() -> int:
+    """Floats one backward pass's batched gradients and rows may take."""
+    return memory.floats(memory.PASS_SHARE)
 
 
 def graph_floats(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
@@ -63,10 +73,13 @@ def graph_floats(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos
 
 
 def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
-                     d_model: int, budget: int = GRAPH_BUDGET, name: str = "max_feature_nodes (--max-feature-nodes)",
+                     d_model: int, budget: int | None = None, name: str = "max_feature_nodes (--max-feature-nodes)",
                      where: str = "") -> None:
     """A one-line InputError, before any backward pass, when the graph's dense matrices (graph_floats) would
-    pass `budget` floats, saying how many feature nodes (`name`) would fit."""
+    pass `budget` floats (default graph_budget()), saying how many feature nodes (`name`) would fit."""
+    limit = None
+    if budget is None:
+        budget, limit = graph_budget(), memory.describe(memory.GRAPH_SHARE)
     need = graph_floats(layers, transcoders, cap, n_pos, n_logits, d_model)
     if need <= budget:
         return
@@ -80,15 +93,15 @@ def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n
     fix = f"give {name} at most {lo} or a shorter prompt" if lo >= 1 else "give a shorter prompt"
     mb = lambda floats: f"{floats * 4 / 2**20:,.{0 if floats * 4 >= 10 * 2**20 else 2}f} MB"  # noqa: E731
     raise InputError(f"this graph would hold {n_nodes:,} nodes ({n_feat:,} active features over {n_pos} tokens): "
-                     f"its dense matrices need {mb(need)} (limit {mb(budget)}{where}); {fix}")
+                     f"its dense matrices need {mb(need)} (limit {limit or mb(budget)}{where}); {fix}")
 
 
 def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
-    """Target rows one backward pass may hold within BATCH_BUDGET: each row carries its gradient through every
+    """Target rows one backward pass may hold within pass_budget(): each row carries its gradient through every
     layer at every position, and its adjacency row [n_cols]; at least 1."""
     cfg = model.cfg
     per_layer = n_pos * (8 * cfg.d_model + (0 if cfg.attn_only else 2 * cfg.mlp_dim) + 2 * cfg.n_heads * n_pos)
-    return max(1, BATCH_BUDGET // (per_layer * max(cfg.n_layers, 1) + cfg.d_vocab + n_cols))
+    return max(1, pass_budget() // (per_layer * max(cfg.n_layers, 1) + n_cols))
 
 
 @dataclass
@@ -277,10 +290,10 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
     targets: None (the top tokens until desired_logit_prob, at most max_n_logits) or a list of token ids,
     (label, direction [d_vocab]) pairs and LogitTargets (see logit_difference).
-    batch_size: target rows per backward pass (at most as many as fit BATCH_BUDGET, rows_per_pass).
+    batch_size: target rows per backward pass (at most as many as fit pass_budget(), rows_per_pass).
     max_feature_nodes: keep at most this many feature nodes, visited greedily by their influence on the
     logits (estimated from the rows computed so far), for long prompts. A graph whose dense matrices would
-    pass GRAPH_BUDGET is refused in one line before any backward pass, saying how many would fit.
+    pass graph_budget() is refused in one line before any backward pass, saying how many would fit.
     bos: position 0 is an attention sink (circuit-tracer's convention): no features, no error node there.
     dtype: compute in this dtype (default: the model's).
     token_nodes: "embedding" (a token node is the whole embedding at its position: W_E[token] + W_pos[pos] on
@@ -439,7 +452,9 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
         slot = torch.empty(n_feat, dtype=torch.long)
         slot[order] = torch.arange(cap)
-        adjacency[:len(selected), :n_src] = feature_rows[slot[selected]][:, keep_cols]
+        for i in range(0, len(selected), ROW_CHUNK):   # a chunk at a time: no second copy of the capped rows
+            j = min(i + ROW_CHUNK, len(selected))
+            adjacency[i:j, :n_src] = feature_rows[slot[selected[i:j]]][:, keep_cols]
         adjacency[n_src:, :n_src] = logit_rows_t[:, keep_cols]
     else:
         adjacency[n_src:, :n_src] = logit_rows_t
@@ -458,22 +473,38 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                  identity=made_with(model, transcoders))
 
 
+ROW_CHUNK = 512  # rows made absolute at a time: influence never copies all the visited rows at once
+
+
 @torch.no_grad()
 def _partial_influence(rows: torch.Tensor, order: torch.Tensor, n_feat: int, logit_rows: torch.Tensor,
                        weights: torch.Tensor) -> torch.Tensor:
     """Each feature's influence on the weighted logits [n_feat] through the rows computed so far (the logit
     rows and the visited features' rows: rows [n_visited, n_cols], row j that of feature order[j]):
     w (Â + Â² + ...) without building the square matrix (a feature not yet visited has no row: nothing passes
-    through it yet). One copy of the visited rows, made absolute; each step divides the vector instead."""
+    through it yet).
+
+    Influence reaches an unvisited feature only through a visited row, so the walk runs on the visited
+    features' own columns ([V, V]); one product with all the rows at the end (a chunk of rows made absolute at
+    a time) carries it to every feature: memory is V² plus a chunk, never a copy of the [V, n_cols] rows."""
     a_logit = normalized(logit_rows)[:, :n_feat]
-    a = rows.abs()
-    inv = 1 / a.sum(dim=1).clamp(min=1e-10)
-    a_feat = a[:, :n_feat]                                               # [n_visited, n_feat]
-    step = weights.to(a_logit.dtype) @ a_logit
-    total = step.clone()
-    for _ in range(n_feat + 1):  # edges run from earlier layers to later ones: reaches zero
-        step = (step[order] * inv) @ a_feat
-        if not bool(step.any()):
-            return total
-        total += step
-    raise RuntimeError("influence did not converge (the rows have a cycle)")
+    start = weights.to(a_logit.dtype) @ a_logit                           # [n_feat]: straight into the logits
+    V = len(rows)
+    if not V:
+        return start
+    inv = torch.cat([1 / rows[i:i + ROW_CHUNK].abs().sum(1).clamp(min=1e-10) for i in range(0, V, ROW_CHUNK)])
+    a_vv = rows[:, order].abs().to(start.dtype)                          # [V, V]: visited -> visited
+    inv = inv.to(start.dtype)
+    u, through = start[order], torch.zeros(V, dtype=start.dtype)
+    for _ in range(V + 1):  # edges run from earlier layers to later ones: reaches zero
+        if not bool(u.any()):
+            break
+        through += u
+        u = (u * inv) @ a_vv
+    else:
+        raise RuntimeError("influence did not converge (the rows have a cycle)")
+    factor = through * inv                                               # [V]
+    total = start.clone()
+    for i in range(0, V, ROW_CHUNK):
+        total += factor[i:i + ROW_CHUNK] @ rows[i:i + ROW_CHUNK, :n_feat].abs().to(start.dtype)
+    return total
