@@ -60,9 +60,39 @@ def machine_bytes() -> int | None:
         return None
 
 
+def _address_space_left() -> int | None:
+    """What this process may still map under its address-space limit (ulimit -v), or None without one."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(0, limit - size)
+    except (ImportError, OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _cgroup_left() -> int | None:
+    """What this process's cgroup (a container's memory limit) has left, or None without a limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            return max(0, int(limit) - int(f.read().strip()))
+    except (OSError, ValueError):
+        return None
+
+
 def available_bytes() -> int | None:
-    """Memory available now without swapping (MemAvailable), or None where it cannot be read."""
-    return meminfo().get("MemAvailable")
+    """Memory available now: the machine's MemAvailable, or less where a container's limit (cgroup) or this
+    process's address-space limit (ulimit -v) leaves less; None where none of them can be read."""
+    found = [n for n in (meminfo().get("MemAvailable"), _cgroup_left(), _address_space_left()) if n is not None]
+    return min(found) if found else None
 
 
 def gib(n: float) -> str:

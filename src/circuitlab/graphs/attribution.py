@@ -96,12 +96,66 @@ def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n
                      f"its dense matrices need {mb(need)} (limit {limit or mb(budget)}{where}); {fix}")
 
 
-def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
-    """Target rows one backward pass may hold within pass_budget(): each row carries its gradient through every
-    layer at every position, and its adjacency row [n_cols]; at least 1."""
+def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
+    """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
+    until its adjacency row is made), the injected gradient at its layer's input, the working gradient through
+    a block (a few [pos, d_model]), and its adjacency row [n_cols]. Vocabulary-sized only for the few logit
+    rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
     cfg = model.cfg
-    per_layer = n_pos * (8 * cfg.d_model + (0 if cfg.attn_only else 2 * cfg.mlp_dim) + 2 * cfg.n_heads * n_pos)
-    return max(1, pass_budget() // (per_layer * max(cfg.n_layers, 1) + n_cols))
+    return n_pos * cfg.d_model * (2 * max(cfg.n_layers, 1) + 1) + n_cols
+
+
+def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
+    """Target rows one backward pass may hold within pass_budget() (row_floats each); at least 1."""
+    return max(1, pass_budget() // row_floats(model, n_cols, n_pos))
+
+
+# The share of the machine's matmul speed a backward pass of the frozen system reaches on a CPU (batched
+# products of a few hundred rows; measured with benchmarks/bench_scale.py): turns flops into seconds.
+PASS_EFFICIENCY = 0.5
+
+
+def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.Tensor, n_pos: int, cap: int,
+                         n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32) -> memory.Estimate:
+    """What attribute() will hold at its peak beyond the model and transcoders, and its arithmetic, once the
+    reference run has found the active features (features [n_active, 3] (layer, pos, feature); cap: feature
+    nodes kept). Parts: the reference run's activations, the decoder columns, the dense adjacency, the capped
+    rows, one backward pass."""
+    cfg, tc = model.cfg, transcoders
+    size = torch.empty(0, dtype=dtype).element_size()
+    n_feat, L, T, d = len(features), tc.n_layers, n_pos, cfg.d_model
+    n_cols = n_feat + (L + 1) * T
+    n_nodes = min(cap, n_feat) + (L + 1) * T + n_logits
+    d_sae = sum(tc.d_sae(layer) for layer in tc.layers)
+    attn = cfg.n_layers * cfg.n_heads * T * T                                  # the frozen patterns
+    parts = {"reference run": 4 * (T * d_sae + 2 * T * max(tc.d_sae(layer) for layer in tc.layers) + attn
+                                   + 6 * L * T * d)}
+    dec = 0
+    for layer in tc.layers:
+        pos = features[features[:, 0] == layer, 1]
+        if len(pos):
+            dec += T * int(torch.bincount(pos, minlength=T).max()) * len(tc.writes(layer)) * d
+    parts["decoder columns"] = dec * size
+    parts["adjacency"] = n_nodes ** 2 * size
+    B = min(batch_size, rows_per_pass(model, n_cols, T))
+    rows = min(cap, n_feat)
+    if cap < n_feat:
+        parts["capped rows"] = cap * n_cols * size
+        parts["influence"] = cap * cap * 8 + min(cap, ROW_CHUNK) * n_feat * 12   # [V, V] float64, a chunk
+    parts["backward pass"] = B * row_floats(model, n_cols, T) * size
+    parts["forward of the frozen system"] = 12 * cfg.n_layers * T * d * size
+    heads = cfg.n_heads * cfg.head_dim
+    per_row = T * (cfg.n_layers / 2) * (4 * d * heads + 2 * cfg.n_heads * T * cfg.head_dim
+                                        + (2 * d * d if getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False) else 0))
+    per_row += 2 * n_cols * d
+    flops = (rows + n_logits) * per_row
+    est = memory.Estimate(f"the attribution graph ({n_feat:,} active features, {rows:,} feature nodes, "
+                          f"{math.ceil(rows / B) + math.ceil(n_logits / B):,} backward passes of {B} rows)", parts,
+                          held=memory.tensor_bytes(model, *{id(tc.dictionary(l_)): tc.dictionary(l_)
+                                                              for l_ in tc.layers}.values()),
+                          flops=flops, efficiency=PASS_EFFICIENCY)
+    est.batch_size, est.passes = B, math.ceil(rows / B) + math.ceil(n_logits / B)
+    return est
 
 
 @dataclass
@@ -305,11 +359,11 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     # Threads re-decided between backward passes (perf.ThreadGovernor): two threads while another process
     # holds a core made one graph 8x slower than one thread.
     n_pos, batch_size = int(tokens.shape[-1]), COUNT.check(batch_size, "batch_size")  # checked before it sizes the work
-    with _PeakMemory() as memory, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
+    with _PeakMemory() as peak, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
         graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
-                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes)
+                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes, verbose)
     info = graph.info
-    info["peak_mb"] = memory.growth_mb
+    info["peak_mb"] = peak.growth_mb
     if verbose:
         s = info["seconds"]
         peak = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
@@ -320,27 +374,54 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     return graph
 
 
-def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
-               max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
-               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
-               gov: ThreadGovernor, token_nodes: str = "embedding") -> Graph:
-    t0 = time.perf_counter()
-    batch_size = COUNT.check(batch_size, "batch_size")
+def _prepare(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+             max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
+             bos: bool, tokenizer: Any, dtype: torch.dtype) -> tuple[Any, ...]:
+    """The checks, the reference run, the logit targets and the size check: everything before the estimate."""
+    COUNT.check(batch_size, "batch_size")
     if max_feature_nodes is not None:
         COUNT.check(max_feature_nodes, "max_feature_nodes")
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
     max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
-    token_nodes = check_token_nodes(token_nodes)
-    dtype = dtype or model_dtype(model)
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
     last = rm.logits[-1]
     logit_targets = (top_logit_targets(last, max_n_logits, desired_logit_prob, tokenizer) if targets is None
                      else named_logit_targets(last, targets, tokenizer))
+    n_feat = len(features)
+    cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
+    check_graph_size(features[:, 0], transcoders, cap, rm.n_pos, len(logit_targets), model.cfg.d_model)
+    est = estimate_attribution(model, transcoders, features, rm.n_pos, cap, len(logit_targets), batch_size, dtype)
+    return rm, features, logit_targets, cap, est
+
+
+def estimate_graph(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
+                   max_n_logits: int = 10, desired_logit_prob: float = 0.95, batch_size: int = 128,
+                   max_feature_nodes: int | None = None, bos: bool = False, dtype: torch.dtype | None = None,
+                   timed: bool = True) -> memory.Estimate:
+    """What attribute() with these arguments will hold and how long it will take (tokens [pos]), from the
+    reference run alone (one forward pass; no backward pass): `circuitlab graph --estimate`. A graph that would
+    not fit is refused here as attribute() refuses it. timed: measure the machine's speed for the seconds."""
+    dtype = dtype or model_dtype(model)
+    est = _prepare(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
+                   max_feature_nodes, bos, None, dtype)[-1]
+    return est.timed() if timed else est
+
+
+def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+               max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
+               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
+               gov: ThreadGovernor, token_nodes: str = "embedding", verbose: bool = False) -> Graph:
+    t0 = time.perf_counter()
+    token_nodes = check_token_nodes(token_nodes)
+    dtype = dtype or model_dtype(model)
+    rm, features, logit_targets, cap, est = _prepare(model, transcoders, tokens, targets, max_n_logits,
+                                                     desired_logit_prob, batch_size, max_feature_nodes, bos,
+                                                     tokenizer, dtype)
+    if verbose:
+        print(est.timed().line(), flush=True)
     n_feat, T, L = len(features), rm.n_pos, transcoders.n_layers
     n_logit = len(logit_targets)
-    cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
-    check_graph_size(features[:, 0], transcoders, cap, T, n_logit, model.cfg.d_model)
     values = torch.zeros(0)
     if n_feat:
         values = torch.cat([rm.acts[int(l_)][features[features[:, 0] == l_, 1], features[features[:, 0] == l_, 2]]
@@ -348,7 +429,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     t_setup = time.perf_counter() - t0
 
     cols = _Columns(rm, features, values, dtype, token_nodes)
-    B = min(batch_size, rows_per_pass(model, cols.n_cols, T))
+    B = est.batch_size
     t1 = time.perf_counter()
     t_forward = 0.0
     n_passes = 0
@@ -462,7 +543,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
                         "total": time.perf_counter() - t0},
             "n_active_features": n_feat, "n_feature_nodes": len(selected), "batch_size": B,
-            "threads": gov.n, "thread_changes": gov.changes,
+            "threads": gov.n, "thread_changes": gov.changes, "estimate": est.to_dict(),
             "backward_passes": n_passes, "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20}
     token_strs = [_token_label(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
     return Graph(tokens=rm.tokens.clone(), active_features=features, activations=values.to(dtype),
