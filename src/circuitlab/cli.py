@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     default_format = warnings.formatwarning
     warnings.formatwarning = lambda message, category, *_: f"circuitlab {args.command}: warning: {message}\n"
     try:
-        return int(args._run(args) or 0)
+        from circuitlab.memory import memory_limit
+
+        with memory_limit(getattr(args, "memory", None)):   # --memory: the budget every size limit shares
+            return int(args._run(args) or 0)
     except CircuitlabError as e:
         print(f"circuitlab {args.command}: error: {e}", file=sys.stderr)
         return 2

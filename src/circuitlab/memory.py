@@ -97,7 +97,9 @@ def available_bytes() -> int | None:
 
 def gib(n: float) -> str:
     """Bytes in words: "1.5 GiB", "300 MiB"."""
-    return f"{n / 2**30:,.1f} GiB" if n >= 2 ** 30 else f"{n / 2**20:,.0f} MiB"
+    if n >= 2 ** 30:
+        return f"{n / 2**30:,.1f} GiB"
+    return f"{n / 2**20:,.0f} MiB" if n >= 10 * 2 ** 20 else f"{n / 2**20:.1f} MiB"
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.I)

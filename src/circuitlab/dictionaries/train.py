@@ -71,6 +71,26 @@ THRESHOLD_LR_SCALE = 10.0  # a JumpReLU SAE's thresholds and decoder under targe
 NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
 _BETA = Number(float, low=0.0, high=1.0, high_open=True)
 ROWS_BUDGET = 2 ** 28  # floats one step's rows may need across a dictionary's widths (1 GiB): bounds train.batch_size
+
+
+def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype = torch.float32) -> Any:
+    """What one training step of these dictionaries holds beyond their weights (circuitlab.memory.Estimate): the
+    gradients and Adam's two moments (3 copies of the weights) and batch_size rows of pre-activations,
+    activations and their gradients (the per-row count ROWS_BUDGET bounds); its flops (encoder and decoder,
+    forward and backward: 6 per weight per row)."""
+    from circuitlab import memory
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    weights = sum(c.n_latents * (2 * c.n_layers * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
+                  for c in configs)
+    per_row = sum(4 * c.n_latents + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
+                  for c in configs)
+    return memory.Estimate(f"a training step of {len(configs)} dictionar{'y' if len(configs) == 1 else 'ies'} on "
+                           f"{batch_size:,} rows", {"gradients and Adam's moments": 3 * weights * size,
+                                                    "activations": batch_size * per_row * 4},
+                           held=weights * size, flops=6.0 * weights * batch_size, efficiency=0.5)
+
+
 # One rule per number field of DictTrainConfig (circuitlab.checks): finite, in range, whole where counted.
 TRAIN_RULES = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_steps": NONNEG_INT,
                "lr_decay_frac": FRACTION, "beta1": _BETA, "beta2": _BETA, "l1_coeff": NONNEG, "l0_coeff": NONNEG,
