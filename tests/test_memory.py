@@ -1,0 +1,111 @@
+"""The memory budget (circuitlab.memory): from the machine or --memory, one line when larger than the machine;
+every bound a share of it; the estimate said before the work within 30 % of the measured peak."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from circuitlab import ModelConfig, memory
+from circuitlab.cli import main
+from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
+from circuitlab.errors import ConfigError, InputError
+from circuitlab.graphs import Transcoders, attribute
+from circuitlab.graphs.attribution import check_graph_size, estimate_graph, rows_per_pass
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_sizes_parse_and_more_than_the_machine_is_one_line():
+    assert memory.parse_size("8G") == 8 * 2**30
+    assert memory.parse_size("800M") == 800 * 2**20
+    assert memory.parse_size("1.5GiB") == int(1.5 * 2**30)
+    assert memory.parse_size(2e9) == 2_000_000_000
+    for bad in ("lots", "0", "-3G", True, "12X"):
+        with pytest.raises(ConfigError, match="--memory"):
+            memory.parse_size(bad)
+    total = memory.machine_bytes()
+    with pytest.raises(ConfigError, match="more than this machine's memory"):
+        memory.parse_size(total + 2**30)
+
+
+def test_the_budget_follows_the_limit_and_is_restored():
+    before = memory.budget_bytes()
+    with memory.memory_limit("64M") as b:
+        assert b == memory.budget_bytes() == 64 * 2**20
+        assert memory.floats(memory.GRAPH_SHARE) == 8 * 2**20     # half of it, in float32 values
+        assert "set by --memory" in memory.describe(memory.GRAPH_SHARE)
+    after = memory.budget_bytes()
+    assert abs(after - before) < 0.2 * before   # the machine's again (what is available moves a little)
+
+
+def test_the_budget_sees_an_address_space_limit():
+    """Under `ulimit -v` the budget is what the process may still map, not the machine's free memory."""
+    code = ("import resource; from circuitlab import memory; "
+            "print(memory.available_bytes(), memory.meminfo()['MemAvailable'])")
+    out = subprocess.run(["bash", "-c", f"ulimit -v 3000000; {sys.executable} -c \"{code}\""], capture_output=True,
+                         text=True, env={"PYTHONPATH": str(ROOT / "src")}, check=True).stdout.split()
+    avail, machine = map(int, out)
+    assert avail < 3_000_000 * 1024 and (avail < machine or machine < 3_000_000 * 1024)
+
+
+def _small_setup(d_model=96, n_layers=3, d_sae=1024, k=24, T=48):
+    from helpers import random_model
+
+    cfg = ModelConfig.from_preset("gpt2-tiny", n_layers=n_layers, d_model=d_model, n_heads=4, d_mlp=4 * d_model,
+                                  n_ctx=64, d_vocab=200)
+    model = random_model(cfg, scale=1.0).eval()
+    dicts = [SparseDictionary(DictionaryConfig("topk", d_in=d_model, d_sae=d_sae, k=k,
+                                               hook_name=f"blocks.{layer}.ln2.hook_normalized",
+                                               out_hook_name=f"blocks.{layer}.hook_mlp_out"), seed=layer)
+             for layer in range(n_layers)]
+    tokens = torch.randint(0, 200, (T,), generator=torch.Generator().manual_seed(0))
+    return model, Transcoders.per_layer(model, dicts), tokens
+
+
+def test_graph_bounds_follow_the_budget():
+    model, tc, tokens = _small_setup()
+    layers = torch.zeros(3000, dtype=torch.long)
+    check_graph_size(layers, tc, 3000, 48, 5, 96)            # fits the machine
+    with memory.memory_limit("8M"):                          # 2 MiB of floats for the dense matrices: refused
+        with pytest.raises(InputError, match=r"half of the memory budget .*set by --memory.*at most \d+"):
+            check_graph_size(layers, tc, 3000, 48, 5, 96)
+        small = rows_per_pass(model, 4000, 48)
+    with memory.memory_limit("1G"):
+        assert rows_per_pass(model, 4000, 48) > small
+    # the vocabulary does not cut the rows of a pass: a 256,000-token vocabulary changes nothing
+    wide = ModelConfig.from_preset("gpt2-tiny", n_layers=3, d_model=96, n_heads=4, d_mlp=384, n_ctx=64,
+                                   d_vocab=256_000)
+    assert rows_per_pass(type("M", (), {"cfg": wide})(), 4000, 48) == rows_per_pass(model, 4000, 48)
+
+
+def test_the_graph_estimate_is_within_30_percent_of_the_measured_peak():
+    """The estimate printed before the backward passes against the attribution's own peak (resident memory
+    growth), on a shape where the dense parts dominate (capped rows, influence, adjacency)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("resident memory is read from /proc")
+    model, tc, tokens = _small_setup()
+    est = estimate_graph(model, tc, tokens, max_feature_nodes=1500, batch_size=64, timed=False)
+    graph = attribute(model, tc, tokens, max_feature_nodes=1500, batch_size=64)
+    assert graph.n_features == 1500
+    measured = graph.info["peak_mb"] * 2**20
+    assert 0.7 * measured <= est.peak_bytes <= 1.3 * measured, (est.line(), graph.info["peak_mb"])
+    assert graph.info["estimate"]["peak_bytes"] == est.peak_bytes
+
+
+def test_graph_estimate_from_the_command_line_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main(["graph", "--planted", "--prompt", "xAxBxyx", "--estimate", "--out", str(out)]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("estimate: the attribution graph (") and "at its peak" in line and "GFLOP/s" in line
+    assert not out.exists()
+
+
+def test_memory_option_larger_than_the_machine_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["graph", "--planted", "--prompt", "xAxBxyx", "--memory", "100T"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "more than this machine's memory" in err and len(err.strip().splitlines()) == 1
