@@ -302,8 +302,8 @@ class _Columns:
             pos = features[mine, 1]
             counts = torch.bincount(pos, minlength=T)
             m = int(counts.max())
-            first = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
-            slot = pos * m + (torch.arange(len(mine)) - first[pos])              # [n] place in [T * m]
+            first = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+            slot = pos * m + (torch.arange(len(mine), device=pos.device) - first[pos])   # [n] place in [T * m]
             dec = tc.decoder_vectors(layer, features[mine, 2]).to(dtype)          # [n, w, d]
             dec = dec * values[mine].to(dtype)[:, None, None]
             for i, k in enumerate(tc.writes(layer)):
@@ -460,7 +460,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         found = torch.autograd.grad(outputs, [lp.out[k] for k in out_layers] + [lp.embed], grads,
                                     retain_graph=True, allow_unused=True, is_grads_batched=True)
         g_out = {k: g[:, 0].to(dtype) for k, g in zip(out_layers, found[:-1]) if g is not None}
-        g_emb = found[-1][:, 0] if found[-1] is not None else torch.zeros(len(grads[0]), *lp.embed.shape[1:])
+        g_emb = found[-1][:, 0] if found[-1] is not None else lp.embed.new_zeros(len(grads[0]), *lp.embed.shape[1:])
         return cols.rows(g_out, g_emb.to(dtype))
 
     # Logit rows first (they also seed the influence order when feature nodes are capped).
@@ -485,7 +485,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         for layer in features[idx, 0].unique().tolist():
             sel = (features[idx, 0] == layer).nonzero().flatten()
             x = lp.x[layer]
-            g = torch.zeros(len(idx), lp.n_pos, x.shape[-1], dtype=x.dtype)
+            g = x.new_zeros(len(idx), lp.n_pos, x.shape[-1])
             vecs = transcoders.encoder_vectors(layer, features[idx[sel], 2]).detach().to(x.dtype)  # [n, d_in]
             g[sel, features[idx[sel], 1]] = vecs
             inject[layer] = g
