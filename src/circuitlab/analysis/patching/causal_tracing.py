@@ -37,7 +37,7 @@ from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.analysis.patching.engine import BaseRun, Site, sweep
 from circuitlab.analysis.patching.metrics import Metric, logit_diff, logprob, metric_value, probability
 from circuitlab.analysis.patching.engine import chunk_size
-from circuitlab.analysis.patching.noise import Corrupted, Noise, corrupt_positions, embedding_std, run_floats
+from circuitlab.analysis.patching.noise import Corrupted, Noise, check_runs, corrupt_positions, embedding_std, run_floats
 from circuitlab.display import Displayed
 from circuitlab.errors import InputError
 from circuitlab.model.hooks import act_name
@@ -288,9 +288,13 @@ def trace_estimate(model, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.
     from circuitlab.perf import transformer_step_flops
 
     cfg = model.cfg
+    check_runs(cfg, runs, 1, n_pos)
     size = next(model.parameters()).element_size()
     held = runs * run_floats(cfg, n_pos) * size
-    chunk = chunk_size(model, runs, n_pos) * runs * n_pos * (4 * cfg.d_model + cfg.d_vocab + 2 * cfg.mlp_dim) * size
+    # a chunk of restored copies, each the working set of one block over the positions it recomputes and the
+    # logits at the position the metric reads (the engine recomputes from the restored layer and position on)
+    per_copy = n_pos * (2 * cfg.d_model + (cfg.mlp_dim if cfg.has_mlp else 0)) + cfg.d_vocab
+    chunk = min(chunk_size(model, runs, n_pos), cfg.n_layers * n_pos) * runs * per_copy * size
     flops = transformer_step_flops(cfg, runs * n_pos, n_pos, backward=False) * (2 + kinds * cfg.n_layers * n_pos / 2)
     return memory.Estimate(f"causal tracing ({runs} noise runs of {n_pos} tokens, {kinds} kinds x {cfg.n_layers} "
                            f"layers x {n_pos} positions)", {"noise runs' activations": held, "restored copies": chunk},
