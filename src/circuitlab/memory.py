@@ -201,6 +201,7 @@ class Estimate:
         self.what, self.parts, self.held = what, {k: float(v) for k, v in parts.items()}, float(held)
         self.flops, self.efficiency = flops, efficiency
         self.gflops: float | None = None
+        self.disk: tuple[float, str] | None = None      # (bytes, folder) streamed to disk instead of memory
 
     @property
     def peak_bytes(self) -> float:
@@ -228,6 +229,8 @@ class Estimate:
         text = f"estimate: {self.what} holds ~{gib(self.peak_bytes)} at its peak ({parts})"
         if self.held:
             text += f" beyond the {gib(self.held)} loaded"
+        if self.disk:
+            text += f", and {gib(self.disk[0])} offloaded to {self.disk[1]}"
         s = self.seconds()
         if s is not None:
             text += f"; ~{duration(s)} at {self.gflops:.0f} GFLOP/s"
@@ -238,7 +241,8 @@ class Estimate:
 
     def to_dict(self) -> dict[str, object]:
         return {"what": self.what, "peak_bytes": self.peak_bytes, "parts": self.parts, "held_bytes": self.held,
-                "flops": self.flops, "gflops": self.gflops, "seconds": self.seconds()}
+                "flops": self.flops, "gflops": self.gflops, "seconds": self.seconds(),
+                "disk_bytes": self.disk[0] if self.disk else 0}
 
     def __repr__(self) -> str:
         return self.line()

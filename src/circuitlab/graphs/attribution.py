@@ -47,6 +47,11 @@ from circuitlab.perf import ThreadGovernor, transformer_step_flops
 # the batch, so batch_size is cut to what fits.
 
 
+# Capped rows (cap x (active features + errors + tokens): long prompts) above this share of the budget are
+# streamed to a file instead of memory (offload_folder()).
+OFFLOAD_SHARE = 0.25
+
+
 def graph_budget() -> int:
     """Floats the graph's dense matrices may take: the adjacency, pruning's float64 copy, the capped rows."""
     return memory.floats(memory.GRAPH_SHARE)
@@ -58,36 +63,37 @@ def pass_budget() -> int:
 
 
 def graph_floats(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
-                 d_model: int) -> int:
+                 d_model: int, offloaded: bool = False) -> int:
     """Floats a graph's dense matrices take at once: layers [n_feat], each active feature's layer; cap: feature
-    nodes kept (>= n_feat: all). The adjacency [n, n] (float32) and influence's |A| (float64, 2 floats per
-    entry); each feature's decoder vectors into every layer it writes; with a cap, the visited features' rows
-    [cap, n_cols] and influence's estimates from them (two more [cap, n_feat])."""
+    nodes kept (>= n_feat: all). The adjacency [n, n] (float32) and pruning's edge scores among the kept nodes
+    (float64, 2 floats per entry); each feature's decoder vectors into every layer it writes; with a cap, the
+    visited features' rows [cap, n_cols] (none in memory when offloaded to disk) and influence's walk over
+    them ([cap, cap] float64 and a chunk of rows)."""
     n_feat, L = len(layers), transcoders.n_layers
     writes = sum(len(transcoders.writes(int(l))) * int(n) for l, n in zip(*layers.unique(return_counts=True)))
     n_nodes = min(cap, n_feat) + (L + 1) * n_pos + n_logits
     total = 3 * n_nodes ** 2 + writes * d_model
     if cap < n_feat:
-        total += cap * (n_feat + (L + 1) * n_pos) + 2 * cap * n_feat
+        total += (0 if offloaded else cap * (n_feat + (L + 1) * n_pos)) + 2 * cap * cap + 3 * min(cap, ROW_CHUNK) * n_feat
     return total
 
 
 def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
                      d_model: int, budget: int | None = None, name: str = "max_feature_nodes (--max-feature-nodes)",
-                     where: str = "") -> None:
+                     where: str = "", offloaded: bool = False) -> None:
     """A one-line InputError, before any backward pass, when the graph's dense matrices (graph_floats) would
     pass `budget` floats (default graph_budget()), saying how many feature nodes (`name`) would fit."""
     limit = None
     if budget is None:
         budget, limit = graph_budget(), memory.describe(memory.GRAPH_SHARE)
-    need = graph_floats(layers, transcoders, cap, n_pos, n_logits, d_model)
+    need = graph_floats(layers, transcoders, cap, n_pos, n_logits, d_model, offloaded)
     if need <= budget:
         return
     n_feat = len(layers)
     lo, hi = -1, min(cap, n_feat) - 1            # the most feature nodes that fit: binary search (monotone)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if graph_floats(layers, transcoders, mid, n_pos, n_logits, d_model) <= budget \
+        lo, hi = (mid, hi) if graph_floats(layers, transcoders, mid, n_pos, n_logits, d_model, offloaded) <= budget \
             else (lo, mid - 1)
     n_nodes = min(cap, n_feat) + (transcoders.n_layers + 1) * n_pos + n_logits
     fix = f"give {name} at most {lo} or a shorter prompt" if lo >= 1 else "give a shorter prompt"
@@ -116,7 +122,8 @@ PASS_EFFICIENCY = 0.5
 
 
 def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.Tensor, n_pos: int, cap: int,
-                         n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32) -> memory.Estimate:
+                         n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32,
+                         offload: bool = False) -> memory.Estimate:
     """What attribute() will hold at its peak beyond the model and transcoders, and its arithmetic, once the
     reference run has found the active features (features [n_active, 3] (layer, pos, feature); cap: feature
     nodes kept). Parts: the reference run's activations, the decoder columns, the dense adjacency, the capped
@@ -140,7 +147,8 @@ def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.T
     B = min(batch_size, rows_per_pass(model, n_cols, T))
     rows = min(cap, n_feat)
     if cap < n_feat:
-        parts["capped rows"] = cap * n_cols * size
+        if not offload:
+            parts["capped rows"] = cap * n_cols * size
         parts["influence"] = cap * cap * 8 + min(cap, ROW_CHUNK) * n_feat * 12   # [V, V] float64, a chunk
     parts["backward pass"] = B * row_floats(model, n_cols, T) * size
     parts["forward of the frozen system"] = 12 * cfg.n_layers * T * d * size
@@ -155,7 +163,44 @@ def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.T
                                                               for l_ in tc.layers}.values()),
                           flops=flops, efficiency=PASS_EFFICIENCY)
     est.batch_size, est.passes = B, math.ceil(rows / B) + math.ceil(n_logits / B)
+    est.offload = offload
+    if offload:
+        est.disk = (cap * n_cols * size, offload_folder())
     return est
+
+
+def offload_folder() -> str:
+    """Where capped rows too large for memory go: $CIRCUITLAB_OFFLOAD, else the temporary folder."""
+    import tempfile
+
+    return os.environ.get("CIRCUITLAB_OFFLOAD") or tempfile.gettempdir()
+
+
+def _check_disk(n_bytes: int) -> None:
+    import shutil
+
+    folder = offload_folder()
+    free = shutil.disk_usage(folder).free
+    if free < 1.1 * n_bytes:
+        raise InputError(f"the capped rows need {memory.gib(n_bytes)} on disk (over {OFFLOAD_SHARE:.0%} of the memory "
+                         f"budget, so they are offloaded) but {folder} has {memory.gib(free)} free; set CIRCUITLAB_OFFLOAD "
+                         "to a folder with room, or give fewer --max-feature-nodes")
+
+
+def _disk_rows(n: int, m: int, dtype: torch.dtype) -> torch.Tensor:
+    """A [n, m] zero tensor backed by a file in offload_folder() (deleted at once: the mapping keeps it until
+    the tensor is freed). Its pages are the kernel's to write out and drop, so the rows do not stay in memory."""
+    import tempfile
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    fd, path = tempfile.mkstemp(prefix="circuitlab-rows-", suffix=".bin", dir=offload_folder())
+    try:
+        os.ftruncate(fd, max(1, n * m * size))
+        rows = torch.from_file(path, shared=True, size=n * m, dtype=dtype)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return rows.view(n, m)
 
 
 @dataclass
@@ -390,8 +435,15 @@ def _prepare(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets
                      else named_logit_targets(last, targets, tokenizer))
     n_feat = len(features)
     cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
-    check_graph_size(features[:, 0], transcoders, cap, rm.n_pos, len(logit_targets), model.cfg.d_model)
-    est = estimate_attribution(model, transcoders, features, rm.n_pos, cap, len(logit_targets), batch_size, dtype)
+    n_cols = n_feat + (transcoders.n_layers + 1) * rm.n_pos
+    row_bytes = cap * n_cols * torch.empty(0, dtype=dtype).element_size()
+    offload = cap < n_feat and row_bytes > OFFLOAD_SHARE * memory.budget_bytes()
+    if offload:
+        _check_disk(row_bytes)
+    check_graph_size(features[:, 0], transcoders, cap, rm.n_pos, len(logit_targets), model.cfg.d_model,
+                     offloaded=offload)
+    est = estimate_attribution(model, transcoders, features, rm.n_pos, cap, len(logit_targets), batch_size, dtype,
+                               offload)
     return rm, features, logit_targets, cap, est
 
 
@@ -474,7 +526,12 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     # never one per active feature.
     n_nodes = (cap if cap < n_feat else n_feat) + (L + 1) * T + n_logit
     adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-    feature_rows = adjacency[:n_feat, :cols.n_cols] if cap == n_feat else torch.zeros(cap, cols.n_cols, dtype=dtype)
+    if cap == n_feat:
+        feature_rows = adjacency[:n_feat, :cols.n_cols]
+    elif est.offload:   # long prompts: the rows stream to disk; influence reads them a chunk at a time
+        feature_rows = _disk_rows(cap, cols.n_cols, dtype)
+    else:
+        feature_rows = torch.zeros(cap, cols.n_cols, dtype=dtype)
     visited = torch.zeros(n_feat, dtype=torch.bool)
     order = torch.zeros(cap, dtype=torch.long)   # with a cap: the feature of each row of feature_rows
     n_done = 0
@@ -517,7 +574,8 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         while int(visited.sum()) < cap:
             infl = _partial_influence(feature_rows[:n_done], order[:n_done], n_feat, logit_rows_t, weights)
             infl[visited] = -math.inf
-            todo = infl.argsort(descending=True)[:min(4 * B, cap - int(visited.sum()))]
+            step = max(4 * B, cap // 16) if est.offload else 4 * B   # offloaded: each estimate reads the file
+            todo = infl.argsort(descending=True)[:min(step, cap - int(visited.sum()))]
             todo = todo[features[todo, 0].argsort(stable=True)]
             for i in range(0, len(todo), B):
                 feature_batch(whole, todo[i:i + B])
