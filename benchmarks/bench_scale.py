@@ -48,6 +48,9 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
     from _shapes import HF_CONFIGS, build_model, build_transcoders, model_config
     from circuitlab import memory
 
+    from circuitlab.perf import threads_for
+
+    torch.set_num_threads(threads_for(1e9))   # the library's rule: no more threads than the cores free now
     torch_dtype = getattr(torch, dtype)
     row: dict = {"shape": shape, "method": method, "n_pos": n_pos, "layers": layers, "device": device, "dtype": dtype}
     g = torch.Generator().manual_seed(0)
@@ -96,6 +99,7 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
         out.prune()
         row["prune_seconds"] = time.perf_counter() - t1
     row["budget_gib"] = memory.budget_bytes() / 2**30
+    row["threads"] = torch.get_num_threads()
     return row
 
 
