@@ -45,7 +45,7 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
     """One (shape, method) in this process: build, then time the method; returns the row."""
     import torch
 
-    from _shapes import HF_CONFIGS, build_model, build_transcoders, model_config
+    from _shapes import HF_CONFIGS, build_model, build_transcoders
     from circuitlab import memory
 
     from circuitlab.perf import threads_for
@@ -140,15 +140,16 @@ def _method(method: str, model, tc, tokens, nodes: int, dtype):
 
         tl = to_transformer_lens(model)
         return None, lambda: tl.run_with_cache(tokens)
+    from circuitlab.analysis.patching import logit_diff
+
     if method == "patching":
-        from circuitlab.analysis.patching import activation_patching, logit_diff
+        from circuitlab.analysis.patching import activation_patching
 
         corrupt = tokens.roll(1, dims=1)
         return None, lambda: activation_patching(model, tokens, corrupt, logit_diff(1, 2), "resid_pre",
                                                  progress=False)
     if method == "eap":
         from circuitlab.analysis.edges.scoring import edge_scores
-        from circuitlab.analysis.patching import logit_diff
 
         corrupt = tokens.roll(1, dims=1)
         return None, lambda: edge_scores(model, tokens, corrupt, logit_diff(1, 2), method="eap", progress=False)
@@ -199,12 +200,11 @@ def _sae_step(model, tokens, dtype):
     import torch
 
     from _shapes import K, WIDTHS
-    from circuitlab import memory
     from circuitlab.dictionaries import DictionaryConfig
     from circuitlab.dictionaries.store import ActivationStore
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig, dictionary_step_estimate
 
-    d, shape = model.cfg.d_model, None
+    d = model.cfg.d_model
     width = next((w for s, w in WIDTHS.items() if _shape_of(model) == s), 16 * d)
     hook = "blocks.0.ln2.hook_normalized"
 
