@@ -78,7 +78,7 @@ def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype 
     gradients and Adam's two moments (3 copies of the weights) and batch_size rows of pre-activations,
     activations and their gradients (the per-row count ROWS_BUDGET bounds); its flops (encoder and decoder,
     forward and backward: 6 per weight per row)."""
-    from circuitlab import memory
+    import circuitlab.memory as memory
 
     size = torch.empty(0, dtype=dtype).element_size()
     weights = sum(c.n_latents * (2 * c.n_layers * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))

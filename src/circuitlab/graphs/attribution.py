@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, check_token_nodes, normalized

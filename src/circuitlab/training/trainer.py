@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
 from circuitlab.errors import CircuitlabError, ConfigError

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.analysis.patching.engine import BaseRun, Site, sweep

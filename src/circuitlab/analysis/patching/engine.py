@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name

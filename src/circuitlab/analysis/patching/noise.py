@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.checks import COUNT, POSITIVE, Number
 from circuitlab.errors import InputError
 from circuitlab.model import model_device, model_dtype
