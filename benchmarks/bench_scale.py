@@ -89,6 +89,8 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
     row["peak_mib"] = (_rss_kib("VmHWM") - base) / 1024
     if device == "cuda":
         row["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    if callable(est):
+        est = est()
     if est is not None:
         row["estimate_mib"] = est.peak_bytes / 2**20
         row["estimate_line"] = est.line()
@@ -121,7 +123,8 @@ class _null:
 
 
 def _method(method: str, model, tc, tokens, nodes: int, dtype):
-    """(estimate or None, fn) for a method of ours."""
+    """(estimate, fn) for a method of ours: the estimate an Estimate, None, or a function that makes it (called
+    after the measurement: making it runs the model, whose freed memory would hide part of the method's peak)."""
     import torch
 
     from circuitlab import memory
@@ -134,7 +137,7 @@ def _method(method: str, model, tc, tokens, nodes: int, dtype):
                                           + 4 * T * cfg.d_vocab})
         return est, lambda: model(tokens)
     if method == "run_with_cache":
-        return _cache_estimate(model, tokens), lambda: model.run_with_cache(tokens)
+        return (lambda: _cache_estimate(model, tokens)), lambda: model.run_with_cache(tokens)
     if method == "tl_cache":
         from circuitlab.pretrained import to_transformer_lens
 
@@ -163,8 +166,7 @@ def _method(method: str, model, tc, tokens, nodes: int, dtype):
         from circuitlab.graphs import attribute
         from circuitlab.graphs.attribution import estimate_graph
 
-        est = estimate_graph(model, tc, tokens[0], max_feature_nodes=nodes)
-        return est, lambda: attribute(model, tc, tokens[0], max_feature_nodes=nodes)
+        return (lambda: estimate_graph(model, tc, tokens[0], max_feature_nodes=nodes)), lambda: attribute(model, tc, tokens[0], max_feature_nodes=nodes)
     if method == "sae_step":
         return _sae_step(model, tokens, dtype)
     if method == "tuned_lens":
