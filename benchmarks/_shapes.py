@@ -35,23 +35,27 @@ K = 64   # active latents per token (TopK): L0 ~ 64, what the issue's GPT-2 numb
 SHAPES = tuple(HF_CONFIGS)
 
 
-def model_config(shape: str, n_layers: int | None = None, n_ctx: int = 2048):
-    """The ModelConfig of a published shape (n_layers: fewer layers, the rest of the shape kept)."""
+def model_config(shape: str, n_layers: int | None = None, n_ctx: int = 2048, **changes):
+    """The ModelConfig of a published shape (n_layers: fewer layers, the rest of the shape kept; changes:
+    ModelConfig fields set after, e.g. logit_softcap=None)."""
+    import dataclasses
+
     from circuitlab.pretrained.catalog import model_config_from_hf
 
     hf = dict(HF_CONFIGS[shape])
     key = "n_layer" if "n_layer" in hf else "num_hidden_layers"
     if n_layers:
         hf[key] = n_layers
-    return model_config_from_hf(hf, n_ctx=min(n_ctx, hf.get("n_positions", n_ctx)))
+    cfg = model_config_from_hf(hf, n_ctx=min(n_ctx, hf.get("n_positions", n_ctx)))
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def build_model(shape: str, n_layers: int | None = None, seed: int = 0):
+def build_model(shape: str, n_layers: int | None = None, seed: int = 0, **changes):
     """A Transformer of the shape, random weights (seeded), eval mode."""
     from circuitlab import Transformer
 
     torch.manual_seed(seed)
-    return Transformer(model_config(shape, n_layers)).eval()
+    return Transformer(model_config(shape, n_layers, **changes)).eval()
 
 
 def transcoder_configs(model, shape: str, width: int | None = None):
