@@ -74,7 +74,7 @@ def graph_floats(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos
     n_nodes = min(cap, n_feat) + (L + 1) * n_pos + n_logits
     total = 3 * n_nodes ** 2 + writes * d_model
     if cap < n_feat:
-        total += (0 if offloaded else cap * (n_feat + (L + 1) * n_pos)) + 2 * cap * cap + 3 * min(cap, ROW_CHUNK) * n_feat
+        total += (0 if offloaded else cap * (n_feat + (L + 1) * n_pos)) + 2 * cap * cap + 3 * min(CHUNK_FLOATS, cap * n_feat)
     return total
 
 
@@ -149,7 +149,7 @@ def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.T
     if cap < n_feat:
         if not offload:
             parts["capped rows"] = cap * n_cols * size
-        parts["influence"] = cap * cap * 8 + min(cap, ROW_CHUNK) * n_feat * 12   # [V, V] float64, a chunk
+        parts["influence"] = cap * cap * 8 + min(cap * n_feat, CHUNK_FLOATS) * 12   # [V, V] float64, a chunk
     parts["backward pass"] = B * row_floats(model, n_cols, T) * size
     parts["forward of the frozen system"] = 12 * cfg.n_layers * T * d * size
     heads = cfg.n_heads * cfg.head_dim
@@ -591,8 +591,9 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
         slot = torch.empty(n_feat, dtype=torch.long)
         slot[order] = torch.arange(cap)
-        for i in range(0, len(selected), ROW_CHUNK):   # a chunk at a time: no second copy of the capped rows
-            j = min(i + ROW_CHUNK, len(selected))
+        chunk = row_chunk(cols.n_cols)
+        for i in range(0, len(selected), chunk):   # a chunk at a time: no second copy of the capped rows
+            j = min(i + chunk, len(selected))
             adjacency[i:j, :n_src] = feature_rows[slot[selected[i:j]]][:, keep_cols]
         adjacency[n_src:, :n_src] = logit_rows_t[:, keep_cols]
     else:
@@ -612,7 +613,12 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                  identity=made_with(model, transcoders))
 
 
-ROW_CHUNK = 512  # rows made absolute at a time: influence never copies all the visited rows at once
+CHUNK_FLOATS = 2 ** 24  # a chunk of rows made absolute (and float64) at a time: influence never copies all rows
+
+
+def row_chunk(n_cols: int) -> int:
+    """Rows of n_cols columns per chunk: CHUNK_FLOATS values (64 MiB of float32), at least 1."""
+    return max(1, CHUNK_FLOATS // max(1, n_cols))
 
 
 @torch.no_grad()
@@ -631,7 +637,8 @@ def _partial_influence(rows: torch.Tensor, order: torch.Tensor, n_feat: int, log
     V = len(rows)
     if not V:
         return start
-    inv = torch.cat([1 / rows[i:i + ROW_CHUNK].abs().sum(1).clamp(min=1e-10) for i in range(0, V, ROW_CHUNK)])
+    chunk = row_chunk(rows.shape[1])
+    inv = torch.cat([1 / rows[i:i + chunk].abs().sum(1).clamp(min=1e-10) for i in range(0, V, chunk)])
     a_vv = rows[:, order].abs().to(start.dtype)                          # [V, V]: visited -> visited
     inv = inv.to(start.dtype)
     u, through = start[order], torch.zeros(V, dtype=start.dtype)
@@ -644,6 +651,6 @@ def _partial_influence(rows: torch.Tensor, order: torch.Tensor, n_feat: int, log
         raise RuntimeError("influence did not converge (the rows have a cycle)")
     factor = through * inv                                               # [V]
     total = start.clone()
-    for i in range(0, V, ROW_CHUNK):
-        total += factor[i:i + ROW_CHUNK] @ rows[i:i + ROW_CHUNK, :n_feat].abs().to(start.dtype)
+    for i in range(0, V, chunk):
+        total += factor[i:i + chunk] @ rows[i:i + chunk, :n_feat].abs().to(start.dtype)
     return total

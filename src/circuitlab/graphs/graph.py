@@ -120,6 +120,15 @@ def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     return a_hat * (influence(a_hat, weights) + weights.to(a_hat.dtype))[:, None]
 
 
+def _edge_influence_of_block(adjacency: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """edge_influence(adjacency[idx][:, idx].double(), weights) with one [k, k] float64 matrix worked in place
+    (the same operations, so the same values): no [k, n] row copy, no second and third [k, k] temporaries."""
+    a = adjacency[idx[:, None], idx[None, :]].double().abs_()
+    a /= a.sum(dim=1, keepdim=True).clamp(min=1e-10)                      # Â, as normalized() makes it
+    a *= (influence(a, weights) + weights.to(a.dtype))[:, None]
+    return a
+
+
 def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     """The smallest score among the top scores (>= 0) holding `fraction` of their total. Only the non-zero
     scores are sorted (an adjacency's are mostly zero); the answer is the one a sort of all would give."""
@@ -343,7 +352,7 @@ class Graph(Displayed):
         nodes = infl >= threshold_for(infl, node_threshold)
         nodes[self.token_start:] = True  # tokens and logits always stay
         idx = nodes.nonzero().flatten()
-        scores = edge_influence(self.adjacency[idx][:, idx].double(), w[idx])     # [k, k]
+        scores = _edge_influence_of_block(self.adjacency, idx, w[idx])           # [k, k]
         sub = scores >= threshold_for(scores, edge_threshold)  # the same cut as on the n x n matrix: its
         # non-zero scores are these, and both have zeros (token rows)
         kept = nodes[idx]
