@@ -104,11 +104,12 @@ def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n
 
 def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
     """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
-    until its adjacency row is made), the injected gradient at its layer's input, the working gradient through
-    a block (a few [pos, d_model]), and its adjacency row [n_cols]. Vocabulary-sized only for the few logit
+    until its adjacency row is made), the injected gradient at its layer's input, the working gradients through
+    a block (norms, attention, skip: ~8 [pos, d_model], measured on GPT-2 small and Gemma-2-2B shapes with
+    benchmarks/bench_scale.py), and its adjacency row [n_cols]. Vocabulary-sized only for the few logit
     rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
     cfg = model.cfg
-    return n_pos * cfg.d_model * (2 * max(cfg.n_layers, 1) + 1) + n_cols
+    return n_pos * cfg.d_model * (2 * max(cfg.n_layers, 1) + 8) + n_cols
 
 
 def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
