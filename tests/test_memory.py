@@ -137,3 +137,34 @@ def test_capped_rows_offloaded_to_disk_give_the_same_graph(monkeypatch, tmp_path
     assert not list(tmp_path.iterdir())
     assert torch.equal(disk.selected, here.selected) if len(here.selected) == 60 else True
     torch.testing.assert_close(disk.adjacency, here.adjacency, atol=0, rtol=0)
+
+
+def test_sae_train_and_interpret_estimates_read_and_write_nothing(tmp_path, capsys):
+    """`sae train --estimate` and `interpret --estimate` print one estimate line each and stop: no output folder,
+    no activation cache; the causal-tracing estimate refuses what the run would refuse (too many noise runs)."""
+    import yaml
+
+    from circuitlab import Transformer
+    from circuitlab.data import build_tokenizer, stories_text
+    from circuitlab.training import save_checkpoint
+
+    tok = build_tokenizer("char", [stories_text(50)])
+    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=16, n_heads=2, n_layers=2, d_vocab=tok.vocab_size, n_ctx=32)
+    save_checkpoint(tmp_path / "model", Transformer(cfg), tok)
+    config = {"model": str(tmp_path / "model"), "data": {"source": "stories", "n_stories": 200, "tokenizer": "char"},
+              "store": {"seq_len": 16, "seqs_per_chunk": 16, "cache": str(tmp_path / "cache")},
+              "dictionaries": [{"architecture": "topk", "hook_name": "blocks.0.hook_resid_post", "d_sae": 64, "k": 4}],
+              "train": {"steps": 30, "batch_size": 64}}
+    (tmp_path / "sae.yaml").write_text(yaml.safe_dump(config))
+    assert main(["sae", "train", "--config", str(tmp_path / "sae.yaml"), "--out", str(tmp_path / "run"),
+                 "--estimate"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("estimate: training (30 steps; a training step of 1 dictionary on 64 rows)"), line
+    assert "Adam" in line and not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+    assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--prompt", "Lily saw a cat",
+                 "--estimate", "--out", str(tmp_path / "interp")]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("estimate: causal tracing (10 noise runs of 14 tokens") and not (tmp_path / "interp").exists()
+    assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--estimate", "--noise-samples", "100000000",
+                 "--memory", "64M"]) == 2
+    assert "noise runs" in capsys.readouterr().err
