@@ -70,13 +70,20 @@ THRESHOLD_LR_SCALE = 10.0  # a JumpReLU SAE's thresholds and decoder under targe
 # Train settings that do not change the trained dictionaries (a resume may change them).
 NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
 _BETA = Number(float, low=0.0, high=1.0, high_open=True)
-ROWS_BUDGET = 2 ** 28  # floats one step's rows may need across a dictionary's widths (1 GiB): bounds train.batch_size
+# floats one step's rows may need across a dictionary's widths: a share of the memory budget (circuitlab.memory)
+# that bounds train.batch_size
+
+
+def rows_budget() -> int:
+    import circuitlab.memory as memory
+
+    return memory.floats(memory.STEP_SHARE)
 
 
 def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype = torch.float32) -> Any:
     """What one training step of these dictionaries holds beyond their weights (circuitlab.memory.Estimate): the
     gradients and Adam's two moments (3 copies of the weights) and batch_size rows of pre-activations,
-    activations and their gradients (the per-row count ROWS_BUDGET bounds); its flops (encoder and decoder,
+    activations and their gradients (the per-row count rows_budget() bounds); its flops (encoder and decoder,
     forward and backward: 6 per weight per row)."""
     import circuitlab.memory as memory
 
@@ -220,10 +227,12 @@ class DictionaryTrainer:
                             if (targets := target_l0s(c, h.target_l0)) else None for c, h in zip(configs, self.hyper)]
         per_row = sum(4 * c.n_latents + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
                       for c in configs)  # pre-acts, acts, grads
-        if train.batch_size * per_row > ROWS_BUDGET:
+        budget = rows_budget()
+        if train.batch_size * per_row > budget:
             raise ConfigError(f"train.batch_size {train.batch_size} needs {train.batch_size * per_row * 4 / 2**30:.1f} GiB "
-                              f"of activations per step for these dictionaries (limit {ROWS_BUDGET * 4 / 2**30:.0f} GiB); "
-                              f"give at most {max(1, ROWS_BUDGET // per_row)}")
+                              f"of activations per step for these dictionaries (limit {budget * 4 / 2**30:.1f} GiB, a quarter "
+                              "of the memory budget; --memory sets it); "
+                              f"give at most {max(1, budget // per_row)}")
         self.saes = [(CrossLayerTranscoder if isinstance(c, CLTConfig) else SparseDictionary)(c, seed=_seed(train.seed, j) % 2**31)
                      .to(self.device) for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
