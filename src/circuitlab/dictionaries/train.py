@@ -83,14 +83,19 @@ def rows_budget() -> int:
 def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype = torch.float32) -> Any:
     """What one training step of these dictionaries holds beyond their weights (circuitlab.memory.Estimate): the
     gradients and Adam's two moments (3 copies of the weights) and batch_size rows of pre-activations,
-    activations and their gradients (the per-row count rows_budget() bounds); its flops (encoder and decoder,
+    activations and their gradients (dense for ReLU and JumpReLU, as rows_budget() bounds them; the pre-activations
+    for the TopK family); its flops (encoder and decoder,
     forward and backward: 6 per weight per row)."""
     import circuitlab.memory as memory
 
     size = torch.empty(0, dtype=dtype).element_size()
     weights = sum(c.n_latents * (2 * c.n_layers * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
                   for c in configs)
-    per_row = sum(4 * c.n_latents + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
+    # a TopK-family step holds one [rows, latents] of pre-activations and works on the k that fire (measured: ~1
+    # float per latent a row at GPT-2 small's width); ReLU and JumpReLU keep pre-activations, activations and
+    # their gradients dense (4, the bound the batch size is refused by)
+    per_row = sum((1 if c.architecture in ("topk", "batchtopk") else 4) * c.n_latents
+                  + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
                   for c in configs)
     return memory.Estimate(f"a training step of {len(configs)} dictionar{'y' if len(configs) == 1 else 'ies'} on "
                            f"{batch_size:,} rows", {"gradients and Adam's moments": 3 * weights * size,
