@@ -71,12 +71,6 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
         model = build_model(shape, n_layers=layers).to(device, torch_dtype)
         cfg = model.cfg
         tokens = torch.randint(0, cfg.d_vocab, (1, n_pos), generator=g).to(device)
-        if method == "graph" and cfg.logit_softcap is not None:
-            from circuitlab.model.assumptions import unmet
-
-            if unmet(model, "linear_readout"):   # until graphs take soft-capped logits: the cap dropped
-                model = build_model(shape, n_layers=layers, logit_softcap=None).to(device, torch_dtype)
-                row["note"] = "final logit soft-cap dropped (graphs refuse it in this build)"
         tc = build_transcoders(model, shape).to(torch_dtype) if method == "graph" else None
         if tc is not None and device != "cpu":
             for layer in tc.layers:
