@@ -226,11 +226,11 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
                 ("at most 64 coefficients",),
                 ("batch_size", "give a batch_size of at most"), ("give at most", "batches"), ("batch_size",),
                 ("--batches", "give at most"), ("--tokens", "from 1 to 4194304"), ("train.batch_size", "give at most"),
-                ("262,144 active features", "MB (limit 2,048 MB)", "--max-feature-nodes) at most"),
+                ("262,144 active features", "of the memory budget", "--max-feature-nodes) at most"),
                 ("262,144 active features", "--max-feature-nodes) at most"), ("--dashboard-tokens", "from 0 to 4194304"),
-                ("noise runs", "limit 1 GiB", "give at most"), ("10,000 noise runs", "give at most"),
+                ("noise runs", "of the memory budget", "give at most"), ("10,000 noise runs", "give at most"),
                 ("--noise-scale", "to 1000"), ("wider than the model", "give --window 1..1"),
-                ("n_stories", "at most 1,000,000"), ("train.batch_size", "(limit 4 GiB)", "give train.batch_size at most"),
+                ("n_stories", "at most 1,000,000"), ("train.batch_size", "of the memory budget", "give train.batch_size at most"),
                 ("parameters", "over the 16 GiB limit"), ("parameters", "n_layers"), ("parameters", "train.seq_len"),
                 ("samples", "from 1 to 50000", "held at once")]
     assert len(answers) == len(expected)
@@ -387,7 +387,7 @@ def test_graph_trace_and_the_explorers_graphs_are_bounded(where, graph_files):
 
 @pytest.mark.slow  # the largest accepted batch runs a step; refusals: test_huge_counts_...
 def test_model_training_at_the_largest_batch_accepted_finishes_within_a_cap(where):
-    """`circuitlab train`'s step: the largest train.batch_size the refusal names (activations within 4 GiB by
+    """`circuitlab train`'s step: the largest train.batch_size the refusal names (activations within a quarter of the memory budget by
     the estimate) trains a step within a 6 GB address space; one row more is refused. (~30 s.)"""
     (too_big,) = capped([TRAIN + ["--out", str(where / "tr0"), "--set", f"train.batch_size={HUGE}"]], where)
     most = named_limit(too_big)

@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     from circuitlab.training.interrupts import restart_message, stop_signals_as_ctrl_c, stopped_by
 
     try:
-        with stop_signals_as_ctrl_c():   # the termination signal saves and says what Ctrl-C does
+        from circuitlab.memory import memory_limit
+
+        # the termination signal saves and says what Ctrl-C does; --memory: the budget every size limit shares
+        with stop_signals_as_ctrl_c(), memory_limit(getattr(args, "memory", None)):
             return int(args._run(args) or 0)
     except CircuitlabError as e:
         print(f"circuitlab {args.command}: error: {e}", file=sys.stderr)

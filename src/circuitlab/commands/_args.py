@@ -20,3 +20,27 @@ def add_dtype_arguments(p, what: str = "the model and its dictionaries") -> None
     p.add_argument("--compute-dtype", choices=list(DTYPES), default=None,
                    help="compute in this dtype (default: float32 on a CPU, each half-precision weight upcast as a "
                         "layer uses it; the storage dtype on a GPU)")
+
+
+def memory_size(text: str) -> int:
+    """--memory: a size such as 8G (circuitlab.memory.parse_size); one line when bad or more than the machine."""
+    import argparse
+
+    from circuitlab.errors import ConfigError
+    from circuitlab.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--memory ")) from None
+
+
+def add_memory_arguments(p, estimate: bool = True) -> None:
+    """--memory SIZE (the budget every size limit of the command is a share of) and --estimate (say what the
+    work will hold and take, then stop)."""
+    p.add_argument("--memory", type=memory_size, default=None, metavar="SIZE",
+                   help="the memory budget, e.g. 8G (default: 70%% of the memory available now); every size limit is "
+                        "a share of it; more than the machine has is refused")
+    if estimate:
+        p.add_argument("--estimate", action="store_true",
+                       help="print what the work will hold at its peak and roughly how long it will take, then stop")

@@ -5,7 +5,8 @@ import argparse
 
 HELP = ("attribution graph of a next-token prediction: transcoder features, error and token nodes, logits; "
         "pruned, scored, written for Neuronpedia's viewer (also: --checkpoint DIR --transcoders DIR --prompt TEXT)")
-EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted --qk   "
+EXAMPLE = ("circuitlab graph --planted --prompt xAxBxyx --out runs/graph-planted --qk   (--estimate: what it will "
+           "hold and take, then stop; --memory 8G: the budget)   "
            "(the graphs demo: circuitlab graph demo --help)")
 DEMO_HELP = ("graphs demo: train a 2-layer MLP model on the stories and its transcoders, then explain three "
              "predictions (a repeated name, two memorised phrases) with attribution graphs, each tested by an "
@@ -60,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "did: each head's score split into (query part x key part) terms (QK attributions)")
     p.add_argument("--qk-heads", type=positive_int, default=10,
                    help="with --qk: this many (head, query, key) places, the most influential first (default 10)")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
     p.add_argument("--partial", action="store_true",
                    help="allow transcoders that do not cover every layer (the rest stay whole in error nodes)")
     p.add_argument("--out", default="runs/graph", help="output folder (default runs/graph); an earlier graph there "
@@ -153,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
     if len(tok.encode(args.prompt)) > model.cfg.n_ctx:
         raise InputError(f"the prompt is {len(tok.encode(args.prompt))} tokens but the model's context is "
                          f"{model.cfg.n_ctx}; shorten it")
+    if args.estimate:
+        print(graph_estimate(model, tc, args, tok).line())
+        return 0
     result = graph_experiment(model, tc, args.prompt, tok, out=args.out, target=args.target, foil=args.foil,
                               node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
                               max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
@@ -167,3 +174,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {result.out}: graph/ (full graph), graph.json (Neuronpedia viewer), results.json, report.md, "
           f"report.html ({result.data['files']['viewer_json_kb']:.1f} KB viewer JSON)")
     return 0
+
+
+def graph_estimate(model, tc, args: argparse.Namespace, tok):
+    """What `circuitlab graph` with these arguments would hold and take (the reference run only)."""
+    import torch
+
+    from circuitlab.graphs.attribution import estimate_graph, logit_difference
+
+    targets = None
+    if args.target is not None:
+        t = tok.token_id(args.target, "target")
+        targets = [t] if args.foil is None else [logit_difference(tok, t, tok.token_id(args.foil, "foil"),
+                                                                  model.cfg.d_vocab)]
+    return estimate_graph(model, tc, torch.tensor(tok.encode(args.prompt)), targets=targets,
+                          max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
+                          batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes)

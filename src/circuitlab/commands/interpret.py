@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     tracing.add_argument("--replace-with", nargs="+", default=None, metavar="TEXT",
                          help="with --noise replace: other subjects of the same token length, one run each")
     p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/interpret)")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.experiments.interpret import run_interpret
     from circuitlab.training.outputs import check_writable
 
+    if args.estimate:
+        for line in interpret_estimates(args):
+            print(line)
+        return 0
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     check_writable(out, "the interpret results")   # before the model is read
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
@@ -50,3 +57,19 @@ def run(args: argparse.Namespace) -> int:
                             replace_with=args.replace_with)
     print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0
+
+
+def interpret_estimates(args: argparse.Namespace) -> list[str]:
+    """What the large experiments of `interpret` would hold and take (causal tracing: its noise runs and
+    restorations, on --prompt or the default prompt), without running them."""
+    from circuitlab.analysis.patching.causal_tracing import check_kinds, trace_estimate
+    from circuitlab.experiments.interpret_reading import prompt_tokens
+    from circuitlab.experiments.interpret_tracing import tracing_noise
+    from circuitlab.training import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    tokens = prompt_tokens(model, tokenizer, args.prompt)
+    noise = tracing_noise({"noise": args.noise, "noise_scale": args.noise_scale, "noise_samples": args.noise_samples,
+                           "replace_with": args.replace_with}, tokenizer)
+    kinds = len(check_kinds(model, None)) + (1 if model.cfg.has_mlp else 0)
+    return [trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=kinds).timed().line()]

@@ -40,6 +40,9 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto; under torchrun each rank takes its "
                                                    "local GPU (nccl) or runs on the CPU (gloo)")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
     p.add_argument("--parallel", choices=("data", "modules"), default="data",
                    help="under torchrun: data = every rank trains replicas on its own rows (gradients averaged); "
                         "modules = each dictionary on one rank, activations sent to it (default data)")
@@ -56,6 +59,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
     check_writable(out, "the dictionaries")   # before an interrupted folder is tidied or the model read
     # under torchrun: one process group (gloo on the CPU, nccl on GPUs); alone nothing changes
+    if args.estimate:   # nothing read or written: the dictionaries' shapes and the step's cost
+        print(train_dictionaries(data, out, progress=False, device=args.device, estimate_only=True)["line"])
+        return 0
     rank, _, device = D.setup(args.device)
     with D.rank_zero_first():  # rank 0 alone tidies an interrupted folder; then every rank sees the same one
         resume = start_or_resume(out, args.resume, args.overwrite, quiet=rank != 0, tidy=rank == 0)

@@ -70,7 +70,39 @@ THRESHOLD_LR_SCALE = 10.0  # a JumpReLU SAE's thresholds and decoder under targe
 # Train settings that do not change the trained dictionaries (a resume may change them).
 NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
 _BETA = Number(float, low=0.0, high=1.0, high_open=True)
-ROWS_BUDGET = 2 ** 28  # floats one step's rows may need across a dictionary's widths (1 GiB): bounds train.batch_size
+# floats one step's rows may need across a dictionary's widths: a share of the memory budget (circuitlab.memory)
+# that bounds train.batch_size
+
+
+def rows_budget() -> int:
+    import circuitlab.memory as memory
+
+    return memory.floats(memory.STEP_SHARE)
+
+
+def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype = torch.float32) -> Any:
+    """What one training step of these dictionaries holds beyond their weights (circuitlab.memory.Estimate): the
+    gradients and Adam's two moments (3 copies of the weights) and batch_size rows of pre-activations,
+    activations and their gradients (dense for ReLU and JumpReLU, as rows_budget() bounds them; the pre-activations
+    for the TopK family); its flops (encoder and decoder,
+    forward and backward: 6 per weight per row)."""
+    import circuitlab.memory as memory
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    weights = sum(c.n_latents * (2 * c.n_layers * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
+                  for c in configs)
+    # a TopK-family step holds one [rows, latents] of pre-activations and works on the k that fire (measured: ~1
+    # float per latent a row at GPT-2 small's width); ReLU and JumpReLU keep pre-activations, activations and
+    # their gradients dense (4, the bound the batch size is refused by)
+    per_row = sum((1 if c.architecture in ("topk", "batchtopk") else 4) * c.n_latents
+                  + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
+                  for c in configs)
+    return memory.Estimate(f"a training step of {len(configs)} dictionar{'y' if len(configs) == 1 else 'ies'} on "
+                           f"{batch_size:,} rows", {"gradients and Adam's moments": 3 * weights * size,
+                                                    "activations": batch_size * per_row * 4},
+                           held=weights * size, flops=6.0 * weights * batch_size, efficiency=0.5)
+
+
 # One rule per number field of DictTrainConfig (circuitlab.checks): finite, in range, whole where counted.
 TRAIN_RULES = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_steps": NONNEG_INT,
                "lr_decay_frac": FRACTION, "beta1": _BETA, "beta2": _BETA, "l1_coeff": NONNEG, "l0_coeff": NONNEG,
@@ -200,10 +232,12 @@ class DictionaryTrainer:
                             if (targets := target_l0s(c, h.target_l0)) else None for c, h in zip(configs, self.hyper)]
         per_row = sum(4 * c.n_latents + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
                       for c in configs)  # pre-acts, acts, grads
-        if train.batch_size * per_row > ROWS_BUDGET:
+        budget = rows_budget()
+        if train.batch_size * per_row > budget:
             raise ConfigError(f"train.batch_size {train.batch_size} needs {train.batch_size * per_row * 4 / 2**30:.1f} GiB "
-                              f"of activations per step for these dictionaries (limit {ROWS_BUDGET * 4 / 2**30:.0f} GiB); "
-                              f"give at most {max(1, ROWS_BUDGET // per_row)}")
+                              f"of activations per step for these dictionaries (limit {budget * 4 / 2**30:.1f} GiB, a quarter "
+                              "of the memory budget; --memory sets it); "
+                              f"give at most {max(1, budget // per_row)}")
         self.saes = [(CrossLayerTranscoder if isinstance(c, CLTConfig) else SparseDictionary)(c, seed=_seed(train.seed, j) % 2**31)
                      .to(self.device) for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU

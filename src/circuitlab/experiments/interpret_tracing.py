@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from circuitlab.analysis.patching.causal_tracing import causal_trace, check_kinds, check_window
+from circuitlab.analysis.patching.causal_tracing import causal_trace, check_kinds, check_window, trace_estimate
 from circuitlab.analysis.patching.noise import Noise
 from circuitlab.errors import InputError
 from circuitlab.experiments.interpret_reading import prompt_tokens
@@ -49,6 +49,8 @@ def run_causal_tracing(model, tokenizer, out_dir: Path, opts: dict[str, Any]) ->
         note = None if subject == DEFAULT_SUBJECT else (f"the default prompt's {DEFAULT_SUBJECT!r} does not fit the "
                                                         "context: its first token is the subject (give --prompt and "
                                                         "--subject)")
+    if opts.get("progress", True):   # what it will hold and take, before the work
+        print(trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=len(kinds)).timed().line(), flush=True)
     trace = causal_trace(model, tokens, subject, tokenizer=tokenizer, kinds=kinds, window=window, noise=noise)
     figure = causal_trace_figure(trace).save_png(Path(out_dir) / "causal_tracing.png").name
     summary = trace.summary() + ([note] if note else [])

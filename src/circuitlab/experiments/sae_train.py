@@ -160,14 +160,28 @@ def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
     return {**known, **raw}
 
 
+def training_estimate(configs: list, batch_size: int, steps: int) -> Any:
+    """A training step's memory beyond the weights (dictionaries.train.dictionary_step_estimate), with the flops
+    of all `steps` steps, so its seconds are the whole run's (the model's forward for the activations not counted)."""
+    from circuitlab.dictionaries.train import dictionary_step_estimate
+
+    est = dictionary_step_estimate(configs, batch_size)
+    est.what = f"training ({steps:,} steps; {est.what})"
+    est.flops = (est.flops or 0.0) * steps
+    return est
+
+
 def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False, overwrite: bool = False,
-                       progress: bool = True, device: str = "cpu", parallel: str | None = None) -> dict[str, Any]:
+                       progress: bool = True, device: str = "cpu", parallel: str | None = None,
+                       estimate_only: bool = False) -> dict[str, Any]:
     """Train every dictionary of a config (load_sae_config) on one stream of the model's activations; save them,
     their checkpoint and metrics.jsonl in out, then splice each into the model on held-out text. Returns the
     summary written to out/results.json (metrics and spliced CE per dictionary, per-layer sets replaced at once).
     resume: continue out's checkpoint (start_or_resume decides); overwrite: replace an earlier run in out.
     Under torchrun (a process group set up by training.distributed.setup) every rank calls it: `parallel` "data"
-    (default) or "modules" (dictionaries/parallel.py); rank 0 writes and evaluates, the others return {}."""
+    (default) or "modules" (dictionaries/parallel.py); rank 0 writes and evaluates, the others return {}.
+    estimate_only: return {"estimate", "line"} (training_estimate) once the dictionaries' shapes are known, before
+    any activation is read or anything is written (`sae train --estimate`)."""
     import circuitlab.training.distributed as D
 
     from circuitlab.data import DataConfig, build_data
@@ -229,6 +243,12 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         if d.get("out_hook_name"):
             d.setdefault("d_out", source.widths[d["out_hook_name"]])
         configs.append(DictionaryConfig.from_dict(d))
+    est = training_estimate(configs, train.batch_size, train.steps)
+    if estimate_only:
+        est.timed()
+        return {"estimate": est.to_dict(), "line": est.line()}
+    if progress and rank == 0:   # what it will hold and take, before the work
+        print(est.timed().line(), flush=True)
     val_source = source
     if store_cfg["cache"]:
         n_train = shards * math.ceil(train.steps * train.batch_size / shards / source.rows_per_chunk)  # per shard

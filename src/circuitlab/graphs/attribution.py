@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+import circuitlab.memory as memory
 from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.graph import Graph, check_token_nodes, normalized
@@ -40,55 +41,167 @@ from circuitlab.model import model_dtype
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
 
-# Memory bounds (floats; float32 = 4 bytes each). The graph's dense matrices grow with the square of its node
-# count, so a long prompt or wide transcoders are refused before any backward pass, saying how many feature
-# nodes fit; the rows of one backward pass grow with the batch, so batch_size is cut to what fits.
-GRAPH_BUDGET = 2 ** 29   # 2 GiB: the adjacency, pruning's float64 copy, the decoder columns, capped rows
-BATCH_BUDGET = 2 ** 26   # 256 MiB: one backward pass's batched gradients and rows
+# Memory bounds: shares of the memory budget (circuitlab.memory: the memory available now, or --memory). The
+# graph's dense matrices grow with the square of its node count, so a long prompt or wide transcoders are
+# refused before any backward pass, saying how many feature nodes fit; the rows of one backward pass grow with
+# the batch, so batch_size is cut to what fits.
+
+
+# Capped rows (cap x (active features + errors + tokens): long prompts) above this share of the budget are
+# streamed to a file instead of memory (offload_folder()).
+OFFLOAD_SHARE = 0.25
+
+
+def graph_budget() -> int:
+    """Floats the graph's dense matrices may take: the adjacency, pruning's float64 copy, the capped rows."""
+    return memory.floats(memory.GRAPH_SHARE)
+
+
+def pass_budget() -> int:
+    """Floats one backward pass's batched gradients and rows may take."""
+    return memory.floats(memory.PASS_SHARE)
 
 
 def graph_floats(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
-                 d_model: int) -> int:
+                 d_model: int, offloaded: bool = False) -> int:
     """Floats a graph's dense matrices take at once: layers [n_feat], each active feature's layer; cap: feature
-    nodes kept (>= n_feat: all). The adjacency [n, n] (float32) and influence's |A| (float64, 2 floats per
-    entry); each feature's decoder vectors into every layer it writes; with a cap, the visited features' rows
-    [cap, n_cols] and influence's estimates from them (two more [cap, n_feat])."""
+    nodes kept (>= n_feat: all). The adjacency [n, n] (float32) and pruning's edge scores among the kept nodes
+    (float64, 2 floats per entry); each feature's decoder vectors into every layer it writes; with a cap, the
+    visited features' rows [cap, n_cols] (none in memory when offloaded to disk) and influence's walk over
+    them ([cap, cap] float64 and a chunk of rows)."""
     n_feat, L = len(layers), transcoders.n_layers
     writes = sum(len(transcoders.writes(int(l))) * int(n) for l, n in zip(*layers.unique(return_counts=True)))
     n_nodes = min(cap, n_feat) + (L + 1) * n_pos + n_logits
     total = 3 * n_nodes ** 2 + writes * d_model
     if cap < n_feat:
-        total += cap * (n_feat + (L + 1) * n_pos) + 2 * cap * n_feat
+        total += (0 if offloaded else cap * (n_feat + (L + 1) * n_pos)) + 2 * cap * cap + 3 * min(CHUNK_FLOATS, cap * n_feat)
     return total
 
 
 def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n_pos: int, n_logits: int,
-                     d_model: int, budget: int = GRAPH_BUDGET, name: str = "max_feature_nodes (--max-feature-nodes)",
-                     where: str = "") -> None:
+                     d_model: int, budget: int | None = None, name: str = "max_feature_nodes (--max-feature-nodes)",
+                     where: str = "", offloaded: bool = False) -> None:
     """A one-line InputError, before any backward pass, when the graph's dense matrices (graph_floats) would
-    pass `budget` floats, saying how many feature nodes (`name`) would fit."""
-    need = graph_floats(layers, transcoders, cap, n_pos, n_logits, d_model)
+    pass `budget` floats (default graph_budget()), saying how many feature nodes (`name`) would fit."""
+    limit = None
+    if budget is None:
+        budget, limit = graph_budget(), memory.describe(memory.GRAPH_SHARE)
+    need = graph_floats(layers, transcoders, cap, n_pos, n_logits, d_model, offloaded)
     if need <= budget:
         return
     n_feat = len(layers)
     lo, hi = -1, min(cap, n_feat) - 1            # the most feature nodes that fit: binary search (monotone)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if graph_floats(layers, transcoders, mid, n_pos, n_logits, d_model) <= budget \
+        lo, hi = (mid, hi) if graph_floats(layers, transcoders, mid, n_pos, n_logits, d_model, offloaded) <= budget \
             else (lo, mid - 1)
     n_nodes = min(cap, n_feat) + (transcoders.n_layers + 1) * n_pos + n_logits
     fix = f"give {name} at most {lo} or a shorter prompt" if lo >= 1 else "give a shorter prompt"
     mb = lambda floats: f"{floats * 4 / 2**20:,.{0 if floats * 4 >= 10 * 2**20 else 2}f} MB"  # noqa: E731
     raise InputError(f"this graph would hold {n_nodes:,} nodes ({n_feat:,} active features over {n_pos} tokens): "
-                     f"its dense matrices need {mb(need)} (limit {mb(budget)}{where}); {fix}")
+                     f"its dense matrices need {mb(need)} (limit {limit or mb(budget)}{where}); {fix}")
+
+
+def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
+    """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
+    until its adjacency row is made), the injected gradient at its layer's input, the working gradients through
+    a block (norms, attention, skip: ~8 [pos, d_model], measured on GPT-2 small and Gemma-2-2B shapes with
+    benchmarks/bench_scale.py), and its adjacency row [n_cols]. Vocabulary-sized only for the few logit
+    rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
+    cfg = model.cfg
+    return n_pos * cfg.d_model * (2 * max(cfg.n_layers, 1) + 8) + n_cols
 
 
 def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
-    """Target rows one backward pass may hold within BATCH_BUDGET: each row carries its gradient through every
-    layer at every position, and its adjacency row [n_cols]; at least 1."""
-    cfg = model.cfg
-    per_layer = n_pos * (8 * cfg.d_model + (0 if cfg.attn_only else 2 * cfg.mlp_dim) + 2 * cfg.n_heads * n_pos)
-    return max(1, BATCH_BUDGET // (per_layer * max(cfg.n_layers, 1) + cfg.d_vocab + n_cols))
+    """Target rows one backward pass may hold within pass_budget() (row_floats each); at least 1."""
+    return max(1, pass_budget() // row_floats(model, n_cols, n_pos))
+
+
+# The share of the machine's matmul speed a backward pass of the frozen system reaches on a CPU (batched
+# products of a few hundred rows; measured with benchmarks/bench_scale.py): turns flops into seconds.
+PASS_EFFICIENCY = 0.5
+
+
+def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.Tensor, n_pos: int, cap: int,
+                         n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32,
+                         offload: bool = False) -> memory.Estimate:
+    """What attribute() will hold at its peak beyond the model and transcoders, and its arithmetic, once the
+    reference run has found the active features (features [n_active, 3] (layer, pos, feature); cap: feature
+    nodes kept). Parts: the reference run's activations, the decoder columns, the dense adjacency, the capped
+    rows, one backward pass."""
+    cfg, tc = model.cfg, transcoders
+    size = torch.empty(0, dtype=dtype).element_size()
+    n_feat, L, T, d = len(features), tc.n_layers, n_pos, cfg.d_model
+    n_cols = n_feat + (L + 1) * T
+    n_nodes = min(cap, n_feat) + (L + 1) * T + n_logits
+    d_sae = sum(tc.d_sae(layer) for layer in tc.layers)
+    attn = cfg.n_layers * cfg.n_heads * T * T                                  # the frozen patterns
+    parts = {"reference run": 4 * (T * d_sae + 2 * T * max(tc.d_sae(layer) for layer in tc.layers) + attn
+                                   + 6 * L * T * d)}
+    dec = 0
+    for layer in tc.layers:
+        pos = features[features[:, 0] == layer, 1]
+        if len(pos):
+            dec += T * int(torch.bincount(pos, minlength=T).max()) * len(tc.writes(layer)) * d
+    parts["decoder columns"] = dec * size
+    parts["adjacency"] = n_nodes ** 2 * size
+    B = min(batch_size, rows_per_pass(model, n_cols, T))
+    rows = min(cap, n_feat)
+    if cap < n_feat:
+        if not offload:
+            parts["capped rows"] = cap * n_cols * size
+        parts["influence"] = cap * cap * 8 + min(cap * n_feat, CHUNK_FLOATS) * 12   # [V, V] float64, a chunk
+    parts["backward pass"] = B * row_floats(model, n_cols, T) * size
+    parts["forward of the frozen system"] = 12 * cfg.n_layers * T * d * size
+    heads = cfg.n_heads * cfg.head_dim
+    per_row = T * (cfg.n_layers / 2) * (4 * d * heads + 2 * cfg.n_heads * T * cfg.head_dim
+                                        + (2 * d * d if getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False) else 0))
+    per_row += 2 * n_cols * d
+    flops = (rows + n_logits) * per_row
+    est = memory.Estimate(f"the attribution graph ({n_feat:,} active features, {rows:,} feature nodes, "
+                          f"{math.ceil(rows / B) + math.ceil(n_logits / B):,} backward passes of {B} rows)", parts,
+                          held=memory.tensor_bytes(model, *{id(tc.dictionary(l_)): tc.dictionary(l_)
+                                                              for l_ in tc.layers}.values()),
+                          flops=flops, efficiency=PASS_EFFICIENCY)
+    est.batch_size, est.passes = B, math.ceil(rows / B) + math.ceil(n_logits / B)
+    est.offload = offload
+    if offload:
+        est.disk = (cap * n_cols * size, offload_folder())
+    return est
+
+
+def offload_folder() -> str:
+    """Where capped rows too large for memory go: $CIRCUITLAB_OFFLOAD, else the temporary folder."""
+    import tempfile
+
+    return os.environ.get("CIRCUITLAB_OFFLOAD") or tempfile.gettempdir()
+
+
+def _check_disk(n_bytes: int) -> None:
+    import shutil
+
+    folder = offload_folder()
+    free = shutil.disk_usage(folder).free
+    if free < 1.1 * n_bytes:
+        raise InputError(f"the capped rows need {memory.gib(n_bytes)} on disk (over {OFFLOAD_SHARE:.0%} of the memory "
+                         f"budget, so they are offloaded) but {folder} has {memory.gib(free)} free; set CIRCUITLAB_OFFLOAD "
+                         "to a folder with room, or give fewer --max-feature-nodes")
+
+
+def _disk_rows(n: int, m: int, dtype: torch.dtype) -> torch.Tensor:
+    """A [n, m] zero tensor backed by a file in offload_folder() (deleted at once: the mapping keeps it until
+    the tensor is freed). Its pages are the kernel's to write out and drop, so the rows do not stay in memory."""
+    import tempfile
+
+    size = torch.empty(0, dtype=dtype).element_size()
+    fd, path = tempfile.mkstemp(prefix="circuitlab-rows-", suffix=".bin", dir=offload_folder())
+    try:
+        os.ftruncate(fd, max(1, n * m * size))
+        rows = torch.from_file(path, shared=True, size=n * m, dtype=dtype)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return rows.view(n, m)
 
 
 @dataclass
@@ -212,7 +325,12 @@ class _PeakMemory:
 
 
 class _Columns:
-    """Turns gradients at the sources' places into adjacency columns (all sources, in node order)."""
+    """Turns gradients at the sources' places into adjacency columns (all sources, in node order).
+
+    A source layer's features are laid out per position, padded to the most any position has ([T, m]), so
+    that one batched product per (source layer, layer written) gives every row's edges from all of them:
+    [pos, rows, d_model] @ [pos, d_model, m] (a product per position and layer was hundreds of small,
+    strided matrix products per backward pass)."""
 
     @torch.no_grad()
     def __init__(self, rm: ReplacementModel, features: torch.Tensor, values: torch.Tensor, dtype: torch.dtype,
@@ -220,20 +338,24 @@ class _Columns:
         tc, T = rm.tc, rm.n_pos
         self.n_feat, self.T, self.L = len(features), T, tc.n_layers
         self.n_cols = self.n_feat + (self.L + 1) * T
-        # Per target layer k: (pos, first column, act * decoder vectors into k [n, d_model]). Features are
-        # sorted by (layer, pos, feature), so one source layer's features at one position are adjacent columns.
-        self.writes: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
+        # Per target layer k: (pos [n], columns [n], slot [n] in the padded [T, m] layout, act * decoder vectors
+        # into k [T, m, d_model]). Features are sorted by (layer, pos, feature): one layer's are adjacent columns.
+        self.writes: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         for layer in tc.layers:
             mine = (features[:, 0] == layer).nonzero().flatten()
             if not len(mine):
                 continue
+            pos = features[mine, 1]
+            counts = torch.bincount(pos, minlength=T)
+            m = int(counts.max())
+            first = torch.cat([counts.new_zeros(1), counts.cumsum(0)[:-1]])
+            slot = pos * m + (torch.arange(len(mine), device=pos.device) - first[pos])   # [n] place in [T * m]
             dec = tc.decoder_vectors(layer, features[mine, 2]).to(dtype)          # [n, w, d]
             dec = dec * values[mine].to(dtype)[:, None, None]
-            pos, counts = features[mine, 1].unique_consecutive(return_counts=True)
-            starts = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]])
             for i, k in enumerate(tc.writes(layer)):
-                for p, a, n in zip(pos.tolist(), starts.tolist(), counts.tolist()):
-                    self.writes.setdefault(k, []).append((p, int(mine[a]), dec[a:a + n, i].contiguous()))
+                padded = dec.new_zeros(T * m, dec.shape[-1])
+                padded[slot] = dec[:, i]
+                self.writes.setdefault(k, []).append((mine, slot, padded.view(T, m, -1)))
         errs = torch.stack([rm.errors[k] for k in range(self.L)]).to(dtype).clone()   # [L, T, d]
         if rm.bos:
             errs[:, 0] = 0  # position 0's MLP output is a constant, not a node
@@ -246,10 +368,12 @@ class _Columns:
         R, P = grad_embed.shape[:2]  # a pass over the first P positions: later sources get no gradient
         rows = grad_embed.new_zeros(R, self.n_cols)
         for k, g in grads_out.items():
-            for p, a, vecs in self.writes.get(k, ()):
-                if p < P:
-                    block = rows[:, a:a + len(vecs)]
-                    block.addmm_(g[:, p], vecs.T)
+            gt = g.transpose(0, 1)                                                   # [P, R, d]
+            for cols, slot, dec in self.writes.get(k, ()):
+                m = dec.shape[1]
+                edges = torch.bmm(gt, dec[:P].transpose(1, 2)).transpose(0, 1)       # [R, P, m]
+                seen = slot < P * m                                                  # sources at positions < P
+                rows[:, cols[seen]] += edges.reshape(R, P * m)[:, slot[seen]]
             start = self.n_feat + k * self.T
             rows[:, start:start + P] = (g * self.errors[k][:P]).sum(-1)
         start = self.n_feat + self.L * self.T
@@ -266,10 +390,10 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
 
     targets: None (the top tokens until desired_logit_prob, at most max_n_logits) or a list of token ids,
     (label, direction [d_vocab]) pairs and LogitTargets (see logit_difference).
-    batch_size: target rows per backward pass (at most as many as fit BATCH_BUDGET, rows_per_pass).
+    batch_size: target rows per backward pass (at most as many as fit pass_budget(), rows_per_pass).
     max_feature_nodes: keep at most this many feature nodes, visited greedily by their influence on the
     logits (estimated from the rows computed so far), for long prompts. A graph whose dense matrices would
-    pass GRAPH_BUDGET is refused in one line before any backward pass, saying how many would fit.
+    pass graph_budget() is refused in one line before any backward pass, saying how many would fit.
     bos: position 0 is an attention sink (circuit-tracer's convention): no features, no error node there.
     dtype: compute in this dtype (default: the model's).
     token_nodes: "embedding" (a token node is the whole embedding at its position: W_E[token] + W_pos[pos] on
@@ -281,11 +405,11 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     # Threads re-decided between backward passes (perf.ThreadGovernor): two threads while another process
     # holds a core made one graph 8x slower than one thread.
     n_pos, batch_size = int(tokens.shape[-1]), COUNT.check(batch_size, "batch_size")  # checked before it sizes the work
-    with _PeakMemory() as memory, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
+    with _PeakMemory() as peak, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
         graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
-                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes)
+                           max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes, verbose)
     info = graph.info
-    info["peak_mb"] = memory.growth_mb
+    info["peak_mb"] = peak.growth_mb
     if verbose:
         s = info["seconds"]
         peak = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
@@ -296,27 +420,61 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     return graph
 
 
-def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
-               max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
-               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
-               gov: ThreadGovernor, token_nodes: str = "embedding") -> Graph:
-    t0 = time.perf_counter()
-    batch_size = COUNT.check(batch_size, "batch_size")
+def _prepare(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+             max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
+             bos: bool, tokenizer: Any, dtype: torch.dtype) -> tuple[Any, ...]:
+    """The checks, the reference run, the logit targets and the size check: everything before the estimate."""
+    COUNT.check(batch_size, "batch_size")
     if max_feature_nodes is not None:
         COUNT.check(max_feature_nodes, "max_feature_nodes")
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
     max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
-    token_nodes = check_token_nodes(token_nodes)
-    dtype = dtype or model_dtype(model)
     rm = ReplacementModel(model, transcoders, tokens, bos=bos)
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
     last = rm.logits[-1]
     logit_targets = (top_logit_targets(last, max_n_logits, desired_logit_prob, tokenizer) if targets is None
                      else named_logit_targets(last, targets, tokenizer))
+    n_feat = len(features)
+    cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
+    n_cols = n_feat + (transcoders.n_layers + 1) * rm.n_pos
+    row_bytes = cap * n_cols * torch.empty(0, dtype=dtype).element_size()
+    offload = cap < n_feat and row_bytes > OFFLOAD_SHARE * memory.budget_bytes()
+    if offload:
+        _check_disk(row_bytes)
+    check_graph_size(features[:, 0], transcoders, cap, rm.n_pos, len(logit_targets), model.cfg.d_model,
+                     offloaded=offload)
+    est = estimate_attribution(model, transcoders, features, rm.n_pos, cap, len(logit_targets), batch_size, dtype,
+                               offload)
+    return rm, features, logit_targets, cap, est
+
+
+def estimate_graph(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
+                   max_n_logits: int = 10, desired_logit_prob: float = 0.95, batch_size: int = 128,
+                   max_feature_nodes: int | None = None, bos: bool = False, dtype: torch.dtype | None = None,
+                   timed: bool = True) -> memory.Estimate:
+    """What attribute() with these arguments will hold and how long it will take (tokens [pos]), from the
+    reference run alone (one forward pass; no backward pass): `circuitlab graph --estimate`. A graph that would
+    not fit is refused here as attribute() refuses it. timed: measure the machine's speed for the seconds."""
+    dtype = dtype or model_dtype(model)
+    est = _prepare(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
+                   max_feature_nodes, bos, None, dtype)[-1]
+    return est.timed() if timed else est
+
+
+def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+               max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
+               bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
+               gov: ThreadGovernor, token_nodes: str = "embedding", verbose: bool = False) -> Graph:
+    t0 = time.perf_counter()
+    token_nodes = check_token_nodes(token_nodes)
+    dtype = dtype or model_dtype(model)
+    rm, features, logit_targets, cap, est = _prepare(model, transcoders, tokens, targets, max_n_logits,
+                                                     desired_logit_prob, batch_size, max_feature_nodes, bos,
+                                                     tokenizer, dtype)
+    if verbose:
+        print(est.timed().line(), flush=True)
     n_feat, T, L = len(features), rm.n_pos, transcoders.n_layers
     n_logit = len(logit_targets)
-    cap = n_feat if max_feature_nodes is None else min(max_feature_nodes, n_feat)
-    check_graph_size(features[:, 0], transcoders, cap, T, n_logit, model.cfg.d_model)
     values = torch.zeros(0)
     if n_feat:
         values = torch.cat([rm.acts[int(l_)][features[features[:, 0] == l_, 1], features[features[:, 0] == l_, 2]]
@@ -324,7 +482,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     t_setup = time.perf_counter() - t0
 
     cols = _Columns(rm, features, values, dtype, token_nodes)
-    B = min(batch_size, rows_per_pass(model, cols.n_cols, T))
+    B = est.batch_size
     t1 = time.perf_counter()
     t_forward = 0.0
     n_passes = 0
@@ -355,7 +513,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         found = torch.autograd.grad(outputs, [lp.out[k] for k in out_layers] + [lp.embed], grads,
                                     retain_graph=True, allow_unused=True, is_grads_batched=True)
         g_out = {k: g[:, 0].to(dtype) for k, g in zip(out_layers, found[:-1]) if g is not None}
-        g_emb = found[-1][:, 0] if found[-1] is not None else torch.zeros(len(grads[0]), *lp.embed.shape[1:])
+        g_emb = found[-1][:, 0] if found[-1] is not None else lp.embed.new_zeros(len(grads[0]), *lp.embed.shape[1:])
         return cols.rows(g_out, g_emb.to(dtype))
 
     # Logit rows first (they also seed the influence order when feature nodes are capped).
@@ -369,7 +527,12 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     # never one per active feature.
     n_nodes = (cap if cap < n_feat else n_feat) + (L + 1) * T + n_logit
     adjacency = torch.zeros(n_nodes, n_nodes, dtype=dtype)
-    feature_rows = adjacency[:n_feat, :cols.n_cols] if cap == n_feat else torch.zeros(cap, cols.n_cols, dtype=dtype)
+    if cap == n_feat:
+        feature_rows = adjacency[:n_feat, :cols.n_cols]
+    elif est.offload:   # long prompts: the rows stream to disk; influence reads them a chunk at a time
+        feature_rows = _disk_rows(cap, cols.n_cols, dtype)
+    else:
+        feature_rows = torch.zeros(cap, cols.n_cols, dtype=dtype)
     visited = torch.zeros(n_feat, dtype=torch.bool)
     order = torch.zeros(cap, dtype=torch.long)   # with a cap: the feature of each row of feature_rows
     n_done = 0
@@ -380,7 +543,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         for layer in features[idx, 0].unique().tolist():
             sel = (features[idx, 0] == layer).nonzero().flatten()
             x = lp.x[layer]
-            g = torch.zeros(len(idx), lp.n_pos, x.shape[-1], dtype=x.dtype)
+            g = x.new_zeros(len(idx), lp.n_pos, x.shape[-1])
             vecs = transcoders.encoder_vectors(layer, features[idx[sel], 2]).detach().to(x.dtype)  # [n, d_in]
             g[sel, features[idx[sel], 1]] = vecs
             inject[layer] = g
@@ -412,7 +575,8 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         while int(visited.sum()) < cap:
             infl = _partial_influence(feature_rows[:n_done], order[:n_done], n_feat, logit_rows_t, weights)
             infl[visited] = -math.inf
-            todo = infl.argsort(descending=True)[:min(4 * B, cap - int(visited.sum()))]
+            step = max(4 * B, cap // 16) if est.offload else 4 * B   # offloaded: each estimate reads the file
+            todo = infl.argsort(descending=True)[:min(step, cap - int(visited.sum()))]
             todo = todo[features[todo, 0].argsort(stable=True)]
             for i in range(0, len(todo), B):
                 feature_batch(whole, todo[i:i + B])
@@ -428,7 +592,10 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         keep_cols = torch.cat([selected, torch.arange(n_feat, cols.n_cols)])
         slot = torch.empty(n_feat, dtype=torch.long)
         slot[order] = torch.arange(cap)
-        adjacency[:len(selected), :n_src] = feature_rows[slot[selected]][:, keep_cols]
+        chunk = row_chunk(cols.n_cols)
+        for i in range(0, len(selected), chunk):   # a chunk at a time: no second copy of the capped rows
+            j = min(i + chunk, len(selected))
+            adjacency[i:j, :n_src] = feature_rows[slot[selected[i:j]]][:, keep_cols]
         adjacency[n_src:, :n_src] = logit_rows_t[:, keep_cols]
     else:
         adjacency[n_src:, :n_src] = logit_rows_t
@@ -436,7 +603,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     info = {"seconds": {"setup": t_setup, "forward": t_forward, "backward": t_backward,
                         "total": time.perf_counter() - t0},
             "n_active_features": n_feat, "n_feature_nodes": len(selected), "batch_size": B,
-            "threads": gov.n, "thread_changes": gov.changes,
+            "threads": gov.n, "thread_changes": gov.changes, "estimate": est.to_dict(),
             "backward_passes": n_passes, "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20}
     token_strs = [_token_label(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
     return Graph(tokens=rm.tokens.clone(), active_features=features, activations=values.to(dtype),
@@ -447,22 +614,44 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
                  identity=made_with(model, transcoders))
 
 
+CHUNK_FLOATS = 2 ** 24  # a chunk of rows made absolute (and float64) at a time: influence never copies all rows
+
+
+def row_chunk(n_cols: int) -> int:
+    """Rows of n_cols columns per chunk: CHUNK_FLOATS values (64 MiB of float32), at least 1."""
+    return max(1, CHUNK_FLOATS // max(1, n_cols))
+
+
 @torch.no_grad()
 def _partial_influence(rows: torch.Tensor, order: torch.Tensor, n_feat: int, logit_rows: torch.Tensor,
                        weights: torch.Tensor) -> torch.Tensor:
     """Each feature's influence on the weighted logits [n_feat] through the rows computed so far (the logit
     rows and the visited features' rows: rows [n_visited, n_cols], row j that of feature order[j]):
     w (Â + Â² + ...) without building the square matrix (a feature not yet visited has no row: nothing passes
-    through it yet). One copy of the visited rows, made absolute; each step divides the vector instead."""
+    through it yet).
+
+    Influence reaches an unvisited feature only through a visited row, so the walk runs on the visited
+    features' own columns ([V, V]); one product with all the rows at the end (a chunk of rows made absolute at
+    a time) carries it to every feature: memory is V² plus a chunk, never a copy of the [V, n_cols] rows."""
     a_logit = normalized(logit_rows)[:, :n_feat]
-    a = rows.abs()
-    inv = 1 / a.sum(dim=1).clamp(min=1e-10)
-    a_feat = a[:, :n_feat]                                               # [n_visited, n_feat]
-    step = weights.to(a_logit.dtype) @ a_logit
-    total = step.clone()
-    for _ in range(n_feat + 1):  # edges run from earlier layers to later ones: reaches zero
-        step = (step[order] * inv) @ a_feat
-        if not bool(step.any()):
-            return total
-        total += step
-    raise RuntimeError("influence did not converge (the rows have a cycle)")
+    start = weights.to(a_logit.dtype) @ a_logit                           # [n_feat]: straight into the logits
+    V = len(rows)
+    if not V:
+        return start
+    chunk = row_chunk(rows.shape[1])
+    inv = torch.cat([1 / rows[i:i + chunk].abs().sum(1).clamp(min=1e-10) for i in range(0, V, chunk)])
+    a_vv = rows[:, order].abs().to(start.dtype)                          # [V, V]: visited -> visited
+    inv = inv.to(start.dtype)
+    u, through = start[order], torch.zeros(V, dtype=start.dtype)
+    for _ in range(V + 1):  # edges run from earlier layers to later ones: reaches zero
+        if not bool(u.any()):
+            break
+        through += u
+        u = (u * inv) @ a_vv
+    else:
+        raise RuntimeError("influence did not converge (the rows have a cycle)")
+    factor = through * inv                                               # [V]
+    total = start.clone()
+    for i in range(0, V, chunk):
+        total += factor[i:i + chunk] @ rows[i:i + chunk, :n_feat].abs().to(start.dtype)
+    return total

@@ -67,6 +67,41 @@ def _influence(a: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor, max_it
     raise CircuitlabError("influence did not converge: the adjacency has a cycle (not an attribution graph)")
 
 
+ROW_CHUNK = 1024  # rows of the adjacency made absolute float64 at a time
+
+
+def _abs_rows(adjacency: torch.Tensor, start: int) -> tuple[torch.Tensor, slice]:
+    """|A| of ROW_CHUNK rows from `start`, float64: ([rows, n], the rows' slice)."""
+    rows = slice(start, min(start + ROW_CHUNK, len(adjacency)))
+    return adjacency[rows].double().abs(), rows
+
+
+def _chunked_influence(adjacency: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor,
+                       max_iter: int = 10_000) -> torch.Tensor:
+    """_influence(|A|, inv, weights) from the adjacency in its own dtype, a chunk of rows made float64 at a
+    time (only the rows the walk has reached): the same sum without an n x n float64 copy. [n]."""
+    n = len(adjacency)
+
+    def times(vec: torch.Tensor) -> torch.Tensor:       # (vec * inv) @ |A|
+        out = torch.zeros(n, dtype=torch.float64)
+        scaled = vec * inv
+        for start in range(0, n, ROW_CHUNK):
+            part = scaled[start:start + ROW_CHUNK]
+            if bool(part.any()):
+                a, _ = _abs_rows(adjacency, start)
+                out += part @ a
+        return out
+
+    step = times(weights.double())
+    total = step.clone()
+    for _ in range(max_iter):
+        if not bool(step.any()):
+            return total
+        step = times(step)
+        total += step
+    raise CircuitlabError("influence did not converge: the adjacency has a cycle (not an attribution graph)")
+
+
 def influence(a_hat: torch.Tensor, weights: torch.Tensor, max_iter: int = 10_000) -> torch.Tensor:
     """w (Â + Â² + ...) for weights w [n] on the rows: a graph's edges run from earlier layers to later
     ones, so the powers of Â reach zero after at most depth steps. [n]."""
@@ -83,6 +118,15 @@ def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     """Each edge's influence [n, n]: Â[t, s] * (influence of t + weight of t)."""
     a_hat = normalized(adjacency)
     return a_hat * (influence(a_hat, weights) + weights.to(a_hat.dtype))[:, None]
+
+
+def _edge_influence_of_block(adjacency: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """edge_influence(adjacency[idx][:, idx].double(), weights) with one [k, k] float64 matrix worked in place
+    (the same operations, so the same values): no [k, n] row copy, no second and third [k, k] temporaries."""
+    a = adjacency[idx[:, None], idx[None, :]].double().abs_()
+    a /= a.sum(dim=1, keepdim=True).clamp(min=1e-10)                      # Â, as normalized() makes it
+    a *= (influence(a, weights) + weights.to(a.dtype))[:, None]
+    return a
 
 
 def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -245,15 +289,20 @@ class Graph(Displayed):
 
     # ------------------------------------------------------------------ scores and pruning
     def _influence_stats(self) -> dict[str, torch.Tensor]:
-        """Computed once per adjacency and weights (float64, one |A| copy): inv [n] (1 / row sums of |A|),
-        influence [n], error_share [n] (each row's share of |A| coming from error nodes)."""
+        """Computed once per adjacency and weights, in float64 a chunk of rows at a time (never an n x n float64
+        copy of the adjacency): inv [n] (1 / row sums of |A|), influence [n], error_share [n] (each row's share
+        of |A| coming from error nodes)."""
         key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in (self.adjacency, self.logit_weights))
         if self._cache.get("key") != key:
-            a = self.adjacency.double().abs()
-            inv = _inverse_row_sums(a)
+            adj = self.adjacency
+            rows = torch.cat([_abs_rows(adj, i)[0].sum(1) for i in range(0, len(adj), ROW_CHUNK)]) if len(adj) \
+                else torch.zeros(0, dtype=torch.float64)
+            inv = 1 / rows.clamp(min=1e-10)
+            errors = torch.cat([_abs_rows(adj, i)[0][:, self.error_start:self.token_start].sum(1)
+                                for i in range(0, len(adj), ROW_CHUNK)]) if len(adj) else rows
             self._cache.clear()
-            self._cache.update(key=key, inv=inv, influence=_influence(a, inv, self.weights()),
-                               error_share=a[:, self.error_start:self.token_start].sum(1) * inv)
+            self._cache.update(key=key, inv=inv, influence=_chunked_influence(adj, inv, self.weights()),
+                               error_share=errors * inv)
         return self._cache
 
     def node_influence(self) -> torch.Tensor:
@@ -303,7 +352,7 @@ class Graph(Displayed):
         nodes = infl >= threshold_for(infl, node_threshold)
         nodes[self.token_start:] = True  # tokens and logits always stay
         idx = nodes.nonzero().flatten()
-        scores = edge_influence(self.adjacency[idx][:, idx].double(), w[idx])     # [k, k]
+        scores = _edge_influence_of_block(self.adjacency, idx, w[idx])           # [k, k]
         sub = scores >= threshold_for(scores, edge_threshold)  # the same cut as on the n x n matrix: its
         # non-zero scores are these, and both have zeros (token rows)
         kept = nodes[idx]

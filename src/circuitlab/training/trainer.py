@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+import circuitlab.memory as memory
 from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
 from circuitlab.errors import CircuitlabError, ConfigError
@@ -87,12 +88,16 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
 # What one training process may hold (floats; float32 = 4 bytes): refused in one line before anything is
 # allocated, naming the setting, rather than a traceback from the allocator or the out-of-memory killer.
 PARAMS_LIMIT = 2 ** 30   # parameters: with gradients and Adam's two moments, 4 floats each = 16 GiB
-STEP_BUDGET = 2 ** 30    # activations one micro-batch keeps for its backward pass: 4 GiB
+# activations one micro-batch keeps for its backward pass: a share of the memory budget (circuitlab.memory)
+
+
+def step_budget() -> int:
+    return memory.floats(memory.STEP_SHARE)
 
 
 def check_training_size(cfg, rows: int, seq_len: int) -> None:
     """A one-line ConfigError when the model (cfg) or one micro-batch of rows x seq_len tokens would pass
-    PARAMS_LIMIT or STEP_BUDGET (estimates from the config: circuitlab.perf)."""
+    PARAMS_LIMIT or step_budget() (estimates from the config: circuitlab.perf)."""
     from circuitlab.perf import transformer_params, transformer_step_floats
 
     params = transformer_params(cfg)
@@ -102,13 +107,14 @@ def check_training_size(cfg, rows: int, seq_len: int) -> None:
                           f"{PARAMS_LIMIT * 16 / 2**30:.0f} GiB limit; make it smaller (model.d_model, n_layers, "
                           "d_mlp, n_ctx (train.seq_len by default), the vocabulary)")
     need = transformer_step_floats(cfg, rows, seq_len)
-    if need > STEP_BUDGET:
-        fit = STEP_BUDGET // max(1, transformer_step_floats(cfg, 1, seq_len))
+    budget = step_budget()
+    if need > budget:
+        fit = budget // max(1, transformer_step_floats(cfg, 1, seq_len))
         fix = (f"give train.batch_size at most {fit} per process and grad_accum step (or raise train.grad_accum)"
                if fit >= 1 else "give a shorter train.seq_len")
         raise ConfigError(f"train.batch_size x train.seq_len = {rows:,} x {seq_len:,} tokens a step need about "
                           f"{need * 4 / 2**30:,.1f} GiB of activations for this model (limit "
-                          f"{STEP_BUDGET * 4 / 2**30:.0f} GiB); {fix}")
+                          f"{memory.describe(memory.STEP_SHARE)}); {fix}")
 
 
 def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,

@@ -31,11 +31,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.analysis.patching.engine import BaseRun, Site, sweep
 from circuitlab.analysis.patching.metrics import Metric, logit_diff, logprob, metric_value, probability
-from circuitlab.analysis.patching.noise import Corrupted, Noise, corrupt_positions, embedding_std
+from circuitlab.analysis.patching.engine import chunk_size
+from circuitlab.analysis.patching.noise import Corrupted, Noise, check_runs, corrupt_positions, embedding_std, run_floats
 from circuitlab.display import Displayed
 from circuitlab.errors import InputError
 from circuitlab.model.hooks import act_name
@@ -278,6 +280,27 @@ class CausalTrace(Displayed):
 
 
 @torch.no_grad()
+def trace_estimate(model, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.Estimate:
+    """What causal tracing of one prompt of n_pos tokens with `runs` noise runs holds and computes: every run's
+    cached activations (one batch: noise.run_floats) and a chunk of restored copies of them; the clean run plus
+    one restored run per (kind, layer, position), each a forward pass over the runs (from the restored layer on:
+    about half the model)."""
+    from circuitlab.perf import transformer_step_flops
+
+    cfg = model.cfg
+    check_runs(cfg, runs, 1, n_pos)
+    size = next(model.parameters()).element_size()
+    held = runs * run_floats(cfg, n_pos) * size
+    # a chunk of restored copies, each the working set of one block over the positions it recomputes and the
+    # logits at the position the metric reads (the engine recomputes from the restored layer and position on)
+    per_copy = n_pos * (2 * cfg.d_model + (cfg.mlp_dim if cfg.has_mlp else 0)) + cfg.d_vocab
+    chunk = min(chunk_size(model, runs, n_pos), cfg.n_layers * n_pos) * runs * per_copy * size
+    flops = transformer_step_flops(cfg, runs * n_pos, n_pos, backward=False) * (2 + kinds * cfg.n_layers * n_pos / 2)
+    return memory.Estimate(f"causal tracing ({runs} noise runs of {n_pos} tokens, {kinds} kinds x {cfg.n_layers} "
+                           f"layers x {n_pos} positions)", {"noise runs' activations": held, "restored copies": chunk},
+                           held=memory.tensor_bytes(model), flops=flops, efficiency=0.5)
+
+
 def causal_trace(model, tokens, subject: Any, answer: int | str | None = None, *, tokenizer=None,
                  kinds: Sequence[str] | None = None, window: int | None = None, metric: str = "prob",
                  wrong: int | str | None = None, noise: Noise | None = None, batch_size: int | None = None,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+import circuitlab.memory as memory
 from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name
@@ -93,12 +94,13 @@ class Site:
 
 
 def chunk_size(model, batch: int, pos: int, eager: bool = False) -> int:
-    """Patches per forward pass so that a chunk's largest activations stay within CHUNK_BUDGET floats."""
+    """Patches per forward pass so that a chunk's largest activations stay within CHUNK_BUDGET floats (a size
+    for speed: larger chunks are no faster), or a pass's share of the memory budget where that is less."""
     cfg = model.cfg
     per_row = pos * (4 * cfg.d_model + cfg.d_vocab + (0 if cfg.attn_only else 2 * cfg.mlp_dim))
     if eager:  # scores and pattern are materialised
         per_row += 2 * cfg.n_heads * pos * pos
-    return max(1, CHUNK_BUDGET // (per_row * batch))
+    return max(1, min(CHUNK_BUDGET, memory.floats(memory.PASS_SHARE)) // (per_row * batch))
 
 
 def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: slice, start: int = 0,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import circuitlab.memory as memory
 from circuitlab.checks import COUNT, POSITIVE, Number
 from circuitlab.errors import InputError
 from circuitlab.model import model_device, model_dtype
@@ -37,7 +38,11 @@ SCALE = Number(float, low=0.0, low_open=True, high=1000.0, why="the noise alread
                                                                "more only overflows")
 # Floats the corrupted runs may hold at once: every run is in the batch of one forward pass, whose cache the
 # restorations read (causal tracing, noised patching). Bounds the noise samples (or replacements) x prompts.
-RUNS_BUDGET = 2 ** 28   # 1 GiB of float32
+# A share of the memory budget (circuitlab.memory: the memory available now, or --memory).
+
+
+def runs_budget() -> int:
+    return memory.floats(memory.RUNS_SHARE)
 
 
 def run_floats(cfg, n_pos: int) -> int:
@@ -49,13 +54,15 @@ def run_floats(cfg, n_pos: int) -> int:
 
 def check_runs(cfg, runs: int, prompts: int, n_pos: int) -> None:
     """A one-line InputError, before anything is drawn, when runs x prompts corrupted runs of n_pos positions
-    would pass RUNS_BUDGET, saying how many runs fit."""
+    would pass runs_budget(), saying how many runs fit."""
     need = runs * prompts * run_floats(cfg, n_pos)
-    if need > RUNS_BUDGET:
-        fit = max(0, RUNS_BUDGET // (prompts * run_floats(cfg, n_pos)))
+    budget = runs_budget()
+    if need > budget:
+        fit = max(0, budget // (prompts * run_floats(cfg, n_pos)))
         per = f" x {prompts} prompts" if prompts > 1 else ""
         raise InputError(f"{runs:,} noise runs{per} of {n_pos} tokens hold {need * 4 / 2**30:,.1f} GiB of "
-                         f"activations at once (limit {RUNS_BUDGET * 4 / 2**30:.0f} GiB: every run is in one batch); "
+                         f"activations at once (limit {memory.describe(memory.RUNS_SHARE)}: every run is in one "
+                         "batch); "
                          f"give at most {fit} noise samples (or replacements)")
 
 
@@ -147,7 +154,7 @@ def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noi
 
     nu: the noise's standard deviation (default noise.scale x (noise.std or the std measured on the
     tokens at `positions`)); passing 0.0 gives uncorrupted runs (a check that restoring changes nothing).
-    More runs x prompts than RUNS_BUDGET holds are refused in one line (check_runs) before anything is drawn.
+    More runs x prompts than runs_budget() holds are refused in one line (check_runs) before anything is drawn.
     """
     tokens = torch.as_tensor(tokens).long()
     rows = tokens if tokens.dim() == 2 else tokens[None]  # [batch, pos]
