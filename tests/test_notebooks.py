@@ -99,6 +99,8 @@ def test_toolbox_notebook(tmp_path):
     assert 0 < r["lens_final_prob_last"] <= 1 and r["probe_prev_token_selectivity"] > 0.05
     assert r["shap_efficiency_gap"] < 1e-3       # the Shapley values add up to the change from every token deleted
     assert r["shap_r2_delete"] > r["shap_r2_mean"]  # deleted characters leave text; mean embeddings do not
+    assert r["graph_loading_remainder"] < 1e-4 and r["graph_replacement"] > 0.5   # the graph of the same prediction
+    assert r["graph_shap_delete_in_common"] >= 2 and r["graph_top_head_reads_top_token"]
     assert r["eap_gap"] > 0.5 and r["edges_for_80pct"] is not None
     assert r["tuned_lens_kl_below_logit_lens"]
     assert r["sae_explained_variance"] > 0.5 and r["sae_ce_loss_recovered"] > 0.5
