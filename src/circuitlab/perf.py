@@ -71,22 +71,30 @@ def read_cpu_times() -> tuple[int, int] | None:
     return (ticks[3] + ticks[4], sum(ticks)) if len(ticks) >= 5 else None
 
 
+def free_between(before: tuple[int, int], after: tuple[int, int], own_cpu: float, wall: float) -> float | None:
+    """Cores other processes left free between two /proc/stat readings (idle, total ticks): the idle ones plus
+    what this process itself used (`own_cpu` CPU seconds over `wall` seconds), at most the CPU count; None when
+    no tick passed. This process's own part counts as free: torch's threads can still be spinning after their
+    last parallel step (right after a matmul benchmark a sample read one core busy and the demo's training took
+    one thread), and only other processes should take a core away."""
+    if after[1] <= before[1] or wall <= 0:
+        return None
+    cores = os.cpu_count() or 1
+    idle = cores * (after[0] - before[0]) / (after[1] - before[1])
+    return min(float(cores), idle + max(0.0, own_cpu) / wall)
+
+
 def idle_cores(seconds: float = 0.1) -> float | None:
-    """Cores that other processes leave free right now: /proc/stat sampled across `seconds` while this thread
-    sleeps, plus what this process itself used meanwhile (None without /proc/stat). Unlike the load average,
-    which trails by a minute, it sees only the present; this process's own part counts as free because torch's
-    threads spin for a while after their last parallel step (right after a matmul benchmark the sample read one
-    core busy and the demo's training took one thread)."""
+    """Cores that other processes leave free right now (free_between over `seconds` while this thread sleeps;
+    None without /proc/stat). Unlike the load average, which trails by a minute, it sees only the present."""
     before, cpu0, t0 = read_cpu_times(), time.process_time(), time.monotonic()
     if before is None:
         return None
     time.sleep(seconds)
     after, cpu1, t1 = read_cpu_times(), time.process_time(), time.monotonic()
-    if after is None or after[1] <= before[1]:
+    if after is None:
         return None
-    cores = os.cpu_count() or 1
-    idle = cores * (after[0] - before[0]) / (after[1] - before[1])
-    return min(float(cores), idle + max(0.0, cpu1 - cpu0) / max(t1 - t0, 1e-9))
+    return free_between(before, after, cpu1 - cpu0, max(t1 - t0, 1e-9))
 
 
 def free_cores() -> float | None:
@@ -102,18 +110,25 @@ def free_cores() -> float | None:
     return (os.cpu_count() or 1) - max(0.0, load - own_load())
 
 
-def threads_for(step_flops: float, requested: int | None = None) -> int:
-    """The torch CPU threads for work whose steps each cost `step_flops`: `requested` (an option such as
-    train.threads) if given, else $CIRCUITLAB_THREADS if set, else 1 below SMALL_STEP_FLOPS, and otherwise
-    torch's current count (a count the user set with torch.set_num_threads stands) capped at the cores other
-    processes leave free (at least 1)."""
+def fixed_threads(step_flops: float, requested: int | None = None) -> int | None:
+    """The thread count that does not depend on the machine's load: `requested` if given, else
+    $CIRCUITLAB_THREADS if set, else 1 below SMALL_STEP_FLOPS; None when the free cores decide."""
     if requested:
         return COUNT.check(requested, "threads", ConfigError)
     env = os.environ.get(THREADS_ENV, "").strip()
     if env:
         return int(COUNT.parse(env, THREADS_ENV, ConfigError))
-    if step_flops < SMALL_STEP_FLOPS:
-        return 1
+    return 1 if step_flops < SMALL_STEP_FLOPS else None
+
+
+def threads_for(step_flops: float, requested: int | None = None) -> int:
+    """The torch CPU threads for work whose steps each cost `step_flops`: `requested` (an option such as
+    train.threads) if given, else $CIRCUITLAB_THREADS if set, else 1 below SMALL_STEP_FLOPS, and otherwise
+    torch's current count (a count the user set with torch.set_num_threads stands) capped at the cores other
+    processes leave free (at least 1)."""
+    fixed = fixed_threads(step_flops, requested)
+    if fixed is not None:
+        return fixed
     free = free_cores()
     n = torch.get_num_threads()
     return n if free is None else max(1, min(n, int(free + 0.5)))
@@ -148,8 +163,7 @@ class ThreadGovernor:
         self.step_flops, self.requested, self.every = step_flops, requested, every
         self.cpu_times = cpu_times or read_cpu_times
         self.own_cpu, self.clock = own_cpu, clock
-        self.adaptive = not requested and not os.environ.get(THREADS_ENV, "").strip() \
-            and step_flops >= SMALL_STEP_FLOPS
+        self.adaptive = fixed_threads(step_flops, requested) is None
         self.changes = 0
 
     def __enter__(self) -> "ThreadGovernor":
@@ -174,15 +188,13 @@ class ThreadGovernor:
         if not self.adaptive or self.clock() - self.t < self.every:
             return self.n
         t, c, ticks = self.clock(), self.own_cpu(), self.cpu_times()
-        if ticks is None or self.ticks is None or ticks[1] <= self.ticks[1] or t <= self.t:
+        free = None if ticks is None or self.ticks is None else free_between(self.ticks, ticks, c - self.c, t - self.t)
+        if free is None:
             self._mark()
             return self.n
-        cores = os.cpu_count() or 1
-        busy = cores * (1 - (ticks[0] - self.ticks[0]) / (ticks[1] - self.ticks[1]))   # cores in use, all processes
-        others = max(0.0, busy - (c - self.c) / (t - self.t))                          # less this process's own
         # A core counts as free when at most a quarter of it was used by others: a thread sharing a core costs
         # far more (every step waits for it) than a thread left out (at most 2x on two cores).
-        n = max(1, min(self.before, int(cores - others + 0.25)))
+        n = max(1, min(self.before, int(free + 0.25)))
         if n != self.n:
             torch.set_num_threads(n)
             self.n, self.changes = n, self.changes + 1
