@@ -723,6 +723,23 @@ CT_FAMILIES = {  # a pre-norm LayerNorm model, Gemma-2's sandwich norms (RMSNorm
     "post-only": dict(preset="llama-tiny", block_norms="post", qk_norm="full"),
 }
 
+def ct_family_model(family: str, hook_in: str):
+    """A 2-layer float64 model of CT_FAMILIES[family] with its norms and biases moved off their defaults (so a
+    hook before or after a norm's gain differs); skips where the family has no norm before the MLP."""
+    from circuitlab import Transformer
+
+    spec = dict(CT_FAMILIES[family])
+    if family == "post-only" and hook_in == "ln2.hook_normalized":
+        pytest.skip("no norm before the MLP (OLMo-2): TransformerLens's ln2 there is the post-MLP norm")
+    cfg = ModelConfig.from_preset(spec.pop("preset"), n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12, **spec)
+    torch.manual_seed(0)
+    model = Transformer(cfg).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(0.3 * torch.randn_like(p)) if name.endswith((".w", ".b", ".bias")) else p.mul_(8)
+    return model
+
+
 
 def tl_point(model, cache, layer: int, name: str) -> torch.Tensor:
     """What circuit-tracer (on TransformerLens) reads or writes at blocks.{layer}.{name}, by hand from our cache."""
@@ -751,19 +768,10 @@ def test_every_circuit_tracer_hook_is_read_on_every_family(family, hook_in, hook
     import yaml
     from safetensors.torch import save_file
 
-    from circuitlab import Transformer
     from circuitlab.dictionaries import load_transcoders
     from circuitlab.dictionaries.published import bind
 
-    spec = dict(CT_FAMILIES[family])
-    if family == "post-only" and hook_in == "ln2.hook_normalized":
-        pytest.skip("no norm before the MLP (OLMo-2): TransformerLens's ln2 there is the post-MLP norm")
-    cfg = ModelConfig.from_preset(spec.pop("preset"), n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12, **spec)
-    torch.manual_seed(0)
-    model = Transformer(cfg).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(0.3 * torch.randn_like(p)) if name.endswith((".w", ".b", ".bias")) else p.mul_(8)
+    model = ct_family_model(family, hook_in)
     g = torch.Generator().manual_seed(5)
     for layer in range(2):
         save_file({"W_enc": torch.randn(24, 16, generator=g) / 4, "W_dec": 0.3 * torch.randn(24, 16, generator=g),
@@ -800,19 +808,10 @@ def test_a_circuit_tracer_cross_layer_transcoder_reads_its_hooks_on_every_family
     import yaml
     from safetensors.torch import save_file
 
-    from circuitlab import Transformer
     from circuitlab.dictionaries.clt import CrossLayerTranscoder
     from circuitlab.graphs.transcoders import CrossLayerTranscoders
 
-    spec = dict(CT_FAMILIES[family])
-    if family == "post-only" and hook_in == "ln2.hook_normalized":
-        pytest.skip("no norm before the MLP (OLMo-2)")
-    cfg = ModelConfig.from_preset(spec.pop("preset"), n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=12, **spec)
-    torch.manual_seed(0)
-    model = Transformer(cfg).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(0.3 * torch.randn_like(p)) if name.endswith((".w", ".b", ".bias")) else p.mul_(8)
+    model = ct_family_model(family, hook_in)
     g, L, d, n = torch.Generator().manual_seed(6), 2, 16, 20
     files = []
     for i in range(L):
