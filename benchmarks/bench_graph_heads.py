@@ -18,19 +18,12 @@ import time
 
 import torch
 
-from bench_graphs import build
+from bench_graphs import add_shape_arguments, build
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--d-sae", type=int, default=2048)
-    p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--active", type=int, default=24)
-    p.add_argument("--batch", type=int, default=256)
+    add_shape_arguments(p)
     p.add_argument("--qk-heads", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()

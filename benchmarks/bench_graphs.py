@@ -177,9 +177,8 @@ def run_side(cmd: list[str], env: dict, name: str) -> tuple[float, float]:
     return before, os.getloadavg()[0]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--setup", action="store_true", help="only build circuit-tracer's venv")
+def add_shape_arguments(p: argparse.ArgumentParser) -> None:
+    """The benchmark graph's shape (what build() reads), shared with bench_graph_heads.py."""
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--layers", type=int, default=4)
@@ -190,6 +189,12 @@ def main() -> None:
                    help="learned: GPT-2-style positions (ours with circuit-tracer's token nodes, W_E alone)")
     p.add_argument("--active", type=int, default=24, help="about this many features fire per token and layer")
     p.add_argument("--batch", type=int, default=256, help="our target rows per backward pass")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setup", action="store_true", help="only build circuit-tracer's venv")
+    add_shape_arguments(p)
     p.add_argument("--peer-batch", type=int, default=512, help="circuit-tracer's batch_size (its default)")
     p.add_argument("--pairs", type=int, default=3, help="alternating pairs of runs (one attribution each)")
     p.add_argument("--repeats", type=int, default=1, help=argparse.SUPPRESS)
