@@ -189,3 +189,17 @@ def test_graph_command_with_qk_writes_heads_and_qk_everywhere(tmp_path, monkeypa
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and "qk-heads" in err and len(err.strip().splitlines()) == 1
+
+
+def test_qk_terms_on_a_model_stored_in_bfloat16_sum_to_its_own_score():
+    """Half-precision storage (model/storage.py): the query/key parts are computed in the compute dtype like every
+    other product with a stored weight, and still sum to the score the model computed."""
+    model, tc, tokens = family_setup("gpt2-learned")
+    model = model.float().set_dtypes("bfloat16", "float32")
+    tc = tc.to(torch.float32)
+    _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n.endswith("hook_attn_scores"))
+    r = qk_attribution(model, tc, tokens, 2, 1, 6, 2)
+    assert r.score == pytest.approx(float(cache["blocks.2.attn.hook_attn_scores"][0, 1, 6, 2]), abs=1e-5)
+    assert r.terms.sum().item() == pytest.approx(r.score, abs=1e-4)
+    loadings = head_loadings(model, tc, attribute(model, tc, tokens, batch_size=8))   # in the compute dtype too
+    assert loadings.remainder.abs().max() < 1e-4 * loadings.edge.abs().max()

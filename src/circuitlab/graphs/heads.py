@@ -26,6 +26,7 @@ from circuitlab.graphs.graph import Graph, Pruned
 from circuitlab.graphs.loadings import HeadLoadings
 from circuitlab.graphs.replacement import ReplacementModel, _mlps_stood_in, _Stop
 from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.model import model_dtype
 from circuitlab.model.hooks import HookPoint
 
 MAX_EDGES = 200_000   # loadings are [edges, layers, heads] float64: a whole unpruned graph's edges are refused
@@ -74,7 +75,7 @@ def head_loadings(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pr
         raise InputError(f"{len(edges):,} edges to split over heads (at most {MAX_EDGES:,}): prune the graph first "
                          "(pass its Pruned) or give fewer edges")
     cfg = model.cfg
-    L, H, K = cfg.n_layers, cfg.n_heads, cfg.kv_heads
+    L, H = cfg.n_layers, cfg.n_heads
     rm = ReplacementModel(model, transcoders, graph.tokens, bos=graph.bos)
     if not torch.equal(rm.active_features, graph.active_features):
         raise InputError("this graph was not made with this model and these transcoders (its active features differ)")
@@ -236,7 +237,7 @@ def _carried(model: Any, rm: ReplacementModel, transcoders: Transcoders, graph: 
     forward of len(sources) + 1 copies; copy 0 has no source and is taken away (the biases' share)."""
     cfg = model.cfg
     L, H, K, T, d = cfg.n_layers, cfg.n_heads, cfg.kv_heads, graph.n_pos, cfg.d_model
-    dtype = next(model.parameters()).dtype
+    dtype = model_dtype(model)
     n = len(sources) + 1
     embed = torch.zeros(n, T, d, dtype=dtype)
     outs = {k: torch.zeros(n, T, d, dtype=dtype) for k in range(L)}

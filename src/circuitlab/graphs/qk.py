@@ -31,6 +31,7 @@ from circuitlab.display import Displayed
 from circuitlab.errors import InputError
 from circuitlab.graphs.replacement import ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
+from circuitlab.model import model_dtype
 from circuitlab.model.hooks import ActivationCache, HookPoint
 
 FULL_TERMS = 2 ** 22     # keep the whole [query parts, key parts] matrix up to this many terms (32 MiB float64)
@@ -249,7 +250,7 @@ class _Reference:
                 for f, a, d in zip(feats.tolist(), acts, dec):
                     add(a * d, "feature", f"feature L{j} #{f} @{pos} {tok}", layer=j, feature=f,
                         activation=float(a))
-        dtype = next(model.parameters()).dtype
+        dtype = model_dtype(model)
         return labels, torch.stack([v.to(dtype) for v in vecs])
 
 

@@ -280,9 +280,9 @@ class Attention(nn.Module):
         key the model computed at pos (every step is linear once the scales are frozen)."""
         H, K, D = self.n_heads, self.n_kv, self.d_head
         heads, start = (H, 0) if role == "q" else (K, H * D)
-        y = x @ self.qkv.weight[start:start + heads * D].T                   # [n + 1, heads * D]
+        y = stored_linear(x, self.qkv.weight[start:start + heads * D])      # [n + 1, heads * D], x's dtype
         if self.qkv.bias is not None:
-            y = torch.cat([y[:-1], y[-1:] + self.qkv.bias[start:start + heads * D]])
+            y = torch.cat([y[:-1], y[-1:] + upcast(self.qkv.bias[start:start + heads * D], x)])
         if self.cfg.qk_norm != "none":
             norm = self.q_norm if role == "q" else self.k_norm
             if norm.frozen_scale is None:
