@@ -51,7 +51,7 @@ def test_library_code_imports_no_test_tools():
 
 # The layers of /work/shared/DESIGN.md, bottom up: a module may import its own layer and the ones below.
 LAYERS = [
-    ("config", "errors", "atomic", "names", "display", "perf", "memory", "checks", "textfile"),
+    ("config", "errors", "atomic", "names", "display", "perf", "memory", "checks", "textfile", "spec"),
     ("model",),
     ("data", "training"),
     ("forge", "pretrained"),

@@ -1,0 +1,188 @@
+"""A method's options, declared once: one dataclass whose fields carry their default, their rule, their help
+and their command-line details. The command line, the config schema, the explorer's request model
+(serve/requests.py) and the Python keywords are all generated from it, so they cannot disagree.
+
+    @dataclass(frozen=True)
+    class TracingOptions(Options):
+        noise_samples: int = option(10, COUNT, help="corrupted runs averaged (default {default})", metavar="N")
+        noise: str = option("gaussian", choices=("gaussian", "uniform", "replace"), help="...")
+        subject: str | None = option(None, help="the words to corrupt")        # text; None: not given
+
+    add_arguments(parser, TracingOptions)       # --noise-samples N (type=COUNT.arg), --noise {...}, --subject
+    TracingOptions.from_args(args)              # the parsed namespace -> checked options
+    TracingOptions(noise_samples=0).check()     # InputError: noise_samples must be a whole number >= 1, got 0
+    TracingOptions.from_dict(d)                 # a config / JSON: unknown keys refused, every rule applied
+    schema(TracingOptions)                      # JSON schema: types, bounds, enums, defaults, descriptions
+
+A field's kind: its rule's (checks.Number / PerItem), str with choices, or plain text; nargs="+" makes it a
+tuple of those (a list in JSON). A default of None means "not given" (then None is accepted). Only the
+ground floor is imported here: every layer may declare options.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
+
+from circuitlab.checks import Number, PerItem
+from circuitlab.display import Displayed
+from circuitlab.errors import ConfigError, InputError, refuse_unknown
+
+T = TypeVar("T", bound="Options")
+R = TypeVar("R", bound="Result")
+KEY = "circuitlab.option"   # the field metadata key
+
+
+@dataclass(frozen=True)
+class Option:
+    """What one field declares beyond its default: rule (a Number or PerItem) or choices (else text), help
+    (may say "{default}"), the flag (default --field-name), metavar and nargs ("+": one or more)."""
+
+    rule: Number | PerItem | None = None
+    choices: tuple[Any, ...] | None = None
+    help: str = ""
+    flag: str | None = None
+    metavar: str | None = None
+    nargs: str | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why one value (one item when nargs) breaks this option's rule (the text after "must be"), or None."""
+        if self.rule is not None:
+            return self.rule.problem(value)
+        if self.choices is not None:
+            return None if value in self.choices else f"one of {', '.join(map(str, self.choices))}"
+        return None if isinstance(value, str) else "text"
+
+    def check_one(self, value: Any, name: str, error: type[Exception]) -> Any:
+        if self.rule is not None:
+            return self.rule.check(value, name, error)
+        why = self.problem(value)
+        if why is not None:
+            raise error(f"{name} must be {why}, got {value!r}")
+        return value
+
+
+def option(default: Any, rule: Number | PerItem | None = None, *, help: str, choices: tuple[Any, ...] | None = None,
+           flag: str | None = None, metavar: str | None = None, nargs: str | None = None) -> Any:
+    """A dataclass field declaring one option (see the module docstring); its default is written here only."""
+    if isinstance(default, list):
+        default = tuple(default)   # frozen and shared safely
+    meta = Option(rule, tuple(choices) if choices is not None else None, help, flag, metavar, nargs)
+    return dataclasses.field(default=default, metadata={KEY: meta})
+
+
+def options_of(cls: Any) -> list[tuple[dataclasses.Field, Option]]:
+    """The declared options of an options class (or instance), in order."""
+    return [(f, f.metadata[KEY]) for f in fields(cls) if KEY in f.metadata]
+
+
+def check_value(f: dataclasses.Field, opt: Option, value: Any, error: type[Exception] = InputError) -> Any:
+    """One option's value checked (an int for a float rule comes back a float; a list as a tuple), or a one-line
+    error naming the field."""
+    if value is None and f.default is None:
+        return None
+    if opt.nargs is None:
+        return opt.check_one(value, f.name, error)
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or (opt.nargs == "+" and not value):
+        raise error(f"{f.name} must be a list of {opt.problem(object()) or 'values'}, got {value!r}")
+    return tuple(opt.check_one(v, f"{f.name}[{i}]", error) for i, v in enumerate(value))
+
+
+class Options:
+    """Base of options dataclasses (decorate the subclass with @dataclass(frozen=True)). title: the heading of
+    its command-line group (None: no group)."""
+
+    title: ClassVar[str | None] = None
+
+    def check(self: T, error: type[Exception] = InputError) -> T:
+        """These options with every field's rule applied (values normalised), or a one-line error."""
+        checked = {f.name: check_value(f, opt, getattr(self, f.name), error) for f, opt in options_of(self)}
+        return dataclasses.replace(self, **checked)  # type: ignore[type-var]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls: type[T], d: dict[str, Any], error: type[Exception] = ConfigError) -> T:
+        """Options from a config or JSON object: unknown keys refused (with a did-you-mean), every rule applied."""
+        known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        try:
+            refuse_unknown(list(d), known, f"{cls.__name__} option(s)", list_known=True)
+        except ConfigError as e:
+            raise error(str(e)) from None
+        return cls(**d).check(error)
+
+    @classmethod
+    def from_args(cls: type[T], args: argparse.Namespace) -> T:
+        """The options a parsed command line holds (add_arguments made its flags)."""
+        return cls(**{f.name: getattr(args, f.name) for f, _ in options_of(cls)}).check()
+
+
+def help_text(f: dataclasses.Field, opt: Option) -> str:
+    default = f.default
+    return opt.help.format(default=default) if "{default" in opt.help else opt.help
+
+
+def add_arguments(parser: Any, cls: type[Options]) -> Any:
+    """One argparse argument per option of cls (in a group titled cls.title, if any): type= the rule's .arg, so
+    the command line refuses what check() refuses; default= the field's default. Returns the group."""
+    group = parser.add_argument_group(cls.title) if cls.title else parser
+    for f, opt in options_of(cls):
+        kw: dict[str, Any] = {"default": list(f.default) if isinstance(f.default, tuple) else f.default,
+                              "help": help_text(f, opt), "dest": f.name}
+        if opt.rule is not None:
+            kw["type"] = opt.rule.arg
+        if opt.choices is not None:
+            kw["choices"] = opt.choices
+        for key in ("metavar", "nargs"):
+            if getattr(opt, key) is not None:
+                kw[key] = getattr(opt, key)
+        group.add_argument(opt.flag or "--" + f.name.replace("_", "-"), **kw)
+    return group
+
+
+def value_schema(f: dataclasses.Field, opt: Option) -> dict[str, Any]:
+    """One option as a JSON-schema fragment: type and bounds (or enum), array for nargs, null when optional."""
+    one: dict[str, Any] = (opt.rule.schema() if isinstance(opt.rule, Number) else
+                           {"anyOf": [opt.rule.one.schema(), {"type": "array", "items": opt.rule.each.schema(),
+                                                              "minItems": 1}]} if isinstance(opt.rule, PerItem) else
+                           {"enum": list(opt.choices)} if opt.choices is not None else {"type": "string"})
+    if opt.nargs is not None:
+        one = {"type": "array", "items": one, **({"minItems": 1} if opt.nargs == "+" else {})}
+    if f.default is None:
+        one = {"anyOf": [one, {"type": "null"}]}
+    return one
+
+
+def schema(cls: type[Options]) -> dict[str, Any]:
+    """The options as a JSON schema (a config file's, the explorer's OpenAPI document)."""
+    props = {}
+    for f, opt in options_of(cls):
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        props[f.name] = {**value_schema(f, opt), "default": default, "description": help_text(f, opt)}
+    return {"title": cls.__name__, "type": "object", "properties": props, "additionalProperties": False}
+
+
+class Result(Displayed):
+    """Base of typed results (decorate the subclass with @dataclass): to_dict() is the JSON form (a field with
+    its own to_dict is written by it), from_dict(d) reads it back (override where a field is itself typed);
+    displays in Jupyter by the renderer viz registered (circuitlab.display)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls: type[R], d: dict[str, Any]) -> R:
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})  # type: ignore[arg-type]
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
