@@ -9,6 +9,7 @@ import torch
 from circuitlab.dictionaries import clt_train
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.clt_train import CLTCoefficients, clt_training_step
+from circuitlab.dictionaries.resample import resample_dead
 from circuitlab.dictionaries.sparse_ops import DecodeKept
 from circuitlab.errors import CircuitlabError, ConfigError
 
@@ -519,7 +520,7 @@ def test_resampling_points_dead_latents_at_the_worst_rows():
     before = {k: v.clone() for k, v in clt.state_dict().items()}
     dead = torch.zeros(L * N, dtype=torch.bool)
     dead[[3, N + 5]] = True  # latent 3 of layer 0, latent 5 of layer 1
-    n = clt_train.resample_dead(clt, opt, dead, xs, ys, torch.Generator().manual_seed(0), threshold=0.1)
+    n = resample_dead(clt, opt, dead, xs, ys, torch.Generator().manual_seed(0), threshold=0.1)
     assert n == 2
     after = clt.state_dict()
     assert not torch.equal(after["W_dec.0"][3], before["W_dec.0"][3]) and not torch.equal(after["W_enc.1"][:, 5], before["W_enc.1"][:, 5])
@@ -527,7 +528,7 @@ def test_resampling_points_dead_latents_at_the_worst_rows():
     assert float(after["W_dec.1"][5].norm()) == pytest.approx(1.0) and float(after["threshold.0"][3]) == pytest.approx(0.1)
     assert float(opt.state[clt.W_dec[0]]["exp_avg"][3].abs().sum()) == 0
     with pytest.raises(CircuitlabError, match="not 'split'"):
-        clt_train.resample_dead(clt, opt, dead, xs, ys, torch.Generator(), method="split")
+        resample_dead(clt, opt, dead, xs, ys, torch.Generator(), method="split")
 
 
 @pytest.mark.parametrize("layout,arch", [("circuit-tracer", "jumprelu"), ("sparsify", "topk"), ("circuitlab", "topk")])

@@ -7,6 +7,7 @@ import torch
 
 from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.dictionaries import objectives
+from circuitlab.dictionaries.arch.batchtopk import batch_topk
 from circuitlab.dictionaries.objectives import Coefficients, training_step
 from circuitlab.dictionaries.sparse_ops import DecodeKept, Kept, KeptPreActs
 from circuitlab.errors import CircuitlabError
@@ -72,7 +73,7 @@ def test_batch_topk_keeps_the_batch_largest_with_or_without_the_prefilter(runnin
     sae = _dictionary("batchtopk")
     sae.threshold.data.fill_(running)
     pre = torch.randn(50, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    flat = objectives._batch_topk(sae, pre, decay=0.0)
+    flat = batch_topk(pre, sae.cfg.k, sae.threshold, decay=0.0)
     want = pre.relu().flatten().topk(3 * 50).indices.sort().values
     assert torch.equal(flat, want)
     assert float(sae.threshold[0]) == pytest.approx(float(pre.flatten()[want].min()))

@@ -5,7 +5,7 @@ import torch
 from circuitlab.config import ModelConfig
 from circuitlab.dictionaries import DictionaryConfig, SparseDictionary, base_model_id
 from circuitlab.dictionaries.metrics import evaluate, spliced_loss
-from circuitlab.dictionaries.objectives import resample_dead
+from circuitlab.dictionaries.resample import resample_dead
 from circuitlab.dictionaries.planted import PlantedFeatures, recovery
 from circuitlab.dictionaries.store import ActivationStore, CachedActivations, ModelActivations, cache_activations
 from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig

@@ -26,6 +26,7 @@ from torch import nn
 
 from circuitlab.atomic import atomic_dir, json_text
 import circuitlab.dictionaries.clt_formats as clt_formats
+from circuitlab.dictionaries.arch import get_architecture
 from circuitlab.dictionaries.module import DictionaryModule, map_weights, read_own_folder, write_own_folder
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
 from circuitlab.errors import CircuitlabError
@@ -43,7 +44,7 @@ def _unit_rows(t: torch.Tensor) -> torch.Tensor:
 class CrossLayerTranscoder(DictionaryModule):
     """Per layer l: W_enc[l] [d_model, d_sae], b_enc[l] [d_sae], W_dec[l] [d_sae, T_l, d_model] (T_l = L - l
     blocks for layers l..L-1; 1 when tied), b_dec[l] [d_model] (of output layer l), threshold[l] [d_sae]
-    (JumpReLU, BatchTopK), W_skip[l] [d_model, d_model] (skip).
+    (when the architecture has one: JumpReLU, BatchTopK), W_skip[l] [d_model, d_model] (skip).
 
     Initialised the way training starts: each feature's decoder (all its blocks together) a random unit
     vector, each encoder column a random unit vector, zero biases.
@@ -64,10 +65,10 @@ class CrossLayerTranscoder(DictionaryModule):
         self.b_enc = nn.ParameterList([torch.zeros(n, dtype=dtype) for _ in range(L)])
         self.W_dec = nn.ParameterList([_unit_rows(randn(n, cfg.n_targets(l), d)).to(dtype) for l in range(L)])
         self.b_dec = nn.ParameterList([torch.zeros(d, dtype=dtype) for _ in range(L)])
-        if cfg.architecture in ("jumprelu", "batchtopk"):
+        if cfg.arch.has_threshold:
             self.threshold = nn.ParameterList([torch.full((n,), 1e-3, dtype=dtype) for _ in range(L)])
             for t in self.threshold:
-                t.requires_grad_(cfg.architecture == "jumprelu")
+                t.requires_grad_(cfg.arch.learns_threshold)
         if cfg.skip:
             self.W_skip = nn.ParameterList([torch.zeros(d, d, dtype=dtype) for _ in range(L)])
 
@@ -94,14 +95,8 @@ class CrossLayerTranscoder(DictionaryModule):
         return stored_matmul(x.to(self.dtype), self.W_enc[layer]) + self.b_enc[layer]
 
     def activate(self, pre: torch.Tensor, layer: int) -> torch.Tensor:
-        """Inference activation [..., d_sae]: ReLU, TopK (k per layer), or JumpReLU (BatchTopK too)."""
-        arch = self.cfg.architecture
-        if arch == "relu":
-            return pre.relu()
-        if arch == "topk":
-            values, indices = pre.topk(self.cfg.k, dim=-1, sorted=False)
-            return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
-        return pre * (pre > self.threshold[layer])
+        """Inference activation [..., d_sae] (the architecture's; TopK: k per layer)."""
+        return self.cfg.arch.activate(pre, self.cfg.k, self.latent_threshold(layer))
 
     def encode_layer(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """Layer `layer`'s MLP input x [..., d_model] -> its feature activations [..., d_sae]."""
@@ -176,10 +171,10 @@ class CrossLayerTranscoder(DictionaryModule):
         c = self.cfg
         if not 0 <= layer < c.n_layers:
             raise CircuitlabError(f"layer {layer} is outside the CLT's {c.n_layers} layers")
-        arch = "jumprelu" if c.architecture == "batchtopk" else c.architecture
+        arch = get_architecture(c.arch.saved_as or c.architecture)  # BatchTopK as the JumpReLU it is
         meta = {"clt_layer": layer, "clt_n_layers": c.n_layers,
                 "clt_write_norms": [[round(float(v), 5) for v in row] for row in self.write_norms(layer)]}
-        cfg = DictionaryConfig(arch, d_in=c.d_model, d_sae=c.d_sae, k=c.k if arch == "topk" else None,
+        cfg = DictionaryConfig(arch.name, d_in=c.d_model, d_sae=c.d_sae, k=c.k if arch.uses_k else None,
                                hook_name=c.in_hook(layer), out_hook_name=c.out_hook(layer), base_model=c.base_model,
                                dtype=c.dtype, metadata=meta)
         view = SparseDictionary(cfg).to(device=self.device, dtype=self.dtype)
@@ -187,7 +182,7 @@ class CrossLayerTranscoder(DictionaryModule):
         view.b_enc.copy_(self.b_enc[layer])
         view.W_dec.copy_(self.decode_layer(torch.eye(c.d_sae, dtype=self.dtype, device=self.device), layer).sum(-2))
         view.b_dec.zero_()
-        if arch == "jumprelu":
+        if arch.has_threshold:
             view.threshold.copy_(self.threshold[layer])
         return view
 

@@ -5,9 +5,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
+from circuitlab.dictionaries.arch import Architecture, architecture_names, get_architecture
+from circuitlab.errors import ConfigError, refuse_unknown
 
-CLT_ARCHITECTURES = ("jumprelu", "topk", "batchtopk", "relu")
+CLT_ARCHITECTURES = architecture_names()  # the built-ins; SAEs, transcoders and CLTs share every architecture
 CLT_FORMAT = "circuitlab-clt-1"
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 
@@ -18,7 +19,7 @@ class CLTConfig:
 
     architecture: "jumprelu" (tanh sparsity penalty in training), "topk" / "batchtopk" (k per layer;
         BatchTopK is saved as JumpReLU), "relu" (loading circuit-tracer's ReLU CLTs; trains like JumpReLU
-        without a threshold).
+        without a threshold), or one registered with dictionaries.arch.register_architecture.
     n_layers: L, the number of MLP layers it reads and writes (all of the model's, from layer 0).
     d_sae: latents per layer (L · d_sae in all).
     tied: one decoder per source layer, shared by every later layer, instead of one per (source, target).
@@ -49,13 +50,11 @@ class CLTConfig:
         def is_int(x: Any) -> bool:
             return isinstance(x, int) and not isinstance(x, bool)
 
-        if self.architecture not in CLT_ARCHITECTURES:
-            raise ConfigError(f"unknown CLT architecture {self.architecture!r}"
-                              f"{did_you_mean(self.architecture, CLT_ARCHITECTURES)}; use one of {', '.join(CLT_ARCHITECTURES)}")
+        arch = get_architecture(self.architecture, "CLT")  # an unknown name: one error naming the closest
         for name in ("n_layers", "d_model", "d_sae"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ConfigError(f"CLTConfig.{name} must be a positive int, got {getattr(self, name)!r}")
-        if self.architecture in ("topk", "batchtopk"):
+        if arch.uses_k:
             if not is_int(self.k) or self.k < 1:
                 raise ConfigError(f"CLTConfig.k must be a positive int for architecture {self.architecture!r}, got {self.k!r}")
             if self.k > self.d_sae:
@@ -77,6 +76,11 @@ class CLTConfig:
     @property
     def is_transcoder(self) -> bool:
         return True
+
+    @property
+    def arch(self) -> Architecture:
+        """The architecture (dictionaries/arch/) named by `architecture`."""
+        return get_architecture(self.architecture)
 
     @property
     def hook_name(self) -> str:

@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from circuitlab.atomic import json_text
+from circuitlab.dictionaries.arch import architecture_in
 from circuitlab.dictionaries.clt_config import CLTConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_text
@@ -46,12 +47,13 @@ SP_CONFIG, SP_WEIGHTS = "cfg.json", "sae.safetensors"
 
 
 def check_writable(clt, layout: str) -> None:
-    arch = clt.cfg.architecture
-    if layout == "circuit-tracer" and arch not in ("jumprelu", "relu"):
-        raise CircuitlabError(f"circuit-tracer's CLTs are ReLU or JumpReLU; a {arch} CLT cannot be written in its layout "
-                              "(use layout 'sparsify', or train BatchTopK, which is saved as JumpReLU)")
-    if layout == "sparsify" and arch != "topk":
-        raise CircuitlabError(f"sparsify's CLTs are TopK; a {arch} CLT cannot be written in its layout "
+    """A CLT (in its inference form) can be written in `layout` only when the layout has its architecture."""
+    arch = clt.cfg.arch
+    if layout == "circuit-tracer" and arch.format_name("circuit-tracer-clt") is None:
+        raise CircuitlabError(f"circuit-tracer's CLTs are ReLU or JumpReLU; a {arch.name} CLT cannot be written in its "
+                              "layout (use layout 'sparsify', or train BatchTopK, which is saved as JumpReLU)")
+    if layout == "sparsify" and arch.format_name("sparsify") is None:
+        raise CircuitlabError(f"sparsify's CLTs are TopK; a {arch.name} CLT cannot be written in its layout "
                               "(use layout 'circuit-tracer' or 'circuitlab')")
 
 
@@ -93,7 +95,7 @@ def write_circuit_tracer(clt, folder: Path) -> None:
     cfg, L = clt.cfg, clt.cfg.n_layers
     for i in range(L):
         enc = {f"W_enc_{i}": clt.W_enc[i].T, f"b_enc_{i}": clt.b_enc[i], f"b_dec_{i}": clt.b_dec[i]}
-        if cfg.architecture == "jumprelu":
+        if cfg.arch.has_threshold:
             enc[f"threshold_{i}"] = clt.threshold[i]
         if cfg.skip:
             enc[f"W_skip_{i}"] = clt.W_skip[i]
@@ -140,7 +142,7 @@ def read_circuit_tracer(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor
         state[f"W_enc.{i}"] = _take(enc, f"W_enc_{i}", (d_sae, d_model), where).T.contiguous()
         state[f"b_enc.{i}"] = _take(enc, f"b_enc_{i}", (d_sae,), where)
         state[f"b_dec.{i}"] = _take(enc, f"b_dec_{i}", (d_model,), where)
-        if cfg.architecture in ("jumprelu", "batchtopk"):
+        if cfg.arch.has_threshold:
             state[f"threshold.{i}"] = _take(enc, f"threshold_{i}", (d_sae,), where)
         if cfg.skip:
             state[f"W_skip.{i}"] = _take(enc, f"W_skip_{i}", (d_model, d_model), where)
@@ -191,7 +193,7 @@ def write_sparsify(clt, folder: Path) -> None:
             tensors.update({f"W_skips.{j}": clt.W_skip[i].T if j == 0 else zeros_skip for j in range(T)})
         tensors.update({f"post_encs.{j}": torch.zeros(cfg.d_sae, dtype=clt.dtype) for j in range(T)})
         save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(sub / SP_WEIGHTS))
-        meta = {"activation": "topk", "expansion_factor": 0, "normalize_decoder": True, "num_latents": cfg.d_sae,
+        meta = {"activation": cfg.arch.format_name("sparsify"), "expansion_factor": 0, "normalize_decoder": True, "num_latents": cfg.d_sae,
                 "k": cfg.k, "multi_topk": False, "skip_connection": cfg.skip, "transcode": True, "n_targets": T,
                 "n_sources": i, "per_source_tied": cfg.tied, "coalesce_topk": "none", "d_in": cfg.d_model,
                 "d_out": cfg.d_model, "circuitlab": {**cfg.to_dict(), "layer": i}}
@@ -213,7 +215,8 @@ def read_sparsify(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:
     m0 = metas[0]
     if not m0.get("transcode"):
         raise CircuitlabError(f"{folder} holds sparsify SAEs (transcode is false), not a cross-layer transcoder")
-    if m0.get("activation", "topk") != "topk":
+    arch = architecture_in("sparsify", m0.get("activation", "topk"))
+    if arch is None:
         raise CircuitlabError(f"{folder}: sparsify activation {m0.get('activation')!r} is not supported (TopK only)")
     if m0.get("coalesce_topk", "none") != "none" or m0.get("normalize_io") or m0.get("post_encoder_scale"):
         raise CircuitlabError(f"{folder}: sparsify's coalesced top-k, normalize_io and post-encoder scales are not supported")
@@ -227,7 +230,7 @@ def read_sparsify(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:
             raise CircuitlabError(f"{folder}: its folders hold {L} layers of {d_sae} x {d_model}, but its config says "
                                   f"{cfg.n_layers} layers of {cfg.d_sae} x {cfg.d_model}")
     else:
-        cfg = CLTConfig("topk", n_layers=L, d_model=d_model, d_sae=d_sae, k=int(m0.get("k", 32)), tied=tied,
+        cfg = CLTConfig(arch.name, n_layers=L, d_model=d_model, d_sae=d_sae, k=int(m0.get("k", 32)), tied=tied,
                         skip=bool(m0.get("skip_connection")), metadata={"source": "sparsify"})
     state: dict[str, torch.Tensor] = {}
     biases: list[list[torch.Tensor]] = [[] for _ in range(L)]

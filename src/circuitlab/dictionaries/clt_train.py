@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
 from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 
-from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder, _unit_rows
-from circuitlab.dictionaries.objectives import Coefficients, StepOutput, _batch_topk, _JumpReLU
+from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
+from circuitlab.dictionaries.objectives import Coefficients, StepOutput
 from circuitlab.dictionaries.sparse_ops import SPARSE_BELOW, SPARSE_DTYPES, SPARSE_MIN_WORK, DecodeKept, Kept, KeptPreActs
 from circuitlab.errors import CircuitlabError
 
@@ -55,12 +54,12 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
     (row, latent) pairs of each layer only; otherwise dense products. Same numbers.
     """
     cfg = clt.cfg
-    arch, L, n, d = cfg.architecture, cfg.n_layers, cfg.d_sae, cfg.d_model
+    arch, L, n, d = cfg.arch, cfg.n_layers, cfg.d_sae, cfg.d_model
     clt._check_stack(xs)
     rows = len(xs)
     xs, ys = xs.to(clt.dtype), ys.to(clt.dtype)
     pres = [xs[:, l] @ clt.W_enc[l] + clt.b_enc[l] for l in range(L)]   # [rows, d_sae] each, with their graph
-    kept_masks = [_keep(clt, l, pre.detach(), coef, replicas) for l, pre in enumerate(pres)]
+    kept_masks = [arch.keep(pre.detach(), cfg.k, clt.latent_threshold(l), coef, replicas) for l, pre in enumerate(pres)]
     n_kept = sum(len(k) if k is not None else int(torch.count_nonzero(m)) for k, m in kept_masks)
     if sparse is None:
         sparse = (xs.device.type == "cpu" and xs.dtype in SPARSE_DTYPES and n_kept < SPARSE_BELOW * rows * L * n
@@ -72,7 +71,7 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
     sparsity = xs.new_zeros(())
     fires, layer_acts, layer_kept = [], [], []
     for l, (pre, (kept, mask)) in enumerate(zip(pres, kept_masks)):
-        threshold = clt.threshold[l] if arch == "jumprelu" else None
+        threshold = clt.threshold[l] if arch.learns_threshold else None
         norm = norms[l]
         W = clt.W_dec[l].flatten(1)                                       # [d_sae, T·d]
         if sparse:
@@ -82,19 +81,14 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
             norm = norm[kept.latents]
         else:
             pre_kept = pre if kept is None else pre * kept.dense_mask()
-        acts = _JumpReLU.apply(pre_kept, threshold, coef.bandwidth) if arch == "jumprelu" else pre_kept.relu()
+        acts = arch.train_activate(pre_kept, threshold, coef)
         out = DecodeKept.apply(acts, W, kept) if sparse else acts @ W     # [rows, T·d]
         if cfg.tied:
             out = out.repeat(1, L - l)
         y_flat = y_flat + F.pad(out, (l * d, 0))
         fires.append(torch.bincount(kept.latents[acts > 0], minlength=n) if sparse else torch.count_nonzero(acts, dim=0))
-        if arch == "jumprelu":
-            sparsity = sparsity + coef.layer(l) * torch.tanh(coef.tanh_scale * acts * norm).sum() / rows
-        if arch == "relu":
-            sparsity = sparsity + coef.layer(l) * (acts * norm).sum() / rows
-        if arch in ("jumprelu", "relu") and coef.preact:  # ReLU: θ = 0
-            below = (clt.threshold[l].detach() - pre) if arch == "jumprelu" else -pre
-            sparsity = sparsity + coef.preact * (below.relu() * norms[l]).sum() / rows
+        for term in arch.clt_penalty(acts, pre, clt.latent_threshold(l), norm, norms[l], coef.layer(l), coef, rows):
+            sparsity = sparsity + term
         layer_acts.append(acts)
         layer_kept.append(kept)
     y_hat = y_flat.view(rows, L, d)
@@ -103,7 +97,7 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
     mse = (y_hat - ys).pow(2).sum((-1, -2)).mean()
     fired = torch.cat(fires)                                              # [L · d_sae]
     aux = xs.new_zeros(())
-    if arch in ("topk", "batchtopk") and dead is not None and bool(dead.any()):
+    if arch.unit_decoder(clt=True) and dead is not None and bool(dead.any()):
         residual = (ys - y_hat).detach()
         for l in range(L):
             dead_l = dead[l * n:(l + 1) * n]
@@ -114,22 +108,6 @@ def clt_training_step(clt: CrossLayerTranscoder, xs: torch.Tensor, ys: torch.Ten
         aux = coef.aux * aux
     return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fired,
                       float(fired.sum()) / rows / L)
-
-
-def _keep(clt: CrossLayerTranscoder, layer: int, pre: torch.Tensor, coef: Coefficients, replicas: Any = None
-          ) -> tuple[Kept | None, torch.Tensor | None]:
-    """Layer `layer`'s kept pairs of pre [rows, d_sae]: Kept (TopK family) or a bool mask (ReLU: pre > 0;
-    JumpReLU: pre > θ − bandwidth/2, those that fire or can move the threshold)."""
-    arch, (rows, n) = clt.cfg.architecture, pre.shape
-    if arch == "topk":
-        return Kept.per_row(pre.topk(clt.cfg.k, dim=-1, sorted=False).indices.sort(dim=-1).values, n), None
-    if arch == "batchtopk":  # the SAE's batch top-k on this layer, updating this layer's running threshold
-        view = SimpleNamespace(cfg=SimpleNamespace(k=clt.cfg.k), threshold=clt.threshold[layer])
-        with torch.no_grad():
-            return Kept(_batch_topk(view, pre, coef.threshold_decay, replicas), rows, n), None
-    if arch == "relu":
-        return None, pre > 0
-    return None, pre > clt.threshold[layer].detach() - coef.bandwidth / 2
 
 
 def _auxk(clt: CrossLayerTranscoder, layer: int, dead_pre: torch.Tensor, dead_ids: torch.Tensor,
@@ -168,7 +146,7 @@ def init_from_data(clt: CrossLayerTranscoder, sample: dict[str, torch.Tensor], n
         s_out = [root / float(ys.norm(dim=-1).mean()) if normalise else 1.0] * cfg.n_layers
     for l in range(cfg.n_layers):
         clt.b_dec[l].copy_((ys[:, l] * s_out[l]).mean(0))
-        if cfg.architecture == "jumprelu":
+        if cfg.arch.learns_threshold:
             clt.threshold[l].fill_(init_threshold)
     return s_in, s_out
 
@@ -203,65 +181,14 @@ def scaled_inputs(clt: CrossLayerTranscoder, batch: dict[str, torch.Tensor], sca
 
 @torch.no_grad()
 def after_step(clt: CrossLayerTranscoder) -> None:
-    """TopK family: each feature's whole decoder back to unit norm. JumpReLU: thresholds stay positive."""
-    if clt.cfg.architecture in ("topk", "batchtopk"):
+    """Unless the penalty weighs decoder norms (TopK family): each feature's whole decoder back to unit norm.
+    A learned threshold (JumpReLU) stays positive."""
+    if clt.cfg.arch.unit_decoder(clt=True):
         for W in clt.W_dec:
             W.div_(W.flatten(1).norm(dim=-1).clamp(min=1e-8)[:, None, None])
-    if clt.cfg.architecture == "jumprelu":
+    if clt.cfg.arch.learns_threshold:
         for t in clt.threshold:
             t.clamp_(min=1e-4)
-
-
-@torch.no_grad()
-def resample_dead(clt: CrossLayerTranscoder, optimizer: torch.optim.Optimizer, dead: torch.Tensor, xs: torch.Tensor,
-                  ys: torch.Tensor, generator: torch.Generator, threshold: float | None = None, method: str = "inputs") -> int:
-    """Re-initialise dead latents [L · d_sae] bool toward the rows the CLT reconstructs worst (Anthropic, 2023):
-    a dead latent of layer l gets as decoder the residual of a row (picked ∝ its squared error in layers
-    l..L-1) over those layers, as encoder that row's layer-l input at 0.2 × the live encoders' mean norm;
-    its bias goes to 0, its JumpReLU threshold to `threshold`, its Adam moments to 0. xs, ys [rows, L, d].
-    Returns how many were resampled."""
-    if method != "inputs":
-        raise CircuitlabError(f"a CLT resamples toward its worst-reconstructed rows ('inputs'), not {method!r}")
-    cfg = clt.cfg
-    L, n = cfg.n_layers, cfg.d_sae
-    y_hat, _ = clt(xs)
-    residual = ys.to(clt.dtype) - y_hat                                              # [rows, L, d]
-    total = 0
-    for l in range(L):
-        idx = dead[l * n:(l + 1) * n].nonzero().flatten()
-        if not len(idx):
-            continue
-        res = residual[:, l:] if not cfg.tied else residual[:, l:].mean(1, keepdim=True)
-        err = res.pow(2).sum((1, 2))
-        pick = torch.multinomial(err.cpu() + 1e-12, len(idx), replacement=True, generator=generator).to(xs.device)
-        live = torch.ones(n, dtype=torch.bool, device=xs.device)
-        live[idx] = False
-        scale = clt.W_enc[l][:, live].norm(dim=0).mean() if bool(live.any()) else torch.tensor(1.0)
-        clt.W_dec[l][idx] = _unit_rows(res[pick])
-        enc = xs[pick, l].to(clt.dtype)
-        clt.W_enc[l][:, idx] = (enc / enc.norm(dim=-1, keepdim=True).clamp(min=1e-8) * scale * 0.2).T
-        clt.b_enc[l][idx] = 0
-        if threshold is not None and cfg.architecture == "jumprelu":
-            clt.threshold[l][idx] = threshold
-        for p, axis in ((clt.W_dec[l], 0), (clt.W_enc[l], 1), (clt.b_enc[l], 0)):
-            state = optimizer.state.get(p, {})
-            for key in ("exp_avg", "exp_avg_sq"):
-                if key in state:
-                    state[key][(slice(None), idx) if axis else (idx,)] = 0
-        total += len(idx)
-    return total
-
-
-def check_fits(cfg: CLTConfig, widths: dict[str, int]) -> None:
-    """Every layer's MLP input and output are in the store, with width d_model."""
-    from circuitlab.errors import did_you_mean
-
-    for name in cfg.hooks():
-        if name not in widths:
-            raise CircuitlabError(f"the activation store has no hook {name!r}{did_you_mean(name, widths, n=3, cutoff=0.3)} "
-                                  f"(a CLT of {cfg.n_layers} layers reads and writes every layer)")
-        if widths[name] != cfg.d_model:
-            raise CircuitlabError(f"d_model mismatch: the CLT has d_model={cfg.d_model} but {name} has width {widths[name]}")
 
 
 # ---------------------------------------------------------------------------- metrics

@@ -10,10 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from circuitlab.errors import ConfigError, did_you_mean, refuse_unknown
+from circuitlab.dictionaries.arch import Architecture, architecture_names, get_architecture
+from circuitlab.errors import ConfigError, refuse_unknown
 
+# The built-in architectures (dictionaries/arch/; more may be registered: arch.architecture_names()).
 # "batchtopk" trains with a batch-level top-k and is saved for inference as "jumprelu" with its threshold.
-ARCHITECTURES = ("relu", "topk", "batchtopk", "jumprelu")
+ARCHITECTURES = architecture_names()
 FORMAT = "circuitlab-dictionary-1"
 
 
@@ -21,7 +23,8 @@ FORMAT = "circuitlab-dictionary-1"
 class DictionaryConfig:
     """A sparse dictionary: architecture, sizes, the hooks it reads and writes, its base model.
 
-    architecture: "relu" (ReLU + decoder-norm-weighted L1), "topk", "batchtopk", "jumprelu".
+    architecture: "relu" (ReLU + decoder-norm-weighted L1), "topk", "batchtopk", "jumprelu", or one registered
+        with dictionaries.arch.register_architecture (`arch` is its Architecture object).
     d_in / d_out: input and output widths (d_out defaults to d_in; differs for some transcoders).
     hook_name: the hook it reads (activations flattened to [..., d_in], e.g. hook_z's heads joined).
     out_hook_name: None for an SAE (it reconstructs hook_name); the hook a transcoder predicts.
@@ -65,6 +68,11 @@ class DictionaryConfig:
     def is_transcoder(self) -> bool:
         return self.out_hook_name is not None
 
+    @property
+    def arch(self) -> Architecture:
+        """The architecture (dictionaries/arch/) named by `architecture`."""
+        return get_architecture(self.architecture)
+
     def validate(self) -> None:
         def bad(name: str, want: str) -> None:
             raise ConfigError(f"DictionaryConfig.{name} must be {want}, got {getattr(self, name)!r}")
@@ -72,14 +80,11 @@ class DictionaryConfig:
         def is_int(x: Any) -> bool:
             return isinstance(x, int) and not isinstance(x, bool)
 
-        if self.architecture not in ARCHITECTURES:
-            hint = did_you_mean(self.architecture, ARCHITECTURES)
-            raise ConfigError(f"unknown dictionary architecture {self.architecture!r}{hint}; "
-                              f"use one of {', '.join(ARCHITECTURES)}")
+        arch = get_architecture(self.architecture)  # an unknown name: one error naming the closest
         for name in ("d_in", "d_sae", "d_out"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 bad(name, "a positive int")
-        if self.architecture in ("topk", "batchtopk"):
+        if arch.uses_k:
             if not is_int(self.k) or self.k < 1:
                 bad("k", f"a positive int for architecture {self.architecture!r}")
             if self.k > self.d_sae:

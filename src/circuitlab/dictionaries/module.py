@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
+from circuitlab.dictionaries.arch import get_architecture
 from circuitlab.dictionaries.mapped import MappedSafetensors
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model.storage import cast_parameters, compute_of, resolve_dtypes
@@ -25,7 +26,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 class DictionaryModule(nn.Module):
     """Base of the dictionary modules: subclasses are built as `cls(cfg)` and have `cfg` with `architecture`,
-    `k`, `metadata` and `replace(...)`."""
+    `arch`, `k`, `metadata` and `replace(...)`."""
 
     cfg: Any
     _compute_dtype: torch.dtype | None = None  # None: the parameters' own dtype (set_dtypes stores them apart)
@@ -73,11 +74,20 @@ class DictionaryModule(nn.Module):
         return self
 
     def for_inference(self):
-        """BatchTopK becomes the JumpReLU it is at inference (same weights, its running threshold); others unchanged."""
-        if self.cfg.architecture != "batchtopk":
+        """The form it is saved and used in (Architecture.saved_as): BatchTopK becomes the JumpReLU it is at
+        inference (same weights, its running threshold); others unchanged."""
+        arch = self.cfg.arch
+        if arch.saved_as is None:
             return self
-        meta = {**self.cfg.metadata, "trained_as": "batchtopk", "k": self.cfg.k}
-        return self._copy_with(self.cfg.replace(architecture="jumprelu", k=None, metadata=meta))
+        meta = {**self.cfg.metadata, "trained_as": arch.name, "k": self.cfg.k}
+        k = self.cfg.k if get_architecture(arch.saved_as).uses_k else None
+        return self._copy_with(self.cfg.replace(architecture=arch.saved_as, k=k, metadata=meta))
+
+    def latent_threshold(self, layer: int | None = None) -> torch.Tensor | None:
+        """The threshold [d_sae] the architecture activates with (a CLT's: of `layer`), or None when it has none."""
+        if not self.cfg.arch.has_threshold:
+            return None
+        return self.threshold if layer is None else self.threshold[layer]
 
     def _copy_with(self, cfg: Any):
         """A new module of the same class under `cfg`, with this one's weights, device and dtype."""

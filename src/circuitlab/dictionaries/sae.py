@@ -37,7 +37,8 @@ LOAD_ANY: list[Callable[..., Any]] = []
 
 class SparseDictionary(DictionaryModule):
     """W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_out], b_dec [d_out]
-    (+ threshold [d_sae] for JumpReLU and BatchTopK, W_skip [d_in, d_out] for a skip transcoder).
+    (+ threshold [d_sae] when the architecture has one (JumpReLU, BatchTopK), W_skip [d_in, d_out] for a skip
+    transcoder).
 
     Initialised the way training starts: unit-norm random decoder rows, W_enc = W_dec^T, zero biases.
     """
@@ -54,10 +55,10 @@ class SparseDictionary(DictionaryModule):
         self.W_enc = nn.Parameter(W_enc.contiguous())
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype))
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_out, dtype=dtype))
-        if cfg.architecture in ("jumprelu", "batchtopk"):
+        if cfg.arch.has_threshold:
             # JumpReLU learns it; BatchTopK estimates it in training and uses it at inference.
             self.threshold = nn.Parameter(torch.full((cfg.d_sae,), 1e-3, dtype=dtype),
-                                          requires_grad=cfg.architecture == "jumprelu")
+                                          requires_grad=cfg.arch.learns_threshold)
         if cfg.skip:
             self.W_skip = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_out, dtype=dtype))
 
@@ -72,14 +73,8 @@ class SparseDictionary(DictionaryModule):
         return stored_matmul(x, self.W_enc) + self.b_enc
 
     def activate(self, pre: torch.Tensor) -> torch.Tensor:
-        """Inference activation of pre-activations [..., d_sae]: ReLU, TopK, or JumpReLU (BatchTopK too)."""
-        arch = self.cfg.architecture
-        if arch == "relu":
-            return pre.relu()
-        if arch == "topk":
-            values, indices = pre.topk(self.cfg.k, dim=-1, sorted=False)
-            return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
-        return pre * (pre > self.threshold)  # jumprelu, and batchtopk at inference; threshold > 0
+        """Inference activation of pre-activations [..., d_sae] (the architecture's: ReLU, TopK, JumpReLU, ...)."""
+        return self.cfg.arch.activate(pre, self.cfg.k, self.latent_threshold())
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., d_in] -> latent activations [..., d_sae] (non-negative, sparse)."""

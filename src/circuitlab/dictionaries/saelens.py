@@ -19,15 +19,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
+from circuitlab.dictionaries.arch import architecture_in, architecture_names, format_names, get_architecture
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_text
 
 SAELENS_WEIGHTS, SAELENS_CONFIG = "sae_weights.safetensors", "cfg.json"
-_TRANSCODERS = {"transcoder": ("relu", False), "skip_transcoder": ("relu", True),
-                "jumprelu_transcoder": ("jumprelu", False), "jumprelu_skip_transcoder": ("jumprelu", True)}
-_SAES = {"standard": "relu", "topk": "topk", "jumprelu": "jumprelu"}
+# Each architecture's SAELens names (Architecture.formats): an SAE's, a transcoder's, a skip transcoder's.
+LAYOUTS = ("saelens", "saelens-transcoder", "saelens-skip-transcoder")
+_PRE_6 = {"topk": "topk"}  # SAELens before 6.0 named an activation_fn, not an architecture: all else was "standard"
 
 
 def is_saelens_folder(folder: str | Path) -> bool:
@@ -54,7 +55,7 @@ def load_saelens(folder: str | Path, device: str | torch.device = "cpu") -> Spar
         tensors["b_enc"] = tensors["b_enc"] * norms
         tensors["W_dec"] = tensors["W_dec"] / norms[:, None]
     out = {name: tensors[name] for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-    if cfg.architecture == "jumprelu":
+    if cfg.arch.has_threshold:
         out["threshold"] = tensors["threshold"] if "threshold" in tensors else tensors["log_threshold"].exp()
     if cfg.skip:
         out["W_skip"] = tensors["W_skip"].T  # SAELens stores [d_out, d_in]
@@ -63,25 +64,25 @@ def load_saelens(folder: str | Path, device: str | torch.device = "cpu") -> Spar
 
 def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
     meta = raw.get("metadata") or {}
-    arch = raw.get("architecture") or ("topk" if raw.get("activation_fn") == "topk" else "standard")
+    arch = raw.get("architecture") or _PRE_6.get(raw.get("activation_fn"), "standard")
     k = raw.get("k") or (raw.get("activation_fn_kwargs") or {}).get("k")
     hook = meta.get("hook_name") or raw.get("hook_name") or raw.get("hook_point") or ""
     norm = raw.get("normalize_activations", "none")
     if norm not in ("none", "expected_average_only_in", None):
         raise CircuitlabError(f"SAELens dictionary {folder} normalises its input at run time ({norm}); "
                               "only dictionaries taking raw activations can be loaded")
-    if arch in _TRANSCODERS:
-        arch_here, skip = _TRANSCODERS[arch]
-        out_hook = meta.get("hook_name_out") or raw.get("hook_name_out") or f"{hook}.out"
-    elif arch in _SAES:
-        arch_here, skip, out_hook = _SAES[arch], False, None
-    else:
+    layout = next((lay for lay in LAYOUTS if architecture_in(lay, arch) is not None), None)
+    if layout is None:
+        archs = [get_architecture(name) for name in architecture_names()]
+        supported = format_names(LAYOUTS[0]) + [n for a in archs for n in map(a.format_name, LAYOUTS[1:]) if n]
         raise CircuitlabError(f"SAELens architecture {arch!r} in {folder} is not supported; "
-                              f"supported: {', '.join([*_SAES, *_TRANSCODERS])}")
+                              f"supported: {', '.join(supported)}")
+    here, skip = architecture_in(layout, arch), layout == LAYOUTS[2]
+    out_hook = (meta.get("hook_name_out") or raw.get("hook_name_out") or f"{hook}.out") if layout != LAYOUTS[0] else None
     base = {"name": meta.get("model_name") or raw.get("model_name")} if (meta.get("model_name") or raw.get("model_name")) else {}
     return DictionaryConfig(
-        architecture=arch_here, d_in=int(raw["d_in"]), d_sae=int(raw["d_sae"]), hook_name=hook,
-        out_hook_name=out_hook, d_out=int(raw.get("d_out", raw["d_in"])), k=int(k) if arch == "topk" else None,
+        architecture=here.name, d_in=int(raw["d_in"]), d_sae=int(raw["d_sae"]), hook_name=hook,
+        out_hook_name=out_hook, d_out=int(raw.get("d_out", raw["d_in"])), k=int(k) if here.uses_k else None,
         skip=skip, base_model=base, dtype=str(raw.get("dtype", "float32")).replace("torch.", ""),
         metadata={"source": "saelens", "saelens_architecture": arch},
         apply_b_dec_to_input=None if out_hook else bool(raw.get("apply_b_dec_to_input", True)),
@@ -106,14 +107,10 @@ def save_saelens(sae: SparseDictionary, folder: str | Path) -> Path:
     """Write sae as a SAELens 6 folder (BatchTopK as its inference JumpReLU); each file atomically."""
     sae = sae.for_inference()
     c = sae.cfg
-    if c.is_transcoder:
-        arch = {("relu", False): "transcoder", ("relu", True): "skip_transcoder",
-                ("jumprelu", False): "jumprelu_transcoder", ("jumprelu", True): "jumprelu_skip_transcoder"}.get(
-            (c.architecture, c.skip))
-        if arch is None:
-            raise CircuitlabError(f"SAELens has no {c.architecture} transcoder; save it with sae.save() instead")
-    else:
-        arch = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu"}[c.architecture]
+    arch = c.arch.format_name(LAYOUTS[2] if c.skip else LAYOUTS[1] if c.is_transcoder else LAYOUTS[0])
+    if arch is None:
+        raise CircuitlabError(f"SAELens has no {c.architecture} {'transcoder' if c.is_transcoder else 'SAE'}; "
+                              "save it with sae.save() instead")
     saelens_version = _saelens_version()
 
     meta = {"model_name": c.base_model.get("name", ""), "hook_name": c.hook_name,
@@ -125,7 +122,7 @@ def save_saelens(sae: SparseDictionary, folder: str | Path) -> Path:
            "reshape_activations": "hook_z" if c.hook_name.endswith("hook_z") else "none", "metadata": meta}
     if c.is_transcoder:
         cfg["d_out"] = c.d_out
-    if arch == "topk":
+    if c.arch.uses_k:
         cfg.update(k=c.k, rescale_acts_by_decoder_norm=False)
     tensors = {k: v.detach().cpu().contiguous() for k, v in sae.state_dict().items()}
     if c.skip:

@@ -16,7 +16,7 @@ dead_density > 0, when it fires on fewer than that fraction of rows (running ave
 ~dead_after steps): such rarely-firing latents otherwise sit on a mixture of features, silent at
 inference. resample_method "inputs" points a dead latent at the
 worst-reconstructed rows (Anthropic, 2023); "split" makes it split a live latent that serves two
-features (k-means' cluster splitting, see objectives.split_targets): the usual reason a threshold
+features (k-means' cluster splitting, see resample.split_targets): the usual reason a threshold
 dictionary (BatchTopK, JumpReLU) leaves a latent dead is two features merged into another one, and a
 latent sent to a worst-reconstructed row lands on a mixture that never beats the threshold.
 "inputs" resampling stops once the learning rate decays, so that no latent is counted alive only
@@ -30,140 +30,37 @@ Resuming continues exactly as if never stopped.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
+from circuitlab.atomic import atomic_write_text, json_text
 import circuitlab.dictionaries.clt_train as clt_train
-from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, PerItem, check_fields
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.metrics import DictionaryMetrics, evaluate
-from circuitlab.dictionaries.objectives import Coefficients, resample_dead, training_step
+from circuitlab.dictionaries.objectives import Coefficients, training_step
 from circuitlab.dictionaries.parallel import DataParallel
 from circuitlab.dictionaries.parallel import make as make_parallel
+from circuitlab.dictionaries.resample import resample_dead
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.dictionaries.store import ActivationStore, _seed
 from circuitlab.dictionaries.target_l0 import ROWS_FOR_CUT, L0Controller, cut_for_l0
-from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
+from circuitlab.dictionaries.train_config import (  # noqa: F401 - their public home was this module: re-exported
+    NOT_RESULT, PER_DICTIONARY, RESAMPLE_METHODS, TRAIN_RULES, DictTrainConfig, check_fits, dictionary_names,
+    dictionary_step_estimate, per_layer_targets, rows_budget, steered_names, steers_l0, target_l0s,
+)
+from circuitlab.dictionaries.train_state import CHECKPOINT, STATE, TrainerState, refuse_changed_settings  # noqa: F401
+from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.perf import threads_for_work
 from circuitlab.training.distributed import barrier
-from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
+from circuitlab.training.interrupts import stop_after_step_on_ctrl_c
 from circuitlab.training.run_log import MetricsLog
 
-CHECKPOINT, STATE = "checkpoint", "state.json"
-# Fields a dictionary may override for itself (`train:` under it in a YAML config).
-PER_DICTIONARY = ("lr", "l1_coeff", "l0_coeff", "sparsity_warmup_steps", "bandwidth", "jumprelu_init_threshold",
-                  "aux_coeff", "dead_after", "dead_density", "resample_every", "resample_method", "target_l0",
-                  "clt_tanh_scale", "clt_preact_coeff")
-PENALTY_ARCHITECTURES = ("relu", "jumprelu")  # their L0 follows a coefficient: target_l0 steers it
-RESAMPLE_METHODS = ("inputs", "split")
 THRESHOLD_LR_SCALE = 10.0  # a JumpReLU SAE's thresholds and decoder under target_l0 learn this much faster (see _param_groups)
-
-
-# Train settings that do not change the trained dictionaries (a resume may change them).
-NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
-_BETA = Number(float, low=0.0, high=1.0, high_open=True)
-# floats one step's rows may need across a dictionary's widths: a share of the memory budget (circuitlab.memory)
-# that bounds train.batch_size
-
-
-def rows_budget() -> int:
-    import circuitlab.memory as memory
-
-    return memory.floats(memory.STEP_SHARE)
-
-
-def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype = torch.float32) -> Any:
-    """What one training step of these dictionaries holds beyond their weights (circuitlab.memory.Estimate): the
-    gradients and Adam's two moments (3 copies of the weights) and batch_size rows of pre-activations,
-    activations and their gradients (dense for ReLU and JumpReLU, as rows_budget() bounds them; the pre-activations
-    for the TopK family); its flops (encoder and decoder,
-    forward and backward: 6 per weight per row)."""
-    import circuitlab.memory as memory
-
-    size = torch.empty(0, dtype=dtype).element_size()
-    weights = sum(c.n_latents * (2 * c.n_layers * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
-                  for c in configs)
-    # a TopK-family step holds one [rows, latents] of pre-activations and works on the k that fire (measured: ~1
-    # float per latent a row at GPT-2 small's width); ReLU and JumpReLU keep pre-activations, activations and
-    # their gradients dense (4, the bound the batch size is refused by)
-    per_row = sum((1 if c.architecture in ("topk", "batchtopk") else 4) * c.n_latents
-                  + 4 * (c.n_layers * 2 * c.d_model if isinstance(c, CLTConfig) else c.d_in + (c.d_out or c.d_in))
-                  for c in configs)
-    return memory.Estimate(f"a training step of {len(configs)} dictionar{'y' if len(configs) == 1 else 'ies'} on "
-                           f"{batch_size:,} rows", {"gradients and Adam's moments": 3 * weights * size,
-                                                    "activations": batch_size * per_row * 4},
-                           held=weights * size, flops=6.0 * weights * batch_size, efficiency=0.5)
-
-
-# One rule per number field of DictTrainConfig (circuitlab.checks): finite, in range, whole where counted.
-TRAIN_RULES = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_steps": NONNEG_INT,
-               "lr_decay_frac": FRACTION, "beta1": _BETA, "beta2": _BETA, "l1_coeff": NONNEG, "l0_coeff": NONNEG,
-               "sparsity_warmup_steps": NONNEG_INT, "bandwidth": POSITIVE, "jumprelu_init_threshold": NONNEG,
-               "aux_coeff": NONNEG, "dead_after": COUNT, "dead_density": FRACTION, "resample_every": NONNEG_INT,
-               "resample_batches": COUNT, "eval_every": NONNEG_INT, "eval_batches": COUNT, "ckpt_every": NONNEG_INT,
-               "log_every": COUNT, "seed": INT, "target_l0": PerItem(NONNEG, POSITIVE)}
-
-
-@dataclass
-class DictTrainConfig:
-    steps: int = 2000
-    batch_size: int = 1024           # activation rows per step
-    lr: float = 1e-3
-    lr_warmup_steps: int = 50
-    lr_decay_frac: float = 0.2       # linear decay to 0 over this last fraction of the steps
-    beta1: float = 0.9
-    beta2: float = 0.999
-    l1_coeff: float = 1.0            # relu: coefficient of the decoder-norm-weighted L1
-    l0_coeff: float = 0.1            # jumprelu: coefficient of the L0 (straight-through)
-    sparsity_warmup_steps: int = 200
-    target_l0: float | list[float] = 0.0  # relu / jumprelu: steer the coefficient to this L0 (0: off); a CLT
-                                          # may take one per layer: [8, 8, 4]
-    bandwidth: float = 0.05          # jumprelu: straight-through kernel width (normalised units)
-    jumprelu_init_threshold: float = 0.1
-    aux_coeff: float = 1 / 32        # TopK family: AuxK
-    dead_after: int = 200            # steps without firing before a latent counts as dead
-    dead_density: float = 0.0        # also dead: firing on fewer than this fraction of rows (0: off)
-    resample_every: int = 0          # resample dead latents every N steps (0: never)
-    resample_method: str = "inputs"  # "inputs": toward the worst-reconstructed rows; "split": split merged latents
-    resample_batches: int = 4        # batches of rows a resampling looks at (the current one and the next ones)
-    clt_tanh_scale: float = 4.0      # CLT (jumprelu, relu): c in its penalty l0_coeff · tanh(c · a · ‖W_dec‖)
-    clt_preact_coeff: float = 0.003  # CLT (jumprelu): the pre-activation penalty on latents below threshold
-    normalise: bool = True           # scale inputs to E‖x‖ = √d_in in training (folded at save)
-    eval_every: int = 0              # held-out evaluation every N steps (0: only at the end)
-    eval_batches: int = 4
-    ckpt_every: int = 0              # resumable checkpoint every N steps (0: only at the end)
-    log_every: int = 50
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_fields(self, TRAIN_RULES, "train")  # the rules the CLI's --set, the YAML and Python share
-        for f in dataclasses.fields(self):
-            value, want = getattr(self, f.name), type(f.default)
-            if isinstance(TRAIN_RULES.get(f.name), PerItem) and isinstance(value, list):  # checked above
-                continue
-            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise ConfigError(f"train.{f.name} must be {want.__name__}, got {value!r}")
-        if self.resample_method not in RESAMPLE_METHODS:
-            raise ConfigError(f"train.resample_method must be one of {', '.join(RESAMPLE_METHODS)}, got {self.resample_method!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "DictTrainConfig":
-        refuse_unknown(data, [f.name for f in dataclasses.fields(cls)], "train field(s)")
-        return cls(**data)
-
-    def lr_at(self, step: int, lr: float) -> float:
-        warm = min(1.0, (step + 1) / max(self.lr_warmup_steps, 1))
-        decay_steps = self.lr_decay_frac * self.steps
-        left = self.steps - step
-        return lr * warm * (min(1.0, left / decay_steps) if decay_steps > 0 else 1.0)
 
 
 @dataclass
@@ -183,21 +80,7 @@ class DictionaryTrainResult:
                        for d, m in zip(self.dictionaries, self.metrics))
 
 
-def check_fits(cfg: DictionaryConfig | CLTConfig, widths: dict[str, int]) -> None:
-    """The hooks a dictionary reads and writes are in the store, with its widths."""
-    if isinstance(cfg, CLTConfig):
-        return clt_train.check_fits(cfg, widths)
-    for name, width, what in ((cfg.hook_name, cfg.d_in, "d_in"), (cfg.out_hook_name, cfg.d_out, "d_out")):
-        if name is None:
-            continue
-        if name not in widths:
-            raise CircuitlabError(f"the activation store has no hook {name!r}{did_you_mean(name, widths, n=3, cutoff=0.3)}")
-        if widths[name] != width:
-            raise CircuitlabError(f"{what} mismatch: the dictionary for {name} has {what}={width} but the hook's "
-                                  f"activations have width {widths[name]}")
-
-
-class DictionaryTrainer:
+class DictionaryTrainer(TrainerState):
     def __init__(self, configs: list[DictionaryConfig | CLTConfig], train: DictTrainConfig, store: ActivationStore,
                  val_store: ActivationStore | None = None, overrides: list[dict[str, Any]] | None = None,
                  device: str | torch.device = "cpu", parallel: str | None = None) -> None:
@@ -223,8 +106,8 @@ class DictionaryTrainer:
                 raise ConfigError(f"resample_method 'split' needs an SAE (it splits decoder directions in the input's "
                                   f"space); the transcoder for {cfg.hook_name} can use 'inputs'")
         for cfg, o in zip(configs, overrides):
-            if o.get("target_l0") and cfg.architecture not in PENALTY_ARCHITECTURES:
-                raise ConfigError(f"target_l0 steers a sparsity coefficient ({', '.join(PENALTY_ARCHITECTURES)}); the "
+            if o.get("target_l0") and not cfg.arch.steers_l0:
+                raise ConfigError(f"target_l0 steers a sparsity coefficient ({steered_names()}); the "
                                   f"{cfg.architecture} dictionary for {cfg.hook_name} sets its L0 with k")
         # Target-L0 mode: the coefficient is steered to the end, the set point gliding to the target over
         # the first half of the full-rate phase. A CLT gets one target (and coefficient) per layer.
@@ -252,7 +135,7 @@ class DictionaryTrainer:
     # ------------------------------------------------------------------ the pieces
     @staticmethod
     def _base_coeff(cfg: DictionaryConfig, h: DictTrainConfig) -> float:
-        return h.l1_coeff if cfg.architecture == "relu" else h.l0_coeff
+        return getattr(h, cfg.arch.coefficient)
 
     @staticmethod
     def _param_groups(sae: SparseDictionary | CrossLayerTranscoder, ctl: L0Controller | None) -> list[dict[str, Any]]:
@@ -265,7 +148,7 @@ class DictionaryTrainer:
         unit-norm decoder row by at most about lr per step. Not a CLT's (its penalty differs; untested)."""
         trained = [(n, p) for n, p in sae.named_parameters() if p.requires_grad]
         names = ("threshold",) if isinstance(sae, CrossLayerTranscoder) else ("threshold", "W_dec")
-        fast = [p for n, p in trained if ctl is not None and sae.cfg.architecture == "jumprelu" and n.split(".")[0] in names]
+        fast = [p for n, p in trained if ctl is not None and sae.cfg.arch.learns_threshold and n.split(".")[0] in names]
         groups = [{"params": [p for n, p in trained if not any(p is q for q in fast)], "lr_scale": 1.0}]
         return groups + ([{"params": fast, "lr_scale": THRESHOLD_LR_SCALE}] if fast else [])
 
@@ -297,7 +180,7 @@ class DictionaryTrainer:
             s_out = (math.sqrt(cfg.d_out) / float(y.norm(dim=-1).mean()) if cfg.is_transcoder else s_in) if h.normalise else 1.0
             self.scales[j] = (s_in, s_out)
             sae.b_dec.copy_((y * s_out).mean(0))
-            if cfg.architecture == "jumprelu":
+            if cfg.arch.learns_threshold:
                 sae.threshold.fill_(h.jumprelu_init_threshold)
             if ctl is not None:  # start at the target L0 (target_l0.cut_for_l0)
                 sae.b_enc.sub_(cut_for_l0(sae.pre_acts(x[:ROWS_FOR_CUT] * s_in), float(ctl.target[0])))
@@ -340,9 +223,9 @@ class DictionaryTrainer:
             with torch.no_grad():
                 if is_clt:
                     clt_train.after_step(sae)
-                elif sae.cfg.architecture != "relu":  # unit-norm decoder rows (the L1 weighting handles relu)
+                elif sae.cfg.arch.unit_decoder(clt=False):  # unit-norm rows (a norm-weighted L1 handles relu's)
                     sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8))
-                if sae.cfg.architecture == "jumprelu" and not is_clt:
+                if sae.cfg.arch.learns_threshold and not is_clt:
                     sae.threshold.clamp_(min=1e-4)
             fires, rows = P.total(out.fires), len(x) * P.row_factor  # over the global batch
             l0 = float(fires.sum()) / rows / (sae.cfg.n_layers if is_clt else 1)
@@ -395,8 +278,8 @@ class DictionaryTrainer:
             xs, ys = zip(*(self._inputs(j, b) for b in pieces))
             x, y = torch.cat(xs), torch.cat(ys)
             gen = torch.Generator().manual_seed(_seed(self.train.seed, "resample", j, self.step))
-            resample = clt_train.resample_dead if isinstance(sae, CrossLayerTranscoder) else resample_dead
-            logs[j][7] = resample(sae, opt, dead_j, x, y, gen, threshold=h.jumprelu_init_threshold, method=h.resample_method)
+            logs[j][7] = resample_dead(sae, opt, dead_j, x, y, gen, threshold=h.jumprelu_init_threshold,
+                                       method=h.resample_method)
             self.last_fired[j][dead_j] = self.step + 1
 
     def dead(self, j: int, step: int) -> torch.Tensor:
@@ -430,104 +313,6 @@ class DictionaryTrainer:
         batches = [self.val_store.next_batch() for _ in range(self.train.eval_batches)]
         return [clt_train.evaluate_clt(sae, batches) if isinstance(sae, CrossLayerTranscoder) else evaluate(sae, batches)
                 for sae in self.dictionaries()]
-
-    # ------------------------------------------------------------------ resume
-    def _state_tensors(self, j: int) -> dict[str, torch.Tensor]:
-        """Dictionary j's weights, Adam moments, firing history and target-L0 state, keyed without j."""
-        sae, opt = self.saes[j], self.opts[j]
-        names = {id(p): n for n, p in sae.named_parameters()}
-        tensors = {f"param.{n}": t for n, t in sae.state_dict().items()}
-        for p, st in opt.state.items():
-            for key, value in st.items():
-                tensors[f"adam.{names[id(p)]}.{key}"] = torch.as_tensor(value)
-        tensors["last_fired"] = self.last_fired[j]
-        if self.controllers[j] is not None:
-            tensors.update({f"target_l0.{k}": v for k, v in self.controllers[j].state_dict().items()})
-        tensors["fire_rate"] = self.fire_rate[j]
-        return tensors
-
-    def _load_state_tensors(self, j: int, tensors: dict[str, torch.Tensor]) -> None:
-        sae, opt = self.saes[j], self.opts[j]
-        sae.load_state_dict({n: tensors[f"param.{n}"] for n in sae.state_dict()})
-        for n, p in sae.named_parameters():
-            keys = [k for k in tensors if k.startswith(f"adam.{n}.")]
-            if keys:
-                opt.state[p] = {k.rsplit(".", 1)[1]: tensors[k].to(self.device) for k in keys}
-        self.last_fired[j] = tensors["last_fired"].to(self.device)
-        self.fire_rate[j] = tensors.get("fire_rate", self.fire_rate[j]).to(self.device)
-        if self.controllers[j] is not None:
-            self.controllers[j].load_state_dict({k[len("target_l0."):]: v for k, v in tensors.items()
-                                                 if k.startswith("target_l0.")})
-
-    def _store_state(self) -> dict[str, Any]:
-        """The store's position; across ranks every rank's shards' positions, gathered (a collective)."""
-        state = self.store.state_dict()
-        if self.parallel.world == 1:
-            return state
-        mine = torch.tensor([self.store.positions[s] for s in self.store.owned], dtype=torch.long,
-                            device=self.parallel.device)
-        every = self.parallel.gather(mine).tolist()  # [shards, 2]: each rank holds a contiguous block, in order
-        return {"shards": self.store.shards, "positions": {str(s): p for s, p in enumerate(every)}}
-
-    def save_checkpoint(self, folder: str | Path) -> None:
-        """Weights, Adam moments and firing history in one safetensors file named by the step, then
-        state.json pointing at it (both atomic): a crash leaves the previous checkpoint readable.
-        Across ranks every rank calls it (the state is gathered) and rank 0 writes."""
-        self.parallel.gather_state(self)
-        store_state = self._store_state()
-        if self.parallel.rank != 0:
-            return
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors = {f"{j}.{k}": v for j in range(len(self.saes)) for k, v in self._state_tensors(j).items()}
-        name = f"trainer-{self.step:08d}.safetensors"
-        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        atomic_write_file(folder / name, lambda tmp: save_file(tensors, tmp))
-        state = {"step": self.step, "weights": name, "store": store_state, "scales": self.scales,
-                 "configs": [s.cfg.to_dict() for s in self.saes], "settings": self.settings(),
-                 "world_size": self.parallel.world, "parallel": self.parallel.mode}
-        atomic_write_text(folder / STATE, json_text(state, indent=2))
-        for old in folder.glob("trainer-*.safetensors"):
-            if old.name != name:
-                old.unlink()
-
-    def load_checkpoint(self, folder: str | Path) -> None:
-        """Every rank reads the whole checkpoint. Another world size resumes exactly when it divides the
-        token stream's shards (the store refuses in one line otherwise)."""
-        folder = Path(folder)
-        try:
-            state = json.loads((folder / STATE).read_text())
-            tensors = load_file(str(folder / state["weights"]))
-        except FileNotFoundError as e:
-            raise CircuitlabError(f"cannot resume from {folder}: {Path(e.filename).name} is missing") from None
-        except Exception as e:  # noqa: BLE001
-            raise CircuitlabError(f"cannot resume from {folder}: the checkpoint is corrupt ({type(e).__name__}: {e})") from None
-        if [s.cfg.to_dict() for s in self.saes] != state["configs"]:
-            raise CircuitlabError(f"{folder} holds a checkpoint of other dictionaries; use a new output folder")
-        refuse_changed_settings(state.get("settings", {}), self.settings(), folder)
-        self.store.load_state_dict(state["store"])
-        for j in range(len(self.saes)):
-            self._load_state_tensors(j, {k[len(f"{j}."):]: v for k, v in tensors.items() if k.startswith(f"{j}.")})
-        self.step, self.scales = int(state["step"]), [tuple(s) for s in state["scales"]]
-
-    def settings(self) -> dict[str, Any]:
-        """What decides the result besides the dictionaries' configs: the train settings (each dictionary's own
-        included) and run_settings (set by the caller: data, store, model). Saved with a checkpoint; a resume
-        with other values is refused."""
-        keep = lambda h: {k: v for k, v in dataclasses.asdict(h).items() if k not in NOT_RESULT}  # noqa: E731
-        return {"train": [keep(h) for h in self.hyper], **self.run_settings}
-
-    def _interrupted(self, ckpt: Path | None, saved: bool) -> str:
-        """What an interrupt leaves and how to go on: the step of the last checkpoint and the command."""
-        if ckpt is None:
-            return f"stopped at step {self.step}; nothing was saved (no output folder)"
-        if saved:
-            return interrupted_message(self.step, self.step, ckpt)
-        try:
-            last = int(json.loads((ckpt / STATE).read_text())["step"])
-        except (OSError, ValueError, KeyError):
-            last = None
-        return interrupted_message(self.step, last, ckpt)
 
     # ------------------------------------------------------------------ the loop
     def fit(self, out: str | Path | None = None, progress: bool = True,
@@ -610,56 +395,3 @@ class DictionaryTrainer:
                 atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
             return result
         return DictionaryTrainResult(dictionaries, metrics, folders, self.step)
-
-
-def target_l0s(cfg: DictionaryConfig | CLTConfig, target: float | list[float]) -> list[float] | None:
-    """The L0 each layer of a dictionary is steered to (one for an SAE or transcoder, n_layers for a CLT), or
-    None when it is not steered (target 0, or a TopK-family dictionary, which sets its L0 with k). One number
-    applies to every layer; a list must name one per layer (only a CLT has several)."""
-    if cfg.architecture not in PENALTY_ARCHITECTURES or target == 0:
-        return None
-    layers = cfg.n_layers if isinstance(cfg, CLTConfig) else 1
-    return per_layer_targets(target, layers, f"the CLT has {layers} layers" if isinstance(cfg, CLTConfig) else
-                             f"the {cfg.architecture} dictionary for {cfg.hook_name} has one layer")
-
-
-def per_layer_targets(target: float | list[float], layers: int, what: str) -> list[float]:
-    """target_l0 as one L0 per layer: one number applies to every layer, a list must name exactly one per layer
-    (else a one-line ConfigError saying `what` has)."""
-    if not isinstance(target, list):
-        return [float(target)] * layers
-    if len(target) != layers:
-        raise ConfigError(f"train.target_l0 names {len(target)} L0s but {what}: give one number, or one per layer")
-    return [float(t) for t in target]
-
-
-def refuse_changed_settings(saved: dict[str, Any], now: dict[str, Any], folder: Path) -> None:
-    """A resume with a setting that changes the result is refused in one line naming it (saved -> now)."""
-    changed = []
-    for key in sorted(set(saved) | set(now)):
-        a, b = saved.get(key), now.get(key)
-        if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(isinstance(x, dict) for x in a + b):
-            for x, y in zip(a, b):
-                changed += [f"{key}.{k} ({x.get(k)!r} -> {y.get(k)!r})" for k in sorted(set(x) | set(y))
-                            if x.get(k) != y.get(k)]
-        elif isinstance(a, dict) and isinstance(b, dict):
-            changed += [f"{key}.{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        elif a != b and key in saved:
-            changed.append(f"{key} ({a!r} -> {b!r})")
-    changed = list(dict.fromkeys(changed))
-    if changed:
-        raise CircuitlabError(f"cannot resume {folder} with other settings: {', '.join(changed[:4])}"
-                              f"{' ...' if len(changed) > 4 else ''}; resume with the settings it started with, "
-                              "or start a new run in another folder")
-
-
-def dictionary_names(configs: list[DictionaryConfig]) -> list[str]:
-    """Folder names: metadata.name, else <hook>-<architecture>[-<d_sae>], made unique."""
-    names: list[str] = []
-    for c in configs:
-        base = c.metadata.get("name") or (f"clt-{c.architecture}" if isinstance(c, CLTConfig) else f"{c.hook_name}-{c.architecture}")
-        name, i = base, 2
-        while name in names:
-            name, i = f"{base}-{i}", i + 1
-        names.append(name)
-    return names

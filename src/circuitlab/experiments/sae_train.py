@@ -123,7 +123,7 @@ def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -
     """CLT entries get the model's layer count and width; a `transcoders` entry becomes one transcoder per layer
     (grouped, so that they are also evaluated replacing every MLP at once), each steered to its own layer's
     L0 when target_l0 (its own, else train's) names one per layer."""
-    from circuitlab.dictionaries.train import PENALTY_ARCHITECTURES, TRAIN_RULES, per_layer_targets
+    from circuitlab.dictionaries.train import TRAIN_RULES, per_layer_targets, steers_l0
     from circuitlab.errors import CircuitlabError, ConfigError
 
     out, groups = [], {}
@@ -141,7 +141,7 @@ def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -
             name = (d.get("metadata") or {}).get("name", "transcoders")
             groups[name] = list(range(len(out), len(out) + L))
             target = TRAIN_RULES["target_l0"].check(own.get("target_l0", target_l0), "train.target_l0", ConfigError)
-            if not isinstance(target, list) or d.get("architecture", "relu") not in PENALTY_ARCHITECTURES:
+            if not isinstance(target, list) or not steers_l0(d.get("architecture", "relu")):
                 out += [(_layer_transcoder(d, layer, mlp_input), own) for layer in range(L)]
                 continue
             targets = per_layer_targets(target, L, f"the model has {L} layers")
