@@ -59,7 +59,7 @@ def dictionary_step_estimate(configs: list, batch_size: int, dtype: torch.dtype 
 
 
 # One rule per number field of DictTrainConfig (circuitlab.checks): finite, in range, whole where counted.
-TRAIN_RULES = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_steps": NONNEG_INT,
+TRAIN_RULES: dict[str, Number | PerItem] = {"steps": COUNT, "batch_size": COUNT, "lr": POSITIVE, "lr_warmup_steps": NONNEG_INT,
                "lr_decay_frac": FRACTION, "beta1": _BETA, "beta2": _BETA, "l1_coeff": NONNEG, "l0_coeff": NONNEG,
                "sparsity_warmup_steps": NONNEG_INT, "bandwidth": POSITIVE, "jumprelu_init_threshold": NONNEG,
                "aux_coeff": NONNEG, "dead_after": COUNT, "dead_density": FRACTION, "resample_every": NONNEG_INT,
@@ -124,14 +124,17 @@ class DictTrainConfig:
 def check_fits(cfg: DictionaryConfig | CLTConfig, widths: dict[str, int]) -> None:
     """The hooks a dictionary (SAE, transcoder or CLT) reads and writes are in the store {hook: width}, with its
     widths; else one CircuitlabError naming the hook."""
+    wanted: list[tuple[str | None, int | None, str]]
     is_clt = isinstance(cfg, CLTConfig)
-    wanted = ([(name, cfg.d_model, "d_model") for name in cfg.hooks()] if is_clt else
-              [(cfg.hook_name, cfg.d_in, "d_in"), (cfg.out_hook_name, cfg.d_out, "d_out")])
+    if isinstance(cfg, CLTConfig):
+        wanted = [(name, cfg.d_model, "d_model") for name in cfg.hooks()]
+        why = f" (a CLT of {cfg.n_layers} layers reads and writes every layer)"
+    else:
+        wanted, why = [(cfg.hook_name, cfg.d_in, "d_in"), (cfg.out_hook_name, cfg.d_out, "d_out")], ""
     for name, width, what in wanted:
         if name is None:
             continue
         if name not in widths:
-            why = f" (a CLT of {cfg.n_layers} layers reads and writes every layer)" if is_clt else ""
             raise CircuitlabError(f"the activation store has no hook {name!r}{did_you_mean(name, widths, n=3, cutoff=0.3)}"
                                   f"{why}")
         if widths[name] != width:

@@ -34,6 +34,7 @@ class TrainerState:
     parallel: Any
     hyper: list
     run_settings: dict[str, Any]
+    device: torch.device
 
     def _state_tensors(self, j: int) -> dict[str, torch.Tensor]:
         """Dictionary j's weights, Adam moments, firing history and target-L0 state, keyed without j."""

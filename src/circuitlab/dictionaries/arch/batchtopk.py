@@ -24,6 +24,7 @@ class BatchTopK(JumpReLU):  # at inference: a JumpReLU with the running threshol
     def keep(self, pre: torch.Tensor, k: int | None, threshold: torch.Tensor | None, coef: Coefficients,
              replicas: Any = None) -> tuple[Any, torch.Tensor | None]:
         rows, d_sae = pre.shape
+        assert k is not None and threshold is not None, "BatchTopK needs k and its running threshold"
         return Kept(batch_topk(pre, k, threshold, coef.threshold_decay, replicas), rows, d_sae), None
 
     def train_activate(self, pre_kept: torch.Tensor, threshold: torch.Tensor | None, coef: Coefficients) -> torch.Tensor:

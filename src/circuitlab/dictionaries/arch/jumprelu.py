@@ -58,6 +58,7 @@ class JumpReLU(Architecture):
                "circuit-tracer-clt": "jumprelu", "gemma-scope-2": "jump_relu", "llama-scope": ("jumprelu", "jump_relu")}
 
     def activate(self, pre: torch.Tensor, k: int | None, threshold: torch.Tensor | None) -> torch.Tensor:
+        assert threshold is not None, "JumpReLU needs its threshold"
         return pre * (pre > threshold)  # threshold > 0
 
     def jumprelu_threshold(self, threshold: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
@@ -66,6 +67,7 @@ class JumpReLU(Architecture):
     def keep(self, pre: torch.Tensor, k: int | None, threshold: torch.Tensor | None, coef: Coefficients,
              replicas: Any = None) -> tuple[Any, torch.Tensor | None]:
         # the pairs that fire or are in the threshold's straight-through window; the others get no gradient
+        assert threshold is not None
         return None, pre > threshold.detach() - coef.bandwidth / 2
 
     def train_activate(self, pre_kept: torch.Tensor, threshold: torch.Tensor | None, coef: Coefficients) -> torch.Tensor:
@@ -80,5 +82,6 @@ class JumpReLU(Architecture):
                     ) -> list[torch.Tensor]:
         terms = [coef_l * torch.tanh(coef.tanh_scale * acts * norm).sum() / rows]
         if coef.preact:  # silent latents' pre-activations pushed up to θ (θ gets no gradient from it)
+            assert threshold is not None
             terms.append(coef.preact * ((threshold.detach() - pre).relu() * layer_norms).sum() / rows)
         return terms

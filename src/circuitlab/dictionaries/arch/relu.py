@@ -25,6 +25,7 @@ class ReLU(Architecture):
 
     def penalty(self, acts: torch.Tensor, pre_kept: torch.Tensor, threshold: torch.Tensor | None,
                 norms: torch.Tensor | None, coef: Coefficients, rows: int) -> torch.Tensor | None:
+        assert norms is not None  # penalty_uses_norms: the step passes them
         return coef.sparsity * (acts * norms).sum() / rows
 
     def clt_penalty(self, acts: torch.Tensor, pre: torch.Tensor, threshold: torch.Tensor | None,

@@ -15,9 +15,11 @@ class TopK(Architecture):
     formats = {"saelens": "topk", "circuit-tracer": "topk", "sparsify": "topk"}
 
     def activate(self, pre: torch.Tensor, k: int | None, threshold: torch.Tensor | None) -> torch.Tensor:
+        assert k is not None, "TopK needs k"
         values, indices = pre.topk(k, dim=-1, sorted=False)
         return torch.zeros_like(pre).scatter_(-1, indices, values.relu())
 
     def keep(self, pre: torch.Tensor, k: int | None, threshold: torch.Tensor | None, coef: Coefficients,
              replicas: Any = None) -> tuple[Any, torch.Tensor | None]:
+        assert k is not None, "TopK needs k"
         return Kept.per_row(pre.topk(k, dim=-1, sorted=False).indices.sort(dim=-1).values, pre.shape[-1]), None
