@@ -22,7 +22,7 @@ SHIFT = 0.25
 class ShiftedReLU(Architecture):
     """A toy: latents ReLU(pre − 0.25), trained with a plain L1 (so unit decoder rows and AuxK)."""
 
-    name = "shifted_relu"
+    name = "toy_shifted_relu"
     coefficient = "l1_coeff"
     steers_l0 = True
 
@@ -45,8 +45,8 @@ class ShiftedReLU(Architecture):
 @pytest.fixture
 def shifted():
     register_architecture(ShiftedReLU)
-    yield get_architecture("shifted_relu")
-    unregister_architecture("shifted_relu")
+    yield get_architecture("toy_shifted_relu")
+    unregister_architecture("toy_shifted_relu")
 
 
 def _train(configs, source, tmp_path, steps=40):
@@ -59,10 +59,10 @@ def _train(configs, source, tmp_path, steps=40):
 def test_a_registered_toy_architecture_trains_saves_and_loads_as_sae_and_transcoder(shifted, tmp_path):
     planted = PlantedFeatures(n_features=16, d=8, l0=2, seed=0, rows_per_chunk=2048)
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
-    sae_cfg = DictionaryConfig("shifted_relu", d_in=8, d_sae=16, hook_name="planted")
+    sae_cfg = DictionaryConfig("toy_shifted_relu", d_in=8, d_sae=16, hook_name="planted")
     result = _train([sae_cfg], planted, tmp_path)
     trained, metrics = result.dictionaries[0], result.metrics[0]
-    assert trained.cfg.architecture == "shifted_relu" and trained.cfg.arch is shifted
+    assert trained.cfg.architecture == "toy_shifted_relu" and trained.cfg.arch is shifted
     assert metrics.explained_variance > 0.5 and 0 < metrics.l0 < 16   # it learned, and sparsely
     # its penalty does not weigh decoder norms, so the rows were held at one norm (unit in training's scale)
     norms = trained.W_dec.norm(dim=-1)
@@ -77,12 +77,12 @@ def test_a_registered_toy_architecture_trains_saves_and_loads_as_sae_and_transco
 
 def test_a_toy_transcoder_and_cross_layer_transcoder_train_save_and_load(shifted, tmp_path):
     planted = PlantedCrossLayer(n_layers=2, d=8, n_per_layer=6, rows_per_chunk=1024)
-    clt_cfg = CLTConfig("shifted_relu", n_layers=2, d_model=8, d_sae=12)
-    tc_cfg = DictionaryConfig("shifted_relu", d_in=8, d_sae=12, hook_name="blocks.0.ln2.hook_normalized",
+    clt_cfg = CLTConfig("toy_shifted_relu", n_layers=2, d_model=8, d_sae=12)
+    tc_cfg = DictionaryConfig("toy_shifted_relu", d_in=8, d_sae=12, hook_name="blocks.0.ln2.hook_normalized",
                               out_hook_name="blocks.0.hook_mlp_out")
     result = _train([clt_cfg, tc_cfg], planted, tmp_path, steps=150)
     clt, tc = result.dictionaries
-    assert clt.cfg.architecture == tc.cfg.architecture == "shifted_relu"
+    assert clt.cfg.architecture == tc.cfg.architecture == "toy_shifted_relu"
     # measured 0.93 and 0.96 (ReLU under the same settings: 0.95, 0.98); 40 steps: 0.18, -0.08
     assert all(m.explained_variance > 0.8 for m in result.metrics), [m.explained_variance for m in result.metrics]
     xs = torch.randn(32, 2, 8, generator=torch.Generator().manual_seed(2))
@@ -95,7 +95,7 @@ def test_a_toy_transcoder_and_cross_layer_transcoder_train_save_and_load(shifted
         loaded_tc = SparseDictionary.load(result.folders[1])
         assert torch.equal(loaded_tc(xs[:, 0])[0], tc(xs[:, 0])[0])
         view = clt.residual_view(1)  # a layer of the CLT as a transcoder keeps the architecture
-        assert view.cfg.architecture == "shifted_relu"
+        assert view.cfg.architecture == "toy_shifted_relu"
         torch.testing.assert_close(view.encode(xs[:, 1]), clt.encode_layer(xs[:, 1], 1), rtol=0, atol=0)
 
 
@@ -103,25 +103,25 @@ def test_layouts_without_the_architecture_refuse_it_in_one_line(shifted, tmp_pat
     from circuitlab.dictionaries.published import save_gemma_scope, save_transcoders
     from circuitlab.dictionaries.saelens import save_saelens
 
-    sae = SparseDictionary(DictionaryConfig("shifted_relu", d_in=4, d_sae=8, hook_name="blocks.0.hook_resid_post"))
-    with pytest.raises(CircuitlabError, match="SAELens has no shifted_relu SAE"):
+    sae = SparseDictionary(DictionaryConfig("toy_shifted_relu", d_in=4, d_sae=8, hook_name="blocks.0.hook_resid_post"))
+    with pytest.raises(CircuitlabError, match="SAELens has no toy_shifted_relu SAE"):
         save_saelens(sae, tmp_path / "saelens")
-    with pytest.raises(CircuitlabError, match="Gemma Scope files hold JumpReLU dictionaries; a shifted_relu one"):
+    with pytest.raises(CircuitlabError, match="Gemma Scope files hold JumpReLU dictionaries; a toy_shifted_relu one"):
         save_gemma_scope(sae, tmp_path / "gs")
-    tc = SparseDictionary(DictionaryConfig("shifted_relu", d_in=4, d_sae=8, hook_name="blocks.0.ln2.hook_normalized",
+    tc = SparseDictionary(DictionaryConfig("toy_shifted_relu", d_in=4, d_sae=8, hook_name="blocks.0.ln2.hook_normalized",
                                            out_hook_name="blocks.0.hook_mlp_out"))
-    with pytest.raises(CircuitlabError, match="a shifted_relu set cannot be written there"):
+    with pytest.raises(CircuitlabError, match="a toy_shifted_relu set cannot be written there"):
         save_transcoders([tc], tmp_path / "ct")
-    clt = CrossLayerTranscoder(CLTConfig("shifted_relu", n_layers=1, d_model=4, d_sae=8))
-    with pytest.raises(CircuitlabError, match="circuit-tracer's CLTs are ReLU or JumpReLU; a shifted_relu CLT"):
+    clt = CrossLayerTranscoder(CLTConfig("toy_shifted_relu", n_layers=1, d_model=4, d_sae=8))
+    with pytest.raises(CircuitlabError, match="circuit-tracer's CLTs are ReLU or JumpReLU; a toy_shifted_relu CLT"):
         clt.save(tmp_path / "clt", layout="circuit-tracer")
 
 
 def test_the_registry_finds_by_name_refuses_unknown_and_duplicate_names(tmp_path):
     assert architecture_names()[:4] == ARCHITECTURES == ("relu", "topk", "batchtopk", "jumprelu")
     assert get_architecture("batchtopk").saved_as == "jumprelu" and get_architecture("topk").uses_k
-    with pytest.raises(ConfigError, match="unknown dictionary architecture 'shifted_relu'"):
-        DictionaryConfig("shifted_relu", d_in=4, d_sae=8)
+    with pytest.raises(ConfigError, match="unknown dictionary architecture 'toy_shifted_relu'"):
+        DictionaryConfig("toy_shifted_relu", d_in=4, d_sae=8)
     with pytest.raises(ConfigError, match="unknown CLT architecture 'jumprelu2' \\(did you mean 'jumprelu'"):
         CLTConfig("jumprelu2", n_layers=1, d_model=4, d_sae=8)
 
@@ -133,11 +133,11 @@ def test_the_registry_finds_by_name_refuses_unknown_and_duplicate_names(tmp_path
         register_architecture(ShiftedReLU)  # the same class again: a no-op
         with pytest.raises(ConfigError, match="already registered"):
             register_architecture(Other)
-        SparseDictionary(DictionaryConfig("shifted_relu", d_in=4, d_sae=8, hook_name="x")).save(tmp_path / "toy")
+        SparseDictionary(DictionaryConfig("toy_shifted_relu", d_in=4, d_sae=8, hook_name="x")).save(tmp_path / "toy")
     finally:
-        unregister_architecture("shifted_relu")
+        unregister_architecture("toy_shifted_relu")
     # a saved toy needs its architecture registered to load: one line naming it
-    with pytest.raises(CircuitlabError, match="unknown dictionary architecture 'shifted_relu'"):
+    with pytest.raises(CircuitlabError, match="unknown dictionary architecture 'toy_shifted_relu'"):
         SparseDictionary.load(tmp_path / "toy")
 
 

@@ -7,6 +7,8 @@
                                                            no latent stays dead; θ gets no gradient from it)
          + AuxK per layer                                  topk / batchtopk (dead latents fit the residual)
 
+(each architecture's terms are its Architecture.clt_penalty, in dictionaries/arch/; resampling is resample.py's).
+
 ‖W_dec,i^l‖ is feature i's whole decoder, every layer it writes to together. A ReLU CLT takes L1, not the
 tanh: the tanh saturates once c · a · ‖W_dec‖ passes ~1, so it pushes only the smallest activations
 down, and a ReLU (no threshold to move) then held a target L0 only with a coefficient large enough to

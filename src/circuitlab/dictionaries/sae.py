@@ -7,7 +7,7 @@
     sae.save("dicts/l0"); sae = SparseDictionary.load("dicts/l0")
 
 Inference only: the training-time activations (batch top-k, the JumpReLU straight-through
-estimator, auxiliary losses) live in dictionaries/train.py. A saved dictionary takes raw
+estimator, auxiliary losses) live in arch/ and objectives.py. A saved dictionary takes raw
 activations: any input scaling used in training is folded into its weights (`folded`).
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from circuitlab.model.storage import stored_matmul
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
 
-# The reader of every layout SparseDictionary.load accepts: dictionaries/published.py's load_dictionary, which
-# registers itself here when the package is imported (its __init__ imports published.py). So this module,
+# The reader of every layout SparseDictionary.load accepts: dictionaries/published/'s load_dictionary, which
+# registers itself here when the package is imported (its __init__ imports published/). So this module,
 # which every layout reader imports, imports none of them: no import circle.
 LOAD_ANY: list[Callable[..., Any]] = []
 
@@ -143,7 +143,7 @@ class SparseDictionary(DictionaryModule):
              dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
              mmap: bool = False) -> "SparseDictionary":
         """Load a folder written by save(), or a published layout (the folder or its file): SAELens, Gemma
-        Scope 1 and 2, Llama Scope, one layer of a circuit-tracer set (see dictionaries/published.py).
+        Scope 1 and 2, Llama Scope, one layer of a circuit-tracer set (see dictionaries/published/).
 
         model: check the dictionary against it (base model, hooks, widths) and bind the reading points
         that need it (a published transcoder reading the MLP input after ln2's gain).
