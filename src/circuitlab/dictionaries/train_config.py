@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, PerItem, check_fields
-from circuitlab.dictionaries.arch import architecture_names, get_architecture
+from circuitlab.dictionaries.arch import architecture_names, find_architecture
 from circuitlab.dictionaries.clt_config import CLTConfig
 from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.errors import CircuitlabError, ConfigError, did_you_mean, refuse_unknown
@@ -146,7 +146,8 @@ def check_fits(cfg: DictionaryConfig | CLTConfig, widths: dict[str, int]) -> Non
 def steers_l0(architecture: str) -> bool:
     """Whether target_l0 can steer an architecture's L0 (its penalty's coefficient sets it; the TopK family's k
     does instead). An unknown name: False (its config refuses it)."""
-    return architecture in architecture_names() and get_architecture(architecture).steers_l0
+    arch = find_architecture(architecture)
+    return arch is not None and arch.steers_l0
 
 
 def steered_names() -> str:

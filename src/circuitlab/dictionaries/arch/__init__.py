@@ -13,8 +13,8 @@ One file per built-in (relu.py, topk.py, batchtopk.py, jumprelu.py), registered 
 the registry.
 """
 from circuitlab.dictionaries.arch.base import (
-    Architecture, Coefficients, architecture_in, architecture_names, format_names, get_architecture,
-    register_architecture, unregister_architecture,
+    Architecture, Coefficients, architecture_in, architecture_names, find_architecture, format_names,
+    get_architecture, register_architecture, unregister_architecture,
 )
 from circuitlab.dictionaries.arch.relu import ReLU
 from circuitlab.dictionaries.arch.topk import TopK
@@ -25,5 +25,5 @@ for _builtin in (ReLU, TopK, BatchTopK, JumpReLU):  # the order messages list th
     register_architecture(_builtin)
 
 __all__ = ["Architecture", "BatchTopK", "Coefficients", "JumpReLU", "ReLU", "TopK", "architecture_in",
-           "architecture_names", "format_names", "get_architecture", "register_architecture",
+           "architecture_names", "find_architecture", "format_names", "get_architecture", "register_architecture",
            "unregister_architecture"]

@@ -123,9 +123,14 @@ def architecture_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def find_architecture(name: str) -> Architecture | None:
+    """The architecture registered as `name`, or None."""
+    return _REGISTRY.get(name) if isinstance(name, str) else None
+
+
 def get_architecture(name: str, what: str = "dictionary") -> Architecture:
     """The architecture registered as `name`, or one ConfigError naming the closest ones."""
-    found = _REGISTRY.get(name) if isinstance(name, str) else None
+    found = find_architecture(name)
     if found is None:
         raise ConfigError(f"unknown {what} architecture {name!r}{did_you_mean(str(name), _REGISTRY)}; "
                           f"use one of {', '.join(_REGISTRY)}")
