@@ -18,7 +18,6 @@ class BatchTopK(JumpReLU):  # at inference: a JumpReLU with the running threshol
     learns_threshold = steers_l0 = False
     clt_penalty_uses_norms = False
     saved_as = "jumprelu"
-    coefficient = "l0_coeff"
     formats = {}
 
     def keep(self, pre: torch.Tensor, k: int | None, threshold: torch.Tensor | None, coef: Coefficients,
