@@ -118,11 +118,11 @@ GRAPH_PROMPT = "Lily saw a cat. Lily"
 def saved_graph_run(root, prompt: str = GRAPH_PROMPT, n_layers: int = 2, d_sae: int = 48, dashboard_tokens: int = 0):
     """A runs folder for the graph viewer: root/model (a checkpoint with a char tokenizer of the built-in
     stories), root/transcoders (one random ReLU skip transcoder per layer) and root/graphs/lily (what
-    `circuitlab graph` writes). Returns (model, tokenizer, Transcoders, GraphRun)."""
+    `circuitlab graph` writes). Returns (model, tokenizer, Transcoders, GraphResult)."""
     from circuitlab.data.stories import generate_stories
     from circuitlab.data.tokenizers import CharTokenizer
     from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
-    from circuitlab.experiments.graph import graph_experiment
+    from circuitlab.experiments.graph_experiment import graph_experiment
     from circuitlab.graphs import Transcoders
     from circuitlab.training import save_checkpoint
 

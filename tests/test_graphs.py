@@ -11,7 +11,7 @@ from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.errors import CircuitlabError
 from circuitlab.graphs import Graph, Intervention, ReplacementModel, Transcoders, attribute, logit_difference
 from circuitlab.graphs.export import neuronpedia_json
-from circuitlab.graphs.graph import edge_influence, threshold_for
+from circuitlab.graphs.attribution_graph import edge_influence, threshold_for
 from circuitlab.graphs.planted import VOCAB, planted_path_model
 from helpers import random_model
 
@@ -499,7 +499,7 @@ def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_p
 
 
 def test_an_interrupted_write_leaves_no_graph_folder(tmp_path, monkeypatch):
-    import circuitlab.experiments.graph as experiment
+    import circuitlab.experiments.graph_experiment as experiment
     from circuitlab.graphs.planted import PlantedTokenizer
 
     def interrupted(run):

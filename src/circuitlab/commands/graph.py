@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.checks import SHARE
     from circuitlab.commands._args import add_dtype_arguments, positive_int
     from circuitlab.experiments.dashboards import CARD_TOKENS
-    from circuitlab.graphs.graph import TOKEN_NODES
+    from circuitlab.graphs.attribution_graph import TOKEN_NODES
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         raise InputError("give --prompt TEXT (the text whose next token the graph explains), or run the demo: "
                          "circuitlab graph demo")
-    from circuitlab.experiments.graph import graph_experiment
+    from circuitlab.experiments.graph_experiment import graph_experiment
     from circuitlab.graphs import Transcoders
     from circuitlab.training.outputs import check_output_folder
 

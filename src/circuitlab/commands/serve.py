@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from circuitlab.errors import CircuitlabError
-    from circuitlab.experiments.graph import graph_experiment
+    from circuitlab.experiments.graph_experiment import graph_experiment
     from circuitlab.serve import create_app
     from circuitlab.serve.app import LOOPBACK_HOSTS
 

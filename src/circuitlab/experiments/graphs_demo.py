@@ -614,9 +614,9 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
     """The graph of spec's target logit, its numbers, and the intervention that tests it; the graph's files
     (graph/, graph.json for Neuronpedia's viewer, graph.svg, report.* with the interactive viewer) in
     out/<slug> when out is given; dashboard_tokens: held-out tokens for the viewer's feature cards."""
-    from circuitlab.experiments.graph import GraphRun, graph_feature_cards, write_graph_run
+    from circuitlab.experiments.graph_experiment import GraphResult, graph_feature_cards, write_graph_run
     from circuitlab.graphs import attribute
-    from circuitlab.graphs.graph import normalized
+    from circuitlab.graphs.attribution_graph import normalized
 
     tokens = torch.tensor(spec.tokens)
     prompt = tokenizer.decode(spec.tokens[len(_doc_start(tokenizer)):])   # the text, without the document start
@@ -665,7 +665,7 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
     cards = (graph_feature_cards(model, tc, graph, pruned, tokenizer, n_tokens=dashboard_tokens)
              if dashboard_tokens else {})
     if out is not None:
-        run = GraphRun(graph, pruned, finding.sentences(), {
+        run = GraphResult(graph, pruned, finding.sentences(), {
             "prompt": prompt, "graph": graph.summary(pruned), "finding": finding.to_dict(),
             "top_paths": [{"strength": x["strength"], "words": x["words"]} for x in paths]}, cards=cards, qk=qk)
         finding.files = str(write_graph_run(run, out / spec.slug, spec.slug, overwrite=True))

@@ -8,19 +8,19 @@ dictionaries.
     graph.scores()                                                # replacement, completeness
     graph.save("out/graph"); write_neuronpedia(graph, "out/graph.json", pruned)
 
-transcoders  one interface over per-layer transcoders (and cross-layer ones)
-replacement  the local replacement model of a prompt: frozen attention and norms, error terms; runs,
-             hooks, interventions (replacement or real model), steered generation
-attribution  the adjacency by batched backward passes; logit targets; the greedy feature cap
-graph        the Graph container (node order, files), influence, scores, pruning, strongest paths
-export       the Neuronpedia / circuit-tracer viewer JSON
+transcoders      one interface over per-layer transcoders (and cross-layer ones)
+replacement      the local replacement model of a prompt: frozen attention and norms, error terms; runs,
+                 hooks, interventions (replacement or real model), steered generation
+attribution      the adjacency by batched backward passes; logit targets; the greedy feature cap
+attribution_graph  the Graph container (node order, files), influence, scores, pruning, strongest paths
+export           the Neuronpedia / circuit-tracer viewer JSON
 
 A layer above analysis/ and dictionaries/: imports them and below; viz, report, serve, experiments and
 commands import it.
 """
 from circuitlab.graphs.attribution import LogitTarget, attribute, logit_difference
 from circuitlab.graphs.export import neuronpedia_json, write_neuronpedia
-from circuitlab.graphs.graph import Graph, Pruned
+from circuitlab.graphs.attribution_graph import Graph, Pruned
 from circuitlab.graphs.replacement import Intervention, ReplacementModel, ReplacementRun
 from circuitlab.graphs.transcoders import Transcoders
 

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 import circuitlab.memory as memory
 from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
-from circuitlab.graphs.graph import Graph, check_token_nodes, normalized
+from circuitlab.graphs.attribution_graph import Graph, check_token_nodes, normalized
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.model import model_dtype

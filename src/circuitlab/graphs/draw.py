@@ -10,7 +10,7 @@ import html
 
 import torch
 
-from circuitlab.graphs.graph import Graph, Pruned
+from circuitlab.graphs.attribution_graph import Graph, Pruned
 
 CELL_W, CELL_H, PAD = 110, 90, 60
 

@@ -28,7 +28,7 @@ import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
-from circuitlab.graphs.graph import Graph, Pruned, edge_influence, node_influence, threshold_for
+from circuitlab.graphs.attribution_graph import Graph, Pruned, edge_influence, node_influence, threshold_for
 
 
 def _cantor(x: int, y: int) -> int:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from circuitlab.errors import InputError
 from circuitlab.graphs.attribution import rows_per_pass
-from circuitlab.graphs.graph import Graph, Pruned
+from circuitlab.graphs.attribution_graph import Graph, Pruned
 from circuitlab.graphs.loadings import HeadLoadings
 from circuitlab.graphs.replacement import ReplacementModel, _mlps_stood_in, _Stop
 from circuitlab.graphs.transcoders import Transcoders

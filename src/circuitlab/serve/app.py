@@ -223,7 +223,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     transcoders: the model's transcoders (a `sae train` run or circuit-tracer's layout), for interventions,
     feature cards and new graphs on /graphs; transcoder_set: which set of a run holding several (Transcoders.load's
     set_name). graph_runner: what writes a new graph folder
-    (experiments.graph.graph_experiment; `circuitlab serve` passes it, this layer cannot import it).
+    (experiments.graph_experiment.graph_experiment; `circuitlab serve` passes it, this layer cannot import it).
 
     The model is loaded here, so a missing or corrupt checkpoint is a CircuitlabError before any
     server starts. max_tokens is capped by the model's context. allowed_hosts: Host header names

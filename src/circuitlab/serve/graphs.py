@@ -33,7 +33,7 @@ from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, SHARE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.graphs.export import FEATURE, check_viewer_json
-from circuitlab.graphs.graph import TOKEN_NODES
+from circuitlab.graphs.attribution_graph import TOKEN_NODES
 from circuitlab.graphs.transcoders import differs, made_with
 from circuitlab.viz.graph_view import feature_cards
 
@@ -113,7 +113,7 @@ class GraphBrowser:
         self.root = Path(root).resolve() if root is not None else None
         self.model, self.tokenizer, self.tc = model, tokenizer, transcoders
         self.saved = saved or {}   # {layer: FeatureDashboards} saved with the transcoders (viz.graph_view)
-        self.runner = runner   # experiments.graph.graph_experiment (given by the command: serve sits below it)
+        self.runner = runner   # experiments.graph_experiment.graph_experiment (given by the command: serve sits below it)
         self._cards: dict[tuple[str, float, int], dict[str, Any]] = {}
         self._replacement: tuple[tuple[int, ...], Any] | None = None
         self._made_with: dict[str, Any] | None = None

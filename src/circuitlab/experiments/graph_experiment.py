@@ -23,7 +23,7 @@ from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_difference
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
-from circuitlab.graphs.graph import check_threshold
+from circuitlab.graphs.attribution_graph import check_threshold
 from circuitlab.graphs.heads import head_loadings, strongest_heads
 from circuitlab.graphs.qk import qk_attributions, qk_cost, qk_html
 from circuitlab.viz.graph_view import feature_cards, graph_view_html
@@ -33,7 +33,7 @@ GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
 
 
 @dataclass
-class GraphRun:
+class GraphResult:
     graph: Graph
     pruned: Pruned
     summary: list[str]
@@ -60,7 +60,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                      max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
                      slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096,
                      saved_dashboards: dict[int, Any] | None = None, token_nodes: str = "embedding",
-                     qk: bool = False, qk_heads: int = 10) -> GraphRun:
+                     qk: bool = False, qk_heads: int = 10) -> GraphResult:
     """Attribute the prediction after `prompt`, prune, split the pruned graph's cross-position edges over the
     heads that carried them (graph.loadings), and (with `out`) write the files. qk: also the QK attributions of
     the qk_heads (head, query, key) carrying the most influence across positions. The report's feature
@@ -143,7 +143,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
             "head_loadings": {**graph.loadings.to_dict(), "strongest": heads}}
     if qk:
         data["qk"] = [r.to_dict() for r in qks]
-    run = GraphRun(graph, pruned, summary, data, qk=qks)
+    run = GraphResult(graph, pruned, summary, data, qk=qks)
     if dashboard_tokens or saved_dashboards:
         run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens,
                                         saved=saved_dashboards)
@@ -152,7 +152,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     return run
 
 
-def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False) -> Path:
+def write_graph_run(run: GraphResult, out: Path, slug: str, overwrite: bool = False) -> Path:
     """Write every file of the run into `out` (the output-folder policy: an earlier graph folder is set aside,
     or replaced with overwrite; any other non-empty folder is refused), as one folder swapped in whole."""
     data = viewer_data(run, slug)
@@ -177,7 +177,7 @@ def write_graph_run(run: GraphRun, out: Path, slug: str, overwrite: bool = False
     return out
 
 
-def viewer_data(run: GraphRun, slug: str = "graph") -> dict[str, Any]:
+def viewer_data(run: GraphResult, slug: str = "graph") -> dict[str, Any]:
     """The viewer's JSON (export.neuronpedia_json: links carry their heads) with the QK attributions, if any."""
     data = neuronpedia_json(run.graph, run.pruned, slug=slug)
     if run.qk:
@@ -185,7 +185,7 @@ def viewer_data(run: GraphRun, slug: str = "graph") -> dict[str, Any]:
     return data
 
 
-def _heads_markdown(run: GraphRun) -> list[str]:
+def _heads_markdown(run: GraphResult) -> list[str]:
     lines = []
     strongest = run.data.get("head_loadings", {}).get("strongest", [])
     if strongest:
@@ -196,7 +196,7 @@ def _heads_markdown(run: GraphRun) -> list[str]:
     return lines
 
 
-def _markdown(run: GraphRun) -> str:
+def _markdown(run: GraphResult) -> str:
     lines = ["# Attribution graph", "", f"Prompt: `{run.data['prompt']}`", ""]
     lines += [f"- {s}" for s in run.summary]
     lines += ["", "| strongest paths | strength |", "|---|---|"]
@@ -217,7 +217,7 @@ def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, prun
     return feature_cards(model, transcoders, wanted, tokenizer, n_tokens=n_tokens, saved=saved)
 
 
-def _html(run: GraphRun, view: str) -> str:
+def _html(run: GraphResult, view: str) -> str:
     items = "".join(f"<li>{html.escape(s)}</li>" for s in run.summary)
     strongest = run.data.get("head_loadings", {}).get("strongest", [])
     heads = ""
