@@ -109,6 +109,15 @@ def test_report_carries_a_card_for_every_pruned_feature(tmp_path):
     assert "<div id='clgv-" in html and html.index("<div id='clgv-") < html.index("<svg") < html.index("CLGraphView.mount")
     shown = run._repr_html_()                                            # Jupyter: the same viewer
     assert "CLGraphView.mount" in shown and "<svg" in shown and html_module.escape(run.summary[1]) in shown
+    # the strongest paths: one table, the same in report.html, report.md and the graph's own Jupyter display
+    from circuitlab.viz.graph_view import graph_summary_html, paths_table
+
+    paths = run.graph.top_paths(5, run.pruned)
+    assert paths and [p["words"] for p in paths] == [p["words"] for p in run.data["top_paths"]]
+    assert paths_table(paths) in html and html.count("<th>strongest paths</th>") == 1
+    assert paths_table(paths, markdown=True) in (tmp_path / "graphs/lily/report.md").read_text()
+    assert paths_table(paths) in graph_summary_html(run.graph, run.pruned)
+    assert "<th>strongest paths</th>" in run.graph._repr_html_()     # a Graph in Jupyter (viz registers its display)
 
 
 def test_graph_command_refuses_negative_dashboard_tokens(tmp_path, monkeypatch, capsys):

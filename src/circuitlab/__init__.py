@@ -14,4 +14,5 @@ if "IPython" in _sys.modules:  # a notebook: results display as their figures (c
     import circuitlab.viz.interactive  # noqa: E402,F401  registers the renderers
     import circuitlab.viz.tokens  # noqa: E402,F401
     import circuitlab.viz.features  # noqa: E402,F401
+    import circuitlab.viz.graph_view  # noqa: E402,F401
 

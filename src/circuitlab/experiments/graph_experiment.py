@@ -11,7 +11,6 @@ viewer of circuitlab.viz.graph_view reading graph.json's content, with the prune
 """
 from __future__ import annotations
 
-import html
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,13 @@ from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
 from circuitlab.graphs.attribution_graph import check_threshold
 from circuitlab.graphs.heads import head_loadings, strongest_heads
-from circuitlab.graphs.qk import qk_attributions, qk_cost, qk_html
-from circuitlab.viz.graph_view import feature_cards, graph_view_html
+from circuitlab.graphs.qk import qk_attributions, qk_cost
+from circuitlab.viz.graph_view import (feature_cards, graph_report_html, graph_report_markdown, graph_result_html,
+                                       graph_view_html)
 from circuitlab.training.outputs import MARKER, check_output_folder, output_folder
 
 GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
+FILES = {"graph": GRAPH_DIR, "viewer": VIEWER_JSON, "svg": SVG}   # the names the reports link to
 
 
 @dataclass
@@ -48,10 +49,9 @@ class GraphResult:
 
     def _repr_html_(self) -> str:
         """The findings and the interactive viewer (the static drawing where scripts do not run)."""
-        items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary)
         view = graph_view_html(viewer_data(self), features=self.cards,
                                fallback=graph_svg(self.graph, self.pruned))
-        return f"<b>attribution graph</b><ul>{items}</ul>{view}"
+        return graph_result_html(self.summary, view)
 
 
 def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
@@ -173,7 +173,7 @@ def write_graph_run(run: GraphResult, out: Path, slug: str, overwrite: bool = Fa
         run.data["files"] = sizes
         (tmp / "results.json").write_text(json_text(run.to_dict(), indent=1))
         (tmp / "report.md").write_text(_markdown(run))
-        (tmp / "report.html").write_text(_html(run, view))
+        (tmp / "report.html").write_text(graph_report_html(*_report_parts(run), view=view, files=FILES))
     return out
 
 
@@ -185,27 +185,14 @@ def viewer_data(run: GraphResult, slug: str = "graph") -> dict[str, Any]:
     return data
 
 
-def _heads_markdown(run: GraphResult) -> list[str]:
-    lines = []
-    strongest = run.data.get("head_loadings", {}).get("strongest", [])
-    if strongest:
-        lines += ["## Heads", "", "Which heads carried the pruned graph's cross-position edges (each edge's head "
-                  "loadings; the strongest by influence):", ""] + [f"- {h['words']}" for h in strongest] + [""]
-    for r in run.qk:
-        lines += [f"### QK: {r.summary(0)[0]}", ""] + [f"- {x}" for x in r.summary(5)[1:]] + [""]
-    return lines
+def _report_parts(run: GraphResult) -> tuple[str, list[str], list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+    """What the reports show: prompt, findings, strongest paths, strongest heads, QK attributions."""
+    return (run.data["prompt"], run.summary, run.data["top_paths"],
+            run.data.get("head_loadings", {}).get("strongest", []), run.qk)
 
 
 def _markdown(run: GraphResult) -> str:
-    lines = ["# Attribution graph", "", f"Prompt: `{run.data['prompt']}`", ""]
-    lines += [f"- {s}" for s in run.summary]
-    lines += ["", "| strongest paths | strength |", "|---|---|"]
-    lines += [f"| {p['words']} | {p['strength']:.3g} |" for p in run.data["top_paths"]]
-    lines += [""] + _heads_markdown(run)
-    lines += ["", f"![pruned graph]({SVG})", "",
-              f"Files: `{GRAPH_DIR}/` (the full graph, reload with `Graph.load`), `{VIEWER_JSON}` (open in "
-              "Neuronpedia's or circuit-tracer's graph viewer), `results.json`.", ""]
-    return "\n".join(lines)
+    return graph_report_markdown(*_report_parts(run), files=FILES)
 
 
 def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pruned, tokenizer: Any,
@@ -216,22 +203,3 @@ def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, prun
         wanted.setdefault(layer, []).append(feat)
     return feature_cards(model, transcoders, wanted, tokenizer, n_tokens=n_tokens, saved=saved)
 
-
-def _html(run: GraphResult, view: str) -> str:
-    items = "".join(f"<li>{html.escape(s)}</li>" for s in run.summary)
-    strongest = run.data.get("head_loadings", {}).get("strongest", [])
-    heads = ""
-    if strongest:
-        heads = ("<h2>Heads</h2><p>Which heads carried the pruned graph's cross-position edges (click an edge in "
-                 "the viewer for its heads):</p><ul>" + "".join(f"<li>{html.escape(h['words'])}</li>" for h in strongest)
-                 + "</ul>")
-    if run.qk:
-        heads += "<h2>QK attributions</h2>" + qk_html(run.qk)
-    rows = "".join(f"<tr><td>{html.escape(p['words'])}</td><td>{p['strength']:.3g}</td></tr>"
-                   for p in run.data["top_paths"])
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>attribution graph</title>"
-            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left}</style></head>"
-            f"<body><h1>Attribution graph</h1><p>Prompt: <code>{html.escape(run.data['prompt'])}</code></p>"
-            f"<ul>{items}</ul><table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table>{heads}"
-            f"<h2>The pruned graph</h2>{view}<p>A static drawing: <a href='{SVG}'>{SVG}</a>; the graph file the "
-            f"view reads: <a href='{VIEWER_JSON}'>{VIEWER_JSON}</a>.</p></body></html>")

@@ -22,7 +22,6 @@ in results.json (GraphFinding.sentences, GraphsDemoResult.summary).
 """
 from __future__ import annotations
 
-import html
 import json
 import random
 from dataclasses import asdict, dataclass, field
@@ -278,10 +277,9 @@ class GraphsDemoResult:
                 "graphs": [g.to_dict() for g in self.graphs], "summary": self.summary(), **budget_dict(self)}
 
     def _repr_html_(self) -> str:
-        items = "".join(f"<li>{html.escape(s)}</li>" for s in self.summary())
-        graphs = "".join(f"<h4>{html.escape(g.slug)}</h4><ul>"
-                         + "".join(f"<li>{html.escape(s)}</li>" for s in g.sentences()) + "</ul>" for g in self.graphs)
-        return f"<ul>{items}</ul>{graphs}"
+        from circuitlab.viz.graph_view import graphs_demo_summary_html
+
+        return graphs_demo_summary_html(self)
 
 
 def _carrier(logit_inputs: dict[str, float]) -> str:
@@ -733,52 +731,9 @@ def ablate(model, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int]
 
 def write_graphs_report(result: GraphsDemoResult) -> None:
     """report.md, report.html and results.json in result.out (each written atomically)."""
+    from circuitlab.viz.graph_view import graphs_demo_html, graphs_demo_markdown
+
     out = result.out
-    lines = ["# circuitlab graphs demo", ""] + result.summary()
-    for g in result.graphs:
-        lines += ["", f"## {g.slug}: {g.target!r} after {g.prompt[-40:]!r}", ""] + [f"- {s}" for s in g.sentences()]
-        lines += ["", "| feature node | influence on the logit | signed effect on the logit | activation |",
-                  "|---|---|---|---|"]
-        lines += [f"| {f['label']} | {f['influence']:.3f} | {f['effect']:+.3f} | "
-                  f"{f['activation']:.3g} |" for f in g.top_features]
-        if g.heads:
-            lines += ["", f"Heads: {g.heads['words']}"]
-        lines += ["", f"Files: `{Path(g.files).relative_to(out) if g.files else ''}/` (graph.json opens in "
-                      "Neuronpedia's or circuit-tracer's viewer; graph.svg is the pruned graph)."]
-    lines += ["", "## Numbers", "", "| graph | p(target) | replacement | completeness | focus share | "
-              "p after intervention (real model) | control | confirms |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {g.slug} | {g.p_target:.3f} | {g.scores['replacement']:.3f} | {g.scores['completeness']:.3f} | "
-              f"{g.token_share['focus']:.3f} | {g.ablation.p_model:.3f} | {g.ablation.p_control:.3f} | "
-              f"{ {True: 'yes', False: 'no', None: 'untested'}[g.confirmed]} |" for g in result.graphs]
-    atomic_write_text(out / "report.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "report.md", graphs_demo_markdown(result, out))
     atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
-    atomic_write_text(out / "report.html", report_html(result))
-
-
-def graph_view(graph, pruned, cards: dict[str, Any], slug: str) -> str:
-    """One graph in report.html: the interactive viewer (offline; feature cards on hover)."""
-    from circuitlab.graphs import neuronpedia_json
-    from circuitlab.viz.graph_view import graph_view_html
-
-    return f"<div class='graph'>{graph_view_html(neuronpedia_json(graph, pruned, slug=slug), features=cards, title=slug)}</div>"
-
-
-def report_html(result: GraphsDemoResult) -> str:
-    esc = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>circuitlab graphs demo</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:80em}.graph{overflow-x:auto;border:1px solid #ddd;"
-             "margin:1em 0}td,th{padding:2px 8px;text-align:left}li{margin:.3em 0}</style></head><body>",
-             "<h1>circuitlab graphs demo</h1><section id='summary'><ul>",
-             "".join(f"<li>{esc(s)}</li>" for s in result.summary()), "</ul></section>"]
-    for g in result.graphs:
-        parts.append(f"<section id='{esc(g.slug)}'><h2>{esc(g.slug)}: {esc(repr(g.target))}</h2>"
-                     f"<p>Prompt: <code>{esc(g.prompt)}</code></p><ul>"
-                     + "".join(f"<li>{esc(s)}</li>" for s in g.sentences()) + "</ul>")
-        if g.heads:
-            parts.append(f"<p>Heads: {esc(g.heads['words'])}</p>")
-        view = getattr(g, "view", None)
-        if view is not None:
-            parts.append(graph_view(*view, g.slug))
-        parts.append("</section>")
-    parts.append("</body></html>")
-    return "".join(parts)
+    atomic_write_text(out / "report.html", graphs_demo_html(result))

@@ -18,7 +18,6 @@ kept outgoing edge and features with no kept incoming edge. Tokens and logits ar
 """
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -436,13 +435,6 @@ class Graph(Displayed):
         return (f"Graph({self.n_pos} positions, {self.n_features} feature nodes of {len(self.active_features)} "
                 f"active, {self.n_logits} logits, {self.n_nodes} nodes)")
 
-    def _repr_html_(self) -> str:
-        from circuitlab.display import renderer_for
-
-        if renderer_for(self) is not None:
-            return super()._repr_html_()
-        return summary_html(self)
-
     # ------------------------------------------------------------------ files
     def save(self, folder: str | Path) -> Path:
         """graph.safetensors (every tensor, exact) + graph.json (the rest), written as one folder atomically."""
@@ -483,14 +475,3 @@ class Graph(Displayed):
             raise CircuitlabError(f"the graph in {folder} is corrupt or truncated ({type(e).__name__}: {e}); "
                                   "write it again with `circuitlab graph`") from None
 
-
-def summary_html(graph: Graph, pruned: Pruned | None = None) -> str:
-    """A small HTML summary: scores, logits, top paths."""
-    s = graph.summary(pruned)
-    rows = "".join(f"<tr><td>{html.escape(p['words'])}</td><td>{p['strength']:.3g}</td></tr>"
-                   for p in graph.top_paths(5, pruned))
-    logits = ", ".join(f"{html.escape(repr(x['label']))} ({x['weight']:.2f})" for x in s["logits"])
-    return (f"<div><b>Attribution graph</b>: {graph.n_pos} positions, {s['n_feature_nodes']} feature nodes, "
-            f"{s['n_nodes']} nodes; logits {logits}<br>replacement score {s['replacement_score']:.3f}, "
-            f"completeness score {s['completeness_score']:.3f}"
-            f"<table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table></div>")

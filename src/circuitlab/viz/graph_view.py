@@ -11,6 +11,10 @@ promoted tokens); the node and edge sliders re-prune in the page (export.reprune
 and named supernodes go into the file's qParams (Neuronpedia's pinnedIds / supernodes), downloaded here
 or saved in place by `circuitlab serve` (/graphs), which also runs interventions. graph_view.js is also
 served as a static file by the explorer (its pages may not run inline scripts).
+
+The pages around the viewer live here too, rendered from plain data (the experiments return it): a Graph's
+Jupyter display, `circuitlab graph`'s report.md / report.html, the graphs demo's; paths_table is the one
+rendering of the strongest paths.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from circuitlab.atomic import json_text
+from circuitlab.display import renders
+from circuitlab.graphs.attribution_graph import Graph, Pruned
 
 ASSETS = ("graph_view.js", "graph_view.css")
 _ids = itertools.count()
@@ -125,3 +131,136 @@ def graph_view_html(data: Any, *, features: dict[str, Any] | None = None, title:
         return fragment
     return ("<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title></head><body>{fragment}</body></html>")
+
+
+# ---------------------------------------------------------------------------- the pages around the viewer
+# (`circuitlab graph`'s and the graphs demo's report.md / report.html, Jupyter): plain data in, text out.
+
+def bullets_html(lines: Iterable[str]) -> str:
+    """<li> items of sentences, escaped (the caller puts them in its <ul>)."""
+    return "".join(f"<li>{html.escape(s)}</li>" for s in lines)
+
+
+def paths_table(paths: Iterable[dict[str, Any]], markdown: bool = False) -> str:
+    """The strongest-paths table (Graph.top_paths: {"words", "strength"} each), HTML or Markdown: the one
+    rendering the graph's summary, its report.html and its report.md share."""
+    cells = [(p["words"], f"{p['strength']:.3g}") for p in paths]
+    if markdown:
+        return "\n".join(["| strongest paths | strength |", "|---|---|"] + [f"| {w} | {s} |" for w, s in cells])
+    rows = "".join(f"<tr><td>{html.escape(w)}</td><td>{s}</td></tr>" for w, s in cells)
+    return f"<table><tr><th>strongest paths</th><th>strength</th></tr>{rows}</table>"
+
+
+def graph_summary_html(graph: Graph, pruned: Pruned | None = None) -> str:
+    """A Graph in Jupyter: its size, logits, scores and strongest paths."""
+    s = graph.summary(pruned)
+    logits = ", ".join(f"{html.escape(repr(x['label']))} ({x['weight']:.2f})" for x in s["logits"])
+    return (f"<div><b>Attribution graph</b>: {graph.n_pos} positions, {s['n_feature_nodes']} feature nodes, "
+            f"{s['n_nodes']} nodes; logits {logits}<br>replacement score {s['replacement_score']:.3f}, "
+            f"completeness score {s['completeness_score']:.3f}{paths_table(graph.top_paths(5, pruned))}</div>")
+
+
+renders(Graph)(graph_summary_html)   # Jupyter (circuitlab.display; the package root imports this module there)
+
+
+def graph_result_html(summary: list[str], view: str) -> str:
+    """`circuitlab graph`'s result in Jupyter: the findings, then the viewer."""
+    return f"<b>attribution graph</b><ul>{bullets_html(summary)}</ul>{view}"
+
+
+def _heads_markdown(strongest: list[dict[str, Any]], qk: list[Any]) -> list[str]:
+    lines = []
+    if strongest:
+        lines += ["## Heads", "", "Which heads carried the pruned graph's cross-position edges (each edge's head "
+                  "loadings; the strongest by influence):", ""] + [f"- {h['words']}" for h in strongest] + [""]
+    for r in qk:
+        lines += [f"### QK: {r.summary(0)[0]}", ""] + [f"- {x}" for x in r.summary(5)[1:]] + [""]
+    return lines
+
+
+def graph_report_markdown(prompt: str, summary: list[str], paths: list[dict[str, Any]],
+                          strongest: list[dict[str, Any]], qk: list[Any], files: dict[str, str]) -> str:
+    """`circuitlab graph`'s report.md: the findings, the strongest paths, the heads (strongest_heads) and QK
+    attributions, the drawing; files: {"graph", "viewer", "svg"} names in the output folder."""
+    lines = ["# Attribution graph", "", f"Prompt: `{prompt}`", ""]
+    lines += [f"- {s}" for s in summary]
+    lines += ["", paths_table(paths, markdown=True)]
+    lines += [""] + _heads_markdown(strongest, qk)
+    lines += ["", f"![pruned graph]({files['svg']})", "",
+              f"Files: `{files['graph']}/` (the full graph, reload with `Graph.load`), `{files['viewer']}` (open in "
+              "Neuronpedia's or circuit-tracer's graph viewer), `results.json`.", ""]
+    return "\n".join(lines)
+
+
+def graph_report_html(prompt: str, summary: list[str], paths: list[dict[str, Any]], strongest: list[dict[str, Any]],
+                      qk: list[Any], view: str, files: dict[str, str]) -> str:
+    """`circuitlab graph`'s report.html (graph_report_markdown's content, with the viewer `view`)."""
+    from circuitlab.graphs.qk import qk_html
+
+    heads = ""
+    if strongest:
+        heads = ("<h2>Heads</h2><p>Which heads carried the pruned graph's cross-position edges (click an edge in "
+                 f"the viewer for its heads):</p><ul>{bullets_html(h['words'] for h in strongest)}</ul>")
+    if qk:
+        heads += "<h2>QK attributions</h2>" + qk_html(qk)
+    svg, viewer = files["svg"], files["viewer"]
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>attribution graph</title>"
+            "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:left}</style></head>"
+            f"<body><h1>Attribution graph</h1><p>Prompt: <code>{html.escape(prompt)}</code></p>"
+            f"<ul>{bullets_html(summary)}</ul>{paths_table(paths)}{heads}"
+            f"<h2>The pruned graph</h2>{view}<p>A static drawing: <a href='{svg}'>{svg}</a>; the graph file the "
+            f"view reads: <a href='{viewer}'>{viewer}</a>.</p></body></html>")
+
+
+def graphs_demo_markdown(result: Any, out: Path) -> str:
+    """The graphs demo's report.md (experiments.graphs_demo.GraphsDemoResult): its summary, each graph's
+    finding in words with its strongest features, the numbers side by side."""
+    lines = ["# circuitlab graphs demo", ""] + result.summary()
+    for g in result.graphs:
+        lines += ["", f"## {g.slug}: {g.target!r} after {g.prompt[-40:]!r}", ""] + [f"- {s}" for s in g.sentences()]
+        lines += ["", "| feature node | influence on the logit | signed effect on the logit | activation |",
+                  "|---|---|---|---|"]
+        lines += [f"| {f['label']} | {f['influence']:.3f} | {f['effect']:+.3f} | "
+                  f"{f['activation']:.3g} |" for f in g.top_features]
+        if g.heads:
+            lines += ["", f"Heads: {g.heads['words']}"]
+        lines += ["", f"Files: `{Path(g.files).relative_to(out) if g.files else ''}/` (graph.json opens in "
+                      "Neuronpedia's or circuit-tracer's viewer; graph.svg is the pruned graph)."]
+    lines += ["", "## Numbers", "", "| graph | p(target) | replacement | completeness | focus share | "
+              "p after intervention (real model) | control | confirms |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {g.slug} | {g.p_target:.3f} | {g.scores['replacement']:.3f} | {g.scores['completeness']:.3f} | "
+              f"{g.token_share['focus']:.3f} | {g.ablation.p_model:.3f} | {g.ablation.p_control:.3f} | "
+              f"{ {True: 'yes', False: 'no', None: 'untested'}[g.confirmed]} |" for g in result.graphs]
+    return "\n".join(lines) + "\n"
+
+
+def graphs_demo_html(result: Any) -> str:
+    """The graphs demo's report.html: the summary, then each graph's finding and its viewer (g.view: the
+    (Graph, Pruned, feature cards) kept beside the finding)."""
+    from circuitlab.graphs.export import neuronpedia_json
+
+    esc = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>circuitlab graphs demo</title>",
+             "<style>body{font-family:sans-serif;margin:2em;max-width:80em}.graph{overflow-x:auto;border:1px solid #ddd;"
+             "margin:1em 0}td,th{padding:2px 8px;text-align:left}li{margin:.3em 0}</style></head><body>",
+             "<h1>circuitlab graphs demo</h1><section id='summary'><ul>", bullets_html(result.summary()),
+             "</ul></section>"]
+    for g in result.graphs:
+        parts.append(f"<section id='{esc(g.slug)}'><h2>{esc(g.slug)}: {esc(repr(g.target))}</h2>"
+                     f"<p>Prompt: <code>{esc(g.prompt)}</code></p><ul>{bullets_html(g.sentences())}</ul>")
+        if g.heads:
+            parts.append(f"<p>Heads: {esc(g.heads['words'])}</p>")
+        view = getattr(g, "view", None)
+        if view is not None:
+            graph, pruned, cards = view
+            data = neuronpedia_json(graph, pruned, slug=g.slug)
+            parts.append(f"<div class='graph'>{graph_view_html(data, features=cards, title=g.slug)}</div>")
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def graphs_demo_summary_html(result: Any) -> str:
+    """The graphs demo's result in Jupyter: the summary and each graph's finding."""
+    graphs = "".join(f"<h4>{html.escape(g.slug)}</h4><ul>{bullets_html(g.sentences())}</ul>" for g in result.graphs)
+    return f"<ul>{bullets_html(result.summary())}</ul>{graphs}"
