@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from circuitlab.experiments.graphs_demo import (N_ABLATED, Ablation, GraphFinding, GraphsDemoOptions,
-                                                GraphsDemoResult, run_graphs_demo)
+from circuitlab.experiments.graphs_demo import GraphsDemoOptions, GraphsDemoResult, run_graphs_demo
+from circuitlab.experiments.graphs_demo_findings import N_ABLATED, Ablation, GraphFinding
 from circuitlab.graphs import Graph
 from helpers import demo_fixture
 
