@@ -192,14 +192,14 @@ def test_graph_counts_and_causal_tracing_noise_agree(graphs):
     """--batch-size, --max-logits and --dashboard-tokens of `circuitlab graph`, and causal tracing's
     --noise-scale and --noise-samples, between the command line and the Python API."""
     from circuitlab.analysis.patching.noise import Noise
-    from circuitlab.experiments.dashboards import CARD_TOKENS
+    from circuitlab.graphs.options import graph_options
     from circuitlab.graphs import attribute
 
     model, tok, tc, run, _ = graphs
     tokens = torch.tensor(tok.encode("Lily saw"))
     graph = [("--batch-size", lambda v: attribute(model, tc, tokens, batch_size=v)),
              ("--max-logits", lambda v: attribute(model, tc, tokens, max_n_logits=v)),
-             ("--dashboard-tokens", lambda v: CARD_TOKENS.check(v, "dashboard_tokens"))]
+             ("--dashboard-tokens", lambda v: graph_options(dashboard_tokens=v))]
     trace = [("--noise-scale", lambda v: Noise(scale=v).check()), ("--noise-samples", lambda v: Noise(samples=v).check())]
     for option, call in graph + trace:
         for text, value in VALUES:

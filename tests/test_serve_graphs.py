@@ -1,6 +1,7 @@
 """The explorer's /graphs endpoints on a saved graph (FastAPI's TestClient): listing, the graph file itself,
 qParams saved back, interventions equal to the replacement model's own, bounded graph computation, and bad
 bodies answered 4xx in one line."""
+import dataclasses
 import json
 
 import pytest
@@ -130,7 +131,7 @@ def test_feature_cards_on_demand(served, monkeypatch):
     client = served[0]
     import circuitlab.serve.graphs as graphs
 
-    monkeypatch.setattr(graphs, "CARD_TOKENS", 512)
+    monkeypatch.setattr(graphs, "DEFAULTS", dataclasses.replace(graphs.DEFAULTS, dashboard_tokens=512))
     data = client.get("/api/graphs/graph", params={"id": "lily"}).json()
     layer, feature, _ = map(int, next(n["node_id"] for n in data["nodes"]
                                       if n["feature_type"] == "cross layer transcoder").split("_"))
@@ -421,3 +422,42 @@ def test_a_nan_in_an_older_graph_file_is_read_as_null(served, tmp_path):
                         raise_server_exceptions=False)
     r = client.get("/api/graphs/graph", params={"id": "lily"})
     assert r.status_code == 200 and r.json()["metadata"]["node_threshold"] is None
+
+
+def test_the_page_takes_its_options_from_the_server_and_sends_them_back(served, tmp_path):
+    """graphs.js run by node against a minimal fake DOM (tests/js/fake_dom.js) with the API's real listing: the
+    compute form shows GraphOptions' defaults, bounds and help (the page writes none of its own), and submitting
+    it as shown sends exactly those defaults, which the explorer accepts as GraphOptions' own."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions
+    from circuitlab.serve.app import STATIC_DIR
+    from circuitlab.serve.graphs import ComputeRequest
+    from circuitlab.spec import options_of
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    client = served[0]
+    listing = client.get("/api/graphs").json()
+    answers = {"GET /api/graphs/graph": client.get("/api/graphs/graph", params={"id": "lily"}).json(),
+               "GET /api/graphs": listing, "POST /api/graphs/compute": {"id": "lily"}}
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
+    done = subprocess.run([node, str(Path(__file__).parent / "js" / "graphs_smoke.js"), str(tmp_path / "answers.json"),
+                           str(STATIC_DIR)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    page = json.loads(done.stdout)
+    helps = {f.name: opt.help for f, opt in options_of(GraphOptions)}
+    assert set(page["shown"]) == set(EXPLORER) == set(listing["options"])
+    for name, shown in page["shown"].items():
+        default = getattr(DEFAULTS, name)
+        assert shown["value"] == ("" if default is None else str(default)), name
+        assert shown["title"] == helps[name].format(default=default), name
+    assert page["shown"]["node_threshold"]["min"] == 0.01 and page["shown"]["node_threshold"]["max"] == 1
+    assert page["shown"]["max_feature_nodes"]["min"] == 1
+    [sent] = page["sent"]
+    assert sent["body"] == {"prompt": "Lily saw", "node_threshold": DEFAULTS.node_threshold,
+                            "edge_threshold": DEFAULTS.edge_threshold, "token_nodes": DEFAULTS.token_nodes}
+    assert ComputeRequest(**sent["body"]).options().to_dict() == {k: getattr(DEFAULTS, k) for k in EXPLORER}

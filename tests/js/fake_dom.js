@@ -1,7 +1,8 @@
 // A minimal fake DOM, and fetch answering from canned API answers, for running a page script of
 // serve/static in node: runPage("features.js", answersFile, staticDir, {id: value}) loads common.js and the
 // script and returns the elements by id (created on first use), for the caller to click through.
-// answersFile: a JSON file mapping "GET /api/..." / "POST /api/..." (prefixes) to answers.
+// answersFile: a JSON file mapping "GET /api/..." / "POST /api/..." (prefixes) to answers. globals: more names
+// the script sees (location, history, ...); sent: every request made, {key, body}, in order.
 "use strict";
 const fs = require("fs");
 const vm = require("vm");
@@ -28,7 +29,9 @@ class Node_ {
 }
 class Text_ { constructor(s) { this.data = s; } }
 
-function runPage(script, answersFile, staticDir, values) {
+const sent = [];
+
+function runPage(script, answersFile, staticDir, values, globals) {
   const answers = JSON.parse(fs.readFileSync(answersFile, "utf8"));
   const byId = {};
   const document = {
@@ -42,11 +45,13 @@ function runPage(script, answersFile, staticDir, values) {
   }
   async function fetch(url, options) {
     const key = (options && options.method === "POST" ? "POST " : "GET ") + url;
+    sent.push({ key, body: options && options.body !== undefined ? JSON.parse(options.body) : null });
     const hit = Object.keys(answers).find((k) => key.startsWith(k));
     if (!hit) throw new Error("no canned answer for " + key);
     return { ok: true, status: 200, json: async () => answers[hit] };
   }
-  const context = { document, fetch, Node: Node_, console, Object, Math, Number, String, JSON, encodeURIComponent };
+  const context = { document, fetch, Node: Node_, console, Object, Math, Number, String, JSON, encodeURIComponent,
+                    ...(globals || {}) };
   vm.createContext(context);
   for (const f of ["common.js", script]) {
     // top-level const/let stay in the script scope; expose cl to the second script through the context
@@ -56,4 +61,4 @@ function runPage(script, answersFile, staticDir, values) {
   return byId;
 }
 
-module.exports = { runPage };
+module.exports = { runPage, sent };

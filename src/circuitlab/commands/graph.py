@@ -15,10 +15,9 @@ DEMO_EXAMPLE = "circuitlab graph demo --out runs/graphs   (continue an interrupt
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.checks import SHARE
-    from circuitlab.commands._args import add_dtype_arguments, positive_int
-    from circuitlab.experiments.dashboards import CARD_TOKENS
-    from circuitlab.graphs.attribution_graph import TOKEN_NODES
+    from circuitlab.commands._args import add_dtype_arguments
+    from circuitlab.graphs.options import GraphOptions
+    from circuitlab.spec import add_arguments as add_options
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
@@ -34,24 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="the text whose next-token prediction the graph explains (required)")
     p.add_argument("--target", default=None, help="explain this token (one token) instead of the top predictions")
     p.add_argument("--foil", default=None, help="with --target: explain the logit difference target - foil")
-    p.add_argument("--node-threshold", type=SHARE.arg, default=0.8,
-                   help="keep the nodes holding this share of the influence, in (0, 1] (default 0.8)")
-    p.add_argument("--edge-threshold", type=SHARE.arg, default=0.98,
-                   help="keep the edges holding this share of the edge influence, in (0, 1] (default 0.98)")
-    p.add_argument("--max-logits", type=positive_int, default=10, help="at most this many logit nodes (default 10)")
-    p.add_argument("--logit-prob", type=SHARE.arg, default=0.95,
-                   help="logit nodes until their probability adds to this (default 0.95)")
-    p.add_argument("--max-feature-nodes", type=positive_int, default=None,
-                   help="keep at most this many feature nodes, the most influential first (long prompts)")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="target rows per backward pass")
-    p.add_argument("--token-nodes", choices=TOKEN_NODES, default="embedding",
-                   help="what a token node is: the whole embedding at its position (default; W_E[token] + W_pos[pos] "
-                        "on learned-position models, so every input is a node) or W_E: the token's row alone, as "
-                        "circuit-tracer (and Neuronpedia's graphs) make them, to compare with those")
-    p.add_argument("--dashboard-tokens", type=CARD_TOKENS.arg, default=4096,
-                   help="held-out story tokens the report's feature cards (hover in the viewer) are built on when "
-                        "the transcoders have no saved dashboards (`circuitlab sae dashboards`); 0: none (default 4096, "
-                        f"at most {CARD_TOKENS.high})")
+    add_options(p, GraphOptions)   # --node-threshold ... --qk-heads: declared once, in graphs/options.py
     add_dtype_arguments(p)
     p.add_argument("--mmap", action="store_true",
                    help="memory-map the transcoders' weights from their files (circuitlab's own layouts), read as "
@@ -59,8 +41,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qk", action="store_true",
                    help="also explain why the heads carrying the strongest cross-position edges attended where they "
                         "did: each head's score split into (query part x key part) terms (QK attributions)")
-    p.add_argument("--qk-heads", type=positive_int, default=10,
-                   help="with --qk: this many (head, query, key) places, the most influential first (default 10)")
     from circuitlab.commands._args import add_memory_arguments
 
     add_memory_arguments(p)
@@ -120,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give --prompt TEXT (the text whose next token the graph explains), or run the demo: "
                          "circuitlab graph demo")
     from circuitlab.experiments.graph_experiment import graph_experiment
-    from circuitlab.graphs import Transcoders
+    from circuitlab.graphs import GraphOptions, Transcoders
     from circuitlab.training.outputs import check_output_folder
 
     if args.target is None and args.foil is not None:
@@ -157,16 +137,12 @@ def run(args: argparse.Namespace) -> int:
     if len(tok.encode(args.prompt)) > model.cfg.n_ctx:
         raise InputError(f"the prompt is {len(tok.encode(args.prompt))} tokens but the model's context is "
                          f"{model.cfg.n_ctx}; shorten it")
+    opts = GraphOptions.from_args(args)
     if args.estimate:
-        print(graph_estimate(model, tc, args, tok).line())
+        print(graph_estimate(model, tc, args, tok, opts).line())
         return 0
     result = graph_experiment(model, tc, args.prompt, tok, out=args.out, target=args.target, foil=args.foil,
-                              node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
-                              max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
-                              max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size,
-                              overwrite=args.overwrite, dashboard_tokens=args.dashboard_tokens,
-                              saved_dashboards=saved, token_nodes=args.token_nodes, qk=args.qk,
-                              qk_heads=args.qk_heads)
+                              options=opts, overwrite=args.overwrite, saved_dashboards=saved, qk=args.qk)
     if result.kept:
         print(f"kept the earlier graph as {result.kept}")
     for line in result.summary:
@@ -176,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def graph_estimate(model, tc, args: argparse.Namespace, tok):
-    """What `circuitlab graph` with these arguments would hold and take (the reference run only)."""
+def graph_estimate(model, tc, args: argparse.Namespace, tok, opts):
+    """What `circuitlab graph` with these arguments and options (GraphOptions) would hold and take (the reference
+    run only)."""
     import torch
 
     from circuitlab.graphs.attribution import estimate_graph, logit_difference
@@ -188,5 +165,5 @@ def graph_estimate(model, tc, args: argparse.Namespace, tok):
         targets = [t] if args.foil is None else [logit_difference(tok, t, tok.token_id(args.foil, "foil"),
                                                                   model.cfg.d_vocab)]
     return estimate_graph(model, tc, torch.tensor(tok.encode(args.prompt)), targets=targets,
-                          max_n_logits=args.max_logits, desired_logit_prob=args.logit_prob,
-                          batch_size=args.batch_size, max_feature_nodes=args.max_feature_nodes)
+                          max_n_logits=opts.max_n_logits, desired_logit_prob=opts.desired_logit_prob,
+                          batch_size=opts.batch_size, max_feature_nodes=opts.max_feature_nodes)

@@ -13,13 +13,13 @@ from typing import Any
 from circuitlab.atomic import json_text
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
+from circuitlab.graphs.options import CARD_TOKENS
 from circuitlab.training.outputs import check_output_folder, output_folder
 
 
-# All the text is tokenised and held at once; dashboards settle long before this.
-TOKENS = Number(int, low=1, high=4_194_304, why="the text is tokenised and held in memory at once")
-# feature cards of a graph report (`circuitlab graph --dashboard-tokens`): the same text, 0 = no cards
-CARD_TOKENS = Number(int, low=0, high=TOKENS.high, why=TOKENS.why)
+# All the text is tokenised and held at once; dashboards settle long before this. The same cap as a graph
+# report's feature cards (graphs.options.CARD_TOKENS: `circuitlab graph --dashboard-tokens`, 0 = no cards).
+TOKENS = Number(int, low=1, high=CARD_TOKENS.high, why=CARD_TOKENS.why)
 
 
 @dataclass

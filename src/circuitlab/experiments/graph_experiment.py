@@ -22,7 +22,7 @@ from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_difference
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
-from circuitlab.graphs.attribution_graph import check_threshold
+from circuitlab.graphs.options import DEFAULTS, GraphOptions, graph_options
 from circuitlab.graphs.heads import head_loadings, strongest_heads
 from circuitlab.graphs.qk import qk_attributions, qk_cost
 from circuitlab.viz.graph_view import (feature_cards, graph_report_html, graph_report_markdown, graph_result_html,
@@ -55,54 +55,41 @@ class GraphResult:
 
 
 def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
-                     target: str | None = None, foil: str | None = None, node_threshold: float = 0.8,
-                     edge_threshold: float = 0.98, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
-                     max_feature_nodes: int | None = None, batch_size: int = 128, progress: bool = True,
-                     slug: str = "graph", overwrite: bool = False, dashboard_tokens: int = 4096,
-                     saved_dashboards: dict[int, Any] | None = None, token_nodes: str = "embedding",
-                     qk: bool = False, qk_heads: int = 10) -> GraphResult:
+                     target: str | None = None, foil: str | None = None, *, options: GraphOptions | None = None,
+                     progress: bool = True, slug: str = "graph", overwrite: bool = False,
+                     saved_dashboards: dict[int, Any] | None = None, qk: bool = False, **values: Any) -> GraphResult:
     """Attribute the prediction after `prompt`, prune, split the pruned graph's cross-position edges over the
-    heads that carried them (graph.loadings), and (with `out`) write the files. qk: also the QK attributions of
-    the qk_heads (head, query, key) carrying the most influence across positions. The report's feature
-    cards come from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where
-    they hold a feature, else are built on dashboard_tokens held-out story tokens (0: none). token_nodes: see
-    graphs.attribute ("W_E": circuit-tracer's token nodes).
+    heads that carried them (graph.loadings), and (with `out`) write the files. options: GraphOptions (the
+    thresholds, logit nodes, feature cap, batch, token nodes, feature-card tokens, QK heads), or any of its fields
+    as keywords (node_threshold=0.9, ...); each defaults to GraphOptions' own. qk: also the QK attributions of the
+    qk_heads (head, query, key) carrying the most influence across positions. The report's feature cards come
+    from saved_dashboards ({layer: FeatureDashboards}, viz.graph_view.saved_dashboards(folder)) where they hold
+    a feature, else are built on dashboard_tokens held-out story tokens (0: none).
     Every argument and the output folder are checked before any work (the output policy of
     training.outputs); an earlier graph in `out` is set aside (run.kept says where) only once the new one
     is ready."""
-    from circuitlab.checks import COUNT
     from circuitlab.errors import InputError
-    from circuitlab.experiments.dashboards import CARD_TOKENS
 
-    dashboard_tokens = CARD_TOKENS.check(dashboard_tokens, "dashboard_tokens")
-    qk_heads = COUNT.check(qk_heads, "--qk-heads")
-    node_threshold = check_threshold(node_threshold, "--node-threshold")
-    edge_threshold = check_threshold(edge_threshold, "--edge-threshold")
+    opts = graph_options(options, **values)
     if out is not None:
         check_output_folder(out, "graph", overwrite=overwrite)
     ids = tokenizer.encode(prompt)
     if not ids:
         raise InputError("the prompt is empty: give some text whose next token the graph explains")
-    targets = None
-    if target is not None:
-        t = tokenizer.token_id(target, "target")
-        targets = [t] if foil is None else [logit_difference(tokenizer, t, tokenizer.token_id(foil, "foil"),
-                                                             model.cfg.d_vocab)]
-    elif foil is not None:
-        raise InputError("--foil needs --target (the graph explains target minus foil)")
-    graph = attribute(model, transcoders, torch.tensor(ids), targets=targets, max_n_logits=max_n_logits,
-                      desired_logit_prob=desired_logit_prob, batch_size=batch_size,
-                      max_feature_nodes=max_feature_nodes, tokenizer=tokenizer, progress=progress, prompt=prompt,
-                      verbose=progress, token_nodes=token_nodes)
+    targets = _targets(model, tokenizer, target, foil)
+    graph = attribute(model, transcoders, torch.tensor(ids), targets=targets, max_n_logits=opts.max_n_logits,
+                      desired_logit_prob=opts.desired_logit_prob, batch_size=opts.batch_size,
+                      max_feature_nodes=opts.max_feature_nodes, tokenizer=tokenizer, progress=progress,
+                      prompt=prompt, verbose=progress, token_nodes=opts.token_nodes)
     t0 = time.perf_counter()
-    pruned = graph.prune(node_threshold, edge_threshold)
+    pruned = graph.prune(opts.node_threshold, opts.edge_threshold)
     paths = graph.top_paths(5, pruned)
     t_prune = time.perf_counter() - t0
     t0 = time.perf_counter()
     directions = [t.direction for t in targets] if foil is not None else None   # a difference: not one token
     graph.loadings = head_loadings(model, transcoders, graph, pruned, logit_directions=directions,
-                                   batch_size=batch_size, progress=progress, verbose=progress)
-    heads = strongest_heads(graph, qk_heads)
+                                   batch_size=opts.batch_size, progress=progress, verbose=progress)
+    heads = strongest_heads(graph, opts.qk_heads)
     t_heads = time.perf_counter() - t0
     qks: list[Any] = []
     t0 = time.perf_counter()
@@ -115,26 +102,11 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
                                                                   h["key_pos"]) for h in heads],
                               tokenizer, bos=graph.bos)
     t_qk = time.perf_counter() - t0
-    s = graph.summary(pruned)
-    summary = [f"{graph.n_pos} tokens, {s['n_active_features']} active features, {graph.n_nodes} nodes; logits: "
-               + ", ".join(f"{x['label']!r} ({x['weight']:.2f})" for x in s["logits"]),
-               f"replacement score {s['replacement_score']:.3f}, completeness score {s['completeness_score']:.3f}",
-               f"pruned (nodes {node_threshold}, edges {edge_threshold}): {s['pruned']['nodes']} nodes "
-               f"({s['pruned']['features']} features), {s['pruned']['edges']} edges"]
-    if paths:
-        summary.append(f"strongest path: {paths[0]['words']} (strength {paths[0]['strength']:.3g})")
     info = dict(graph.info)
     info["seconds"] = {**info.get("seconds", {}), "prune": t_prune, "head_loadings": t_heads}
     if qk:
         info["seconds"]["qk"] = t_qk
-    if heads:
-        summary.append("heads carrying the most across positions: " + "; ".join(h["words"] for h in heads[:3]))
-    for r in qks[:3]:
-        lines = r.summary(1)
-        summary.append(lines[0] + (f"; top pair {r.top_pairs(1)[0]['words']}" if r.pairs else ""))
-    peak = "" if info.get("peak_mb") is None else f", peak memory {info['peak_mb']:.0f} MB"
-    summary.append(f"attribution {info['seconds'].get('total', 0.0):.1f} s ({info.get('backward_passes')} backward "
-                   f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
+    s = graph.summary(pruned)
     data = {"prompt": prompt, "graph": s, "top_paths": [{"strength": p["strength"], "words": p["words"]}
                                                          for p in paths],
             "transcoders": graph.transcoders, "token_nodes": graph.token_nodes, "identity": graph.identity,
@@ -143,13 +115,46 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
             "head_loadings": {**graph.loadings.to_dict(), "strongest": heads}}
     if qk:
         data["qk"] = [r.to_dict() for r in qks]
-    run = GraphResult(graph, pruned, summary, data, qk=qks)
-    if dashboard_tokens or saved_dashboards:
-        run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=dashboard_tokens,
+    run = GraphResult(graph, pruned, _summary(graph, s, opts, paths, heads, qks, info), data, qk=qks)
+    if opts.dashboard_tokens or saved_dashboards:
+        run.cards = graph_feature_cards(model, transcoders, graph, pruned, tokenizer, n_tokens=opts.dashboard_tokens,
                                         saved=saved_dashboards)
     if out is not None:
         run.out = write_graph_run(run, Path(out), slug, overwrite)
     return run
+
+
+def _targets(model: Any, tokenizer: Any, target: str | None, foil: str | None) -> list[Any] | None:
+    """The logit targets: the top predictions (None), one token, or target minus foil."""
+    from circuitlab.errors import InputError
+
+    if target is None:
+        if foil is not None:
+            raise InputError("--foil needs --target (the graph explains target minus foil)")
+        return None
+    t = tokenizer.token_id(target, "target")
+    return [t] if foil is None else [logit_difference(tokenizer, t, tokenizer.token_id(foil, "foil"), model.cfg.d_vocab)]
+
+
+def _summary(graph: Graph, s: dict[str, Any], opts: GraphOptions, paths: list[dict[str, Any]],
+             heads: list[dict[str, Any]], qks: list[Any], info: dict[str, Any]) -> list[str]:
+    """The findings in words (s: graph.summary(pruned); info: the graph's info with every stage's seconds)."""
+    summary = [f"{graph.n_pos} tokens, {s['n_active_features']} active features, {graph.n_nodes} nodes; logits: "
+               + ", ".join(f"{x['label']!r} ({x['weight']:.2f})" for x in s["logits"]),
+               f"replacement score {s['replacement_score']:.3f}, completeness score {s['completeness_score']:.3f}",
+               f"pruned (nodes {opts.node_threshold}, edges {opts.edge_threshold}): {s['pruned']['nodes']} nodes "
+               f"({s['pruned']['features']} features), {s['pruned']['edges']} edges"]
+    if paths:
+        summary.append(f"strongest path: {paths[0]['words']} (strength {paths[0]['strength']:.3g})")
+    if heads:
+        summary.append("heads carrying the most across positions: " + "; ".join(h["words"] for h in heads[:3]))
+    for r in qks[:3]:
+        lines = r.summary(1)
+        summary.append(lines[0] + (f"; top pair {r.top_pairs(1)[0]['words']}" if r.pairs else ""))
+    peak = "" if info.get("peak_mb") is None else f", peak memory {info['peak_mb']:.0f} MB"
+    summary.append(f"attribution {info['seconds'].get('total', 0.0):.1f} s ({info.get('backward_passes')} backward "
+                   f"passes){peak}; dense adjacency {info.get('adjacency_mb', 0.0):.1f} MB")
+    return summary
 
 
 def write_graph_run(run: GraphResult, out: Path, slug: str, overwrite: bool = False) -> Path:
@@ -196,7 +201,7 @@ def _markdown(run: GraphResult) -> str:
 
 
 def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pruned, tokenizer: Any,
-                        n_tokens: int = 4096, saved: dict[int, Any] | None = None) -> dict[str, Any]:
+                        n_tokens: int = DEFAULTS.dashboard_tokens, saved: dict[int, Any] | None = None) -> dict[str, Any]:
     """Feature cards (viz.graph_view.feature_cards) of the pruned graph's feature nodes."""
     wanted: dict[int, list[int]] = {}
     for layer, _, feat in graph.features[pruned.node_mask[:graph.n_features]].tolist():

@@ -31,6 +31,7 @@ from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, fresh_out,
                                                 train_or_reuse)
+from circuitlab.graphs.options import DEFAULTS
 from circuitlab.experiments.graphs_demo_findings import (PHRASES, PREDICTED, GraphFinding, PromptSpec, explain,
                                                          name_prompt, phrase_prompt)
 from circuitlab.training.interrupts import continue_on_interrupt
@@ -54,7 +55,7 @@ class GraphsDemoOptions:
     transcoder_steps: int = 400
     transcoder_batch: int = 1024  # activation rows per transcoder step
     n_names: int = 12             # made-up names tried for the name prompt (the best-completed one is shown)
-    dashboard_tokens: int = 4096  # held-out story tokens for the viewer's feature cards (0: none)
+    dashboard_tokens: int = DEFAULTS.dashboard_tokens  # held-out story tokens for the viewer's feature cards (0: none)
     n_stories: int = 6000
     seed: int = 0
     resume: bool = False

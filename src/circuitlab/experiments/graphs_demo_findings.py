@@ -322,7 +322,7 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
     target = tokenizer.decode([spec.target])
     graph = attribute(model, tc, tokens, targets=[spec.target], tokenizer=tokenizer, prompt=prompt,
                       progress=progress, verbose=False)
-    pruned = graph.prune(0.8, 0.98)
+    pruned = graph.prune()   # GraphOptions' thresholds
     with torch.no_grad():
         probs = model(tokens[None])[0, -1].softmax(-1)
     p = float(probs[spec.target])

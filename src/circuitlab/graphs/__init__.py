@@ -4,7 +4,7 @@ dictionaries.
     from circuitlab.graphs import Transcoders, attribute, ReplacementModel, Intervention
     tc = Transcoders.load(model, "runs/tc")                       # one transcoder per layer
     graph = attribute(model, tc, tokens, tokenizer=tok)           # tokens [pos]; the unpruned graph
-    pruned = graph.prune(0.8, 0.98)
+    pruned = graph.prune()                                        # GraphOptions' thresholds (graphs/options.py)
     graph.scores()                                                # replacement, completeness
     graph.save("out/graph"); write_neuronpedia(graph, "out/graph.json", pruned)
 
@@ -14,6 +14,8 @@ replacement      the local replacement model of a prompt: frozen attention and n
 attribution      the adjacency by batched backward passes; logit targets; the greedy feature cap
 attribution_graph  the Graph container (node order, files), influence, scores, pruning, strongest paths
 export           the Neuronpedia / circuit-tracer viewer JSON
+options          GraphOptions: every option of a graph (thresholds, logits, feature cap, ...), its default and
+                 rule written once; the command line, the explorer and these functions' defaults read it
 
 A layer above analysis/ and dictionaries/: imports them and below; viz, report, serve, experiments and
 commands import it.
@@ -21,8 +23,9 @@ commands import it.
 from circuitlab.graphs.attribution import LogitTarget, attribute, logit_difference
 from circuitlab.graphs.export import neuronpedia_json, write_neuronpedia
 from circuitlab.graphs.attribution_graph import Graph, Pruned
+from circuitlab.graphs.options import GraphOptions
 from circuitlab.graphs.replacement import Intervention, ReplacementModel, ReplacementRun
 from circuitlab.graphs.transcoders import Transcoders
 
-__all__ = ["Graph", "Intervention", "LogitTarget", "Pruned", "ReplacementModel", "ReplacementRun", "Transcoders",
-           "attribute", "logit_difference", "neuronpedia_json", "write_neuronpedia"]
+__all__ = ["Graph", "GraphOptions", "Intervention", "LogitTarget", "Pruned", "ReplacementModel", "ReplacementRun",
+           "Transcoders", "attribute", "logit_difference", "neuronpedia_json", "write_neuronpedia"]

@@ -35,6 +35,7 @@ import circuitlab.memory as memory
 from circuitlab.checks import COUNT, SHARE
 from circuitlab.errors import InputError
 from circuitlab.graphs.attribution_graph import Graph, check_token_nodes, normalized
+from circuitlab.graphs.options import DEFAULTS
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.model import model_dtype
@@ -215,7 +216,8 @@ class LogitTarget:
     token: int = -1
 
 
-def top_logit_targets(logits: torch.Tensor, max_n_logits: int = 10, desired_logit_prob: float = 0.95,
+def top_logit_targets(logits: torch.Tensor, max_n_logits: int = DEFAULTS.max_n_logits,
+                      desired_logit_prob: float = DEFAULTS.desired_logit_prob,
                       tokenizer: Any = None) -> list[LogitTarget]:
     """The most likely next tokens (logits [d_vocab]) until their probability adds to desired_logit_prob,
     at most max_n_logits."""
@@ -334,7 +336,7 @@ class _Columns:
 
     @torch.no_grad()
     def __init__(self, rm: ReplacementModel, features: torch.Tensor, values: torch.Tensor, dtype: torch.dtype,
-                 token_nodes: str = "embedding"):
+                 token_nodes: str = DEFAULTS.token_nodes):
         tc, T = rm.tc, rm.n_pos
         self.n_feat, self.T, self.L = len(features), T, tc.n_layers
         self.n_cols = self.n_feat + (self.L + 1) * T
@@ -382,10 +384,11 @@ class _Columns:
 
 
 def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
-              max_n_logits: int = 10, desired_logit_prob: float = 0.95, batch_size: int = 128,
+              max_n_logits: int = DEFAULTS.max_n_logits, desired_logit_prob: float = DEFAULTS.desired_logit_prob,
+              batch_size: int = DEFAULTS.batch_size,
               max_feature_nodes: int | None = None, bos: bool = False, tokenizer: Any = None,
               progress: bool = False, dtype: torch.dtype | None = None, prompt: str | None = None,
-              verbose: bool = False, token_nodes: str = "embedding") -> Graph:
+              verbose: bool = False, token_nodes: str = DEFAULTS.token_nodes) -> Graph:
     """The attribution graph of the next-token prediction at the prompt's last position (tokens [pos]).
 
     targets: None (the top tokens until desired_logit_prob, at most max_n_logits) or a list of token ids,
@@ -449,7 +452,8 @@ def _prepare(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets
 
 
 def estimate_graph(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
-                   max_n_logits: int = 10, desired_logit_prob: float = 0.95, batch_size: int = 128,
+                   max_n_logits: int = DEFAULTS.max_n_logits, desired_logit_prob: float = DEFAULTS.desired_logit_prob,
+                   batch_size: int = DEFAULTS.batch_size,
                    max_feature_nodes: int | None = None, bos: bool = False, dtype: torch.dtype | None = None,
                    timed: bool = True) -> memory.Estimate:
     """What attribute() with these arguments will hold and how long it will take (tokens [pos]), from the
@@ -464,7 +468,7 @@ def estimate_graph(model: Any, transcoders: Transcoders, tokens: torch.Tensor, t
 def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
                bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
-               gov: ThreadGovernor, token_nodes: str = "embedding", verbose: bool = False) -> Graph:
+               gov: ThreadGovernor, token_nodes: str = DEFAULTS.token_nodes, verbose: bool = False) -> Graph:
     t0 = time.perf_counter()
     token_nodes = check_token_nodes(token_nodes)
     dtype = dtype or model_dtype(model)

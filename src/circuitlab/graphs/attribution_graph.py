@@ -31,12 +31,10 @@ from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.graphs.loadings import HeadLoadings
+from circuitlab.graphs.options import DEFAULTS, TOKEN_NODES
 from circuitlab.textfile import read_text
 
 FORMAT = "circuitlab-graph-1"
-# What a token node is: the whole embedding at its position (W_E[token] + W_pos[pos] on learned-position models:
-# every input is a node, the default) or W_E[token] alone (circuit-tracer's, for graphs that compare with its).
-TOKEN_NODES = ("embedding", "W_E")
 TENSORS, META = "graph.safetensors", "graph.json"
 
 
@@ -193,7 +191,7 @@ class Graph(Displayed):
     prompt: str | None = None
     transcoders: str = ""
     info: dict[str, Any] = field(default_factory=dict)
-    token_nodes: str = "embedding"
+    token_nodes: str = DEFAULTS.token_nodes
     identity: dict[str, Any] | None = None   # the model and transcoders it was made with (transcoders.made_with)
     loadings: HeadLoadings | None = None
     _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -338,7 +336,8 @@ class Graph(Displayed):
         completeness = ((1 - stats["error_share"]) * out_infl).sum() / out_infl.sum()
         return {"replacement": float(replacement), "completeness": float(completeness)}
 
-    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
+    def prune(self, node_threshold: float = DEFAULTS.node_threshold,
+              edge_threshold: float = DEFAULTS.edge_threshold) -> Pruned:
         """Keep the nodes holding node_threshold of the influence and the edges holding edge_threshold
         of the edge influence, then drop dangling features and errors until none is left.
 
@@ -466,7 +465,7 @@ class Graph(Displayed):
                        logit_tokens=t["logit_tokens"], logit_weights=t["logit_weights"], n_layers=meta["n_layers"],
                        bos=meta["bos"], token_strs=meta["token_strs"], prompt=meta["prompt"],
                        transcoders=meta["transcoders"], info=meta["info"],
-                       token_nodes=check_token_nodes(meta.get("token_nodes", "embedding"),   # older files: embedding
+                       token_nodes=check_token_nodes(meta.get("token_nodes", TOKEN_NODES[0]),   # older files: embedding
                                                      f"{folder / META}'s token_nodes"),
                        identity=meta.get("identity"), loadings=HeadLoadings.from_tensors(t))
         except CircuitlabError:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from circuitlab.errors import InputError
+from circuitlab.graphs.options import DEFAULTS
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.tokens import check_tokens
@@ -170,7 +171,7 @@ class ReplacementModel:
                 continue
             self.errors[layer] = self.mlp_out[layer] - self._rebuild(layer, self.acts, self.inputs[layer])
 
-    def token_vectors(self, token_nodes: str = "embedding") -> torch.Tensor:
+    def token_vectors(self, token_nodes: str = DEFAULTS.token_nodes) -> torch.Tensor:
         """What each token node adds to the residual stream [pos, d_model]: the whole embedding ("embedding":
         W_E[token] times any embedding scale, plus W_pos[pos] on learned-position models, so that every input
         of the graph is a node) or the token's row alone ("W_E": circuit-tracer's token nodes; W_pos is then

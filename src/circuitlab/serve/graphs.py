@@ -8,7 +8,7 @@ dicts; add_graph_routes puts them on the app.
     browser.save_qparams(id, pinned_ids, supernodes)        # POST /api/graphs/qparams  (written into graph.json)
     browser.feature_card(id, layer, feature)                # GET  /api/graphs/feature  (dashboards on demand)
     browser.intervene(id, node_ids, scale)                  # POST /api/graphs/intervene
-    browser.compute(ids, node_threshold, edge_threshold)    # POST /api/graphs/compute  (a new graph, bounded)
+    browser.compute(ids, prompt, GraphOptions(...))         # POST /api/graphs/compute  (a new graph, bounded)
 
 A graph is named by its folder relative to the runs folder, and looked up in a fresh listing of that
 folder: no name from a request is ever joined to a path. Interventions, feature cards and new graphs need
@@ -24,26 +24,26 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from circuitlab.atomic import atomic_write_text, json_text
-from circuitlab.checks import FINITE, SHARE, Number
+from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.graphs.export import FEATURE, check_viewer_json
-from circuitlab.graphs.attribution_graph import TOKEN_NODES
+from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions, graph_options, only
 from circuitlab.graphs.transcoders import differs, made_with
+from circuitlab.serve.requests import request_model
+from circuitlab.spec import schema
 from circuitlab.viz.graph_view import feature_cards
 
 MAX_GRAPHS = 500            # folders listed
 MAX_DEPTH = 4               # runs/<a>/<b>/<c>/graph.json at most
 MAX_SUPERNODES, MAX_NAME = 200, 100
-CARD_TOKENS = 4096          # held-out story tokens a layer's feature cards are computed on
 COMPUTED = "explorer-graphs"  # where graphs computed from the page are written, under the runs folder
 SCALE = Number(float, low=-1000, high=1000, why="a feature scaled further only saturates the logits")
-THRESHOLD = SHARE           # node and edge thresholds: the rule `circuitlab graph` and Graph.prune keep
 MAX_GRAPH_TOKENS = Number(int, low=1, high=64, why="a graph runs one backward pass per feature; "
                                                   "`circuitlab graph` takes longer prompts")
 MAX_GRAPH_MB = 256          # a graph's dense matrices (graphs.attribution.graph_floats), before they are built
@@ -75,15 +75,11 @@ class InterveneRequest(BaseModel):
     top: StrictInt = Field(default=5, description="top logits per column")
 
 
-class ComputeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str = Field(description="the text whose next-token prediction the graph explains")
-    node_threshold: StrictInt | StrictFloat = 0.8
-    edge_threshold: StrictInt | StrictFloat = 0.98
-    max_feature_nodes: StrictInt | None = Field(default=None, description="keep at most this many feature nodes")
-    token_nodes: Literal[TOKEN_NODES] = Field(  # type: ignore[valid-type]
-        default="embedding", description="token nodes: the whole embedding, or W_E[token] alone (circuit-tracer's)")
+# The graph options the page may set (graphs.options.EXPLORER), declared where every front end reads them:
+# defaults, rules and descriptions from GraphOptions; the page reads them from /api/graphs ("options").
+ComputeOptions = only(GraphOptions, EXPLORER, "ComputeOptions")
+ComputeRequest = request_model(ComputeOptions, "ComputeRequest", extra={
+    "prompt": (str, Field(description="the text whose next-token prediction the graph explains"))})
 
 
 class NotMadeWith(CircuitlabError):
@@ -197,7 +193,8 @@ class GraphBrowser:
         out.sort(key=lambda g: -(g.get("modified") or 0))
         return {"root": self.root.name if self.root else None, "graphs": out, "can_compute": self.can_run(),
                 "limits": {"max_tokens": MAX_GRAPH_TOKENS.high, "max_graph_mb": MAX_GRAPH_MB,
-                           "max_nodes": _node_count_limit()}}
+                           "max_nodes": _node_count_limit()},
+                "options": schema(ComputeOptions)["properties"]}   # the page's inputs: defaults, bounds, help
 
     def graph(self, graph_id: str) -> dict[str, Any]:
         return self._read(graph_id)[1]
@@ -263,7 +260,7 @@ class GraphBrowser:
     def feature_card(self, graph_id: str, layer: int, feature: int) -> dict[str, Any]:
         """A feature's dashboard (top contexts, promoted tokens): from the dashboards saved with the transcoders
         (`circuitlab sae dashboards`) when they hold it, else computed for every feature node of its layer in this
-        graph on first use (CARD_TOKENS held-out story tokens); then cached."""
+        graph on first use (GraphOptions' dashboard_tokens held-out story tokens); then cached."""
         self._need()
         folder, data = self._read(graph_id)
         self._check_made_with(graph_id, data)
@@ -273,7 +270,7 @@ class GraphBrowser:
             raise CircuitlabError(f"feature {feature} of layer {layer} is not a node of graph {graph_id!r}")
         key = (graph_id, (folder / "graph.json").stat().st_mtime, layer)
         if key not in self._cards:
-            self._cards[key] = feature_cards(self.model, self.tc, {layer: feats}, self.tokenizer, n_tokens=CARD_TOKENS,
+            self._cards[key] = feature_cards(self.model, self.tc, {layer: feats}, self.tokenizer, n_tokens=DEFAULTS.dashboard_tokens,
                                              saved=self.saved)
             if f"{layer}_{feature}" not in self._cards[key]:
                 raise CircuitlabError("this tokenizer cannot read the built-in stories the feature cards are made of")
@@ -318,9 +315,9 @@ class GraphBrowser:
                    "model, attention free": best(rm.run(ivs, mode="model", freeze_attention=False).logits)}
         return {"id": graph_id, "nodes": node_ids, "scale": scale, "columns": columns}
 
-    def compute(self, ids: list[int], prompt: str, node_threshold: float, edge_threshold: float,
-                max_feature_nodes: int | None, token_nodes: str = "embedding") -> dict[str, Any]:
-        """A new graph of the prompt (written under the runs folder), refused up front when too large."""
+    def compute(self, ids: list[int], prompt: str, options: GraphOptions) -> dict[str, Any]:
+        """A new graph of the prompt (written under the runs folder) with these options (of them, the page sets
+        EXPLORER; no feature cards: dashboard_tokens 0), refused up front when too large."""
         from circuitlab.graphs import ReplacementModel
         from circuitlab.graphs.attribution import check_graph_size
 
@@ -329,22 +326,20 @@ class GraphBrowser:
             raise PermissionError("this server was started without a graph runner (circuitlab serve passes one)")
         if self.root is None:
             raise PermissionError("start the server with --graphs DIR to write new graphs there")
-        node_threshold = THRESHOLD.check(node_threshold, "node_threshold")
-        edge_threshold = THRESHOLD.check(edge_threshold, "edge_threshold")
+        opts = graph_options(options, dashboard_tokens=0)
         MAX_GRAPH_TOKENS.check(len(ids), "the prompt's length in tokens")
+        max_feature_nodes = opts.max_feature_nodes
         if max_feature_nodes is not None:
-            max_feature_nodes = MAX_NODES_CAP.check(max_feature_nodes, "max_feature_nodes")
+            MAX_NODES_CAP.check(max_feature_nodes, "max_feature_nodes")
         layers = ReplacementModel(self.model, self.tc, torch.tensor(ids)).active_features[:, 0]
         cap = len(layers) if max_feature_nodes is None else min(len(layers), max_feature_nodes)
-        check_graph_size(layers, self.tc, cap, len(ids), 10, self.model.cfg.d_model, budget=_budget(),
-                         name="max_feature_nodes", where=", the explorer's")   # 10: the runner's most logit nodes
+        check_graph_size(layers, self.tc, cap, len(ids), opts.max_n_logits, self.model.cfg.d_model, budget=_budget(),
+                         name="max_feature_nodes", where=", the explorer's")
         out = self.root / COMPUTED / time.strftime("graph-%Y%m%d-%H%M%S")
         n = 2
         while out.exists():
             out, n = out.with_name(f"{out.name.split('~')[0]}~{n}"), n + 1
-        self.runner(self.model, self.tc, prompt, self.tokenizer, out=out, node_threshold=node_threshold,
-                         edge_threshold=edge_threshold, max_feature_nodes=max_feature_nodes, progress=False,
-                         dashboard_tokens=0, token_nodes=token_nodes)
+        self.runner(self.model, self.tc, prompt, self.tokenizer, out=out, options=opts, progress=False)
         return {"id": out.relative_to(self.root).as_posix()}
 
 
@@ -398,5 +393,4 @@ def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, p
         call(browser._need)
         ids = encode(req.prompt)
         with lock:
-            return call(browser.compute, ids, req.prompt, req.node_threshold, req.edge_threshold,
-                        req.max_feature_nodes, req.token_nodes)
+            return call(browser.compute, ids, req.prompt, GraphOptions(**req.options().to_dict()))

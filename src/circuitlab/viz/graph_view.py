@@ -29,6 +29,7 @@ from typing import Any
 from circuitlab.atomic import json_text
 from circuitlab.display import renders
 from circuitlab.graphs.attribution_graph import Graph, Pruned
+from circuitlab.graphs.options import DEFAULTS
 
 ASSETS = ("graph_view.js", "graph_view.css")
 _ids = itertools.count()
@@ -71,7 +72,7 @@ def saved_dashboards(folder: str | Path | None) -> dict[int, Any]:
 
 
 def feature_cards(model: Any, transcoders: Any, wanted: dict[int, Iterable[int]], tokenizer: Any,
-                  n_tokens: int = 4096, saved: dict[int, Any] | None = None) -> dict[str, Any]:
+                  n_tokens: int = DEFAULTS.dashboard_tokens, saved: dict[int, Any] | None = None) -> dict[str, Any]:
     """Feature cards for the viewer: {"{layer}_{feature}": FeatureDashboards.feature(f) + "from"} of the
     features wanted ({layer: features}) of a circuitlab.graphs.Transcoders. From the saved dashboards
     ({layer: FeatureDashboards}, saved_dashboards(folder)) where they hold the feature; the rest computed,

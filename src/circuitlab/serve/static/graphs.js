@@ -7,6 +7,34 @@
   let canCompute = false;
   const LOADED = "the loaded model and transcoders";
   let madeWith = {};   // id -> what the graph was made with, against the loaded model (null: none loaded)
+  let options = null;  // the compute form's options: field -> JSON schema (default, bounds, description)
+
+  // The compute form's inputs are option-<field>, one per GraphOptions field the explorer takes; each one's
+  // default, bounds and help come from the server (graphs/options.py, the one place they are written), and
+  // what they hold goes back under the field's name.
+  function showOptions(given) {
+    if (options) return;   // once: a later listing keeps what was typed
+    options = given || {};
+    for (const [name, o] of Object.entries(options)) {
+      const input = $("option-" + name), one = (o.anyOf || [o])[0];
+      if (!input) continue;
+      input.title = o.description || "";
+      if (one.maximum !== undefined) input.max = one.maximum;
+      if (one.minimum !== undefined) input.min = one.minimum;
+      if (one.exclusiveMinimum !== undefined) input.min = one.exclusiveMinimum + (+input.step || 0);
+      if (o.default !== null && o.default !== undefined) input.value = String(o.default);
+    }
+  }
+
+  function optionValues() {
+    const body = {};
+    for (const [name, o] of Object.entries(options || {})) {
+      const input = $("option-" + name), one = (o.anyOf || [o])[0];
+      if (!input || input.value === "") continue;   // empty: the server's default
+      body[name] = one.type === "number" || one.type === "integer" ? +input.value : input.value;
+    }
+    return body;
+  }
 
   function check(r) {
     if (!r.ok) throw new Error(r.data.detail || ("the server answered " + r.status));
@@ -17,6 +45,7 @@
     const r = await cl.api("/api/graphs");
     if (!r.ok) { status(r.data.detail); return; }
     canCompute = r.data.can_compute;
+    showOptions(r.data.options);
     $("compute-form").hidden = !canCompute;
     $("graph-info").textContent = `${r.data.graphs.length} graph(s) under ${r.data.root || "no runs folder"}` +
       (canCompute ? "" : " · interventions and new graphs need --checkpoint and --transcoders");
@@ -62,10 +91,7 @@
   $("compute-form").addEventListener("submit", async ev => {
     ev.preventDefault();
     status("computing the graph…");
-    const body = { prompt: $("compute-prompt").value, node_threshold: +$("compute-nodes").value,
-                   edge_threshold: +$("compute-edges").value };
-    if ($("compute-max").value) body.max_feature_nodes = +$("compute-max").value;
-    body.token_nodes = $("compute-token-nodes").value;
+    const body = Object.assign({ prompt: $("compute-prompt").value }, optionValues());
     const r = await cl.api("/api/graphs/compute", body);
     if (!r.ok) { status(r.data.detail); return; }
     await list(r.data.id);
