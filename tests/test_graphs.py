@@ -371,7 +371,7 @@ def test_named_targets_and_a_logit_difference(setup):
 def test_a_foil_equal_to_the_target_is_refused_before_any_work(setup, tmp_path, monkeypatch):
     """logit[X] - logit[X] is zero: no graph explains it (the CLI case is in test_output_policy)."""
     from circuitlab.data.tokenizers import CharTokenizer
-    from circuitlab.experiments import graph as experiment
+    from circuitlab.experiments import graph_experiment as experiment
 
     model, tc, tokens, graph = setup
     with pytest.raises(CircuitlabError, match="is the target"):

@@ -16,8 +16,8 @@ DEMO_EXAMPLE = "circuitlab graph demo --out runs/graphs   (continue an interrupt
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.commands._args import add_dtype_arguments
-    from circuitlab.graphs.options import GraphOptions
-    from circuitlab.spec import add_arguments as add_options
+    from circuitlab.graphs.options import GraphOptions, only
+    from circuitlab.spec import add_arguments as add_options, options_of
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")
     p.add_argument("--transcoders", default=None,
@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="the text whose next-token prediction the graph explains (required)")
     p.add_argument("--target", default=None, help="explain this token (one token) instead of the top predictions")
     p.add_argument("--foil", default=None, help="with --target: explain the logit difference target - foil")
-    add_options(p, GraphOptions)   # --node-threshold ... --qk-heads: declared once, in graphs/options.py
+    # GraphOptions' flags (declared once, in graphs/options.py); --qk-heads after --qk, where it always stood
+    names = tuple(f.name for f, _ in options_of(GraphOptions))
+    add_options(p, only(GraphOptions, tuple(n for n in names if n != "qk_heads"), "GraphOptions"))
     add_dtype_arguments(p)
     p.add_argument("--mmap", action="store_true",
                    help="memory-map the transcoders' weights from their files (circuitlab's own layouts), read as "
@@ -41,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qk", action="store_true",
                    help="also explain why the heads carrying the strongest cross-position edges attended where they "
                         "did: each head's score split into (query part x key part) terms (QK attributions)")
+    add_options(p, only(GraphOptions, ("qk_heads",), "GraphOptions"))
     from circuitlab.commands._args import add_memory_arguments
 
     add_memory_arguments(p)

@@ -2,6 +2,7 @@
 
     run = graph_experiment(model, transcoders, "Lily saw a cat. Lily", tokenizer=tok, out="runs/graph")
     run.summary            # findings in words; run.graph, run.pruned; run (in Jupyter) shows them
+    graph_experiment(..., node_threshold=0.9)   # any GraphOptions field (or options=GraphOptions(...))
 
 Files in `out` (built in a temporary folder and swapped in whole, so an interrupted run leaves nothing
 that looks complete): graph/ (graph.safetensors + graph.json, the unpruned graph, exact and reloadable),
@@ -22,8 +23,8 @@ from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.graphs import Graph, Pruned, Transcoders, attribute, logit_difference
 from circuitlab.graphs.draw import graph_svg
 from circuitlab.graphs.export import neuronpedia_json
-from circuitlab.graphs.options import DEFAULTS, GraphOptions, graph_options
 from circuitlab.graphs.heads import head_loadings, strongest_heads
+from circuitlab.graphs.options import DEFAULTS, GraphOptions, graph_options
 from circuitlab.graphs.qk import qk_attributions, qk_cost
 from circuitlab.viz.graph_view import (feature_cards, graph_report_html, graph_report_markdown, graph_result_html,
                                        graph_view_html)
@@ -35,6 +36,9 @@ FILES = {"graph": GRAPH_DIR, "viewer": VIEWER_JSON, "svg": SVG}   # the names th
 
 @dataclass
 class GraphResult:
+    """The graph of one prompt (`circuitlab graph`): the graph, its pruning, the findings in words, results.json's
+    content (data), the output folder, the feature cards and QK attributions the reports show."""
+
     graph: Graph
     pruned: Pruned
     summary: list[str]
@@ -86,7 +90,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     paths = graph.top_paths(5, pruned)
     t_prune = time.perf_counter() - t0
     t0 = time.perf_counter()
-    directions = [t.direction for t in targets] if foil is not None else None   # a difference: not one token
+    directions = [t.direction for t in targets] if foil is not None and targets else None   # a difference
     graph.loadings = head_loadings(model, transcoders, graph, pruned, logit_directions=directions,
                                    batch_size=opts.batch_size, progress=progress, verbose=progress)
     heads = strongest_heads(graph, opts.qk_heads)

@@ -22,7 +22,7 @@ from typing import Any
 
 from circuitlab.checks import COUNT, SHARE, Number
 from circuitlab.errors import refuse_unknown
-from circuitlab.spec import Options, option
+from circuitlab.spec import Options, option, options_of
 
 # What a token node is: the whole embedding at its position (W_E[token] + W_pos[pos] on learned-position models:
 # every input is a node, the default) or W_E[token] alone (circuit-tracer's, for graphs that compare with its).
@@ -69,7 +69,7 @@ def only(cls: type[Options], names: tuple[str, ...], name: str) -> type[Options]
     """An options class `name` with only the fields `names` of cls, declared as cls declares them (the same
     defaults, rules and help): a front end that offers part of a method's options."""
     kept = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
-            for f in dataclasses.fields(cls) if f.name in names]
+            for f, _ in options_of(cls) if f.name in names]
     missing = set(names) - {k[0] for k in kept}
     if missing:
         raise KeyError(f"{cls.__name__} has no option(s) {', '.join(sorted(missing))}")

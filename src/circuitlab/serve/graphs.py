@@ -78,8 +78,11 @@ class InterveneRequest(BaseModel):
 # The graph options the page may set (graphs.options.EXPLORER), declared where every front end reads them:
 # defaults, rules and descriptions from GraphOptions; the page reads them from /api/graphs ("options").
 ComputeOptions = only(GraphOptions, EXPLORER, "ComputeOptions")
-ComputeRequest = request_model(ComputeOptions, "ComputeRequest", extra={
-    "prompt": (str, Field(description="the text whose next-token prediction the graph explains"))})
+
+
+class ComputeRequest(request_model(ComputeOptions, "ComputeRequest", extra={  # type: ignore[misc]
+        "prompt": (str, Field(description="the text whose next-token prediction the graph explains"))})):
+    """POST /api/graphs/compute: a prompt and the options of ComputeOptions; options() -> them, checked."""
 
 
 class NotMadeWith(CircuitlabError):

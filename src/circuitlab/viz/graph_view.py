@@ -21,7 +21,7 @@ from __future__ import annotations
 import html
 import itertools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ def saved_dashboards(folder: str | Path | None) -> dict[int, Any]:
     return found
 
 
-def feature_cards(model: Any, transcoders: Any, wanted: dict[int, Iterable[int]], tokenizer: Any,
+def feature_cards(model: Any, transcoders: Any, wanted: Mapping[int, Iterable[int]], tokenizer: Any,
                   n_tokens: int = DEFAULTS.dashboard_tokens, saved: dict[int, Any] | None = None) -> dict[str, Any]:
     """Feature cards for the viewer: {"{layer}_{feature}": FeatureDashboards.feature(f) + "from"} of the
     features wanted ({layer: features}) of a circuitlab.graphs.Transcoders. From the saved dashboards
