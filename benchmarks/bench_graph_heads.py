@@ -39,7 +39,7 @@ def main() -> None:
     t0 = time.perf_counter()
     graph = attribute(model, tc, tokens, batch_size=args.batch, bos=True)
     t_graph = time.perf_counter() - t0
-    pruned = graph.prune(0.8, 0.98)
+    pruned = graph.prune()                       # GraphOptions' thresholds
     t0 = time.perf_counter()
     graph.loadings = head_loadings(model, tc, graph, pruned, batch_size=args.batch)
     t_load = time.perf_counter() - t0
