@@ -78,14 +78,14 @@ def test_ig_steps_agree(setup):
 @pytest.mark.parametrize("option, key, method", [("--samples", "samples", "shap"), ("--seed", "seed", "shap"),
                                                  ("--kernel-width", "kernel_width", "lime")])
 def test_shap_and_lime_options_agree(setup, option, key, method):
-    from circuitlab.analysis.input_attribution import attribute
+    from circuitlab.analysis.input_attribution import attribute_inputs
 
     root, model, tok, client = setup
     ids = torch.tensor(tok.encode("Lily saw"))
     for text, value in VALUES:
         cli = cli_accepts(["attribute", "--checkpoint", "x", "--prompt", "p", "--method", method, option, text])
         few = {} if key == "samples" else {"samples": 8}
-        api = python_accepts(lambda: attribute(model, ids, method, progress=False, **few, **{key: value}))
+        api = python_accepts(lambda: attribute_inputs(model, ids, method, progress=False, **few, **{key: value}))
         r = post(client, "/api/attribute", {"prompt": "Lily saw", "method": method, **few, key: value})
         assert r.status_code in (200, 422), r.text
         explorer = r.status_code == 200

@@ -5,7 +5,7 @@ import torch
 
 from circuitlab import CircuitlabError, ConfigError, ModelConfig, Transformer
 from circuitlab.analysis import logit_attribution, qk_ov
-from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.folding import fold_layer_norm
 from circuitlab.model.assumptions import ASSUMPTIONS, require, unmet
 

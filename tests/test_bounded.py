@@ -314,7 +314,7 @@ def test_circuit_exact_at_the_most_rows_accepted_finishes_within_a_cap(where):
     count the budget accepts (one copy of every source output within 1 GiB) it finishes within 6 GB of address
     space; one row more is refused in one line saying how many fit and why. (Minutes: ~70,000 rows
     through every edge's patched run; over 15 min on the loaded 2-core machine.)"""
-    from circuitlab.analysis.edges.graph import EdgeGraph
+    from circuitlab.analysis.edges.edge_graph import EdgeGraph
     from circuitlab.analysis.edges.scoring import ROWS_BUDGET, _per_copy_floats
     from circuitlab.training import load_checkpoint
 

@@ -4,14 +4,14 @@ import re
 
 import pytest
 
-from circuitlab.experiments.demo import DemoOptions, causal_evidence, run_demo
+from circuitlab.experiments.demo import DemoOptions, causal_evidence, run_induction_demo
 from circuitlab.report.markdown import causal_paragraph
 
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "demo"
-    run_demo(DemoOptions(out=out, steps_2l=12, steps_1l=4, progress=False))
+    run_induction_demo(DemoOptions(out=out, steps_2l=12, steps_1l=4, progress=False))
     return out
 
 
@@ -104,14 +104,14 @@ def test_the_demo_keeps_an_earlier_demo_renamed_and_refuses_other_files(tmp_path
     (out / "2l").mkdir(parents=True)
     (out / "results.json").write_text("{}")
     with pytest.raises(Stop):
-        run_demo(DemoOptions(out=out, progress=False))
+        run_induction_demo(DemoOptions(out=out, progress=False))
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("demo.")]
     assert len(kept) == 1 and (kept[0] / "results.json").is_file() and "moved the previous demo" in capsys.readouterr().out
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
     with pytest.raises(CircuitlabError, match="already holds other files"):
-        run_demo(DemoOptions(out=other, progress=False))
+        run_induction_demo(DemoOptions(out=other, progress=False))
     assert (other / "notes.txt").read_text() == "keep me"
 
 
@@ -129,8 +129,8 @@ def test_an_interrupted_demo_says_the_command_that_continues_it_and_that_command
     from circuitlab.training.checkpoint import read_trainer_state
 
     # the analysis is the fixture's (tested above); here only the stages around it
-    monkeypatch.setattr(demo, "analyse", lambda runs, out: DemoResult({}, figures={"steps": {n: r.steps for n, r in
-                                                                                            runs.items()}}))
+    monkeypatch.setattr(demo, "analyse_models", lambda runs, out: DemoResult({}, figures={"steps": {n: r.steps for n, r in
+                                                                                                   runs.items()}}))
     monkeypatch.setattr(demo, "write_outputs", lambda *a: None)
 
     out = tmp_path / "demo"

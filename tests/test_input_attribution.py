@@ -9,7 +9,7 @@ from helpers import random_model
 from tiny_trained import HALF, induction_model, repeated_batch
 
 from circuitlab import CircuitlabError, ModelConfig
-from circuitlab.analysis.input_attribution import (METHODS, _run_embeds, attribute, context_mixing,
+from circuitlab.analysis.input_attribution import (METHODS, _run_embeds, attribute_inputs, context_mixing,
                                                    integrated_gradients, logit_metric, occlusion)
 from circuitlab.cli import main
 from circuitlab.data import CharTokenizer
@@ -78,7 +78,7 @@ def test_induction_answer_token_gets_the_most_attribution(which):
                 mixing[p] = -1
                 assert int(mixing.argmax()) == answer_pos, (which, method, mixing)
                 continue
-            result = attribute(model, seq, method, target=answer, pos=p)
+            result = attribute_inputs(model, seq, method, target=answer, pos=p)
             assert result.top(1)[0][0] == answer_pos, (which, method, result.scores)
 
 
@@ -107,8 +107,8 @@ def test_shortcut_path_equals_the_full_forward(preset):
     tokens = torch.randint(0, 40, (12,), generator=torch.Generator().manual_seed(2))
     full = logit_metric(7, 3, 6)
     for method in ("ig", "saliency", "grad-x-input", "occlusion"):
-        short = attribute(model, tokens, method, target=7, foil=3, pos=6)
-        long = attribute(model, tokens, method, metric=full, pos=6)
+        short = attribute_inputs(model, tokens, method, target=7, foil=3, pos=6)
+        long = attribute_inputs(model, tokens, method, metric=full, pos=6)
         assert torch.allclose(short.scores, long.scores, atol=1e-9), method
         assert short.metric_value == pytest.approx(long.metric_value, abs=1e-9)
         assert (short.scores[7:] == 0).all()
@@ -145,7 +145,7 @@ def test_bad_inputs_raise_one_line_errors():
     with pytest.raises(CircuitlabError, match="span must be"):
         occlusion(model, seq, span=0)
     with pytest.raises(CircuitlabError, match="unknown attribution method"):
-        attribute(model, seq, "shapley")
+        attribute_inputs(model, seq, "shapley")
 
 
 def test_attribute_command(tmp_path, capsys):

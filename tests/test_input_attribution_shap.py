@@ -15,7 +15,7 @@ from helpers import random_model
 from tiny_trained import induction_model, repeated_batch
 
 from circuitlab import CircuitlabError, ModelConfig
-from circuitlab.analysis.input_attribution import (_run_embeds, attribute, baseline_embeddings, kernel_shap, lime,
+from circuitlab.analysis.input_attribution import (_run_embeds, attribute_inputs, baseline_embeddings, kernel_shap, lime,
                                                    logit_metric)
 from circuitlab.cli import main
 from circuitlab.data import CharTokenizer
@@ -200,7 +200,7 @@ def test_induction_the_copied_token_comes_first(which):
         p = half + k
         seq, answer = seqs[i][:p + 1], int(seqs[i][p + 1])
         for method in ("shap", "lime"):
-            res = attribute(model, seq, method, target=answer, pos=p, progress=False)
+            res = attribute_inputs(model, seq, method, target=answer, pos=p, progress=False)
             top = [q for q, _ in res.top(3)]
             assert top[0] == k + 1, (which, method, res.scores)
             if which == "hand-built":

@@ -4,7 +4,7 @@ segments, 700 steps; about 45 s on an idle 2-core machine), trained once for the
 import pytest
 import torch
 
-from circuitlab.analysis.input_attribution import attribute
+from circuitlab.analysis.input_attribution import attribute_inputs
 from circuitlab.analysis.steering import contrast_direction, steering_sweep
 from circuitlab.analysis.lens.tuned import mean_kl_to_final, story_batches, train_tuned_lens
 from circuitlab.data import generate_stories
@@ -41,9 +41,9 @@ def test_attribution_falls_on_the_earlier_occurrence_and_its_next_token(stories)
         seq, answer = torch.cat([r, r[:k]]), int(r[k])
         with torch.no_grad():
             counts["model"] += int(model(seq[None])[0, -1].argmax()) == answer
-        occlusion = attribute(model, seq, "occlusion", target=answer, replacement=tok.eos_id).scores
+        occlusion = attribute_inputs(model, seq, "occlusion", target=answer, replacement=tok.eos_id).scores
         counts["occlusion top-1 k"] += int(occlusion.argmax()) == k
-        ig = attribute(model, seq, "ig", target=answer).scores
+        ig = attribute_inputs(model, seq, "ig", target=answer).scores
         top = ig.topk(3).indices.tolist()
         counts["ig top-1 k-1 or k"] += top[0] in (k - 1, k)
         counts["ig k in top-3"] += k in top

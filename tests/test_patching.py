@@ -11,7 +11,7 @@ from circuitlab import CircuitlabError, ModelConfig, Transformer
 from circuitlab.analysis.ablation import ablate_and_measure, ablation_hooks, parse_component, run_ablated
 from circuitlab.analysis.patching.attribution_patching import attribution_patching, attribution_vs_patching
 from circuitlab.analysis.patching import (TARGETS, activation_patching, available_targets, kl_to_clean, logit_diff,
-                                          logprob, next_token_loss, normalized, patching_sweep)
+                                          logprob, next_token_loss, normalized_metric, patching_sweep)
 from circuitlab.model.hooks import act_name
 
 
@@ -184,10 +184,10 @@ def test_metrics():
     tokens = torch.randint(0, 5, (2, 3))
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
     assert float(next_token_loss(tokens)(logits)) == pytest.approx(float(expected), abs=1e-6)
-    norm = normalized(logit_diff(1, 0), clean_value=2.0, corrupt_value=-1.0)
+    norm = normalized_metric(logit_diff(1, 0), clean_value=2.0, corrupt_value=-1.0)
     assert float(norm(logits)) == pytest.approx((float(logit_diff(1, 0)(logits)) + 1.0) / 3.0)
     with pytest.raises(CircuitlabError, match="nothing to recover"):
-        normalized(logit_diff(1, 0), 1.0, 1.0)
+        normalized_metric(logit_diff(1, 0), 1.0, 1.0)
 
 
 def test_result_is_json_and_model_untouched():

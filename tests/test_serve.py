@@ -202,7 +202,7 @@ def test_an_unexpected_error_is_a_json_500_not_a_traceback(run_dir, monkeypatch)
     def broken(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(prompt_page, "analyse", broken)
+    monkeypatch.setattr(prompt_page, "analyse_prompt", broken)
     client = TestClient(create_app(run_dir), raise_server_exceptions=False)
     r = client.post("/api/analyse", json={"prompt": "the cat"})
     assert r.status_code == 500 and r.headers["content-type"].startswith("application/json")

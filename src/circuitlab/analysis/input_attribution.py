@@ -619,7 +619,7 @@ def context_mixing(model, tokens: torch.Tensor, pos: int = -1, tokenizer=None) -
 # ---------------------------------------------------------------------------- one entry point
 
 
-def attribute(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
+def attribute_inputs(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
     """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing, shap, lime."""
     fns = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
            "occlusion": occlusion, "context-mixing": context_mixing, "shap": kernel_shap, "lime": lime}
@@ -653,5 +653,5 @@ def attribute_methods(model, tokens: torch.Tensor, target: int | None = None, fo
             kwargs.update(samples=samples, seed=seed, baseline=baseline, progress=progress)
         if method == "lime":
             kwargs["kernel_width"] = kernel_width
-        found[method] = attribute(model, tokens, method, **kwargs)
+        found[method] = attribute_inputs(model, tokens, method, **kwargs)
     return found

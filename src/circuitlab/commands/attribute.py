@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from circuitlab.analysis.input_attribution import attribute
+    from circuitlab.analysis.input_attribution import attribute_inputs
     from circuitlab.atomic import atomic_write_text, json_text
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             kwargs.update(exact=args.exact, paired=args.paired)
     if args.method == "occlusion":
         kwargs.update(span=args.span, replacement=tok.eos_id)
-    result = attribute(model, torch.tensor(ids), args.method, **kwargs)
+    result = attribute_inputs(model, torch.tensor(ids), args.method, **kwargs)
     print(result.describe())
     width = max(len(repr(s)) for s in result.token_strs)
     scale = float(result.scores.abs().max()) or 1.0

@@ -20,12 +20,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circuitlab.experiments.demo import DemoOptions, run_demo
+    from circuitlab.experiments.demo import DemoOptions, run_induction_demo
     from circuitlab.perf import REFERENCE_GFLOPS
 
     out = Path(args.out)
-    result = run_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
-                                   progress=not args.no_progress, resume=args.resume))
+    result = run_induction_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
+                                            progress=not args.no_progress, resume=args.resume))
     print()
     print((out / "report.md").read_text())
     wall = result.wall_seconds

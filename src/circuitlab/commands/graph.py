@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier graph in --out instead")
     from circuitlab.commands import add_subcommands
 
-    add_subcommands(p, {"demo": (DEMO_HELP, DEMO_EXAMPLE, add_demo_arguments, run_demo)}, "graph")
+    add_subcommands(p, {"demo": (DEMO_HELP, DEMO_EXAMPLE, add_demo_arguments, run_graph_demo)}, "graph")
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_graph_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from circuitlab.experiments.graphs_demo import GraphsDemoOptions, run_graphs_demo

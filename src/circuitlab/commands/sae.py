@@ -223,7 +223,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_sae_demo(args: argparse.Namespace) -> int:
     from circuitlab.experiments.features_demo import FeaturesDemoOptions, run_features_demo
 
     opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress, resume=args.resume)
@@ -283,7 +283,7 @@ SUBCOMMANDS = {
                    add_dashboards_arguments, run_dashboards),
     "export": (EXPORT_HELP, EXPORT_EXAMPLE, _export_args, _run_export),
     "demo": ("features demo: a 1-layer MLP model on the stories, a TopK dictionary on its MLP, readable features",
-             "circuitlab sae demo --out runs/features", add_demo_arguments, run_demo),
+             "circuitlab sae demo --out runs/features", add_demo_arguments, run_sae_demo),
 }
 
 

@@ -37,7 +37,7 @@ class DemoOptions:
     resume: bool = False   # continue an earlier (interrupted or finished) demo in out
 
 
-RESUME = "run_demo(...) with resume=True"   # how a Python caller continues a stopped demo
+RESUME = "run_induction_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 
 
 @dataclass
@@ -92,7 +92,7 @@ class DemoResult:
         return markdown_lite("\n".join(demo_narrative(self.to_dict())))
 
 
-def run_demo(opts: DemoOptions) -> DemoResult:
+def run_induction_demo(opts: DemoOptions) -> DemoResult:
     """Train both models into opts.out and analyse them. With opts.resume, continue an earlier demo there: each
     model's run must be of the asked steps (checked before any training), a finished one is reused, an
     interrupted one resumes; the analysis and the report are made again."""
@@ -131,7 +131,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
                                         f"the {layers}-layer attention-only model", track=training_probes())
     train_seconds = time.time() - t0
     with continue_on_interrupt("analysing the models", f"the trained models in {out} are", RESUME):
-        result = analyse(runs, out)
+        result = analyse_models(runs, out)
         print("writing the figures and the report")
         write_outputs(result, runs, out)
     total = time.time() - t0
@@ -162,7 +162,7 @@ def write_outputs(result: DemoResult, runs: dict, out: Path) -> None:
     write_demo_report(out, results, data)
 
 
-def analyse(runs: dict, out: Path) -> DemoResult:
+def analyse_models(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
     from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads

@@ -370,7 +370,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                 "checkpoint": checkpoint_name, "limits": limits}
 
     @app.post("/api/analyse")
-    def analyse(req: AnalyseRequest) -> dict[str, Any]:
+    def analyse_route(req: AnalyseRequest) -> dict[str, Any]:
         """Tokens, attention patterns [layer][head][query][key], logit lens and DLA for a prompt."""
         if model is None:
             raise StarletteHTTPException(409, "no model loaded: start the server with "
@@ -380,8 +380,8 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
         ids = prompt_page.encode_prompt(tokenizer, req.prompt, max_tokens)
         head_labels, _ = labels()
         with lock:
-            found = prompt_page.analyse(model, tokenizer, ids, req.target, req.position, figures=req.figures,
-                                     head_labels=head_labels)
+            found = prompt_page.analyse_prompt(model, tokenizer, ids, req.target, req.position, figures=req.figures,
+                                            head_labels=head_labels)
         found["head_labels"] = head_labels
         return found
 

@@ -200,7 +200,7 @@ def add_input_routes(app, model, tokenizer, lens, lock: threading.Lock, encode, 
         return page_response("inputs.html")
 
     @app.post("/api/attribute")
-    def attribute(req: AttributeRequest) -> dict[str, Any]:
+    def attribute_route(req: AttributeRequest) -> dict[str, Any]:
         """Attribution of the next-token prediction to the prompt's tokens (one method or all)."""
         need()
         ids = encode(req.prompt)

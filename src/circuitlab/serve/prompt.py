@@ -2,7 +2,7 @@
 no web framework in here.
 
     summary = model_summary(model, tokenizer, meta)            # GET /api/model
-    found = analyse(model, tokenizer, ids, target=None)        # POST /api/analyse
+    found = analyse_prompt(model, tokenizer, ids, target=None)        # POST /api/analyse
     walk = adder_walkthrough(17, 25)                           # GET/POST /api/adder
 
 Errors are CircuitlabError with a one-line message; the app answers them with a 422.
@@ -120,7 +120,7 @@ def resolve_target(tokenizer, d_vocab: int, target: str | int | None, what: str 
 
 
 @torch.no_grad()
-def analyse(model, tokenizer, ids: list[int], target: str | int | None = None, position: int | None = None,
+def analyse_prompt(model, tokenizer, ids: list[int], target: str | int | None = None, position: int | None = None,
             figures: bool = False, head_labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Tokens, every head's attention pattern, the logit lens and direct logit attribution.
 

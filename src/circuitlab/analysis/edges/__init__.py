@@ -12,10 +12,10 @@ discovery     find_circuit: prompt rows (induction_rows, rows_from_texts) + metr
 from circuitlab.analysis.edges.circuit import Circuit, circuit_metric, edge_auc, prune, refine_circuit, select_circuit
 from circuitlab.analysis.edges.discovery import CircuitData, CircuitResult, find_circuit, induction_rows
 from circuitlab.analysis.edges.faithfulness import FRACTIONS, Faithfulness, faithfulness_curve
-from circuitlab.analysis.edges.forward import GraphRun, graph_forward
-from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.forward import EdgeRun, graph_forward
+from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.edges.scoring import INTERVENTIONS, METHODS, EdgeScores, edge_scores
 
 __all__ = ["Circuit", "CircuitData", "CircuitResult", "EdgeGraph", "EdgeScores", "FRACTIONS", "Faithfulness",
-           "GraphRun", "INTERVENTIONS", "METHODS", "circuit_metric", "edge_auc", "edge_scores", "faithfulness_curve",
+           "EdgeRun", "INTERVENTIONS", "METHODS", "circuit_metric", "edge_auc", "edge_scores", "faithfulness_curve",
            "find_circuit", "graph_forward", "induction_rows", "prune", "refine_circuit", "select_circuit"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.edges.forward import graph_forward
-from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.edges.scoring import (EdgeScores, _copies_per_run, check_edge_request, per_copy, reference)
 from circuitlab.analysis.patching import Metric, read_positions
 from circuitlab.errors import CircuitlabError

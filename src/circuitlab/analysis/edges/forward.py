@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.edge_graph import EdgeGraph
 
 
 @dataclass
-class GraphRun:
+class EdgeRun:
     """One (batched) run over the graph.
 
     logits [copies, batch, pos, d_vocab]; outputs: per group of writers (input, each layer's heads, each
@@ -58,8 +58,8 @@ def input_output(model, tokens: torch.Tensor) -> torch.Tensor:
 
 def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.Tensor | None = None,
                   mask: torch.Tensor | None = None, input_out: torch.Tensor | None = None,
-                  base: GraphRun | None = None, start: int = 0, reads: Sequence[int] | None = None
-                  ) -> GraphRun:
+                  base: EdgeRun | None = None, start: int = 0, reads: Sequence[int] | None = None
+                  ) -> EdgeRun:
     """Run tokens [batch, pos] through the graph.
 
     ref: reference writer outputs, broadcastable to [batch, pos, n_sources, d_model]; mask: [copies,
@@ -79,7 +79,7 @@ def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.T
         start = 0
         x0 = input_out if input_out is not None else input_output(model, tokens)
         outputs, resid = [([0], x0[..., None, :])], x0
-    run = GraphRun(None, outputs, [], [])  # type: ignore[arg-type]
+    run = EdgeRun(None, outputs, [], [])  # type: ignore[arg-type]
 
     def reader_inputs(readers: list[int]) -> torch.Tensor:
         x = resid[..., None, :]

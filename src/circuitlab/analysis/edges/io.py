@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from circuitlab.analysis.edges.circuit import Circuit
-from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.edges.scoring import EdgeScores
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.config import ModelConfig

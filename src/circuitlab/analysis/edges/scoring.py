@@ -32,8 +32,8 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.analysis._json import rounded
-from circuitlab.analysis.edges.forward import GraphRun, graph_forward, input_output
-from circuitlab.analysis.edges.graph import EdgeGraph
+from circuitlab.analysis.edges.forward import EdgeRun, graph_forward, input_output
+from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.patching import Metric, as_tokens, check_metric, check_pair, read_positions
 from circuitlab.checks import Number
 from circuitlab.errors import CircuitlabError
@@ -131,7 +131,7 @@ def check_edge_request(model, clean, corrupt, metric: Metric, method: str, inter
 
 
 def reference(model, graph: EdgeGraph, clean: torch.Tensor, corrupt: torch.Tensor | None, intervention: str,
-              clean_run: GraphRun) -> torch.Tensor:
+              clean_run: EdgeRun) -> torch.Tensor:
     """What each writer's output becomes on a patched edge, broadcastable to [batch, pos, n_sources, d_model]."""
     outs = clean_run.source_outputs()[0]  # [batch, pos, n_sources, d_model]
     if intervention == "counterfactual":

@@ -53,7 +53,7 @@ from circuitlab.analysis.patching.engine import (CHUNK_BUDGET, BaseRun, Site, ch
 from circuitlab.analysis.patching.noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
 from circuitlab.analysis.patching.metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,
-                                                  normalized, probability, read_positions)
+                                                  normalized_metric, probability, read_positions)
 from circuitlab.analysis.patching.targets import (DEFAULT_TARGETS, TARGETS, Target, available_targets,  # noqa: F401
                                                   default_targets, get_target)
 from circuitlab.display import Displayed

@@ -129,13 +129,13 @@ def next_token_loss(tokens: torch.Tensor, mask: torch.Tensor | None = None) -> M
     return _named(metric, "next_token_loss")
 
 
-def normalized(metric: Metric, clean_value: float, corrupt_value: float) -> Metric:
+def normalized_metric(metric: Metric, clean_value: float, corrupt_value: float) -> Metric:
     """Metric: normalised recovery (metric - corrupt_value) / (clean_value - corrupt_value).
 
     1 = as on the clean prompt, 0 = as on the corrupted one.
     """
     if clean_value == corrupt_value:
-        raise CircuitlabError("normalized(): the metric is the same on the clean and corrupted prompts "
+        raise CircuitlabError("normalized_metric(): the metric is the same on the clean and corrupted prompts "
                               f"({clean_value}), so there is nothing to recover; choose prompts it tells apart")
 
     def norm(logits: torch.Tensor) -> torch.Tensor:
