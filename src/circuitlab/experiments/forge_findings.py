@@ -18,8 +18,16 @@ def _where(profile: dict[str, Any], limit: float = 0.15) -> str:
 
 
 def findings(results: dict[str, Any]) -> list[str]:
-    """What the comparison found, as sentences computed from results (summarize_comparison's dict)."""
-    out = []
+    """What the comparison found, as sentences computed from results (summarize_comparison's dict): accuracy,
+    each hand-built head's closest trained head, then the differences (attention, then OV subspaces)."""
+    agree = torch.tensor(results["agreement"]["agreement"])  # [hand head, trained head]
+    matches, matched = _head_matches(results, agree)
+    diffs = _attention_differences(results, agree, matched) + _ov_differences(results, agree)
+    return [_accuracy(results), *matches] + [f"{d[0].upper()}{d[1:]}." for d in diffs]
+
+
+def _accuracy(results: dict[str, Any]) -> str:
+    """Both models' exact answers (and the trained model's on pairs held out of its training)."""
     acc = results["accuracy"]
     th, tt = acc["hand"], acc["trained"]
     which = f"of all {tt['total']:,}" if tt["exhaustive"] else f"of {tt['total']:,} random"
@@ -32,9 +40,13 @@ def findings(results: dict[str, Any]) -> list[str]:
                    if gap >= -0.02 else "fewer than overall, so part of what it learned is memorised pairs.")
         line += (f" On the {h['total']:,} pairs held out of training it gets {h['correct']:,} right "
                  f"({_pct(h['accuracy'])}): {verdict}")
-    out.append(line)
+    return line
 
-    agree = torch.tensor(results["agreement"]["agreement"])
+
+def _head_matches(results: dict[str, Any], agree: torch.Tensor) -> tuple[list[str], set[str]]:
+    """A sentence per hand-built head on its closest trained head by attention agreement; the trained heads
+    matched at least partly."""
+    out = []
     hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
     prof_h, prof_t = results["attention"]["hand"], results["attention"]["trained"]
     roles = results.get("roles", {})
@@ -55,8 +67,14 @@ def findings(results: dict[str, Any]) -> list[str]:
         else:
             out.append(f"No trained head attends like hand-built {hh}{role}: the best agreement is {g:.2f} "
                        f"({th_}). The hand-built head puts its attention on {where_h}; {th_} on {where_t}.")
+    return out, matched
 
-    # Differences, measured on the attention categories.
+
+def _attention_differences(results: dict[str, Any], agree: torch.Tensor, matched: set[str]) -> list[str]:
+    """Differences measured on the attention categories (matched grows by the trained heads that stand in for
+    two hand-built ones)."""
+    hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
+    prof_h, prof_t = results["attention"]["hand"], results["attention"]["trained"]
     diffs = []
     for pair, row in results.get("merged_agreement", {}).items():
         best_t = max(row, key=row.get)
@@ -115,8 +133,13 @@ def findings(results: dict[str, Any]) -> list[str]:
     unmatched = [h for h in other_heads if h not in matched and not any(f"trained {h} " in d for d in diffs)]
     for h in unmatched:
         diffs.append(f"trained {h} matches no hand-built head; it attends to {_where(prof_t[h])}")
+    return diffs
 
-    # OV subspaces, against chance and against the plain digits-vs-EOS contrast.
+
+def _ov_differences(results: dict[str, Any], agree: torch.Tensor) -> list[str]:
+    """OV subspaces, against chance and against the plain digits-vs-EOS contrast."""
+    hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
+    diffs = []
     ov_in, ov_out = results["ov"]["input"], results["ov"]["output"]
     for i, hh in enumerate(hand_heads):
         j = int(agree[i].argmax())
@@ -151,5 +174,4 @@ def findings(results: dict[str, Any]) -> list[str]:
         diffs.append(f"no trained head writes the hand-built heads' output direction (the digit value, read by the "
                      f"unembedding) straight into the logits: output similarity at most {max(tops):.2f}, chance "
                      f"{max(chances):.2f}; what the trained heads write goes to later layers and the MLPs")
-    out += [f"{d[0].upper()}{d[1:]}." for d in diffs]
-    return out
+    return diffs

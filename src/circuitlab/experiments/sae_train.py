@@ -184,13 +184,12 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
     any activation is read or anything is written (`sae train --estimate`)."""
     import circuitlab.training.distributed as D
 
+    from circuitlab.atomic import atomic_write_text
     from circuitlab.data import DataConfig, build_data
-    from circuitlab.dictionaries import DictionaryConfig, base_model_id
-    from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
-    from circuitlab.dictionaries.metrics import spliced_loss
-    from circuitlab.dictionaries.store import ActivationStore, CachedActivations, ModelActivations, cache_activations
-    from circuitlab.dictionaries.train import PER_DICTIONARY, DictionaryTrainer, DictTrainConfig
-    from circuitlab.errors import CircuitlabError, ConfigError
+    from circuitlab.dictionaries.clt import CLTConfig
+    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
+    from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
+    from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
     from circuitlab.training.outputs import check_output_folder, output_folder
 
@@ -198,8 +197,57 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
     store_cfg = _store_settings(data.get("store") or {})
     rank, world = D.rank_and_world()
     shards = stream_shards(out, resume, store_cfg["shards"], world)
+    entries = _read_entries(data["dictionaries"])
+    if not resume:   # refused now what output_folder would refuse later, before the model is read or data cached
+        check_output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
+    model, tokenizer, _ = load_checkpoint(str(data["model"]))
+    if tokenizer is None:
+        raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
+    with D.rank_zero_first():  # rank 0 tokenizes (and caches) the text; the others then read its cache
+        tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
+    entries, groups = _expand_layers(entries, model, train.target_l0)
+    hooks = [h for d, _ in entries for h in
+             (CLTConfig.from_dict(d).hooks() if d.get("kind") == "clt" else (d.get("hook_name"), d.get("out_hook_name"))) if h]
+    source = ModelActivations(model.to(device), hooks, tokens, seq_len=store_cfg["seq_len"],
+                              seqs_per_chunk=store_cfg["seqs_per_chunk"], skip_positions=store_cfg["skip_positions"],
+                              autocast=store_cfg["autocast"])
+    configs = _dictionary_configs(entries, source.widths, model, str(data["model"]))
+    est = training_estimate(configs, train.batch_size, train.steps)
+    if estimate_only:
+        est.timed()
+        return {"estimate": est.to_dict(), "line": est.line()}
+    if progress and rank == 0:   # what it will hold and take, before the work
+        print(est.timed().line(), flush=True)
+    source, val_source = _cached_sources(source, store_cfg, train, shards, progress)
+    trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed, shards=shards),
+                                ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
+                                overrides=[own for _, own in entries], device=device, parallel=parallel)
+    # what else decides the result: a resume with other values is refused, naming them (the stream's shards
+    # are the store's own check: another number is refused in one line)
+    trainer.run_settings = {"model": str(data["model"]), "data": data.get("data") or {},
+                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb", "shards")}}
+    if not resume and rank == 0:
+        output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
+    D.barrier("preparing the output folder")  # no rank looks for a checkpoint there before rank 0 has cleared it
+    result = trainer.fit(out, progress=progress)
+    if rank != 0:  # rank 0 evaluates, prints and writes
+        return {}
+    toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"]).to(device)  # where the model is (--device cuda)
+    summary = _spliced_summary(model, result, groups, toks)
+    atomic_write_text(out / "results.json", json_text(summary, indent=2))
+    return summary
+
+
+def _read_entries(dictionaries: list) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(settings, own train settings) per entry of a config's dictionaries, each checked as far as it can be
+    before the model is loaded (a ConfigError naming the entry or the setting)."""
+    from circuitlab.dictionaries import DictionaryConfig
+    from circuitlab.dictionaries.clt import CLTConfig
+    from circuitlab.dictionaries.train import PER_DICTIONARY
+    from circuitlab.errors import ConfigError
+
     entries = []
-    for i, d in enumerate(data["dictionaries"]):
+    for i, d in enumerate(dictionaries):
         if not isinstance(d, dict):
             raise ConfigError(f"dictionaries[{i}] must be a mapping (architecture, hook_name, d_sae, ...)")
         d = dict(d)
@@ -219,36 +267,32 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         bad = sorted(set(own) - set(PER_DICTIONARY))
         if bad:
             raise ConfigError(f"a dictionary's own train settings may only be {', '.join(PER_DICTIONARY)}; got {bad}")
+    return entries
 
-    if not resume:   # refused now what output_folder would refuse later, before the model is read or data cached
-        check_output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
-    model, tokenizer, _ = load_checkpoint(str(data["model"]))
-    if tokenizer is None:
-        raise CircuitlabError(f"{data['model']} has no tokenizer saved with it; cannot read text data")
-    with D.rank_zero_first():  # rank 0 tokenizes (and caches) the text; the others then read its cache
-        tokens = build_data(DataConfig.from_dict(data.get("data") or {}), tokenizer=tokenizer)
-    entries, groups = _expand_layers(entries, model, train.target_l0)
-    hooks = [h for d, _ in entries for h in
-             (CLTConfig.from_dict(d).hooks() if d.get("kind") == "clt" else (d.get("hook_name"), d.get("out_hook_name"))) if h]
-    source = ModelActivations(model.to(device), hooks, tokens, seq_len=store_cfg["seq_len"],
-                              seqs_per_chunk=store_cfg["seqs_per_chunk"], skip_positions=store_cfg["skip_positions"],
-                              autocast=store_cfg["autocast"])
-    base = base_model_id(model, name=str(data["model"]))
+
+def _dictionary_configs(entries: list, widths: dict[str, int], model, model_name: str) -> list:
+    """The DictionaryConfig or CLTConfig of each entry, widths (hook -> d_model) filling d_in and d_out."""
+    from circuitlab.dictionaries import DictionaryConfig, base_model_id
+    from circuitlab.dictionaries.clt import CLTConfig
+
+    base = base_model_id(model, name=model_name)
     configs = []
     for d, _ in entries:
         if d.get("kind") == "clt":
             configs.append(CLTConfig.from_dict({**d, "base_model": base}))
             continue
-        d = {"d_in": source.widths[d["hook_name"]], **d, "base_model": base}
+        d = {"d_in": widths[d["hook_name"]], **d, "base_model": base}
         if d.get("out_hook_name"):
-            d.setdefault("d_out", source.widths[d["out_hook_name"]])
+            d.setdefault("d_out", widths[d["out_hook_name"]])
         configs.append(DictionaryConfig.from_dict(d))
-    est = training_estimate(configs, train.batch_size, train.steps)
-    if estimate_only:
-        est.timed()
-        return {"estimate": est.to_dict(), "line": est.line()}
-    if progress and rank == 0:   # what it will hold and take, before the work
-        print(est.timed().line(), flush=True)
+    return configs
+
+
+def _cached_sources(source, store_cfg: dict[str, Any], train, shards: int, progress: bool) -> tuple[Any, Any]:
+    """(training source, validation source): the model's activations as they come, or, with store.cache, written
+    to the cache first (train and val splits) and read back from it."""
+    from circuitlab.dictionaries.store import CachedActivations, cache_activations
+
     val_source = source
     if store_cfg["cache"]:
         n_train = shards * math.ceil(train.steps * train.batch_size / shards / source.rows_per_chunk)  # per shard
@@ -259,20 +303,15 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
             cache_activations(source, store_cfg["cache"], n, split=split, dtype=store_cfg["cache_dtype"], max_bytes=cap,
                               progress=progress)
         source = val_source = CachedActivations(store_cfg["cache"], seed=train.seed)
-    trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed, shards=shards),
-                                ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
-                                overrides=[own for _, own in entries], device=device, parallel=parallel)
-    # what else decides the result: a resume with other values is refused, naming them (the stream's shards
-    # are the store's own check: another number is refused in one line)
-    trainer.run_settings = {"model": str(data["model"]), "data": data.get("data") or {},
-                            "store": {k: v for k, v in store_cfg.items() if k not in ("cache", "cache_max_gb", "shards")}}
-    if not resume and rank == 0:
-        output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
-    D.barrier("preparing the output folder")  # no rank looks for a checkpoint there before rank 0 has cleared it
-    result = trainer.fit(out, progress=progress)
-    if rank != 0:  # rank 0 evaluates, prints and writes
-        return {}
-    toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"]).to(device)  # where the model is (--device cuda)
+    return source, val_source
+
+
+def _spliced_summary(model, result, groups: dict[str, list[int]], toks) -> dict[str, Any]:
+    """The training summary with each dictionary spliced into the model on toks [batch, pos] (and each per-layer
+    set replacing every MLP at once), printed line by line as it goes."""
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder
+    from circuitlab.dictionaries.metrics import spliced_loss
+
     summary = result.to_dict()
     for entry, sae, folder in zip(summary["dictionaries"], result.dictionaries, result.folders):
         s = spliced_loss(model, sae, toks)
@@ -293,7 +332,4 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
         print(f"{name} ({len(members)} per-layer transcoders, every MLP replaced at once): mean explained variance "
               f"{1 - fvu:.3f}, CE recovered {s.ce_recovered:.3f}{s.recovered_note()} (CE {s.ce_clean:.3f} -> "
               f"{s.ce_spliced:.3f}), KL {s.kl:.4f}")
-    from circuitlab.atomic import atomic_write_text
-
-    atomic_write_text(out / "results.json", json_text(summary, indent=2))
     return summary

@@ -19,6 +19,9 @@ JSON API:
     GET  /api/graphs, GET /api/graphs/graph, GET /api/graphs/feature, POST /api/graphs/qparams,
     POST /api/graphs/intervene, POST /api/graphs/compute                                       (graphs.py)
 
+The app is assembled here from route groups of one job each: pages and static files, error handlers (here),
+the prompt API (prompt.py), features, inputs, circuits, graphs, and the ASGI guard (guard.py).
+
 Every error is JSON {"detail": "<one line>"} with a 4xx status: 422 for bad input, 409 when the explorer
 has no model, 413 for an oversized body, 404 for unknown paths. An unexpected exception is answered
 with a JSON 500 (and logged), never an HTML page or a stack trace.
@@ -28,18 +31,19 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from circuitlab.atomic import json_text
 from circuitlab.errors import CircuitlabError
 import circuitlab.serve.prompt as prompt_page
+from circuitlab.serve.guard import Guard
 
 log = logging.getLogger("circuitlab.serve")
 
@@ -61,121 +65,6 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_MAX_PROMPT_CHARS = 2000
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
-
-SECURITY_HEADERS = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    # Scripts and data from this server only; plotly sets inline styles and draws to data:/blob: images.
-    (b"content-security-policy",
-     b"default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
-     b"object-src 'none'; base-uri 'none'; frame-ancestors 'none'"),
-]
-
-
-# ---------------------------------------------------------------------------- request bodies
-
-
-class AnalyseRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str = Field(description="the text to analyse")
-    target: StrictInt | str | None = Field(
-        default=None, description="token for direct logit attribution: a token id, or text that is one token; "
-                                  "default the model's top prediction")
-    position: StrictInt | None = Field(default=None, description="position for DLA (default: the last token)")
-    figures: StrictBool = Field(default=False, description="also return plotly figure JSON of the three views")
-
-
-class AdderRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    a: StrictInt | str = Field(description="first number")
-    b: StrictInt | str = Field(description="second number")
-    design: Literal["post", "carry"] = Field(
-        default="post", description="post: the reference post's 2-digit adder; carry: the exact adder")
-    digits: int = Field(default=2, ge=1, le=prompt_page.ADDER_MAX_DIGITS, description="digits of a and of b")
-
-
-# ---------------------------------------------------------------------------- ASGI guard
-
-
-def _json_bytes(status: int, detail: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    body = json_text({"detail": detail}).encode()
-    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
-
-
-class Guard:
-    """Pure ASGI middleware: refuses oversized bodies (413) and, with allowed_hosts, unknown Host headers
-    (400: a web page elsewhere cannot reach the local server through DNS rebinding); adds security
-    headers to every response. Its errors are JSON like the app's."""
-
-    def __init__(self, app, max_body_bytes: int, allowed_hosts: list[str] | None) -> None:
-        self.app, self.max_body_bytes = app, max_body_bytes
-        self.allowed_hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": list(message.get("headers", [])) + SECURITY_HEADERS}
-            await send(message)
-
-        async def refuse(status: int, detail: str) -> None:
-            headers, body = _json_bytes(status, detail)
-            await send_with_headers({"type": "http.response.start", "status": status, "headers": headers})
-            await send_with_headers({"type": "http.response.body", "body": body})
-
-        headers = dict(scope.get("headers") or [])
-        if self.allowed_hosts is not None:
-            host = _host_name(headers.get(b"host", b"").decode("latin-1"))
-            if host not in self.allowed_hosts:
-                await refuse(400, f"unexpected Host header {host!r}; open the explorer at http://127.0.0.1")
-                return
-        length = headers.get(b"content-length")
-        if length is not None:
-            try:
-                declared = int(length)
-            except ValueError:
-                await refuse(400, "the Content-Length header is not a number")
-                return
-            if declared > self.max_body_bytes:
-                await refuse(413, f"the request body is {declared} bytes; the limit is {self.max_body_bytes}")
-                return
-        # Read the whole body (it is small, or we stop at the limit), then replay it to the app.
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await refuse(413, f"the request body is over the limit of {self.max_body_bytes} bytes")
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send_with_headers)
-
-
-def _host_name(host: str) -> str:
-    """'127.0.0.1:8000' -> '127.0.0.1', '[::1]:8000' -> '::1'."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 # ---------------------------------------------------------------------------- the app
@@ -208,6 +97,21 @@ def _plotly_js() -> bytes:
     return get_plotlyjs().encode()
 
 
+@dataclass
+class Loaded:
+    """What the explorer serves, loaded (and checked) before any server starts. model and tokenizer are None
+    without a run folder; meta: the checkpoint's metadata; checkpoint_name: its last two path parts."""
+
+    model: Any = None
+    tokenizer: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    checkpoint_name: str | None = None
+    tuned: Any = None             # TunedLens for /inputs
+    browser: Any = None           # FeatureBrowser for /features
+    circuit_browser: Any = None   # CircuitBrowser for /circuits
+    graph_browser: Any = None     # GraphBrowser for /graphs
+
+
 def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
                max_tokens: int = DEFAULT_MAX_TOKENS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                allowed_hosts: list[str] | None = None, device: str = "cpu",
@@ -233,37 +137,73 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
                         ("max_body_bytes", max_body_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise CircuitlabError(f"{name} must be a positive whole number, got {value!r}")
-    model = tokenizer = None
-    meta: dict[str, Any] = {}
-    if run_dir is not None:
-        from circuitlab.training import load_checkpoint
+    loaded = _load_model(run_dir, device)
+    if loaded.model is not None:
+        max_tokens = prompt_page.token_limit(loaded.model, max_tokens)
+    loaded.tuned = _load_tuned_lens(run_dir, lens, loaded.model, device)
+    _load_browsers(loaded, dictionaries, circuits, graphs, transcoders, transcoder_set, graph_runner)
+    lock = threading.Lock()  # one analysis at a time: the machine's cores are better used by torch
 
-        model, tokenizer, meta = load_checkpoint(run_dir, device=device)
-        if tokenizer is None:
-            raise CircuitlabError(f"{run_dir} has no tokenizer saved with it, so prompts cannot be encoded; "
-                                  "serve a run written by `circuitlab train` or `circuitlab import`")
-        max_tokens = prompt_page.token_limit(model, max_tokens)
-        checkpoint_name = "/".join(Path(run_dir).resolve().parts[-2:])  # e.g. "demo/2l": no full path shown
-    tuned = None
-    if lens is not None or run_dir is not None:
-        from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
+    def encode_prompt(prompt: str) -> list[int]:
+        if len(prompt) > max_prompt_chars:
+            raise CircuitlabError(f"the prompt is {len(prompt)} characters; the limit is {max_prompt_chars}")
+        return prompt_page.encode_prompt(loaded.tokenizer, prompt, max_tokens)
 
-        if lens is not None and model is None:
-            raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")
-        if lens is not None and not TunedLens.exists(lens):
-            raise CircuitlabError(f"--lens {lens} holds no tuned lens; train one with `circuitlab lens train`")
-        folder = lens if lens is not None else default_lens_dir(run_dir)
-        tuned = TunedLens.load(folder, model).to(device) if TunedLens.exists(folder) else None
-    browser = None
+    app = FastAPI(title="circuitlab explorer", version="1", docs_url=None, redoc_url=None,
+                  openapi_url="/api/openapi.json")
+    limits = {"max_prompt_chars": max_prompt_chars, "max_tokens": max_tokens, "max_body_bytes": max_body_bytes,
+              "adder_max_digits": prompt_page.ADDER_MAX_DIGITS}
+    _add_error_handlers(app)
+    _add_page_routes(app)
+    prompt_page.add_prompt_routes(app, loaded.model, loaded.tokenizer, loaded.meta, loaded.checkpoint_name, limits,
+                                  lock, encode_prompt)
+    _add_method_routes(app, loaded, lock, encode_prompt)
+    app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
+    return app
+
+
+def _load_model(run_dir: Path | str | None, device: str) -> Loaded:
+    """The run folder's model, tokenizer and metadata (all None / empty without one)."""
+    if run_dir is None:
+        return Loaded()
+    from circuitlab.training import load_checkpoint
+
+    model, tokenizer, meta = load_checkpoint(run_dir, device=device)
+    if tokenizer is None:
+        raise CircuitlabError(f"{run_dir} has no tokenizer saved with it, so prompts cannot be encoded; "
+                              "serve a run written by `circuitlab train` or `circuitlab import`")
+    checkpoint_name = "/".join(Path(run_dir).resolve().parts[-2:])  # e.g. "demo/2l": no full path shown
+    return Loaded(model, tokenizer, meta, checkpoint_name)
+
+
+def _load_tuned_lens(run_dir: Path | str | None, lens: str | Path | None, model: Any, device: str) -> Any:
+    """The tuned lens of /inputs: the --lens folder, else the run's saved one; None without either."""
+    if lens is None and run_dir is None:
+        return None
+    from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
+
+    if lens is not None and model is None:
+        raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")
+    if lens is not None and not TunedLens.exists(lens):
+        raise CircuitlabError(f"--lens {lens} holds no tuned lens; train one with `circuitlab lens train`")
+    folder = lens if lens is not None else default_lens_dir(run_dir)
+    return TunedLens.load(folder, model).to(device) if TunedLens.exists(folder) else None
+
+
+def _load_browsers(loaded: Loaded, dictionaries: list[str | Path] | None, circuits: list[str | Path] | None,
+                   graphs: str | Path | None, transcoders: str | Path | None, transcoder_set: str | None,
+                   graph_runner: Any) -> None:
+    """The feature, circuit and graph browsers into loaded, each option checked against the model."""
+    model, tokenizer = loaded.model, loaded.tokenizer
     if dictionaries:
         if model is None:
             raise CircuitlabError("--dictionary needs --checkpoint: the model the dictionaries were trained on")
         from circuitlab.serve.features import FeatureBrowser
 
-        browser = FeatureBrowser.load(model, tokenizer, dictionaries)
-    from circuitlab.serve.circuits import CircuitBrowser, add_circuit_routes
+        loaded.browser = FeatureBrowser.load(model, tokenizer, dictionaries)
+    from circuitlab.serve.circuits import CircuitBrowser
 
-    circuit_browser = CircuitBrowser.load(model, tokenizer, circuits or [])
+    loaded.circuit_browser = CircuitBrowser.load(model, tokenizer, circuits or [])
     tc = None
     if transcoders is not None:
         if model is None:
@@ -274,25 +214,17 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     if graphs is not None and not Path(graphs).is_dir():
         raise CircuitlabError(f"--graphs {graphs} is not a folder (give the runs folder holding `circuitlab graph` "
                               "outputs)")
-    from circuitlab.serve.graphs import GraphBrowser, add_graph_routes
+    from circuitlab.serve.graphs import GraphBrowser
 
     from circuitlab.viz.graph_view import saved_dashboards
 
-    graph_browser = GraphBrowser(Path(graphs) if graphs is not None else None, model, tokenizer, tc,
-                                 runner=graph_runner, saved=saved_dashboards(transcoders))
-    lock = threading.Lock()  # one analysis at a time: the machine's cores are better used by torch
-    labels_cache: dict[str, Any] = {}
+    loaded.graph_browser = GraphBrowser(Path(graphs) if graphs is not None else None, model, tokenizer, tc,
+                                        runner=graph_runner, saved=saved_dashboards(transcoders))
 
-    def labels() -> tuple[dict[str, list[str]], str | None]:
-        with lock:
-            if "labels" not in labels_cache:
-                labels_cache["labels"] = prompt_page.head_labels(model)
-            return labels_cache["labels"]
 
-    app = FastAPI(title="circuitlab explorer", version="1", docs_url=None, redoc_url=None,
-                  openapi_url="/api/openapi.json")
-    limits = {"max_prompt_chars": max_prompt_chars, "max_tokens": max_tokens, "max_body_bytes": max_body_bytes,
-              "adder_max_digits": prompt_page.ADDER_MAX_DIGITS}
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error a one-line JSON {"detail": ...}: 422 for a CircuitlabError or a bad request, the HTTP
+    status of an HTTP error, 500 (logged) for anything unexpected."""
 
     @app.exception_handler(CircuitlabError)
     async def _user_error(request: Request, exc: CircuitlabError) -> JSONResponse:
@@ -313,19 +245,23 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
         return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server log has the details"},
                             status_code=500)
 
-    # ------------------------------------------------------------------ pages and static files
 
-    def _page(name: str) -> FileResponse:
-        return FileResponse(STATIC_DIR / name, media_type="text/html; charset=utf-8",
-                            headers={"cache-control": "no-cache"})
+def page_response(name: str) -> FileResponse:
+    """A static HTML page of STATIC_DIR, never cached (the explorer changes with the package)."""
+    return FileResponse(STATIC_DIR / name, media_type="text/html; charset=utf-8", headers={"cache-control": "no-cache"})
+
+
+def _add_page_routes(app: FastAPI) -> None:
+    """GET / and /adder (the pages), /static/... (a fixed list of files, plotly.js and the graph viewer's
+    assets), /favicon.ico."""
 
     @app.get("/", include_in_schema=False)
     def explorer_page() -> FileResponse:
-        return _page(PAGES["/"])
+        return page_response(PAGES["/"])
 
     @app.get("/adder", include_in_schema=False)
     def adder_page() -> FileResponse:
-        return _page(PAGES["/adder"])
+        return page_response(PAGES["/adder"])
 
     @app.get("/static/plotly.min.js", include_in_schema=False)
     def plotly_js() -> Response:
@@ -356,61 +292,18 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     def favicon() -> Response:
         return Response(status_code=204)
 
-    # ------------------------------------------------------------------ JSON API
 
-    @app.get("/api/model")
-    def model_info() -> dict[str, Any]:
-        """The loaded model's config, head labels and the server's limits."""
-        if model is None:
-            return {"loaded": False, "limits": limits,
-                    "message": "no model loaded: start the server with `circuitlab serve --checkpoint RUN` "
-                               "to use the explorer (the adder page works without one)"}
-        head_labels, note = labels()
-        return {**prompt_page.model_summary(model, tokenizer, meta, head_labels, note),
-                "checkpoint": checkpoint_name, "limits": limits}
-
-    @app.post("/api/analyse")
-    def analyse_route(req: AnalyseRequest) -> dict[str, Any]:
-        """Tokens, attention patterns [layer][head][query][key], logit lens and DLA for a prompt."""
-        if model is None:
-            raise StarletteHTTPException(409, "no model loaded: start the server with "
-                                              "`circuitlab serve --checkpoint RUN` to analyse prompts")
-        if len(req.prompt) > max_prompt_chars:
-            raise CircuitlabError(f"the prompt is {len(req.prompt)} characters; the limit is {max_prompt_chars}")
-        ids = prompt_page.encode_prompt(tokenizer, req.prompt, max_tokens)
-        head_labels, _ = labels()
-        with lock:
-            found = prompt_page.analyse_prompt(model, tokenizer, ids, req.target, req.position, figures=req.figures,
-                                            head_labels=head_labels)
-        found["head_labels"] = head_labels
-        return found
-
-    @app.get("/api/adder")
-    def adder_get(params: Annotated[AdderRequest, Query()]) -> dict[str, Any]:
-        """a + b through the hand-built adder, stage by stage."""
-        return adder_post(params)
-
-    @app.post("/api/adder")
-    def adder_post(req: AdderRequest) -> dict[str, Any]:
-        """The same as GET, with the fields as a JSON body."""
-        with lock:
-            return prompt_page.adder_walkthrough(req.a, req.b, req.design, req.digits)
-
-    def encode_prompt(prompt: str) -> list[int]:
-        if len(prompt) > max_prompt_chars:
-            raise CircuitlabError(f"the prompt is {len(prompt)} characters; the limit is {max_prompt_chars}")
-        return prompt_page.encode_prompt(tokenizer, prompt, max_tokens)
-
+def _add_method_routes(app: FastAPI, loaded: Loaded, lock: threading.Lock, encode_prompt: Any) -> None:
+    """The pages and APIs of /features, /inputs, /circuits and /graphs, each from its own module."""
+    from circuitlab.serve.circuits import add_circuit_routes
     from circuitlab.serve.features import add_feature_routes
-
-    add_feature_routes(app, browser, lock, encode_prompt, _page)
+    from circuitlab.serve.graphs import add_graph_routes
     from circuitlab.serve.inputs import add_input_routes
 
-    add_input_routes(app, model, tokenizer, tuned, lock, encode_prompt, _page)
-    add_circuit_routes(app, circuit_browser, lock, encode_prompt, _page)
-    add_graph_routes(app, graph_browser, lock, encode_prompt, _page)
-    app.add_middleware(Guard, max_body_bytes=max_body_bytes, allowed_hosts=allowed_hosts)
-    return app
+    add_feature_routes(app, loaded.browser, lock, encode_prompt, page_response)
+    add_input_routes(app, loaded.model, loaded.tokenizer, loaded.tuned, lock, encode_prompt, page_response)
+    add_circuit_routes(app, loaded.circuit_browser, lock, encode_prompt, page_response)
+    add_graph_routes(app, loaded.graph_browser, lock, encode_prompt, page_response)
 
 
 def _plain_errors(exc: RequestValidationError) -> list[dict[str, Any]]:

@@ -1,8 +1,8 @@
-"""The explorer's prompt page, the model summary and the adder walk-through, as plain JSON-able dicts:
-no web framework in here.
+"""The explorer's prompt page, the model summary and the adder walk-through, as plain JSON-able dicts: no web
+framework except add_prompt_routes, which puts them on the app.
 
     summary = model_summary(model, tokenizer, meta)            # GET /api/model
-    found = analyse_prompt(model, tokenizer, ids, target=None)        # POST /api/analyse
+    found = analyse_prompt(model, tokenizer, ids, target=None)  # POST /api/analyse
     walk = adder_walkthrough(17, 25)                           # GET/POST /api/adder
 
 Errors are CircuitlabError with a one-line message; the app answers them with a 422.
@@ -10,9 +10,13 @@ Errors are CircuitlabError with a one-line message; the app answers them with a 
 from __future__ import annotations
 
 import functools
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 import torch
+from fastapi import Query
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from circuitlab.analysis._json import round_tensor
 from circuitlab.errors import CircuitlabError
@@ -121,7 +125,7 @@ def resolve_target(tokenizer, d_vocab: int, target: str | int | None, what: str 
 
 @torch.no_grad()
 def analyse_prompt(model, tokenizer, ids: list[int], target: str | int | None = None, position: int | None = None,
-            figures: bool = False, head_labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
+                   figures: bool = False, head_labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Tokens, every head's attention pattern, the logit lens and direct logit attribution.
 
     target: the token whose logit DLA explains (an id or a one-token text); default the model's top
@@ -271,3 +275,78 @@ def adder_walkthrough(a: Any, b: Any, design: str = "post", digits: int = 2) -> 
         found["readout"] = (f"answer tokens after EOS, most significant first: "
                             f"{' '.join(str(t) for t in answer_tokens)} -> {result}")
     return found
+
+
+# ---------------------------------------------------------------------------- the routes
+
+
+class AnalyseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(description="the text to analyse")
+    target: StrictInt | str | None = Field(
+        default=None, description="token for direct logit attribution: a token id, or text that is one token; "
+                                  "default the model's top prediction")
+    position: StrictInt | None = Field(default=None, description="position for DLA (default: the last token)")
+    figures: StrictBool = Field(default=False, description="also return plotly figure JSON of the three views")
+
+
+class AdderRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    a: StrictInt | str = Field(description="first number")
+    b: StrictInt | str = Field(description="second number")
+    design: Literal["post", "carry"] = Field(
+        default="post", description="post: the reference post's 2-digit adder; carry: the exact adder")
+    digits: int = Field(default=2, ge=1, le=ADDER_MAX_DIGITS, description="digits of a and of b")
+
+
+def add_prompt_routes(app, model, tokenizer, meta: dict[str, Any], checkpoint_name: str | None,
+                      limits: dict[str, int], lock: threading.Lock, encode: Callable[[str], list[int]]) -> None:
+    """GET /api/model, POST /api/analyse, GET and POST /api/adder. encode(prompt) -> ids checks the server's
+    limits; without a model /api/model says so and /api/analyse answers 409 (the adder needs none)."""
+    from starlette.exceptions import HTTPException
+
+    labels_cache: dict[str, Any] = {}
+
+    def labels() -> tuple[dict[str, list[str]], str | None]:
+        with lock:
+            if "labels" not in labels_cache:
+                labels_cache["labels"] = head_labels(model)
+            return labels_cache["labels"]
+
+    @app.get("/api/model")
+    def model_info() -> dict[str, Any]:
+        """The loaded model's config, head labels and the server's limits."""
+        if model is None:
+            return {"loaded": False, "limits": limits,
+                    "message": "no model loaded: start the server with `circuitlab serve --checkpoint RUN` "
+                               "to use the explorer (the adder page works without one)"}
+        labelled, note = labels()
+        return {**model_summary(model, tokenizer, meta, labelled, note), "checkpoint": checkpoint_name,
+                "limits": limits}
+
+    @app.post("/api/analyse")
+    def analyse_route(req: AnalyseRequest) -> dict[str, Any]:
+        """Tokens, attention patterns [layer][head][query][key], logit lens and DLA for a prompt."""
+        if model is None:
+            raise HTTPException(409, "no model loaded: start the server with "
+                                     "`circuitlab serve --checkpoint RUN` to analyse prompts")
+        ids = encode(req.prompt)
+        labelled, _ = labels()
+        with lock:
+            found = analyse_prompt(model, tokenizer, ids, req.target, req.position, figures=req.figures,
+                                   head_labels=labelled)
+        found["head_labels"] = labelled
+        return found
+
+    @app.get("/api/adder")
+    def adder_get(params: Annotated[AdderRequest, Query()]) -> dict[str, Any]:
+        """a + b through the hand-built adder, stage by stage."""
+        return adder_post(params)
+
+    @app.post("/api/adder")
+    def adder_post(req: AdderRequest) -> dict[str, Any]:
+        """The same as GET, with the fields as a JSON body."""
+        with lock:
+            return adder_walkthrough(req.a, req.b, req.design, req.digits)

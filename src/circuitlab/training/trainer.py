@@ -125,24 +125,10 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
     if t.batch_size % (world * t.grad_accum):
         raise CircuitlabError(f"train.batch_size ({t.batch_size}) must be divisible by "
                               f"world size x grad_accum ({world} x {t.grad_accum})")
-
-    ckpt = None
     if not resume:
         _check_fresh(out_dir)
-    model = tokenizer = None
-    if resume:
-        ckpt = find_checkpoint(out_dir, resumable=True)
-        model, tokenizer, _ = load_checkpoint(ckpt, device)
-    with D.rank_zero_first():
-        data = build_data(run.data, tokenizer=tokenizer)  # a resumed run keeps its saved tokenizer
-    if model is None:
-        tokenizer = data.tokenizer
-        cfg = run.model_config(tokenizer.vocab_size)
-        check_training_size(cfg, t.batch_size // world // t.grad_accum, t.seq_len)   # before allocating
-        torch.manual_seed(t.seed)
-        model = Transformer(cfg).to(device)
-    else:
-        check_training_size(model.cfg, t.batch_size // world // t.grad_accum, t.seq_len)
+    ckpt = find_checkpoint(out_dir, resumable=True) if resume else None
+    model, tokenizer, data = _model_and_data(run, ckpt, device, world)
     model.train()
     # the thread count by the work of one forward-backward, re-decided between steps as other processes come
     # and go (perf.ThreadGovernor; train() restores torch's count on return)
@@ -151,116 +137,170 @@ def _train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: 
     optimizer = make_optimizer(model, t)
     start, tokens_seen, best_val = 0, 0, math.inf
     if ckpt is not None:
-        state = load_training_state(ckpt, optimizer)
-        start, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val_loss"]
-        best_val = math.inf if best_val is None else best_val   # no evaluation yet: written as null (strict JSON)
-        if start >= t.steps:
-            raise CircuitlabError(f"{out_dir} already finished {start} steps; raise train.steps to continue")
+        start, tokens_seen, best_val = _restore_state(ckpt, optimizer, t.steps, out_dir)
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "run.yaml").write_text(_yaml(run.to_dict()))
         truncate_metrics(out_dir, after_step=start)
-    ddp_model = D.wrap(model, device)
-
-    tokens_per_step = t.batch_size * t.seq_len
-    micro = t.batch_size // world // t.grad_accum
-    autocast = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-                if t.bf16 else contextlib.nullcontext())
-    run_dict = run.to_dict()
-
-    sinks = open_sinks(out_dir, t.log, run.name, run_dict, resume_step=start) if rank == 0 else None
-
-    def log(record: dict[str, Any]) -> None:
-        if sinks is not None:
-            sinks.write(record)
-
-    saved_step = start if ckpt is not None else None  # the step of the last checkpoint, for an interrupt message
-
-    def checkpoint(step_done: int) -> None:
-        nonlocal saved_step
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
-            _diverged(out_dir, step_done, "a weight", float("nan"))
-        if rank == 0:
-            save_checkpoint(out_dir / "checkpoint", model, tokenizer, run_dict, optimizer,
-                            {"step": step_done, "tokens_seen": tokens_seen, "best_val_loss": best_val})
-        saved_step = step_done
-
+    loop = _Loop(run, out_dir, model, tokenizer, data, optimizer, track, (rank, world, device), start,
+                 tokens_seen, best_val, saved_step=start if ckpt is not None else None)
     if start == 0:
-        log({"step": 0, "tokens": 0, **run_probes(model, data, track)})
+        loop.log({"step": 0, "tokens": 0, **run_probes(model, data, track)})
+    end = min(t.steps, stop_at) if stop_at is not None else t.steps
+    loss_value = loop.run(start, end, threads, progress)
+    D.teardown()
+    return TrainResult(out_dir, model.eval(), tokenizer, end, loop.tokens_seen, loss_value, loop.best_val,
+                       time.time() - loop.t0)
 
-    def one_step(step: int) -> tuple[float, int]:
-        """Train step `step` (0-based); log, evaluate and save as scheduled. Returns (loss, steps done)."""
-        nonlocal tokens_seen, best_val
+
+def _model_and_data(run: RunConfig, ckpt: Path | None, device: Any, world: int) -> tuple[Transformer, Any, Any]:
+    """(model, tokenizer, data): the checkpoint's model and tokenizer (a resumed run keeps its saved tokenizer)
+    or a new model seeded by train.seed; the micro-batch checked against the memory budget before allocating."""
+    t = run.train
+    model = tokenizer = None
+    if ckpt is not None:
+        model, tokenizer, _ = load_checkpoint(ckpt, device)
+    with D.rank_zero_first():
+        data = build_data(run.data, tokenizer=tokenizer)
+    if model is None:
+        tokenizer = data.tokenizer
+        cfg = run.model_config(tokenizer.vocab_size)
+        check_training_size(cfg, t.batch_size // world // t.grad_accum, t.seq_len)   # before allocating
+        torch.manual_seed(t.seed)
+        model = Transformer(cfg).to(device)
+    else:
+        check_training_size(model.cfg, t.batch_size // world // t.grad_accum, t.seq_len)
+    return model, tokenizer, data
+
+
+def _restore_state(ckpt: Path, optimizer: torch.optim.Optimizer, steps: int, out_dir: Path) -> tuple[int, int, float]:
+    """(step, tokens seen, best validation loss) of the checkpoint, its optimizer state loaded into optimizer."""
+    state = load_training_state(ckpt, optimizer)
+    start, tokens_seen, best_val = state["step"], state["tokens_seen"], state["best_val_loss"]
+    best_val = math.inf if best_val is None else best_val   # no evaluation yet: written as null (strict JSON)
+    if start >= steps:
+        raise CircuitlabError(f"{out_dir} already finished {start} steps; raise train.steps to continue")
+    return start, tokens_seen, best_val
+
+
+class _Loop:
+    """The steps of one training run and what they carry between them: the tokens seen, the best validation
+    loss, the step of the last checkpoint (for an interrupt's message), the metric sinks (rank 0 only)."""
+
+    def __init__(self, run: RunConfig, out_dir: Path, model: Transformer, tokenizer: Any, data: Any,
+                 optimizer: torch.optim.Optimizer, track: Sequence[Probe], where: tuple[int, int, Any], start: int,
+                 tokens_seen: int, best_val: float, saved_step: int | None) -> None:
+        self.config, self.t, self.out_dir = run, run.train, out_dir
+        self.model, self.tokenizer, self.data, self.optimizer, self.track = model, tokenizer, data, optimizer, track
+        self.rank, self.world, self.device = where
+        self.tokens_seen, self.best_val, self.saved_step = tokens_seen, best_val, saved_step
+        t = self.t
+        self.ddp_model = D.wrap(model, self.device)
+        self.tokens_per_step = t.batch_size * t.seq_len
+        self.micro = t.batch_size // self.world // t.grad_accum
+        self.autocast = (torch.autocast(device_type=torch.device(self.device).type, dtype=torch.bfloat16)
+                         if t.bf16 else contextlib.nullcontext())
+        self.run_dict = run.to_dict()
+        self.sinks = (open_sinks(out_dir, t.log, run.name, self.run_dict, resume_step=start)
+                      if self.rank == 0 else None)
+        self.end = t.steps
+        self.t0 = time.time()
+        self.bar: Any = None
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.sinks is not None:
+            self.sinks.write(record)
+
+    def checkpoint(self, step_done: int) -> None:
+        if not all(torch.isfinite(p).all() for p in self.model.parameters()):
+            _diverged(self.out_dir, step_done, "a weight", float("nan"))
+        if self.rank == 0:
+            save_checkpoint(self.out_dir / "checkpoint", self.model, self.tokenizer, self.run_dict, self.optimizer,
+                            {"step": step_done, "tokens_seen": self.tokens_seen, "best_val_loss": self.best_val})
+        self.saved_step = step_done
+
+    def run(self, start: int, end: int, threads: ThreadGovernor, progress: bool) -> float:
+        """Steps start..end-1; the last step's loss. Ctrl-C finishes the step in progress, saves and raises
+        TrainingInterrupted; the sinks are closed whatever happens."""
+        t = self.t
+        self.bar = tqdm(total=t.steps, initial=start, disable=not progress or self.rank != 0, desc=self.config.name,
+                        unit="step")
+        self.t0, loss_value = time.time(), float("nan")
+        self.end = end
+        step = start
+        # DDP ranks would see a Ctrl-C at different steps and wait on each other: there, Ctrl-C stops at once
+        on_ctrl_c = contextlib.nullcontext(threading.Event()) if self.world > 1 else stop_after_step_on_ctrl_c()
+        try:
+            with on_ctrl_c as interrupted:
+                for step in range(start, end):
+                    if interrupted.is_set():
+                        self.bar.close()
+                        if step > start:  # the state in memory is that of a complete step: keep it
+                            self.checkpoint(step)
+                        raise TrainingInterrupted(interrupted_message(step, self.saved_step,
+                                                                      self.out_dir / "checkpoint", RESUME))
+                    threads.step()
+                    loss_value = self.one_step(step)
+        except TrainingInterrupted:
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C, mid-step: the last checkpoint is as it was
+            raise TrainingInterrupted(interrupted_message(step, self.saved_step, self.out_dir / "checkpoint",
+                                                          RESUME)) from None
+        finally:
+            self.bar.close()
+            if self.sinks is not None:
+                self.sinks.close()
+        return loss_value
+
+    def one_step(self, step: int) -> float:
+        """Train step `step` (0-based); log, evaluate and save as scheduled. Returns the loss."""
+        t, model, optimizer = self.t, self.model, self.optimizer
         lr = lr_at(step, t.lr, t.warmup_steps, t.steps, t.min_lr_frac)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = data.get_batch("train", step, t.batch_size, t.seq_len, rank, world).to(device)
-        loss_sum = torch.zeros((), device=device)
-        for i, chunk in enumerate(batch.split(micro)):
+        batch = self.data.get_batch("train", step, t.batch_size, t.seq_len, self.rank, self.world).to(self.device)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, chunk in enumerate(batch.split(self.micro)):
             sync = i == t.grad_accum - 1
-            with (contextlib.nullcontext() if sync else D.no_sync(ddp_model)), autocast:
-                loss = D.loss(ddp_model, chunk) / t.grad_accum
+            with (contextlib.nullcontext() if sync else D.no_sync(self.ddp_model)), self.autocast:
+                loss = D.loss(self.ddp_model, chunk) / t.grad_accum
             loss.backward()
             loss_sum += loss.detach()
         loss_value = D.mean(loss_sum).item()
         # clip_grad_norm_ with an infinite bound just measures the norm
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or math.inf).item()
         if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-            bar.close()
-            _diverged(out_dir, step, "loss" if not math.isfinite(loss_value) else "gradient norm",
+            self.bar.close()
+            _diverged(self.out_dir, step, "loss" if not math.isfinite(loss_value) else "gradient norm",
                       loss_value if not math.isfinite(loss_value) else grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens_seen += tokens_per_step
-        done = step + 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.1e}")
+        self.tokens_seen += self.tokens_per_step
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.1e}")
+        self.after_step(step + 1, loss_value, lr, grad_norm)
+        return loss_value
 
+    def after_step(self, done: int, loss_value: float, lr: float, grad_norm: float) -> None:
+        """What is due after `done` steps: the metrics record, evaluation (and best/), the probes, checkpoint/."""
+        t = self.t
         record: dict[str, Any] = {}
         if done % t.log_every == 0 or done == t.steps:
-            record.update(loss=round(loss_value, 5), lr=lr, grad_norm=grad_norm, elapsed=round(time.time() - t0, 2))
+            record.update(loss=round(loss_value, 5), lr=lr, grad_norm=grad_norm,
+                          elapsed=round(time.time() - self.t0, 2))
         if done % t.eval_every == 0 or done == t.steps:
-            val = validation_loss(model, data, t, rank, world, device)
+            val = validation_loss(self.model, self.data, t, self.rank, self.world, self.device)
             record.update(val_loss=round(val, 5), val_ppl=round(math.exp(min(val, 50)), 3))
-            if val < best_val:
-                best_val = val
-                if rank == 0:
-                    save_checkpoint(out_dir / "best", model, tokenizer, run_dict)
-        if track and (done % t.track_every == 0 or done == t.steps):
-            record.update(run_probes(model, data, track))
+            if val < self.best_val:
+                self.best_val = val
+                if self.rank == 0:
+                    save_checkpoint(self.out_dir / "best", self.model, self.tokenizer, self.run_dict)
+        if self.track and (done % t.track_every == 0 or done == t.steps):
+            record.update(run_probes(self.model, self.data, self.track))
         if record:
-            log({"step": done, "tokens": tokens_seen, **record})
-        if done % t.ckpt_every == 0 or done == end:
-            checkpoint(done)
-        return loss_value, done
-
-    bar = tqdm(total=t.steps, initial=start, disable=not progress or rank != 0, desc=run.name, unit="step")
-    t0, loss_value = time.time(), float("nan")
-    end = min(t.steps, stop_at) if stop_at is not None else t.steps
-    step = start
-    # DDP ranks would see a Ctrl-C at different steps and wait on each other: there, Ctrl-C stops at once
-    on_ctrl_c = contextlib.nullcontext(threading.Event()) if world > 1 else stop_after_step_on_ctrl_c()
-    try:
-        with on_ctrl_c as interrupted:
-            for step in range(start, end):
-                if interrupted.is_set():
-                    bar.close()
-                    if step > start:  # the state in memory is that of a complete step: keep it
-                        checkpoint(step)
-                    raise TrainingInterrupted(interrupted_message(step, saved_step, out_dir / "checkpoint", RESUME))
-                threads.step()
-                loss_value, done = one_step(step)
-    except TrainingInterrupted:
-        raise
-    except KeyboardInterrupt:  # a second Ctrl-C, mid-step: the last checkpoint is as it was
-        raise TrainingInterrupted(interrupted_message(step, saved_step, out_dir / "checkpoint", RESUME)) from None
-    finally:
-        bar.close()
-        if sinks is not None:
-            sinks.close()
-    D.teardown()
-    return TrainResult(out_dir, model.eval(), tokenizer, end, tokens_seen, loss_value, best_val,
-                       time.time() - t0)
+            self.log({"step": done, "tokens": self.tokens_seen, **record})
+        if done % t.ckpt_every == 0 or done == self.end:
+            self.checkpoint(done)
 
 
 def _diverged(out_dir: Path, step: int, what: str, value: float) -> None:
