@@ -4,7 +4,8 @@ builder    ResidualLayout (named subspaces of the residual stream) and Forge (se
            each head's W_Q/W_K/W_V/W_O and MLP neurons on those subspaces)
 examples   hand-built previous-token, induction and fixed-offset copying heads, with each head's role (test fixtures)
 facts      a planted fact: a key-value memory in one MLP, read through a previous-token head (causal tracing's truth)
-adder      the reference post's 2-digit adder, and an exact n-digit + m-digit adder
+adder      the adders, as callers import them: adder_base.py (tokens, operands, checking, TokenAdder),
+           post_adder.py (the reference post's 2-digit adder), carry_adder.py (an exact n-digit + m-digit adder)
 compare    two models on the same inputs: accuracy, attention agreement, OV principal angles
 
 A trained adder compared with the hand-built one (`circuitlab forge compare`) is an experiment:

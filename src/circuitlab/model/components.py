@@ -1,3 +1,4 @@
+# long module: the forward pass's parts (norm, rotary, attention, MLP, block) in one file, read top to bottom as one computation
 """Transformer building blocks: norms, rotary positions, attention (MHA/GQA/V-only), MLP, block.
 
 Weights are stored fused for speed (one QKV projection). When no hook needs the attention

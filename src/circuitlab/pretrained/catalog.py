@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.families import GPT2, GPTJ, Family, GPTNeoX, Llama, model_type
+from circuitlab.pretrained.families import GPT2, GPTJ, GPTNeoX, Llama
+from circuitlab.pretrained.family_base import Family, model_type
 from circuitlab.pretrained.llama_like import Gemma2, Gemma3, Olmo2, Phi3, Qwen3
 
 

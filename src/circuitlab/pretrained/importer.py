@@ -23,7 +23,7 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
 from circuitlab.model.loading import TensorReader, uninitialised_model
 from circuitlab.pretrained.catalog import family_for, model_config_from_hf
-from circuitlab.pretrained.families import Family, Piece
+from circuitlab.pretrained.family_base import Family, Piece
 from circuitlab.pretrained.source import read_hf_config, resolve_checkpoint, stream_tensors, weight_files
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

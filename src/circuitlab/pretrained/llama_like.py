@@ -25,8 +25,8 @@ import torch
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.families import (Family, Piece, _get, _n_ctx, _rope, _rotary_dim, _rows, _state,
-                                             model_type)
+from circuitlab.pretrained.family_base import (Family, Piece, _get, _n_ctx, _rope, _rotary_dim, _rows, _state,
+                                               model_type)
 
 
 def _plus_one(t: torch.Tensor) -> torch.Tensor:
