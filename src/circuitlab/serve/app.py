@@ -13,6 +13,7 @@ JSON API:
     GET  /api/model      the loaded model's config, limits and head labels ({"loaded": false} without one)
     POST /api/analyse    {"prompt": str, "target"?: str | int, "position"?: int, "figures"?: bool}
     GET  /api/adder      ?a=17&b=25[&design=post|carry&digits=2]   (POST takes the same fields as JSON)
+                         (the three: prompt.py)
     GET  /api/dictionaries, GET /api/features, GET /api/feature, POST /api/features/prompt   (features.py)
     POST /api/attribute, POST /api/lens, POST /api/steer                                     (inputs.py)
     GET  /api/circuits, GET /api/circuit, GET /api/circuit.svg, POST /api/circuits/run        (circuits.py)
