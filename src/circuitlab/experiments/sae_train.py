@@ -276,7 +276,7 @@ def _dictionary_configs(entries: list, widths: dict[str, int], model, model_name
     from circuitlab.dictionaries.clt import CLTConfig
 
     base = base_model_id(model, name=model_name)
-    configs = []
+    configs: list[DictionaryConfig | CLTConfig] = []
     for d, _ in entries:
         if d.get("kind") == "clt":
             configs.append(CLTConfig.from_dict({**d, "base_model": base}))

@@ -164,7 +164,8 @@ class Adder:
             raise CircuitlabError(f"samples must be positive, got {samples}")
         total = 10 ** (n + m) if exhaustive else samples
         gen = torch.Generator().manual_seed(seed)
-        correct, failures = 0, []
+        correct = 0
+        failures: list[tuple[str, str, str]] = []
         with tqdm(total=total, desc=f"checking {self.design} adder", unit="sum", delay=2.0,
                   disable=not progress) as bar:
             for start in range(0, total, chunk):

@@ -13,6 +13,7 @@ class CarryAdder(TokenAdder):
     """The hand-built exact adder: answer digits as tokens, carries computed by attention and MLPs."""
 
     design = "carry"
+    layout: ResidualLayout  # always built with one
 
     def explain(self, a: Any, b: Any) -> str:
         prompt = self.prompt(a, b)

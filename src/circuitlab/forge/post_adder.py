@@ -13,6 +13,7 @@ class PostAdder(Adder):
     """The post's 2-digit adder. Readout in Python: round(10 · x[digit] + x[acc]) of EOS's final residual."""
 
     design = "post"
+    layout: ResidualLayout  # always built with one
 
     def final_eos_residual(self, prompts: torch.Tensor) -> torch.Tensor:
         """prompts [batch, 5] -> EOS's residual after the last layer [batch, 3] = [acc, digit, sign]."""

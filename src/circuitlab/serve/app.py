@@ -179,15 +179,19 @@ def _load_model(run_dir: Path | str | None, device: str) -> Loaded:
 
 def _load_tuned_lens(run_dir: Path | str | None, lens: str | Path | None, model: Any, device: str) -> Any:
     """The tuned lens of /inputs: the --lens folder, else the run's saved one; None without either."""
-    if lens is None and run_dir is None:
-        return None
     from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
 
-    if lens is not None and model is None:
-        raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")
-    if lens is not None and not TunedLens.exists(lens):
-        raise CircuitlabError(f"--lens {lens} holds no tuned lens; train one with `circuitlab lens train`")
-    folder = lens if lens is not None else default_lens_dir(run_dir)
+    folder: str | Path
+    if lens is None:
+        if run_dir is None:
+            return None
+        folder = default_lens_dir(run_dir)
+    else:
+        if model is None:
+            raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")
+        if not TunedLens.exists(lens):
+            raise CircuitlabError(f"--lens {lens} holds no tuned lens; train one with `circuitlab lens train`")
+        folder = lens
     return TunedLens.load(folder, model).to(device) if TunedLens.exists(folder) else None
 
 

@@ -26,6 +26,7 @@ mixing); this one dispatches by method name (attribute_inputs, attribute_methods
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,7 +47,7 @@ from circuitlab.errors import CircuitlabError
 
 def attribute_inputs(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
     """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing, shap, lime."""
-    fns = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
+    fns: dict[str, Callable[..., InputAttribution]] = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
            "occlusion": occlusion, "context-mixing": context_mixing, "shap": kernel_shap, "lime": lime}
     if method not in fns:
         raise CircuitlabError(f"unknown attribution method {method!r}; choose one of {', '.join(METHODS)}")
