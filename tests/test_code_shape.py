@@ -23,13 +23,7 @@ SAME_NAME_ON_PURPOSE: dict[str, set[str]] = {}
 
 # Collisions that belong to other pieces of issue 38, kept here so main stays green until they land.
 # Whoever lands the piece deletes the entry (this test fails on an entry that no longer collides).
-SAME_NAME_PENDING: dict[str, set[str]] = {
-    # dictarch (dictionaries/): clt_formats' layout check (a CLT's architecture against a folder layout) is not
-    # the output-folder check of training/outputs.py; give it its own name
-    "check_writable": {"dictionaries/clt_formats.py", "training/outputs.py"},
-    # dictarch (dictionaries/): the same "blocks.L." parser twice; one home
-    "layer_of": {"dictionaries/published/names.py", "dictionaries/sets.py"},
-}
+SAME_NAME_PENDING: dict[str, set[str]] = {}
 
 # Functions over MAX_FUNCTION_LINES that other pieces of issue 38 split ("module:qualified name").
 LONG_FUNCTIONS_PENDING: dict[str, str] = {

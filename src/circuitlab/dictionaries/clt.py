@@ -223,7 +223,7 @@ class CrossLayerTranscoder(DictionaryModule):
                    "sparsify": clt_formats.write_sparsify}
         if layout not in writers:
             raise CircuitlabError(f"unknown CLT layout {layout!r}; use one of {', '.join(writers)}")
-        clt_formats.check_writable(clt, layout)
+        clt_formats.check_layout_takes(clt, layout)
         folder = Path(folder)
         with atomic_dir(folder) as tmp:
             writers[layout](clt, tmp)

@@ -46,7 +46,7 @@ CT_CONFIG = "config.yaml"
 SP_CONFIG, SP_WEIGHTS = "cfg.json", "sae.safetensors"
 
 
-def check_writable(clt, layout: str) -> None:
+def check_layout_takes(clt, layout: str) -> None:
     """A CLT (in its inference form) can be written in `layout` only when the layout has its architecture."""
     arch = clt.cfg.arch
     if layout == "circuit-tracer" and arch.format_name("circuit-tracer-clt") is None:

@@ -44,7 +44,7 @@ def _site(hook: str | None) -> str | None:
 
 
 def _gemma_scope_path(sae: SparseDictionary, where: str) -> Path:
-    from circuitlab.dictionaries.sets import layer_of
+    from circuitlab.names import layer_of
 
     c = sae.cfg
     site = _GS_SITE.get((_site(c.hook_name), _site(c.out_hook_name)))

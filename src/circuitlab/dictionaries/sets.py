@@ -13,20 +13,14 @@ in the set "transcoders"), any others form the set "per-layer"; every other dict
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from circuitlab.dictionaries.sae import WEIGHTS_FILE, SparseDictionary
 from circuitlab.errors import CircuitlabError
+from circuitlab.names import layer_of
 
 PER_LAYER = "per-layer"  # the set of per-layer transcoders not named <set>-<layer>
-
-
-def layer_of(hook: str | None) -> int | None:
-    """blocks.3.hook_mlp_out -> 3; None for a hook outside the blocks."""
-    m = re.match(r"blocks\.(\d+)\.", hook or "")
-    return int(m.group(1)) if m else None
 
 
 def is_dictionary_folder(folder: Path) -> bool:

@@ -53,7 +53,7 @@ from circuitlab.dictionaries.published.binding import bind, check_published_base
 from circuitlab.dictionaries.published.circuit_tracer import _is_ct_set, _load_ct_set, load_ct_layer, save_transcoders
 from circuitlab.dictionaries.published.names import (
     CT_CONFIG, CT_OUR_NAMES, GEMMA_SCOPE, GEMMA_SCOPE_2, LLAMA_SCOPE, LLAMA_SCOPE_WEIGHTS, LN2_NORMALIZED, MLP_IN, MLP_OUT,
-    layer_of, our_hook,
+    our_hook,
 )
 from circuitlab.dictionaries.published.reading import check_dtypes, stored
 from circuitlab.dictionaries.published.scope import (
@@ -62,6 +62,7 @@ from circuitlab.dictionaries.published.scope import (
 from circuitlab.dictionaries.sae import CONFIG_FILE, LOAD_ANY, WEIGHTS_FILE, SparseDictionary
 from circuitlab.dictionaries.saelens import is_saelens_folder, load_saelens
 from circuitlab.errors import CircuitlabError
+from circuitlab.names import layer_of
 from circuitlab.model.storage import resolve_dtypes
 
 __all__ = ["CT_CONFIG", "CT_OUR_NAMES", "GEMMA_SCOPE", "GEMMA_SCOPE_2", "LLAMA_SCOPE", "LLAMA_SCOPE_WEIGHTS",

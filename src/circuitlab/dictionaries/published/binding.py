@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.dictionaries.published.names import LN2_NORMALIZED, MLP_IN, MLP_OUT, hook_width, layer_of
+from circuitlab.names import layer_of
+from circuitlab.dictionaries.published.names import LN2_NORMALIZED, MLP_IN, MLP_OUT, hook_width
 from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
 from circuitlab.errors import CircuitlabError, did_you_mean
 

@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text
 from circuitlab.dictionaries.arch import architecture_in, format_names, get_architecture
-from circuitlab.dictionaries.published.names import CT_CONFIG, CT_OUR_NAMES, LN2_NORMALIZED, layer_of, our_hook
+from circuitlab.names import layer_of
+from circuitlab.dictionaries.published.names import CT_CONFIG, CT_OUR_NAMES, LN2_NORMALIZED, our_hook
 from circuitlab.dictionaries.published.reading import build, need, read_or_refuse, stored
 from circuitlab.dictionaries.published.scope import load_gemma_scope
 from circuitlab.dictionaries.sae import SparseDictionary

@@ -55,11 +55,6 @@ def hf_name(hook: str) -> str:
     return f"model.layers.{m.group(1)}.{back[m.group(2)]}"
 
 
-def layer_of(hook: str) -> int | None:
-    m = re.match(r"blocks\.(\d+)\.", hook)
-    return int(m.group(1)) if m else None
-
-
 def hook_width(model: Any, hook: str) -> int | None:
     """The width of a hook's activation (trailing axes joined) from the model's config; None if unknown."""
     c = model.cfg
