@@ -9,9 +9,13 @@ such a model with a ConfigError instead of returning numbers that are silently w
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from circuitlab.model.transformer import Transformer
 
 # name -> (holds for a config, what it means, what the model has instead)
 ASSUMPTIONS: dict[str, tuple[Callable[[ModelConfig], bool], str, Callable[[ModelConfig], str]]] = {
@@ -27,26 +31,26 @@ ASSUMPTIONS: dict[str, tuple[Callable[[ModelConfig], bool], str, Callable[[Model
 }
 
 
-def unmet(model_or_cfg, *needs: str) -> list[str]:
+def unmet(model_or_cfg: Transformer | ModelConfig, *needs: str) -> list[str]:
     """The assumptions among `needs` (names of ASSUMPTIONS) that this model or config breaks."""
-    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
+    cfg = model_or_cfg if isinstance(model_or_cfg, ModelConfig) else model_or_cfg.cfg
     unknown = [n for n in needs if n not in ASSUMPTIONS]
     if unknown:
         raise ValueError(f"unknown architecture assumption {unknown[0]!r}; known: {', '.join(ASSUMPTIONS)}")
     return [n for n in needs if not ASSUMPTIONS[n][0](cfg)]
 
 
-def why_not(model_or_cfg, what: str, *needs: str) -> str | None:
+def why_not(model_or_cfg: Transformer | ModelConfig, what: str, *needs: str) -> str | None:
     """The one sentence saying which assumption of `what` this model breaks, or None when it holds them all."""
     broken = unmet(model_or_cfg, *needs)
     if not broken:
         return None
-    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
+    cfg = model_or_cfg if isinstance(model_or_cfg, ModelConfig) else model_or_cfg.cfg
     name = f" {cfg.name!r}" if cfg.name else ""
     return f"{what} assumes {ASSUMPTIONS[broken[0]][1]}; this model{name} has {ASSUMPTIONS[broken[0]][2](cfg)}"
 
 
-def require(model_or_cfg, what: str, *needs: str) -> None:
+def require(model_or_cfg: Transformer | ModelConfig, what: str, *needs: str) -> None:
     """Raise a one-line ConfigError when the model (or its config) breaks an assumption `what` relies on."""
     reason = why_not(model_or_cfg, what, *needs)
     if reason:

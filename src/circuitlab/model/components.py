@@ -8,7 +8,8 @@ the eager path that builds them. Both compute the same function.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, overload
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +125,7 @@ def fit_reference(ref: torch.Tensor, shape: Sequence[int], what: str, pos_dims: 
     return ref
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
+def make_norm(cfg: ModelConfig) -> Norm | nn.Identity:
     return Norm(cfg) if cfg.norm != "none" else nn.Identity()
 
 
@@ -134,6 +135,7 @@ def rotary_frequencies(cfg: ModelConfig, local: bool = False, long: bool = False
     sequences longer than its original context (else its short set)."""
     d = cfg.rot_dim
     base = cfg.local_rotary_base if local else cfg.rotary_base
+    assert base is not None  # local tables are built only when cfg.local_rotary_base is set
     inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     scaling = None if local else cfg.rope_scaling
     if scaling is None:
@@ -161,17 +163,25 @@ class Rotary(nn.Module):
     `local` builds the table of the sliding-window layers (cfg.local_rotary_base, unscaled; Gemma-3).
     """
 
+    # Buffers registered in __init__: [n_ctx, rot_dim] (the _long pair only for LongRoPE past its original context).
+    cos: torch.Tensor
+    sin: torch.Tensor
+    cos_long: torch.Tensor
+    sin_long: torch.Tensor
+
     def __init__(self, cfg: ModelConfig, local: bool = False) -> None:
         super().__init__()
         self.rot_dim = cfg.rot_dim
         self.local = local
         self.interleaved = cfg.rotary_interleaved
         scaling = None if local else cfg.rope_scaling
-        longrope = scaling is not None and scaling["type"] == "longrope"
+        longrope = scaling if scaling is not None and scaling["type"] == "longrope" else None
         # LongRoPE (Phi-3): the long set serves sequences longer than the original context, as transformers does
-        self.switch_at = scaling["original_max_position_embeddings"] if longrope else None
-        gain = scaling["attention_factor"] if longrope else 1.0
-        for suffix, long in [("", False)] + ([("_long", True)] if longrope and cfg.n_ctx > self.switch_at else []):
+        switch_at: int | None = longrope["original_max_position_embeddings"] if longrope is not None else None
+        self.switch_at = switch_at
+        gain = longrope["attention_factor"] if longrope is not None else 1.0
+        long_too = switch_at is not None and cfg.n_ctx > switch_at
+        for suffix, long in [("", False)] + ([("_long", True)] if long_too else []):
             angles = torch.outer(torch.arange(cfg.n_ctx, dtype=torch.float64), rotary_frequencies(cfg, local, long))
             angles = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
             self.register_buffer("cos" + suffix, (angles.cos() * gain).float(), persistent=False)
@@ -209,6 +219,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.qkv = Linear(cfg.d_model, (self.n_heads + 2 * self.n_kv) * self.d_head, bias=cfg.bias)
         self.out = Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.bias) if cfg.use_attn_out else None
+        self.rotary: Rotary | None
         if cfg.positional == "rotary":
             self.rotary = rotary if rotary is not None else Rotary(cfg)  # shared across layers when given
         else:
@@ -263,14 +274,15 @@ class Attention(nn.Module):
         # [q heads, k heads, v heads; d_head, d_model], in the inputs' dtype (one layer upcast when stored in half)
         W = upcast(self.qkv.weight, q_in).view(H + 2 * K, D, -1)
         b = upcast(self.qkv.bias, q_in).view(H + 2 * K, D) if self.qkv.bias is not None else None
-        parts: list[torch.Tensor | None] = []
-        for x, rows in ((q_in, slice(0, H)), (k_in, slice(H, H + K)), (v_in, slice(H + K, H + 2 * K))):
-            if self.frozen_pattern is not None and rows.start < H + K:
-                parts.append(None)  # q and k are dead under a frozen pattern
-                continue
+
+        def project(x: torch.Tensor, rows: slice) -> torch.Tensor:
             t = torch.einsum("...phm,hdm->...phd", x, W[rows])
-            parts.append((t + b[rows] if b is not None else t).reshape(-1, T, t.shape[-2], D))
-        z = self._attend(*parts, None)  # [batch', pos, n_heads, d_head]
+            return (t + b[rows] if b is not None else t).reshape(-1, T, t.shape[-2], D)
+
+        dead = self.frozen_pattern is not None  # q and k are dead under a frozen pattern
+        q = None if dead else project(q_in, slice(0, H))
+        k = None if dead else project(k_in, slice(H, H + K))
+        z = self._attend(q, k, project(v_in, slice(H + K, H + 2 * K)), None)  # [batch', pos, n_heads, d_head]
         return self.hook_result(self._per_head(z)).reshape(*lead, T, H, -1)
 
     def qk_of_parts(self, x: torch.Tensor, pos: int, role: str) -> torch.Tensor:
@@ -326,7 +338,7 @@ class Attention(nn.Module):
         z [batch, pos, n_heads, d_head] (through hook_z). In frozen mode the pattern is the reference's
         and q, k are None (not computed: hook_q / hook_k do not fire)."""
         if self.frozen_pattern is not None:
-            return self.hook_z(self._frozen(self.hook_v(v), kv_cache))
+            return self.hook_z(self._frozen(self.frozen_pattern, self.hook_v(v), kv_cache))
         assert q is not None and k is not None
         B, T, H, D = q.shape
         K = k.shape[2]
@@ -354,12 +366,12 @@ class Attention(nn.Module):
                                                scale=self.scale, enable_gqa=K != H)
         return self.hook_z(z.transpose(1, 2))
 
-    def _frozen(self, v: torch.Tensor, kv_cache: "LayerKV | None") -> torch.Tensor:
+    def _frozen(self, frozen_pattern: torch.Tensor, v: torch.Tensor, kv_cache: "LayerKV | None") -> torch.Tensor:
         """pattern (the reference's, detached) @ v: v [batch, pos, n_kv_heads, d_head] -> z [batch, pos, head, d_head]."""
         if kv_cache is not None:
             raise CircuitlabError("frozen mode runs whole sequences: it cannot decode with a KV cache")
         B, T = v.shape[:2]
-        pattern = fit_reference(self.frozen_pattern, (B, self.n_heads, T, T), "an attention pattern", (2, 3))
+        pattern = fit_reference(frozen_pattern, (B, self.n_heads, T, T), "an attention pattern", (2, 3))
         pattern = self.hook_pattern(pattern.to(v.dtype))
         v = v.transpose(1, 2)  # [batch, kv_head, pos, d_head]
         if self.n_kv != self.n_heads:
@@ -494,10 +506,10 @@ class Block(nn.Module):
         whole output (this run's; the reference's in frozen mode), rest is b_O's share plus the norm's bias."""
         out = self.attn.out
         has_b = out is not None and out.bias is not None
-        b_O = upcast(out.bias, result) if has_b else torch.zeros_like(result[..., 0, :])
-        if self.cfg.block_norms == "pre":
-            return result, b_O.expand_as(result[..., 0, :])
+        b_O = upcast(out.bias, result) if out is not None and out.bias is not None else torch.zeros_like(result[..., 0, :])
         norm = self.ln1_post
+        if self.cfg.block_norms == "pre" or not isinstance(norm, Norm):  # no post-norm (or an Identity one)
+            return result, b_O.expand_as(result[..., 0, :])
         scale = norm.scale_of(result.sum(-2) + b_O)  # [..., pos, 1]
         return norm.linear(result, scale[..., None, :]), norm.linear(b_O, scale) + norm.bias
 
@@ -534,3 +546,17 @@ def per_head_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """norm applied to per-head residual inputs x [..., batch, pos, head, d_model] (the head dim moved in
     front, so a frozen scale [batch, pos, 1] broadcasts over heads)."""
     return norm(x.movedim(-2, 0)).movedim(0, -2)
+
+
+if TYPE_CHECKING:
+    class BlockList(nn.ModuleList):
+        """Transformer.blocks as the type checker sees it: an nn.ModuleList of Block."""
+
+        @overload
+        def __getitem__(self, idx: slice) -> nn.ModuleList: ...
+        @overload
+        def __getitem__(self, idx: int) -> Block: ...
+        def __getitem__(self, idx: int | slice) -> Block | nn.ModuleList: ...
+        def __iter__(self) -> Iterator[Block]: ...
+else:
+    BlockList = nn.ModuleList  # at run time the plain container (no new class, no change to the module tree)

@@ -7,7 +7,7 @@ activation (that is how patching works). Backward hooks get the gradient of the 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Sequence, ValuesView
 from typing import Any, Union
 
 import torch
@@ -196,13 +196,13 @@ class ActivationCache:
     def __len__(self) -> int:
         return len(self.acts)
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
         return self.acts.keys()
 
-    def values(self):
+    def values(self) -> ValuesView[torch.Tensor]:
         return self.acts.values()
 
-    def items(self):
+    def items(self) -> ItemsView[str, torch.Tensor]:
         return self.acts.items()
 
     def to(self, device: str | torch.device) -> "ActivationCache":

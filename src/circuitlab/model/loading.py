@@ -14,6 +14,7 @@ import json
 import math
 import struct
 from collections.abc import Iterator
+from io import FileIO
 from pathlib import Path
 
 import torch
@@ -117,7 +118,7 @@ class _SafetensorsShard:
 
 
 class _SafetensorsTensor(TensorReader):
-    def __init__(self, f, data_start: int, entry: dict, file: Path) -> None:
+    def __init__(self, f: FileIO, data_start: int, entry: dict, file: Path) -> None:
         self.f, self.file = f, file
         self.shape = tuple(entry["shape"])
         self.dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
@@ -151,7 +152,7 @@ class _SafetensorsTensor(TensorReader):
         """Fill the contiguous CPU tensor out with the bytes at offset."""
         if out.numel() == 0:
             return
-        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only on Python >= 3.12
         self.f.seek(offset)
         done = 0
         while done < len(view):

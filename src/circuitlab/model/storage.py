@@ -13,6 +13,8 @@ the upcast copy alive (a frozen-mode graph backward would otherwise hold the who
 """
 from __future__ import annotations
 
+from typing import Any, overload
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,6 +101,12 @@ def compute_of(storage: torch.dtype, recorded: torch.dtype | None) -> torch.dtyp
     return recorded if recorded is not None and storage in HALF else storage
 
 
+@overload
+def upcast(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor: ...
+@overload
+def upcast(t: None, like: torch.Tensor) -> None: ...
+@overload
+def upcast(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None: ...
 def upcast(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """t in like's dtype (t itself when it already is: no copy). For small stored tensors (norm gains, biases,
     one layer's per-head view); a large matrix goes through stored_linear instead."""
@@ -183,11 +191,12 @@ def _chunked_grad_input(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
     n = _rows_per_chunk(weight, grad.dtype)
     if weight.shape[0] <= n:  # one block (no full-range slice: vmap has no rule for the alias it makes)
         return grad @ weight.to(grad.dtype)
-    out = None
+    out: torch.Tensor | None = None
     for start in range(0, weight.shape[0], n):
         stop = min(start + n, weight.shape[0])
         part = grad[..., start:stop] @ weight[start:stop].to(grad.dtype)
         out = part if out is None else out + part
+    assert out is not None  # more than n rows: the loop ran
     return out
 
 
@@ -220,11 +229,11 @@ class _UpcastMatmul(torch.autograd.Function):
         return _row_blocks_matmul(x, w)
 
     @staticmethod
-    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
         ctx.save_for_backward(inputs[1])
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (w,) = ctx.saved_tensors  # grad [..., b] @ w^T [b, a]: w's row blocks give the input's column blocks
         rows = _rows_per_chunk(w, grad.dtype)
         if rows >= w.shape[0]:  # one block (no full-range slice: vmap has no rule for the alias it makes)
@@ -244,11 +253,11 @@ class _UpcastLinear(torch.autograd.Function):
         return _chunked_linear(x, weight, None)
 
     @staticmethod
-    def setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    def setup_context(ctx: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor) -> None:
         ctx.save_for_backward(inputs[1])
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (weight,) = ctx.saved_tensors
         return _chunked_grad_input(grad, weight), None
 

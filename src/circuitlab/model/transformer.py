@@ -20,7 +20,7 @@ from torch import nn
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError, InputError
 import circuitlab.model.hooks as H
-from circuitlab.model.components import Attention, Block, LayerKV, Norm, Rotary, make_norm
+from circuitlab.model.components import Attention, Block, BlockList, LayerKV, Norm, Rotary, make_norm
 from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.storage import Linear, cast_parameters, compute_of, dtype_name, resolve_dtypes, upcast
 from circuitlab.model.tokens import check_tokens
@@ -81,8 +81,8 @@ class Transformer(WeightViews, nn.Module):
         # One cos/sin table for all layers (and one for the sliding layers when they have their own base).
         rotary = Rotary(cfg) if cfg.positional == "rotary" else None
         local = Rotary(cfg, local=True) if rotary is not None and cfg.local_rotary_base is not None else None
-        self.blocks = nn.ModuleList(Block(cfg, local if local is not None and cfg.is_sliding(i) else rotary, i)
-                                    for i in range(cfg.n_layers))
+        self.blocks = BlockList(Block(cfg, local if local is not None and cfg.is_sliding(i) else rotary, i)
+                                 for i in range(cfg.n_layers))
         self.ln_final = make_norm(cfg)
         self.unembed = Linear(cfg.d_model, cfg.d_vocab, bias=cfg.bias)
         if cfg.tied_embeddings:
@@ -200,7 +200,7 @@ class Transformer(WeightViews, nn.Module):
         return [name for name, _, _ in self._freezable()]
 
     def _freezable(self) -> list[tuple[str, nn.Module, str]]:
-        out = []
+        out: list[tuple[str, nn.Module, str]] = []
         for name, m in self.named_modules():
             if isinstance(m, Norm):
                 out.append((f"{name}.hook_scale", m, "frozen_scale"))
@@ -273,7 +273,8 @@ class Transformer(WeightViews, nn.Module):
         return list(H.hook_points(self))
 
     def hooks(self, fwd_hooks: Sequence[tuple[H.NameOrFilter, H.HookFn]] = (),
-              bwd_hooks: Sequence[tuple[H.NameOrFilter, H.HookFn]] = ()):
+              bwd_hooks: Sequence[tuple[H.NameOrFilter, H.HookFn]] = ()
+              ) -> contextlib.AbstractContextManager[nn.Module]:
         """Context manager attaching hooks by name or filter; removed on exit, even on error."""
         return H.attach(self, fwd_hooks, bwd_hooks)
 

@@ -9,13 +9,33 @@ model's compute dtype (copies upcast from half-precision storage, the parameters
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
+from torch import nn
 
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.config import ModelConfig
+    from circuitlab.model.components import MLP, BlockList, Norm
+    from circuitlab.model.storage import Linear
 
 
 class WeightViews:
     """Mixin for Transformer: per-head views computed from the stored (fused) parameters."""
+
+    if TYPE_CHECKING:  # what the mixin reads of the Transformer it is mixed into
+        cfg: ModelConfig
+        embed: nn.Embedding
+        pos_embed: nn.Embedding
+        blocks: BlockList
+        ln_final: Norm | nn.Identity
+        unembed: Linear
+
+        @property
+        def compute_dtype(self) -> torch.dtype: ...
 
     def _computed(self, t: torch.Tensor) -> torch.Tensor:
         """A stored tensor in the compute dtype (itself when stored in it)."""
@@ -42,7 +62,7 @@ class WeightViews:
         is left out: it is positive, so it changes no ranking (divide by ln_final.hook_scale for exact DLA)."""
         if self.cfg.norm == "layernorm":
             directions = directions - directions.mean(dim=-1, keepdim=True)
-        if self.cfg.norm != "none":
+        if not isinstance(self.ln_final, nn.Identity):  # cfg.norm "none" makes the final norm an Identity
             directions = directions * self._computed(self.ln_final.w)
         return directions @ self.W_U
 
@@ -124,7 +144,7 @@ class WeightViews:
         return self.W_V @ self.W_O
 
     # ------------------------------------------------------------------ MLP
-    def _mlp_stack(self, fn) -> torch.Tensor:
+    def _mlp_stack(self, fn: Callable[[MLP], torch.Tensor]) -> torch.Tensor:
         if not self.cfg.has_mlp:
             raise CircuitlabError("this model is attention-only: it has no MLP weights")
         return torch.stack([self._computed(fn(b.mlp)) for b in self.blocks])
