@@ -444,6 +444,15 @@ def test_bad_input_is_one_line(setup):
             graph.prune(edge_threshold=bad)
 
 
+def test_a_node_index_without_its_coordinates_is_one_line(setup):
+    """Graph.index names what a node kind needs (it was a TypeError on None arithmetic)."""
+    graph = setup[3]
+    assert graph.index("error", layer=1, pos=2) == graph.error_start + graph.n_pos + 2
+    for kind, given, needs in (("error", {"layer": 1}, "pos="), ("token", {}, "pos="), ("logit", {}, "logit=")):
+        with pytest.raises(CircuitlabError, match=needs):
+            graph.index(kind, **given)
+
+
 # ---------------------------------------------------------------------------- the command
 
 def cli(*argv, cwd):

@@ -17,18 +17,21 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from circuitlab.errors import ConfigError, InputError
 
 
+N = TypeVar("N", int, float)  # a rule's kind: what check() returns
+
+
 @dataclass(frozen=True)
-class Number:
+class Number(Generic[N]):
     """A number rule: kind int (whole numbers) or float (any finite number), within [low, high]
     (low_open / high_open exclude the bound itself). why: said when a value passes `high` (the limit's
     reason, e.g. what would run out)."""
 
-    kind: type = float
+    kind: type[N]
     low: float | None = None
     high: float | None = None
     low_open: bool = False
@@ -66,29 +69,29 @@ class Number:
         return None
 
     # ------------------------------------------------------------------ the four entry points
-    def check(self, value: Any, name: str, error: type[Exception] = InputError) -> int | float:
+    def check(self, value: Any, name: str, error: type[Exception] = InputError) -> N:
         """value if it keeps the rule (an int given for a float rule comes back as a float), else
         error(f"{name} must be <rule>, got <value>")."""
         why = self.problem(value)
         if why is not None:
             raise error(f"{name} must be {why}, got {value!r}")
-        return float(value) if self.kind is float else value
+        return cast(N, float(value) if self.kind is float else value)
 
     def read(self, text: str) -> Any:
         """The number a text means (the command line; YAML 1.1's "3e-4"), or the text itself (then refused)."""
         return _from_text(text, self.kind)
 
-    def parse(self, text: str, name: str, error: type[Exception] = InputError) -> int | float:
+    def parse(self, text: str, name: str, error: type[Exception] = InputError) -> N:
         """A number written as text, then check()."""
         return self.check(self.read(text), name, error)
 
-    def arg(self, text: str) -> int | float:
+    def arg(self, text: str) -> N:
         """argparse type=: the same rule, as argparse's one-line "argument --x: must be ..." error."""
         value = _from_text(text, self.kind)
         why = self.problem(value)
         if why is not None:
             raise argparse.ArgumentTypeError(f"must be {why}, got {text!r}")
-        return float(value) if self.kind is float else value
+        return cast(N, float(value) if self.kind is float else value)
 
     def schema(self) -> dict[str, Any]:
         """The rule as a JSON-schema fragment (the explorer's OpenAPI document)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from circuitlab.errors import ConfigError
 
@@ -196,7 +196,7 @@ class Estimate:
     and its dictionaries); flops: the arithmetic, turned into seconds at `gflops` (the machine's measured
     matmul speed, perf.matmul_gflops) times `efficiency` (the share of it this kind of work reaches)."""
 
-    def __init__(self, what: str, parts: dict[str, float], held: float = 0.0, flops: float | None = None,
+    def __init__(self, what: str, parts: Mapping[str, float], held: float = 0.0, flops: float | None = None,
                  efficiency: float = 1.0) -> None:
         self.what, self.parts, self.held = what, {k: float(v) for k, v in parts.items()}, float(held)
         self.flops, self.efficiency = flops, efficiency

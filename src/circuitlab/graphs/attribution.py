@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -40,6 +40,9 @@ from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.model import model_dtype
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 # Memory bounds: shares of the memory budget (circuitlab.memory: the memory available now, or --memory). The
@@ -103,7 +106,7 @@ def check_graph_size(layers: torch.Tensor, transcoders: Transcoders, cap: int, n
                      f"its dense matrices need {mb(need)} (limit {limit or mb(budget)}{where}); {fix}")
 
 
-def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
+def row_floats(model: Transformer, n_cols: int, n_pos: int) -> int:
     """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
     until its adjacency row is made), the injected gradient at its layer's input, the working gradients through
     a block (norms, attention, skip: ~8 [pos, d_model], measured on GPT-2 small and Gemma-2-2B shapes with
@@ -113,7 +116,7 @@ def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
     return n_pos * cfg.d_model * (2 * max(cfg.n_layers, 1) + 8) + n_cols
 
 
-def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
+def rows_per_pass(model: Transformer, n_cols: int, n_pos: int) -> int:
     """Target rows one backward pass may hold within pass_budget() (row_floats each); at least 1."""
     return max(1, pass_budget() // row_floats(model, n_cols, n_pos))
 
@@ -123,9 +126,17 @@ def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
 PASS_EFFICIENCY = 0.5
 
 
-def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.Tensor, n_pos: int, cap: int,
+class _Estimate(memory.Estimate):
+    """The attribution's estimate, with the pass layout it decided (read back by _attribute)."""
+
+    batch_size: int
+    passes: int
+    offload: bool
+
+
+def estimate_attribution(model: Transformer, transcoders: Transcoders, features: torch.Tensor, n_pos: int, cap: int,
                          n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32,
-                         offload: bool = False) -> memory.Estimate:
+                         offload: bool = False) -> _Estimate:
     """What attribute() will hold at its peak beyond the model and transcoders, and its arithmetic, once the
     reference run has found the active features (features [n_active, 3] (layer, pos, feature); cap: feature
     nodes kept). Parts: the reference run's activations, the decoder columns, the dense adjacency, the capped
@@ -159,7 +170,7 @@ def estimate_attribution(model: Any, transcoders: Transcoders, features: torch.T
                                         + (2 * d * d if getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False) else 0))
     per_row += 2 * n_cols * d
     flops = (rows + n_logits) * per_row
-    est = memory.Estimate(f"the attribution graph ({n_feat:,} active features, {rows:,} feature nodes, "
+    est = _Estimate(f"the attribution graph ({n_feat:,} active features, {rows:,} feature nodes, "
                           f"{math.ceil(rows / B) + math.ceil(n_logits / B):,} backward passes of {B} rows)", parts,
                           held=memory.tensor_bytes(model, *{id(tc.dictionary(l_)): tc.dictionary(l_)
                                                               for l_ in tc.layers}.values()),
@@ -383,7 +394,7 @@ class _Columns:
         return rows
 
 
-def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
+def attribute(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
               max_n_logits: int = DEFAULTS.max_n_logits, desired_logit_prob: float = DEFAULTS.desired_logit_prob,
               batch_size: int = DEFAULTS.batch_size,
               max_feature_nodes: int | None = None, bos: bool = False, tokenizer: Any = None,
@@ -415,15 +426,15 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     info["peak_mb"] = peak.growth_mb
     if verbose:
         s = info["seconds"]
-        peak = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
+        peak_note = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
         print(f"attribution: {info['n_active_features']} active features ({graph.n_features} kept as nodes), "
               f"{graph.n_nodes} nodes, {info['backward_passes']} backward passes of up to {info['batch_size']} rows; "
               f"{s['total']:.2f} s (forward {s['forward']:.2f}, backward {s['backward']:.2f}); adjacency "
-              f"{info['adjacency_mb']:.1f} MB{peak}")
+              f"{info['adjacency_mb']:.1f} MB{peak_note}")
     return graph
 
 
-def _prepare(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+def _prepare(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
              max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
              bos: bool, tokenizer: Any, dtype: torch.dtype) -> tuple[Any, ...]:
     """The checks, the reference run, the logit targets and the size check: everything before the estimate."""
@@ -451,7 +462,7 @@ def _prepare(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets
     return rm, features, logit_targets, cap, est
 
 
-def estimate_graph(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
+def estimate_graph(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
                    max_n_logits: int = DEFAULTS.max_n_logits, desired_logit_prob: float = DEFAULTS.desired_logit_prob,
                    batch_size: int = DEFAULTS.batch_size,
                    max_feature_nodes: int | None = None, bos: bool = False, dtype: torch.dtype | None = None,
@@ -465,7 +476,7 @@ def estimate_graph(model: Any, transcoders: Transcoders, tokens: torch.Tensor, t
     return est.timed() if timed else est
 
 
-def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+def _attribute(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
                bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
                gov: ThreadGovernor, token_nodes: str = DEFAULTS.token_nodes, verbose: bool = False) -> Graph:
@@ -509,7 +520,9 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         for layer, g in inject.items():
             outputs.append(lp.x[layer])
             grads.append(g[:, None].to(lp.x[layer].dtype))
+        assert lp.embed is not None  # every pass sets its embedding leaf
         if logit_dirs is not None:
+            assert lp.logits is not None  # a pass with logit rows keeps its logits
             outputs.append(lp.logits)
             grads.append(logit_dirs[:, None].to(lp.logits.dtype))
         top = L if logit_dirs is not None else max(inject)  # MLP outputs at or after a target's layer are not read

@@ -35,6 +35,7 @@ from circuitlab.graphs.options import DEFAULTS, TOKEN_NODES
 from circuitlab.textfile import read_text
 
 FORMAT = "circuitlab-graph-1"
+_INDEX_NEEDS = {"error": "layer= and pos=", "token": "pos=", "logit": "logit= (its index among the targets)"}
 TENSORS, META = "graph.safetensors", "graph.json"
 
 
@@ -265,12 +266,14 @@ class Graph(Displayed):
             if not len(hit):
                 raise InputError(f"feature {feature} of layer {layer} at position {pos} is not a node")
             return int(hit[0, 0])
-        if kind == "error":
+        if kind == "error" and layer is not None and pos is not None:
             return self.error_start + layer * self.n_pos + pos
-        if kind == "token":
+        if kind == "token" and pos is not None:
             return self.token_start + pos
-        if kind == "logit":
+        if kind == "logit" and logit is not None:
             return self.logit_start + logit
+        if kind in ("error", "token", "logit"):
+            raise InputError(f"an {kind} node is named by {_INDEX_NEEDS[kind]}")
         raise InputError(f"unknown node kind {kind!r}; use feature, error, token or logit")
 
     def label(self, i: int) -> str:
@@ -386,7 +389,7 @@ class Graph(Displayed):
         frontier = [(float(w[i]), [i]) for i in range(self.logit_start, self.n_nodes) if w[i] > 0]
         done: list[tuple[float, list[int]]] = []
         while frontier:
-            grown = []
+            grown: list[tuple[float, list[int]]] = []
             for score, path in frontier:
                 r = row(path[-1])
                 nz = r.nonzero().flatten()

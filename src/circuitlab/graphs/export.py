@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.graphs.attribution_graph import Graph, Pruned, edge_influence, node_influence, threshold_for
+from circuitlab.graphs.loadings import HeadLoadings
 
 
 def _cantor(x: int, y: int) -> int:
@@ -88,20 +89,21 @@ def pruning_shares(graph: Graph, pruned: Pruned) -> tuple[torch.Tensor, torch.Te
     return node_before, t, s, _share_before(scores, scores[at[t], at[s]])
 
 
-def _add_heads(graph: Graph, links: list[dict[str, Any]], targets: list[int], sources: list[int], k: int = 8) -> None:
+def _add_heads(loadings: HeadLoadings, links: list[dict[str, Any]], targets: list[int], sources: list[int],
+               k: int = 8) -> None:
     """Each cross-position link's head loadings (the viewer draws them as bars when the link is clicked):
     heads [[layer, head, loading], ...] the strongest k, heads_rest: the rest of the edge (other heads and
     the same-position remainder). Links without loadings get none."""
-    row = {(int(t), int(s)): i for i, (t, s) in enumerate(graph.loadings.edges.tolist())}
+    row = {(int(t), int(s)): i for i, (t, s) in enumerate(loadings.edges.tolist())}
     for link, t, s in zip(links, targets, sources):
         i = row.get((t, s))
         if i is None:
             continue
-        flat = graph.loadings.heads[i].flatten()
-        n_heads = graph.loadings.heads.shape[2]
+        flat = loadings.heads[i].flatten()
+        n_heads = loadings.heads.shape[2]
         top = [j for j in flat.abs().argsort(descending=True)[:k].tolist() if flat[j] != 0]
         link["heads"] = [[j // n_heads, j % n_heads, float(flat[j])] for j in top]
-        link["heads_rest"] = float(graph.loadings.edge[i]) - sum(float(flat[j]) for j in top)
+        link["heads_rest"] = float(loadings.edge[i]) - sum(float(flat[j]) for j in top)
 
 
 def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: str = "circuitlab") -> dict[str, Any]:
@@ -121,7 +123,7 @@ def neuronpedia_json(graph: Graph, pruned: Pruned, slug: str = "graph", scan: st
     links = [{"source": nodes[s]["node_id"], "target": nodes[t]["node_id"], "weight": w, "influence_before": b}
              for t, s, w, b in zip(targets.tolist(), sources.tolist(), weights, befores)]
     if graph.loadings is not None:
-        _add_heads(graph, links, targets.tolist(), sources.tolist())
+        _add_heads(graph.loadings, links, targets.tolist(), sources.tolist())
     linked = {x["source"] for x in links} | {x["target"] for x in links}
     used = [n for n in nodes.values() if n["node_id"] in linked or n["feature_type"] in ("embedding", "logit")]
     tokens = graph.token_strs or [str(int(t)) for t in graph.tokens]
@@ -185,7 +187,7 @@ def check_viewer_json(data: Any, where: str) -> dict[str, Any]:
         return InputError(f"{where} is not a graph file circuitlab can read: {what}; write it again with "
                           "`circuitlab graph`")
 
-    def whole(x: Any) -> bool:
+    def whole(x: Any) -> TypeGuard[int]:
         return isinstance(x, int) and not isinstance(x, bool)
 
     def finite(x: Any) -> bool:
@@ -193,10 +195,10 @@ def check_viewer_json(data: Any, where: str) -> dict[str, Any]:
 
     if not isinstance(data, dict):
         raise bad(f"the file holds a {type(data).__name__}, not an object")
-    for key, kind in (("metadata", dict), ("nodes", list), ("links", list)):
-        if not isinstance(data.get(key), kind):
-            raise bad(f"`{key}` is missing" if key not in data else f"`{key}` is not a{'' if kind is list else 'n'} "
-                      f"{'list' if kind is list else 'object'}")
+    for key, want in (("metadata", dict), ("nodes", list), ("links", list)):
+        if not isinstance(data.get(key), want):
+            raise bad(f"`{key}` is missing" if key not in data else f"`{key}` is not a{'' if want is list else 'n'} "
+                      f"{'list' if want is list else 'object'}")
     q = data.get("qParams", {})
     if not isinstance(q, dict) or not isinstance(q.get("pinnedIds", []), list) \
             or not all(isinstance(i, str) for i in q.get("pinnedIds", [])) \

@@ -15,7 +15,7 @@ attribution's memory bound (rows_per_pass); the forward's copy 0 holds no source
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -27,7 +27,10 @@ from circuitlab.graphs.loadings import HeadLoadings
 from circuitlab.graphs.replacement import ReplacementModel, _mlps_stood_in, _Stop
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model import model_dtype
-from circuitlab.model.hooks import HookPoint
+from circuitlab.model.hooks import HookFn, HookPoint
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 MAX_EDGES = 200_000   # loadings are [edges, layers, heads] float64: a whole unpruned graph's edges are refused
 
@@ -54,7 +57,7 @@ def node_positions(graph: Graph) -> torch.Tensor:
                       torch.full((graph.n_logits,), T - 1)])
 
 
-def loading_cost(model: Any, graph: Graph, edges: torch.Tensor) -> dict[str, Any]:
+def loading_cost(model: Transformer, graph: Graph, edges: torch.Tensor) -> dict[str, Any]:
     """Said before the work: one backward row per target, one forward copy of the prompt per source, and
     the loadings' size."""
     cfg = model.cfg
@@ -62,7 +65,7 @@ def loading_cost(model: Any, graph: Graph, edges: torch.Tensor) -> dict[str, Any
             "loadings_mb": len(edges) * cfg.n_layers * cfg.n_heads * 8 / 2**20}
 
 
-def head_loadings(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pruned | None = None,
+def head_loadings(model: Transformer, transcoders: Transcoders, graph: Graph, pruned: Pruned | None = None,
                   edges: torch.Tensor | None = None, logit_directions: Sequence[torch.Tensor] | None = None,
                   batch_size: int = 64, progress: bool = False, verbose: bool = False) -> HeadLoadings:
     """Each cross-position edge of `graph` (default: the pruned graph's, else every non-zero one) split over
@@ -173,8 +176,8 @@ def _target_gradients(graph: Graph, lp: Any, z: dict[int, torch.Tensor], chunk: 
         g = torch.zeros(n, *x.shape, dtype=x.dtype)
         feats = torch.tensor([f for _, _, f in items])
         vecs = transcoders.encoder_vectors(layer, feats).detach().to(x.dtype)
-        for (a, pos, _), vec in zip(items, vecs):
-            g[a, 0, pos] = vec
+        for (a, p, _), vec in zip(items, vecs):
+            g[a, 0, p] = vec
         outputs.append(x)
         grads.append(g)
     if logit_rows:
@@ -186,7 +189,7 @@ def _target_gradients(graph: Graph, lp: Any, z: dict[int, torch.Tensor], chunk: 
     layers = sorted(z)
     found = torch.autograd.grad(outputs, [z[k] for k in layers], grads, retain_graph=True, allow_unused=True,
                                 is_grads_batched=True)
-    out = {}
+    out: dict[int, torch.Tensor] = {}
     pos = torch.tensor([positions[t] for t in chunk])
     for k, f in zip(layers, found):
         if f is not None:
@@ -229,7 +232,7 @@ def strongest_heads(graph: Graph, k: int = 10) -> list[dict[str, Any]]:
 
 
 @torch.no_grad()
-def _carried(model: Any, rm: ReplacementModel, transcoders: Transcoders, graph: Graph, sources: list[int],
+def _carried(model: Transformer, rm: ReplacementModel, transcoders: Transcoders, graph: Graph, sources: list[int],
              patterns: list[torch.Tensor]) -> dict[int, torch.Tensor]:
     """What each head carries to each query from the other positions, of each source's contribution alone:
     {layer: [n_sources, n_heads, pos, d_head]} = pattern (diagonal zeroed) @ values, through the frozen linear
@@ -270,7 +273,7 @@ def _carried(model: Any, rm: ReplacementModel, transcoders: Transcoders, graph: 
     def stop(t: torch.Tensor, hook: HookPoint) -> None:
         raise _Stop
 
-    fns = [("hook_embed", lambda t, hook: embed.to(t.dtype))]
+    fns: list[tuple[str, HookFn]] = [("hook_embed", lambda t, hook: embed.to(t.dtype))]
     if "hook_pos_embed" in model.hook_points():
         fns.append(("hook_pos_embed", lambda t, hook: torch.zeros_like(t)))
     fns += [(transcoders.input_hook(layer), read) for layer in transcoders.layers]

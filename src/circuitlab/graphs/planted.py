@@ -13,13 +13,18 @@ nothing reads. Each layer's transcoder is its MLP exactly (W_enc = W_in, W_dec =
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.forge.builder import Forge, ResidualLayout
 from circuitlab.graphs.transcoders import Transcoders
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 VOCAB = ["x", "A", "B", "Z", "y"]
 
@@ -36,7 +41,7 @@ class PlantedPath:
         return [VOCAB[int(t)] for t in self.tokens]
 
 
-def exact_transcoders(model) -> Transcoders:
+def exact_transcoders(model: Transformer) -> Transcoders:
     """ReLU transcoders equal to each layer's (ReLU, bias-free, norm-free) MLP: MLP input -> MLP output."""
     dicts = []
     for layer, block in enumerate(model.blocks):
@@ -92,7 +97,7 @@ class PlantedTokenizer:
             raise InputError(f"the planted model's tokens are {', '.join(VOCAB)}; the prompt has {bad}")
         return [VOCAB.index(c) for c in text]
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
         return "".join(VOCAB[int(i)] for i in ids)
 
     def token_id(self, text: str, what: str = "token") -> int:

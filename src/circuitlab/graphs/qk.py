@@ -23,7 +23,7 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -32,7 +32,10 @@ from circuitlab.errors import InputError
 from circuitlab.graphs.replacement import ReplacementModel
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model import model_dtype
-from circuitlab.model.hooks import ActivationCache, HookPoint
+from circuitlab.model.hooks import ActivationCache, HookFn, HookPoint
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 FULL_TERMS = 2 ** 22     # keep the whole [query parts, key parts] matrix up to this many terms (32 MiB float64)
 TOP_PAIRS = 50           # past it: the largest pairs by |term| and every part's row / column sums
@@ -135,7 +138,7 @@ def qk_html(results: Sequence[QKAttribution], k: int = 5) -> str:
 
 # ---------------------------------------------------------------------------- computing them
 
-def check_request(model: Any, layer: Any, head: Any, query_pos: Any, key_pos: Any, n_pos: int) -> None:
+def check_request(model: Transformer, layer: Any, head: Any, query_pos: Any, key_pos: Any, n_pos: int) -> None:
     """One line for a head, layer or position that does not exist, or a key after the query."""
     cfg = model.cfg
     if cfg.n_layers == 0:
@@ -158,7 +161,7 @@ class _Reference:
     """What QK attributions at several (layer, position) places share: the replacement model's reference
     run and each head's output (hook_result) at the positions asked for only, each layer's scores there."""
 
-    def __init__(self, model: Any, transcoders: Transcoders | None, tokens: torch.Tensor, layers: set[int],
+    def __init__(self, model: Transformer, transcoders: Transcoders | None, tokens: torch.Tensor, layers: set[int],
                  positions: set[int], bos: bool = False, rm: ReplacementModel | None = None) -> None:
         self.model, self.tc = model, transcoders
         if transcoders is None:
@@ -177,7 +180,7 @@ class _Reference:
         def save(t: torch.Tensor, hook: HookPoint) -> None:   # only the positions asked for
             keep[hook.name] = t.detach()[:, :, pos] if _per_head(hook.name) else t.detach()[:, pos]
 
-        fns = [(n, save) for n in names]
+        fns: list[tuple[str, HookFn]] = [(n, save) for n in names]
         fns += [(f"blocks.{k}.attn.hook_result", save) for k in range(top)]
         fns += [(f"blocks.{k}.hook_resid_pre", save) for k in layers]
         fns += [(f"blocks.{k}.attn.hook_attn_scores", save) for k in layers]
@@ -228,6 +231,7 @@ class _Reference:
                 add(bias, "bias", f"attention bias L{k}", layer=k)
             if not model.cfg.has_mlp:
                 continue
+            assert rm is not None  # a model with MLPs comes with transcoders, so with a replacement run
             if tc is None or not tc.has(k):
                 add(rm.errors[k][pos], "error", f"error L{k} @{pos} (whole MLP)", layer=k)
                 continue
@@ -237,7 +241,7 @@ class _Reference:
             add(rm.errors[k][pos], "error", f"error L{k} @{pos}", layer=k)
             zeros = {j: rm.acts[j][pos].new_zeros(tc.d_sae(j)) for j in tc.layers}
             add(tc.decode(k, zeros), "bias", f"transcoder bias L{k}", layer=k)
-        if tc is not None:   # each active feature here: its decoders into the layers below `layer`
+        if tc is not None and rm is not None:   # each active feature here: its decoders into the layers below `layer`
             for j in tc.layers:
                 if j >= layer:
                     continue
@@ -268,7 +272,7 @@ def _token_str(tokenizer: Any, token: int) -> str:
         return f"[{token}]"
 
 
-def qk_attribution(model: Any, transcoders: Transcoders | None, tokens: torch.Tensor, layer: int, head: int,
+def qk_attribution(model: Transformer, transcoders: Transcoders | None, tokens: torch.Tensor, layer: int, head: int,
                    query_pos: int, key_pos: int, tokenizer: Any = None, bos: bool = False) -> QKAttribution:
     """Head `head` of layer `layer`'s score from query_pos to key_pos (tokens [pos]) split into query-part x
     key-part terms over the replacement model's parts (features, error nodes, token nodes, skips, earlier
@@ -276,14 +280,14 @@ def qk_attribution(model: Any, transcoders: Transcoders | None, tokens: torch.Te
     return qk_attributions(model, transcoders, tokens, [(layer, head, query_pos, key_pos)], tokenizer, bos)[0]
 
 
-def qk_attributions(model: Any, transcoders: Transcoders | None, tokens: torch.Tensor,
+def qk_attributions(model: Transformer, transcoders: Transcoders | None, tokens: torch.Tensor,
                     requests: Sequence[tuple[int, int, int, int]], tokenizer: Any = None, bos: bool = False,
                     rm: ReplacementModel | None = None) -> list[QKAttribution]:
     """Several (layer, head, query_pos, key_pos) at once, on one reference run (see qk_attribution)."""
     tokens = torch.as_tensor(tokens)
     if tokens.dim() != 1:
         raise InputError(f"QK attributions are computed on one prompt: tokens [pos], got shape {tuple(tokens.shape)}")
-    requests = [tuple(r) for r in requests]
+    requests = [cast(tuple[int, int, int, int], tuple(r)) for r in requests]  # checked just below
     for r in requests:
         if len(r) != 4:
             raise InputError(f"a QK request is (layer, head, query_pos, key_pos), got {r!r}")
@@ -368,7 +372,7 @@ def _one(ref: _Reference, layer: int, head: int, qp: int, kp: int, tokenizer: An
                          info={"n_terms": n_q * n_k, "terms_kept": keep_all})
 
 
-def qk_cost(model: Any, transcoders: Transcoders | None, n_requests: int, n_pos: int) -> dict[str, float]:
+def qk_cost(model: Transformer, transcoders: Transcoders | None, n_requests: int, n_pos: int) -> dict[str, float]:
     """What QK attributions for n_requests heads hold at most, said before the work: the kept head outputs
     (layers x heads x 2 positions per request x d_model) and one request's terms (bounded by FULL_TERMS)."""
     cfg = model.cfg

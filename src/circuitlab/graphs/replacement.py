@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -31,6 +31,9 @@ from circuitlab.graphs.options import DEFAULTS
 from circuitlab.graphs.transcoders import Transcoders
 from circuitlab.model.hooks import ActivationCache, HookPoint
 from circuitlab.model.tokens import check_tokens
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 MODES = ("replacement", "model")
 
@@ -55,7 +58,7 @@ class _MLPStandIn(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def _mlps_stood_in(model: Any) -> Iterator[None]:
+def _mlps_stood_in(model: Transformer) -> Iterator[None]:
     """Swap every block's MLP for an _MLPStandIn for the block; restored on exit, even on error."""
     saved = [(block, block.mlp) for block in model.blocks if getattr(block, "mlp", None) is not None]
     try:
@@ -128,7 +131,7 @@ class ReplacementModel:
     bos: treat position 0 as an attention sink, as circuit-tracer does: no features there, its MLP output
     kept whole in the error term (and, in a graph, not a node)."""
 
-    def __init__(self, model: Any, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False) -> None:
+    def __init__(self, model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False) -> None:
         transcoders.check_model(model)
         self.model, self.tc, self.bos = model, transcoders, bos
         tokens = torch.as_tensor(tokens)
@@ -149,14 +152,14 @@ class ReplacementModel:
         frozen_names = self.model.frozen_hook_names()
         ins = [self.tc.input_hook(layer) for layer in self.tc.layers]
         outs = [self.tc.output_hook(layer) for layer in range(self.tc.n_layers)]
-        embeds = [n for n in ("hook_embed", "hook_pos_embed") if n in points]
+        embeds: list[str] = [n for n in ("hook_embed", "hook_pos_embed") if n in points]
         logits, cache = self.model.run_with_cache(self.tokens[None], names_filter=frozen_names + ins + outs + embeds)
         self.logits = logits[0]                                                     # [pos, d_vocab]
         # What the model's frozen mode reads: every attention pattern and norm scale of this run.
         self.frozen = ActivationCache({n: cache[n] for n in frozen_names}, {}, self.model)
         self.inputs = {layer: cache[self.tc.input_hook(layer)][0] for layer in self.tc.layers}   # [pos, d_in]
         self.mlp_out = {layer: cache[outs[layer]][0] for layer in range(self.tc.n_layers)}       # [pos, d_model]
-        self.embeddings = sum(cache[n][0] for n in embeds)                          # [pos, d_model]: token nodes
+        self.embeddings = cast(torch.Tensor, sum(cache[n][0] for n in embeds))  # a sum of 1 or 2 tensors                        # [pos, d_model]: token nodes
         self.token_embeddings = cache["hook_embed"][0]                                  # [pos, d_model]: W_E[token]
         self.acts = {}
         for layer in self.tc.layers:
@@ -216,7 +219,9 @@ class ReplacementModel:
             if skip is None:
                 out = const.to(y.dtype).expand_as(y).clone().requires_grad_(True)
             else:  # the skip path stays linear in the input; the rest of the output is constant
-                out = skip.to(y.dtype) + (const - tc.skip(layer, self.inputs[layer][:P])).to(y.dtype)
+                ref = tc.skip(layer, self.inputs[layer][:P])
+                assert ref is not None  # the same transcoder's skip path
+                out = skip.to(y.dtype) + (const - ref).to(y.dtype)
             lp.out[layer] = out
             return out
 
@@ -323,7 +328,7 @@ class ReplacementModel:
             where = iv.positions(n_pos)
             if iv.value is not None:
                 acts[:, where, iv.feature] = iv.value
-            else:
+            elif iv.scale is not None:  # exactly one of value and scale is set (__post_init__)
                 acts[:, where, iv.feature] = acts[:, where, iv.feature] * iv.scale
         return acts
 

@@ -16,7 +16,7 @@ import copy
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from circuitlab.dictionaries.sae import SparseDictionary, base_model_id, check_b
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model import model_dtype
 from circuitlab.model.storage import stored_matmul
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 MLP_OUT = "blocks.{}.hook_mlp_out"
 MLP_OUT_BEFORE_NORM = "blocks.{}.mlp.hook_out"   # before a post-MLP norm (circuit-tracer's mlp.hook_out)
@@ -65,7 +68,7 @@ class Transcoders:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def per_layer(cls, model: Any, dictionaries: Sequence[SparseDictionary], allow_partial: bool = False
+    def per_layer(cls, model: Transformer, dictionaries: Sequence[SparseDictionary], allow_partial: bool = False
                   ) -> "Transcoders":
         """One transcoder per layer, each reading a hook of its layer and writing blocks.{l}.hook_mlp_out (or, in
         a block with a post-MLP norm, the MLP's output before it: blocks.{l}.mlp.hook_out; the frozen norm then
@@ -107,7 +110,7 @@ class Transcoders:
         return cls(cfg.n_layers, cfg.d_model, by_layer)
 
     @classmethod
-    def load(cls, model: Any, folder: str | Path, allow_partial: bool = False, set_name: str | None = None,
+    def load(cls, model: Transformer, folder: str | Path, allow_partial: bool = False, set_name: str | None = None,
              dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
              mmap: bool = False) -> "Transcoders":
         """Transcoders from a folder: a cross-layer transcoder (ours, circuit-tracer's cross_layer_transcoder
@@ -125,7 +128,7 @@ class Transcoders:
 
         if dtype is not None and compute_dtype is None:
             compute_dtype = model_dtype(model)
-        dtypes = {"dtype": dtype, "compute_dtype": compute_dtype, "mmap": mmap}
+        dtypes: dict[str, Any] = {"dtype": dtype, "compute_dtype": compute_dtype, "mmap": mmap}
         folder = Path(folder)
         if not folder.is_dir():
             raise InputError(f"transcoder folder not found: {folder}")
@@ -231,7 +234,7 @@ class Transcoders:
                            {k: copy.deepcopy(v).to(dtype).set_dtypes(dtype, dtype) for k, v in self._dicts.items()})
 
     @classmethod
-    def cross_layer(cls, model: Any, clt: Any) -> "CrossLayerTranscoders":
+    def cross_layer(cls, model: Transformer, clt: Any) -> "CrossLayerTranscoders":
         """A cross-layer transcoder (circuitlab.dictionaries.clt.CrossLayerTranscoder): layer l's features
         read layer l's MLP input and write every MLP output l' >= l. Checked against the model (layers,
         width, hooks, base model); a BatchTopK CLT is used as the JumpReLU it is at inference."""
@@ -271,7 +274,7 @@ class Transcoders:
                 h.update(sample.numpy().tobytes())
         return {"weights_sha": h.hexdigest()[:16], "layers": list(self.layers), "describe": self.describe()}
 
-    def check_model(self, model: Any) -> None:
+    def check_model(self, model: Transformer) -> None:
         if model.cfg.n_layers != self.n_layers or model.cfg.d_model != self.d_model:
             raise CircuitlabError(f"these transcoders are for a model of {self.n_layers} layers and d_model "
                                   f"{self.d_model}, not this one")
@@ -351,7 +354,7 @@ class CrossLayerTranscoders(Transcoders):
 
 # ---------------------------------------------------------------------------- what a graph was made with
 
-def made_with(model: Any, transcoders: Transcoders) -> dict[str, Any]:
+def made_with(model: Transformer, transcoders: Transcoders) -> dict[str, Any]:
     """The identity a graph records of the model and transcoders it was made with: {"model":
     dictionaries.base_model_id (config and weights hashes, d_model, n_layers), "transcoders":
     Transcoders.identity()}."""
