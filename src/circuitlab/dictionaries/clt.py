@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from circuitlab.dictionaries.module import DictionaryModule, map_weights, read_o
 from circuitlab.dictionaries.clt_config import CLT_ARCHITECTURES, CLT_FORMAT, CLTConfig  # noqa: F401 - re-exported
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.storage import stored_matmul
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -286,7 +289,7 @@ def _read_ours(folder: Path, mmap: bool = False) -> CrossLayerTranscoder:
 
 
 @torch.no_grad()
-def bind_clt(clt: CrossLayerTranscoder, model: nn.Module, where: str = "the CLT") -> CrossLayerTranscoder:
+def bind_clt(clt: CrossLayerTranscoder, model: Transformer, where: str = "the CLT") -> CrossLayerTranscoder:
     """circuit-tracer's hook names resolved against the model, as published.bind does for a per-layer transcoder:
     mlp.hook_in (and, in a set named as TransformerLens names hooks, a LayerNorm's ln2.hook_normalized, which is
     after its gain and bias there) is read at blocks.L.ln2.hook_normalized with each layer's ln2 gain and bias
@@ -325,7 +328,7 @@ def bind_clt(clt: CrossLayerTranscoder, model: nn.Module, where: str = "the CLT"
     return out
 
 
-def check_clt_fits(clt: CrossLayerTranscoder, model: nn.Module, where: str = "the CLT") -> None:
+def check_clt_fits(clt: CrossLayerTranscoder, model: Transformer, where: str = "the CLT") -> None:
     """Refuse a CLT made for another model: layer count, width, hooks, and (when recorded) the base model's identity."""
     from circuitlab.dictionaries.sae import check_base_model
     from circuitlab.model import hooks as H

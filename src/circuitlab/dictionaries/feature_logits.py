@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitlab.analysis.logit_attribution import through_final_norm, token_ids
 from circuitlab.dictionaries.splice import sae_hook_name, splice
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 _RESIDUAL = re.compile(r"^(hook_embed|hook_pos_embed|blocks\.\d+\.(hook_resid_pre|hook_resid_mid|hook_resid_post|"
                        r"hook_attn_out|hook_mlp_out))$")
@@ -33,7 +36,7 @@ def output_hook(dictionary: Any) -> str:
     return getattr(dictionary.cfg, "out_hook_name", None) or dictionary.cfg.hook_name
 
 
-def to_residual(model, hook: str, v: torch.Tensor) -> torch.Tensor:
+def to_residual(model: Transformer, hook: str, v: torch.Tensor) -> torch.Tensor:
     """Vectors in the space of `hook` [..., width] as the residual-stream vectors they write [..., d_model]
     (the linear part: no b_out / b_O)."""
     if _RESIDUAL.match(hook):
@@ -48,14 +51,14 @@ def to_residual(model, hook: str, v: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def feature_directions(model, dictionary, features: list[int] | None = None) -> torch.Tensor:
+def feature_directions(model: Transformer, dictionary, features: list[int] | None = None) -> torch.Tensor:
     """Each feature's decoder row as a residual-stream direction: [feature, d_model]."""
     W_dec = dictionary.W_dec if features is None else dictionary.W_dec[features]
     return to_residual(model, output_hook(dictionary), W_dec.to(model.W_U.dtype))
 
 
 @torch.no_grad()
-def feature_logit_effects(model, dictionary, features: list[int] | None = None) -> torch.Tensor:
+def feature_logit_effects(model: Transformer, dictionary, features: list[int] | None = None) -> torch.Tensor:
     """The logit change per unit activation of each feature, through the final norm's gain and W_U
     (its positive per-token scale left out): [feature, d_vocab]. features default: all."""
     return model.unembed_directions(feature_directions(model, dictionary, features))
@@ -103,7 +106,7 @@ class FeatureAttribution:
 
 
 @torch.no_grad()
-def feature_logit_attribution(model, dictionary, tokens: torch.Tensor, answer: Any, wrong: Any = None,
+def feature_logit_attribution(model: Transformer, dictionary, tokens: torch.Tensor, answer: Any, wrong: Any = None,
                               pos: int = -1) -> FeatureAttribution:
     """Each feature's direct contribution to logit(answer) (- logit(wrong)) at position pos.
 

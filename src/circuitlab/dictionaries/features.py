@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,6 +30,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_text
 from circuitlab.model import model_device
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 HIST_RANGE = (-4.0, 3.0)  # log10 of the activation
 HIST_BINS = 70
 TENSORS_FILE, META_FILE = "dashboards.safetensors", "dashboards.json"
@@ -39,7 +42,7 @@ _LOGIT_TENSORS = ("promoted_tokens", "promoted_values", "suppressed_tokens", "su
 
 
 @torch.no_grad()
-def feature_activations(model, dictionary, tokens: torch.Tensor) -> torch.Tensor:
+def feature_activations(model: Transformer, dictionary, tokens: torch.Tensor) -> torch.Tensor:
     """The dictionary's feature activations on tokens [batch, pos]: [batch, pos, d_sae] (the model unchanged)."""
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     name = dictionary.cfg.hook_name
@@ -196,7 +199,7 @@ def _check_features(features: Iterable[int] | None, d_sae: int) -> list[int]:
 
 
 @torch.no_grad()
-def feature_dashboards(model, dictionary, batches: Iterable[torch.Tensor] | torch.Tensor,
+def feature_dashboards(model: Transformer, dictionary, batches: Iterable[torch.Tensor] | torch.Tensor,
                        features: Iterable[int] | None = None, k: int = 10, before: int = 12, after: int = 4,
                        n_logits: int = 10, tokenizer=None, progress: bool = False) -> FeatureDashboards:
     """Dashboards of `features` (default: all) from token batches [batch, pos] (an iterable, or one tensor).

@@ -15,13 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
 from circuitlab.dictionaries.splice import splice
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 DENSE_ABOVE = 0.1
 
@@ -140,7 +143,7 @@ def loss_kept(clean: float, spliced: float, zero: float, recovered: float, what:
 
 
 @torch.no_grad()
-def spliced_loss(model: nn.Module, sae, tokens: torch.Tensor) -> SplicedLoss:
+def spliced_loss(model: Transformer, sae, tokens: torch.Tensor) -> SplicedLoss:
     """tokens [batch, pos+1]: next-token CE of the model as is, with the dictionary's reconstruction
     in place of its hook (a transcoder replaces the MLP output), and with that hook zeroed.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,6 +25,9 @@ from circuitlab.dictionaries.config import DictionaryConfig
 from circuitlab.dictionaries.module import DictionaryModule, map_weights, read_own_folder, write_own_folder
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.storage import stored_matmul
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 WEIGHTS_FILE, CONFIG_FILE = "dictionary.safetensors", "config.json"
 from circuitlab.dictionaries.module import DTYPES as _DTYPES  # one table of config dtype names
@@ -139,7 +142,7 @@ class SparseDictionary(DictionaryModule):
         return folder
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: nn.Module | None = None,
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", model: Transformer | None = None,
              dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
              mmap: bool = False) -> "SparseDictionary":
         """Load a folder written by save(), or a published layout (the folder or its file): SAELens, Gemma
@@ -183,7 +186,7 @@ class SparseDictionary(DictionaryModule):
 
 # ---------------------------------------------------------------------------- base model identity
 
-def base_model_id(model: nn.Module, name: str | None = None) -> dict[str, Any]:
+def base_model_id(model: Transformer, name: str | None = None) -> dict[str, Any]:
     """What identifies a model for a dictionary: its config's hash and a hash of its embedding.
 
     Two checkpoints of the same architecture trained differently get different ids.
@@ -198,7 +201,7 @@ def base_model_id(model: nn.Module, name: str | None = None) -> dict[str, Any]:
     return out
 
 
-def check_base_model(sae: SparseDictionary, model: nn.Module, where: str = "the dictionary") -> None:
+def check_base_model(sae: SparseDictionary, model: Transformer, where: str = "the dictionary") -> None:
     """Raise if the dictionary records a base model other than `model` (a missing record passes)."""
     names = model.hook_points() if hasattr(model, "hook_points") else {}
     for hook in (sae.cfg.hook_name, sae.cfg.out_hook_name or ""):

@@ -35,10 +35,9 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
 from circuitlab.dictionaries.sae import check_base_model
@@ -46,6 +45,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
 from circuitlab.model.hooks import HookPoint
 from circuitlab.model.storage import stored_matmul
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 PARTS = ("input", "acts_post", "recons", "error", "output")
 
@@ -84,7 +86,7 @@ class _Attached:
 class Splice:
     """The dictionaries spliced into a model (what `splice` yields)."""
 
-    def __init__(self, model: nn.Module, attached: list[_Attached]) -> None:
+    def __init__(self, model: Transformer, attached: list[_Attached]) -> None:
         self.model = model
         self._attached = attached
 
@@ -129,7 +131,7 @@ class _AttachedCLT:
 
 
 @contextlib.contextmanager
-def splice(model: nn.Module, dictionaries: Any | Sequence[Any], error_term: bool = True) -> Iterator[Splice]:
+def splice(model: Transformer, dictionaries: Any | Sequence[Any], error_term: bool = True) -> Iterator[Splice]:
     """Attach dictionaries (one, or a list) to the model for the duration of the block.
 
     error_term: True keeps the model's output exact (output = reconstruction + error); False runs the
@@ -256,7 +258,7 @@ def _output_with_error(p: dict[str, HookPoint], y: torch.Tensor, recons_clean: t
 # ---------------------------------------------------------------------------- cross-layer transcoders
 
 
-def _attach_clt(model: nn.Module, points: dict[str, HookPoint], clt: CrossLayerTranscoder, error_term: bool,
+def _attach_clt(model: Transformer, points: dict[str, HookPoint], clt: CrossLayerTranscoder, error_term: bool,
                 added: list, children: list) -> _AttachedCLT:
     check_clt_fits(clt, model, "the CLT")
     cfg = clt.cfg

@@ -19,17 +19,19 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch import nn
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
 from circuitlab.model import model_device
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 SPLITS = ("train", "val")
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # the model's forward on a GPU
@@ -63,7 +65,7 @@ class ModelActivations:
     activations come out as float32 as always; the dictionaries keep float32 master weights). None: as is.
     """
 
-    def __init__(self, model: nn.Module, hooks: Sequence[str], data: Any, seq_len: int = 128,
+    def __init__(self, model: Transformer, hooks: Sequence[str], data: Any, seq_len: int = 128,
                  seqs_per_chunk: int = 32, skip_positions: int = 0, device: str | torch.device | None = None,
                  autocast: str | None = None) -> None:
         if not hooks:
