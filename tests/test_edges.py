@@ -248,6 +248,9 @@ def test_decoy_heads_that_write_but_are_never_read_score_zero():
     for method in ("eap", "eap-ig", "exact"):
         scores = edge_scores(model, clean, corrupt, metric, method=method, progress=False)
         assert edge_auc(scores, truth) == 1.0, method
+        assert edge_auc(scores.scores, truth, scores.graph) == 1.0, method
+        with pytest.raises(CircuitlabError, match="need their graph"):  # a bare tensor names no edges
+            edge_auc(scores.scores, truth)
         g = scores.graph
         for decoy in ("L0H1", "L1H1"):  # they write (their outputs differ between the runs) but nothing reads
             out = [i for i, (s, _) in enumerate(g.edges) if s == decoy]

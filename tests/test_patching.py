@@ -8,7 +8,7 @@ import torch
 import helpers
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.analysis.ablation import ablate_and_measure, ablation_hooks, parse_component, run_ablated
+from circuitlab.analysis.ablation import Component, ablate_and_measure, ablation_hooks, parse_component, run_ablated
 from circuitlab.analysis.patching.attribution_patching import attribution_patching, attribution_vs_patching
 from circuitlab.analysis.patching import (TARGETS, activation_patching, available_targets, kl_to_clean, logit_diff,
                                           logprob, next_token_loss, normalized_metric, patching_sweep)
@@ -337,6 +337,8 @@ def test_bad_input_fails_before_any_forward_pass():
     for spec, msg in [("L9H0", "layer 9 out of range"), ("L0H7", "index 7 out of range"), ("head3", "cannot read")]:
         with pytest.raises(CircuitlabError, match=msg):
             parse_component(model, spec)
+    with pytest.raises(CircuitlabError, match="index None out of range"):  # a head needs its index
+        parse_component(model, Component("head", 0))
     assert counter.n == 0
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from circuitlab.analysis.patching import (BaseRun, Metric, Site, as_tokens, chec
                                           grid_index, metric_value, rounded, sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 METHODS = ("zero", "mean", "resample")
 KINDS = ("head", "attn", "mlp", "layer", "neuron")
@@ -54,12 +57,14 @@ class Component:
     def sites(self, has_mlp: bool = True) -> list[tuple[str, int | None]]:
         """(short hook name, head index into z [batch, pos, head, d_head] or neuron index into
         post [batch, pos, d_mlp], or None for the whole activation). A block without an MLP is its attention."""
-        block = [("attn_out", None)] + ([("mlp_out", None)] if has_mlp else [])
-        return {"head": [("z", self.index)], "neuron": [("post", self.index)], "attn": [("attn_out", None)],
-                "mlp": [("mlp_out", None)], "layer": block}[self.kind]
+        whole: list[tuple[str, int | None]] = [("attn_out", None)]
+        block = whole + ([("mlp_out", None)] if has_mlp else [])
+        parts: dict[str, list[tuple[str, int | None]]] = {"head": [("z", self.index)], "neuron": [("post", self.index)],
+                                                          "attn": whole, "mlp": [("mlp_out", None)], "layer": block}
+        return parts[self.kind]
 
 
-def parse_component(model, spec: str | Component) -> Component:
+def parse_component(model: Transformer, spec: str | Component) -> Component:
     """A Component from "L1H3", "L1.attn", "L1.mlp", "L1" or "L1N42", checked against the model."""
     if isinstance(spec, Component):
         comp = spec
@@ -77,7 +82,7 @@ def parse_component(model, spec: str | Component) -> Component:
     if comp.kind in ("mlp", "neuron") and not cfg.has_mlp:
         raise CircuitlabError(f"component {comp}: this model is attention-only, it has no MLP")
     limit = {"head": cfg.n_heads, "neuron": cfg.mlp_dim}.get(comp.kind)
-    if limit is not None and not 0 <= comp.index < limit:
+    if limit is not None and (comp.index is None or not 0 <= comp.index < limit):  # a head or neuron needs one
         raise CircuitlabError(f"component {comp}: index {comp.index} out of range (0..{limit - 1})")
     return comp
 
@@ -89,7 +94,7 @@ def _check_method(method: str, reference) -> None:
         raise CircuitlabError(f"{method} ablation needs reference tokens [batch, pos] to take activations from")
 
 
-def _replacements(model, hooks: list[str], method: str, reference, shape: tuple[int, int]
+def _replacements(model: Transformer, hooks: list[str], method: str, reference, shape: tuple[int, int]
                   ) -> dict[str, torch.Tensor]:
     """What each hook is set to: zeros, the reference mean, or the reference activations, broadcastable
     to the activation [batch, pos, ...]. Zero needs no forward pass."""
@@ -106,7 +111,7 @@ def _replacements(model, hooks: list[str], method: str, reference, shape: tuple[
     return {h: cache[h][: shape[0]] for h in hooks}
 
 
-def ablation_hooks(model, components: Sequence[str | Component], method: str = "zero", reference=None,
+def ablation_hooks(model: Transformer, components: Sequence[str | Component], method: str = "zero", reference=None,
                    shape: tuple[int, int] | None = None) -> list[tuple[str, Any]]:
     """Forward hooks that ablate all `components` together, for model.hooks / run_with_hooks.
 
@@ -138,7 +143,7 @@ def ablation_hooks(model, components: Sequence[str | Component], method: str = "
 
 
 @torch.no_grad()
-def run_ablated(model, tokens, components: Sequence[str | Component], method: str = "zero",
+def run_ablated(model: Transformer, tokens, components: Sequence[str | Component], method: str = "zero",
                 reference=None) -> torch.Tensor:
     """Logits [batch, pos, d_vocab] of `tokens` [batch, pos] with all `components` ablated together."""
     tokens = as_tokens(model, tokens)
@@ -184,7 +189,7 @@ class AblationResult:
                 "top": [{"component": c, "change": round(v, 6)} for c, v in self.top()]}
 
 
-def ablate_and_measure(model, tokens, metric: Metric, kind: str = "head", method: str = "zero", reference=None,
+def ablate_and_measure(model: Transformer, tokens, metric: Metric, kind: str = "head", method: str = "zero", reference=None,
                        *, layers: Sequence[int] | None = None, batch_size: int | None = None,
                        progress: bool = True) -> AblationResult:
     """Ablate each component of one kind on its own (batched) and record the metric.

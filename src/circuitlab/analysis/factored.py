@@ -169,12 +169,13 @@ class FactoredMatrix:
             block = self.A[..., start:start + chunk_rows, :] @ self.B  # [..., c, n]
             vals, idx = block.flatten(-2).topk(min(k, block.shape[-2] * n), dim=-1, largest=largest)
             idx = idx + start * n  # flat index into the full m x n matrix
-            if best_vals is None:
+            if best_vals is None or best_idx is None:
                 best_vals, best_idx = vals, idx
             else:
                 vals, idx = torch.cat([best_vals, vals], -1), torch.cat([best_idx, idx], -1)
                 best_vals, order = vals.topk(k, dim=-1, largest=largest)
                 best_idx = idx.gather(-1, order)
+        assert best_vals is not None and best_idx is not None  # m >= 1 rows: the loop ran
         return best_vals, best_idx // n, best_idx % n
 
     # ------------------------------------------------------------------ spectra and norms

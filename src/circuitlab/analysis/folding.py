@@ -37,21 +37,26 @@ skipped by default and refused when asked for on other models (circuitlab.model.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from circuitlab.errors import CircuitlabError
+from circuitlab.model.components import Attention, Norm
 from circuitlab.model.assumptions import require, unmet
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
-def weights_model(model):
+
+def weights_model(model: Transformer):
     """The model whose weights say what it computes: fold_layer_norm(model) when it has norms, else the
     model itself (no copy). Weight-based analyses (circuits, composition, OV alignment) read this."""
     return fold_layer_norm(model) if model.cfg.norm != "none" else model
 
 
-def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: bool | None = None,
+def fold_layer_norm(model: Transformer, center_writing: bool | None = None, center_unembed: bool | None = None,
                     fold_value_biases: bool = True):
     """A copy of model with norms folded (and weights centered); logits [batch, pos, d_vocab] unchanged,
     up to a per-position constant when center_unembed.
@@ -90,25 +95,26 @@ def fold_layer_norm(model, center_writing: bool | None = None, center_unembed: b
                     _fold_norm(block.ln1, block.attn.qkv)
                 if cfg.has_mlp and not isinstance(block.ln2, nn.Identity):
                     _fold_norm(block.ln2, block.mlp.fc_in)
-            _fold_norm(folded.ln_final, folded.unembed)
+            if isinstance(folded.ln_final, Norm):  # always, with cfg.norm set
+                _fold_norm(folded.ln_final, folded.unembed)
         if fold_value_biases:
             for block in folded.blocks:
                 _fold_value_bias(block.attn)
         if center_writing:
             _center_writing(folded)
         if center_unembed:
-            W = folded.unembed.weight  # [d_vocab, d_model]
+            W: torch.Tensor = folded.unembed.weight  # [d_vocab, d_model]
             W -= W.mean(dim=0, keepdim=True)
             if folded.unembed.bias is not None:
-                folded.unembed.bias -= folded.unembed.bias.mean()
+                folded.unembed.bias.sub_(folded.unembed.bias.mean())
     return folded.set_dtypes(storage, compute) if storage != compute else folded
 
 
-def _fold_norm(norm: nn.Module, linear: nn.Linear) -> None:
+def _fold_norm(norm: Norm, linear: nn.Linear) -> None:
     """Move norm's gain and bias into the linear map that reads it (weight [out, d_model])."""
-    W = linear.weight
+    W: torch.Tensor = linear.weight
     if norm.b is not None:  # norms have a bias only when cfg.bias, so the linear has one too
-        linear.bias += W @ norm.b
+        linear.bias.add_(W @ norm.b)
         norm.b.zero_()
     W *= norm.w[None, :]
     if norm.kind == "layernorm":
@@ -116,18 +122,18 @@ def _fold_norm(norm: nn.Module, linear: nn.Linear) -> None:
     norm.w.fill_(1.0)
 
 
-def _fold_value_bias(attn: nn.Module) -> None:
+def _fold_value_bias(attn: Attention) -> None:
     """b_O += Σ_h b_V[h] @ W_O[h]; b_V = 0. Exact because each pattern row sums to 1."""
     qkv, out = attn.qkv, attn.out
     if qkv.bias is None or out is None:
         return  # no biases (then no b_O either), or V-only heads (no b_O to take it)
     H, K, D = attn.n_heads, attn.n_kv, attn.d_head
     b_v = qkv.bias[(H + K) * D:].view(K, D).repeat_interleave(H // K, dim=0)  # [head, d_head]
-    out.bias += out.weight @ b_v.reshape(H * D)
+    out.bias.add_(out.weight @ b_v.reshape(H * D))
     qkv.bias[(H + K) * D:] = 0.0
 
 
-def _center_writing(model) -> None:
+def _center_writing(model: Transformer) -> None:
     """Remove the mean over d_model from everything that writes into the residual stream."""
     model.embed.weight -= model.embed.weight.mean(dim=-1, keepdim=True)
     if model.cfg.positional == "learned":
@@ -138,7 +144,7 @@ def _center_writing(model) -> None:
             _center_output(attn.out)
         else:  # V-only heads write v itself (d_head == d_model): center each head's value rows
             H, K, D = attn.n_heads, attn.n_kv, attn.d_head
-            w_v = attn.qkv.weight[(H + K) * D:].view(K, D, -1)
+            w_v: torch.Tensor = attn.qkv.weight[(H + K) * D:].view(K, D, -1)
             w_v -= w_v.mean(dim=1, keepdim=True)
             if attn.qkv.bias is not None:
                 b_v = attn.qkv.bias[(H + K) * D:].view(K, D)
@@ -150,4 +156,4 @@ def _center_writing(model) -> None:
 def _center_output(linear: nn.Linear) -> None:
     linear.weight -= linear.weight.mean(dim=0, keepdim=True)  # weight [d_model, in]
     if linear.bias is not None:
-        linear.bias -= linear.bias.mean()
+        linear.bias.sub_(linear.bias.mean())

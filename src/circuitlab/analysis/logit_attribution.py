@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -34,7 +34,11 @@ from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.model.assumptions import require
+from circuitlab.model.components import Norm
 from circuitlab.names import head_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 # ---------------------------------------------------------------------------- decomposition
 
@@ -67,7 +71,7 @@ def _require(cache, names: list[str]) -> None:
 
 
 @torch.no_grad()
-def residual_decomposition(model, cache) -> ResidualDecomposition:
+def residual_decomposition(model: Transformer, cache) -> ResidualDecomposition:
     """Split the final residual stream into embed, pos_embed (learned positions), each head L{l}H{h}
     (hook_result if cached, else z @ W_O), each MLP "L{l} MLP" (hook_mlp_out minus b_out) and
     "biases" (all b_O and b_out). Components: [component, batch, pos, d_model]. Under post-norms a head's
@@ -101,6 +105,7 @@ def residual_decomposition(model, cache) -> ResidualDecomposition:
             b_out = model.b_out[layer]
             if post:  # b_out's share of the post-normed MLP output, at this run's scale
                 norm = block.ln2_post
+                assert isinstance(norm, Norm)  # post-norm blocks have one (a norm kind is required)
                 b_out = norm.linear(b_out, cache[f"blocks.{layer}.ln2_post.hook_scale"]) + norm.bias
             labels.append(f"L{layer} MLP")
             parts.append(cache["mlp_out", layer] - b_out)
@@ -162,7 +167,7 @@ def token_ids(x: int | torch.Tensor | list[int], batch: int, what: str, d_vocab:
     return ids
 
 
-def through_final_norm(model, stream: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | None
+def through_final_norm(model: Transformer, stream: torch.Tensor, direction: torch.Tensor, scale: torch.Tensor | None
                        ) -> torch.Tensor:
     """Each part of the residual stream's direct contribution to a logit direction: stream [..., batch,
     d_model] read through the final norm as the linear map it is once its scale [batch, 1] (the cached
@@ -172,14 +177,15 @@ def through_final_norm(model, stream: torch.Tensor, direction: torch.Tensor, sca
     cfg = model.cfg
     if cfg.norm == "layernorm":
         stream = stream - stream.mean(dim=-1, keepdim=True)
-    if cfg.norm != "none":
+    if isinstance(model.ln_final, Norm):  # cfg.norm != "none"
+        assert scale is not None, "through_final_norm needs the final norm's scale (ln_final.hook_scale)"
         stream = stream / scale
         direction = direction * model.ln_final.w
     return (stream * direction).sum(dim=-1)
 
 
 @torch.no_grad()
-def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tensor,
+def direct_logit_attribution(model: Transformer, cache, answer: int | list[int] | torch.Tensor,
                              wrong: int | list[int] | torch.Tensor | None = None, pos: int = -1,
                              decomposition: ResidualDecomposition | None = None) -> LogitAttribution:
     """Each residual component's direct contribution to the logit of `answer` at position pos
@@ -209,7 +215,7 @@ def direct_logit_attribution(model, cache, answer: int | list[int] | torch.Tenso
     if cfg.norm != "none":
         _require(cache, ["ln_final.hook_scale"])
         scale = cache["ln_final.hook_scale"][:, pos]  # [batch, 1]
-        if model.ln_final.b is not None:
+        if isinstance(model.ln_final, Norm) and model.ln_final.b is not None:
             const = const + direction @ model.ln_final.b
     attributions = through_final_norm(model, comps, direction, scale)  # [component, batch]
     final = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"] if cfg.n_layers else parts.total()
@@ -248,7 +254,7 @@ class NeuronTokens:
         return d
 
 
-def _check_neurons(model, layer: int, neurons: list[int] | None) -> list[int]:
+def _check_neurons(model: Transformer, layer: int, neurons: list[int] | None) -> list[int]:
     cfg = model.cfg
     if not cfg.has_mlp:
         raise CircuitlabError("this model is attention-only: it has no MLP neurons")
@@ -262,7 +268,7 @@ def _check_neurons(model, layer: int, neurons: list[int] | None) -> list[int]:
 
 
 @torch.no_grad()
-def neuron_output_tokens(model, layer: int, neurons: list[int] | None = None, k: int = 10,
+def neuron_output_tokens(model: Transformer, layer: int, neurons: list[int] | None = None, k: int = 10,
                          tokenizer=None) -> NeuronTokens:
     """Key-value view of MLP neurons: neuron n writes its activation times W_out[layer, n] [d_model];
     its "value" is that direction read through the final norm's gain (centred for LayerNorm) and W_U,
@@ -305,7 +311,7 @@ class NeuronExamples:
 
 
 @torch.no_grad()
-def top_activating_inputs(model, batches: Iterable[torch.Tensor] | torch.Tensor, layer: int, neurons: list[int],
+def top_activating_inputs(model: Transformer, batches: Iterable[torch.Tensor] | torch.Tensor, layer: int, neurons: list[int],
                           k: int = 10, context: int = 8, tokenizer=None, progress: bool = False) -> NeuronExamples:
     """The k (sequence, position) pairs with the highest activation (mlp.hook_post) of each neuron.
 

@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.model.hooks import act_name
 from circuitlab.perf import threads_for_work
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 Data = torch.Tensor | Iterable[torch.Tensor] | Callable[[], Iterable[torch.Tensor]]
 
@@ -85,7 +88,7 @@ def position_task(n_ctx: int, regression: bool = False) -> ProbeTask:
 BUILTIN_TASKS = ("prev_token", "repeat", "position", "position_value")
 
 
-def builtin_task(model, name: str) -> ProbeTask:
+def builtin_task(model: Transformer, name: str) -> ProbeTask:
     """A built-in task by name: prev_token, prev_token_<n>, repeat, position, position_value."""
     m = re.fullmatch(r"prev_token(?:_(\d+))?", name)
     if m:
@@ -178,7 +181,7 @@ class ProbeResult(Displayed):
 
 
 
-def probe_points(model) -> list[str]:
+def probe_points(model: Transformer) -> list[str]:
     """Hook names of the residual stream before each layer and after the last: n_layers + 1 points."""
     L = model.cfg.n_layers
     if L == 0:
@@ -206,7 +209,7 @@ def _loss(out: torch.Tensor, y: torch.Tensor, classify: bool) -> torch.Tensor:
     return ((out[..., 0] - y) ** 2).mean(dim=1).sum()
 
 
-def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | ProbeTask = BUILTIN_TASKS[:3], *,
+def train_probes(model: Transformer, data: Data, tasks: Sequence[str | ProbeTask] | str | ProbeTask = BUILTIN_TASKS[:3], *,
                  points: Sequence[str] | None = None, epochs: int = 4, steps_per_batch: int = 4,
                  lr: float = 0.02, val_fraction: float = 0.25, control: bool = True, batch_size: int = 32,
                  seed: int = 0, progress: bool = True) -> dict[str, ProbeResult]:
@@ -221,8 +224,8 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
     """
     if isinstance(tasks, (str, ProbeTask)):
         tasks = [tasks]
-    tasks = [t if isinstance(t, ProbeTask) else builtin_task(model, t) for t in tasks]
-    if not tasks:
+    task_list = [t if isinstance(t, ProbeTask) else builtin_task(model, t) for t in tasks]
+    if not task_list:
         raise CircuitlabError("train_probes needs at least one task")
     points = list(points) if points is not None else probe_points(model)
     missing = [p for p in points if p not in model.hook_points()]
@@ -270,16 +273,16 @@ def train_probes(model, data: Data, tasks: Sequence[str | ProbeTask] | str | Pro
             out[split] = ((x - s["mean"]) / s["std"], y, yc)
         return out
 
-    for task in tasks:
+    for task in task_list:
         n_out = task.n_classes or 1
         state[task.name] = {"probe": _Probes(len(points), d, n_out, lr, device),
                             "control": _Probes(len(points), d, n_out, lr, device) if control else None}
 
     # many small Adam steps on [point, rows, d_model] features: one thread unless the rows are many
-    max_classes = max(task.n_classes or 1 for task in tasks)
+    max_classes = max(task.n_classes or 1 for task in task_list)
     with threads_for_work(6.0 * len(points) * d * max_classes * batch_size * model.cfg.n_ctx):
-        _fit_probes(tasks, state, batches, examples, epochs, steps_per_batch)
-    return _evaluate(tasks, state, batches, examples, points)
+        _fit_probes(task_list, state, batches, examples, epochs, steps_per_batch)
+    return _evaluate(task_list, state, batches, examples, points)
 
 
 def _fit_probes(tasks, state, batches, examples, epochs: int, steps_per_batch: int) -> None:
@@ -308,7 +311,7 @@ def _evaluate(tasks, state, batches, examples, points) -> dict[str, ProbeResult]
     per point, and the label counts (or label sum and sum of squares, for R²'s total variance).
     """
     P = len(points)
-    acc = {t.name: {split: {"n": 0, "score": torch.zeros(P), "control": torch.zeros(P),
+    acc: dict[str, dict[str, dict[str, Any]]] = {t.name: {split: {"n": 0, "score": torch.zeros(P), "control": torch.zeros(P),
                             "counts": torch.zeros(max(t.n_classes, 1)), "sum": 0.0, "sumsq": 0.0}
                     for split in ("train", "val")} for t in tasks}
     for i, tokens, acts, n_train in batches("probes, evaluating"):
@@ -373,7 +376,7 @@ def _point_labels(points: Sequence[str]) -> list[str]:
     return out
 
 
-def train_probe(model, data: Data, task: str | ProbeTask, **kwargs: Any) -> ProbeResult:
+def train_probe(model: Transformer, data: Data, task: str | ProbeTask, **kwargs: Any) -> ProbeResult:
     """train_probes for one task; returns its ProbeResult."""
     task = task if isinstance(task, ProbeTask) else builtin_task(model, task)
     return train_probes(model, data, [task], **kwargs)[task.name]

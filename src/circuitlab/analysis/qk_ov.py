@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,10 +41,13 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model.assumptions import require
 from circuitlab.names import head_name
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 # ---------------------------------------------------------------------------- circuits as matrices
 
 
-def _layers(model, layer: int | None) -> slice | int:
+def _layers(model: Transformer, layer: int | None) -> slice | int:
     if layer is None:
         return slice(None)
     if not 0 <= layer < model.cfg.n_layers:
@@ -52,14 +55,14 @@ def _layers(model, layer: int | None) -> slice | int:
     return layer
 
 
-def _check_head(model, layer: int, head: int) -> None:
+def _check_head(model: Transformer, layer: int, head: int) -> None:
     _layers(model, layer)
     if not 0 <= head < model.cfg.n_heads:
         raise CircuitlabError(f"head {head} is out of range: the model has {model.cfg.n_heads} heads per layer")
 
 
 @torch.no_grad()
-def qk_circuit(model, layer: int | None = None) -> FactoredMatrix:
+def qk_circuit(model: Transformer, layer: int | None = None) -> FactoredMatrix:
     """Full QK circuit W_E W_Q W_Kᵀ W_Eᵀ.
 
     Returns FactoredMatrix [layer, head, d_vocab (query token), d_vocab (key token)], or
@@ -71,7 +74,7 @@ def qk_circuit(model, layer: int | None = None) -> FactoredMatrix:
 
 
 @torch.no_grad()
-def pos_qk_circuit(model, layer: int | None = None) -> FactoredMatrix:
+def pos_qk_circuit(model: Transformer, layer: int | None = None) -> FactoredMatrix:
     """Positional QK circuit W_pos W_Q W_Kᵀ W_posᵀ (learned positions only).
 
     Returns FactoredMatrix [layer, head, n_ctx (query pos), n_ctx (key pos)] ([head, ...] when layer
@@ -83,7 +86,7 @@ def pos_qk_circuit(model, layer: int | None = None) -> FactoredMatrix:
 
 
 @torch.no_grad()
-def ov_circuit(model, layer: int | None = None) -> FactoredMatrix:
+def ov_circuit(model: Transformer, layer: int | None = None) -> FactoredMatrix:
     """Full OV circuit W_E W_V W_O W_U.
 
     Returns FactoredMatrix [layer, head, d_vocab (attended token), d_vocab (output logit)]
@@ -95,14 +98,14 @@ def ov_circuit(model, layer: int | None = None) -> FactoredMatrix:
 
 
 @torch.no_grad()
-def direct_path(model) -> FactoredMatrix:
+def direct_path(model: Transformer) -> FactoredMatrix:
     """The direct path W_E W_U [d_vocab (input token), d_vocab (output logit)], inner size d_model:
     the bigram logits a 0-layer model predicts (without b_U)."""
     return FactoredMatrix(model.W_E, model.W_U)
 
 
 @torch.no_grad()
-def k_composition_qk_circuit(model, head: tuple[int, int], prev_head: tuple[int, int]) -> FactoredMatrix:
+def k_composition_qk_circuit(model: Transformer, head: tuple[int, int], prev_head: tuple[int, int]) -> FactoredMatrix:
     """QK circuit of `head` whose keys are read through the OV circuit of an earlier `prev_head`:
     W_E W_Q (W_E W_OV_prev W_K)ᵀ, [d_vocab (query token), d_vocab (token prev_head moved to the key)].
 
@@ -180,7 +183,7 @@ class CopyingScores:
                 "copying_heads": [head_name(l, h) for l, h in self.copying_heads()]}
 
 
-def ov_eigenvalues(model, layer: int) -> torch.Tensor:
+def ov_eigenvalues(model: Transformer, layer: int) -> torch.Tensor:
     """Eigenvalues (complex) [head, d_head] of the full OV circuits of one layer.
 
     They are those of the small matrix W_O W_U W_E W_V [d_head, d_head] (AB and BA share non-zero
@@ -194,7 +197,7 @@ def ov_eigenvalues(model, layer: int) -> torch.Tensor:
     return torch.linalg.eigvals(inner.float() if inner.dtype in (torch.float16, torch.bfloat16) else inner)
 
 
-def copying_scores(model, threshold: float = 0.5) -> CopyingScores:
+def copying_scores(model: Transformer, threshold: float = 0.5) -> CopyingScores:
     """Σλ / Σ|λ| of each head's full OV circuit W_E W_OV W_U -> CopyingScores with scores [layer, head].
 
     Σλ is the trace, so the score is real; it is 0 for a head with no OV circuit (all λ = 0).
@@ -268,7 +271,7 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
 
 
 @torch.no_grad()
-def composition_scores(model, n_baseline: int = 200, seed: int = 0) -> CompositionScores:
+def composition_scores(model: Transformer, n_baseline: int = 200, seed: int = 0) -> CompositionScores:
     """Q-, K- and V-composition scores between all pairs of heads in different layers.
 
     In x @ W orientation, head (l1, h1) writes x W_OV1 into the residual stream; a later head reads it

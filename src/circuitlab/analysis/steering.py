@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -27,6 +27,9 @@ from circuitlab.analysis._json import rounded
 from circuitlab.checks import FINITE
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 @dataclass
@@ -43,7 +46,7 @@ class SteeringVector:
                 **self.info}
 
 
-def layer_hook(model, layer: int) -> str:
+def layer_hook(model: Transformer, layer: int) -> str:
     """blocks.{layer}.hook_resid_pre, checked against the model's layers."""
     n = model.cfg.n_layers
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
@@ -53,7 +56,7 @@ def layer_hook(model, layer: int) -> str:
 
 
 @torch.no_grad()
-def hook_shape(model, hook_name: str) -> torch.Size:
+def hook_shape(model: Transformer, hook_name: str) -> torch.Size:
     """Shape of one position's activation at hook_name: [d_model] on the residual stream, [d_mlp] at
     mlp.hook_post, [n_heads, d_head] at attn.hook_z. One 1-token forward; an unknown name is a one-line error."""
     device = model_device(model)
@@ -72,7 +75,7 @@ def _token_sets(prompts: Sequence[torch.Tensor] | torch.Tensor, what: str) -> li
 
 
 @torch.no_grad()
-def mean_activation(model, prompts: Sequence[torch.Tensor], hook_name: str, last_only: bool = False) -> torch.Tensor:
+def mean_activation(model: Transformer, prompts: Sequence[torch.Tensor], hook_name: str, last_only: bool = False) -> torch.Tensor:
     """Mean activation (one position's shape, [d_model] on the residual stream) at hook_name over every position of every prompt (or their last tokens)."""
     device = model_device(model)
     total, count = None, 0
@@ -82,10 +85,11 @@ def mean_activation(model, prompts: Sequence[torch.Tensor], hook_name: str, last
         act = act[-1:] if last_only else act
         total = act.sum(0) if total is None else total + act.sum(0)
         count += act.shape[0]
+    assert total is not None  # at least one prompt (checked before)
     return total / count
 
 
-def contrast_direction(model, positive: Sequence[torch.Tensor] | torch.Tensor,
+def contrast_direction(model: Transformer, positive: Sequence[torch.Tensor] | torch.Tensor,
                        negative: Sequence[torch.Tensor] | torch.Tensor, layer: int | None = None,
                        hook_name: str | None = None, last_only: bool = False) -> SteeringVector:
     """Difference of means: mean activation over the positive prompts minus over the negative prompts,
@@ -100,7 +104,7 @@ def contrast_direction(model, positive: Sequence[torch.Tensor] | torch.Tensor,
                           {"n_positive": len(pos), "n_negative": len(neg), "last_only": last_only})
 
 
-def vector_direction(model, vector: torch.Tensor, layer: int | None = None, hook_name: str | None = None,
+def vector_direction(model: Transformer, vector: torch.Tensor, layer: int | None = None, hook_name: str | None = None,
                      source: str = "vector") -> SteeringVector:
     """Any vector as a steering direction at hook_name (default blocks.{layer}.hook_resid_pre): [d_model] on the
     residual stream (a probe's weight column), or one position's activation shape at other hooks (a dictionary
@@ -118,7 +122,7 @@ def vector_direction(model, vector: torch.Tensor, layer: int | None = None, hook
     return SteeringVector(vector, hook_name, source)
 
 
-def feature_direction(model, dictionary, feature: int) -> SteeringVector:
+def feature_direction(model: Transformer, dictionary, feature: int) -> SteeringVector:
     """A sparse dictionary's feature (circuitlab.dictionaries.SparseDictionary): its decoder row W_dec[feature]
     ([d_in]), added at the hook the dictionary reconstructs (cfg.out_hook_name for a transcoder, else cfg.hook_name)."""
     W_dec = dictionary.W_dec
@@ -153,7 +157,7 @@ def steering_hook(vector: SteeringVector, coef: float, positions: Sequence[int] 
 
 
 @contextmanager
-def steering(model, vector: SteeringVector, coef: float, positions: Sequence[int] | None = None) -> Iterator[Any]:
+def steering(model: Transformer, vector: SteeringVector, coef: float, positions: Sequence[int] | None = None) -> Iterator[Any]:
     """Context manager: forward passes and model.generate inside it are steered. Position counting starts
     at the first forward pass inside; use one context per generation when positions are given."""
     with model.hooks(fwd_hooks=[steering_hook(vector, coef, positions)]):
@@ -161,7 +165,7 @@ def steering(model, vector: SteeringVector, coef: float, positions: Sequence[int
 
 
 @torch.no_grad()
-def steered_generate(model, tokens: torch.Tensor, vector: SteeringVector, coef: float, max_new_tokens: int,
+def steered_generate(model: Transformer, tokens: torch.Tensor, vector: SteeringVector, coef: float, max_new_tokens: int,
                      positions: Sequence[int] | None = None, **kwargs: Any) -> torch.Tensor:
     """model.generate with steering: tokens [batch, pos] -> [batch, pos + new]."""
     if positions is not None and tokens.shape[-1] + max_new_tokens > model.cfg.n_ctx:
@@ -174,7 +178,7 @@ def steered_generate(model, tokens: torch.Tensor, vector: SteeringVector, coef: 
 # ---------------------------------------------------------------------------- measuring
 
 
-def _mean_loss(model, prompts: list[torch.Tensor]) -> float:
+def _mean_loss(model: Transformer, prompts: list[torch.Tensor]) -> float:
     device = model_device(model)
     losses = [model.loss(p[None, -model.cfg.n_ctx - 1:].to(device), per_token=True)[0] for p in prompts if p.numel() > 1]
     if not losses:
@@ -228,7 +232,7 @@ class SteeringSweep:
 
 
 @torch.no_grad()
-def steering_sweep(model, vector: SteeringVector, coefs: Sequence[float], positive: Sequence[torch.Tensor],
+def steering_sweep(model: Transformer, vector: SteeringVector, coefs: Sequence[float], positive: Sequence[torch.Tensor],
                    negative: Sequence[torch.Tensor], neutral: Sequence[torch.Tensor],
                    metric: Callable[[Any], float] | None = None, metric_name: str | None = None,
                    progress: bool = False) -> SteeringSweep:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +21,9 @@ from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.edges.scoring import (EdgeScores, _copies_per_run, check_edge_request, per_copy, reference)
 from circuitlab.analysis.patching import Metric, read_positions
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 @dataclass
@@ -100,7 +103,7 @@ def select_circuit(scores: EdgeScores, n: int | None = None, threshold: float | 
     if threshold is not None:
         chosen = mag >= threshold
         how = f"|score| >= {threshold:g}"
-    elif greedy:
+    elif greedy and n is not None:  # greedy without n was refused above
         chosen = _greedy(graph, mag, n)
         how = f"greedy {n} edges"
     else:
@@ -133,7 +136,7 @@ def _greedy(graph: EdgeGraph, mag: torch.Tensor, n: int) -> torch.Tensor:
     return chosen
 
 
-def circuit_metric(model, clean, corrupt, metric: Metric, circuits: Sequence[torch.Tensor], *,
+def circuit_metric(model: Transformer, clean, corrupt, metric: Metric, circuits: Sequence[torch.Tensor], *,
                    intervention: str = "counterfactual", batch_size: int | None = None) -> torch.Tensor:
     """The metric of the clean run with every edge outside each circuit patched.
 
@@ -148,7 +151,7 @@ def circuit_metric(model, clean, corrupt, metric: Metric, circuits: Sequence[tor
         return _run_circuits(model, graph, clean, metric, ref, circuits, batch_size)
 
 
-def _run_circuits(model, graph, clean, metric, ref, circuits, batch_size=None) -> torch.Tensor:
+def _run_circuits(model: Transformer, graph, clean, metric, ref, circuits, batch_size=None) -> torch.Tensor:
     chunk = batch_size or _copies_per_run(model, graph, clean)
     reads = read_positions(metric, clean.shape[1])  # logits only where the metric reads them
     out = []
@@ -163,7 +166,7 @@ def _run_circuits(model, graph, clean, metric, ref, circuits, batch_size=None) -
     return torch.cat(out)
 
 
-def refine_circuit(model, clean, corrupt, metric: Metric, circuit: Circuit, *, intervention: str = "counterfactual",
+def refine_circuit(model: Transformer, clean, corrupt, metric: Metric, circuit: Circuit, *, intervention: str = "counterfactual",
                    tolerance: float = 0.01, batch_size: int | None = None, sequential: bool = False) -> Circuit:
     """ACDC-style exact refinement of a (pruned) candidate circuit: readers are visited from the logits down;
     an edge is dropped when removing it moves the metric by less than tolerance × |m(model) − m(empty circuit)|.
@@ -219,6 +222,8 @@ def edge_auc(scores: EdgeScores | torch.Tensor, truth: Sequence[tuple[str, str]]
     """ROC AUC of |score| against a known set of edges: the chance that a true edge outranks a false one
     (ties count half). scores: EdgeScores or [n_edges] with graph; truth: (source, reader) pairs."""
     graph = scores.graph if isinstance(scores, EdgeScores) else graph
+    if graph is None:
+        raise CircuitlabError("edge_auc: scores given as a tensor need their graph (graph=...)")
     values = (scores.scores if isinstance(scores, EdgeScores) else scores).abs().double()
     is_true = torch.zeros(graph.n_edges, dtype=torch.bool)
     for s, r in truth:

@@ -13,7 +13,7 @@ The drawing is viz.edges.circuit_svg(result.circuit); experiments.circuit writes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from circuitlab.analysis.edges.faithfulness import Faithfulness, faithfulness_cu
 from circuitlab.analysis.edges.scoring import INTERVENTIONS, METHODS, EdgeScores, check_rows_fit, edge_scores
 from circuitlab.analysis.patching import Metric, kl_to_clean, logit_diff, logprob
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 METRICS = ("logit-diff", "logprob", "kl")
 REFINE = (False, True, "batched", "acdc")  # True = "batched"; "acdc": one edge at a time
@@ -101,7 +104,7 @@ def _one_token(tokenizer, text: str, row: int) -> int:
     return ids[0]
 
 
-def make_metric(name: str, model, data: CircuitData) -> Metric:
+def make_metric(name: str, model: Transformer, data: CircuitData) -> Metric:
     """logit-diff (answer − wrong), logprob (of the answer) or kl (to the clean output) at each row's last
     token. Missing answers: the clean run's top prediction; missing wrong ones: the corrupted run's."""
     if name not in METRICS:
@@ -186,7 +189,7 @@ def check_circuit_options(metric: str | Metric, method: str, intervention: str, 
         raise CircuitlabError(f"unknown refinement {refine!r}; choose batched or acdc")
 
 
-def find_circuit(model, data: CircuitData, metric: str | Metric = "logit-diff", method: str = "eap-ig", *,
+def find_circuit(model: Transformer, data: CircuitData, metric: str | Metric = "logit-diff", method: str = "eap-ig", *,
                  edges: int | None = None, threshold: float | None = None, greedy: bool = False,
                  refine: bool | str = False, intervention: str = "counterfactual", steps: int = 5,
                  progress: bool = True) -> CircuitResult:

@@ -12,7 +12,7 @@ every edge patched, m(M) the full model. The circuit of size n is the top n edge
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from circuitlab.analysis.edges.forward import graph_forward
 from circuitlab.analysis.edges.scoring import EdgeScores, check_edge_request, reference
 from circuitlab.analysis.patching import Metric
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 LEVELS = (0.8, 0.9)
@@ -62,7 +65,7 @@ class Faithfulness:
                 f"{rows}</table>")
 
 
-def faithfulness_curve(model, clean, corrupt, metric: Metric, scores: EdgeScores, *,
+def faithfulness_curve(model: Transformer, clean, corrupt, metric: Metric, scores: EdgeScores, *,
                        fractions=FRACTIONS, levels=LEVELS, intervention: str | None = None,
                        batch_size: int | None = None) -> Faithfulness:
     """Run the top-n circuits at each fraction of the edges, and on a finer grid for the sizes that reach

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from circuitlab.analysis.edges.edge_graph import EdgeGraph
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 @dataclass
@@ -51,12 +55,12 @@ class EdgeRun:
         return torch.cat([o.expand(copies, *o.shape[1:]) for _, o in self.outputs], dim=-2)
 
 
-def input_output(model, tokens: torch.Tensor) -> torch.Tensor:
+def input_output(model: Transformer, tokens: torch.Tensor) -> torch.Tensor:
     """The input node's output: token + position embeddings, tokens [batch, pos] -> [1, batch, pos, d_model]."""
     return model.embed_tokens(tokens)[None]
 
 
-def graph_forward(model, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.Tensor | None = None,
+def graph_forward(model: Transformer, graph: EdgeGraph, tokens: torch.Tensor, *, ref: torch.Tensor | None = None,
                   mask: torch.Tensor | None = None, input_out: torch.Tensor | None = None,
                   base: EdgeRun | None = None, start: int = 0, reads: Sequence[int] | None = None
                   ) -> EdgeRun:

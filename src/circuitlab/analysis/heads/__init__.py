@@ -11,7 +11,7 @@ and induction_circuit.py stand on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model.assumptions import ASSUMPTIONS, unmet
 from circuitlab.model.transformer import model_device
 from circuitlab.names import head_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 # ---------------------------------------------------------------------------- classification
 
@@ -120,7 +123,7 @@ class HeadClasses:
 
 
 @torch.no_grad()
-def classify_heads(model, tokens: torch.Tensor | None = None, thresholds: dict[str, float] | None = None,
+def classify_heads(model: Transformer, tokens: torch.Tensor | None = None, thresholds: dict[str, float] | None = None,
                    seed: int = 0, batch: int = 16, seq_len: int | None = None) -> HeadClasses:
     """Label every head from its behaviour on tokens [batch, pos] and from the weights.
 
@@ -250,7 +253,7 @@ class AttentionPatterns(Displayed):
 
 
 @torch.no_grad()
-def attention_view(model, tokens: torch.Tensor | list[int] | str, tokenizer=None,
+def attention_view(model: Transformer, tokens: torch.Tensor | list[int] | str, tokenizer=None,
                    labels: dict[str, str] | HeadClasses | None = None) -> AttentionPatterns:
     """All attention patterns of model on one sequence, ready to display.
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from circuitlab.data.synthetic import repeated_random_tokens, tiled_random_segme
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.transformer import lm_loss, model_device
 from circuitlab.names import head_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")
 
@@ -53,7 +56,7 @@ def induction_test_tokens(batch: int, seq_len: int, vocab_size: int, generator: 
 
 def attention_patterns(cache) -> torch.Tensor:
     """All attention patterns of a cache, stacked: [layer, batch, head, query_pos, key_pos]."""
-    layers = []
+    layers: list[torch.Tensor] = []
     while f"blocks.{len(layers)}.attn.hook_pattern" in cache.keys():
         layers.append(cache[f"blocks.{len(layers)}.attn.hook_pattern"])
     if not layers:
@@ -233,7 +236,7 @@ class PeriodSweep:
 
 
 @torch.no_grad()
-def induction_by_period(model, periods: Sequence[int] | None = None, batch: int = 16, seed: int = 0,
+def induction_by_period(model: Transformer, periods: Sequence[int] | None = None, batch: int = 16, seed: int = 0,
                         exclude: Sequence[int] = (), progress: bool = False) -> PeriodSweep:
     """Run [r, r] (tokens [batch, 2 * period]) at each period; r is drawn uniformly from the token ids
     other than `exclude` (pass the tokenizer's special tokens), with a generator seeded by `seed`.

@@ -8,7 +8,7 @@ The induction test itself, [r, r] at every period, is circuitlab.analysis.heads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from circuitlab.analysis.heads.detectors import MIN_PERIOD, detect_heads, induct
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.transformer import lm_loss, model_device
 from circuitlab.training.tracking import Probe
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 # ---------------------------------------------------------------------------- in-context learning
 
@@ -43,7 +46,7 @@ class ICLScore:
 
 
 @torch.no_grad()
-def in_context_learning_score(model, tokens: torch.Tensor, early: int | None = None, late: int | None = None,
+def in_context_learning_score(model: Transformer, tokens: torch.Tensor, early: int | None = None, late: int | None = None,
                               width: int | None = None, batch_size: int = 16) -> ICLScore:
     """Loss of predicting the tokens around position late minus around position early, averaged over
     sequences (Olsson et al. 2022: the 500th token's loss minus the 50th's, contexts of 512).
@@ -91,7 +94,7 @@ def training_probes(batch: int = 16, seed: int = 1234, max_len: int = 128) -> li
     """
     made: dict[str, Any] = {}
 
-    def sequences(model, data) -> tuple[torch.Tensor, list[int], list[int]]:
+    def sequences(model: Transformer, data) -> tuple[torch.Tensor, list[int], list[int]]:
         key = (model.cfg.d_vocab, model.cfg.n_ctx)
         if made.get("key") != key:
             seq_len = min(model.cfg.n_ctx, max_len)
@@ -103,7 +106,7 @@ def training_probes(batch: int = 16, seed: int = 1234, max_len: int = 128) -> li
         return made["tiled"], made["periods"], [] if eos is None else [eos]
 
     @torch.no_grad()
-    def heads(model, data) -> dict[str, Any]:
+    def heads(model: Transformer, data) -> dict[str, Any]:
         tiled, _, _ = sequences(model, data)
         tokens = tiled.to(model_device(model))
         logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
@@ -115,7 +118,7 @@ def training_probes(batch: int = 16, seed: int = 1234, max_len: int = 128) -> li
             found["prev_token"] = _lists(scores["previous_token"])
         return found
 
-    def by_period(model, data) -> dict[str, Any]:
+    def by_period(model: Transformer, data) -> dict[str, Any]:
         _, periods, exclude = sequences(model, data)
         if not model.cfg.n_layers or periods[-1] < 2:
             return {}
@@ -133,13 +136,14 @@ def icl_probe(n_rows: int = 32, max_len: int = 128) -> Probe:
     the context min(n_ctx, max_len)). Data without a val stream (e.g. the addition task) gives {}."""
     rows: dict[int, torch.Tensor | None] = {}
 
-    def icl(model, data) -> dict[str, Any]:
+    def icl(model: Transformer, data) -> dict[str, Any]:
         if id(data) not in rows:
             rows.clear()
             rows[id(data)] = validation_rows(data.val, min(model.cfg.n_ctx, max_len) + 1, n_rows)
-        if rows[id(data)] is None:
+        held = rows[id(data)]
+        if held is None:
             return {}
-        found = in_context_learning_score(model, rows[id(data)])
+        found = in_context_learning_score(model, held)
         return {"icl": round(found.score, 4)}
 
     return icl

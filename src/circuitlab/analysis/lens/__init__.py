@@ -14,7 +14,7 @@ layer, read out the same way).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from circuitlab.analysis._json import round_tensor
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 @dataclass
@@ -60,7 +63,7 @@ class LogitLens(Displayed):
 
 
 
-def residual_points(model, cache) -> tuple[list[str], torch.Tensor]:
+def residual_points(model: Transformer, cache) -> tuple[list[str], torch.Tensor]:
     """The residual stream after the embeddings and after each block: (labels, [point, batch, pos, d_model])."""
     L = model.cfg.n_layers
     names = (["blocks.0.hook_resid_pre"] if L else []) + [f"blocks.{l}.hook_resid_post" for l in range(L)]
@@ -74,7 +77,7 @@ def residual_points(model, cache) -> tuple[list[str], torch.Tensor]:
 
 
 @torch.no_grad()
-def logit_lens(model, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=None) -> LogitLens:
+def logit_lens(model: Transformer, tokens: torch.Tensor, k: int = 5, tokenizer=None, cache=None) -> LogitLens:
     """Logit lens on one sequence, tokens [pos] (or [1, pos]).
 
     tokenizer: optional, anything with decode(list[int]) -> str, to fill token_strs and top_strs.

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters, model_device
 from circuitlab.perf import threads_for_work, transformer_step_flops
 from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 LENS_BUDGET = 2 ** 28  # floats one training step may hold (1 GiB): bounds batch_size x seq_len
 LENS_TOKENS = 2 ** 24  # tokens of training batches held in memory (128 MB as int64)
@@ -83,7 +86,7 @@ class TunedLens(nn.Module):
         return (Path(folder) / WEIGHTS_FILE).is_file() and (Path(folder) / CONFIG_FILE).is_file()
 
     @classmethod
-    def load(cls, folder: str | Path, model=None) -> "TunedLens":
+    def load(cls, folder: str | Path, model: Transformer | None = None) -> "TunedLens":
         """A saved lens; with `model`, checked to fit it (same residual points and d_model)."""
         from safetensors.torch import load_file
 
@@ -111,24 +114,24 @@ def default_lens_dir(checkpoint: str | Path) -> Path:
     return inside if TunedLens.exists(inside) else default_out(checkpoint, "tuned_lens")
 
 
-def _model_info(model) -> dict[str, Any]:
+def _model_info(model: Transformer) -> dict[str, Any]:
     return {"n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "d_vocab": model.cfg.d_vocab}
 
 
-def _check_fits(lens: TunedLens, model) -> None:
+def _check_fits(lens: TunedLens, model: Transformer) -> None:
     labels = ["embed"] + [f"L{l}" for l in range(model.cfg.n_layers)] if model.cfg.n_layers else ["embed"]
     if lens.labels != labels or lens.weight.shape[-1] != model.cfg.d_model:
         raise CircuitlabError(f"this tuned lens was trained for {len(lens.labels) - 1} layers of d_model "
                               f"{lens.weight.shape[-1]}; the model has {model.cfg.n_layers} of {model.cfg.d_model}")
 
 
-def _residual_stream(model, tokens: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+def _residual_stream(model: Transformer, tokens: torch.Tensor) -> tuple[list[str], torch.Tensor]:
     """(labels, residual points [point, batch, pos, d_model]), without gradients."""
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: "resid" in n or n in ("hook_embed", "hook_pos_embed"))
     return residual_points(model, cache)
 
 
-def _lens_log_probs(model, resid: torch.Tensor) -> torch.Tensor:
+def _lens_log_probs(model: Transformer, resid: torch.Tensor) -> torch.Tensor:
     return model.readout(resid).float().log_softmax(dim=-1)
 
 
@@ -147,7 +150,7 @@ def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: 
     return list(flat.view(n_batches, batch_size, seq_len))
 
 
-def check_lens_batches(model, n_batches: int, batch_size: int, seq_len: int) -> None:
+def check_lens_batches(model: Transformer, n_batches: int, batch_size: int, seq_len: int) -> None:
     """Refuse, in one line naming the option, sizes whose memory is unbounded: one step holds every point's
     log-probabilities [point, batch, pos, d_vocab] (LENS_BUDGET floats at most), and all batches are held
     as tokens (LENS_TOKENS at most). Called before any data is built."""
@@ -177,7 +180,7 @@ def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
+def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
                      progress: bool = False, state_file: str | Path | None = None, save_every: int = 100,
                      settings: dict[str, Any] | None = None) -> TunedLens:
     """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
@@ -209,7 +212,8 @@ def train_tuned_lens(model, batches: Sequence[torch.Tensor] | torch.Tensor, step
         check_lens_batches(model, 1, b.shape[0], b.shape[1])
     settings = {"steps": steps, "lr": lr, "n_batches": len(batches), "data": data_fingerprint(batches),
                 **(settings or {})}
-    start, losses, saved_step = 0, [], None
+    start, saved_step = 0, None
+    losses: list[float] = []
     if state_file is not None and Path(state_file).is_file():
         start, losses = _load_training_state(Path(state_file), lens, opt, settings)
         saved_step = start
@@ -301,10 +305,11 @@ class LensComparison:
     logit: LogitLens
     tuned: LogitLens
 
-    def mean_kl(self) -> dict[str, list[float]]:
+    def mean_kl(self) -> dict[str, list[Any]]:
         """Per point, KL to the final distribution averaged over positions."""
-        return {"labels": self.logit.labels, "logit": self.logit.kl_to_final.mean(-1).tolist(),
-                "tuned": self.tuned.kl_to_final.mean(-1).tolist()}
+        logit, tuned = self.logit.kl_to_final, self.tuned.kl_to_final
+        assert logit is not None and tuned is not None  # both lenses are read against the final distribution
+        return {"labels": self.logit.labels, "logit": logit.mean(-1).tolist(), "tuned": tuned.mean(-1).tolist()}
 
     def table(self) -> str:
         kl = self.mean_kl()
@@ -321,7 +326,7 @@ class LensComparison:
 
 
 @torch.no_grad()
-def tuned_lens(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LogitLens:
+def tuned_lens(model: Transformer, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LogitLens:
     """The tuned lens's read-outs on one sequence, tokens [pos] (as logit_lens, through the translators)."""
     _check_fits(lens, model)
     tokens = one_sequence(model, tokens, "the tuned lens")
@@ -330,13 +335,13 @@ def tuned_lens(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokeniz
     return lens_readout(labels, tokens, logits, k, tokenizer, name="tuned lens")
 
 
-def compare_lenses(model, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LensComparison:
+def compare_lenses(model: Transformer, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LensComparison:
     """Logit lens and tuned lens side by side on one sequence tokens [pos]."""
     return LensComparison(logit_lens(model, tokens, k, tokenizer), tuned_lens(model, tokens, lens, k, tokenizer))
 
 
 @torch.no_grad()
-def mean_kl_to_final(model, batches: Iterable[torch.Tensor] | torch.Tensor, lens: TunedLens | None = None
+def mean_kl_to_final(model: Transformer, batches: Iterable[torch.Tensor] | torch.Tensor, lens: TunedLens | None = None
                      ) -> torch.Tensor:
     """KL(final ‖ lens) per residual point [point], averaged over every position of the batches
     (held-out data); lens None = the logit lens."""

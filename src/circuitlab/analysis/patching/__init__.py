@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +59,10 @@ from circuitlab.analysis.patching.targets import (DEFAULT_TARGETS, TARGETS, Targ
 from circuitlab.display import Displayed
 from circuitlab.model import model_device  # noqa: F401
 from circuitlab.model.hooks import act_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+    from circuitlab.model.hooks import ActivationCache
 
 
 @dataclass
@@ -136,7 +140,7 @@ class PatchResult(Displayed):
 # ---------------------------------------------------------------------------- activation patching
 
 
-def _prepare_noised(model, clean, noised: Noised, metric: Metric, targets: Sequence[str], direction: str,
+def _prepare_noised(model: Transformer, clean, noised: Noised, metric: Metric, targets: Sequence[str], direction: str,
                     layers: Sequence[int] | None):
     """_prepare for a noise corruption: the base run and the source hold every noise run of every prompt
     (run-major), and the metric is averaged over the runs."""
@@ -153,7 +157,8 @@ def _prepare_noised(model, clean, noised: Noised, metric: Metric, targets: Seque
         with model.hooks(corrupted.hooks()):
             base, _ = BaseRun.of(model, corrupted.tokens)
         clean_logits, cache = model.run_with_cache(clean, names_filter=hooks)
-        source = {h: cache[h].repeat(runs, *[1] * (cache[h].dim() - 1)) for h in hooks}
+        source: dict[str, torch.Tensor] | ActivationCache = {
+            h: cache[h].repeat(runs, *[1] * (cache[h].dim() - 1)) for h in hooks}
         noised_logits = base.logits
     else:  # the clean prompts once per run, with each run's noised activations
         base, _ = BaseRun.of(model, clean.repeat(runs, 1))
@@ -164,7 +169,7 @@ def _prepare_noised(model, clean, noised: Noised, metric: Metric, targets: Seque
     return chosen, layers, base, source, values, over_runs
 
 
-def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+def _prepare(model: Transformer, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
              layers: Sequence[int] | None):
     """Every check (before any compute), then the two cached runs shared by all targets, and the metric the
     patched runs are measured with."""
@@ -181,7 +186,7 @@ def _prepare(model, clean, corrupt, metric: Metric, targets: Sequence[str], dire
     return chosen, layers, base, source_cache, values, metric
 
 
-def _patch_target(model, target: Target, layers: list[int], base: BaseRun, source_cache, metric: Metric,
+def _patch_target(model: Transformer, target: Target, layers: list[int], base: BaseRun, source_cache, metric: Metric,
                   values: tuple[float, float, float], direction: str, batch_size: int | None, progress: bool
                   ) -> PatchResult:
     per_layer = []
@@ -199,7 +204,7 @@ def _patch_target(model, target: Target, layers: list[int], base: BaseRun, sourc
                        metric=getattr(metric, "__name__", "metric"), gap_noise=values[2])
 
 
-def activation_patching(model, clean_tokens, corrupt_tokens, metric: Metric, target: str = "resid_pre", *,
+def activation_patching(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric, target: str = "resid_pre", *,
                         direction: str = "denoise", layers: Sequence[int] | None = None,
                         batch_size: int | None = None, progress: bool = True) -> PatchResult:
     """Patch every piece of `target` one at a time (batched) and record the metric.
@@ -216,7 +221,7 @@ def activation_patching(model, clean_tokens, corrupt_tokens, metric: Metric, tar
                           layers=layers, batch_size=batch_size, progress=progress)[target]
 
 
-def patching_sweep(model, clean_tokens, corrupt_tokens, metric: Metric, targets: Sequence[str] | None = None,
+def patching_sweep(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric, targets: Sequence[str] | None = None,
                    *, direction: str = "denoise", layers: Sequence[int] | None = None,
                    batch_size: int | None = None, progress: bool = True) -> dict[str, PatchResult]:
     """activation_patching for several targets, sharing the clean and corrupted runs.
@@ -226,7 +231,7 @@ def patching_sweep(model, clean_tokens, corrupt_tokens, metric: Metric, targets:
     Returns {target: PatchResult}.
     """
     targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
-    chosen, layers, base, source_cache, values, measure = _prepare(model, clean_tokens, corrupt_tokens, metric,
-                                                                   targets, direction, layers)
-    return {t.name: _patch_target(model, t, layers, base, source_cache, measure, values, direction, batch_size,
+    chosen, checked, base, source_cache, values, measure = _prepare(model, clean_tokens, corrupt_tokens, metric,
+                                                                    targets, direction, layers)
+    return {t.name: _patch_target(model, t, checked, base, source_cache, measure, values, direction, batch_size,
                                   progress) for t in chosen}

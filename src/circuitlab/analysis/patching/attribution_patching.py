@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from circuitlab.analysis.patching import (Metric, PatchResult, check_patching_re
                                           patching_sweep)
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 def _checked(value) -> torch.Tensor:
@@ -34,7 +37,7 @@ def _checked(value) -> torch.Tensor:
     return value
 
 
-def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
+def attribution_patching(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric,
                          targets: Sequence[str] | str | None = None, *, direction: str = "denoise",
                          layers: Sequence[int] | None = None) -> dict[str, PatchResult]:
     """Estimated activation patching for every target with 2 forward passes and 1 backward pass.
@@ -45,8 +48,8 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
     activation_patching: base metric + estimated change.
     """
     targets = default_targets(model) if targets is None else [targets] if isinstance(targets, str) else targets
-    chosen, layers, base, source, hooks = check_patching_request(model, clean_tokens, corrupt_tokens, metric,
-                                                                 targets, direction, layers)
+    chosen, checked, base, source, hooks = check_patching_request(model, clean_tokens, corrupt_tokens, metric,
+                                                                  targets, direction, layers)
 
     source_logits, source_cache = model.run_with_cache(source, names_filter=hooks)
     # ∂metric/∂activation at the base run: the model's one gradient cache (autograd.grad on the activations).
@@ -60,7 +63,7 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
     results = {}
     for t in chosen:
         per_layer = []
-        for l in layers:
+        for l in checked:
             h = act_name(t.hook, l)
             contrib = (source_cache[h] - base_acts[h]) * grads[h]  # [batch, *act dims]
             summed = [d + 1 for d in range(contrib.dim() - 1) if d not in t.dims]
@@ -68,7 +71,7 @@ def attribution_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
             order = sorted(t.dims)
             per_layer.append(est.permute([order.index(d) for d in t.dims]))  # into the target's axis order
         values = base_value + torch.stack(per_layer).cpu().double()
-        results[t.name] = PatchResult(t.name, t.axes, layers, values, clean_value, corrupt_value, direction,
+        results[t.name] = PatchResult(t.name, t.axes, checked, values, clean_value, corrupt_value, direction,
                                       method="attribution", metric=getattr(metric, "__name__", "metric"))
     return results
 
@@ -99,7 +102,7 @@ class AttributionCheck:
                 "patching": {k: v.to_dict() for k, v in self.patching.items()}}
 
 
-def attribution_vs_patching(model, clean_tokens, corrupt_tokens, metric: Metric,
+def attribution_vs_patching(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric,
                             targets: Sequence[str] | str | None = None, *, direction: str = "denoise",
                             layers: Sequence[int] | None = None, batch_size: int | None = None,
                             progress: bool = True, patching: dict[str, PatchResult] | None = None

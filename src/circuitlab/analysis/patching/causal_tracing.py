@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -41,6 +41,9 @@ from circuitlab.analysis.patching.noise import Corrupted, Noise, check_runs, cor
 from circuitlab.display import Displayed
 from circuitlab.errors import InputError
 from circuitlab.model.hooks import act_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 # What each kind restores, and for the severed kinds which outputs are frozen downstream.
 RESTORES = {"hidden": "resid_post", "mlp": "mlp_out", "attn": "attn_out", "hidden_no_mlp": "resid_post",
@@ -66,7 +69,7 @@ def window_layers(layer: int, window: int, n_layers: int) -> range:
     return range(max(0, layer - window // 2), min(n_layers, layer - (-window // 2)))
 
 
-def check_window(model, window: int | None) -> int:
+def check_window(model: Transformer, window: int | None) -> int:
     n = model.cfg.n_layers
     if window is None:
         return default_window(n)
@@ -77,7 +80,7 @@ def check_window(model, window: int | None) -> int:
     return window
 
 
-def check_kinds(model, kinds: Sequence[str] | None) -> list[str]:
+def check_kinds(model: Transformer, kinds: Sequence[str] | None) -> list[str]:
     """The kinds to trace (default: hidden, mlp, attn that the model has), or a one-line InputError."""
     has = [k for k in KINDS if model.cfg.has_mlp or "mlp" not in k]
     if kinds is None:
@@ -111,6 +114,7 @@ def subject_span(tokens: Sequence[int], subject: Any, tokenizer=None) -> tuple[i
             raise InputError("a subject given as text needs the tokenizer (tokenizer=...)")
         if not subject.strip():
             raise InputError("the subject is empty; give the words of the prompt to corrupt")
+        assert pieces is not None  # decoded: there is a tokenizer
         text = "".join(pieces)
         at = text.find(subject)
         if at < 0:
@@ -158,7 +162,7 @@ class TraceRun:
     first: int = 0
 
 
-def trace_run(model, tokens: torch.Tensor, corrupted: Corrupted, metric: Metric) -> TraceRun:
+def trace_run(model: Transformer, tokens: torch.Tensor, corrupted: Corrupted, metric: Metric) -> TraceRun:
     """Run tokens [pos] clean and corrupted, caching the states restoration reads."""
     L = range(model.cfg.n_layers)
     names = [act_name(h, l) for h in sorted({*RESTORES.values()}) for l in L
@@ -181,7 +185,7 @@ def _frozen_sites(run: TraceRun, hook: str, layers: Sequence[int], n: int) -> li
     return [Site(act_name(hook, l), run.corrupted[act_name(hook, l)], (), none, pos_dim=0) for l in layers]
 
 
-def restoration_sweep(model, run: TraceRun, kind: str, window: int = 1, batch_size: int | None = None,
+def restoration_sweep(model: Transformer, run: TraceRun, kind: str, window: int = 1, batch_size: int | None = None,
                       progress: bool = True) -> torch.Tensor:
     """The metric with each (layer, position) of `kind` restored from the clean run: [layer, pos].
 
@@ -208,7 +212,7 @@ def restoration_sweep(model, run: TraceRun, kind: str, window: int = 1, batch_si
     return torch.stack(out)
 
 
-def restore_everything(model, run: TraceRun, layer: int, kind: str = "hidden") -> float:
+def restore_everything(model: Transformer, run: TraceRun, layer: int, kind: str = "hidden") -> float:
     """The metric with `kind` restored at every position at once (hidden: the residual stream leaving
     `layer`): the whole clean state at that layer, so it equals the clean metric (a check)."""
     site = Site(act_name(RESTORES[kind], layer), run.clean[act_name(RESTORES[kind], layer)], (),
@@ -280,7 +284,7 @@ class CausalTrace(Displayed):
 
 
 @torch.no_grad()
-def trace_estimate(model, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.Estimate:
+def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.Estimate:
     """What causal tracing of one prompt of n_pos tokens with `runs` noise runs holds and computes: every run's
     cached activations (one batch: noise.run_floats) and a chunk of restored copies of them; the clean run plus
     one restored run per (kind, layer, position), each a forward pass over the runs (from the restored layer on:
@@ -301,7 +305,7 @@ def trace_estimate(model, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.
                            held=memory.tensor_bytes(model), flops=flops, efficiency=0.5)
 
 
-def causal_trace(model, tokens, subject: Any, answer: int | str | None = None, *, tokenizer=None,
+def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | None = None, *, tokenizer=None,
                  kinds: Sequence[str] | None = None, window: int | None = None, metric: str = "prob",
                  wrong: int | str | None = None, noise: Noise | None = None, batch_size: int | None = None,
                  progress: bool = True) -> CausalTrace:
@@ -422,7 +426,7 @@ def average_traces(traces: Sequence[CausalTrace]) -> AverageTrace:
 
 
 @torch.no_grad()
-def average_causal_trace(model, prompts: Sequence, subjects: Sequence, answers: Sequence | None = None, *,
+def average_causal_trace(model: Transformer, prompts: Sequence, subjects: Sequence, answers: Sequence | None = None, *,
                          tokenizer=None, kinds: Sequence[str] | None = None, window: int | None = None,
                          metric: str = "prob", wrongs: Sequence | None = None, noise: Noise | None = None,
                          batch_size: int | None = None, progress: bool = True) -> AverageTrace:

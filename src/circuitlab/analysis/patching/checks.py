@@ -4,6 +4,7 @@ one CircuitlabError line."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,15 +15,18 @@ from circuitlab.model import model_device, model_dtype
 from circuitlab.model.hooks import act_name
 from circuitlab.model.tokens import check_tokens
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 DIRECTIONS = ("denoise", "noise")
 
 
-def as_tokens(model, tokens: torch.Tensor | Sequence, what: str = "tokens") -> torch.Tensor:
+def as_tokens(model: Transformer, tokens: torch.Tensor | Sequence, what: str = "tokens") -> torch.Tensor:
     """tokens [batch, pos] or [pos] -> LongTensor [batch, pos] on the model's device, checked."""
     return check_tokens(tokens, model.cfg, what).long().to(model_device(model))
 
 
-def one_sequence(model, tokens: torch.Tensor | Sequence, who: str) -> torch.Tensor:
+def one_sequence(model: Transformer, tokens: torch.Tensor | Sequence, who: str) -> torch.Tensor:
     """tokens [pos] or [1, pos] -> LongTensor [pos] on the model's device, checked as as_tokens does;
     a batch of several is a one-line error naming `who` (the analysis reads one sequence)."""
     t = torch.as_tensor(tokens)
@@ -31,7 +35,7 @@ def one_sequence(model, tokens: torch.Tensor | Sequence, who: str) -> torch.Tens
     return as_tokens(model, t, f"{who}'s tokens")[0]
 
 
-def check_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
+def check_pair(model: Transformer, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
     """Both prompts as token tensors [batch, pos] of the same shape, or a CircuitlabError."""
     clean, corrupt = as_tokens(model, clean, "clean tokens"), as_tokens(model, corrupt, "corrupted tokens")
     if clean.shape != corrupt.shape:
@@ -41,7 +45,7 @@ def check_pair(model, clean, corrupt) -> tuple[torch.Tensor, torch.Tensor]:
     return clean, corrupt
 
 
-def check_metric(model, metric: Metric, shape: tuple[int, int]) -> None:
+def check_metric(model: Transformer, metric: Metric, shape: tuple[int, ...]) -> None:
     """Call the metric on zero logits [batch, pos, d_vocab]: it must return one number. Costs no forward pass."""
     if not callable(metric):
         raise CircuitlabError(f"the metric must be a function of the logits, got {type(metric).__name__}")
@@ -60,7 +64,7 @@ def check_metric(model, metric: Metric, shape: tuple[int, int]) -> None:
                               f"{list(dummy.shape)}; reduce it, e.g. with .mean()")
 
 
-def check_layers(model, layers: Sequence[int] | None) -> list[int]:
+def check_layers(model: Transformer, layers: Sequence[int] | None) -> list[int]:
     n = model.cfg.n_layers
     if layers is None:
         return list(range(n))
@@ -77,7 +81,7 @@ def check_direction(direction: str) -> None:
                               f"(corrupted into the clean run), got {direction!r}")
 
 
-def check_patching_request(model, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
+def check_patching_request(model: Transformer, clean, corrupt, metric: Metric, targets: Sequence[str], direction: str,
                            layers: Sequence[int] | None):
     """Every check of a patching request, before any compute. Returns (targets, layers, base tokens,
     source tokens, the hook names to cache): denoising runs the corrupted prompt and takes

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -14,6 +15,9 @@ import circuitlab.memory as memory
 from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 # Float elements one chunk may hold in its largest activations (about 256 MB in fp32).
 CHUNK_BUDGET = 2 ** 26
@@ -34,7 +38,7 @@ class BaseRun:
     logits: torch.Tensor
 
     @classmethod
-    def of(cls, model, tokens: torch.Tensor, names: Sequence[str] = ()):
+    def of(cls, model: Transformer, tokens: torch.Tensor, names: Sequence[str] = ()):
         """Run `tokens` [batch, pos] once; returns (BaseRun, ActivationCache of the extra hook `names`)."""
         L = range(model.cfg.n_layers)
         k = "rot_k" if model.cfg.positional == "rotary" else "k"
@@ -93,7 +97,7 @@ class Site:
         return torch.where(mask[:, None], src.to(act.device, act.dtype), grouped).view_as(act)
 
 
-def chunk_size(model, batch: int, pos: int, eager: bool = False) -> int:
+def chunk_size(model: Transformer, batch: int, pos: int, eager: bool = False) -> int:
     """Patches per forward pass so that a chunk's largest activations stay within CHUNK_BUDGET floats (a size
     for speed: larger chunks are no faster), or a pass's share of the memory budget where that is less."""
     cfg = model.cfg
@@ -103,7 +107,7 @@ def chunk_size(model, batch: int, pos: int, eager: bool = False) -> int:
     return max(1, min(CHUNK_BUDGET, memory.floats(memory.PASS_SHARE)) // (per_row * batch))
 
 
-def patched_run(model, base: BaseRun, layer: int, sites: Sequence[Site], rows: slice, start: int = 0,
+def patched_run(model: Transformer, base: BaseRun, layer: int, sites: Sequence[Site], rows: slice, start: int = 0,
                 width: int | None = None, reads: Sequence[int] | None = None, stop: int | None = None,
                 extra_hooks: Sequence = ()) -> tuple[torch.Tensor, list[int]]:
     """One chunk of patches in one forward pass, from the base run's residual stream entering `layer`.
@@ -172,7 +176,7 @@ def _patches_keys_beyond(sites: Sequence[Site], layer: int, rows: slice, done: i
     return False
 
 
-def patched_logits(model, base: BaseRun, resid: torch.Tensor, positions: Sequence[int],
+def patched_logits(model: Transformer, base: BaseRun, resid: torch.Tensor, positions: Sequence[int],
                    reads: Sequence[int] | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [chunk, batch, pos, d_vocab] of a chunk, for the metric.
 
@@ -188,6 +192,7 @@ def patched_logits(model, base: BaseRun, resid: torch.Tensor, positions: Sequenc
         start, done = positions[0], positions[-1] + 1
         logits = model.readout(resid)
         return torch.cat([base_logits[:, :, :start], logits, base_logits[:, :, done:]], dim=2)
+    assert buffer is not None  # given with reads (read_positions), as the docstring says
     out = buffer[:C]
     where = {p: i for i, p in enumerate(positions)}
     inside = [p for p in reads if p in where]
@@ -224,7 +229,7 @@ def _chunks(positions: torch.Tensor | None, n: int, per_chunk: int, span: int) -
 
 
 @torch.no_grad()
-def sweep(model, base: BaseRun, layer: int, sites: Sequence[Site], metric: Metric,
+def sweep(model: Transformer, base: BaseRun, layer: int, sites: Sequence[Site], metric: Metric,
           batch_size: int | None = None, progress: bool = True, desc: str = "patching",
           positions: torch.Tensor | None = None, local: bool = False) -> torch.Tensor:
     """The metric after each of n_patch patches; patch n applies every site's n-th index at once.

@@ -17,9 +17,9 @@ def _named(fn: Callable, name: str, positions=None, per_row: Callable | None = N
     `per_row(logits) -> [batch]` gives the values the metric averages (for the noise of a gap: gap_noise)."""
     fn.__name__ = name
     if positions is not None:
-        fn.positions = positions
+        setattr(fn, "positions", positions)  # read back with getattr(metric, "positions", None)
     if per_row is not None:
-        fn.per_row = per_row
+        setattr(fn, "per_row", per_row)
     return fn
 
 
@@ -138,7 +138,7 @@ def normalized_metric(metric: Metric, clean_value: float, corrupt_value: float) 
         raise CircuitlabError("normalized_metric(): the metric is the same on the clean and corrupted prompts "
                               f"({clean_value}), so there is nothing to recover; choose prompts it tells apart")
 
-    def norm(logits: torch.Tensor) -> torch.Tensor:
+    def norm(logits: torch.Tensor) -> torch.Tensor | float:
         return (metric(logits) - corrupt_value) / (clean_value - corrupt_value)
     return _named(norm, f"normalized_{getattr(metric, '__name__', 'metric')}", getattr(metric, "positions", None))
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ import circuitlab.memory as memory
 from circuitlab.checks import COUNT, POSITIVE, Number
 from circuitlab.errors import InputError
 from circuitlab.model import model_device, model_dtype
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 NOISE_KINDS = ("gaussian", "uniform", "replace")
 # k in nu = k x std: past a few the noise already swamps the embeddings (the paper's is 3); far past, the
@@ -140,14 +144,14 @@ class Corrupted:
 
 
 @torch.no_grad()
-def embedding_std(model, tokens: torch.Tensor | Sequence) -> float:
+def embedding_std(model: Transformer, tokens: torch.Tensor | Sequence) -> float:
     """The standard deviation of the token embeddings' coordinates (what hook_embed carries) of `tokens`
     (any shape): the paper takes it over the subjects of its prompts."""
     flat = torch.as_tensor(tokens).long().flatten().to(model_device(model))
     return float(model.token_embeddings(flat).double().std())
 
 
-def corrupt_positions(model, tokens: torch.Tensor, positions: Sequence[int], noise: Noise,
+def corrupt_positions(model: Transformer, tokens: torch.Tensor, positions: Sequence[int], noise: Noise,
                       nu: float | None = None) -> Corrupted:
     """The corrupted runs of tokens [pos] or [batch, pos] with `positions` disturbed by `noise`: rows
     [runs * batch, pos], run-major (row r * batch + b is prompt b in run r), each with its own noise draw.
@@ -209,5 +213,5 @@ def averaged_over_runs(metric, runs: int):
         return sum(metric(chunk) for chunk in logits.chunk(runs)) / runs
     averaged.__name__ = getattr(metric, "__name__", "metric")
     if getattr(metric, "positions", None) is not None:
-        averaged.positions = metric.positions
+        setattr(averaged, "positions", getattr(metric, "positions"))
     return averaged

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -34,6 +34,9 @@ from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, c
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 from circuitlab.names import head_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 INPUTS = ("q", "k", "v")
 
@@ -78,7 +81,7 @@ class PathPatchResult:
                 "top": [{"sender": head_name(*s), "effect": round(e, 6)} for s, e in self.top()]}
 
 
-def _check_heads(model, receiver, receiver_input: str, senders) -> list[tuple[int, int]]:
+def _check_heads(model: Transformer, receiver, receiver_input: str, senders) -> list[tuple[int, int]]:
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if receiver_input not in INPUTS:
         raise CircuitlabError(f"receiver_input must be one of q, k, v; got {receiver_input!r}")
@@ -102,7 +105,7 @@ def _check_heads(model, receiver, receiver_input: str, senders) -> list[tuple[in
 
 
 @torch.no_grad()
-def path_patching(model, clean_tokens, corrupt_tokens, metric: Metric, receiver: tuple[int, int],
+def path_patching(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric, receiver: tuple[int, int],
                   receiver_input: str = "k", senders: Sequence[tuple[int, int]] | None = None, *,
                   batch_size: int | None = None, progress: bool = True) -> PathPatchResult:
     """Effect of each sender head's corrupted output on the metric, through the receiver head's input only.

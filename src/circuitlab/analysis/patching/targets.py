@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from circuitlab.errors import CircuitlabError, did_you_mean
 from circuitlab.model.hooks import act_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ TARGETS = _targets()
 DEFAULT_TARGETS = ("resid_pre", "attn_out", "mlp_out", "head_out", "head_out_by_pos")
 
 
-def get_target(model, name: str) -> Target:
+def get_target(model: Transformer, name: str) -> Target:
     """The Target called `name`, checked against the model's hooks (an attention-only model has no mlp_out)."""
     if name not in TARGETS:
         hint = did_you_mean(name, TARGETS, n=3)
@@ -67,12 +71,12 @@ def get_target(model, name: str) -> Target:
     return target
 
 
-def default_targets(model) -> list[str]:
+def default_targets(model: Transformer) -> list[str]:
     """DEFAULT_TARGETS that the model has hooks for."""
     return [t for t in DEFAULT_TARGETS if t in available_targets(model)]
 
 
-def available_targets(model) -> list[str]:
+def available_targets(model: Transformer) -> list[str]:
     """Names of the targets this model has hooks for."""
     points = model.hook_points()
     return [n for n, t in TARGETS.items() if model.cfg.n_layers and act_name(t.hook, 0) in points]
