@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         kwargs.update(span=args.span, replacement=tok.eos_id)
     result = attribute_inputs(model, torch.tensor(ids), args.method, **kwargs)
     print(result.describe())
+    assert result.token_strs is not None  # attributed with the tokenizer
     width = max(len(repr(s)) for s in result.token_strs)
     scale = float(result.scores.abs().max()) or 1.0
     for i, (s, v) in enumerate(zip(result.token_strs, result.scores.tolist())):

@@ -84,9 +84,10 @@ def _run_show(args: argparse.Namespace) -> int:
     both = compare_lenses(model, torch.tensor(ids), TunedLens.load(folder, model), k=1, tokenizer=tok)
     print(f"KL to the final distribution on this prompt (mean over its {len(ids)} tokens):")
     print(both.table())
-    print(f"top next token after {both.logit.token_strs[-1]!r}, by layer: logit lens | tuned lens")
-    for i, label in enumerate(both.logit.labels):
-        a, b = both.logit, both.tuned
+    a, b = both.logit, both.tuned
+    assert a.token_strs is not None and a.top_strs is not None and b.top_strs is not None  # read with tok
+    print(f"top next token after {a.token_strs[-1]!r}, by layer: logit lens | tuned lens")
+    for i, label in enumerate(a.labels):
         print(f"  {label:<8}{a.top_strs[i][-1][0]!r:>12} {float(a.top_probs[i, -1, 0]):.2f} | "
               f"{b.top_strs[i][-1][0]!r:>12} {float(b.top_probs[i, -1, 0]):.2f}")
     if args.out:

@@ -10,6 +10,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -127,7 +128,7 @@ class TokenData:
         val: np.ndarray,
         seed: int = 0,
         random_segment_frac: float = 0.0,
-        segment_len: tuple[int, int] = (4, 16),
+        segment_len: tuple[int, int] | list[int] = (4, 16),
         cache_path: Path | None = None,
         segment_dist: str = "uniform",
         segment_only_steps: int = 0,
@@ -171,7 +172,8 @@ class TokenData:
         if n_random:
             eos, vocab = self.tokenizer.eos_id, self.tokenizer.vocab_size
             rows = torch.randperm(batch_size, generator=g)[:n_random]
-            seg = tiled_random_segments(n_random, n, vocab - 1, g, *self.segment_len, period_dist=self.segment_dist)
+            seg = tiled_random_segments(n_random, n, vocab - 1, g, self.segment_len[0], self.segment_len[1],
+                                        period_dist=self.segment_dist)
             x[rows] = seg + (seg >= eos).long()  # every token id except EOS
         per_rank = batch_size // world_size
         return x[rank * per_rank : (rank + 1) * per_rank]
@@ -268,7 +270,7 @@ class AdditionData(TokenData):
 
 
 def _corpus_key(cfg: DataConfig) -> dict:
-    key = {"source": cfg.source, "files": source_fingerprint(cfg.source)}
+    key: dict[str, Any] = {"source": cfg.source, "files": source_fingerprint(cfg.source)}
     if cfg.source == "stories":
         key.update(n_stories=cfg.n_stories, seed=cfg.seed)
     return key

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, cast
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import CircuitlabError, ConfigError, InputError
@@ -261,7 +261,7 @@ class HFTokenizer(Tokenizer):
         return self.hf(texts, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.hf.decode(list(ids))
+        return cast(str, self.hf.decode(list(ids)))  # one sequence of ids: one string
 
     def meta(self) -> dict:
         return {"kind": "hf", "path": self.path, "vocab_size": self.vocab_size}
@@ -290,14 +290,12 @@ def build_tokenizer(spec: str, texts: Iterable[str] | None = None, vocab_size: i
     """Make the tokenizer named by `spec`; char and bpe are built from `texts`."""
     if not isinstance(spec, str):
         raise ConfigError(f"tokenizer must be a string (one of {VALID_SPECS}), got {spec!r}.")
-    if spec in ("char", "bpe") and texts is None:
-        raise ConfigError(f"The {spec} tokenizer is built from the corpus; pass texts=... to build_tokenizer.")
-    if spec == "char":
-        return CharTokenizer.from_texts(texts)
+    if spec in ("char", "bpe"):
+        if texts is None:
+            raise ConfigError(f"The {spec} tokenizer is built from the corpus; pass texts=... to build_tokenizer.")
+        return CharTokenizer.from_texts(texts) if spec == "char" else BPETokenizer.train(texts, vocab_size)
     if spec == "byte":
         return ByteTokenizer()
-    if spec == "bpe":
-        return BPETokenizer.train(texts, vocab_size)
     if spec == "gpt2":
         return GPT2Tokenizer()
     if spec.startswith("hf:") and len(spec) > 3:

@@ -181,13 +181,15 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
         print(f"analysing the {model.cfg.n_layers}-layer model: induction at every period")
         sweep = induction_by_period(model, batch=32, seed=99, exclude=[r.tokenizer.eos_id])
         repeat_loss = float(sweep.loss_second.mean())  # loss on the second copy of [r, r], all periods
+        copying = classes.copying
+        assert copying is not None  # this model's weights are read (no architecture assumption is broken)
         heads = []
         for layer in range(model.cfg.n_layers):
             for head in range(model.cfg.n_heads):
                 heads.append({"head": head_name(layer, head), "layer": layer, "index": head,
                               "induction_score": round(float(classes.scores["induction"][layer, head]), 4),
                               "prev_token_score": round(float(classes.scores["previous_token"][layer, head]), 4),
-                              "copying_score": round(float(classes.copying.scores[layer, head]), 4),
+                              "copying_score": round(float(copying.scores[layer, head]), 4),
                               "labels": classes.labels_of(layer, head)})
         induction = [lab for lab in classes.labels if lab.label == "induction"]
         result.models[name] = ModelFindings(
@@ -204,7 +206,8 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
     figures = {"training_curves": "training_curves.png", "induction_by_period": "induction_by_period.png"}
     training_curves_figure(curves, {name: m.phase_change for name, m in result.models.items()}).save_png(
         out / figures["training_curves"])
-    induction_by_period_figure({name: m.induction_by_period for name, m in result.models.items()}).save_png(
+    induction_by_period_figure({name: m.induction_by_period for name, m in result.models.items()
+                                if m.induction_by_period is not None}).save_png(  # set for every model above
         out / figures["induction_by_period"])
     two = runs.get("2l")
     if two is not None:

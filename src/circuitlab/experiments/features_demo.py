@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from circuitlab.dictionaries.metrics import loss_kept
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, check_model_plan,
                                                 fresh_out, resume_out, train_or_reuse)
 from circuitlab.training.interrupts import continue_on_interrupt
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
@@ -206,7 +209,7 @@ def _train_model(opts: FeaturesDemoOptions, out: Path):
     return train_or_reuse(cfg, out, opts.resume, opts.progress, f"a 1-layer model with a {opts.d_mlp}-neuron MLP")
 
 
-def _train_dictionary(model, tokenizer, opts: FeaturesDemoOptions, out: Path):
+def _train_dictionary(model: Transformer, tokenizer, opts: FeaturesDemoOptions, out: Path):
     """A TopK dictionary on the MLP activations with the dictionaries trainer. Returns the dictionary (raw
     activations in and out), its held-out metrics, its folder and the activations it trained on."""
     from circuitlab.data import build_data
@@ -229,7 +232,7 @@ def _train_dictionary(model, tokenizer, opts: FeaturesDemoOptions, out: Path):
     return result.dictionaries[0], result.metrics[0], result.folders[0], result.steps * opts.dictionary_batch, data
 
 
-def _metrics(model, sae, found, data) -> dict[str, float]:
+def _metrics(model: Transformer, sae, found, data) -> dict[str, float]:
     """The dictionary's held-out numbers, and the loss with it spliced in (no error term) against the MLP zeroed."""
     from circuitlab.dictionaries.metrics import spliced_loss
 
@@ -262,7 +265,7 @@ def _finding(dash, feature: int) -> UnitFinding:
                        [t["token"] for t in logits["promoted"][:5]] if logits else [])
 
 
-def _neuron_findings(model, batches: list[torch.Tensor], tokenizer, k: int) -> list[UnitFinding]:
+def _neuron_findings(model: Transformer, batches: list[torch.Tensor], tokenizer, k: int) -> list[UnitFinding]:
     """The same token-specificity measure for every neuron of the MLP (its k strongest contexts)."""
     from circuitlab.analysis.logit_attribution import top_activating_inputs
 

@@ -28,6 +28,7 @@ import torch
 
 from circuitlab.atomic import json_text
 from circuitlab.checks import Number
+from circuitlab.data.dataset import AdditionData
 from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.forge_findings import findings
@@ -73,8 +74,8 @@ def addition_run_config(n_digits_a: int = 2, n_digits_b: int | None = None, step
     return RunConfig(
         name=f"adder-{n}+{m}",
         model={"n_layers": 2, "n_heads": 2, "d_model": 64, "d_mlp": 256},
-        data={"source": f"addition:{n}:{m}", "seed": seed},
-        train={"steps": steps, "batch_size": 64, "seq_len": row - 1, "lr": 3e-3,
+        data={"source": f"addition:{n}:{m}", "seed": seed},  # type: ignore[arg-type]  # __post_init__ builds it
+        train={"steps": steps, "batch_size": 64,  # type: ignore[arg-type]  # __post_init__ builds it "seq_len": row - 1, "lr": 3e-3,
                "warmup_steps": min(100, max(1, steps // 10)), "eval_every": max(1, steps // 10), "eval_batches": 4,
                "ckpt_every": steps, "track_every": steps, "log_every": max(1, steps // 100), "seed": seed,
                "device": "cpu", "threads": 1},
@@ -370,6 +371,7 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
         model, info = train_addition_model(run, out / "trained", retrain=retrain, progress=progress)
         data = build_data(run.data)
         results = summarize_comparison(build_carry_adder(n, m), model, samples=samples, seed=seed, data=data)
+    assert isinstance(data, AdditionData)  # an addition: source
     row = data.task.seq_len
     results["training"] = {**info, "steps": steps, "seed": seed, "batch_size": run.train.batch_size,
                            "source": run.data.source, "out": str(out / "trained"),

@@ -10,11 +10,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import atomic_dir, json_text, set_aside
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 @dataclass
@@ -143,7 +146,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
 PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens", "causal_tracing"}
 
 
-def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
+def check_options(model: Transformer, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
     """Refuse now, in one line, what the chosen experiments would refuse later: the prompt (empty), the clean and
     corrupted pair, a saved lens that does not fit the model, and causal tracing's noise, window and subject.
     Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.model import model_device
 from circuitlab.names import head_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 SEED = 0
 BATCH = 8
@@ -52,7 +55,7 @@ def _distinct_ids(rows: int, n: int, vocab: int, eos: int | None, gen: torch.Gen
     return torch.stack([allowed[torch.randperm(len(allowed), generator=gen)[:n]] for _ in range(rows)])
 
 
-def induction_pair(model, tokenizer, batch: int = BATCH, seed: int = SEED
+def induction_pair(model: Transformer, tokenizer, batch: int = BATCH, seed: int = SEED
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Default prompts for patching (see the module docstring).
 
@@ -73,7 +76,7 @@ def induction_pair(model, tokenizer, batch: int = BATCH, seed: int = SEED
     return clean, corrupt, r[:, k], k
 
 
-def _prompts(model, tokenizer, clean: str | None, corrupt: str | None):
+def _prompts(model: Transformer, tokenizer, clean: str | None, corrupt: str | None):
     """(clean, corrupt tokens [batch, pos], metric, description, token strings of row 0)."""
     device = model_device(model)
     if clean is None and corrupt is None:
@@ -108,7 +111,7 @@ def _where(w: dict[str, int]) -> str:
     return f"L{w['layer']}" + (f"H{w['head']}" if "head" in w else "") + (f" pos {pos}" if pos is not None else "")
 
 
-def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
+def run_patching(model: Transformer, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
                  ) -> ExperimentResult:
     """Activation patching (denoising) over the residual stream, layer outputs and heads; attribution
     patching against it; path patching from every earlier head into the strongest later head's q, k, v."""
@@ -161,7 +164,7 @@ def run_patching(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     return ExperimentResult("patching", summary, figures, found)
 
 
-def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None,
+def run_ablation(model: Transformer, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None,
                  group: list[str] | None = None) -> ExperimentResult:
     """Mean-ablate every head (and MLP) on repeated random sequences and measure the loss on the repeated
     half; then ablate a group of heads together (default: the two after layer 0 that matter most), and
@@ -229,7 +232,7 @@ def run_ablation(model, tokenizer, out_dir: Path, clean: str | None = None, corr
     return ExperimentResult("ablation", summary, figures, found)
 
 
-def run_probing(model, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
+def run_probing(model: Transformer, tokenizer, out_dir: Path, clean: str | None = None, corrupt: str | None = None
                 ) -> ExperimentResult:
     """Linear probes for the previous token, "has this token occurred before" and the position, at every
     residual point, on tiled random sequences (the prompts are not used)."""

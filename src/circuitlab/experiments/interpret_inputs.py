@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,10 +20,13 @@ from circuitlab.experiments.interpret_reading import prompt_tokens
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.model import model_device
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 QUICK_LENS_STEPS = 150  # a lens trained inside `interpret` when none is saved (`circuitlab lens train` does more)
 
 
-def run_input_attribution(model, tokenizer, out_dir: Path, prompt: str | None, lens: str | None = None
+def run_input_attribution(model: Transformer, tokenizer, out_dir: Path, prompt: str | None, lens: str | None = None
                           ) -> ExperimentResult:
     """Integrated gradients, gradient × input, saliency, occlusion and context mixing for the prediction
     at the prompt's last token: the model's top token against its second (a logit difference)."""
@@ -36,6 +40,7 @@ def run_input_attribution(model, tokenizer, out_dir: Path, prompt: str | None, l
         strs = res.token_strs or [str(t) for t in res.tokens]
         tops = ", ".join(f"{strs[p]!r} (pos {p}) {s:+.3g}" for p, s in res.top(3))
         summary.append(f"{method}: {tops}")
+    assert first.completeness_error is not None  # integrated gradients always measures it
     summary.append(f"integrated gradients: completeness error {100 * first.completeness_error:.2g}% with "
                    f"{first.steps} steps from the {first.baseline} baseline")
     data = {"prompt": prompt or DEFAULT_PROMPT, "target": first.target_str, "foil": first.foil_str,
@@ -43,7 +48,7 @@ def run_input_attribution(model, tokenizer, out_dir: Path, prompt: str | None, l
     return ExperimentResult("input_attribution", summary, [], data)
 
 
-def load_or_train_lens(model, tokenizer, lens: str | Path | None, steps: int = QUICK_LENS_STEPS
+def load_or_train_lens(model: Transformer, tokenizer, lens: str | Path | None, steps: int = QUICK_LENS_STEPS
                        ) -> tuple[TunedLens, str]:
     """The tuned lens saved in `lens` (checked against the model), or one trained on built-in stories
     when lens is None or holds none; and where it came from."""
@@ -56,7 +61,7 @@ def load_or_train_lens(model, tokenizer, lens: str | Path | None, steps: int = Q
                      "`circuitlab lens train`)")
 
 
-def run_tuned_lens(model, tokenizer, out_dir: Path, prompt: str | None, lens: str | None = None
+def run_tuned_lens(model: Transformer, tokenizer, out_dir: Path, prompt: str | None, lens: str | Path | None = None
                    ) -> ExperimentResult:
     """The tuned lens beside the logit lens on the prompt, and both lenses' KL to the model's final
     distribution per layer on held-out built-in stories."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,10 +30,13 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 SEED = 0
 
 
-def prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
+def prompt_tokens(model: Transformer, tokenizer, prompt: str | None) -> torch.Tensor:
     """The prompt's tokens [pos] (None: the default story prompt), keeping the last n_ctx (with a warning
     when the prompt was the user's)."""
     ids = tokenizer.encode(DEFAULT_PROMPT if prompt is None else prompt)
@@ -46,7 +49,7 @@ def prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
     return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
 
 
-def _head_tokens(model) -> torch.Tensor:
+def _head_tokens(model: Transformer) -> torch.Tensor:
     gen = torch.Generator().manual_seed(SEED)
     return induction_test_tokens(16, min(model.cfg.n_ctx, 64), model.cfg.d_vocab, gen)
 
@@ -59,7 +62,7 @@ def _name(head: tuple[int, int]) -> str:
 
 
 @torch.no_grad()
-def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
+def run_circuits(model: Transformer, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """The direct path, copying and composition scores, the induction head's QK (through the
     previous-token head) and OV circuits on the prompt's tokens, the previous-token head's positional
     QK circuit. Norms are folded into the weights first."""
@@ -93,6 +96,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
         summary.append("a 0-layer model: its logits are the direct path (bigram table) alone")
     if model.cfg.n_layers > 1:
         comp = classes.composition
+        assert comp is not None  # classify_heads computes it for every model of two layers or more it reads
         found["composition"] = comp.to_dict()
         figures.append(composition_figure({m: getattr(comp, m) for m in ("q", "k", "v")}, comp.baseline_mean,
                                           comp.baseline_std).save_png(out_dir / "composition_scores.png").name)
@@ -135,7 +139,7 @@ def run_circuits(model, tokenizer, out_dir: Path, prompt: str | None) -> Experim
 
 
 @torch.no_grad()
-def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
+def run_heads(model: Transformer, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Detectors and labels on tiled random tokens, attention patterns of the labelled heads,
     and the in-context-learning score on the same sequences."""
     from circuitlab.analysis.heads import attention_view
@@ -185,7 +189,7 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> Experiment
 
 
 @torch.no_grad()
-def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
+def run_logit_lens(model: Transformer, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Logit lens on the prompt (default: a short story)."""
     from circuitlab.viz.lens import logit_lens_figure
 
@@ -195,6 +199,7 @@ def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> Exper
     # Where did the final answer firm up the most between the embeddings and the output?
     rise = lens.final_top_probs[-1] - lens.final_top_probs[0]
     summary = []
+    assert lens.token_strs is not None and lens.top_strs is not None  # read with the tokenizer
     for p in rise.argsort(descending=True)[:3].tolist():
         traj = " -> ".join(f"{float(x):.2f}" for x in lens.final_top_probs[:, p])
         summary.append(f"{lens.token_strs[p]!r} -> {lens.top_strs[-1][p][0]!r}: probability by layer {traj}")
@@ -205,7 +210,7 @@ def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> Exper
 
 
 @torch.no_grad()
-def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
+def run_attribution(model: Transformer, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
     """Direct logit attribution at the prompt's last position, to the logit difference between the
     model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
     from circuitlab.viz.lens import logit_attribution_figure
@@ -231,6 +236,7 @@ def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> Expe
         active = cache["post", layer][0, -1].topk(5).indices.tolist()
         neurons = neuron_output_tokens(model, layer, active, k=5, tokenizer=tokenizer)
         found["neurons"] = neurons.to_dict()
+        assert neurons.top_strs is not None  # read with the tokenizer
         summary.append(f"L{layer} MLP's most active neurons at the last position promote: "
                        + "; ".join(f"n{n}: {', '.join(repr(s) for s in strs[:3])}"
                                    for n, strs in zip(neurons.neurons, neurons.top_strs)))

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.analysis.patching.causal_tracing import causal_trace, check_kinds, check_window, trace_estimate
 from circuitlab.analysis.patching.noise import Noise
 from circuitlab.errors import InputError
 from circuitlab.experiments.interpret_reading import prompt_tokens
 from circuitlab.experiments.result import ExperimentResult
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 DEFAULT_SUBJECT = "Lily"  # in the default story prompt
 
@@ -30,7 +33,7 @@ def tracing_noise(opts: dict[str, Any], tokenizer) -> Noise:
     return noise.check()
 
 
-def run_causal_tracing(model, tokenizer, out_dir: Path, opts: dict[str, Any]) -> ExperimentResult:
+def run_causal_tracing(model: Transformer, tokenizer, out_dir: Path, opts: dict[str, Any]) -> ExperimentResult:
     """Causal tracing of the prompt's subject: hidden states, MLP and attention outputs (the three panels),
     and the hidden states again with later MLPs frozen (severed), when the model has MLPs."""
     from circuitlab.viz.tracing import causal_trace_figure

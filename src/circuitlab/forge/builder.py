@@ -292,6 +292,7 @@ def _as_block(weight: Weight, rows: int | None, cols: int | None, what: str, dim
     """
     t = torch.as_tensor(weight, dtype=torch.float32)
     known = rows if rows is not None else cols
+    assert known is not None  # one side is the residual stream's
     head_width = None
     if isinstance(dims, str) and layout is not None:
         head_width = layout.size(dims)

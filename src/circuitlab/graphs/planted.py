@@ -31,7 +31,7 @@ VOCAB = ["x", "A", "B", "Z", "y"]
 
 @dataclass
 class PlantedPath:
-    model: object
+    model: Transformer
     transcoders: Transcoders
     tokens: torch.Tensor                 # [pos]
     path: list[tuple]                    # ("token", pos), ("feature", layer, pos, feature), ("logit", token)
@@ -116,7 +116,7 @@ class PlantedInduction:
     its first occurrence) because the previous-token head (0, 0) wrote that token's predecessor there; it
     copies the token at key_pos, the prediction. decoys: heads that attend but write nothing."""
 
-    model: object
+    model: Transformer
     transcoders: Transcoders
     tokens: torch.Tensor                 # [pos]
     query_pos: int

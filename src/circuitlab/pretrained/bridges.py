@@ -25,11 +25,14 @@ fused fast path); open ``every_hook_point(model)`` around the trace to keep ever
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 class BridgeError(CircuitlabError):
@@ -49,7 +52,7 @@ def transformer_lens_major() -> int | None:
         return None
 
 
-def to_transformer_lens(model, use_attn_result: bool = False, device: str | torch.device | None = None,
+def to_transformer_lens(model: Transformer, use_attn_result: bool = False, device: str | torch.device | None = None,
                         tokenizer=None):
     """model in the TransformerLens the user has: on 3.x a ``HookedTransformer`` (below); on 4.x, which has
     no HookedTransformer, a ``TransformerBridge`` over the model exported to Hugging Face
@@ -66,7 +69,7 @@ def to_transformer_lens(model, use_attn_result: bool = False, device: str | torc
     return to_hooked_transformer(model, use_attn_result, device)
 
 
-def to_transformer_bridge(model, tokenizer=None, device: str | torch.device | None = None):
+def to_transformer_bridge(model: Transformer, tokenizer=None, device: str | torch.device | None = None):
     """A TransformerLens ``TransformerBridge`` (TransformerLens 4, also in 3.9) over ``model`` exported to a
     Hugging Face model (export_hf, then transformers in eager attention): the same logits and, under
     TransformerLens's names (ours), the same hook values (masked attention scores are the dtype's minimum
@@ -118,7 +121,7 @@ def _placeholder_tokenizer(d_vocab: int):
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")
 
 
-def to_hooked_transformer(model, use_attn_result: bool = False, device: str | torch.device | None = None):
+def to_hooked_transformer(model: Transformer, use_attn_result: bool = False, device: str | torch.device | None = None):
     """A TransformerLens 3.x ``HookedTransformer`` computing the same function as ``model``.
 
     model: a circuitlab Transformer of any architecture circuitlab builds except gated MLPs with
@@ -206,7 +209,7 @@ def _rope_scaling_options(scaling: dict | None) -> dict[str, Any]:
             "NTK_original_ctx_len": int(scaling["original_max_position_embeddings"])}
 
 
-def _tl_state(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _tl_state(model: Transformer, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """TransformerLens's state dict (its buffers kept) with our weights in TransformerLens's layout."""
     cfg = model.cfg
     H, K, D = cfg.n_heads, cfg.kv_heads, cfg.head_dim
@@ -287,14 +290,14 @@ def _noop(x: torch.Tensor, hook) -> None:
     return None
 
 
-def every_hook_point(model):
+def every_hook_point(model: Transformer):
     """Context manager: every hook point of ``model`` runs while it is open, including those the fast
     path skips (attention scores and pattern, the norms' scale, ``hook_result``), so a tracer that
     reads module outputs (nnsight) sees them. The function computed is unchanged."""
     return model.hooks(fwd_hooks=[(lambda name: True, _noop)])
 
 
-def to_nnsight(model):
+def to_nnsight(model: Transformer):
     """``nnsight.NNsight(model)``: nnsight's tracing over the circuitlab model itself (not a copy).
 
     Inside ``with nn_model.trace(tokens):``, ``nn_model.blocks[l].hook_resid_post.output`` is the

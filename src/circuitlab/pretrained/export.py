@@ -16,6 +16,7 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import Protocol, cast
 
 import torch
 
@@ -24,6 +25,17 @@ from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
 from circuitlab.pretrained.catalog import family_named
+
+
+class _WritesItsConfig(Protocol):
+    """The families of NEWER_STYLES: each says what it cannot export and writes its own HF config."""
+
+    def export_problems(self, cfg: ModelConfig) -> list[str]: ...
+    def hf_config(self, cfg: ModelConfig) -> dict: ...
+
+
+def _newer_family(style: str) -> _WritesItsConfig:
+    return cast(_WritesItsConfig, family_named(style))
 
 _HF_ACTIVATION = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}
 
@@ -61,7 +73,7 @@ def _style_problems(cfg: ModelConfig) -> dict[str, list[str]]:
         neox.append(f"positional={cfg.positional!r} (needs rotary)")
     found = {"llama": llama, "gpt2": gpt2, "gpt_neox": neox}
     for style in NEWER_STYLES:
-        found[style] = family_named(style).export_problems(cfg)
+        found[style] = _newer_family(style).export_problems(cfg)
     return found
 
 
@@ -119,7 +131,7 @@ def _hf_config(cfg: ModelConfig, style: str, dtype: torch.dtype, tokenizer) -> d
               "dtype": str(dtype).removeprefix("torch."), "torch_dtype": str(dtype).removeprefix("torch."),
               "use_cache": True, **_special_ids(tokenizer)}
     if style in NEWER_STYLES:
-        return {**common, **family_named(style).hf_config(cfg)}
+        return {**common, **_newer_family(style).hf_config(cfg)}
     if style == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
                 "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.n_layers,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -84,7 +84,7 @@ def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple
     return model.eval()
 
 
-def _place(params: dict[str, torch.Tensor], piece: Piece, reader: TensorReader, key: str) -> int:
+def _place(params: Mapping[str, torch.Tensor], piece: Piece, reader: TensorReader, key: str) -> int:
     """Copy one checkpoint tensor into its rows of our parameter; returns the number of rows written."""
     if piece.target not in params:
         raise CircuitlabError(f"checkpoint tensor {key} has no place in a model of this config.json "
@@ -111,7 +111,7 @@ def _check_shape(dest: torch.Tensor, shape: tuple[int, ...], key: str, piece: Pi
                               f"{tuple(dest.shape)} for {piece.target}; the checkpoint and its config disagree")
 
 
-def _check_complete(params: dict[str, torch.Tensor], rows_written: dict[str, int], zero_patterns: list[str],
+def _check_complete(params: Mapping[str, torch.Tensor], rows_written: dict[str, int], zero_patterns: list[str],
                     family: Family) -> None:
     """Every parameter filled exactly once; the ones the architecture lacks are set to zero."""
     missing = []

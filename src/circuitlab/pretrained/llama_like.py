@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.pretrained.family_base import (Family, Piece, _get, _n_ctx, _rope, _rotary_dim, _rows, _state,
                                                model_type)
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 def _plus_one(t: torch.Tensor) -> torch.Tensor:
@@ -88,7 +92,7 @@ class _Decoder(Family):
         key = key.removeprefix("model.")
         rows, M = _rows(cfg), cfg.mlp_dim
         norm = _plus_one if self.plus_one else None
-        table: dict[str, Callable[..., list[Piece]]] = {
+        table: dict[str, Callable[..., list[Piece] | None]] = {
             r"embed_tokens\.weight": lambda: [Piece("embed.weight")],
             r"lm_head\.weight": lambda: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
             r"norm\.weight": lambda: [Piece("ln_final.w", None, norm)],
@@ -114,7 +118,7 @@ class _Decoder(Family):
         return zeros if cfg.bias else zeros + [r"blocks\.\d+\.attn\.(qkv|out)\.bias"]
 
     # ------------------------------------------------------------ export
-    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+    def export_tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         cfg, s = model.cfg, _state(model)
         H, K, D, M = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_dim
         norm = (lambda t: t - 1) if self.plus_one else (lambda t: t)

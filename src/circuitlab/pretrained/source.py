@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ def _from_hub(name: str, cache_dir: str | os.PathLike | None, revision: str | No
                               "huggingface_hub (pip install huggingface_hub); or pass a local copy's folder") from None
 
     def fetch(patterns: list[str]) -> Path:
-        kwargs = dict(repo_id=name, revision=revision, cache_dir=cache_dir, allow_patterns=patterns)
+        kwargs: dict[str, Any] = dict(repo_id=name, revision=revision, cache_dir=cache_dir, allow_patterns=patterns)
         try:
             return Path(snapshot_download(**kwargs, local_files_only=True))
         except Exception:  # noqa: BLE001 - not (completely) in the cache: try the network

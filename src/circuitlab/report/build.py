@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
@@ -27,6 +27,9 @@ from circuitlab.report.sections import (ablation_section, attention_section, att
                                         causal_tracing_section, circuits_section, heads_section,
                                         induction_period_section, logit_lens_section, model_card_section,
                                         patching_section, probing_section, summary_section, training_section)
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None = None, *, analyse: bool = True,
@@ -117,7 +120,7 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
                              "a 2-layer and a 1-layer attention-only transformer")
 
 
-def write_interpret_report(out: str | Path, results: Mapping[str, Any], model=None, tokenizer=None) -> Path:
+def write_interpret_report(out: str | Path, results: Mapping[str, Any], model: Transformer | None = None, tokenizer=None) -> Path:
     """out/report.html for `circuitlab interpret`: the checkpoint's card (and its run's training curves,
     when the checkpoint sits in a run directory) and a section per experiment."""
     ckpt = Path(str(results.get("checkpoint", "")))
@@ -134,7 +137,7 @@ def write_interpret_report(out: str | Path, results: Mapping[str, Any], model=No
 
 
 def report_for_run(run_dir: str | Path, out: str | Path | None = None, *, analyse: bool = True,
-                   title: str | None = None, model=None, tokenizer=None) -> Path:
+                   title: str | None = None, model: Transformer | None = None, tokenizer=None) -> Path:
     """Write report.html for a directory: a training run (checkpoint, metrics.jsonl), the output of
     `circuitlab interpret` or of the demo (results.json). out: a directory or .html path (default run_dir).
 

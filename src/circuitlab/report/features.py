@@ -27,7 +27,7 @@ def dictionary_section(dash, metrics: Mapping[str, Any] | None = None) -> Sectio
                                           if k not in ("hook_name", "d_sae")},
             "features (d_sae)": info["d_sae"], "tokens seen for the dashboards": info["n_tokens"],
             "never fired on them": f"{info['dead_fraction']:.1%}", "fire on > 10% of tokens": f"{info['dense_fraction']:.1%}"}
-    parts = [key_value_table(rows)]
+    parts: list[Any] = [key_value_table(rows)]
     if metrics:
         parts.append(key_value_table({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}))
     parts.append(density_figure(dash))

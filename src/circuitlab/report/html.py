@@ -129,7 +129,9 @@ def markdown_lite(text: str) -> str:
         s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", s)
         return re.sub(r"`(.+?)`", r"<code>\1</code>", s)
 
-    out, items, para = [], [], []
+    out: list[str] = []
+    items: list[str] = []
+    para: list[str] = []
 
     def flush() -> None:
         if para:

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.names import head_name
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 SCORE_COLUMNS = ("induction", "previous-token", "duplicate-token", "first-token", "current-token", "copying",
                  "entropy")
@@ -40,7 +43,7 @@ class RunData:
     period_sweep: dict | None = None  # PeriodSweep.to_dict(): the induction test [r, r] at every period
 
 
-def load_run(run_dir: str | Path, name: str | None = None, model=None, tokenizer=None,
+def load_run(run_dir: str | Path, name: str | None = None, model: Transformer | None = None, tokenizer=None,
              load_model: bool = True) -> RunData:
     """A run directory (or checkpoint directory) as RunData: metrics.jsonl, the checkpoint's config and
     training state, and (unless model is given or load_model is False) the model and tokenizer."""

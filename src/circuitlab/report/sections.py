@@ -4,7 +4,7 @@ direct logit attribution, patching, ablation, probes). Figures are views from ci
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,8 +13,11 @@ from circuitlab.report.html import (Section, bullet_list, details, esc, heading,
                                     markdown_lite, paragraph, table_html)
 from circuitlab.report.runs import SCORE_COLUMNS, RunData, labels_by_head
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
-def _param_counts(model) -> dict[str, int]:
+
+def _param_counts(model: Transformer) -> dict[str, int]:
     total = sum(p.numel() for p in model.parameters())
     embed = sum(p.numel() for n, p in model.named_parameters() if n.startswith(("embed", "unembed", "pos_embed")))
     return {"parameters": total, "non-embedding parameters": total - embed}
@@ -96,12 +99,12 @@ def heads_section(runs: Sequence[RunData]) -> Section | None:
     with_heads = [r for r in runs if r.heads]
     if not with_heads:
         return None
-    parts = []
+    parts: list[Any] = []
     for run in with_heads:
-        present = {k for row in run.heads for k, v in row["scores"].items() if v is not None}
+        present = {k for row in run.heads or [] for k, v in row["scores"].items() if v is not None}
         columns = [c for c in SCORE_COLUMNS if c in present]
         rows = []
-        for row in run.heads:
+        for row in run.heads or []:
             chips = "".join(f'<span class="label">{esc(lab)}</span>' for lab in row["labels"]) or "-"
             ev = "".join(f"<div>{esc(e)}</div>" for e in row["evidence"])
             rows.append({"head": row["head"], "labels": chips,
@@ -126,7 +129,7 @@ def induction_period_section(runs: Sequence[RunData]) -> Section | None:
     sweeps = {r.name: r.period_sweep for r in runs if r.period_sweep}
     if not sweeps:
         return None
-    parts = [induction_by_period_figure(sweeps)]
+    parts: list[Any] = [induction_by_period_figure(sweeps)]
     for name, sweep in sweeps.items():
         rows = [{"period": p, "best head": h, "induction score": float(s), "loss on first copy": float(a),
                  "loss on second copy": float(b)}
@@ -140,7 +143,7 @@ def induction_period_section(runs: Sequence[RunData]) -> Section | None:
                    "scores high at every period; a head that copies from a fixed distance back, at one.")
 
 
-def attention_tokens(model, seed: int = 7, segment: int = 12, repeats: int = 3) -> torch.Tensor:
+def attention_tokens(model: Transformer, seed: int = 7, segment: int = 12, repeats: int = 3) -> torch.Tensor:
     """A random segment repeated: [segment * repeats] ids (cropped to the context)."""
     gen = torch.Generator().manual_seed(seed)
     seg = torch.randint(0, model.cfg.d_vocab, (segment,), generator=gen)
@@ -180,11 +183,11 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
         return -1.0 if v is None else float(v)
 
     later = range(1 if cfg.n_layers > 1 else 0, cfg.n_layers)
-    head = max(((l, h) for l in later for h in range(cfg.n_heads)), key=lambda lh: score(*lh, "induction"))
+    head = max(((l, h) for l in later for h in range(cfg.n_heads)), key=lambda lh: score(lh[0], lh[1], "induction"))
     if head[0] == 0:
         return head, None
     prev = max(((l, h) for l in range(head[0]) for h in range(cfg.n_heads)),
-               key=lambda lh: score(*lh, "previous-token"))
+               key=lambda lh: score(lh[0], lh[1], "previous-token"))
     return head, prev
 
 

@@ -17,13 +17,16 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi.responses import Response  # at module level: the OpenAPI schema resolves route annotations here
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 MAX_EXACT_EDGES = 2000  # exact patching runs one copy of the batch per edge: keep the server responsive
 MAX_RUNS = 5            # discovery runs kept in memory (oldest dropped)
@@ -55,13 +58,13 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], str]:
 
 
 class CircuitBrowser:
-    def __init__(self, model, tokenizer, entries: list[_Entry]) -> None:
+    def __init__(self, model: Transformer | None, tokenizer, entries: list[_Entry]) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.entries = {e.name: e for e in entries}
         self.runs = 0
 
     @classmethod
-    def load(cls, model, tokenizer, folders: Sequence[str | Path]) -> "CircuitBrowser":
+    def load(cls, model: Transformer | None, tokenizer, folders: Sequence[str | Path]) -> "CircuitBrowser":
         """Each folder written by `circuitlab circuit`; model (may be None): the one discovery runs on."""
         entries: list[_Entry] = []
         for folder in folders:
@@ -106,6 +109,7 @@ class CircuitBrowser:
         from circuitlab.viz.edges import circuit_svg
 
         model = self.model
+        assert model is not None  # the route answers 409 before discovery without a model
         if method == "exact" and EdgeGraph.of(model).n_edges > MAX_EXACT_EDGES:
             raise CircuitlabError(f"exact patching of this model's {EdgeGraph.of(model).n_edges} edges is too slow "
                                   f"for the server (limit {MAX_EXACT_EDGES}); use eap-ig, or `circuitlab circuit`")

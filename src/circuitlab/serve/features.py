@@ -16,13 +16,16 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 DEFAULT_TOKENS = 8192
 MAX_PER_PAGE = 100
@@ -38,12 +41,12 @@ class _Entry:
 
 
 class FeatureBrowser:
-    def __init__(self, model, tokenizer, entries: list[_Entry]) -> None:
+    def __init__(self, model: Transformer, tokenizer, entries: list[_Entry]) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.entries = {e.name: e for e in entries}
 
     @classmethod
-    def load(cls, model, tokenizer, folders: Sequence[str | Path], progress: bool = True,
+    def load(cls, model: Transformer, tokenizer, folders: Sequence[str | Path], progress: bool = True,
              n_tokens: int = DEFAULT_TOKENS) -> "FeatureBrowser":
         """Load each dictionary folder (checked against the model) and its dashboards (folder/dashboards,
         written by `circuitlab sae dashboards`), computing them when absent."""

@@ -9,7 +9,7 @@ dicts; add_input_routes puts them on the app.
 from __future__ import annotations
 
 import threading
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
@@ -20,6 +20,9 @@ from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.serve.prompt import VALUE_DIGITS, resolve_target, token_str
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 MAX_STEPS = 256            # integrated-gradients steps one request may ask for
 STEPS = Number(int, low=1, high=MAX_STEPS, why="the explorer answers while you wait; `circuitlab attribute` takes more")
@@ -37,7 +40,7 @@ def _r(x: float) -> float:
     return round(float(x), VALUE_DIGITS)
 
 
-def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None = None,
+def attribute_prompt(model: Transformer, tokenizer, ids: list[int], target: str | int | None = None,
                      foil: str | int | None = None, method: str = "all", steps: int = DEFAULT_STEPS,
                      samples: int = DEFAULT_SAMPLES, seed: int = 0, kernel_width: float = DEFAULT_KERNEL_WIDTH,
                      baseline: str | int = "mean") -> dict[str, Any]:
@@ -90,7 +93,7 @@ def attribute_prompt(model, tokenizer, ids: list[int], target: str | int | None 
             "methods": out}
 
 
-def lens_prompt(model, tokenizer, ids: list[int], lens=None) -> dict[str, Any]:
+def lens_prompt(model: Transformer, tokenizer, ids: list[int], lens=None) -> dict[str, Any]:
     """The logit lens (and the tuned lens, when one is loaded) on the prompt: per residual point the KL to
     the final distribution averaged over positions, and at each position the top-1 token and its probability."""
     from circuitlab.analysis.lens import logit_lens
@@ -105,6 +108,7 @@ def lens_prompt(model, tokenizer, ids: list[int], lens=None) -> dict[str, Any]:
     out: dict[str, Any] = {"tokens": [token_str(tokenizer, t) for t in ids], "labels": views["logit"].labels,
                            "tuned_available": lens is not None}
     for name, v in views.items():
+        assert v.kl_to_final is not None  # both lenses measure it
         out[name] = {"mean_kl": [_r(x) for x in v.kl_to_final.mean(-1).tolist()],
                      "top": [[token_str(tokenizer, int(t)) for t in row] for row in v.top_tokens[..., 0].tolist()],
                      "top_prob": [[_r(p) for p in row] for row in v.top_probs[..., 0].tolist()]}
@@ -114,7 +118,7 @@ def lens_prompt(model, tokenizer, ids: list[int], lens=None) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def steer_prompt(model, tokenizer, positive: list[list[int]], negative: list[list[int]], layer: int,
+def steer_prompt(model: Transformer, tokenizer, positive: list[list[int]], negative: list[list[int]], layer: int,
                  coefs: list[float], prompt: list[int], max_tokens: int = 20) -> dict[str, Any]:
     """A difference-of-means direction (positive − negative prompts at blocks.{layer}.hook_resid_pre) added
     with each coefficient: the greedy continuation of the prompt, the preference for the positive set and
@@ -186,14 +190,15 @@ class SteerRequest(BaseModel):
     max_tokens: StrictInt = Field(default=20, description="tokens generated per coefficient")
 
 
-def add_input_routes(app, model, tokenizer, lens, lock: threading.Lock, encode, page_response) -> None:
+def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: threading.Lock, encode, page_response) -> None:
     """GET /inputs (the page), POST /api/attribute, POST /api/lens, POST /api/steer. encode(prompt) -> ids
     checks the server's limits; without a model the API answers 409."""
     from starlette.exceptions import HTTPException
 
-    def need() -> None:
+    def need() -> Transformer:
         if model is None:
             raise HTTPException(409, "no model loaded: start the server with `circuitlab serve --checkpoint RUN`")
+        return model
 
     @app.get("/inputs", include_in_schema=False)
     def inputs_page():
@@ -202,24 +207,24 @@ def add_input_routes(app, model, tokenizer, lens, lock: threading.Lock, encode, 
     @app.post("/api/attribute")
     def attribute_route(req: AttributeRequest) -> dict[str, Any]:
         """Attribution of the next-token prediction to the prompt's tokens (one method or all)."""
-        need()
+        loaded = need()
         ids = encode(req.prompt)
         with lock:
-            return attribute_prompt(model, tokenizer, ids, req.target, req.foil, req.method, req.steps, req.samples,
+            return attribute_prompt(loaded, tokenizer, ids, req.target, req.foil, req.method, req.steps, req.samples,
                                     req.seed, req.kernel_width, req.baseline)
 
     @app.post("/api/lens")
     def lens_view(req: LensRequest) -> dict[str, Any]:
         """Logit lens and tuned lens (when loaded): KL to the final distribution and top tokens per layer."""
-        need()
+        loaded = need()
         ids = encode(req.prompt)
         with lock:
-            return lens_prompt(model, tokenizer, ids, lens)
+            return lens_prompt(loaded, tokenizer, ids, lens)
 
     @app.post("/api/steer")
     def steer(req: SteerRequest) -> dict[str, Any]:
         """Steer with the difference of two prompt sets' means: generations and preference by coefficient."""
-        need()
+        loaded = need()
         sets = []
         for what, texts in (("positive", req.positive), ("negative", req.negative)):
             texts = [t for t in texts if t.strip()]
@@ -228,4 +233,4 @@ def add_input_routes(app, model, tokenizer, lens, lock: threading.Lock, encode, 
             sets.append([encode(t) for t in texts])
         prompt = encode(req.prompt)
         with lock:
-            return steer_prompt(model, tokenizer, sets[0], sets[1], req.layer, req.coefs, prompt, req.max_tokens)
+            return steer_prompt(loaded, tokenizer, sets[0], sets[1], req.layer, req.coefs, prompt, req.max_tokens)

@@ -114,7 +114,8 @@ class WandbSink:
                               "(or use train.log=tensorboard)") from None
         self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "circuitlab"), name=run_name,
-                              dir=str(out_dir), config=config or {}, mode=os.environ.get("WANDB_MODE", "offline"),
+                              dir=str(out_dir), config=config or {},
+                              mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]  # passed on: wandb checks it
                               reinit=True)
         self.resume_step = resume_step
 

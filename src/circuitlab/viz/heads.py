@@ -89,5 +89,6 @@ def head_scores_figure(scores: Mapping[str, Any], title: str = "Head scores",
                                             value_name="score", value_format=".3f"),
                             x_title="head", y_title="layer", name=TITLES.get(name, name.replace("_", " ")),
                             label=label))
-    n_layers = panels[0].heatmap.z.shape[0] if panels else 1
+    first = panels[0].heatmap if panels else None  # every panel here is a heatmap
+    n_layers = first.z.shape[0] if first is not None else 1
     return FigureSpec(panels, title, layout="menu", height=min(700, 200 + 40 * n_layers))
