@@ -19,7 +19,9 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/circuitlab demo --out runs/demo
 
+# The type checker first ([tool.mypy] in pyproject.toml; its cache in .mypy_cache): an error fails the target.
 test: setup
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 test-slow: setup
@@ -39,4 +41,4 @@ bench: setup
 	$(PY) benchmarks/bench_model.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache

@@ -75,7 +75,7 @@ def addition_run_config(n_digits_a: int = 2, n_digits_b: int | None = None, step
         name=f"adder-{n}+{m}",
         model={"n_layers": 2, "n_heads": 2, "d_model": 64, "d_mlp": 256},
         data={"source": f"addition:{n}:{m}", "seed": seed},  # type: ignore[arg-type]  # __post_init__ builds it
-        train={"steps": steps, "batch_size": 64,  # type: ignore[arg-type]  # __post_init__ builds it "seq_len": row - 1, "lr": 3e-3,
+        train={"steps": steps, "batch_size": 64, "seq_len": row - 1, "lr": 3e-3,  # type: ignore[arg-type]  # ditto
                "warmup_steps": min(100, max(1, steps // 10)), "eval_every": max(1, steps // 10), "eval_batches": 4,
                "ckpt_every": steps, "track_every": steps, "log_every": max(1, steps // 100), "seed": seed,
                "device": "cpu", "threads": 1},

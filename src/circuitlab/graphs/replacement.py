@@ -159,7 +159,7 @@ class ReplacementModel:
         self.frozen = ActivationCache({n: cache[n] for n in frozen_names}, {}, self.model)
         self.inputs = {layer: cache[self.tc.input_hook(layer)][0] for layer in self.tc.layers}   # [pos, d_in]
         self.mlp_out = {layer: cache[outs[layer]][0] for layer in range(self.tc.n_layers)}       # [pos, d_model]
-        self.embeddings = cast(torch.Tensor, sum(cache[n][0] for n in embeds))  # a sum of 1 or 2 tensors                        # [pos, d_model]: token nodes
+        self.embeddings = cast(torch.Tensor, sum(cache[n][0] for n in embeds))  # [pos, d_model]: token nodes
         self.token_embeddings = cache["hook_embed"][0]                                  # [pos, d_model]: W_E[token]
         self.acts = {}
         for layer in self.tc.layers:

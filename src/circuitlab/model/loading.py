@@ -152,7 +152,8 @@ class _SafetensorsTensor(TensorReader):
         """Fill the contiguous CPU tensor out with the bytes at offset."""
         if out.numel() == 0:
             return
-        view = memoryview(out.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only on Python >= 3.12
+        # numpy's stubs give ndarray __buffer__ only on Python >= 3.12 (the checker targets 3.10)
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
         self.f.seek(offset)
         done = 0
         while done < len(view):

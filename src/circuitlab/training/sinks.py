@@ -115,7 +115,7 @@ class WandbSink:
         self.wandb = wandb
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "circuitlab"), name=run_name,
                               dir=str(out_dir), config=config or {},
-                              mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]  # passed on: wandb checks it
+                              mode=os.environ.get("WANDB_MODE", "offline"),  # type: ignore[arg-type]  # wandb checks it
                               reinit=True)
         self.resume_step = resume_step
 
