@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 HELP = ("attribution graph of a next-token prediction: transcoder features, error and token nodes, logits; "
         "pruned, scored, written for Neuronpedia's viewer (also: --checkpoint DIR --transcoders DIR --prompt TEXT)")
@@ -155,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def graph_estimate(model, tc, args: argparse.Namespace, tok, opts):
+def graph_estimate(model: Transformer, tc, args: argparse.Namespace, tok, opts):
     """What `circuitlab graph` with these arguments and options (GraphOptions) would hold and take (the reference
     run only)."""
     import torch

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from circuitlab.graphs.qk import qk_attributions, qk_cost
 from circuitlab.viz.graph_view import (feature_cards, graph_report_html, graph_report_markdown, graph_result_html,
                                        graph_view_html)
 from circuitlab.training.outputs import MARKER, check_output_folder, output_folder
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 GRAPH_DIR, VIEWER_JSON, SVG = "graph", "graph.json", "graph.svg"
 FILES = {"graph": GRAPH_DIR, "viewer": VIEWER_JSON, "svg": SVG}   # the names the reports link to
@@ -58,7 +61,7 @@ class GraphResult:
         return graph_result_html(self.summary, view)
 
 
-def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
+def graph_experiment(model: Transformer, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
                      target: str | None = None, foil: str | None = None, *, options: GraphOptions | None = None,
                      progress: bool = True, slug: str = "graph", overwrite: bool = False,
                      saved_dashboards: dict[int, Any] | None = None, qk: bool = False, **values: Any) -> GraphResult:
@@ -128,7 +131,7 @@ def graph_experiment(model: Any, transcoders: Transcoders, prompt: str, tokenize
     return run
 
 
-def _targets(model: Any, tokenizer: Any, target: str | None, foil: str | None) -> list[Any] | None:
+def _targets(model: Transformer, tokenizer: Any, target: str | None, foil: str | None) -> list[Any] | None:
     """The logit targets: the top predictions (None), one token, or target minus foil."""
     from circuitlab.errors import InputError
 
@@ -204,7 +207,7 @@ def _markdown(run: GraphResult) -> str:
     return graph_report_markdown(*_report_parts(run), files=FILES)
 
 
-def graph_feature_cards(model: Any, transcoders: Transcoders, graph: Graph, pruned: Pruned, tokenizer: Any,
+def graph_feature_cards(model: Transformer, transcoders: Transcoders, graph: Graph, pruned: Pruned, tokenizer: Any,
                         n_tokens: int = DEFAULTS.dashboard_tokens, saved: dict[int, Any] | None = None) -> dict[str, Any]:
     """Feature cards (viz.graph_view.feature_cards) of the pruned graph's feature nodes."""
     wanted: dict[int, list[int]] = {}

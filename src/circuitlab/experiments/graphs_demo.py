@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
@@ -35,6 +35,9 @@ from circuitlab.graphs.options import DEFAULTS
 from circuitlab.experiments.graphs_demo_findings import (PHRASES, PREDICTED, GraphFinding, PromptSpec, explain,
                                                          name_prompt, phrase_prompt)
 from circuitlab.training.interrupts import continue_on_interrupt
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 KINDS = ("per-layer", "clt")
 RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
@@ -266,7 +269,7 @@ def train_model(opts: GraphsDemoOptions, out: Path):
                           f"a 2-layer model with {opts.d_mlp}-neuron MLPs")
 
 
-def train_transcoders(model, tokenizer, opts: GraphsDemoOptions, out: Path):
+def train_transcoders(model: Transformer, tokenizer, opts: GraphsDemoOptions, out: Path):
     """TopK skip transcoders on every MLP (each reads blocks.L.ln2.hook_normalized, writes blocks.L.hook_mlp_out),
     or one TopK cross-layer transcoder, trained from one stream of activations of the model's own corpus
     (the trainer resumes its checkpoint in `out`). Returns (Transcoders, numbers for the report)."""
@@ -315,7 +318,7 @@ def train_transcoders(model, tokenizer, opts: GraphsDemoOptions, out: Path):
     return tc, info
 
 
-def demo_prompts(model, tokenizer, opts: GraphsDemoOptions) -> list[PromptSpec]:
+def demo_prompts(model: Transformer, tokenizer, opts: GraphsDemoOptions) -> list[PromptSpec]:
     """The name prompt (of opts.n_names made-up names that split into several tokens the same way at every
     mention, the one the model completes with the highest probability), then the fixed phrases."""
     return [name_prompt(model, tokenizer, opts.n_names, opts.seed)] + [phrase_prompt(tokenizer, slug, text)

@@ -15,11 +15,14 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitlab.errors import InputError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 N_ABLATED = 10         # features steered by each graph's intervention (those the graph says raise the logit most)
 STEER = -1.0           # ...to this multiple of their activation: each one's contribution reversed
@@ -237,7 +240,7 @@ class PromptSpec:
     without_context: list[int] | None = None   # name: the last sentence alone (the same final tokens)
 
 
-def name_prompt(model, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
+def name_prompt(model: Transformer, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
     from circuitlab.data.stories import make_name
 
     rng = random.Random(f"graphs-demo-names:{seed}")
@@ -301,14 +304,14 @@ def phrase_prompt(tokenizer, slug: str, text: str) -> PromptSpec:
 
 
 @torch.no_grad()
-def _probability(model, tokens: list[int], target: int) -> float:
+def _probability(model: Transformer, tokens: list[int], target: int) -> float:
     return float(model(torch.tensor([tokens]))[0, -1].softmax(-1)[target])
 
 
 # ---------------------------------------------------------------------------- one graph
 
 
-def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: bool = True,
+def explain(model: Transformer, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: bool = True,
             dashboard_tokens: int = 0) -> GraphFinding:
     """The graph of spec's target logit, its numbers, and the intervention that tests it; the graph's files
     (graph/, graph.json for Neuronpedia's viewer, graph.svg, report.* with the interactive viewer) in
@@ -372,7 +375,7 @@ def explain(model, tc, tokenizer, spec: PromptSpec, out: Path | None, progress: 
     return finding
 
 
-def name_heads(model, tc, tokenizer, graph, pruned, spec: PromptSpec, tokens: torch.Tensor
+def name_heads(model: Transformer, tc, tokenizer, graph, pruned, spec: PromptSpec, tokens: torch.Tensor
                ) -> tuple[dict[str, Any] | None, list[Any]]:
     """The head that carries the most influence from the name's earlier mentions to the last position (head
     loadings of the pruned graph, kept in its files) and its QK attribution there: which query and key parts
@@ -396,7 +399,7 @@ def name_heads(model, tc, tokenizer, graph, pruned, spec: PromptSpec, tokens: to
             "loading": h["loading"], "edge": h["edge"], "qk": qk.to_dict(5), "words": words}, [qk]
 
 
-def ablate(model, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int], tokenizer,
+def ablate(model: Transformer, tc, tokens: torch.Tensor, target: int, graph, nodes: list[int], tokenizer,
            scale: float = STEER) -> Ablation:
     """Steer the feature nodes `nodes` to scale x their activation at their positions: p(target) in the
     replacement model and the real model (attention free); the same with as many other active features at

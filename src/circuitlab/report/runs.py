@@ -27,7 +27,7 @@ class RunData:
     """
 
     name: str
-    model: Any = None
+    model: Transformer | None = None
     tokenizer: Any = None
     model_config: dict | None = None
     run_config: dict | None = None

@@ -24,7 +24,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
@@ -38,6 +38,9 @@ from circuitlab.graphs.transcoders import differs, made_with
 from circuitlab.serve.requests import request_model
 from circuitlab.spec import schema
 from circuitlab.viz.graph_view import feature_cards
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 MAX_GRAPHS = 500            # folders listed
 MAX_DEPTH = 4               # runs/<a>/<b>/<c>/graph.json at most
@@ -107,7 +110,7 @@ def _ids(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 class GraphBrowser:
-    def __init__(self, root: Path | None, model=None, tokenizer=None, transcoders=None, runner=None,
+    def __init__(self, root: Path | None, model: Transformer | None = None, tokenizer=None, transcoders=None, runner=None,
                  saved: dict[int, Any] | None = None) -> None:
         self.root = Path(root).resolve() if root is not None else None
         self.model, self.tokenizer, self.tc = model, tokenizer, transcoders

@@ -24,12 +24,15 @@ import re
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import json_text
 from circuitlab.display import renders
 from circuitlab.graphs.attribution_graph import Graph, Pruned
 from circuitlab.graphs.options import DEFAULTS
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 ASSETS = ("graph_view.js", "graph_view.css")
 _ids = itertools.count()
@@ -71,7 +74,7 @@ def saved_dashboards(folder: str | Path | None) -> dict[int, Any]:
     return found
 
 
-def feature_cards(model: Any, transcoders: Any, wanted: Mapping[int, Iterable[int]], tokenizer: Any,
+def feature_cards(model: Transformer, transcoders: Any, wanted: Mapping[int, Iterable[int]], tokenizer: Any,
                   n_tokens: int = DEFAULTS.dashboard_tokens, saved: dict[int, Any] | None = None) -> dict[str, Any]:
     """Feature cards for the viewer: {"{layer}_{feature}": FeatureDashboards.feature(f) + "from"} of the
     features wanted ({layer: features}) of a circuitlab.graphs.Transcoders. From the saved dashboards

@@ -45,7 +45,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,13 +65,16 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.names import layer_of
 from circuitlab.model.storage import resolve_dtypes
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 __all__ = ["CT_CONFIG", "CT_OUR_NAMES", "GEMMA_SCOPE", "GEMMA_SCOPE_2", "LLAMA_SCOPE", "LLAMA_SCOPE_WEIGHTS",
            "LN2_NORMALIZED", "MLP_IN", "MLP_OUT", "SET_LAYOUTS", "bind", "check_published_base", "load_ct_layer",
            "load_dictionary", "load_gemma_scope", "load_gemma_scope_2", "load_llama_scope", "load_transcoders",
            "our_hook", "save_gemma_scope", "save_gemma_scope_2", "save_llama_scope", "save_transcoders"]
 
 
-def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model: Any = None,
+def load_dictionary(path: str | Path, device: str | torch.device = "cpu", model: Transformer | None = None,
                     dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
                     mmap: bool = False) -> SparseDictionary:
     """Any single dictionary: ours, SAELens, Gemma Scope (1 and 2), Llama Scope, or one layer of a
@@ -118,7 +121,7 @@ def _is_our_set(folder: Path) -> bool:
     return any((sub / WEIGHTS_FILE).is_file() for sub in folder.iterdir() if sub.is_dir())
 
 
-def _load_our_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+def _load_our_set(folder: Path, device: Any, model: Transformer, dtype: Any = None, compute_dtype: Any = None,
                   mmap: bool = False) -> list[SparseDictionary]:
     saes = [load_dictionary(sub, device, dtype=dtype, compute_dtype=compute_dtype, mmap=mmap)
             for sub in sorted(folder.iterdir()) if (sub / WEIGHTS_FILE).is_file()]
@@ -126,7 +129,7 @@ def _load_our_set(folder: Path, device: Any, model: Any, dtype: Any = None, comp
     return sorted(saes, key=lambda s: layer_of(s.cfg.hook_name) if layer_of(s.cfg.hook_name) is not None else -1)
 
 
-def _load_clt(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+def _load_clt(folder: Path, device: Any, model: Transformer, dtype: Any = None, compute_dtype: Any = None,
               mmap: bool = False):
     """A cross-layer transcoder (ours, circuit-tracer's model_kind: cross_layer_transcoder, sparsify's), checked
     against the model when given."""
@@ -154,7 +157,7 @@ SET_LAYOUTS: list[tuple[str, Callable[[Path], bool], Callable[..., Any]]] = [
 ]
 
 
-def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Any = None,
+def load_transcoders(path: str | Path, device: str | torch.device = "cpu", model: Transformer | None = None,
                      dtype: str | torch.dtype | None = None, compute_dtype: str | torch.dtype | None = None,
                      mmap: bool = False) -> list[SparseDictionary] | Any:
     """A set of per-layer transcoders, one per layer in layer order (circuit-tracer's config.yaml +

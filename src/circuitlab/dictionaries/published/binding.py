@@ -2,7 +2,7 @@
 that need the model, mlp.hook_in and mlp.hook_out, resolved), its widths. See the package docstring."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -11,11 +11,14 @@ from circuitlab.dictionaries.published.names import LN2_NORMALIZED, MLP_IN, MLP_
 from circuitlab.dictionaries.sae import SparseDictionary, check_base_model
 from circuitlab.errors import CircuitlabError, did_you_mean
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 def _name_key(name: str) -> str:
     return name.strip().rstrip("/").split("/")[-1].lower()
 
 
-def check_published_base(sae: SparseDictionary, model: Any, where: str = "the dictionary") -> None:
+def check_published_base(sae: SparseDictionary, model: Transformer, where: str = "the dictionary") -> None:
     """A published dictionary names its base model (e.g. google/gemma-2-2b) and width: refuse another model."""
     rec = sae.cfg.base_model or {}
     if rec.get("config_sha"):  # ours: check_base_model compares the exact identity
@@ -30,7 +33,7 @@ def check_published_base(sae: SparseDictionary, model: Any, where: str = "the di
 
 
 @torch.no_grad()
-def bind(sae: SparseDictionary, model: Any, where: str | None = None) -> SparseDictionary:
+def bind(sae: SparseDictionary, model: Transformer, where: str | None = None) -> SparseDictionary:
     """Check sae against model (base model, hooks, widths) and resolve the reading points that need the
     model (see the module docstring). Returns sae itself when nothing changes, else a bound copy."""
     where = where or f"the dictionary for {sae.cfg.hook_name}"

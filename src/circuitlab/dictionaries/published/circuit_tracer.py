@@ -3,7 +3,7 @@ package docstring); its cross-layer transcoders are clt_formats.py's."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -17,6 +17,9 @@ from circuitlab.dictionaries.published.scope import load_gemma_scope
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_text
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 def _ct_config(folder: Path) -> dict[str, Any]:
     import yaml
@@ -107,7 +110,7 @@ def load_ct_layer(folder: Path, layer: int, file: Path | None = None, raw: dict[
                   metadata={"source": "circuit-tracer", "file": str(file), "layer": layer, **names})
 
 
-def _load_ct_set(folder: Path, device: Any, model: Any, dtype: Any = None, compute_dtype: Any = None,
+def _load_ct_set(folder: Path, device: Any, model: Transformer, dtype: Any = None, compute_dtype: Any = None,
                  mmap: bool = False) -> list[SparseDictionary]:
     if mmap:
         raise CircuitlabError(f"{folder} is circuit-tracer's layout, converted as it is read: only circuitlab's own "
