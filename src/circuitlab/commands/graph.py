@@ -90,6 +90,7 @@ def run_graph_demo(args: argparse.Namespace) -> int:
         opts.transcoder_steps = args.transcoder_steps
     result = run_graphs_demo(opts)
     print()
+    assert result.out is not None  # the demo writes into its out folder
     print((result.out / "report.md").read_text())
     print(f"wrote {result.out}/: report.html, report.md, results.json, graphs/ (one folder per graph), model/, "
           "transcoders/")

@@ -317,6 +317,7 @@ def bind_clt(clt: CrossLayerTranscoder, model: Transformer, where: str = "the CL
     out.cfg = cfg.replace(**changes, metadata={**meta, "read_as": cfg.input_hook} if fold else meta)
     if fold and changes["input_hook"].endswith("ln2.hook_normalized"):
         for layer, norm in enumerate(norms):   # (x̂·w + b) @ W = x̂ @ (diag(w) W) + b @ W, the same for the skip
+            assert norm is not None  # folding reads ln2, which every such block has
             w, b = norm.w.to(out.dtype), getattr(norm, "b", None)
             if b is not None:
                 out.b_enc[layer].add_(b.to(out.dtype) @ out.W_enc[layer])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from circuitlab.dictionaries.arch import Architecture, architecture_names, get_architecture
 from circuitlab.errors import ConfigError, refuse_unknown
@@ -47,7 +47,7 @@ class CLTConfig:
         self.validate()
 
     def validate(self) -> None:
-        def is_int(x: Any) -> bool:
+        def is_int(x: Any) -> TypeGuard[int]:
             return isinstance(x, int) and not isinstance(x, bool)
 
         arch = get_architecture(self.architecture, "CLT")  # an unknown name: one error naming the closest

@@ -233,7 +233,7 @@ def read_sparsify(folder: Path) -> tuple[CLTConfig, dict[str, torch.Tensor]]:
         cfg = CLTConfig(arch.name, n_layers=L, d_model=d_model, d_sae=d_sae, k=int(m0.get("k", 32)), tied=tied,
                         skip=bool(m0.get("skip_connection")), metadata={"source": "sparsify"})
     state: dict[str, torch.Tensor] = {}
-    biases: list[list[torch.Tensor]] = [[] for _ in range(L)]
+    biases: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(L)]   # (source layer, bias) per target
     for i, meta in enumerate(metas):
         where = layers[i] / SP_WEIGHTS
         if int(meta.get("d_in", -1)) != d_model or int(meta.get("num_latents") or d_sae) != d_sae or meta.get("k") != m0.get("k"):

@@ -213,7 +213,7 @@ class CLTMetrics:
     layer_l0: list[float]
     layer_dead_frac: list[float]
     density: torch.Tensor = field(repr=False)  # [L, d_sae]
-    spliced: object | None = None
+    spliced: Any = None   # SplicedLoss (dictionaries.metrics) when measured
 
     def to_dict(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("density", "spliced")}
@@ -246,7 +246,7 @@ def evaluate_clt(clt: CrossLayerTranscoder, batches: Iterable[dict[str, torch.Te
         sum_y = ys.sum(0).cpu() if sum_y is None else sum_y + ys.sum(0).cpu()        # [L, d]
         sum_y2 += ys.pow(2).sum((0, 2)).cpu()
         fires += (acts > 0).sum(0).double().cpu()
-    if n == 0:
+    if n == 0 or sum_y is None:  # (sum_y is None only when n == 0)
         raise CircuitlabError("no activations to evaluate on")
     sst = sum_y2 - sum_y.pow(2).sum(-1) / n
     layer_fvu = (sse / sst).tolist()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TypeGuard
 
 from circuitlab.dictionaries.arch import Architecture, architecture_names, get_architecture
 from circuitlab.errors import ConfigError, refuse_unknown
@@ -74,10 +74,10 @@ class DictionaryConfig:
         return get_architecture(self.architecture)
 
     def validate(self) -> None:
-        def bad(name: str, want: str) -> None:
+        def bad(name: str, want: str) -> NoReturn:
             raise ConfigError(f"DictionaryConfig.{name} must be {want}, got {getattr(self, name)!r}")
 
-        def is_int(x: Any) -> bool:
+        def is_int(x: Any) -> TypeGuard[int]:
             return isinstance(x, int) and not isinstance(x, bool)
 
         arch = get_architecture(self.architecture)  # an unknown name: one error naming the closest

@@ -184,8 +184,8 @@ class FeatureDashboards(Displayed):
                                   ) from None
         if meta.get("format") != "circuitlab-dashboards-1" or meta.get("hist_bins") != HIST_BINS:
             raise CircuitlabError(f"dashboards in {folder} are in another format; build them again")
-        return cls(meta["hook_name"], meta["d_sae"], meta["features"], meta["n_tokens"], meta["before"],
-                   **{n: tensors[n] for n in _TENSORS}, **{n: tensors.get(n) for n in _LOGIT_TENSORS},
+        saved: dict[str, Any] = {**{n: tensors[n] for n in _TENSORS}, **{n: tensors.get(n) for n in _LOGIT_TENSORS}}
+        return cls(meta["hook_name"], meta["d_sae"], meta["features"], meta["n_tokens"], meta["before"], **saved,
                    token_strs={int(k): v for k, v in meta["token_strs"].items()},
                    dictionary_info=meta.get("dictionary", {}))
 
@@ -270,7 +270,7 @@ def feature_dashboards(model: Transformer, dictionary, batches: Iterable[torch.T
         dash.suppressed_values, dash.suppressed_tokens = effects.topk(n, dim=-1, largest=False)
     if tokenizer is not None:
         shown = set(best_tok[best_tok >= 0].tolist())
-        if effects is not None:
+        if dash.promoted_tokens is not None and dash.suppressed_tokens is not None:  # set with the effects above
             shown |= set(dash.promoted_tokens.flatten().tolist()) | set(dash.suppressed_tokens.flatten().tolist())
         dash.token_strs = {t: _decode(tokenizer, t) for t in sorted(shown)}
     cfg = dictionary.cfg

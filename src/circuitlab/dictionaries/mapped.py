@@ -67,8 +67,11 @@ class MappedSafetensors:
             if dtype is None or end - begin != math.prod(e["shape"]) * dtype.itemsize:
                 raise CircuitlabError(f"{self.file} is damaged: tensor {name} has an unreadable dtype or size; "
                                       "write or download it again")
-            raw = torch.from_numpy(self._map[self.data_start + begin:self.data_start + end]) if end > begin \
-                else torch.empty(0, dtype=torch.uint8)
+            if end > begin:
+                assert self._map is not None  # the tensor has bytes, so the file does and is mapped
+                raw = torch.from_numpy(self._map[self.data_start + begin:self.data_start + end])
+            else:
+                raw = torch.empty(0, dtype=torch.uint8)
             if (self.data_start + begin) % dtype.itemsize:
                 raw = raw.clone()
             out[name] = raw.view(dtype).reshape(e["shape"])

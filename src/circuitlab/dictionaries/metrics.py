@@ -89,7 +89,7 @@ def evaluate(sae: SparseDictionary, batches: Iterable[dict[str, torch.Tensor]]) 
         ratio += float((y_hat.norm(dim=-1) / y.norm(dim=-1).clamp(min=1e-12)).sum())
         l0 += float(active.sum())
         fires += active.sum(0).double().cpu()
-    if n == 0:
+    if n == 0 or sum_y is None:  # (sum_y is None only when n == 0)
         raise CircuitlabError("no activations to evaluate on")
     sst = sum_y2 - float(sum_y.pow(2).sum()) / n
     fvu = sse / sst if sst > 0 else float("nan")

@@ -29,6 +29,7 @@ class DictionaryModule(nn.Module):
     `arch`, `k`, `metadata` and `replace(...)`."""
 
     cfg: Any
+    threshold: Any   # when the architecture has one: [d_sae] (an SAE's), one per layer (a CLT's)
     _compute_dtype: torch.dtype | None = None  # None: the parameters' own dtype (set_dtypes stores them apart)
     _mapped: MappedSafetensors | None = None   # the file its matrices are mapped from (load(..., mmap=True))
 

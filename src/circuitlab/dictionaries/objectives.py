@@ -56,7 +56,7 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
                   and rows * d_sae * max(sae.cfg.d_in, sae.cfg.d_out) >= SPARSE_MIN_WORK)
     elif sparse and x.dtype not in SPARSE_DTYPES:
         raise CircuitlabError(f"the sparse training step needs a float32 or float64 dictionary, not {x.dtype}")
-    threshold = sae.threshold if arch.learns_threshold else None
+    threshold: torch.Tensor | None = sae.threshold if arch.learns_threshold else None
     norms = sae.W_dec.norm(dim=-1) if arch.penalty_uses_norms else None  # [d_sae]
     if sparse:
         kept = kept if kept is not None else Kept.from_mask(mask)

@@ -57,7 +57,10 @@ class Alone:
     def owned(self) -> list[int]:
         return [j for j, r in enumerate(self.owner) if r == self.rank]
 
-    replicas = None  # what a BatchTopK step gathers candidates across (None: this batch is the global one)
+    @property
+    def replicas(self) -> DataParallel | None:
+        """What a BatchTopK step gathers candidates across (None: this batch is the global one)."""
+        return None
 
     def rows(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The rows this rank's dictionaries train on this step ({hook: [rows, width]})."""
@@ -197,6 +200,7 @@ class ModuleParallel(_Ranks):
         with collective("sending activations to the ranks that own their dictionaries"):
             for hook, readers in self.readers.items():
                 t = batch[hook].contiguous()
+                parts: list[torch.Tensor] | None
                 if len(readers) > 1:
                     parts = [torch.empty_like(t) for _ in range(self.world)]
                     dist.all_gather(parts, t)
@@ -204,6 +208,7 @@ class ModuleParallel(_Ranks):
                     parts = [torch.empty_like(t) for _ in range(self.world)] if self.rank == readers[0] else None
                     dist.gather(t, parts, dst=readers[0])
                 if self.rank in readers:
+                    assert parts is not None  # every reader gathered them
                     out[hook] = torch.cat(parts)
         return out
 

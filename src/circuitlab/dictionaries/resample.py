@@ -128,7 +128,10 @@ def split_targets(sae: SparseDictionary, dead: torch.Tensor, acts: torch.Tensor,
     score = (mask * along).sum(0) - n * elsewhere                     # [m]
     order = score.argsort(descending=True)
     free = dead.nonzero().flatten().tolist()
-    children, parents, child_dirs, parent_dirs = [], [], [], []
+    children: list[int] = []
+    parents: list[int] = []
+    child_dirs: list[torch.Tensor] = []
+    parent_dirs: list[torch.Tensor] = []
     for c in order[score[order] > 0].tolist():
         if len(children) == len(free):
             break

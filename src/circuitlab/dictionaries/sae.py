@@ -51,19 +51,21 @@ class SparseDictionary(DictionaryModule):
         self.cfg = cfg
         dtype = _DTYPES[cfg.dtype]
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        W_dec = torch.randn(cfg.d_sae, cfg.d_out, generator=gen, dtype=torch.float64)
+        d_out = cfg.d_out
+        assert d_out is not None  # DictionaryConfig.__post_init__ sets it (d_in by default)
+        W_dec = torch.randn(cfg.d_sae, d_out, generator=gen, dtype=torch.float64)
         W_dec = (W_dec / W_dec.norm(dim=-1, keepdim=True)).to(dtype)
         self.W_dec = nn.Parameter(W_dec)
         W_enc = W_dec.T.clone() if cfg.d_in == cfg.d_out else torch.randn(cfg.d_in, cfg.d_sae, generator=gen).to(dtype) / cfg.d_in**0.5
         self.W_enc = nn.Parameter(W_enc.contiguous())
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype))
-        self.b_dec = nn.Parameter(torch.zeros(cfg.d_out, dtype=dtype))
+        self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype))
         if cfg.arch.has_threshold:
             # JumpReLU learns it; BatchTopK estimates it in training and uses it at inference.
             self.threshold = nn.Parameter(torch.full((cfg.d_sae,), 1e-3, dtype=dtype),
                                           requires_grad=cfg.arch.learns_threshold)
         if cfg.skip:
-            self.W_skip = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_out, dtype=dtype))
+            self.W_skip = nn.Parameter(torch.zeros(cfg.d_in, d_out, dtype=dtype))
 
     # ------------------------------------------------------------------ forward
     def pre_acts(self, x: torch.Tensor) -> torch.Tensor:
@@ -201,7 +203,7 @@ def base_model_id(model: Transformer, name: str | None = None) -> dict[str, Any]
     return out
 
 
-def check_base_model(sae: SparseDictionary, model: Transformer, where: str = "the dictionary") -> None:
+def check_base_model(sae: DictionaryModule, model: Transformer, where: str = "the dictionary") -> None:
     """Raise if the dictionary records a base model other than `model` (a missing record passes)."""
     names = model.hook_points() if hasattr(model, "hook_points") else {}
     for hook in (sae.cfg.hook_name, sae.cfg.out_hook_name or ""):

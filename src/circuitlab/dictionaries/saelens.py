@@ -64,8 +64,9 @@ def load_saelens(folder: str | Path, device: str | torch.device = "cpu") -> Spar
 
 def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
     meta = raw.get("metadata") or {}
-    arch = raw.get("architecture") or _PRE_6.get(raw.get("activation_fn"), "standard")
-    k = raw.get("k") or (raw.get("activation_fn_kwargs") or {}).get("k")
+    activation: Any = raw.get("activation_fn")   # JSON values, checked by DictionaryConfig below
+    arch = raw.get("architecture") or _PRE_6.get(activation, "standard")
+    k: Any = raw.get("k") or (raw.get("activation_fn_kwargs") or {}).get("k")
     hook = meta.get("hook_name") or raw.get("hook_name") or raw.get("hook_point") or ""
     norm = raw.get("normalize_activations", "none")
     if norm not in ("none", "expected_average_only_in", None):
@@ -78,6 +79,7 @@ def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
         raise CircuitlabError(f"SAELens architecture {arch!r} in {folder} is not supported; "
                               f"supported: {', '.join(supported)}")
     here, skip = architecture_in(layout, arch), layout == LAYOUTS[2]
+    assert here is not None  # the layout was chosen for reading it
     out_hook = (meta.get("hook_name_out") or raw.get("hook_name_out") or f"{hook}.out") if layout != LAYOUTS[0] else None
     base = {"name": meta.get("model_name") or raw.get("model_name")} if (meta.get("model_name") or raw.get("model_name")) else {}
     return DictionaryConfig(

@@ -36,6 +36,13 @@ def is_per_layer_transcoder(d: SparseDictionary) -> bool:
     return bool(d.cfg.is_transcoder) and layer is not None and d.cfg.out_hook_name == f"blocks.{layer}.hook_mlp_out"
 
 
+def _layer(d: SparseDictionary) -> int:
+    """The layer a per-layer transcoder writes (is_per_layer_transcoder found it)."""
+    layer = layer_of(d.cfg.out_hook_name)
+    assert layer is not None
+    return layer
+
+
 def _set_of(name: str, layer: int) -> str:
     stem, _, tail = name.rpartition("-")
     return stem if stem and tail == str(layer) else PER_LAYER
@@ -73,12 +80,12 @@ def dictionary_sets(folder: str | Path, dtype: Any = None, compute_dtype: Any = 
         elif is_dictionary_folder(sub):
             d = SparseDictionary.load(sub, **loading)
             if is_per_layer_transcoder(d):
-                sets.setdefault(_set_of(sub.name, layer_of(d.cfg.out_hook_name)), {})[sub.name] = d
+                sets.setdefault(_set_of(sub.name, _layer(d)), {})[sub.name] = d
             else:
                 sets[sub.name] = d
     for name, found in sets.items():
         if isinstance(found, dict):
-            sets[name] = dict(sorted(found.items(), key=lambda kv: layer_of(kv[1].cfg.out_hook_name)))
+            sets[name] = dict(sorted(found.items(), key=lambda kv: _layer(kv[1])))
     return dict(sorted(sets.items()))
 
 

@@ -86,7 +86,7 @@ class _Attached:
 class Splice:
     """The dictionaries spliced into a model (what `splice` yields)."""
 
-    def __init__(self, model: Transformer, attached: list[_Attached]) -> None:
+    def __init__(self, model: Transformer, attached: list[_Attached | _AttachedCLT]) -> None:
         self.model = model
         self._attached = attached
 
@@ -141,7 +141,7 @@ def splice(model: Transformer, dictionaries: Any | Sequence[Any], error_term: bo
     if not isinstance(dictionaries, (list, tuple)):
         dictionaries = [dictionaries]
     points = H.hook_points(model)
-    attached: list[_Attached] = []
+    attached: list[_Attached | _AttachedCLT] = []
     added: list[tuple[HookPoint, Any]] = []
     children: list[tuple[HookPoint, str]] = []
     try:

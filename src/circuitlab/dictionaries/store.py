@@ -217,6 +217,7 @@ class ActivationStore:
             if self._buffers[shard] is None:
                 self._buffers[shard] = self._load(pos[0])
             buffer = self._buffers[shard]
+            assert buffer is not None  # loaded just above
             n = next(iter(buffer.values())).shape[0]
             take = min(need, n - pos[1])
             parts.append({k: v[pos[1]: pos[1] + take] for k, v in buffer.items()})
@@ -293,7 +294,7 @@ def cache_activations(source: ActivationSource, folder: str | Path, n_chunks: in
                                   "use an empty folder")
         manifest = old
     entry = manifest["splits"].setdefault(split, {"shards": [], "rows": 0, "bytes": 0})
-    done = {name: None for name in entry["shards"]}  # name -> (rows, bytes) once known from a progress file
+    done: dict[str, Any] = {name: None for name in entry["shards"]}  # name -> (rows, bytes) once known from a progress file
     for f in sorted(folder.glob("cache.rank-*.json")):  # shards an interrupted run wrote but did not merge
         for name, rb in json.loads(f.read_text()).get(split, {}).items():
             done[name] = rb

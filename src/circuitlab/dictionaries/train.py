@@ -33,7 +33,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -73,7 +73,10 @@ class DictionaryTrainResult:
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "dictionaries": [
             {"name": f.name if f else None, "config": d.cfg.to_dict(), "metrics": m.to_dict()}
-            for d, m, f in zip(self.dictionaries, self.metrics, self.folders or [None] * len(self.metrics))]}
+            for d, m, f in zip(self.dictionaries, self.metrics, self._folders())]}
+
+    def _folders(self) -> list[Path | None]:
+        return list(self.folders) if self.folders else [None] * len(self.metrics)
 
     def _repr_html_(self) -> str:
         return "".join(f"<h4>{d.cfg.hook_name} ({d.cfg.architecture})</h4>{m._repr_html_()}"
@@ -121,20 +124,22 @@ class DictionaryTrainer(TrainerState):
                               f"of activations per step for these dictionaries (limit {budget * 4 / 2**30:.1f} GiB, a quarter "
                               "of the memory budget; --memory sets it); "
                               f"give at most {max(1, budget // per_row)}")
-        self.saes = [(CrossLayerTranscoder if isinstance(c, CLTConfig) else SparseDictionary)(c, seed=_seed(train.seed, j) % 2**31)
-                     .to(self.device) for j, c in enumerate(configs)]
+        self.saes = [(CrossLayerTranscoder(c, seed=_seed(train.seed, j) % 2**31) if isinstance(c, CLTConfig)
+                      else SparseDictionary(c, seed=_seed(train.seed, j) % 2**31)).to(self.device)
+                     for j, c in enumerate(configs)]
         fused = self.device.type in ("cpu", "cuda")  # one kernel per step, ~5x faster than the foreach Adam on the CPU
         self.opts = [torch.optim.Adam(self._param_groups(s, ctl), lr=h.lr, betas=(train.beta1, train.beta2), fused=fused)
                      for s, h, ctl in zip(self.saes, self.hyper, self.controllers)]
         self.last_fired = [torch.zeros(c.n_latents, dtype=torch.long, device=self.device) for c in configs]
         self.fire_rate = [torch.zeros(c.n_latents, dtype=torch.float64, device=self.device) for c in configs]  # running density
-        self.scales: list[tuple[float, float]] = [(1.0, 1.0)] * len(configs)
+        # (input, output) scale of each dictionary: two floats, or two per-layer lists for a CLT
+        self.scales: list[tuple[Any, Any]] = [(1.0, 1.0)] * len(configs)
         self.step = 0
         self.run_settings: dict[str, Any] = {}  # the caller's result-changing settings (see settings())
 
     # ------------------------------------------------------------------ the pieces
     @staticmethod
-    def _base_coeff(cfg: DictionaryConfig, h: DictTrainConfig) -> float:
+    def _base_coeff(cfg: DictionaryConfig | CLTConfig, h: DictTrainConfig) -> float:
         return getattr(h, cfg.arch.coefficient)
 
     @staticmethod
@@ -170,9 +175,10 @@ class DictionaryTrainer(TrainerState):
             cfg = sae.cfg
             ctl = self.controllers[j]
             if isinstance(sae, CrossLayerTranscoder):
-                self.scales[j] = clt_train.init_from_data(sae, sample, h.normalise, h.jumprelu_init_threshold)
+                scales = clt_train.init_from_data(sae, sample, h.normalise, h.jumprelu_init_threshold)
+                self.scales[j] = scales
                 if ctl is not None:
-                    clt_train.start_at_l0(sae, sample, self.scales[j][0], ctl.target.tolist())
+                    clt_train.start_at_l0(sae, sample, scales[0], ctl.target.tolist())
                 continue
             x = sample[cfg.hook_name].to(self.device)
             y = sample[cfg.out_hook_name].to(self.device) if cfg.is_transcoder else x
@@ -207,15 +213,17 @@ class DictionaryTrainer(TrainerState):
             dead = self.dead(j, self.step)
             coeff = self.sparsity_coeff(j, self.step)
             layers = tuple(coeff) if isinstance(coeff, list) else None  # a steered CLT: one per layer
-            coef = Coefficients(sparsity=sum(layers) / len(layers) if layers else coeff, aux=h.aux_coeff,
+            coef = Coefficients(sparsity=sum(layers) / len(layers) if layers else cast(float, coeff), aux=h.aux_coeff,
                                 bandwidth=h.bandwidth, threshold_decay=0.0 if self.step == 0 else 0.99)
             for group in opt.param_groups:
                 group["lr"] = self.train.lr_at(self.step, h.lr) * group.get("lr_scale", 1.0)
             is_clt = isinstance(sae, CrossLayerTranscoder)
-            if is_clt:  # the same coefficient scales its tanh penalty (l0_coeff; l1_coeff for a ReLU CLT)
-                coef = clt_train.CLTCoefficients(**vars(coef), tanh_scale=h.clt_tanh_scale, preact=h.clt_preact_coeff,
-                                                 layers=layers)
-            out = (clt_train.clt_training_step if is_clt else training_step)(sae, x, y, coef, dead, replicas=P.replicas)
+            if isinstance(sae, CrossLayerTranscoder):  # (is_clt) the same coefficient scales its tanh penalty
+                clt_coef = clt_train.CLTCoefficients(**vars(coef), tanh_scale=h.clt_tanh_scale,  # (l0_coeff; l1_coeff
+                                                     preact=h.clt_preact_coeff, layers=layers)   # for a ReLU CLT)
+                out = clt_train.clt_training_step(sae, x, y, clt_coef, dead, replicas=P.replicas)
+            else:
+                out = training_step(sae, x, y, coef, dead, replicas=P.replicas)
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             P.average_gradients([p for p in sae.parameters() if p.requires_grad])  # data parallel: the global mean's

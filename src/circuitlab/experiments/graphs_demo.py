@@ -283,16 +283,19 @@ def train_transcoders(model: Transformer, tokenizer, opts: GraphsDemoOptions, ou
 
     L = model.cfg.n_layers
     base = base_model_id(model, "graphs-model")
+    configs: list[DictionaryConfig | CLTConfig]
     if opts.transcoders == "clt":
-        configs = [CLTConfig("topk", n_layers=L, d_model=model.cfg.d_model, d_sae=opts.d_sae, k=opts.k, skip=True,
-                             base_model=base, metadata={"name": "clt"})]
-        hooks = configs[0].hooks()
+        clt = CLTConfig("topk", n_layers=L, d_model=model.cfg.d_model, d_sae=opts.d_sae, k=opts.k, skip=True,
+                        base_model=base, metadata={"name": "clt"})
+        configs, hooks = [clt], clt.hooks()
     else:
-        configs = [DictionaryConfig("topk", d_in=model.cfg.d_model, d_sae=opts.d_sae, k=opts.k, skip=True,
-                                    hook_name=f"blocks.{l}.ln2.hook_normalized", out_hook_name=f"blocks.{l}.hook_mlp_out",
-                                    d_out=model.cfg.d_model, base_model=base, metadata={"name": f"transcoder-{l}"})
-                   for l in range(L)]
-        hooks = [h for c in configs for h in (c.hook_name, c.out_hook_name)]
+        per_layer = [DictionaryConfig("topk", d_in=model.cfg.d_model, d_sae=opts.d_sae, k=opts.k, skip=True,
+                                      hook_name=f"blocks.{l}.ln2.hook_normalized",
+                                      out_hook_name=f"blocks.{l}.hook_mlp_out", d_out=model.cfg.d_model, base_model=base,
+                                      metadata={"name": f"transcoder-{l}"})
+                     for l in range(L)]
+        configs = [*per_layer]
+        hooks = [h for c in per_layer for h in (c.hook_name, c.out_hook_name) if h is not None]  # both set
     data = build_data(DataConfig.from_dict(_data_config(opts)), tokenizer=tokenizer)
     source = ModelActivations(model, hooks, data, seq_len=64, seqs_per_chunk=64, skip_positions=1)
     steps = opts.transcoder_steps
@@ -333,6 +336,7 @@ def write_graphs_report(result: GraphsDemoResult) -> None:
     from circuitlab.viz.graph_view import graphs_demo_html, graphs_demo_markdown
 
     out = result.out
+    assert out is not None  # run_graphs_demo writes its report into the out folder it made
     atomic_write_text(out / "report.md", graphs_demo_markdown(result, out))
     atomic_write_text(out / "results.json", json_text(result.to_dict(), indent=2))
     atomic_write_text(out / "report.html", graphs_demo_html(result))

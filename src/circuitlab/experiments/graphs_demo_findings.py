@@ -138,6 +138,7 @@ class GraphFinding:
     def _context_sentence(self) -> str:
         """p(target) from the last sentence alone against p with the earlier mentions."""
         p, alone = self.p_target, self.p_without_context
+        assert alone is not None  # said only for prompts that measured it
         head = f"Without the earlier mentions (the last sentence alone) it gives {alone:.2f}: "
         if not self.predicted:
             return head + f"nothing can be concluded about copying: {self._not_predicted()}."
@@ -361,7 +362,7 @@ def explain(model: Transformer, tc, tokenizer, spec: PromptSpec, out: Path | Non
         spec.focus, spec.focus_positions, share, logit_inputs, top_features,
         paths[0]["words"] if paths else "", ablation,
         round(_probability(model, spec.without_context, spec.target), 4) if spec.without_context else None)
-    qk = []
+    qk: list[Any] = []
     if spec.mechanism == "name":
         finding.heads, qk = name_heads(model, tc, tokenizer, graph, pruned, spec, tokens)
     cards = (graph_feature_cards(model, tc, graph, pruned, tokenizer, n_tokens=dashboard_tokens)
@@ -371,7 +372,7 @@ def explain(model: Transformer, tc, tokenizer, spec: PromptSpec, out: Path | Non
             "prompt": prompt, "graph": graph.summary(pruned), "finding": finding.to_dict(),
             "top_paths": [{"strength": x["strength"], "words": x["words"]} for x in paths]}, cards=cards, qk=qk)
         finding.files = str(write_graph_run(run, out / spec.slug, spec.slug, overwrite=True))
-    finding.view = (graph, pruned, cards)   # for report.html's viewer (not a field: not in results.json)
+    setattr(finding, "view", (graph, pruned, cards))   # for report.html's viewer (not a field: not in results.json)
     return finding
 
 

@@ -27,7 +27,7 @@ class RunData:
     """
 
     name: str
-    model: Transformer | None = None
+    model: Any = None
     tokenizer: Any = None
     model_config: dict | None = None
     run_config: dict | None = None

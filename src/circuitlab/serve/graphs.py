@@ -162,7 +162,7 @@ class GraphBrowser:
     def identity(self) -> dict[str, Any]:
         """made_with(...) of the loaded model and transcoders (computed once)."""
         if self._made_with is None:
-            self._made_with = made_with(self.model, self.tc)
+            self._made_with = made_with(self._model(), self.tc)
         return self._made_with
 
     def _check_made_with(self, graph_id: str, data: dict[str, Any]) -> None:
@@ -196,7 +196,7 @@ class GraphBrowser:
                             "modified": (folder / "graph.json").stat().st_mtime})
             except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
                 out.append({"id": graph_id, "prompt": None, "error": "results.json cannot be read"})
-        out.sort(key=lambda g: -(g.get("modified") or 0))
+        out.sort(key=lambda g: -float(g.get("modified") or 0))
         return {"root": self.root.name if self.root else None, "graphs": out, "can_compute": self.can_run(),
                 "limits": {"max_tokens": MAX_GRAPH_TOKENS.high, "max_graph_mb": MAX_GRAPH_MB,
                            "max_nodes": _node_count_limit()},
@@ -231,6 +231,11 @@ class GraphBrowser:
     def can_run(self) -> bool:
         return self.model is not None and self.tc is not None
 
+    def _model(self) -> Transformer:
+        """The model, where the caller has checked it is loaded (_need, can_run)."""
+        assert self.model is not None
+        return self.model
+
     def _need(self) -> None:
         if not self.can_run():
             raise PermissionError("this needs the model and its transcoders: start the server with "
@@ -241,7 +246,7 @@ class GraphBrowser:
         by_pos = {int(n["ctx_idx"]): int(n["node_id"].split("_")[1]) for n in data["nodes"]
                   if n.get("feature_type") == "embedding"}
         tokens = [by_pos.get(p, -1) for p in range(len(by_pos))]
-        cfg = self.model.cfg
+        cfg = self._model().cfg
         if not tokens or min(tokens) < 0 or max(tokens) >= cfg.d_vocab or len(tokens) > cfg.n_ctx:
             raise CircuitlabError("this graph's tokens do not fit the loaded model (another vocabulary or context): "
                                   "serve the checkpoint the graph was made with")
@@ -276,7 +281,7 @@ class GraphBrowser:
             raise CircuitlabError(f"feature {feature} of layer {layer} is not a node of graph {graph_id!r}")
         key = (graph_id, (folder / "graph.json").stat().st_mtime, layer)
         if key not in self._cards:
-            self._cards[key] = feature_cards(self.model, self.tc, {layer: feats}, self.tokenizer, n_tokens=DEFAULTS.dashboard_tokens,
+            self._cards[key] = feature_cards(self._model(), self.tc, {layer: feats}, self.tokenizer, n_tokens=DEFAULTS.dashboard_tokens,
                                              saved=self.saved)
             if f"{layer}_{feature}" not in self._cards[key]:
                 raise CircuitlabError("this tokenizer cannot read the built-in stories the feature cards are made of")
@@ -286,7 +291,7 @@ class GraphBrowser:
         from circuitlab.graphs import ReplacementModel
 
         if self._replacement is None or self._replacement[0] != tuple(tokens):
-            self._replacement = (tuple(tokens), ReplacementModel(self.model, self.tc, torch.tensor(tokens)))
+            self._replacement = (tuple(tokens), ReplacementModel(self._model(), self.tc, torch.tensor(tokens)))
         return self._replacement[1]
 
     def intervene(self, graph_id: str, node_ids: list[str], scale: float, top: int = 5) -> dict[str, Any]:
@@ -314,7 +319,7 @@ class GraphBrowser:
 
         graph_col = sorted(({"token": (n.get("clerp") or "").removeprefix('Output "').rsplit('" (p=', 1)[0],
                              "id": int(n["feature"]), "prob": float(n.get("token_prob") or 0)}
-                            for n in data["nodes"] if n.get("feature_type") == "logit"), key=lambda x: -x["prob"])
+                            for n in data["nodes"] if n.get("feature_type") == "logit"), key=lambda x: -float(x["prob"]))
         columns = {"graph (no intervention)": graph_col[:top],
                    "replacement model": best(rm.run(ivs).logits),
                    "model, attention frozen": best(rm.run(ivs, mode="model").logits),
@@ -337,9 +342,9 @@ class GraphBrowser:
         max_feature_nodes = opts.max_feature_nodes
         if max_feature_nodes is not None:
             MAX_NODES_CAP.check(max_feature_nodes, "max_feature_nodes")
-        layers = ReplacementModel(self.model, self.tc, torch.tensor(ids)).active_features[:, 0]
+        layers = ReplacementModel(self._model(), self.tc, torch.tensor(ids)).active_features[:, 0]
         cap = len(layers) if max_feature_nodes is None else min(len(layers), max_feature_nodes)
-        check_graph_size(layers, self.tc, cap, len(ids), opts.max_n_logits, self.model.cfg.d_model, budget=_budget(),
+        check_graph_size(layers, self.tc, cap, len(ids), opts.max_n_logits, self._model().cfg.d_model, budget=_budget(),
                          name="max_feature_nodes", where=", the explorer's")
         out = self.root / COMPUTED / time.strftime("graph-%Y%m%d-%H%M%S")
         n = 2

@@ -126,7 +126,11 @@ def _load_our_set(folder: Path, device: Any, model: Transformer, dtype: Any = No
     saes = [load_dictionary(sub, device, dtype=dtype, compute_dtype=compute_dtype, mmap=mmap)
             for sub in sorted(folder.iterdir()) if (sub / WEIGHTS_FILE).is_file()]
     saes = [s for s in saes if s.cfg.is_transcoder]
-    return sorted(saes, key=lambda s: layer_of(s.cfg.hook_name) if layer_of(s.cfg.hook_name) is not None else -1)
+    def layer(s: SparseDictionary) -> int:
+        found = layer_of(s.cfg.hook_name)
+        return found if found is not None else -1
+
+    return sorted(saes, key=layer)
 
 
 def _load_clt(folder: Path, device: Any, model: Transformer, dtype: Any = None, compute_dtype: Any = None,

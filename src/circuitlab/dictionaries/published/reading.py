@@ -15,8 +15,8 @@ from circuitlab.model.storage import resolve_dtypes
 
 def build(where: str, tensors: dict[str, torch.Tensor], **cfg: Any) -> SparseDictionary:
     d_in, d_sae = tensors["W_enc"].shape
-    cfg = DictionaryConfig(d_in=int(d_in), d_sae=int(d_sae), d_out=int(tensors["W_dec"].shape[1]), **cfg)
-    return SparseDictionary.from_tensors(cfg, {k: v.to(torch.float32) for k, v in tensors.items()}, where)
+    config = DictionaryConfig(d_in=int(d_in), d_sae=int(d_sae), d_out=int(tensors["W_dec"].shape[1]), **cfg)
+    return SparseDictionary.from_tensors(config, {k: v.to(torch.float32) for k, v in tensors.items()}, where)
 
 
 def need(tensors: dict[str, Any], keys: tuple[str, ...], where: str) -> None:

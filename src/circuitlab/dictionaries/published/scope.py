@@ -79,11 +79,11 @@ def load_gemma_scope_2(file: str | Path) -> SparseDictionary:
         tensors["W_skip"] = t["affine_skip_connection"]  # [d_in, d_out], added as x @ A: our W_skip as it is
     out_hf = raw.get("hf_hook_point_out")
     transcoder = bool(out_hf) and out_hf != raw["hf_hook_point_in"]
-    base = {"d_model": int(t["b_dec"].shape[0]) if not transcoder else None}
+    base: dict[str, Any] = {"d_model": int(t["b_dec"].shape[0]) if not transcoder else None}
     if raw.get("model_name"):
         base["name"] = _gemma_3_name(str(raw["model_name"]))
-    return build(str(file), tensors, architecture=arch.name, hook_name=our_hook(raw["hf_hook_point_in"]),
-                  out_hook_name=our_hook(out_hf) if transcoder else None, skip="W_skip" in tensors,
+    return build(str(file), tensors, architecture=arch.name, hook_name=our_hook(str(raw["hf_hook_point_in"])),
+                  out_hook_name=our_hook(str(out_hf)) if transcoder else None, skip="W_skip" in tensors,
                   base_model={k: v for k, v in base.items() if v}, apply_b_dec_to_input=None if transcoder else False,
                   metadata={"source": "gemma-scope-2", "file": str(file)})
 
@@ -198,8 +198,8 @@ def save_gemma_scope_2(sae: SparseDictionary, folder: str | Path, model_name: st
            "affine_connection": c.skip}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    t = {k: v.detach().cpu().contiguous() for k, v in t.items()}
-    atomic_write_file(folder / GEMMA_SCOPE_2, lambda tmp: save_file(t, tmp))
+    plain = {k: v.detach().cpu().contiguous() for k, v in t.items()}
+    atomic_write_file(folder / GEMMA_SCOPE_2, lambda tmp: save_file(plain, tmp))
     atomic_write_text(folder / "config.json", json_text(raw, indent=2))
     return folder
 
