@@ -33,6 +33,7 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model.storage import stored_matmul
 
 if TYPE_CHECKING:
+    from circuitlab.dictionaries.sae import SparseDictionary
     from circuitlab.model import Transformer
 
 WEIGHTS_FILE, CONFIG_FILE = "clt.safetensors", "config.json"
@@ -163,7 +164,7 @@ class CrossLayerTranscoder(DictionaryModule):
         return norms.expand(-1, self.cfg.n_layers - layer) if self.cfg.tied else norms
 
     @torch.no_grad()
-    def residual_view(self, layer: int):
+    def residual_view(self, layer: int) -> SparseDictionary:
         """Layer `layer`'s features as a SparseDictionary: its encoder (threshold, k), and as decoder each
         feature's total direct write into the residual stream, Σ_{t ≥ layer} W_dec^{layer→t} [d_sae, d_model]
         (every MLP output adds into it). For dashboards and logit effects; metadata.clt_write_norms

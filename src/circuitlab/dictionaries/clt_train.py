@@ -175,7 +175,8 @@ def stack_layers(cfg: CLTConfig, batch: dict[str, torch.Tensor], device: torch.d
     return xs, ys
 
 
-def scaled_inputs(clt: CrossLayerTranscoder, batch: dict[str, torch.Tensor], scales) -> tuple[torch.Tensor, torch.Tensor]:
+def scaled_inputs(clt: CrossLayerTranscoder, batch: dict[str, torch.Tensor], scales: tuple[Any, Any]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = stack_layers(clt.cfg, batch, clt.device)
     s_in, s_out = (torch.tensor(s, dtype=xs.dtype, device=xs.device)[None, :, None] for s in scales)
     return xs * s_in, ys * s_out

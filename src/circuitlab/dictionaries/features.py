@@ -31,6 +31,8 @@ from circuitlab.textfile import read_text
 from circuitlab.model import model_device
 
 if TYPE_CHECKING:
+    from circuitlab.data.tokenizers import Tokenizer
+    from circuitlab.dictionaries.sae import SparseDictionary
     from circuitlab.model import Transformer
 
 HIST_RANGE = (-4.0, 3.0)  # log10 of the activation
@@ -42,7 +44,7 @@ _LOGIT_TENSORS = ("promoted_tokens", "promoted_values", "suppressed_tokens", "su
 
 
 @torch.no_grad()
-def feature_activations(model: Transformer, dictionary, tokens: torch.Tensor) -> torch.Tensor:
+def feature_activations(model: Transformer, dictionary: SparseDictionary, tokens: torch.Tensor) -> torch.Tensor:
     """The dictionary's feature activations on tokens [batch, pos]: [batch, pos, d_sae] (the model unchanged)."""
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     name = dictionary.cfg.hook_name
@@ -199,9 +201,9 @@ def _check_features(features: Iterable[int] | None, d_sae: int) -> list[int]:
 
 
 @torch.no_grad()
-def feature_dashboards(model: Transformer, dictionary, batches: Iterable[torch.Tensor] | torch.Tensor,
+def feature_dashboards(model: Transformer, dictionary: SparseDictionary, batches: Iterable[torch.Tensor] | torch.Tensor,
                        features: Iterable[int] | None = None, k: int = 10, before: int = 12, after: int = 4,
-                       n_logits: int = 10, tokenizer=None, progress: bool = False) -> FeatureDashboards:
+                       n_logits: int = 10, tokenizer: Tokenizer | None = None, progress: bool = False) -> FeatureDashboards:
     """Dashboards of `features` (default: all) from token batches [batch, pos] (an iterable, or one tensor).
 
     k contexts per feature, each a window of `before` tokens, the activating one, and `after` tokens;
@@ -279,14 +281,14 @@ def feature_dashboards(model: Transformer, dictionary, batches: Iterable[torch.T
     return dash
 
 
-def _decode(tokenizer, token_id: int) -> str:
+def _decode(tokenizer: Tokenizer, token_id: int) -> str:
     try:
         return tokenizer.decode([int(token_id)])
     except Exception:  # noqa: BLE001 - a display string must never fail the dashboards
         return f"<{int(token_id)}>"
 
 
-def text_batches(tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = 64, batch_size: int = 16,
+def text_batches(tokenizer: Tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = 64, batch_size: int = 16,
                  seed: int = 1) -> list[torch.Tensor]:
     """Token batches [batch, seq_len] of about n_tokens from a text source ("stories", "file:PATH",
     "folder:PATH", "hf:NAME"): documents joined by EOS and cut into rows. The built-in stories use seed 1

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -143,7 +143,7 @@ def loss_kept(clean: float, spliced: float, zero: float, recovered: float, what:
 
 
 @torch.no_grad()
-def spliced_loss(model: Transformer, sae, tokens: torch.Tensor) -> SplicedLoss:
+def spliced_loss(model: Transformer, sae: Any, tokens: torch.Tensor) -> SplicedLoss:
     """tokens [batch, pos+1]: next-token CE of the model as is, with the dictionary's reconstruction
     in place of its hook (a transcoder replaces the MLP output), and with that hook zeroed.
 

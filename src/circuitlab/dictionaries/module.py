@@ -7,7 +7,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -20,6 +20,9 @@ from circuitlab.dictionaries.mapped import MappedSafetensors
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model.storage import cast_parameters, compute_of, resolve_dtypes
 from circuitlab.textfile import read_text
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,7 +42,7 @@ class DictionaryModule(nn.Module):
             self._mapped.check()
 
     @classmethod
-    def _mapped_from(cls, cfg: Any, mapped: MappedSafetensors, tensors: dict[str, torch.Tensor], what: str):
+    def _mapped_from(cls, cfg: Any, mapped: MappedSafetensors, tensors: dict[str, torch.Tensor], what: str) -> Self:
         """A module of cls under cfg whose parameters are `tensors` themselves (the mapped pages: no init, no
         copy), after the same shape check as _load_checked; vectors are then held in the compute dtype."""
         with torch.device("meta"):
@@ -63,7 +66,7 @@ class DictionaryModule(nn.Module):
         """The dtype the matrices (W_enc, W_dec, ...) are held in."""
         return max((p for p in self.parameters()), key=lambda p: p.numel()).dtype
 
-    def set_dtypes(self, storage: str | torch.dtype | None = None, compute: str | torch.dtype | None = None):
+    def set_dtypes(self, storage: str | torch.dtype | None = None, compute: str | torch.dtype | None = None) -> Self:
         """Hold the matrices in `storage` (default: as they are) and compute in `compute` (default: float32 on a
         CPU for half-precision storage, the storage dtype on a GPU); vectors (biases, thresholds) are held in the
         compute dtype. In place; an unknown dtype or one the device cannot compute in is one InputError, raised
@@ -74,7 +77,7 @@ class DictionaryModule(nn.Module):
         self._compute_dtype = None if c == s else c
         return self
 
-    def for_inference(self):
+    def for_inference(self) -> Self:
         """The form it is saved and used in (Architecture.saved_as): BatchTopK becomes the JumpReLU it is at
         inference (same weights, its running threshold); others unchanged."""
         arch = self.cfg.arch
@@ -90,7 +93,7 @@ class DictionaryModule(nn.Module):
             return None
         return self.threshold if layer is None else self.threshold[layer]
 
-    def _copy_with(self, cfg: Any):
+    def _copy_with(self, cfg: Any) -> Self:
         """A new module of the same class under `cfg`, with this one's weights, device and dtype."""
         new = type(self)(cfg)
         # assign: each tensor keeps its own dtype and device (half-precision matrices beside float32 vectors)
@@ -98,7 +101,7 @@ class DictionaryModule(nn.Module):
         new._compute_dtype = self._compute_dtype
         return new
 
-    def _load_checked(self, tensors: dict[str, torch.Tensor], what: str):
+    def _load_checked(self, tensors: dict[str, torch.Tensor], what: str) -> Self:
         """Load a state dict after checking every shape against this module's (built from its config); `what`
         names the file and the config in the one-line error. Returns self."""
         expected = {k: tuple(v.shape) for k, v in self.state_dict().items()}

@@ -119,7 +119,7 @@ class PlantedCrossLayer:
         return {"kind": "planted-cross-layer", "n_layers": self.n_layers, "d": self.d, "n_per_layer": self.n_per_layer,
                 "reach": self.reach, "l0": self.l0, "zipf": self.zipf, "seed": self.seed}
 
-    def clt_recovery(self, clt) -> torch.Tensor:
+    def clt_recovery(self, clt: Any) -> torch.Tensor:  # clt: a CrossLayerTranscoder
         """For each true feature [n_features], the best cosine between its whole output (layers l_f..L-1,
         concatenated) and any decoder of a latent of its source layer in the CLT."""
         best = torch.zeros(self.n_features)

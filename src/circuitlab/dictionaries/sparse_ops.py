@@ -25,6 +25,7 @@ product is large enough (SPARSE_MIN_WORK) for the per-pair bookkeeping not to do
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 
@@ -94,14 +95,14 @@ class KeptPreActs(torch.autograd.Function):
     of pre = x @ W_enc + bias for W_enc and bias computed from the kept pairs alone. x gets none."""
 
     @staticmethod
-    def forward(ctx, pre: torch.Tensor, x: torch.Tensor, W_enc: torch.Tensor, bias: torch.Tensor,
+    def forward(ctx: Any, pre: torch.Tensor, x: torch.Tensor, W_enc: torch.Tensor, bias: torch.Tensor,
                 kept: Kept) -> torch.Tensor:
         ctx.save_for_backward(x)
         ctx.kept = kept
         return pre.view(-1)[kept.flat]
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, torch.Tensor | None, torch.Tensor | None, None]:
         (x,) = ctx.saved_tensors
         kept: Kept = ctx.kept
         d_W = (kept.matrix_t(grad) @ x).T if ctx.needs_input_grad[2] else None              # [d_in, d_sae]
@@ -113,13 +114,13 @@ class DecodeKept(torch.autograd.Function):
     """Σ over kept pairs of value · W_dec[latent] into its row: values [nnz], W_dec [d_sae, d_out] -> [rows, d_out]."""
 
     @staticmethod
-    def forward(ctx, values: torch.Tensor, W_dec: torch.Tensor, kept: Kept) -> torch.Tensor:
+    def forward(ctx: Any, values: torch.Tensor, W_dec: torch.Tensor, kept: Kept) -> torch.Tensor:
         ctx.save_for_backward(values, W_dec)
         ctx.kept = kept
         return kept.matrix(values) @ W_dec
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
         values, W_dec = ctx.saved_tensors
         kept: Kept = ctx.kept
         d_values = d_W = None

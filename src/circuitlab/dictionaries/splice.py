@@ -43,7 +43,7 @@ from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
 from circuitlab.dictionaries.sae import check_base_model
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
-from circuitlab.model.hooks import HookPoint
+from circuitlab.model.hooks import HookFn, HookPoint
 from circuitlab.model.storage import stored_matmul
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def splice(model: Transformer, dictionaries: Any | Sequence[Any], error_term: bo
             else:
                 fns = [(target_in, _transcoder_in_fn(att)), (target_out, _transcoder_out_fn(att))]
             for hp, fn in fns:
-                fn._splice = True
+                setattr(fn, "_splice", True)  # read back with getattr: a spliced dictionary's hook
                 hp.fwd_fns.insert(0, fn)  # before any hook added earlier: the dictionary reads the raw activation
                 added.append((hp, fn))
             attached.append(att)
@@ -184,7 +184,7 @@ def splice(model: Transformer, dictionaries: Any | Sequence[Any], error_term: bo
 # ---------------------------------------------------------------------------- the hook functions
 
 
-def _sae_fn(att: _Attached):
+def _sae_fn(att: _Attached) -> HookFn:
     def fn(x: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         d = att.dictionary
         x_in = att.points["input"](flatten_trailing(x, d.cfg.d_in, hook.name))
@@ -193,14 +193,14 @@ def _sae_fn(att: _Attached):
     return fn
 
 
-def _transcoder_in_fn(att: _Attached):
+def _transcoder_in_fn(att: _Attached) -> HookFn:
     def fn(x: torch.Tensor, hook: HookPoint) -> None:
         att.pending.append(att.points["input"](flatten_trailing(x, att.dictionary.cfg.d_in, hook.name)))
 
     return fn
 
 
-def _transcoder_out_fn(att: _Attached):
+def _transcoder_out_fn(att: _Attached) -> HookFn:
     def fn(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         if not att.pending:
             raise CircuitlabError(f"the transcoder at {hook.name} ran before its input hook "
@@ -277,13 +277,13 @@ def _attach_clt(model: Transformer, points: dict[str, HookPoint], clt: CrossLaye
             mine[part] = hp
         att.points.append(mine)
         for hp, fn in ((target_in, _clt_in_fn(att, layer)), (target_out, _clt_out_fn(att, layer))):
-            fn._splice = True
+            setattr(fn, "_splice", True)
             hp.fwd_fns.insert(0, fn)
             added.append((hp, fn))
     return att
 
 
-def _clt_in_fn(att: _AttachedCLT, layer: int):
+def _clt_in_fn(att: _AttachedCLT, layer: int) -> HookFn:
     def fn(x: torch.Tensor, hook: HookPoint) -> None:
         clt, p = att.dictionary, att.points[layer]
         if layer == 0:
@@ -301,7 +301,7 @@ def _clt_in_fn(att: _AttachedCLT, layer: int):
     return fn
 
 
-def _clt_out_fn(att: _AttachedCLT, layer: int):
+def _clt_out_fn(att: _AttachedCLT, layer: int) -> HookFn:
     def fn(y: torch.Tensor, hook: HookPoint) -> torch.Tensor:
         clt, p = att.dictionary, att.points[layer]
         if any(s not in att.seen for s in range(layer + 1)):

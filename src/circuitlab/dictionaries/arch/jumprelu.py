@@ -18,13 +18,13 @@ class JumpReLUFn(torch.autograd.Function):
     """pre * (pre > θ); θ's gradient by the straight-through estimator with kernel width `bandwidth`."""
 
     @staticmethod
-    def forward(ctx, pre, threshold, bandwidth):
+    def forward(ctx: Any, pre: torch.Tensor, threshold: torch.Tensor, bandwidth: float) -> torch.Tensor:
         ctx.save_for_backward(pre, threshold)
         ctx.bandwidth = bandwidth
         return pre * (pre > threshold)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         pre, threshold = ctx.saved_tensors
         bw = ctx.bandwidth
         d_threshold = -(threshold / bw) * _rectangle((pre - threshold) / bw) * grad
@@ -35,13 +35,13 @@ class StepFn(torch.autograd.Function):
     """H(pre − θ), the L0 of each pair; θ's gradient by the same straight-through estimator."""
 
     @staticmethod
-    def forward(ctx, pre, threshold, bandwidth):
+    def forward(ctx: Any, pre: torch.Tensor, threshold: torch.Tensor, bandwidth: float) -> torch.Tensor:
         ctx.save_for_backward(pre, threshold)
         ctx.bandwidth = bandwidth
         return (pre > threshold).to(pre)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor, None]:
         pre, threshold = ctx.saved_tensors
         bw = ctx.bandwidth
         d_threshold = -(1.0 / bw) * _rectangle((pre - threshold) / bw) * grad

@@ -66,6 +66,7 @@ from circuitlab.names import layer_of
 from circuitlab.model.storage import resolve_dtypes
 
 if TYPE_CHECKING:
+    from circuitlab.dictionaries.clt import CrossLayerTranscoder
     from circuitlab.model import Transformer
 
 __all__ = ["CT_CONFIG", "CT_OUR_NAMES", "GEMMA_SCOPE", "GEMMA_SCOPE_2", "LLAMA_SCOPE", "LLAMA_SCOPE_WEIGHTS",
@@ -134,7 +135,7 @@ def _load_our_set(folder: Path, device: Any, model: Transformer, dtype: Any = No
 
 
 def _load_clt(folder: Path, device: Any, model: Transformer, dtype: Any = None, compute_dtype: Any = None,
-              mmap: bool = False):
+              mmap: bool = False) -> CrossLayerTranscoder:
     """A cross-layer transcoder (ours, circuit-tracer's model_kind: cross_layer_transcoder, sparsify's), checked
     against the model when given."""
     from circuitlab.dictionaries.clt import CrossLayerTranscoder, bind_clt, check_clt_fits
