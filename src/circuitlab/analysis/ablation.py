@@ -189,7 +189,8 @@ class AblationResult:
                 "top": [{"component": c, "change": round(v, 6)} for c, v in self.top()]}
 
 
-def ablate_and_measure(model: Transformer, tokens, metric: Metric, kind: str = "head", method: str = "zero", reference=None,
+def ablate_and_measure(model: Transformer, tokens, metric: Metric, kind: str = "head", method: str = "zero",
+                       reference=None,
                        *, layers: Sequence[int] | None = None, batch_size: int | None = None,
                        progress: bool = True) -> AblationResult:
     """Ablate each component of one kind on its own (batched) and record the metric.

@@ -311,7 +311,8 @@ class NeuronExamples:
 
 
 @torch.no_grad()
-def top_activating_inputs(model: Transformer, batches: Iterable[torch.Tensor] | torch.Tensor, layer: int, neurons: list[int],
+def top_activating_inputs(model: Transformer, batches: Iterable[torch.Tensor] | torch.Tensor, layer: int,
+                          neurons: list[int],
                           k: int = 10, context: int = 8, tokenizer=None, progress: bool = False) -> NeuronExamples:
     """The k (sequence, position) pairs with the highest activation (mlp.hook_post) of each neuron.
 

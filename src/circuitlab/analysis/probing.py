@@ -209,7 +209,8 @@ def _loss(out: torch.Tensor, y: torch.Tensor, classify: bool) -> torch.Tensor:
     return ((out[..., 0] - y) ** 2).mean(dim=1).sum()
 
 
-def train_probes(model: Transformer, data: Data, tasks: Sequence[str | ProbeTask] | str | ProbeTask = BUILTIN_TASKS[:3], *,
+def train_probes(model: Transformer, data: Data,
+                 tasks: Sequence[str | ProbeTask] | str | ProbeTask = BUILTIN_TASKS[:3], *,
                  points: Sequence[str] | None = None, epochs: int = 4, steps_per_batch: int = 4,
                  lr: float = 0.02, val_fraction: float = 0.25, control: bool = True, batch_size: int = 32,
                  seed: int = 0, progress: bool = True) -> dict[str, ProbeResult]:
@@ -311,7 +312,8 @@ def _evaluate(tasks, state, batches, examples, points) -> dict[str, ProbeResult]
     per point, and the label counts (or label sum and sum of squares, for R²'s total variance).
     """
     P = len(points)
-    acc: dict[str, dict[str, dict[str, Any]]] = {t.name: {split: {"n": 0, "score": torch.zeros(P), "control": torch.zeros(P),
+    acc: dict[str, dict[str, dict[str, Any]]]
+    acc = {t.name: {split: {"n": 0, "score": torch.zeros(P), "control": torch.zeros(P),
                             "counts": torch.zeros(max(t.n_classes, 1)), "sum": 0.0, "sumsq": 0.0}
                     for split in ("train", "val")} for t in tasks}
     for i, tokens, acts, n_train in batches("probes, evaluating"):

@@ -75,7 +75,8 @@ def _token_sets(prompts: Sequence[torch.Tensor] | torch.Tensor, what: str) -> li
 
 
 @torch.no_grad()
-def mean_activation(model: Transformer, prompts: Sequence[torch.Tensor], hook_name: str, last_only: bool = False) -> torch.Tensor:
+def mean_activation(model: Transformer, prompts: Sequence[torch.Tensor], hook_name: str,
+                    last_only: bool = False) -> torch.Tensor:
     """Mean activation (one position's shape, [d_model] on the residual stream) at hook_name over every position of every prompt (or their last tokens)."""
     device = model_device(model)
     total, count = None, 0
@@ -157,7 +158,8 @@ def steering_hook(vector: SteeringVector, coef: float, positions: Sequence[int] 
 
 
 @contextmanager
-def steering(model: Transformer, vector: SteeringVector, coef: float, positions: Sequence[int] | None = None) -> Iterator[Any]:
+def steering(model: Transformer, vector: SteeringVector, coef: float,
+             positions: Sequence[int] | None = None) -> Iterator[Any]:
     """Context manager: forward passes and model.generate inside it are steered. Position counting starts
     at the first forward pass inside; use one context per generation when positions are given."""
     with model.hooks(fwd_hooks=[steering_hook(vector, coef, positions)]):

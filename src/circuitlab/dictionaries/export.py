@@ -35,7 +35,8 @@ from circuitlab.errors import CircuitlabError
 LAYOUTS = ("circuitlab", "saelens", "circuit-tracer", "sparsify", "gemma-scope", "gemma-scope-2", "llama-scope")
 MANIFEST = "export.json"
 # Gemma Scope's sites, as its hub paths name them: (input hook, output hook or None) -> site
-_GS_SITE: dict[tuple[str | None, str | None], str] = {("hook_resid_post", None): "res", ("hook_mlp_out", None): "mlp", ("attn.hook_z", None): "att",
+_GS_SITE: dict[tuple[str | None, str | None], str]
+_GS_SITE = {("hook_resid_post", None): "res", ("hook_mlp_out", None): "mlp", ("attn.hook_z", None): "att",
             ("ln2.hook_normalized", "hook_mlp_out"): "transcoders"}
 
 

@@ -52,14 +52,16 @@ def to_residual(model: Transformer, hook: str, v: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def feature_directions(model: Transformer, dictionary: SparseDictionary, features: list[int] | None = None) -> torch.Tensor:
+def feature_directions(model: Transformer, dictionary: SparseDictionary,
+                       features: list[int] | None = None) -> torch.Tensor:
     """Each feature's decoder row as a residual-stream direction: [feature, d_model]."""
     W_dec = dictionary.W_dec if features is None else dictionary.W_dec[features]
     return to_residual(model, output_hook(dictionary), W_dec.to(model.W_U.dtype))
 
 
 @torch.no_grad()
-def feature_logit_effects(model: Transformer, dictionary: SparseDictionary, features: list[int] | None = None) -> torch.Tensor:
+def feature_logit_effects(model: Transformer, dictionary: SparseDictionary,
+                          features: list[int] | None = None) -> torch.Tensor:
     """The logit change per unit activation of each feature, through the final norm's gain and W_U
     (its positive per-token scale left out): [feature, d_vocab]. features default: all."""
     return model.unembed_directions(feature_directions(model, dictionary, features))
@@ -107,7 +109,8 @@ class FeatureAttribution:
 
 
 @torch.no_grad()
-def feature_logit_attribution(model: Transformer, dictionary: SparseDictionary, tokens: torch.Tensor, answer: Any, wrong: Any = None,
+def feature_logit_attribution(model: Transformer, dictionary: SparseDictionary, tokens: torch.Tensor, answer: Any,
+                              wrong: Any = None,
                               pos: int = -1) -> FeatureAttribution:
     """Each feature's direct contribution to logit(answer) (- logit(wrong)) at position pos.
 

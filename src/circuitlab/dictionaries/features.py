@@ -203,7 +203,8 @@ def _check_features(features: Iterable[int] | None, d_sae: int) -> list[int]:
 @torch.no_grad()
 def feature_dashboards(model: Transformer, dictionary: SparseDictionary, batches: Iterable[torch.Tensor] | torch.Tensor,
                        features: Iterable[int] | None = None, k: int = 10, before: int = 12, after: int = 4,
-                       n_logits: int = 10, tokenizer: Tokenizer | None = None, progress: bool = False) -> FeatureDashboards:
+                       n_logits: int = 10, tokenizer: Tokenizer | None = None, progress: bool = False
+                       ) -> FeatureDashboards:
     """Dashboards of `features` (default: all) from token batches [batch, pos] (an iterable, or one tensor).
 
     k contexts per feature, each a window of `before` tokens, the activating one, and `after` tokens;
@@ -288,8 +289,8 @@ def _decode(tokenizer: Tokenizer, token_id: int) -> str:
         return f"<{int(token_id)}>"
 
 
-def text_batches(tokenizer: Tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = 64, batch_size: int = 16,
-                 seed: int = 1) -> list[torch.Tensor]:
+def text_batches(tokenizer: Tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = 64,
+                 batch_size: int = 16, seed: int = 1) -> list[torch.Tensor]:
     """Token batches [batch, seq_len] of about n_tokens from a text source ("stories", "file:PATH",
     "folder:PATH", "hf:NAME"): documents joined by EOS and cut into rows. The built-in stories use seed 1
     by default, not the 0 that training uses, so the contexts shown are held-out text."""

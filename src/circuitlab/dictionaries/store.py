@@ -294,7 +294,8 @@ def cache_activations(source: ActivationSource, folder: str | Path, n_chunks: in
                                   "use an empty folder")
         manifest = old
     entry = manifest["splits"].setdefault(split, {"shards": [], "rows": 0, "bytes": 0})
-    done: dict[str, Any] = {name: None for name in entry["shards"]}  # name -> (rows, bytes) once known from a progress file
+    # name -> (rows, bytes) once known from a progress file
+    done: dict[str, Any] = {name: None for name in entry["shards"]}
     for f in sorted(folder.glob("cache.rank-*.json")):  # shards an interrupted run wrote but did not merge
         for name, rb in json.loads(f.read_text()).get(split, {}).items():
             done[name] = rb

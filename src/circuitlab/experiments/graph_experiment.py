@@ -61,7 +61,8 @@ class GraphResult:
         return graph_result_html(self.summary, view)
 
 
-def graph_experiment(model: Transformer, transcoders: Transcoders, prompt: str, tokenizer: Any, out: str | Path | None = None,
+def graph_experiment(model: Transformer, transcoders: Transcoders, prompt: str, tokenizer: Any,
+                     out: str | Path | None = None,
                      target: str | None = None, foil: str | None = None, *, options: GraphOptions | None = None,
                      progress: bool = True, slug: str = "graph", overwrite: bool = False,
                      saved_dashboards: dict[int, Any] | None = None, qk: bool = False, **values: Any) -> GraphResult:

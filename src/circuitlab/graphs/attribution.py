@@ -462,7 +462,8 @@ def _prepare(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor,
     return rm, features, logit_targets, cap, est
 
 
-def estimate_graph(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
+def estimate_graph(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor,
+                   targets: Sequence[Any] | None = None,
                    max_n_logits: int = DEFAULTS.max_n_logits, desired_logit_prob: float = DEFAULTS.desired_logit_prob,
                    batch_size: int = DEFAULTS.batch_size,
                    max_feature_nodes: int | None = None, bos: bool = False, dtype: torch.dtype | None = None,

@@ -505,8 +505,8 @@ class Block(nn.Module):
         (ln1_post) a head's share is its result through the norm as the linear map it is at the scale of the
         whole output (this run's; the reference's in frozen mode), rest is b_O's share plus the norm's bias."""
         out = self.attn.out
-        has_b = out is not None and out.bias is not None
-        b_O = upcast(out.bias, result) if out is not None and out.bias is not None else torch.zeros_like(result[..., 0, :])
+        b_O = upcast(out.bias, result) if out is not None and out.bias is not None else \
+            torch.zeros_like(result[..., 0, :])
         norm = self.ln1_post
         if self.cfg.block_norms == "pre" or not isinstance(norm, Norm):  # no post-norm (or an Identity one)
             return result, b_O.expand_as(result[..., 0, :])

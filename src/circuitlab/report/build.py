@@ -120,7 +120,8 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
                              "a 2-layer and a 1-layer attention-only transformer")
 
 
-def write_interpret_report(out: str | Path, results: Mapping[str, Any], model: Transformer | None = None, tokenizer=None) -> Path:
+def write_interpret_report(out: str | Path, results: Mapping[str, Any], model: Transformer | None = None,
+                           tokenizer=None) -> Path:
     """out/report.html for `circuitlab interpret`: the checkpoint's card (and its run's training curves,
     when the checkpoint sits in a run directory) and a section per experiment."""
     ckpt = Path(str(results.get("checkpoint", "")))

@@ -110,7 +110,8 @@ def _ids(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 class GraphBrowser:
-    def __init__(self, root: Path | None, model: Transformer | None = None, tokenizer=None, transcoders=None, runner=None,
+    def __init__(self, root: Path | None, model: Transformer | None = None, tokenizer=None, transcoders=None,
+                 runner=None,
                  saved: dict[int, Any] | None = None) -> None:
         self.root = Path(root).resolve() if root is not None else None
         self.model, self.tokenizer, self.tc = model, tokenizer, transcoders

@@ -190,7 +190,8 @@ class SteerRequest(BaseModel):
     max_tokens: StrictInt = Field(default=20, description="tokens generated per coefficient")
 
 
-def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: threading.Lock, encode, page_response) -> None:
+def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: threading.Lock, encode,
+                     page_response) -> None:
     """GET /inputs (the page), POST /api/attribute, POST /api/lens, POST /api/steer. encode(prompt) -> ids
     checks the server's limits; without a model the API answers 409."""
     from starlette.exceptions import HTTPException

@@ -166,7 +166,8 @@ def _run_circuits(model: Transformer, graph, clean, metric, ref, circuits, batch
     return torch.cat(out)
 
 
-def refine_circuit(model: Transformer, clean, corrupt, metric: Metric, circuit: Circuit, *, intervention: str = "counterfactual",
+def refine_circuit(model: Transformer, clean, corrupt, metric: Metric, circuit: Circuit, *,
+                   intervention: str = "counterfactual",
                    tolerance: float = 0.01, batch_size: int | None = None, sequential: bool = False) -> Circuit:
     """ACDC-style exact refinement of a (pruned) candidate circuit: readers are visited from the logits down;
     an edge is dropped when removing it moves the metric by less than tolerance × |m(model) − m(empty circuit)|.

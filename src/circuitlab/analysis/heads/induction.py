@@ -46,7 +46,8 @@ class ICLScore:
 
 
 @torch.no_grad()
-def in_context_learning_score(model: Transformer, tokens: torch.Tensor, early: int | None = None, late: int | None = None,
+def in_context_learning_score(model: Transformer, tokens: torch.Tensor, early: int | None = None,
+                              late: int | None = None,
                               width: int | None = None, batch_size: int = 16) -> ICLScore:
     """Loss of predicting the tokens around position late minus around position early, averaged over
     sequences (Olsson et al. 2022: the 500th token's loss minus the 50th's, contexts of 512).

@@ -180,7 +180,8 @@ def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300, lr: float = 1e-2,
+def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300,
+                     lr: float = 1e-2,
                      progress: bool = False, state_file: str | Path | None = None, save_every: int = 100,
                      settings: dict[str, Any] | None = None) -> TunedLens:
     """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
@@ -335,7 +336,8 @@ def tuned_lens(model: Transformer, tokens: torch.Tensor, lens: TunedLens, k: int
     return lens_readout(labels, tokens, logits, k, tokenizer, name="tuned lens")
 
 
-def compare_lenses(model: Transformer, tokens: torch.Tensor, lens: TunedLens, k: int = 5, tokenizer=None) -> LensComparison:
+def compare_lenses(model: Transformer, tokens: torch.Tensor, lens: TunedLens, k: int = 5,
+                   tokenizer=None) -> LensComparison:
     """Logit lens and tuned lens side by side on one sequence tokens [pos]."""
     return LensComparison(logit_lens(model, tokens, k, tokenizer), tuned_lens(model, tokens, lens, k, tokenizer))
 

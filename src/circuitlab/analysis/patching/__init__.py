@@ -221,7 +221,8 @@ def activation_patching(model: Transformer, clean_tokens, corrupt_tokens, metric
                           layers=layers, batch_size=batch_size, progress=progress)[target]
 
 
-def patching_sweep(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric, targets: Sequence[str] | None = None,
+def patching_sweep(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric,
+                   targets: Sequence[str] | None = None,
                    *, direction: str = "denoise", layers: Sequence[int] | None = None,
                    batch_size: int | None = None, progress: bool = True) -> dict[str, PatchResult]:
     """activation_patching for several targets, sharing the clean and corrupted runs.
