@@ -46,7 +46,7 @@ CT_CONFIG = "config.yaml"
 SP_CONFIG, SP_WEIGHTS = "cfg.json", "sae.safetensors"
 
 
-def check_layout_takes(clt, layout: str) -> None:
+def check_layout_takes(clt: Any, layout: str) -> None:  # clt: a CrossLayerTranscoder (clt.py imports this module)
     """A CLT (in its inference form) can be written in `layout` only when the layout has its architecture."""
     arch = clt.cfg.arch
     if layout == "circuit-tracer" and arch.format_name("circuit-tracer-clt") is None:
@@ -91,7 +91,7 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 # ---------------------------------------------------------------------------- circuit-tracer
 
-def write_circuit_tracer(clt, folder: Path) -> None:
+def write_circuit_tracer(clt: Any, folder: Path) -> None:
     cfg, L = clt.cfg, clt.cfg.n_layers
     for i in range(L):
         enc = {f"W_enc_{i}": clt.W_enc[i].T, f"b_enc_{i}": clt.b_enc[i], f"b_dec_{i}": clt.b_dec[i]}
@@ -175,7 +175,7 @@ def is_sparsify_clt(folder: Path) -> bool:
     return bool(_sparsify_layers(folder))
 
 
-def write_sparsify(clt, folder: Path) -> None:
+def write_sparsify(clt: Any, folder: Path) -> None:
     cfg, L = clt.cfg, clt.cfg.n_layers
     for i in range(L):
         sub = folder / f"blocks.{i}.mlp"

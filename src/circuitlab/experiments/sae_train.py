@@ -13,9 +13,12 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import json_text
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 def is_sae_run(folder: Path) -> bool:
     """Our own earlier output (also one written before output folders were marked)."""
@@ -119,7 +122,7 @@ def _layer_transcoder(d: dict[str, Any], layer: int, mlp_input: str | None = Non
     return {**d, "hook_name": in_hook.format(layer=layer), "out_hook_name": out_hook.format(layer=layer), "metadata": meta}
 
 
-def _expand_layers(entries: list, model, target_l0: float | list[float] = 0.0) -> tuple[list, dict[str, list[int]]]:
+def _expand_layers(entries: list, model: Transformer, target_l0: float | list[float] = 0.0) -> tuple[list, dict[str, list[int]]]:
     """CLT entries get the model's layer count and width; a `transcoders` entry becomes one transcoder per layer
     (grouped, so that they are also evaluated replacing every MLP at once), each steered to its own layer's
     L0 when target_l0 (its own, else train's) names one per layer."""
@@ -270,7 +273,7 @@ def _read_entries(dictionaries: list) -> list[tuple[dict[str, Any], dict[str, An
     return entries
 
 
-def _dictionary_configs(entries: list, widths: dict[str, int], model, model_name: str) -> list:
+def _dictionary_configs(entries: list, widths: dict[str, int], model: Transformer, model_name: str) -> list:
     """The DictionaryConfig or CLTConfig of each entry, widths (hook -> d_model) filling d_in and d_out."""
     from circuitlab.dictionaries import DictionaryConfig, base_model_id
     from circuitlab.dictionaries.clt import CLTConfig
@@ -306,7 +309,7 @@ def _cached_sources(source, store_cfg: dict[str, Any], train, shards: int, progr
     return source, val_source
 
 
-def _spliced_summary(model, result, groups: dict[str, list[int]], toks) -> dict[str, Any]:
+def _spliced_summary(model: Transformer, result, groups: dict[str, list[int]], toks) -> dict[str, Any]:
     """The training summary with each dictionary spliced into the model on toks [batch, pos] (and each per-layer
     set replacing every MLP at once), printed line by line as it goes."""
     from circuitlab.dictionaries.clt import CrossLayerTranscoder

@@ -2,11 +2,14 @@
 two MLPs (build_carry_adder's docstring walks through each part)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.forge.adder_base import D_VOCAB, EOS, MAX_DIGITS, TokenAdder, _fmt, _token_name, digits_to_str
 from circuitlab.forge.builder import Forge, ResidualLayout
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CarryAdder(TokenAdder):
@@ -14,6 +17,10 @@ class CarryAdder(TokenAdder):
 
     design = "carry"
     layout: ResidualLayout  # always built with one
+
+    def _scalars(self, x: torch.Tensor, names: list[str]) -> dict[str, float]:
+        """x [d_model] read on the named subspaces, each one-dimensional in this design."""
+        return cast(dict[str, float], self.layout.describe(x, names))
 
     def explain(self, a: Any, b: Any) -> str:
         prompt = self.prompt(a, b)
@@ -46,7 +53,7 @@ class CarryAdder(TokenAdder):
             keep = used.get(role.split(" ")[0], set())
             if "(a+b)" in role:
                 keep = keep | {"a"}
-            vals = self.layout.describe(final[i], show)
+            vals = self._scalars(final[i], show)
             lines.append(f"{i:>3} {t:>5} {role:<26}" + "".join(
                 f"{_fmt(vals[s]) if s in keep else '·':>6}" for s in show))
         lines += ["", "where each answer position attends, and what it predicts:"]
@@ -58,7 +65,7 @@ class CarryAdder(TokenAdder):
                 pattern = cache["pattern", layer][0, head, pos]
                 k = int(pattern.argmax())
                 att.append(f"{what} <- pos {k} ({names[k]}, {pattern[k]:.2f})")
-            v = self.layout.describe(final[pos], ["a", "b", "carry", "wrap"])
+            v = self._scalars(final[pos], ["a", "b", "carry", "wrap"])
             s = v["a"] + v["b"] + v["carry"] - 10 * v["wrap"]
             lines.append(f"  pos {pos} ({names[pos]}), column 10^{column}: " + ", ".join(att))
             lines.append(f"      {_fmt(v['a'])} + {_fmt(v['b'])} + carry {_fmt(v['carry'])}, wrap {_fmt(v['wrap'])} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.pretrained.family_base import (_NORM, Family, Piece, _activation, _bias, _get, _n_ctx, _rope,
                                                _rotary_dim, _rows, _state, _transpose, model_type)
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 class GPT2(Family):
@@ -37,7 +41,7 @@ class GPT2(Family):
     def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
         key = key.removeprefix("transformer.")
         n_ctx = cfg.n_ctx
-        table: dict[str, Callable[..., list[Piece]]] = {
+        table: dict[str, Callable[..., list[Piece] | None]] = {
             r"wte\.weight": lambda: [Piece("embed.weight")],
             r"wpe\.weight": lambda: [Piece("pos_embed.weight", 0, lambda t: t[:n_ctx])],
             r"ln_f\.weight": lambda: [Piece("ln_final.w")],
@@ -56,7 +60,7 @@ class GPT2(Family):
         }
         return self._match(table, key)
 
-    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+    def export_tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         cfg, s = model.cfg, _state(model)
         d, M, w = cfg.d_model, cfg.mlp_dim, s["embed.weight"]
         out = {"transformer.wte.weight": w, "transformer.wpe.weight": s["pos_embed.weight"],
@@ -110,7 +114,7 @@ class GPTNeoX(Family):
             # rows [head, (q|k|v), d_head] -> [(q|k|v), head, d_head]; works for weights and biases
             return t.unflatten(0, (H, 3, D)).transpose(0, 1).flatten(0, 2)
 
-        table: dict[str, Callable[..., list[Piece]]] = {
+        table: dict[str, Callable[..., list[Piece] | None]] = {
             r"embed_in\.weight": lambda: [Piece("embed.weight")],
             # embed_out in checkpoints; transformers 5 names the module lm_head
             r"(embed_out|lm_head)\.weight": lambda _: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
@@ -127,7 +131,7 @@ class GPTNeoX(Family):
         }
         return self._match(table, key)
 
-    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+    def export_tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         cfg, s = model.cfg, _state(model)
         d, M, H, D, w = cfg.d_model, cfg.mlp_dim, cfg.n_heads, cfg.head_dim, s["embed.weight"]
         out = {"gpt_neox.embed_in.weight": w, "gpt_neox.final_layer_norm.weight": s["ln_final.w"],
@@ -214,7 +218,7 @@ class Llama(Family):
         key = key.removeprefix("model.")
         rows = _rows(cfg)
         d_mlp = cfg.mlp_dim
-        table: dict[str, Callable[..., list[Piece]]] = {
+        table: dict[str, Callable[..., list[Piece] | None]] = {
             r"embed_tokens\.weight": lambda: [Piece("embed.weight")],
             r"lm_head\.weight": lambda: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
             r"norm\.weight": lambda: [Piece("ln_final.w")],
@@ -229,7 +233,7 @@ class Llama(Family):
         }
         return self._match(table, key)
 
-    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+    def export_tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         cfg, s = model.cfg, _state(model)
         H, K, D, M = cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.mlp_dim
         out = {"model.embed_tokens.weight": s["embed.weight"], "model.norm.weight": s["ln_final.w"]}
@@ -278,7 +282,7 @@ class GPTJ(Family):
     def pieces(self, key: str, cfg: ModelConfig) -> list[Piece] | None:
         key = key.removeprefix("transformer.")
         rows = _rows(cfg)
-        table: dict[str, Callable[..., list[Piece]]] = {
+        table: dict[str, Callable[..., list[Piece] | None]] = {
             r"wte\.weight": lambda: [Piece("embed.weight")],
             r"lm_head\.weight": lambda: [] if cfg.tied_embeddings else [Piece("unembed.weight")],
             r"lm_head\.bias": lambda: [Piece("unembed.bias")],
@@ -316,7 +320,7 @@ class GPTJ(Family):
                 found.append(f"{name}={getattr(cfg, name)!r}")
         return found
 
-    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+    def export_tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         cfg, s = model.cfg, _state(model)
         H, D = cfg.n_heads, cfg.head_dim
         for i in range(cfg.n_layers):

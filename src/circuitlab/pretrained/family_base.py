@@ -23,11 +23,15 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from circuitlab.config import ROPE_SCALING_KEYS, ModelConfig
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
@@ -138,7 +142,7 @@ def _rows(cfg: ModelConfig) -> dict[str, int]:
     return {"q": 0, "k": H * D, "v": (H + K) * D}
 
 
-def _state(model) -> dict[str, torch.Tensor]:
+def _state(model: Transformer) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
@@ -163,14 +167,14 @@ class Family(ABC):
         """Where checkpoint tensor `key` goes; [] to skip it; None if the key is unknown."""
 
     @abstractmethod
-    def export_tensors(self, model) -> dict[str, torch.Tensor]:
+    def export_tensors(self, model: Transformer) -> dict[str, torch.Tensor]:
         """The reverse of pieces(): model's weights under this architecture's checkpoint names and layout."""
 
     def zero_targets(self, hf: dict, cfg: ModelConfig) -> list[str]:
         """Regexes of our parameter names that this architecture lacks (filled with zeros)."""
         return []
 
-    def _match(self, table: dict[str, Callable[..., list[Piece]]], key: str) -> list[Piece] | None:
+    def _match(self, table: dict[str, Callable[..., list[Piece] | None]], key: str) -> list[Piece] | None:
         if self.ignore.search(key):
             return []
         for pattern, make in table.items():

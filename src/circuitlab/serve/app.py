@@ -34,7 +34,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,6 +45,9 @@ from circuitlab.atomic import json_text
 from circuitlab.errors import CircuitlabError
 import circuitlab.serve.prompt as prompt_page
 from circuitlab.serve.guard import Guard
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 log = logging.getLogger("circuitlab.serve")
 
@@ -177,7 +180,7 @@ def _load_model(run_dir: Path | str | None, device: str) -> Loaded:
     return Loaded(model, tokenizer, meta, checkpoint_name)
 
 
-def _load_tuned_lens(run_dir: Path | str | None, lens: str | Path | None, model: Any, device: str) -> Any:
+def _load_tuned_lens(run_dir: Path | str | None, lens: str | Path | None, model: Transformer | None, device: str) -> Any:
     """The tuned lens of /inputs: the --lens folder, else the run's saved one; None without either."""
     from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
 from fastapi import Query
@@ -23,6 +23,9 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.names import head_name
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 PATTERN_DIGITS = 4   # attention weights are rounded to this many decimals
 VALUE_DIGITS = 5     # probabilities, logits, residual coordinates
 LENS_K = 5           # top-k tokens per layer and position in the logit lens
@@ -31,7 +34,7 @@ ADDER_MAX_DIGITS = 8  # the carry adder's residual has 14 + 2·digits coordinate
 MAX_PATTERN_CELLS = 2_000_000  # attention weights in one answer (heads × tokens²): caps the tokens of big models
 
 
-def token_limit(model, max_tokens: int) -> int:
+def token_limit(model: Transformer, max_tokens: int) -> int:
     """The most prompt tokens served: max_tokens, the model's context, and the pattern-size cap."""
     heads = max(1, model.cfg.n_layers * model.cfg.n_heads)
     return max(1, min(max_tokens, model.cfg.n_ctx, int((MAX_PATTERN_CELLS / heads) ** 0.5)))
@@ -54,7 +57,7 @@ def token_str(tokenizer, token_id: int) -> str:
 # ---------------------------------------------------------------------------- model summary
 
 
-def head_labels(model) -> tuple[dict[str, list[str]], str | None]:
+def head_labels(model: Transformer) -> tuple[dict[str, list[str]], str | None]:
     """{"L0H0": [labels...]} for every head (from classify_heads), and a note when none could be computed."""
     from circuitlab.analysis.heads import classify_heads
 
@@ -69,7 +72,7 @@ def head_labels(model) -> tuple[dict[str, list[str]], str | None]:
     return {n: classes.labels_of(*divmod(i, cfg.n_heads)) for i, n in enumerate(names)}, None
 
 
-def model_summary(model, tokenizer, meta: dict, labels: dict[str, list[str]], note: str | None) -> dict[str, Any]:
+def model_summary(model: Transformer, tokenizer, meta: dict, labels: dict[str, list[str]], note: str | None) -> dict[str, Any]:
     cfg = model.cfg
     return {
         "loaded": True,
@@ -124,7 +127,7 @@ def resolve_target(tokenizer, d_vocab: int, target: str | int | None, what: str 
 
 
 @torch.no_grad()
-def analyse_prompt(model, tokenizer, ids: list[int], target: str | int | None = None, position: int | None = None,
+def analyse_prompt(model: Transformer, tokenizer, ids: list[int], target: str | int | None = None, position: int | None = None,
                    figures: bool = False, head_labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Tokens, every head's attention pattern, the logit lens and direct logit attribution.
 
@@ -301,7 +304,7 @@ class AdderRequest(BaseModel):
     digits: int = Field(default=2, ge=1, le=ADDER_MAX_DIGITS, description="digits of a and of b")
 
 
-def add_prompt_routes(app, model, tokenizer, meta: dict[str, Any], checkpoint_name: str | None,
+def add_prompt_routes(app, model: Transformer, tokenizer, meta: dict[str, Any], checkpoint_name: str | None,
                       limits: dict[str, int], lock: threading.Lock, encode: Callable[[str], list[int]]) -> None:
     """GET /api/model, POST /api/analyse, GET and POST /api/adder. encode(prompt) -> ids checks the server's
     limits; without a model /api/model says so and /api/analyse answers 409 (the adder needs none)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -37,6 +37,9 @@ from circuitlab.analysis.edges.edge_graph import EdgeGraph
 from circuitlab.analysis.patching import Metric, as_tokens, check_metric, check_pair, read_positions
 from circuitlab.checks import Number
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 METHODS = ("eap", "eap-ig", "exact")
 INTERVENTIONS = ("counterfactual", "zero", "mean", "position-mean")
@@ -109,7 +112,7 @@ def per_copy(metric: Metric, logits: torch.Tensor) -> torch.Tensor:
     return torch.stack([v if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values])
 
 
-def check_edge_request(model, clean, corrupt, metric: Metric, method: str, intervention: str
+def check_edge_request(model: Transformer, clean, corrupt, metric: Metric, method: str, intervention: str
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tokens checked ([batch, pos], same shape when corrupt is given) and the method/intervention names."""
     if method not in METHODS:
@@ -130,11 +133,12 @@ def check_edge_request(model, clean, corrupt, metric: Metric, method: str, inter
     return clean, corrupt
 
 
-def reference(model, graph: EdgeGraph, clean: torch.Tensor, corrupt: torch.Tensor | None, intervention: str,
+def reference(model: Transformer, graph: EdgeGraph, clean: torch.Tensor, corrupt: torch.Tensor | None, intervention: str,
               clean_run: EdgeRun) -> torch.Tensor:
     """What each writer's output becomes on a patched edge, broadcastable to [batch, pos, n_sources, d_model]."""
     outs = clean_run.source_outputs()[0]  # [batch, pos, n_sources, d_model]
     if intervention == "counterfactual":
+        assert corrupt is not None  # check_edge_request refused the counterfactual intervention without it
         with torch.no_grad():
             return graph_forward(model, graph, corrupt).source_outputs()[0]
     if intervention == "zero":
@@ -174,7 +178,7 @@ def _contract(graph: EdgeGraph, diff: torch.Tensor, inputs, grads, per_position:
     return dense
 
 
-def _backward(model, graph, tokens, metric, *, ref=None, mask=None, input_out=None, reads=None):
+def _backward(model: Transformer, graph, tokens, metric, *, ref=None, mask=None, input_out=None, reads=None):
     """One batched forward + backward: (run, gradient of Σ_copies metric w.r.t. every reader input).
     reads: the positions whose logits the metric reads (the others are never computed)."""
     with torch.enable_grad():
@@ -189,14 +193,14 @@ def _backward(model, graph, tokens, metric, *, ref=None, mask=None, input_out=No
             raise CircuitlabError("gradient methods need a metric computed from the logits with torch operations; "
                                   "this one returned a constant (use method='exact')")
         grads = torch.autograd.grad(value, [x for _, x in run.inputs], allow_unused=True)
-    grads = [torch.zeros_like(x) if g is None else g for (_, x), g in zip(run.inputs, grads)]
-    return run, [g.detach() for g in grads]
+    filled = [torch.zeros_like(x) if g is None else g for (_, x), g in zip(run.inputs, grads)]
+    return run, [g.detach() for g in filled]
 
 
 # ---------------------------------------------------------------------------- the methods
 
 
-def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, method: str = "eap",
+def edge_scores(model: Transformer, clean, corrupt=None, metric: Metric | None = None, *, method: str = "eap",
                 intervention: str = "counterfactual", steps: int = 5, ig_path: str = "inputs",
                 batch_size: int | None = None, progress: bool = True, per_position: bool = False) -> EdgeScores:
     """Score every edge of the model's graph.
@@ -240,7 +244,7 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
                  _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress,
                          per_position))
         by_position = graph.flat(dense.movedim(-1, 0)).T.cpu() if per_position else None  # [n_edges, pos]
-        scores = by_position.sum(1) if per_position else graph.flat(dense)
+        scores = by_position.sum(1) if by_position is not None else graph.flat(dense)
         nodes = graph.dense(scores).sum(1)
         options = {"steps": steps, "ig_path": ig_path} if method == "eap-ig" else {}
     return EdgeScores(graph, scores.double().cpu(), nodes.double().cpu(), method, intervention,
@@ -248,16 +252,16 @@ def edge_scores(model, clean, corrupt=None, metric: Metric | None = None, *, met
                       time.perf_counter() - t0, by_position)
 
 
-def _per_copy_floats(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
+def _per_copy_floats(model: Transformer, graph: EdgeGraph, tokens: torch.Tensor) -> int:
     cfg = model.cfg
     return tokens.numel() * (cfg.d_model * (len(graph.sources) + 3 * cfg.n_heads + 4) + cfg.d_vocab)
 
 
-def _copies_per_run(model, graph: EdgeGraph, tokens: torch.Tensor) -> int:
+def _copies_per_run(model: Transformer, graph: EdgeGraph, tokens: torch.Tensor) -> int:
     return max(1, COPY_BUDGET // _per_copy_floats(model, graph, tokens))
 
 
-def check_rows_fit(model, tokens: torch.Tensor, graph: EdgeGraph | None = None) -> None:
+def check_rows_fit(model: Transformer, tokens: torch.Tensor, graph: EdgeGraph | None = None) -> None:
     """All rows, tokens [batch, pos], run together: one copy of them (every edge source's output at every
     position) must fit ROWS_BUDGET floats, else a one-line refusal saying how many rows would."""
     graph = graph or EdgeGraph.of(model)
@@ -270,7 +274,7 @@ def check_rows_fit(model, tokens: torch.Tensor, graph: EdgeGraph | None = None) 
                               f"{ROWS_BUDGET * 4 / 2**30:.0f} GiB); give at most {fit} rows of this length")
 
 
-def _reference_and_ablated(model, graph, clean, corrupt, metric, intervention, clean_run, reads
+def _reference_and_ablated(model: Transformer, graph, clean, corrupt, metric, intervention, clean_run, reads
                            ) -> tuple[torch.Tensor, float]:
     """The reference outputs and the metric with every edge patched. For the counterfactual intervention
     every edge patched is the corrupted run itself, so its logits are used (no fully patched run)."""
@@ -289,11 +293,11 @@ def _eap(graph, ref, clean_run, grads, per_position=False) -> torch.Tensor:
     return _contract(graph, diff[None], clean_run.inputs, grads, per_position)
 
 
-def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress,
+def _eap_ig(model: Transformer, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path, chunk, progress,
             per_position=False) -> torch.Tensor:
     reads = read_positions(metric, clean.shape[1])
     alphas = torch.arange(1, steps + 1, dtype=torch.float64) / steps
-    dense = 0.0
+    dense: torch.Tensor | float = 0.0
     clean_outs = clean_run.source_outputs()[0]
     x_clean = clean_outs[..., 0, :]
     x_ref = ref[..., 0, :].expand_as(x_clean)
@@ -314,7 +318,7 @@ def _eap_ig(model, graph, clean, corrupt, metric, ref, clean_run, steps, ig_path
     return dense / steps
 
 
-def _exact(model, graph, clean, metric, ref, clean_run, clean_value, chunk, progress):
+def _exact(model: Transformer, graph, clean, metric, ref, clean_run, clean_value, chunk, progress):
     """Each edge patched alone, then each writer's outgoing edges together: measured metric changes."""
     reads = read_positions(metric, clean.shape[1])
     pairs = graph.edge_pairs

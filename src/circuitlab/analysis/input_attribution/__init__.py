@@ -27,7 +27,7 @@ mixing); this one dispatches by method name (attribute_inputs, attribute_methods
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,8 +44,11 @@ from circuitlab.analysis.input_attribution.perturbation import (check_samples, c
                                                                 kernel_shap, lime, occlusion)
 from circuitlab.errors import CircuitlabError
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
-def attribute_inputs(model, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
+
+def attribute_inputs(model: Transformer, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
     """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing, shap, lime."""
     fns: dict[str, Callable[..., InputAttribution]] = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
            "occlusion": occlusion, "context-mixing": context_mixing, "shap": kernel_shap, "lime": lime}
@@ -54,7 +57,7 @@ def attribute_inputs(model, tokens: torch.Tensor, method: str = "ig", **kwargs: 
     return fns[method](model, tokens, **kwargs)
 
 
-def attribute_methods(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+def attribute_methods(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
                       methods: tuple[str, ...] = METHODS, steps: int = DEFAULT_STEPS, tokenizer=None,
                       samples: int = DEFAULT_SAMPLES, seed: int = 0, kernel_width: float = DEFAULT_KERNEL_WIDTH,
                       baseline: Baseline = "mean", progress: bool = True) -> dict[str, InputAttribution]:

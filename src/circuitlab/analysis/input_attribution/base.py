@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
@@ -14,6 +14,9 @@ from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.checks import POSITIVE, Number
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
 Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos, d_model] -> explained value [batch]
@@ -106,7 +109,7 @@ class InputAttribution(Displayed):
 # ---------------------------------------------------------------------------- inputs
 
 
-def _sequence(tokens: torch.Tensor, model) -> torch.Tensor:
+def _sequence(tokens: torch.Tensor, model: Transformer) -> torch.Tensor:
     return one_sequence(model, tokens, "input attribution")
 
 
@@ -128,7 +131,7 @@ def logit_metric(target: int, foil: int | None = None, pos: int = -1) -> Metric:
     return metric
 
 
-def _resolve(model, tokens: torch.Tensor, target: int | None, foil: int | None, pos: int,
+def _resolve(model: Transformer, tokens: torch.Tensor, target: int | None, foil: int | None, pos: int,
              metric: Metric | None) -> tuple[Explain, int | None, int | None, int]:
     """What is explained, as explain(embeds [batch, pos, d_model]) -> [batch]; the target (the model's
     top prediction when not given); pos in [0, T)."""
@@ -151,7 +154,7 @@ def _resolve(model, tokens: torch.Tensor, target: int | None, foil: int | None, 
     return lambda embeds: at_pos(_logits_at(model, embeds, pos)), target, foil, pos
 
 
-def _run_embeds(model, tokens: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+def _run_embeds(model: Transformer, tokens: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
     """Forward with the token embeddings replaced: embeds [batch, pos, d_model] -> logits [batch, pos, d_vocab]."""
 
     def replace(_: torch.Tensor, hook) -> torch.Tensor:
@@ -160,7 +163,7 @@ def _run_embeds(model, tokens: torch.Tensor, embeds: torch.Tensor) -> torch.Tens
     return model.run_with_hooks(tokens[None].expand(embeds.shape[0], -1), fwd_hooks=[("hook_embed", replace)])
 
 
-def _logits_at(model, embeds: torch.Tensor, pos: int) -> torch.Tensor:
+def _logits_at(model: Transformer, embeds: torch.Tensor, pos: int) -> torch.Tensor:
     """Logits [batch, 1, d_vocab] at position pos alone, the token embeddings being embeds [batch, ≥ pos+1,
     d_model]. model.forward's steps (and hook points), with two savings: positions after pos are not run
     (attention is causal, they cannot change pos) and the unembedding reads pos alone (it would cost as much
@@ -171,7 +174,7 @@ def _logits_at(model, embeds: torch.Tensor, pos: int) -> torch.Tensor:
     return model.readout(x[:, pos:])
 
 
-def _logits_at_rows(model, embeds: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+def _logits_at_rows(model: Transformer, embeds: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     """Logits [batch, 1, d_vocab] of each row at its own position last [batch], the token embeddings being
     embeds [batch, > max(last), d_model]: the blocks on every position, the unembedding at last alone."""
     x = model.resid_from_embeds(embeds)
@@ -180,7 +183,7 @@ def _logits_at_rows(model, embeds: torch.Tensor, last: torch.Tensor) -> torch.Te
     return model.readout(x[torch.arange(len(last), device=x.device), last][:, None])
 
 
-def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
+def _metric_of(model: Transformer, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric) -> torch.Tensor:
     out = metric(_run_embeds(model, tokens, embeds))
     if out.shape != (embeds.shape[0],):
         raise CircuitlabError(f"the metric must map logits [batch, pos, d_vocab] to [batch]; got shape "
@@ -188,7 +191,7 @@ def _metric_of(model, tokens: torch.Tensor, embeds: torch.Tensor, metric: Metric
     return out
 
 
-def baseline_embeddings(model, tokens: torch.Tensor, baseline: Baseline) -> torch.Tensor:
+def baseline_embeddings(model: Transformer, tokens: torch.Tensor, baseline: Baseline) -> torch.Tensor:
     """The baseline's token embeddings [pos, d_model]: "zeros"; "mean" (the mean token embedding, at every
     position); a token id (e.g. pad or EOS) at every position; a prompt of the same length as tokens [pos]
     (token ids); or embeddings [pos, d_model]."""
@@ -236,7 +239,7 @@ def _decorate(result: InputAttribution, tokenizer) -> InputAttribution:
     return result
 
 
-def rows_per_chunk(model, n_pos: int, backward: bool = True) -> int:
+def rows_per_chunk(model: Transformer, n_pos: int, backward: bool = True) -> int:
     """How many copies of a sequence of n_pos positions one batched pass may run so that the activations it
     holds (all layers' when backward: autograd keeps them) stay within ROW_BUDGET floats; at least 1."""
     cfg = model.cfg

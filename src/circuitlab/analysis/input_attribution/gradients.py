@@ -3,6 +3,7 @@ midpoint quadrature)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,8 +14,11 @@ from circuitlab.checks import COUNT
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
-def _gradient(model, tokens: torch.Tensor, explain: Explain) -> tuple[torch.Tensor, torch.Tensor, float]:
+
+def _gradient(model: Transformer, tokens: torch.Tensor, explain: Explain) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(embeddings x [pos, d_model], d metric / d x [pos, d_model], metric value)."""
     x = model.token_embeddings(tokens).detach()
     with torch.enable_grad(), frozen_parameters(model):
@@ -24,7 +28,7 @@ def _gradient(model, tokens: torch.Tensor, explain: Explain) -> tuple[torch.Tens
     return x, grad[0].detach(), float(out.detach()[0])
 
 
-def saliency(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+def saliency(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
              metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """L2 norm of the metric's gradient with respect to each token's embedding: scores [pos] (≥ 0)."""
     tokens = _sequence(tokens, model)
@@ -34,7 +38,7 @@ def saliency(model, tokens: torch.Tensor, target: int | None = None, foil: int |
                                       foil, value), tokenizer)
 
 
-def gradient_x_input(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+def gradient_x_input(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
                      pos: int = -1, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """Gradient · embedding, summed over d_model: scores [pos] (signed; IG with one step from zeros)."""
     tokens = _sequence(tokens, model)
@@ -62,7 +66,7 @@ def path_nodes(steps: int, rule: str = "gausslegendre") -> tuple[torch.Tensor, t
     raise CircuitlabError(f"unknown integration rule {rule!r}; choose gausslegendre or riemann")
 
 
-def integrated_gradients(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+def integrated_gradients(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
                          pos: int = -1, metric: Metric | None = None, baseline: Baseline = "zeros",
                          steps: int = DEFAULT_STEPS, rule: str = "gausslegendre", batch_size: int | None = None,
                          tokenizer=None) -> InputAttribution:

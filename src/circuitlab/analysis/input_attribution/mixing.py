@@ -2,14 +2,19 @@
 what attention moves (Kobayashi et al. 2020), rolled out through every layer. No gradient, no target."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from circuitlab.analysis.input_attribution.base import InputAttribution, _decorate, _sequence
 from circuitlab.errors import CircuitlabError
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 
 @torch.no_grad()
-def context_mixing(model, tokens: torch.Tensor, pos: int = -1, tokenizer=None) -> InputAttribution:
+def context_mixing(model: Transformer, tokens: torch.Tensor, pos: int = -1, tokenizer=None) -> InputAttribution:
     """Norm-based context mixing, rolled out through every layer.
 
     In layer l, source j moves ‖Σ_h A[h, i, j] · v_h(j) W_O^h‖ into position i (v_h includes ln1 and

@@ -3,6 +3,7 @@ LIME (coalitions of present tokens, fitted by a linear surrogate: analysis/surro
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -17,9 +18,12 @@ from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_
 from circuitlab.checks import COUNT, NONNEG
 from circuitlab.errors import CircuitlabError
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 
 @torch.no_grad()
-def occlusion(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+def occlusion(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
               metric: Metric | None = None, replacement: int | None = None, span: int = 1,
               batch_size: int | None = None, tokenizer=None) -> InputAttribution:
     """Leave-one-out (span 1) or span occlusion: each window of `span` tokens among positions 0..pos is
@@ -73,7 +77,7 @@ def _deletes(baseline: Baseline) -> bool:
     return isinstance(baseline, str) and baseline == "delete"  # (a tensor baseline is never a name)
 
 
-def _check_baseline(model, baseline: Baseline, metric: Metric | None, start_token: int | None) -> None:
+def _check_baseline(model: Transformer, baseline: Baseline, metric: Metric | None, start_token: int | None) -> None:
     if isinstance(baseline, int) and not isinstance(baseline, bool):
         _check_token(baseline, "the baseline token", model.cfg.d_vocab)
     if isinstance(baseline, str) and baseline not in BASELINE_NAMES:
@@ -90,7 +94,7 @@ def _check_baseline(model, baseline: Baseline, metric: Metric | None, start_toke
 
 
 @torch.no_grad()
-def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, rows: torch.Tensor,
+def coalition_values(model: Transformer, tokens: torch.Tensor, explain: Explain, pos: int, rows: torch.Tensor,
                      baseline: Baseline = "mean", target: int | None = None, foil: int | None = None,
                      start_token: int | None = None, batch_size: int | None = None, progress: bool = True,
                      desc: str = "coalitions") -> torch.Tensor:
@@ -107,6 +111,7 @@ def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, ro
     if _deletes(baseline):
         # Each row's kept tokens close up at its start; whatever follows a row's last kept token cannot change
         # the logits there (attention is causal), so rows of every length share one batch, sorted by length.
+        assert target is not None and start_token is not None  # _check_baseline refused 'delete' without them
         at_last = logit_metric(target, foil, 0)
         sizes = unique.sum(1)
         order = sizes.argsort()
@@ -133,7 +138,7 @@ def coalition_values(model, tokens: torch.Tensor, explain: Explain, pos: int, ro
     return out[inverse]
 
 
-def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
                 metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES,
                 seed: int = 0, exact: bool = False, paired: bool = False, start_token: int | None = None,
                 batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
@@ -189,7 +194,7 @@ def kernel_shap(model, tokens: torch.Tensor, target: int | None = None, foil: in
     return _decorate(result, tokenizer)
 
 
-def lime(model, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
+def lime(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
          metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES, seed: int = 0,
          kernel_width: float = DEFAULT_KERNEL_WIDTH, alpha: float = DEFAULT_ALPHA, start_token: int | None = None,
          batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:

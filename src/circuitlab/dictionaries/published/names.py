@@ -3,9 +3,12 @@ per-layer names, TransformerLens's aliases; a hook's layer and width. See the pa
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.errors import CircuitlabError
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 GEMMA_SCOPE, GEMMA_SCOPE_2, LLAMA_SCOPE = "params.npz", "params.safetensors", "hyperparams.json"
 LLAMA_SCOPE_WEIGHTS, CT_CONFIG = "checkpoints/final.safetensors", "config.yaml"
@@ -55,7 +58,7 @@ def hf_name(hook: str) -> str:
     return f"model.layers.{m.group(1)}.{back[m.group(2)]}"
 
 
-def hook_width(model: Any, hook: str) -> int | None:
+def hook_width(model: Transformer, hook: str) -> int | None:
     """The width of a hook's activation (trailing axes joined) from the model's config; None if unknown."""
     c = model.cfg
     d_head = getattr(c, "d_head", None) or c.d_model // c.n_heads
