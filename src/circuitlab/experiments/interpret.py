@@ -1,7 +1,8 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
 Experiments come from circuitlab.experiments.interpret_reading (circuits, heads, logit_lens,
-attribution) and circuitlab.experiments.interpret_causal (patching, ablation, probing).
+attribution), interpret_inputs (input_attribution, tuned_lens), interpret_causal (patching, ablation, probing)
+and the registry of methods (circuitlab.methods.METHODS).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from circuitlab.atomic import atomic_dir, json_text, set_aside
 from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
+from circuitlab.methods.base import MethodResult
 
 
 @dataclass
@@ -24,7 +26,7 @@ class InterpretResult:
     checkpoint: str
     experiments: list[str]
     model: dict[str, Any]                       # the model's config
-    results: dict[str, ExperimentResult] = field(default_factory=dict)
+    results: dict[str, ExperimentResult | MethodResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)   # experiments left out: name -> why (the architecture)
 
     def to_dict(self) -> dict[str, Any]:
@@ -36,26 +38,33 @@ class InterpretResult:
         return "".join(found._repr_html_() for found in self.results.values())
 
 
-def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
-    from circuitlab.experiments import interpret_causal, interpret_reading, interpret_inputs, interpret_tracing
+def available_experiments() -> dict[str, Callable[..., Any]]:
+    """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the registry's
+    methods (circuitlab.methods.METHODS) after the tables of the experiments not yet moved onto it."""
+    from circuitlab.experiments import interpret_causal, interpret_reading, interpret_inputs
+    from circuitlab.methods import METHODS
 
-    table: dict[str, Callable[..., ExperimentResult]] = {}
+    table: dict[str, Callable[..., Any]] = {}
     for name, fn in interpret_reading.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
     for name, fn in interpret_inputs.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"), opts.get("lens"))
     for name, fn in interpret_causal.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("clean"), opts.get("corrupt"))
-    table.update(interpret_tracing.EXPERIMENTS)  # fn(model, tokenizer, out, opts)
+    for name, m in METHODS.items():
+        table[name] = lambda model, tok, out, opts, m=m: m.run(model, tok, out, m.options_from(opts), opts.get("prompt"),
+                                                              opts.get("progress", True))
     return table
 
 
 def experiment_needs() -> dict[str, tuple[str, ...]]:
     """Each experiment's architecture assumptions (model.assumptions names; none for most)."""
-    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading
+    from circuitlab.methods import METHODS
 
-    return {name: getattr(mod, "NEEDS", {}).get(name, ()) for mod in (interpret_reading, interpret_inputs,
-            interpret_causal, interpret_tracing) for name in mod.EXPERIMENTS}
+    needs = {name: getattr(mod, "NEEDS", {}).get(name, ()) for mod in (interpret_reading, interpret_inputs,
+             interpret_causal) for name in mod.EXPERIMENTS}
+    return {**needs, **{name: m.needs for name, m in METHODS.items()}}
 
 
 def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool = False
@@ -82,25 +91,27 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
                   **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
     out/report.html (interactive, self-contained). opts: prompt; clean and corrupt (patching); lens (a
-    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none); subject, noise,
-    noise_scale, noise_samples, window, replace_with (causal_tracing)."""
+    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none); and each registered
+    method's options (circuitlab.methods; None = the default)."""
     from circuitlab.report import write_interpret_report
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
     from circuitlab.experiments.interpret_reading import NO_TEXT
+    from circuitlab.methods import METHODS
 
     table = available_experiments()
     names = experiments or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(table)}")
-    if "causal_tracing" in names and opts.get("prompt") is not None and opts.get("subject") is None:
-        if experiments is not None:
-            raise CircuitlabError("causal_tracing needs --subject: the words of --prompt to corrupt")
-        names.remove("causal_tracing")
-        warnings.warn("causal_tracing left out: give --subject (the words of --prompt to corrupt) to run it",
-                      stacklevel=2)
+    for name, m in METHODS.items():   # a method the inputs cannot run: refused when asked for, else left out
+        why = m.missing(m.options_from(opts), opts.get("prompt")) if name in names and m.missing else None
+        if why is not None:
+            if experiments is not None:
+                raise CircuitlabError(why[0])
+            names.remove(name)
+            warnings.warn(why[1], stacklevel=2)
     if bool(opts.get("clean")) != bool(opts.get("corrupt")):
         raise CircuitlabError("--clean and --corrupt go together: give both or neither")
     from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
@@ -139,28 +150,27 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     return result
 
 
-# the experiments that encode --prompt (or the default story prompt)
-PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens", "causal_tracing"}
+# the experiments that encode --prompt (or the default story prompt), besides the registry's prompted methods
+PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens"}
 
 
 def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
-    """Refuse now, in one line, what the chosen experiments would refuse later: the prompt (empty), the clean and
-    corrupted pair, a saved lens that does not fit the model, and causal tracing's noise, window and subject.
+    """Refuse now, in one line, what the chosen experiments would refuse later: each registered method's options
+    (its own check), the prompt (empty), the clean and corrupted pair and a saved lens that does not fit the model.
     Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
     from circuitlab.analysis.lens.tuned import TunedLens
-    from circuitlab.analysis.patching.causal_tracing import check_window, subject_span
-    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading
+    from circuitlab.methods import METHODS
 
     if tokenizer is None:
         return   # the weights-only analyses take no text options
-    if "causal_tracing" in names:   # its options first, as the experiment checks them
-        interpret_tracing.tracing_noise(opts, tokenizer)
-        check_window(model, opts.get("window"))
-    tokens = None
+    for name, m in METHODS.items():   # the methods' options first, as each checks them when it runs
+        if name in names and m.check is not None:
+            m.check(model, tokenizer, m.options_from(opts), opts.get("prompt"))
     if PROMPTED.intersection(names):
         with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
             warnings.simplefilter("ignore")
-            tokens = interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
+            interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
     if any(n in interpret_causal.EXPERIMENTS for n in names):
         if opts.get("clean") is None:
             interpret_causal.induction_pair(model, tokenizer)
@@ -170,8 +180,6 @@ def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> N
             check_pair(model, tokenizer.encode(opts["clean"]), tokenizer.encode(opts["corrupt"]))
     if any(n in interpret_inputs.EXPERIMENTS for n in names) and TunedLens.exists(opts.get("lens") or ""):
         TunedLens.load(opts["lens"], model)
-    if "causal_tracing" in names and opts.get("subject") is not None and tokens is not None:
-        subject_span(tokens.tolist(), opts["subject"], tokenizer)
 
 
 def _is_interpret_output(folder: Path) -> bool:

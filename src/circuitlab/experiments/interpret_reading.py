@@ -7,7 +7,6 @@ and decode(list[int]) -> str.
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,24 +25,11 @@ from circuitlab.analysis.lens import logit_lens
 from circuitlab.model import model_device
 from circuitlab.model.assumptions import ASSUMPTIONS, unmet
 from circuitlab.data.stories import DEFAULT_PROMPT
-from circuitlab.errors import CircuitlabError
 from circuitlab.experiments.result import ExperimentResult
+from circuitlab.methods.base import prompt_tokens  # noqa: F401 (the prompt every prompted experiment encodes)
 from circuitlab.names import head_name
 
 SEED = 0
-
-
-def prompt_tokens(model, tokenizer, prompt: str | None) -> torch.Tensor:
-    """The prompt's tokens [pos] (None: the default story prompt), keeping the last n_ctx (with a warning
-    when the prompt was the user's)."""
-    ids = tokenizer.encode(DEFAULT_PROMPT if prompt is None else prompt)
-    if not ids:
-        raise CircuitlabError("the prompt is empty (or encodes to no tokens); give some text with --prompt, "
-                              "or leave --prompt out for the default story")
-    if len(ids) > model.cfg.n_ctx and prompt is not None:  # the user's prompt is not silently cut
-        warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's context of {model.cfg.n_ctx}: "
-                      f"only its last {model.cfg.n_ctx} tokens are analysed", stacklevel=2)
-    return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
 
 
 def _head_tokens(model) -> torch.Tensor:

@@ -23,10 +23,11 @@ from typing import Any
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
 from circuitlab.report.runs import RunData, compute_heads, head_rows_from_classes, load_run
-from circuitlab.report.sections import (ablation_section, attention_section, attribution_section,
-                                        causal_tracing_section, circuits_section, heads_section,
-                                        induction_period_section, logit_lens_section, model_card_section,
-                                        patching_section, probing_section, summary_section, training_section)
+from circuitlab.methods import METHODS
+from circuitlab.report.sections import (ablation_section, attention_section, attribution_section, circuits_section,
+                                        heads_section, induction_period_section, logit_lens_section,
+                                        model_card_section, patching_section, probing_section, summary_section,
+                                        training_section)
 
 
 def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None = None, *, analyse: bool = True,
@@ -64,7 +65,8 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
 
     builders = {"logit_lens": logit_lens_section, "tuned_lens": tuned_lens_section,
                 "attribution": attribution_section, "input_attribution": input_attribution_section,
-                "patching": patching_section, "causal_tracing": causal_tracing_section, "ablation": ablation_section,
+                "patching": patching_section, **{n: m.report_section for n, m in METHODS.items()},
+                "ablation": ablation_section,
                 "probing": probing_section}
     for name, builder in builders.items():
         found = analysis.get(name)

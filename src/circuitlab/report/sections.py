@@ -291,20 +291,6 @@ def patching_section(found: Mapping[str, Any]) -> Section:
                    "behaviour is back, 0 = still corrupted.")
 
 
-def causal_tracing_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.tracing import causal_trace_figure
-
-    noise = found["trace"].get("noise", {})
-    how = (f"replaced by {len(noise.get('replacements', []))} other subjects" if noise.get("kind") == "replace" else
-           f"{noise.get('kind')} noise of std {noise.get('nu')} ({noise.get('scale')} x the subject embeddings' std), "
-           f"averaged over {noise.get('samples')} samples")
-    return Section("causal-tracing", "Causal tracing", [bullet_list(found.get("summary", [])),
-                                                        causal_trace_figure(found["trace"])],
-                   f"The subject's tokens (marked *) corrupted: {how}. Each cell is the answer's metric when that one "
-                   "state of the clean run is restored in the corrupted run: the residual stream after a layer "
-                   "(hidden), or the MLP / attention outputs of a window of layers centred on it.")
-
-
 def ablation_section(found: Mapping[str, Any]) -> Section:
     from circuitlab.viz.patching import ablation_figure
 
