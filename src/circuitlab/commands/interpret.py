@@ -59,5 +59,5 @@ def interpret_estimates(args: argparse.Namespace) -> list[str]:
 
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     given = method_options(args)
-    return [m.estimate(model, tokenizer, m.options_from(given), args.prompt).line()
+    return [m.estimate(model, tokenizer, m.options_from(given), prompt=args.prompt).line()
             for m in METHODS.values() if m.estimate is not None]

@@ -166,8 +166,8 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
     from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
-    from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
     from circuitlab.experiments.interpret_reading import EXPERIMENTS
+    from circuitlab.methods import METHODS, NoOptions
     from circuitlab.analysis.heads import attention_view
     from circuitlab.viz.heads import attention_patterns_figure
     from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
@@ -220,12 +220,13 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
         # QK/OV circuits of the induction head, K-composition, copying; a logit lens on a story.
         # Causal tests of the same circuit: patching and path patching on induction prompts (clean:
         # r + r[:k]; corrupt: the earlier copy of the last token replaced), mean-ablation of heads.
-        experiments = [(name, EXPERIMENTS[name]) for name in ("circuits", "logit_lens")]
-        experiments += [("patching", CAUSAL["patching"]),
-                        ("ablation", partial(CAUSAL["ablation"], group=found.induction_heads or None))]
+        experiments = [("circuits", partial(EXPERIMENTS["circuits"], prompt=None))]
+        experiments += [(name, partial(METHODS[name].run, options=NoOptions())) for name in ("logit_lens", "patching")]
+        experiments += [("ablation", partial(METHODS["ablation"].run, options=NoOptions(),
+                                             group=found.induction_heads or None))]
         for experiment, run in experiments:
             print(f"running {experiment} on the 2-layer model")
-            found_exp = run(two.model, two.tokenizer, out, None)
+            found_exp = run(two.model, two.tokenizer, out)
             result.analysis[experiment] = found_exp
             for fig in found_exp.figures:
                 figures[f"{experiment}: {fig}"] = fig

@@ -1,8 +1,7 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
-Experiments come from circuitlab.experiments.interpret_reading (circuits, heads, logit_lens,
-attribution), interpret_inputs (input_attribution, tuned_lens), interpret_causal (patching, ablation, probing)
-and the registry of methods (circuitlab.methods.METHODS).
+Experiments come from circuitlab.experiments.interpret_reading (circuits, heads: they read the model itself)
+and the registry of methods (circuitlab.methods.METHODS: one module each, the others).
 """
 from __future__ import annotations
 
@@ -39,32 +38,26 @@ class InterpretResult:
 
 
 def available_experiments() -> dict[str, Callable[..., Any]]:
-    """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the registry's
-    methods (circuitlab.methods.METHODS) after the tables of the experiments not yet moved onto it."""
-    from circuitlab.experiments import interpret_causal, interpret_reading, interpret_inputs
+    """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the model-reading
+    experiments (circuits, heads), then the registry's methods (circuitlab.methods.METHODS)."""
+    from circuitlab.experiments import interpret_reading
     from circuitlab.methods import METHODS
 
     table: dict[str, Callable[..., Any]] = {}
     for name, fn in interpret_reading.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
-    for name, fn in interpret_inputs.EXPERIMENTS.items():
-        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"), opts.get("lens"))
-    for name, fn in interpret_causal.EXPERIMENTS.items():
-        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("clean"), opts.get("corrupt"))
     for name, m in METHODS.items():
-        table[name] = lambda model, tok, out, opts, m=m: m.run(model, tok, out, m.options_from(opts), opts.get("prompt"),
-                                                              opts.get("progress", True))
+        table[name] = m.run_with
     return table
 
 
 def experiment_needs() -> dict[str, tuple[str, ...]]:
     """Each experiment's architecture assumptions (model.assumptions names; none for most)."""
-    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading
+    from circuitlab.experiments import interpret_reading
     from circuitlab.methods import METHODS
 
-    needs = {name: getattr(mod, "NEEDS", {}).get(name, ()) for mod in (interpret_reading, interpret_inputs,
-             interpret_causal) for name in mod.EXPERIMENTS}
-    return {**needs, **{name: m.needs for name, m in METHODS.items()}}
+    return {**{name: interpret_reading.NEEDS.get(name, ()) for name in interpret_reading.EXPERIMENTS},
+            **{name: m.needs for name, m in METHODS.items()}}
 
 
 def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool = False
@@ -106,7 +99,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     if unknown:
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(table)}")
     for name, m in METHODS.items():   # a method the inputs cannot run: refused when asked for, else left out
-        why = m.missing(m.options_from(opts), opts.get("prompt")) if name in names and m.missing else None
+        why = m.missing(m.options_from(opts), **m.inputs_from(opts)) if name in names and m.missing else None
         if why is not None:
             if experiments is not None:
                 raise CircuitlabError(why[0])
@@ -150,36 +143,23 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     return result
 
 
-# the experiments that encode --prompt (or the default story prompt), besides the registry's prompted methods
-PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens"}
-
-
 def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
-    """Refuse now, in one line, what the chosen experiments would refuse later: each registered method's options
-    (its own check), the prompt (empty), the clean and corrupted pair and a saved lens that does not fit the model.
-    Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
-    from circuitlab.analysis.lens.tuned import TunedLens
-    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading
+    """Refuse now, in one line, what the chosen experiments would refuse later: each method's own check (the
+    prompt, the clean and corrupted pair, a saved lens that does not fit the model, causal tracing's noise, window
+    and subject) and the circuits experiment's prompt. Cheap (tokenizing, a few forward passes at most): run
+    before the earlier output is set aside."""
     from circuitlab.methods import METHODS
+    from circuitlab.methods.base import check_prompt
 
     if tokenizer is None:
         return   # the weights-only analyses take no text options
-    for name, m in METHODS.items():   # the methods' options first, as each checks them when it runs
-        if name in names and m.check is not None:
-            m.check(model, tokenizer, m.options_from(opts), opts.get("prompt"))
-    if PROMPTED.intersection(names):
-        with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
-            warnings.simplefilter("ignore")
-            interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
-    if any(n in interpret_causal.EXPERIMENTS for n in names):
-        if opts.get("clean") is None:
-            interpret_causal.induction_pair(model, tokenizer)
-        else:
-            from circuitlab.analysis.patching import check_pair
-
-            check_pair(model, tokenizer.encode(opts["clean"]), tokenizer.encode(opts["corrupt"]))
-    if any(n in interpret_inputs.EXPERIMENTS for n in names) and TunedLens.exists(opts.get("lens") or ""):
-        TunedLens.load(opts["lens"], model)
+    done = set()
+    for name, m in METHODS.items():   # each method's own check (one shared by several runs once)
+        if name in names and m.check is not None and m.check not in done:
+            m.check(model, tokenizer, m.options_from(opts), **m.inputs_from(opts))
+            done.add(m.check)
+    if "circuits" in names and check_prompt not in done:   # it encodes the prompt (or the default story)
+        check_prompt(model, tokenizer, None, opts.get("prompt"))
 
 
 def _is_interpret_output(folder: Path) -> bool:

@@ -1,4 +1,5 @@
-"""Ready-made experiments for `circuitlab interpret` and the demo report.
+"""Ready-made experiments for `circuitlab interpret` and the demo report that read the model itself: its QK/OV
+circuits and its heads (the other interpret experiments are methods: circuitlab/methods/).
 
 EXPERIMENTS maps a name to fn(model, tokenizer, out_dir, prompt) -> ExperimentResult. Each runs its
 analysis on sensible defaults, writes PNG figures into out_dir and returns its findings: summary
@@ -13,7 +14,6 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.logit_attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
 from circuitlab.analysis.qk_ov import (copying_scores, direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
                                           top_token_pairs)
 from circuitlab.analysis.folding import weights_model
@@ -21,10 +21,7 @@ from circuitlab.analysis.heads.detectors import induction_by_period, induction_t
 from circuitlab.analysis.heads import classify_heads
 from circuitlab.analysis.heads.induction import in_context_learning_score
 from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
-from circuitlab.analysis.lens import logit_lens
 from circuitlab.model import model_device
-from circuitlab.model.assumptions import ASSUMPTIONS, unmet
-from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.experiments.result import ExperimentResult
 from circuitlab.methods.base import prompt_tokens  # noqa: F401 (the prompt every prompted experiment encodes)
 from circuitlab.names import head_name
@@ -167,62 +164,6 @@ def run_heads(model, tokenizer, out_dir: Path, prompt: str | None) -> Experiment
     return ExperimentResult("heads", summary, figures, found)
 
 
-# ---------------------------------------------------------------------------- logit lens
-
-
-@torch.no_grad()
-def run_logit_lens(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
-    """Logit lens on the prompt (default: a short story)."""
-    from circuitlab.viz.lens import logit_lens_figure
-
-    tokens = prompt_tokens(model, tokenizer, prompt)
-    lens = logit_lens(model, tokens.to(model_device(model)), k=5, tokenizer=tokenizer)
-    figure = logit_lens_figure(lens, max_positions=24).save_png(Path(out_dir) / "logit_lens.png").name
-    # Where did the final answer firm up the most between the embeddings and the output?
-    rise = lens.final_top_probs[-1] - lens.final_top_probs[0]
-    summary = []
-    for p in rise.argsort(descending=True)[:3].tolist():
-        traj = " -> ".join(f"{float(x):.2f}" for x in lens.final_top_probs[:, p])
-        summary.append(f"{lens.token_strs[p]!r} -> {lens.top_strs[-1][p][0]!r}: probability by layer {traj}")
-    return ExperimentResult("logit_lens", summary, [figure], {**lens.to_dict(), "prompt": prompt or DEFAULT_PROMPT})
-
-
-# ---------------------------------------------------------------------------- attribution
-
-
-@torch.no_grad()
-def run_attribution(model, tokenizer, out_dir: Path, prompt: str | None) -> ExperimentResult:
-    """Direct logit attribution at the prompt's last position, to the logit difference between the
-    model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
-    from circuitlab.viz.lens import logit_attribution_figure
-
-    tokens = prompt_tokens(model, tokenizer, prompt).to(model_device(model))[None]
-    logits, cache = model.run_with_cache(tokens)
-    top2 = logits[0, -1].topk(2).indices.tolist()
-    parts = residual_decomposition(model, cache)
-    dla = direct_logit_attribution(model, cache, answer=top2[0], wrong=top2[1], pos=-1, decomposition=parts)
-    figure = logit_attribution_figure(dla).save_png(Path(out_dir) / "logit_attribution.png").name
-    a, b = tokenizer.decode([top2[0]]), tokenizer.decode([top2[1]])
-    summary = [f"logit({a!r}) - logit({b!r}) = {float(dla.logit[0]):.3f} at the last position; largest direct parts: "
-               + ", ".join(f"{c} {v:+.3f}" for c, v in dla.top(5))]
-    found: dict[str, Any] = {"prompt": prompt or DEFAULT_PROMPT, "answer": a, "wrong": b,
-                             "attribution": dla.to_dict(), "decomposition": parts.to_dict()}
-    if model.cfg.has_mlp and unmet(model, "pre_norm"):
-        summary.append(f"the MLP neurons' output tokens are left out: they read W_out through the unembedding, and "
-                       f"this model has {ASSUMPTIONS['pre_norm'][2](model.cfg)}")
-    elif model.cfg.has_mlp:
-        mlp_labels = [i for i, lab in enumerate(dla.labels) if lab.endswith("MLP")]
-        best = max(mlp_labels, key=lambda i: abs(float(dla.mean()[i])))
-        layer = int(dla.labels[best].split()[0][1:])
-        active = cache["post", layer][0, -1].topk(5).indices.tolist()
-        neurons = neuron_output_tokens(model, layer, active, k=5, tokenizer=tokenizer)
-        found["neurons"] = neurons.to_dict()
-        summary.append(f"L{layer} MLP's most active neurons at the last position promote: "
-                       + "; ".join(f"n{n}: {', '.join(repr(s) for s in strs[:3])}"
-                                   for n, strs in zip(neurons.neurons, neurons.top_strs)))
-    return ExperimentResult("attribution", summary, [figure], found)
-
-
 # The analyses that read only the weights and token ids (no text): they run on a model without a tokenizer.
 NO_TEXT = ("circuits", "heads")
 
@@ -233,6 +174,4 @@ NEEDS: dict[str, tuple[str, ...]] = {"circuits": ("additive_heads",)}
 EXPERIMENTS: dict[str, Callable[..., ExperimentResult]] = {
     "circuits": run_circuits,
     "heads": run_heads,
-    "logit_lens": run_logit_lens,
-    "attribution": run_attribution,
 }

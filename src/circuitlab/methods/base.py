@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -28,14 +28,16 @@ if TYPE_CHECKING:
 class MethodResult(Result):
     """A method's findings: summary (one sentence per finding, every number from data) and figures (PNG file
     names in the output folder), then the method's own fields. to_dict() writes the method's fields first and
-    summary, figures last (the results.json layout)."""
+    summary, figures last (the results.json layout); a field whose default is None is left out while None (a
+    finding that was not made)."""
 
     name: ClassVar[str] = ""
     summary: list[str]
     figures: list[str]
 
     def to_dict(self) -> dict[str, Any]:
-        own = {k: v for k, v in super().to_dict().items() if k not in ("summary", "figures")}
+        absent = {f.name for f in fields(self) if f.default is None and getattr(self, f.name) is None}
+        own = {k: v for k, v in super().to_dict().items() if k not in ("summary", "figures") and k not in absent}
         return {**own, "summary": list(self.summary), "figures": list(self.figures)}
 
     def _repr_html_(self) -> str:
@@ -44,15 +46,21 @@ class MethodResult(Result):
 
 
 @dataclass(frozen=True)
+class NoOptions(Options):
+    """The options of a method that has none of its own (it reads only the shared inputs)."""
+
+
+@dataclass(frozen=True)
 class Method:
     """One method in the registry.
 
-    name: `interpret --experiments NAME` and its key in results.json. options / result: its classes.
-    run(model, tokenizer, out_dir, options, prompt, progress) -> result. section(result) -> its report Section.
-    needs: the model.assumptions it requires. prompted: it encodes --prompt. check(model, tokenizer, options,
-    prompt): refuse bad input in one line before any work. missing(options, prompt): (the refusal when the
+    name: `interpret --experiments NAME` and its key in results.json. options / result: its classes. inputs: the
+    inputs `interpret` shares between methods that it reads (prompt; clean, corrupt; lens; progress).
+    run(model, tokenizer, out_dir, options, **inputs) -> result. section(result) -> its report Section.
+    needs: the model.assumptions it requires. check(model, tokenizer, options, **inputs): refuse bad input in one
+    line before any work (methods sharing a check run it once). missing(options, **inputs): (the refusal when the
     method is asked for, the warning when it is left out of the default set) when the inputs cannot run it.
-    estimate(model, tokenizer, options, prompt): what it would hold and take (a memory.Estimate).
+    estimate(model, tokenizer, options, **inputs): what it would hold and take (a memory.Estimate).
     """
 
     name: str
@@ -60,8 +68,8 @@ class Method:
     result: type[MethodResult]
     run: Callable[..., MethodResult]
     section: Callable[[Any], Section]
+    inputs: tuple[str, ...] = ("prompt",)
     needs: tuple[str, ...] = ()
-    prompted: bool = False
     check: Callable[..., None] | None = None
     missing: Callable[..., tuple[str, str] | None] | None = None
     estimate: Callable[..., Any] | None = None
@@ -72,9 +80,24 @@ class Method:
         names = {f.name for f, _ in options_of(self.options)}
         return self.options.from_dict({k: v for k, v in given.items() if k in names and v is not None}, InputError)
 
+    def inputs_from(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The shared inputs this method reads, from interpret's keyword arguments (absent ones left out)."""
+        return {k: given[k] for k in self.inputs if k in given}
+
+    def run_with(self, model: Any, tokenizer: Any, out_dir: Any, given: Mapping[str, Any]) -> MethodResult:
+        """run() on interpret's keyword arguments: this method's options and inputs picked out of them."""
+        return self.run(model, tokenizer, out_dir, self.options_from(given), **self.inputs_from(given))
+
     def report_section(self, found: Mapping[str, Any]) -> Section:
         """The report section of a results.json entry, read back as the typed result."""
         return self.section(self.result.from_dict(dict(found)))
+
+
+def check_prompt(model: "Transformer", tokenizer: Any, options: Options, prompt: str | None = None, **_: Any) -> None:
+    """The check of a method that encodes the prompt: not empty (a long prompt warns once, when it runs)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prompt_tokens(model, tokenizer, prompt)
 
 
 def prompt_tokens(model: "Transformer", tokenizer: Any, prompt: str | None) -> torch.Tensor:

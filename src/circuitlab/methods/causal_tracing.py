@@ -113,7 +113,8 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: CausalTrac
     return CausalTracingResult(summary, [figure], trace)
 
 
-def check(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None) -> None:
+def check(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None = None,
+          **_: Any) -> None:
     """Refuse now what run() would refuse later: the noise, the window, a subject not in the prompt."""
     import warnings
 
@@ -126,7 +127,7 @@ def check(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, p
         subject_span(tokens.tolist(), options.subject, tokenizer)
 
 
-def missing(options: CausalTracingOptions, prompt: str | None) -> tuple[str, str] | None:
+def missing(options: CausalTracingOptions, prompt: str | None = None, **_: Any) -> tuple[str, str] | None:
     """A prompt of the user's needs its subject named (the default prompt's is "Lily")."""
     if prompt is None or options.subject is not None:
         return None
@@ -134,7 +135,8 @@ def missing(options: CausalTracingOptions, prompt: str | None) -> tuple[str, str
             f"{NAME} left out: give --subject (the words of --prompt to corrupt) to run it")
 
 
-def estimate(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None) -> "Estimate":
+def estimate(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None = None,
+             **_: Any) -> "Estimate":
     """What tracing the prompt (or the default prompt) would hold and take: its noise runs and restorations."""
     tokens = prompt_tokens(model, tokenizer, prompt)
     noise = tracing_noise(options, tokenizer)
@@ -231,5 +233,5 @@ def section(found: CausalTracingResult) -> Section:
                    "(hidden), or the MLP / attention outputs of a window of layers centred on it.")
 
 
-METHOD = Method(NAME, CausalTracingOptions, CausalTracingResult, run, section, prompted=True, check=check,
-                missing=missing, estimate=estimate)
+METHOD = Method(NAME, CausalTracingOptions, CausalTracingResult, run, section, inputs=("prompt", "progress"),
+                check=check, missing=missing, estimate=estimate)

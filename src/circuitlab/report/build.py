@@ -4,8 +4,8 @@ A run contributes a RunData (report/runs.py: model, tokenizer, configs, metrics,
 analysis contributes the findings of the ready-made experiments in their to_dict() form
 (ExperimentResult.to_dict(), as in results.json), so a report written at the end of a run and one
 rebuilt from disk are the same.
-build_sections turns them into sections (report/sections.py, one builder each), in this order, each only
-when there is data:
+build_sections turns them into sections (report/sections.py for what a run has, each method's own section for
+its findings: circuitlab.methods), in this order, each only when there is data:
 
     model card · summary · training curves · heads · induction by period · attention viewer · QK/OV circuits · logit lens ·
     tuned lens · direct logit attribution · input attribution · patching · causal tracing · ablation · probes
@@ -23,11 +23,9 @@ from typing import Any
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
 from circuitlab.report.runs import RunData, compute_heads, head_rows_from_classes, load_run
-from circuitlab.methods import METHODS
-from circuitlab.report.sections import (ablation_section, attention_section, attribution_section, circuits_section,
-                                        heads_section, induction_period_section, logit_lens_section,
-                                        model_card_section, patching_section, probing_section, summary_section,
-                                        training_section)
+from circuitlab.methods import METHODS, REPORT_ORDER
+from circuitlab.report.sections import (attention_section, circuits_section, heads_section, induction_period_section,
+                                        model_card_section, summary_section, training_section)
 
 
 def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None = None, *, analyse: bool = True,
@@ -61,18 +59,11 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
     if shown is not None:
         sections.append(attention_section(shown))
         sections.append(circuits_section(shown, analysis.get("circuits"), prompt))
-    from circuitlab.report.inputs import input_attribution_section, tuned_lens_section
-
-    builders = {"logit_lens": logit_lens_section, "tuned_lens": tuned_lens_section,
-                "attribution": attribution_section, "input_attribution": input_attribution_section,
-                "patching": patching_section, **{n: m.report_section for n, m in METHODS.items()},
-                "ablation": ablation_section,
-                "probing": probing_section}
-    for name, builder in builders.items():
+    for name in REPORT_ORDER:   # each method's section, from its typed result read back
         found = analysis.get(name)
         if isinstance(found, Mapping) and found:
             try:
-                sections.append(builder(found))
+                sections.append(METHODS[name].report_section(found))
             except (KeyError, TypeError, IndexError, ValueError) as e:  # an older or partial results.json
                 sections.append(Section(name.replace("_", "-"), name.replace("_", " ").capitalize(),
                                         [bullet_list(found.get("summary", [])),

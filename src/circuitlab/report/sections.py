@@ -1,6 +1,7 @@
-"""The report's sections, one builder each: a RunData (model card, training curves, heads, induction by
-period, attention viewer, QK/OV circuits) or an experiment's findings in their to_dict() form (logit lens,
-direct logit attribution, patching, ablation, probes). Figures are views from circuitlab.viz (FigureSpecs)."""
+"""The report's sections of what a run has, one builder each: a RunData (model card, training curves, heads,
+induction by period, attention viewer, QK/OV circuits) and the summary. The methods' sections (logit lens,
+direct logit attribution, patching, ...) are their own (circuitlab.methods). Figures are views from
+circuitlab.viz (FigureSpecs)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -10,7 +11,7 @@ import torch
 
 from circuitlab.names import head_name, parse_head
 from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
-                                    markdown_lite, paragraph, table_html)
+                                    markdown_lite, table_html)
 from circuitlab.report.runs import SCORE_COLUMNS, RunData, labels_by_head
 
 
@@ -247,71 +248,6 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     return Section("circuits", "QK and OV circuits", parts,
                    f"Weight-based circuits of {run.name}'s {'induction head' if prev is not None else 'head'} {name}, "
                    "restricted to the tokens of a short prompt.")
-
-
-def logit_lens_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.lens import logit_lens_figure
-
-    parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
-             bullet_list(found.get("summary", [])), logit_lens_figure(found)]
-    return Section("logit-lens", "Logit lens", parts,
-                   "The residual stream after the embeddings and after each layer, read through the final norm and "
-                   "the unembedding: the top next token at each point, and how sure the model already is.")
-
-
-def attribution_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.lens import logit_attribution_figure
-
-    dla = found["attribution"]
-    title = (f"Direct logit attribution: logit({found['answer']!r}) - logit({found['wrong']!r})"
-             if "answer" in found else None)
-    parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
-             bullet_list(found.get("summary", [])), logit_attribution_figure(dla, title=title)]
-    return Section("attribution", "Direct logit attribution", parts,
-                   "Each component's direct contribution (through the final norm's scale) to the logit difference "
-                   "between the model's top two predictions at the last position.")
-
-
-def patching_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.patching import path_patching_figure, patching_figure
-
-    tokens = found.get("tokens")
-    parts: list[Any] = [bullet_list(found.get("summary", []))]
-    for target, res in (found.get("patching") or {}).items():
-        parts.append(patching_figure(res, tokens))
-    corr = found.get("attribution_correlation")
-    if corr:
-        parts.append(heading("Attribution patching against activation patching"))
-        parts.append(table_html([{"target": t, "Pearson r": float("nan") if r is None else float(r)}
-                                 for t, r in corr.items()]))
-    if found.get("path_patching"):
-        parts.append(path_patching_figure(found["path_patching"]))
-    return Section("patching", "Activation patching", parts,
-                   "Denoising: each activation of the clean run patched into the corrupted run; recovery 1 = the clean "
-                   "behaviour is back, 0 = still corrupted.")
-
-
-def ablation_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.patching import ablation_figure
-
-    parts: list[Any] = [paragraph(f"Tokens: {found['tokens']}") if found.get("tokens") else "",
-                        bullet_list(found.get("summary", []))]
-    for key in ("heads", "mlps"):
-        res = found.get(key)
-        if not res:
-            continue
-        parts.append(ablation_figure(res))
-    return Section("ablation", "Ablation", parts)
-
-
-def probing_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.probing import probe_figure
-
-    parts = [paragraph(f"Data: {found['data']}") if found.get("data") else "",
-             bullet_list(found.get("summary", [])), probe_figure(found["probes"])]
-    return Section("probes", "Probe accuracy by layer", parts,
-                   "Linear probes on the residual stream before each layer and after the last (solid); dashed: the "
-                   "same probe on random labels (control); dotted: chance.")
 
 
 def summary_section(lines: Sequence[str] | str, title: str = "Summary") -> Section | None:
