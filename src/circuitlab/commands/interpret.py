@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from circuitlab.methods import METHODS
+from circuitlab.methods import REGISTRY
 from circuitlab.spec import add_arguments as add_options, options_of
 
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corrupt", default=None, help="corrupted prompt for patching (same token length as --clean)")
     p.add_argument("--lens", default=None, help="a tuned-lens folder for the tuned_lens experiment (default: "
                                                 "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
-    for m in METHODS.values():   # each registered method's options, as its options class declares them
+    for m in REGISTRY.values():   # each registered method's options, as its options class declares them
         add_options(p, m.options)
     p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/interpret)")
     from circuitlab.commands._args import add_memory_arguments
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 def method_options(args: argparse.Namespace) -> dict:
     """Every registered method's options as the command line gave them (keyword arguments of run_interpret)."""
-    return {f.name: getattr(args, f.name) for m in METHODS.values() for f, _ in options_of(m.options)}
+    return {f.name: getattr(args, f.name) for m in REGISTRY.values() for f, _ in options_of(m.options)}
 
 
 def interpret_estimates(args: argparse.Namespace) -> list[str]:
@@ -60,4 +60,4 @@ def interpret_estimates(args: argparse.Namespace) -> list[str]:
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
     given = method_options(args)
     return [m.estimate(model, tokenizer, m.options_from(given), prompt=args.prompt).line()
-            for m in METHODS.values() if m.estimate is not None]
+            for m in REGISTRY.values() if m.estimate is not None]

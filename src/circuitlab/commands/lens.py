@@ -73,8 +73,8 @@ def _run_show(args: argparse.Namespace) -> int:
         from circuitlab.methods import NoOptions, tuned_lens
         from circuitlab.report.html import write_html_report
 
-        found = tuned_lens.run(model, tok, Path("."), NoOptions(), args.prompt, folder)
-        path = write_html_report(args.out, [tuned_lens.section(found)], "circuitlab lens",
+        found = tuned_lens.run_tuned_lens(model, tok, Path("."), NoOptions(), args.prompt, folder)
+        path = write_html_report(args.out, [tuned_lens.tuned_lens_section(found)], "circuitlab lens",
                                  f"{args.checkpoint}: tuned lens from {folder}")
         print("\n".join(found.summary))
     import torch

@@ -167,7 +167,7 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
     from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
     from circuitlab.experiments.interpret_reading import EXPERIMENTS
-    from circuitlab.methods import METHODS, NoOptions
+    from circuitlab.methods import REGISTRY, NoOptions
     from circuitlab.analysis.heads import attention_view
     from circuitlab.viz.heads import attention_patterns_figure
     from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
@@ -221,8 +221,8 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
         # Causal tests of the same circuit: patching and path patching on induction prompts (clean:
         # r + r[:k]; corrupt: the earlier copy of the last token replaced), mean-ablation of heads.
         experiments = [("circuits", partial(EXPERIMENTS["circuits"], prompt=None))]
-        experiments += [(name, partial(METHODS[name].run, options=NoOptions())) for name in ("logit_lens", "patching")]
-        experiments += [("ablation", partial(METHODS["ablation"].run, options=NoOptions(),
+        experiments += [(name, partial(REGISTRY[name].run, options=NoOptions())) for name in ("logit_lens", "patching")]
+        experiments += [("ablation", partial(REGISTRY["ablation"].run, options=NoOptions(),
                                              group=found.induction_heads or None))]
         for experiment, run in experiments:
             print(f"running {experiment} on the 2-layer model")

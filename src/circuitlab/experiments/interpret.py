@@ -1,7 +1,7 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
 Experiments come from circuitlab.experiments.interpret_reading (circuits, heads: they read the model itself)
-and the registry of methods (circuitlab.methods.METHODS: one module each, the others).
+and the registry of methods (circuitlab.methods.REGISTRY: one module each, the others).
 """
 from __future__ import annotations
 
@@ -39,14 +39,14 @@ class InterpretResult:
 
 def available_experiments() -> dict[str, Callable[..., Any]]:
     """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the model-reading
-    experiments (circuits, heads), then the registry's methods (circuitlab.methods.METHODS)."""
+    experiments (circuits, heads), then the registry's methods (circuitlab.methods.REGISTRY)."""
     from circuitlab.experiments import interpret_reading
-    from circuitlab.methods import METHODS
+    from circuitlab.methods import REGISTRY
 
     table: dict[str, Callable[..., Any]] = {}
     for name, fn in interpret_reading.EXPERIMENTS.items():
         table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
-    for name, m in METHODS.items():
+    for name, m in REGISTRY.items():
         table[name] = m.run_with
     return table
 
@@ -54,10 +54,10 @@ def available_experiments() -> dict[str, Callable[..., Any]]:
 def experiment_needs() -> dict[str, tuple[str, ...]]:
     """Each experiment's architecture assumptions (model.assumptions names; none for most)."""
     from circuitlab.experiments import interpret_reading
-    from circuitlab.methods import METHODS
+    from circuitlab.methods import REGISTRY
 
     return {**{name: interpret_reading.NEEDS.get(name, ()) for name in interpret_reading.EXPERIMENTS},
-            **{name: m.needs for name, m in METHODS.items()}}
+            **{name: m.needs for name, m in REGISTRY.items()}}
 
 
 def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool = False
@@ -91,14 +91,14 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     from circuitlab.training import load_checkpoint
 
     from circuitlab.experiments.interpret_reading import NO_TEXT
-    from circuitlab.methods import METHODS
+    from circuitlab.methods import REGISTRY
 
     table = available_experiments()
     names = experiments or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(table)}")
-    for name, m in METHODS.items():   # a method the inputs cannot run: refused when asked for, else left out
+    for name, m in REGISTRY.items():   # a method the inputs cannot run: refused when asked for, else left out
         why = m.missing(m.options_from(opts), **m.inputs_from(opts)) if name in names and m.missing else None
         if why is not None:
             if experiments is not None:
@@ -148,13 +148,13 @@ def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> N
     prompt, the clean and corrupted pair, a saved lens that does not fit the model, causal tracing's noise, window
     and subject) and the circuits experiment's prompt. Cheap (tokenizing, a few forward passes at most): run
     before the earlier output is set aside."""
-    from circuitlab.methods import METHODS
+    from circuitlab.methods import REGISTRY
     from circuitlab.methods.base import check_prompt
 
     if tokenizer is None:
         return   # the weights-only analyses take no text options
     done = set()
-    for name, m in METHODS.items():   # each method's own check (one shared by several runs once)
+    for name, m in REGISTRY.items():   # each method's own check (one shared by several runs once)
         if name in names and m.check is not None and m.check not in done:
             m.check(model, tokenizer, m.options_from(opts), **m.inputs_from(opts))
             done.add(m.check)

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class AblationResult(MethodResult):
-    """tokens: what was ablated on; heads / mlps: AblationResult.to_dict() of each head / MLP layer; group: the heads
+class AblationFindings(MethodResult):
+    """tokens: what was ablated on; heads / mlps: AblationFindings.to_dict() of each head / MLP layer; group: the heads
     ablated together and the losses before and after; clean_prompt_loss: the same on --clean."""
 
     name = "ablation"
@@ -35,13 +35,13 @@ class AblationResult(MethodResult):
     clean_prompt_loss: list[float] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AblationResult":
+    def from_dict(cls, d: dict[str, Any]) -> "AblationFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), d.get("tokens", ""), d["heads"],
                    d.get("mlps"), d.get("group"), d.get("clean_prompt_loss"))
 
 
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
-        corrupt: str | None = None, group: list[str] | None = None) -> AblationResult:
+def run_ablation(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
+                 corrupt: str | None = None, group: list[str] | None = None) -> AblationFindings:
     """Mean-ablate every head (and MLP) on repeated random sequences and measure the loss on the repeated
     half; then ablate a group of heads together (default: the two after layer 0 that matter most), and
     compare the loss on the first half."""
@@ -64,7 +64,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     heads = ablate_and_measure(model, tokens, repeated_loss, "head", "mean", reference)
     figures = [ablation_figure(heads, "mean ablation of each head: change in loss on the repeated half"
                                ).save_png(out_dir / "ablation_heads.png").name]
-    found = AblationResult([], figures, f"{BATCH} random sequences of {half} tokens, each repeated once",
+    found = AblationFindings([], figures, f"{BATCH} random sequences of {half} tokens, each repeated once",
                            heads.to_dict())
     summary = found.summary
     summary.append(f"loss on the repeated half {heads.baseline:.3f} nats; largest changes when one head is "
@@ -109,7 +109,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     return found
 
 
-def section(found: AblationResult) -> Section:
+def ablation_section(found: AblationFindings) -> Section:
     from circuitlab.viz.patching import ablation_figure
 
     parts: list[Any] = [paragraph(f"Tokens: {found.tokens}") if found.tokens else "", bullet_list(found.summary)]
@@ -117,4 +117,5 @@ def section(found: AblationResult) -> Section:
     return Section("ablation", "Ablation", parts)
 
 
-METHOD = Method("ablation", NoOptions, AblationResult, run, section, inputs=("clean", "corrupt"), check=check_pairs)
+METHOD = Method("ablation", NoOptions, AblationFindings, run_ablation, ablation_section, inputs=("clean", "corrupt"),
+                check=check_pairs)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class AttributionResult(MethodResult):
+class AttributionFindings(MethodResult):
     """prompt; answer / wrong: the top two predictions' text; attribution: the LogitAttribution's to_dict();
     decomposition: the residual decomposition's; neurons: the leading MLP's neurons' output tokens (models with
     MLPs and pre-norms)."""
@@ -36,14 +36,14 @@ class AttributionResult(MethodResult):
     neurons: dict[str, Any] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AttributionResult":
+    def from_dict(cls, d: dict[str, Any]) -> "AttributionFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), d.get("prompt") or "", d.get("answer"),
                    d.get("wrong"), d["attribution"], d.get("decomposition") or {}, d.get("neurons"))
 
 
 @torch.no_grad()
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, prompt: str | None = None
-        ) -> AttributionResult:
+def run_attribution(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
+                    prompt: str | None = None) -> AttributionFindings:
     """Direct logit attribution at the prompt's last position, to the logit difference between the
     model's top two predictions; for the MLP with the largest share, what its most active neurons promote."""
     from circuitlab.viz.lens import logit_attribution_figure
@@ -57,7 +57,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     a, b = tokenizer.decode([top2[0]]), tokenizer.decode([top2[1]])
     summary = [f"logit({a!r}) - logit({b!r}) = {float(dla.logit[0]):.3f} at the last position; largest direct parts: "
                + ", ".join(f"{c} {v:+.3f}" for c, v in dla.top(5))]
-    found = AttributionResult(summary, [figure], prompt or DEFAULT_PROMPT, a, b, dla.to_dict(), parts.to_dict())
+    found = AttributionFindings(summary, [figure], prompt or DEFAULT_PROMPT, a, b, dla.to_dict(), parts.to_dict())
     if model.cfg.has_mlp and unmet(model, "pre_norm"):
         summary.append(f"the MLP neurons' output tokens are left out: they read W_out through the unembedding, and "
                        f"this model has {ASSUMPTIONS['pre_norm'][2](model.cfg)}")
@@ -74,7 +74,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     return found
 
 
-def section(found: AttributionResult) -> Section:
+def attribution_section(found: AttributionFindings) -> Section:
     from circuitlab.viz.lens import logit_attribution_figure
 
     title = (f"Direct logit attribution: logit({found.answer!r}) - logit({found.wrong!r})"
@@ -86,4 +86,4 @@ def section(found: AttributionResult) -> Section:
                    "between the model's top two predictions at the last position.")
 
 
-METHOD = Method("attribution", NoOptions, AttributionResult, run, section, check=check_prompt)
+METHOD = Method("attribution", NoOptions, AttributionFindings, run_attribution, attribution_section, check=check_prompt)

@@ -2,7 +2,7 @@
 
 A method module holds, in one place: its options (a circuitlab.spec.Options dataclass), its run function, its
 typed result (a MethodResult: to_dict is its results.json entry, from_dict reads it back), its report section
-and its view. The registry (circuitlab.methods.METHODS) lists the Method records; `interpret`, its command line
+and its view. The registry (circuitlab.methods.REGISTRY) lists the Method records; `interpret`, its command line
 and the report iterate over it.
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@ its options, its run on a checkpoint's prompt, its typed result, its view and it
 
     circuitlab interpret --checkpoint RUN --experiments causal_tracing --prompt "..." --subject "..."
     options = CausalTracingOptions(subject="Lily", noise_samples=4).check()
-    found = run(model, tokenizer, out_dir, options, prompt="One day, Lily saw a big")   # CausalTracingResult
-    found.trace.peak("mlp"); causal_trace_figure(found.trace); section(found)
+    found = run_causal_tracing(model, tokenizer, out_dir, options, prompt="One day, Lily saw a big")
+    found.trace.peak("mlp"); causal_trace_figure(found.trace); causal_tracing_section(found)
 
 Without a prompt the default story prompt is traced with subject "Lily" (its first token if the context cuts Lily
 off). The noise's defaults are Noise's (analysis/patching/noise.py), the one place they are written.
@@ -55,14 +55,14 @@ class CausalTracingOptions(Options):
 
 
 @dataclass
-class CausalTracingResult(MethodResult):
+class CausalTracingFindings(MethodResult):
     """The trace of the prompt's subject (results.json: trace, summary, figures)."""
 
     name = NAME
     trace: CausalTrace
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CausalTracingResult":
+    def from_dict(cls, d: dict[str, Any]) -> "CausalTracingFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), CausalTrace.from_dict(d["trace"]))
 
 
@@ -81,8 +81,8 @@ def _kinds(model: "Transformer") -> list[str]:
     return check_kinds(model, None) + (["hidden_no_mlp"] if model.cfg.has_mlp else [])
 
 
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: CausalTracingOptions, prompt: str | None = None,
-        progress: bool = True) -> CausalTracingResult:
+def run_causal_tracing(model: "Transformer", tokenizer: Any, out_dir: Path, options: CausalTracingOptions,
+                       prompt: str | None = None, progress: bool = True) -> CausalTracingFindings:
     """Causal tracing of the prompt's subject: hidden states, MLP and attention outputs (the three panels),
     and the hidden states again with later MLPs frozen (severed), when the model has MLPs."""
     subject: str | tuple[int, int] | None = options.subject
@@ -106,28 +106,29 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: CausalTrac
     summary = trace.summary() + ([note] if note else [])
     if "hidden_no_mlp" in trace.values:
         s, e = trace.subject
-        with_mlp, without = trace.indirect_effect("hidden")[:, e - 1], trace.indirect_effect("hidden_no_mlp")[:, e - 1]
+        with_mlp = trace.indirect_effect("hidden")[:, e - 1]
+        without = trace.indirect_effect("hidden_no_mlp")[:, e - 1]
         summary.append("at the subject's last token, restoring the hidden state gives back on average "
-                       f"{float(with_mlp.mean()):+.4g} over the layers, and {float(without.mean()):+.4g} with the later "
-                       "MLPs frozen at their corrupted values (the gap is what travels through the MLPs)")
-    return CausalTracingResult(summary, [figure], trace)
+                       f"{float(with_mlp.mean()):+.4g} over the layers, and {float(without.mean()):+.4g} with the "
+                       "later MLPs frozen at their corrupted values (the gap is what travels through the MLPs)")
+    return CausalTracingFindings(summary, [figure], trace)
 
 
-def check(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None = None,
+def check_tracing(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None = None,
           **_: Any) -> None:
-    """Refuse now what run() would refuse later: the noise, the window, a subject not in the prompt."""
+    """Refuse now what run_causal_tracing() would refuse later: the noise, the window, a subject not in the prompt."""
     import warnings
 
     tracing_noise(options, tokenizer)
     check_window(model, options.window)
     if options.subject is not None:
-        with warnings.catch_warnings():   # run() warns about a long prompt once, when it runs
+        with warnings.catch_warnings():   # run_causal_tracing() warns about a long prompt once, when it runs
             warnings.simplefilter("ignore")
             tokens = prompt_tokens(model, tokenizer, prompt)
         subject_span(tokens.tolist(), options.subject, tokenizer)
 
 
-def missing(options: CausalTracingOptions, prompt: str | None = None, **_: Any) -> tuple[str, str] | None:
+def missing_subject(options: CausalTracingOptions, prompt: str | None = None, **_: Any) -> tuple[str, str] | None:
     """A prompt of the user's needs its subject named (the default prompt's is "Lily")."""
     if prompt is None or options.subject is not None:
         return None
@@ -135,7 +136,7 @@ def missing(options: CausalTracingOptions, prompt: str | None = None, **_: Any) 
             f"{NAME} left out: give --subject (the words of --prompt to corrupt) to run it")
 
 
-def estimate(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None = None,
+def estimate_tracing(model: "Transformer", tokenizer: Any, options: CausalTracingOptions, prompt: str | None = None,
              **_: Any) -> "Estimate":
     """What tracing the prompt (or the default prompt) would hold and take: its noise runs and restorations."""
     tokens = prompt_tokens(model, tokenizer, prompt)
@@ -220,7 +221,7 @@ renders(AverageTrace)(lambda average: _notebook(average_trace_figure(average)))
 # ---------------------------------------------------------------------------- report section
 
 
-def section(found: CausalTracingResult) -> Section:
+def causal_tracing_section(found: CausalTracingFindings) -> Section:
     noise = found.trace.noise
     how = (f"replaced by {len(noise.get('replacements', []))} other subjects" if noise.get("kind") == "replace" else
            f"{noise.get('kind')} noise of std {noise.get('nu')} ({noise.get('scale')} x the subject embeddings' std), "
@@ -233,5 +234,5 @@ def section(found: CausalTracingResult) -> Section:
                    "(hidden), or the MLP / attention outputs of a window of layers centred on it.")
 
 
-METHOD = Method(NAME, CausalTracingOptions, CausalTracingResult, run, section, inputs=("prompt", "progress"),
-                check=check, missing=missing, estimate=estimate)
+METHOD = Method(NAME, CausalTracingOptions, CausalTracingFindings, run_causal_tracing, causal_tracing_section,
+                inputs=("prompt", "progress"), check=check_tracing, missing=missing_subject, estimate=estimate_tracing)

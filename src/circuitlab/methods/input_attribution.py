@@ -13,7 +13,7 @@ import torch
 from circuitlab.analysis.input_attribution import attribute_methods
 from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.methods.base import Method, MethodResult, NoOptions, prompt_tokens
-from circuitlab.methods.tuned_lens import check as check_prompt_and_lens
+from circuitlab.methods.tuned_lens import check_lens
 from circuitlab.model import model_device
 from circuitlab.viz.fragments import Section, bullet_list, details, paragraph, table_html
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class InputAttributionResult(MethodResult):
+class InputAttributionFindings(MethodResult):
     """prompt; target / foil: the explained logit difference's tokens; methods: method -> its
     InputAttribution.to_dict()."""
 
@@ -33,13 +33,13 @@ class InputAttributionResult(MethodResult):
     methods: dict[str, Any]
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "InputAttributionResult":
+    def from_dict(cls, d: dict[str, Any]) -> "InputAttributionFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), d.get("prompt") or "", d.get("target"),
                    d.get("foil"), d["methods"])
 
 
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, prompt: str | None = None,
-        lens: str | Path | None = None) -> InputAttributionResult:
+def run_input_attribution(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
+                          prompt: str | None = None, lens: str | Path | None = None) -> InputAttributionFindings:
     """Integrated gradients, gradient × input, saliency, occlusion and context mixing for the prediction
     at the prompt's last token: the model's top token against its second (a logit difference)."""
     tokens = prompt_tokens(model, tokenizer, prompt)
@@ -55,7 +55,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
         summary.append(f"{method}: {tops}")
     summary.append(f"integrated gradients: completeness error {100 * first.completeness_error:.2g}% with "
                    f"{first.steps} steps from the {first.baseline} baseline")
-    return InputAttributionResult(summary, [], prompt or DEFAULT_PROMPT, first.target_str, first.foil_str,
+    return InputAttributionFindings(summary, [], prompt or DEFAULT_PROMPT, first.target_str, first.foil_str,
                                   {m: r.to_dict() for m, r in found.items()})
 
 
@@ -69,7 +69,7 @@ def _how(method: str, d: dict[str, Any]) -> str:
     return "-"
 
 
-def section(found: InputAttributionResult) -> Section:
+def input_attribution_section(found: InputAttributionFindings) -> Section:
     from circuitlab.viz.tokens import attribution_methods_html
 
     methods = found.methods
@@ -77,7 +77,8 @@ def section(found: InputAttributionResult) -> Section:
     for method, d in methods.items():
         strs = d.get("token_strs") or [str(t) for t in d["tokens"]]
         rows.append({"method": method,
-                     "top tokens": ", ".join(f"{strs[t['pos']]!r} ({t['pos']}) {t['score']:+.3g}" for t in d["top"][:3]),
+                     "top tokens": ", ".join(f"{strs[t['pos']]!r} ({t['pos']}) {t['score']:+.3g}"
+                                             for t in d["top"][:3]),
                      "how": _how(method, d)})
     parts = [paragraph(f"Prompt: {found.prompt}") if found.prompt else "",
              bullet_list(found.summary[:1]), attribution_methods_html(methods), table_html(rows)]
@@ -98,5 +99,5 @@ def section(found: InputAttributionResult) -> Section:
                    "perturbations, weighted by closeness to the prompt.")
 
 
-METHOD = Method("input_attribution", NoOptions, InputAttributionResult, run, section, inputs=("prompt", "lens"),
-                check=check_prompt_and_lens)
+METHOD = Method("input_attribution", NoOptions, InputAttributionFindings, run_input_attribution,
+                input_attribution_section, inputs=("prompt", "lens"), check=check_lens)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class LogitLensResult(MethodResult):
+class LogitLensFindings(MethodResult):
     """lens: the LogitLens's to_dict() (written at the top level of the entry, as results.json holds it); prompt:
     the text read (the default prompt's when none was given)."""
 
@@ -33,14 +33,14 @@ class LogitLensResult(MethodResult):
         return {**self.lens, "prompt": self.prompt, "summary": list(self.summary), "figures": list(self.figures)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LogitLensResult":
+    def from_dict(cls, d: dict[str, Any]) -> "LogitLensFindings":
         lens = {k: v for k, v in d.items() if k not in ("prompt", "summary", "figures")}
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), lens, d.get("prompt") or "")
 
 
 @torch.no_grad()
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, prompt: str | None = None
-        ) -> LogitLensResult:
+def run_logit_lens(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
+                   prompt: str | None = None) -> LogitLensFindings:
     """Logit lens on the prompt (default: a short story)."""
     from circuitlab.viz.lens import logit_lens_figure
 
@@ -54,10 +54,10 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     for p in rise.argsort(descending=True)[:3].tolist():
         traj = " -> ".join(f"{float(x):.2f}" for x in lens.final_top_probs[:, p])
         summary.append(f"{lens.token_strs[p]!r} -> {lens.top_strs[-1][p][0]!r}: probability by layer {traj}")
-    return LogitLensResult(summary, [figure], lens.to_dict(), prompt or DEFAULT_PROMPT)
+    return LogitLensFindings(summary, [figure], lens.to_dict(), prompt or DEFAULT_PROMPT)
 
 
-def section(found: LogitLensResult) -> Section:
+def logit_lens_section(found: LogitLensFindings) -> Section:
     from circuitlab.viz.lens import logit_lens_figure
 
     parts = [paragraph(f"Prompt: {found.prompt}") if found.prompt else "", bullet_list(found.summary),
@@ -67,4 +67,4 @@ def section(found: LogitLensResult) -> Section:
                    "the unembedding: the top next token at each point, and how sure the model already is.")
 
 
-METHOD = Method("logit_lens", NoOptions, LogitLensResult, run, section, check=check_prompt)
+METHOD = Method("logit_lens", NoOptions, LogitLensFindings, run_logit_lens, logit_lens_section, check=check_prompt)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class PatchingResult(MethodResult):
+class PatchingFindings(MethodResult):
     """prompts: what the prompts and the metric are; tokens: row 0's token strings; patching: target -> its
     PatchResult.to_dict(); gap_within_noise: True when the clean - corrupted gap is within noise (nothing more is
     reported); attribution_correlation: target -> Pearson r of attribution patching against activation patching;
@@ -37,7 +37,7 @@ class PatchingResult(MethodResult):
     composition: dict[str, Any] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PatchingResult":
+    def from_dict(cls, d: dict[str, Any]) -> "PatchingFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), d.get("prompts", ""), d.get("tokens") or [],
                    d.get("patching") or {}, d.get("gap_within_noise"), d.get("attribution_correlation"),
                    d.get("path_patching"), d.get("composition"))
@@ -53,8 +53,8 @@ def _where(w: dict[str, int]) -> str:
     return f"L{w['layer']}" + (f"H{w['head']}" if "head" in w else "") + (f" pos {pos}" if pos is not None else "")
 
 
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
-        corrupt: str | None = None) -> PatchingResult:
+def run_patching(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
+                 corrupt: str | None = None) -> PatchingFindings:
     """Activation patching (denoising) over the residual stream, layer outputs and heads; attribution
     patching against it; path patching from every earlier head into the strongest later head's q, k, v."""
     from circuitlab.viz.patching import attribution_vs_patching_figure, path_patching_figure, patching_figure
@@ -67,7 +67,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     summary = [f"prompts: {what}",
                f"metric clean {any_result.clean_value:.3f}, corrupted {any_result.corrupt_value:.3f}"]
     figures = [patching_figure(res, strs).save_png(out_dir / f"patching_{t}.png").name for t, res in results.items()]
-    found = PatchingResult(summary, figures, what, strs, {t: r.to_dict() for t, r in results.items()})
+    found = PatchingFindings(summary, figures, what, strs, {t: r.to_dict() for t, r in results.items()})
     gap = any_result.clean_value - any_result.corrupt_value
     if not gap:
         summary.append("the metric is the same on both prompts, so there is nothing to localise")
@@ -106,7 +106,7 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
     return found
 
 
-def section(found: PatchingResult) -> Section:
+def patching_section(found: PatchingFindings) -> Section:
     from circuitlab.viz.patching import path_patching_figure, patching_figure
 
     parts: list[Any] = [bullet_list(found.summary)]
@@ -122,4 +122,5 @@ def section(found: PatchingResult) -> Section:
                    "behaviour is back, 0 = still corrupted.")
 
 
-METHOD = Method("patching", NoOptions, PatchingResult, run, section, inputs=("clean", "corrupt"), check=check_pairs)
+METHOD = Method("patching", NoOptions, PatchingFindings, run_patching, patching_section, inputs=("clean", "corrupt"),
+                check=check_pairs)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ProbingResult(MethodResult):
+class ProbingFindings(MethodResult):
     """probes: probed property -> its ProbeResult.to_dict(); data: what the probes were trained on."""
 
     name = "probing"
@@ -25,12 +25,12 @@ class ProbingResult(MethodResult):
     data: str
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ProbingResult":
+    def from_dict(cls, d: dict[str, Any]) -> "ProbingFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), d["probes"], d.get("data", ""))
 
 
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
-        corrupt: str | None = None) -> ProbingResult:
+def run_probing(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
+                corrupt: str | None = None) -> ProbingFindings:
     from circuitlab.viz.probing import probe_figure
 
     pos = min(64, model.cfg.n_ctx)
@@ -44,11 +44,11 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
         summary.append(f"{name}: best at {point} with val {res.score} {score:.3f} (control "
                        f"{float(res.control_score[i]):.3f}, chance {res.chance:.3f}); by point: "
                        + ", ".join(f"{p} {float(v):.2f}" for p, v in zip(res.points, res.val_score)))
-    return ProbingResult(summary, [figure], {k: v.to_dict() for k, v in results.items()},
+    return ProbingFindings(summary, [figure], {k: v.to_dict() for k, v in results.items()},
                          f"8 x 16 tiled random sequences of {pos}")
 
 
-def section(found: ProbingResult) -> Section:
+def probing_section(found: ProbingFindings) -> Section:
     from circuitlab.viz.probing import probe_figure
 
     parts = [paragraph(f"Data: {found.data}") if found.data else "", bullet_list(found.summary),
@@ -58,4 +58,5 @@ def section(found: ProbingResult) -> Section:
                    "same probe on random labels (control); dotted: chance.")
 
 
-METHOD = Method("probing", NoOptions, ProbingResult, run, section, inputs=("clean", "corrupt"), check=check_pairs)
+METHOD = Method("probing", NoOptions, ProbingFindings, run_probing, probing_section, inputs=("clean", "corrupt"),
+                check=check_pairs)

@@ -25,7 +25,7 @@ QUICK_LENS_STEPS = 150  # a lens trained inside `interpret` when none is saved (
 
 
 @dataclass
-class TunedLensResult(MethodResult):
+class TunedLensFindings(MethodResult):
     """prompt; lens_source: where the lens came from; train: how it was trained; comparison: both lenses on the
     prompt (LensComparison.to_dict()); held_out_kl: labels and each lens's KL per layer; tables: the same as
     Markdown (report.md). All absent for a 0-layer model."""
@@ -46,7 +46,7 @@ class TunedLensResult(MethodResult):
                 "summary": list(self.summary), "figures": list(self.figures)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TunedLensResult":
+    def from_dict(cls, d: dict[str, Any]) -> "TunedLensFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), d.get("prompt"), d.get("lens_source"),
                    d.get("train"), d.get("comparison"), d.get("held_out_kl"), d.get("tables"))
 
@@ -64,12 +64,12 @@ def load_or_train_lens(model: "Transformer", tokenizer: Any, lens: str | Path | 
                      "`circuitlab lens train`)")
 
 
-def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, prompt: str | None = None,
-        lens: str | Path | None = None) -> TunedLensResult:
+def run_tuned_lens(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, prompt: str | None = None,
+                   lens: str | Path | None = None) -> TunedLensFindings:
     """The tuned lens beside the logit lens on the prompt, and both lenses' KL to the model's final
     distribution per layer on held-out built-in stories."""
     if model.cfg.n_layers == 0:
-        return TunedLensResult(["a 0-layer model has no layers to translate"], [])
+        return TunedLensFindings(["a 0-layer model has no layers to translate"], [])
     tuned, source = load_or_train_lens(model, tokenizer, lens)
     tokens = prompt_tokens(model, tokenizer, prompt)
     both = compare_lenses(model, tokens, tuned, tokenizer=tokenizer)
@@ -82,13 +82,13 @@ def run(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
                            zip(labels[:-1], logit_kl.tolist(), tuned_kl.tolist()))]
     table = ["| after | logit lens KL | tuned lens KL |", "|---|---|---|"]
     table += [f"| {lab} | {a:.4f} | {b:.4f} |" for lab, a, b in zip(labels, logit_kl.tolist(), tuned_kl.tolist())]
-    return TunedLensResult(summary, [], prompt or DEFAULT_PROMPT, source, tuned.train_info, both.to_dict(),
+    return TunedLensFindings(summary, [], prompt or DEFAULT_PROMPT, source, tuned.train_info, both.to_dict(),
                            {"labels": labels, "logit": [round(x, 6) for x in logit_kl.tolist()],
                             "tuned": [round(x, 6) for x in tuned_kl.tolist()]},
                            {"KL to the final distribution on held-out stories": table})
 
 
-def check(model: "Transformer", tokenizer: Any, options: NoOptions, prompt: str | None = None,
+def check_lens(model: "Transformer", tokenizer: Any, options: NoOptions, prompt: str | None = None,
           lens: str | Path | None = None, **_: Any) -> None:
     """The prompt, and a saved lens that does not fit the model."""
     check_prompt(model, tokenizer, options, prompt)
@@ -96,7 +96,7 @@ def check(model: "Transformer", tokenizer: Any, options: NoOptions, prompt: str 
         TunedLens.load(lens, model)
 
 
-def section(found: TunedLensResult) -> Section:
+def tuned_lens_section(found: TunedLensFindings) -> Section:
     from circuitlab.viz.lens import logit_lens_figure
     from circuitlab.viz.spec import lines_figure
 
@@ -124,4 +124,5 @@ def section(found: TunedLensResult) -> Section:
                    "predicts.")
 
 
-METHOD = Method("tuned_lens", NoOptions, TunedLensResult, run, section, inputs=("prompt", "lens"), check=check)
+METHOD = Method("tuned_lens", NoOptions, TunedLensFindings, run_tuned_lens, tuned_lens_section,
+                inputs=("prompt", "lens"), check=check_lens)

@@ -23,7 +23,7 @@ from typing import Any
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
 from circuitlab.report.runs import RunData, compute_heads, head_rows_from_classes, load_run
-from circuitlab.methods import METHODS, REPORT_ORDER
+from circuitlab.methods import REGISTRY, REPORT_ORDER
 from circuitlab.report.sections import (attention_section, circuits_section, heads_section, induction_period_section,
                                         model_card_section, summary_section, training_section)
 
@@ -63,7 +63,7 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
         found = analysis.get(name)
         if isinstance(found, Mapping) and found:
             try:
-                sections.append(METHODS[name].report_section(found))
+                sections.append(REGISTRY[name].report_section(found))
             except (KeyError, TypeError, IndexError, ValueError) as e:  # an older or partial results.json
                 sections.append(Section(name.replace("_", "-"), name.replace("_", " ").capitalize(),
                                         [bullet_list(found.get("summary", [])),
