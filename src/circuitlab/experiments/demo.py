@@ -166,7 +166,6 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
     from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
-    from circuitlab.experiments.interpret_reading import EXPERIMENTS
     from circuitlab.methods import REGISTRY, NoOptions
     from circuitlab.analysis.heads import attention_view
     from circuitlab.viz.heads import attention_patterns_figure
@@ -220,8 +219,8 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
         # QK/OV circuits of the induction head, K-composition, copying; a logit lens on a story.
         # Causal tests of the same circuit: patching and path patching on induction prompts (clean:
         # r + r[:k]; corrupt: the earlier copy of the last token replaced), mean-ablation of heads.
-        experiments = [("circuits", partial(EXPERIMENTS["circuits"], prompt=None))]
-        experiments += [(name, partial(REGISTRY[name].run, options=NoOptions())) for name in ("logit_lens", "patching")]
+        experiments = [(name, partial(REGISTRY[name].run, options=NoOptions()))
+                       for name in ("circuits", "logit_lens", "patching")]
         experiments += [("ablation", partial(REGISTRY["ablation"].run, options=NoOptions(),
                                              group=found.induction_heads or None))]
         for experiment, run in experiments:

@@ -1,7 +1,6 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
-Experiments come from circuitlab.experiments.interpret_reading (circuits, heads: they read the model itself)
-and the registry of methods (circuitlab.methods.REGISTRY: one module each, the others).
+The experiments are the registry's methods (circuitlab.methods.REGISTRY: one module each).
 """
 from __future__ import annotations
 
@@ -38,26 +37,25 @@ class InterpretResult:
 
 
 def available_experiments() -> dict[str, Callable[..., Any]]:
-    """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the model-reading
-    experiments (circuits, heads), then the registry's methods (circuitlab.methods.REGISTRY)."""
-    from circuitlab.experiments import interpret_reading
+    """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the registry's
+    methods (circuitlab.methods.REGISTRY), each picking its options and inputs out of opts."""
     from circuitlab.methods import REGISTRY
 
-    table: dict[str, Callable[..., Any]] = {}
-    for name, fn in interpret_reading.EXPERIMENTS.items():
-        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
-    for name, m in REGISTRY.items():
-        table[name] = m.run_with
-    return table
+    return {name: m.run_with for name, m in REGISTRY.items()}
 
 
 def experiment_needs() -> dict[str, tuple[str, ...]]:
     """Each experiment's architecture assumptions (model.assumptions names; none for most)."""
-    from circuitlab.experiments import interpret_reading
     from circuitlab.methods import REGISTRY
 
-    return {**{name: interpret_reading.NEEDS.get(name, ()) for name in interpret_reading.EXPERIMENTS},
-            **{name: m.needs for name, m in REGISTRY.items()}}
+    return {name: m.needs for name, m in REGISTRY.items()}
+
+
+def no_text() -> list[str]:
+    """The experiments that read only the weights and token ids: they run on a model without a tokenizer."""
+    from circuitlab.methods import REGISTRY
+
+    return [name for name, m in REGISTRY.items() if not m.needs_text]
 
 
 def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool = False
@@ -90,7 +88,6 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
-    from circuitlab.experiments.interpret_reading import NO_TEXT
     from circuitlab.methods import REGISTRY
 
     table = available_experiments()
@@ -113,16 +110,17 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         raise CircuitlabError(f"--lens {opts['lens']} holds no tuned lens; train one with `circuitlab lens train`")
     opts["lens"] = opts.get("lens") or default_lens_dir(checkpoint)
     model, tokenizer, meta = load_checkpoint(checkpoint)
+    weights_only = no_text()
     if tokenizer is None:  # the weights-only analyses run on token ids; the others need text
         if experiments is None:
-            names = list(NO_TEXT)
+            names = list(weights_only)
             warnings.warn(f"{checkpoint} has no tokenizer: running only the analyses that need no text "
-                          f"({', '.join(NO_TEXT)})", stacklevel=2)
-        needs_text = [n for n in names if n not in NO_TEXT]
+                          f"({', '.join(weights_only)})", stacklevel=2)
+        needs_text = [n for n in names if n not in weights_only]
         if needs_text:
             raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it, so {', '.join(needs_text)} cannot "
-                                  f"encode text; run --experiments {' '.join(NO_TEXT)} (weights and token ids only), "
-                                  "or import the model with its tokenizer")
+                                  f"encode text; run --experiments {' '.join(weights_only)} (weights and token ids "
+                                  "only), or import the model with its tokenizer")
     names, left_out = experiments_for(model, names, by_name=experiments is not None)
     for name, reason in left_out.items():
         warnings.warn(f"{name} skipped: {reason}", stacklevel=2)
@@ -146,10 +144,8 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
 def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
     """Refuse now, in one line, what the chosen experiments would refuse later: each method's own check (the
     prompt, the clean and corrupted pair, a saved lens that does not fit the model, causal tracing's noise, window
-    and subject) and the circuits experiment's prompt. Cheap (tokenizing, a few forward passes at most): run
-    before the earlier output is set aside."""
+    and subject). Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
     from circuitlab.methods import REGISTRY
-    from circuitlab.methods.base import check_prompt
 
     if tokenizer is None:
         return   # the weights-only analyses take no text options
@@ -158,8 +154,6 @@ def check_options(model, tokenizer, names: list[str], opts: dict[str, Any]) -> N
         if name in names and m.check is not None and m.check not in done:
             m.check(model, tokenizer, m.options_from(opts), **m.inputs_from(opts))
             done.add(m.check)
-    if "circuits" in names and check_prompt not in done:   # it encodes the prompt (or the default story)
-        check_prompt(model, tokenizer, None, opts.get("prompt"))
 
 
 def _is_interpret_output(folder: Path) -> bool:

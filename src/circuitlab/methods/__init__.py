@@ -8,21 +8,20 @@ iterate over it:
     found = m.run(model, tokenizer, out_dir, options, "One day, Lily saw a big")
     m.report_section(found.to_dict())                                   # the report reads results.json back
 
-circuits and heads, whose sections draw from the model itself, are still experiments/interpret_reading.py's.
-
 This floor sits above the views (viz/) and below the report, the explorer and the experiments.
 """
 from __future__ import annotations
 
-from circuitlab.methods import (ablation, attribution, causal_tracing, input_attribution, logit_lens, patching,
-                                probing, tuned_lens)
+from circuitlab.methods import (ablation, attribution, causal_tracing, circuits, heads, input_attribution, logit_lens,
+                                patching, probing, tuned_lens)
 from circuitlab.methods.base import Method, MethodResult, NoOptions, prompt_tokens
 
 # In the order `interpret` runs them (cheap reading first, interventions last).
-REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD for m in (logit_lens, attribution, input_attribution,
-                                                                  tuned_lens, patching, ablation, probing,
-                                                                  causal_tracing)}
-# The order of their report sections: what the layers predict, then what the prediction depends on.
+REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD for m in (circuits, heads, logit_lens, attribution,
+                                                                  input_attribution, tuned_lens, patching, ablation,
+                                                                  probing, causal_tracing)}
+# The order of their own report sections (circuits' and heads' are drawn from the run, earlier in the report):
+# what the layers predict, then what the prediction depends on.
 REPORT_ORDER = ("logit_lens", "tuned_lens", "attribution", "input_attribution", "patching", "causal_tracing",
                 "ablation", "probing")
 

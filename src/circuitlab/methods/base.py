@@ -56,8 +56,9 @@ class Method:
 
     name: `interpret --experiments NAME` and its key in results.json. options / result: its classes. inputs: the
     inputs `interpret` shares between methods that it reads (prompt; clean, corrupt; lens; progress).
-    run(model, tokenizer, out_dir, options, **inputs) -> result. section(result) -> its report Section.
-    needs: the model.assumptions it requires. check(model, tokenizer, options, **inputs): refuse bad input in one
+    run(model, tokenizer, out_dir, options, **inputs) -> result. section(result) -> its report Section (None: the
+    report draws it from the run's model, reading the result: circuits, heads). needs: the model.assumptions it
+    requires. needs_text: False when it reads only weights and token ids (it runs without a tokenizer). check(model, tokenizer, options, **inputs): refuse bad input in one
     line before any work (methods sharing a check run it once). missing(options, **inputs): (the refusal when the
     method is asked for, the warning when it is left out of the default set) when the inputs cannot run it.
     estimate(model, tokenizer, options, **inputs): what it would hold and take (a memory.Estimate).
@@ -67,9 +68,10 @@ class Method:
     options: type[Options]
     result: type[MethodResult]
     run: Callable[..., MethodResult]
-    section: Callable[[Any], Section]
+    section: Callable[[Any], Section] | None
     inputs: tuple[str, ...] = ("prompt",)
     needs: tuple[str, ...] = ()
+    needs_text: bool = True
     check: Callable[..., None] | None = None
     missing: Callable[..., tuple[str, str] | None] | None = None
     estimate: Callable[..., Any] | None = None
@@ -90,6 +92,8 @@ class Method:
 
     def report_section(self, found: Mapping[str, Any]) -> Section:
         """The report section of a results.json entry, read back as the typed result."""
+        if self.section is None:
+            raise TypeError(f"{self.name}'s section is drawn from the run's model (report/sections.py)")
         return self.section(self.result.from_dict(dict(found)))
 
 

@@ -38,27 +38,26 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
     """
     analysis = dict(analysis or {})
     runs = list(runs)
-    heads_found = analysis.get("heads")
+    heads, circuits, lens = (_typed(name, analysis) for name in ("heads", "circuits", "logit_lens"))
     for run in runs:
-        if run.heads is None and isinstance(heads_found, Mapping) and "labels" in heads_found and len(runs) == 1:
-            run.heads, run.head_scores = head_rows_from_classes(heads_found)
+        if run.heads is None and heads is not None and "labels" in (heads.classes or {}) and len(runs) == 1:
+            run.heads, run.head_scores = head_rows_from_classes(heads.classes)
         if run.heads is None and analyse:
             compute_heads(run)
     with_model = [r for r in runs if r.model is not None]
     shown = next((r for r in runs if r.name == view), None) if view else None
     if shown is None and with_model:
         shown = max(with_model, key=lambda r: r.model.cfg.n_layers)
-    lens = analysis.get("logit_lens")
-    prompt = lens.get("prompt") if isinstance(lens, Mapping) else None
-    if isinstance(heads_found, Mapping) and heads_found.get("induction_by_period") and len(runs) == 1:
-        runs[0].period_sweep = runs[0].period_sweep or heads_found["induction_by_period"]
+    prompt = lens.prompt if lens is not None else None
+    if heads is not None and heads.induction_by_period and len(runs) == 1:
+        runs[0].period_sweep = runs[0].period_sweep or heads.induction_by_period
     sections = [model_card_section(runs), summary_section(summary), training_section(runs), heads_section(runs),
                 induction_period_section(runs)]
-    if isinstance(heads_found, Mapping) and heads_found.get("summary"):
-        sections.append(Section("head-findings", "Head findings", [bullet_list(heads_found["summary"])]))
+    if heads is not None and heads.summary:
+        sections.append(Section("head-findings", "Head findings", [bullet_list(heads.summary)]))
     if shown is not None:
         sections.append(attention_section(shown))
-        sections.append(circuits_section(shown, analysis.get("circuits"), prompt))
+        sections.append(circuits_section(shown, circuits, prompt))
     for name in REPORT_ORDER:   # each method's section, from its typed result read back
         found = analysis.get(name)
         if isinstance(found, Mapping) and found:
@@ -69,6 +68,17 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
                                         [bullet_list(found.get("summary", [])),
                                          paragraph(f"(figure unavailable: {type(e).__name__}: {e})")]))
     return [s for s in sections if s is not None]
+
+
+def _typed(name: str, analysis: Mapping[str, Any]) -> Any:
+    """The method's typed result read back from its results.json entry, or None (absent, or an older layout)."""
+    found = analysis.get(name)
+    if not isinstance(found, Mapping) or not found:
+        return None
+    try:
+        return REGISTRY[name].result.from_dict(dict(found))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------- entry points

@@ -5,7 +5,7 @@ circuitlab.viz (FigureSpecs)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,9 @@ from circuitlab.names import head_name, parse_head
 from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
                                     markdown_lite, table_html)
 from circuitlab.report.runs import SCORE_COLUMNS, RunData, labels_by_head
+
+if TYPE_CHECKING:
+    from circuitlab.methods.circuits import CircuitsFindings
 
 
 def _param_counts(model) -> dict[str, int]:
@@ -162,14 +165,14 @@ def attention_section(run: RunData, tokens: torch.Tensor | None = None) -> Secti
                    "token after the previous copy of the current one (an off-diagonal stripe).")
 
 
-def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
+def _pick_heads(run: RunData, found: "CircuitsFindings | None") -> tuple[tuple[int, int], tuple[int, int] | None]:
     """The induction head and its previous-token head as the circuits experiment picks them (from its
     results, else from the labels computed here), else the best-scoring head after layer 0 and the
     best previous-token head before it."""
     from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 
     cfg = run.model.cfg
-    ind = (found or {}).get("induction")
+    ind = found.induction if found is not None else None
     if ind:
         return parse_head(ind["head"]), parse_head(ind["prev_token_head"])
     if run.classes is not None and cfg.n_layers > 1:
@@ -191,7 +194,7 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
 
 
 @torch.no_grad()
-def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, prompt: str | None = None
+def circuits_section(run: RunData, found: "CircuitsFindings | None" = None, prompt: str | None = None
                      ) -> Section | None:
     """QK (through the previous-token head when there is one) and OV circuits of the induction head on the
     prompt's tokens, copying scores of every head, K-composition between heads. Norms folded first."""
@@ -221,7 +224,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     strs = [token_label(run.tokenizer.decode([i]), 12) if run.tokenizer is not None else str(i) for i in ids]
     head, prev = _pick_heads(run, found)
     name = head_name(*head)
-    parts: list[Any] = [bullet_list((found or {}).get("summary", []))]
+    parts: list[Any] = [bullet_list(found.summary if found is not None else [])]
     if prev is not None:
         qk = k_composition_qk_circuit(wm, head, prev).submatrix(ids, ids)
         parts.append(heatmap_figure(qk, strs, strs, f"{name} QK circuit via {head_name(*prev)}: query token vs "
@@ -234,13 +237,13 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     ov = ov_circuit(wm, head[0])[head[1]].submatrix(ids, ids)
     parts.append(heatmap_figure(ov, strs, strs, f"{name} full OV circuit: attending to a token, the logits it "
                                 "raises", x_title="output logit", y_title="attended token", value_name="logit"))
-    copying = (found or {}).get("copying", {}).get("scores")
+    copying = (found.copying or {}).get("scores") if found is not None else None
     if copying is None:
         copying = (run.classes.copying if run.classes is not None else copying_scores(wm)).scores
     L, H = model.cfg.n_layers, model.cfg.n_heads
     parts.append(copying_scores_figure(copying))
     if L > 1 and L * H <= 64:
-        comp = (found or {}).get("composition")
+        comp = found.composition if found is not None else None
         if comp is None:
             c = run.classes.composition if run.classes is not None else composition_scores(wm)
             comp = {"k": c.k, "baseline_mean": c.baseline_mean}
