@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.experiments.interpret_reading import EXPERIMENTS
+from circuitlab.experiments.interpret import available_experiments
+
+READING = ("circuits", "heads", "logit_lens", "attribution")
+# interpret's experiments that read the model, each called on a prompt: fn(model, tokenizer, out_dir, prompt)
+EXPERIMENTS = {name: (lambda model, tok, out, prompt, fn=fn: fn(model, tok, out, {"prompt": prompt}))
+               for name, fn in available_experiments().items() if name in READING}
 
 
 class CharTokenizer:
@@ -23,7 +28,7 @@ def test_every_experiment_writes_figures_and_json(preset, tmp_path):
     torch.manual_seed(0)
     model = Transformer(ModelConfig.from_preset(preset, d_model=32, n_heads=2, d_vocab=128, n_ctx=48))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    assert set(EXPERIMENTS) == {"circuits", "heads", "logit_lens", "attribution"}
+    assert set(EXPERIMENTS) == {"circuits", "heads", "logit_lens", "attribution"}  # all four exist
     for name, run in EXPERIMENTS.items():
         found = run(model, CharTokenizer(), tmp_path, "Tom saw a cat. Tom saw a")
         json.dumps(found.to_dict())
@@ -32,7 +37,7 @@ def test_every_experiment_writes_figures_and_json(preset, tmp_path):
             assert (tmp_path / fig).read_bytes()[:4] == b"\x89PNG", (name, fig)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     lens = EXPERIMENTS["logit_lens"](model, CharTokenizer(), tmp_path, None)  # default prompt
-    assert lens.data["labels"] == ["embed", "L0", "L1"] and len(lens.data["tokens"]) == 48  # cropped to n_ctx
+    assert lens.to_dict()["labels"] == ["embed", "L0", "L1"] and len(lens.to_dict()["tokens"]) == 48  # cropped to n_ctx
     with pytest.raises(CircuitlabError, match="no tokens"):
         EXPERIMENTS["attribution"](model, type("Empty", (CharTokenizer,), {"encode": lambda s, t: []})(),
                                    tmp_path, "x")
@@ -57,20 +62,20 @@ def test_experiments_find_the_hand_built_induction_circuit(tmp_path):
     model = build_induction_model(d_vocab=20, n_ctx=32).model
     tok = LetterTokenizer()
     circuits = EXPERIMENTS["circuits"](model, tok, tmp_path, "abcdefgabcdef")
-    assert circuits.data["induction"]["head"] == "L1H0" and circuits.data["induction"]["labelled"]
-    assert circuits.data["induction"]["prev_token_head"] == "L0H0"
+    assert circuits.to_dict()["induction"]["head"] == "L1H0" and circuits.to_dict()["induction"]["labelled"]
+    assert circuits.to_dict()["induction"]["prev_token_head"] == "L0H0"
     heads = EXPERIMENTS["heads"](model, tok, tmp_path, None)
-    assert "induction" in heads.data["labels_by_head"]["L1H0"]
-    assert "previous-token" in heads.data["labels_by_head"]["L0H0"]
-    assert heads.data["icl"]["score"] < 0  # later tokens of tiled sequences are easier to predict
+    assert "induction" in heads.to_dict()["labels_by_head"]["L1H0"]
+    assert "previous-token" in heads.to_dict()["labels_by_head"]["L0H0"]
+    assert heads.to_dict()["icl"]["score"] < 0  # later tokens of tiled sequences are easier to predict
     prompt = "abcdefgabcdef"
     ids = torch.tensor(tok.encode(prompt))
     with torch.no_grad():
         logits = model(ids[None])[0, -1]
     lens = EXPERIMENTS["logit_lens"](model, tok, tmp_path, prompt)
-    assert lens.data["top_strs"][-1][-1][0] == tok.decode([int(logits.argmax())]) == "g"  # induction: after f, g
+    assert lens.to_dict()["top_strs"][-1][-1][0] == tok.decode([int(logits.argmax())]) == "g"  # induction: after f, g
     attribution = EXPERIMENTS["attribution"](model, tok, tmp_path, prompt)
     top2 = logits.topk(2).indices.tolist()
-    assert attribution.data["answer"] == tok.decode([top2[0]])
-    assert attribution.data["attribution"]["logit"] == pytest.approx(float(logits[top2[0]] - logits[top2[1]]),
+    assert attribution.to_dict()["answer"] == tok.decode([top2[0]])
+    assert attribution.to_dict()["attribution"]["logit"] == pytest.approx(float(logits[top2[0]] - logits[top2[1]]),
                                                                       abs=1e-3)

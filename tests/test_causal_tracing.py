@@ -142,8 +142,7 @@ def test_average_over_prompts_and_replacement(planted):
     assert (peak["layer"], peak["category"]) == (planted.fact_layer, "last subject token") and peak["share"] > 0.9
     assert {t.noise["nu"] for t in avg.traces} == {avg.noise["nu"]}  # one std, measured over all subjects
     json.dumps(avg.to_dict())
-    import circuitlab.viz.interactive  # noqa: F401 - registers the Jupyter displays
-    from circuitlab.viz.tracing import average_trace_figure
+    from circuitlab.methods.causal_tracing import average_trace_figure  # also registers the Jupyter displays
 
     figure = average_trace_figure(avg.to_dict())
     assert figure.panels[0].heatmap.y[2] == "last subject token" and figure.to_plotly() is not None
@@ -216,7 +215,7 @@ def test_interpret_causal_tracing_on_the_planted_fact(planted, tmp_path, capsys)
     panels (plus the severed trace) in report.md, and the interactive figure in report.html."""
     from circuitlab.cli import main
     from circuitlab.training import save_checkpoint
-    from circuitlab.viz.tracing import causal_trace_figure
+    from circuitlab.methods.causal_tracing import causal_trace_figure
 
     save_checkpoint(tmp_path / "facts", planted.model, planted.tokenizer)
     out = tmp_path / "tracing"
@@ -257,11 +256,12 @@ def test_interpret_causal_tracing_on_the_planted_fact(planted, tmp_path, capsys)
 
 @pytest.mark.slow
 def test_interpret_defaults_and_all_experiments_without_a_subject(planted, tmp_path):
-    from circuitlab.experiments.interpret_tracing import EXPERIMENTS
+    from circuitlab.experiments.interpret import available_experiments
 
+    EXPERIMENTS = available_experiments()
     short = build_planted_fact_model(n_ctx=24)  # the default story's last 24 characters hold no "Lily"
     found = EXPERIMENTS["causal_tracing"](short.model, short.tokenizer, tmp_path, {"noise_samples": 2})
-    assert found.data["trace"]["subject"] == [0, 1] and any("does not fit the context" in s for s in found.summary)
+    assert found.to_dict()["trace"]["subject"] == [0, 1] and any("does not fit the context" in s for s in found.summary)
     with pytest.raises(InputError, match="needs --subject"):
         EXPERIMENTS["causal_tracing"](planted.model, planted.tokenizer, tmp_path, {"prompt": "so Al is"})
 

@@ -58,6 +58,7 @@ LAYERS = [
     ("analysis", "dictionaries"),
     ("graphs",),
     ("viz",),
+    ("methods",),
     ("report", "serve"),
     ("experiments",),
     ("commands", "cli"),

@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from circuitlab import CircuitlabError, ModelConfig, Transformer
-from circuitlab.experiments.interpret_causal import EXPERIMENTS, induction_pair
+from circuitlab.experiments.interpret import available_experiments
+from circuitlab.methods.pairs import induction_pair
+
+# interpret's causal experiments, each called on a clean and corrupted pair: fn(model, tokenizer, out_dir, clean, corrupt)
+EXPERIMENTS = {name: (lambda model, tok, out, clean, corrupt, fn=fn: fn(model, tok, out, {"clean": clean,
+                                                                                         "corrupt": corrupt}))
+               for name, fn in available_experiments().items() if name in ("patching", "ablation", "probing")}
 from circuitlab.analysis.patching import activation_patching, next_token_loss
 from circuitlab.analysis.patching.path import path_patching
 
@@ -156,14 +162,14 @@ def test_interpret_experiments(name, tmp_path):
     assert found.figures and all((tmp_path / f).is_file() for f in found.figures)
     assert found.summary
     if name == "patching":
-        assert found.data["composition"] == {"receiver": "L1H0", "sender": "L0H0", "input": "k",
+        assert found.to_dict()["composition"] == {"receiver": "L1H0", "sender": "L0H0", "input": "k",
                                              "fraction_of_gap": pytest.approx(1.0, abs=0.02)}
     if name == "ablation":
-        assert found.data["group"]["heads"] == ["L1H0"]
-        before, after = found.data["group"]["repeated_loss"]
+        assert found.to_dict()["group"]["heads"] == ["L1H0"]
+        before, after = found.to_dict()["group"]["repeated_loss"]
         assert after > before + 0.3
     if name == "probing":
-        assert found.data["probes"]["prev_token"]["val_score"][1] > 0.95
+        assert found.to_dict()["probes"]["prev_token"]["val_score"][1] > 0.95
 
 
 def test_interpret_patching_with_prompts(tmp_path):
@@ -171,11 +177,11 @@ def test_interpret_patching_with_prompts(tmp_path):
     # Replacing the earlier "c" changes the prediction ('d' -> 'b'): the metric is the logit difference,
     # and the replaced position carries the whole gap.
     found = EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abhdefabc")
-    assert found.data["prompts"] == "logit('d') - logit('b') at the last position"
+    assert found.to_dict()["prompts"] == "logit('d') - logit('b') at the last position"
     assert found.summary[2].startswith("resid_pre: largest recovery at L0 pos 2 (+1.00)")
     # Replacing "e" leaves the prediction alone: log-prob of 'd', equal on both, nothing to localise.
     found = EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abcdhfabc")
-    assert found.data["prompts"] == "log-prob of 'd' at the last position (both prompts predict it)"
+    assert found.to_dict()["prompts"] == "log-prob of 'd' at the last position (both prompts predict it)"
     assert found.summary[-1] == "the metric is the same on both prompts, so there is nothing to localise"
     with pytest.raises(CircuitlabError, match="same shape"):
         EXPERIMENTS["patching"](model, Tokenizer(), tmp_path, "abcdefabc", "abcdefab")

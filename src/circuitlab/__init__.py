@@ -15,4 +15,5 @@ if "IPython" in _sys.modules:  # a notebook: results display as their figures (c
     import circuitlab.viz.tokens  # noqa: E402,F401
     import circuitlab.viz.features  # noqa: E402,F401
     import circuitlab.viz.graph_view  # noqa: E402,F401
+    import circuitlab.methods  # noqa: E402,F401  the methods' own views
 

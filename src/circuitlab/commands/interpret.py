@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from circuitlab.analysis.patching.noise import NOISE_KINDS, SCALE
-from circuitlab.checks import COUNT
+from circuitlab.methods import REGISTRY
+from circuitlab.spec import add_arguments as add_options, options_of
 
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
         "attribution, tuned lens, causal tracing")
@@ -21,18 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corrupt", default=None, help="corrupted prompt for patching (same token length as --clean)")
     p.add_argument("--lens", default=None, help="a tuned-lens folder for the tuned_lens experiment (default: "
                                                 "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
-    tracing = p.add_argument_group("causal tracing (--experiments causal_tracing; docs/causal.md)")
-    tracing.add_argument("--subject", default=None, help="the words of --prompt whose token embeddings are corrupted")
-    tracing.add_argument("--noise", choices=NOISE_KINDS, default=None,
-                         help="gaussian (default, the paper's), uniform, or replace (symmetric token replacement)")
-    tracing.add_argument("--noise-scale", type=SCALE.arg, default=None, metavar="K",
-                         help=f"noise std = K x the subject embeddings' std (default 3, at most {SCALE.high:g})")
-    tracing.add_argument("--noise-samples", type=COUNT.arg, default=None, metavar="N",
-                         help="corrupted runs averaged (default 10)")
-    tracing.add_argument("--window", type=COUNT.arg, default=None, metavar="W",
-                         help="layers restored together for MLP and attention (default: 10/48 of the depth)")
-    tracing.add_argument("--replace-with", nargs="+", default=None, metavar="TEXT",
-                         help="with --noise replace: other subjects of the same token length, one run each")
+    for m in REGISTRY.values():   # each registered method's options, as its options class declares them
+        add_options(p, m.options)
     p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/interpret)")
     from circuitlab.commands._args import add_memory_arguments
 
@@ -52,24 +42,22 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
     check_writable(out, "the interpret results")   # before the model is read
     results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
-                            corrupt=args.corrupt, lens=args.lens, subject=args.subject, noise=args.noise,
-                            noise_scale=args.noise_scale, noise_samples=args.noise_samples, window=args.window,
-                            replace_with=args.replace_with)
+                            corrupt=args.corrupt, lens=args.lens, **method_options(args))
     print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0
 
 
+def method_options(args: argparse.Namespace) -> dict:
+    """Every registered method's options as the command line gave them (keyword arguments of run_interpret)."""
+    return {f.name: getattr(args, f.name) for m in REGISTRY.values() for f, _ in options_of(m.options)}
+
+
 def interpret_estimates(args: argparse.Namespace) -> list[str]:
-    """What the large experiments of `interpret` would hold and take (causal tracing: its noise runs and
-    restorations, on --prompt or the default prompt), without running them."""
-    from circuitlab.analysis.patching.causal_tracing import check_kinds, trace_estimate
-    from circuitlab.experiments.interpret_reading import prompt_tokens
-    from circuitlab.experiments.interpret_tracing import tracing_noise
+    """What the large experiments of `interpret` would hold and take (each registered method with an estimate:
+    causal tracing's noise runs and restorations, on --prompt or the default prompt), without running them."""
     from circuitlab.training import load_checkpoint
 
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    tokens = prompt_tokens(model, tokenizer, args.prompt)
-    noise = tracing_noise({"noise": args.noise, "noise_scale": args.noise_scale, "noise_samples": args.noise_samples,
-                           "replace_with": args.replace_with}, tokenizer)
-    kinds = len(check_kinds(model, None)) + (1 if model.cfg.has_mlp else 0)
-    return [trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=kinds).timed().line()]
+    given = method_options(args)
+    return [m.estimate(model, tokenizer, m.options_from(given), prompt=args.prompt).line()
+            for m in REGISTRY.values() if m.estimate is not None]

@@ -70,12 +70,11 @@ def _run_show(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise CircuitlabError("the prompt is empty: give some text to read")
     if args.out:
-        from circuitlab.experiments.interpret_inputs import run_tuned_lens
+        from circuitlab.methods import NoOptions, tuned_lens
         from circuitlab.report.html import write_html_report
-        from circuitlab.report.inputs import tuned_lens_section
 
-        found = run_tuned_lens(model, tok, Path("."), args.prompt, folder)
-        path = write_html_report(args.out, [tuned_lens_section(found.to_dict())], "circuitlab lens",
+        found = tuned_lens.run_tuned_lens(model, tok, Path("."), NoOptions(), args.prompt, folder)
+        path = write_html_report(args.out, [tuned_lens.tuned_lens_section(found)], "circuitlab lens",
                                  f"{args.checkpoint}: tuned lens from {folder}")
         print("\n".join(found.summary))
     import torch

@@ -3,11 +3,7 @@ report/ renders. They sit above the library (model, data, training, analysis, vi
 the commands; nothing in the library imports them.
 
 demo               `circuitlab demo`: a 2-layer and a 1-layer attention-only model, their induction heads
-interpret          `circuitlab interpret`: named experiments on a checkpoint
-interpret_reading  experiments that read the model without intervening: heads, QK/OV circuits, logit lens, DLA
-interpret_causal   interventions: patching, ablation, probing
-interpret_inputs   inputs and layers: input attribution by every method, the tuned lens against the logit lens
-interpret_tracing  causal tracing: a subject's embeddings noised, states restored layer by layer
+interpret          `circuitlab interpret`: named experiments on a checkpoint (the methods of circuitlab/methods/)
 forge_compare      `circuitlab forge compare`: an adder trained on the addition task against the hand-built one
 circuit            `circuitlab circuit`: edge scores, a pruned circuit and its faithfulness on a checkpoint
 features_demo      `circuitlab sae demo`: a 1-layer MLP model, a dictionary on its MLP, its readable features

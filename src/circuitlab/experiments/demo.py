@@ -18,8 +18,8 @@ import torch
 from circuitlab.analysis.heads import HeadClasses
 from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
 from circuitlab.atomic import atomic_write_text, json_text, set_aside
-from circuitlab.experiments.result import ExperimentResult
 from circuitlab.names import head_name, parse_head
+from circuitlab.methods.base import MethodResult
 from circuitlab.experiments.demo_budget import work_gflops
 from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
 from circuitlab.training import RunConfig, read_metrics
@@ -70,7 +70,7 @@ class DemoResult:
     """What the demo found; results.json is to_dict(). report/ renders the same dict (report.md, report.html)."""
 
     models: dict[str, ModelFindings]
-    analysis: dict[str, ExperimentResult] = field(default_factory=dict)
+    analysis: dict[str, MethodResult] = field(default_factory=dict)
     causal_evidence: dict[str, Any] | None = None   # see causal_evidence(); None for a 1-layer-only run
     figures: dict[str, str] = field(default_factory=dict)   # title -> PNG file name in the output folder
     wall_seconds: dict[str, float] = field(default_factory=dict)
@@ -166,8 +166,7 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
     from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
-    from circuitlab.experiments.interpret_causal import EXPERIMENTS as CAUSAL
-    from circuitlab.experiments.interpret_reading import EXPERIMENTS
+    from circuitlab.methods import REGISTRY, NoOptions
     from circuitlab.analysis.heads import attention_view
     from circuitlab.viz.heads import attention_patterns_figure
     from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
@@ -223,12 +222,13 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
         # QK/OV circuits of the induction head, K-composition, copying; a logit lens on a story.
         # Causal tests of the same circuit: patching and path patching on induction prompts (clean:
         # r + r[:k]; corrupt: the earlier copy of the last token replaced), mean-ablation of heads.
-        experiments = [(name, EXPERIMENTS[name]) for name in ("circuits", "logit_lens")]
-        experiments += [("patching", CAUSAL["patching"]),
-                        ("ablation", partial(CAUSAL["ablation"], group=found.induction_heads or None))]
+        experiments = [(name, partial(REGISTRY[name].run, options=NoOptions()))
+                       for name in ("circuits", "logit_lens", "patching")]
+        experiments += [("ablation", partial(REGISTRY["ablation"].run, options=NoOptions(),
+                                             group=found.induction_heads or None))]
         for experiment, run in experiments:
             print(f"running {experiment} on the 2-layer model")
-            found_exp = run(two.model, two.tokenizer, out, None)
+            found_exp = run(two.model, two.tokenizer, out)
             result.analysis[experiment] = found_exp
             for fig in found_exp.figures:
                 figures[f"{experiment}: {fig}"] = fig

@@ -1,7 +1,6 @@
 """Run named analyses on a checkpoint: the engine behind `circuitlab interpret`.
 
-Experiments come from circuitlab.experiments.interpret_reading (circuits, heads, logit_lens,
-attribution) and circuitlab.experiments.interpret_causal (patching, ablation, probing).
+The experiments are the registry's methods (circuitlab.methods.REGISTRY: one module each).
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import atomic_dir, json_text, set_aside
 from circuitlab.errors import CircuitlabError
-from circuitlab.experiments.result import ExperimentResult
+from circuitlab.methods.base import MethodResult
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -27,7 +26,7 @@ class InterpretResult:
     checkpoint: str
     experiments: list[str]
     model: dict[str, Any]                       # the model's config
-    results: dict[str, ExperimentResult] = field(default_factory=dict)
+    results: dict[str, MethodResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)   # experiments left out: name -> why (the architecture)
 
     def to_dict(self) -> dict[str, Any]:
@@ -39,26 +38,26 @@ class InterpretResult:
         return "".join(found._repr_html_() for found in self.results.values())
 
 
-def available_experiments() -> dict[str, Callable[..., ExperimentResult]]:
-    from circuitlab.experiments import interpret_causal, interpret_reading, interpret_inputs, interpret_tracing
+def available_experiments() -> dict[str, Callable[..., Any]]:
+    """name -> fn(model, tokenizer, out_dir, opts) for every experiment, in the order they run: the registry's
+    methods (circuitlab.methods.REGISTRY), each picking its options and inputs out of opts."""
+    from circuitlab.methods import REGISTRY
 
-    table: dict[str, Callable[..., ExperimentResult]] = {}
-    for name, fn in interpret_reading.EXPERIMENTS.items():
-        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"))
-    for name, fn in interpret_inputs.EXPERIMENTS.items():
-        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("prompt"), opts.get("lens"))
-    for name, fn in interpret_causal.EXPERIMENTS.items():
-        table[name] = lambda model, tok, out, opts, fn=fn: fn(model, tok, out, opts.get("clean"), opts.get("corrupt"))
-    table.update(interpret_tracing.EXPERIMENTS)  # fn(model, tokenizer, out, opts)
-    return table
+    return {name: m.run_with for name, m in REGISTRY.items()}
 
 
 def experiment_needs() -> dict[str, tuple[str, ...]]:
     """Each experiment's architecture assumptions (model.assumptions names; none for most)."""
-    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+    from circuitlab.methods import REGISTRY
 
-    return {name: getattr(mod, "NEEDS", {}).get(name, ()) for mod in (interpret_reading, interpret_inputs,
-            interpret_causal, interpret_tracing) for name in mod.EXPERIMENTS}
+    return {name: m.needs for name, m in REGISTRY.items()}
+
+
+def no_text() -> list[str]:
+    """The experiments that read only the weights and token ids: they run on a model without a tokenizer."""
+    from circuitlab.methods import REGISTRY
+
+    return [name for name, m in REGISTRY.items() if not m.needs_text]
 
 
 def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool = False
@@ -85,25 +84,26 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
                   **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
     out/report.html (interactive, self-contained). opts: prompt; clean and corrupt (patching); lens (a
-    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none); subject, noise,
-    noise_scale, noise_samples, window, replace_with (causal_tracing)."""
+    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none); and each registered
+    method's options (circuitlab.methods; None = the default)."""
     from circuitlab.report import write_interpret_report
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
-    from circuitlab.experiments.interpret_reading import NO_TEXT
+    from circuitlab.methods import REGISTRY
 
     table = available_experiments()
     names = experiments or list(table)
     unknown = [n for n in names if n not in table]
     if unknown:
         raise CircuitlabError(f"unknown experiment(s) {', '.join(unknown)}; available: {', '.join(table)}")
-    if "causal_tracing" in names and opts.get("prompt") is not None and opts.get("subject") is None:
-        if experiments is not None:
-            raise CircuitlabError("causal_tracing needs --subject: the words of --prompt to corrupt")
-        names.remove("causal_tracing")
-        warnings.warn("causal_tracing left out: give --subject (the words of --prompt to corrupt) to run it",
-                      stacklevel=2)
+    for name, m in REGISTRY.items():   # a method the inputs cannot run: refused when asked for, else left out
+        why = m.missing(m.options_from(opts), **m.inputs_from(opts)) if name in names and m.missing else None
+        if why is not None:
+            if experiments is not None:
+                raise CircuitlabError(why[0])
+            names.remove(name)
+            warnings.warn(why[1], stacklevel=2)
     if bool(opts.get("clean")) != bool(opts.get("corrupt")):
         raise CircuitlabError("--clean and --corrupt go together: give both or neither")
     from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
@@ -112,16 +112,17 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         raise CircuitlabError(f"--lens {opts['lens']} holds no tuned lens; train one with `circuitlab lens train`")
     opts["lens"] = opts.get("lens") or default_lens_dir(checkpoint)
     model, tokenizer, meta = load_checkpoint(checkpoint)
+    weights_only = no_text()
     if tokenizer is None:  # the weights-only analyses run on token ids; the others need text
         if experiments is None:
-            names = list(NO_TEXT)
+            names = list(weights_only)
             warnings.warn(f"{checkpoint} has no tokenizer: running only the analyses that need no text "
-                          f"({', '.join(NO_TEXT)})", stacklevel=2)
-        needs_text = [n for n in names if n not in NO_TEXT]
+                          f"({', '.join(weights_only)})", stacklevel=2)
+        needs_text = [n for n in names if n not in weights_only]
         if needs_text:
             raise CircuitlabError(f"{checkpoint} has no tokenizer saved with it, so {', '.join(needs_text)} cannot "
-                                  f"encode text; run --experiments {' '.join(NO_TEXT)} (weights and token ids only), "
-                                  "or import the model with its tokenizer")
+                                  f"encode text; run --experiments {' '.join(weights_only)} (weights and token ids "
+                                  "only), or import the model with its tokenizer")
     names, left_out = experiments_for(model, names, by_name=experiments is not None)
     for name, reason in left_out.items():
         warnings.warn(f"{name} skipped: {reason}", stacklevel=2)
@@ -142,39 +143,19 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     return result
 
 
-# the experiments that encode --prompt (or the default story prompt)
-PROMPTED = {"circuits", "logit_lens", "attribution", "input_attribution", "tuned_lens", "causal_tracing"}
-
-
 def check_options(model: Transformer, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
-    """Refuse now, in one line, what the chosen experiments would refuse later: the prompt (empty), the clean and
-    corrupted pair, a saved lens that does not fit the model, and causal tracing's noise, window and subject.
-    Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
-    from circuitlab.analysis.lens.tuned import TunedLens
-    from circuitlab.analysis.patching.causal_tracing import check_window, subject_span
-    from circuitlab.experiments import interpret_causal, interpret_inputs, interpret_reading, interpret_tracing
+    """Refuse now, in one line, what the chosen experiments would refuse later: each method's own check (the
+    prompt, the clean and corrupted pair, a saved lens that does not fit the model, causal tracing's noise, window
+    and subject). Cheap (tokenizing, a few forward passes at most): run before the earlier output is set aside."""
+    from circuitlab.methods import REGISTRY
 
     if tokenizer is None:
         return   # the weights-only analyses take no text options
-    if "causal_tracing" in names:   # its options first, as the experiment checks them
-        interpret_tracing.tracing_noise(opts, tokenizer)
-        check_window(model, opts.get("window"))
-    tokens = None
-    if PROMPTED.intersection(names):
-        with warnings.catch_warnings():   # the experiment warns about a long prompt once, when it runs
-            warnings.simplefilter("ignore")
-            tokens = interpret_reading.prompt_tokens(model, tokenizer, opts.get("prompt"))
-    if any(n in interpret_causal.EXPERIMENTS for n in names):
-        if opts.get("clean") is None:
-            interpret_causal.induction_pair(model, tokenizer)
-        else:
-            from circuitlab.analysis.patching import check_pair
-
-            check_pair(model, tokenizer.encode(opts["clean"]), tokenizer.encode(opts["corrupt"]))
-    if any(n in interpret_inputs.EXPERIMENTS for n in names) and TunedLens.exists(opts.get("lens") or ""):
-        TunedLens.load(opts["lens"], model)
-    if "causal_tracing" in names and opts.get("subject") is not None and tokens is not None:
-        subject_span(tokens.tolist(), opts["subject"], tokenizer)
+    done = set()
+    for name, m in REGISTRY.items():   # each method's own check (one shared by several runs once)
+        if name in names and m.check is not None and m.check not in done:
+            m.check(model, tokenizer, m.options_from(opts), **m.inputs_from(opts))
+            done.add(m.check)
 
 
 def _is_interpret_output(folder: Path) -> bool:

@@ -2,10 +2,10 @@
 
 A run contributes a RunData (report/runs.py: model, tokenizer, configs, metrics, head labels); an
 analysis contributes the findings of the ready-made experiments in their to_dict() form
-(ExperimentResult.to_dict(), as in results.json), so a report written at the end of a run and one
+(MethodResult.to_dict(), as in results.json), so a report written at the end of a run and one
 rebuilt from disk are the same.
-build_sections turns them into sections (report/sections.py, one builder each), in this order, each only
-when there is data:
+build_sections turns them into sections (report/sections.py for what a run has, each method's own section for
+its findings: circuitlab.methods), in this order, each only when there is data:
 
     model card · summary · training curves · heads · induction by period · attention viewer · QK/OV circuits · logit lens ·
     tuned lens · direct logit attribution · input attribution · patching · causal tracing · ablation · probes
@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
 from circuitlab.report.runs import RunData, compute_heads, head_rows_from_classes, load_run
-from circuitlab.report.sections import (ablation_section, attention_section, attribution_section,
-                                        causal_tracing_section, circuits_section, heads_section,
-                                        induction_period_section, logit_lens_section, model_card_section,
-                                        patching_section, probing_section, summary_section, training_section)
+from circuitlab.methods import REGISTRY, REPORT_ORDER
+from circuitlab.report.sections import (attention_section, circuits_section, heads_section, induction_period_section,
+                                        model_card_section, summary_section, training_section)
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -42,43 +41,47 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
     """
     analysis = dict(analysis or {})
     runs = list(runs)
-    heads_found = analysis.get("heads")
+    heads, circuits, lens = (_typed(name, analysis) for name in ("heads", "circuits", "logit_lens"))
     for run in runs:
-        if run.heads is None and isinstance(heads_found, Mapping) and "labels" in heads_found and len(runs) == 1:
-            run.heads, run.head_scores = head_rows_from_classes(heads_found)
+        if run.heads is None and heads is not None and "labels" in (heads.classes or {}) and len(runs) == 1:
+            run.heads, run.head_scores = head_rows_from_classes(heads.classes)
         if run.heads is None and analyse:
             compute_heads(run)
     with_model = [r for r in runs if r.model is not None]
     shown = next((r for r in runs if r.name == view), None) if view else None
     if shown is None and with_model:
         shown = max(with_model, key=lambda r: r.model.cfg.n_layers)
-    lens = analysis.get("logit_lens")
-    prompt = lens.get("prompt") if isinstance(lens, Mapping) else None
-    if isinstance(heads_found, Mapping) and heads_found.get("induction_by_period") and len(runs) == 1:
-        runs[0].period_sweep = runs[0].period_sweep or heads_found["induction_by_period"]
+    prompt = lens.prompt if lens is not None else None
+    if heads is not None and heads.induction_by_period and len(runs) == 1:
+        runs[0].period_sweep = runs[0].period_sweep or heads.induction_by_period
     sections = [model_card_section(runs), summary_section(summary), training_section(runs), heads_section(runs),
                 induction_period_section(runs)]
-    if isinstance(heads_found, Mapping) and heads_found.get("summary"):
-        sections.append(Section("head-findings", "Head findings", [bullet_list(heads_found["summary"])]))
+    if heads is not None and heads.summary:
+        sections.append(Section("head-findings", "Head findings", [bullet_list(heads.summary)]))
     if shown is not None:
         sections.append(attention_section(shown))
-        sections.append(circuits_section(shown, analysis.get("circuits"), prompt))
-    from circuitlab.report.inputs import input_attribution_section, tuned_lens_section
-
-    builders = {"logit_lens": logit_lens_section, "tuned_lens": tuned_lens_section,
-                "attribution": attribution_section, "input_attribution": input_attribution_section,
-                "patching": patching_section, "causal_tracing": causal_tracing_section, "ablation": ablation_section,
-                "probing": probing_section}
-    for name, builder in builders.items():
+        sections.append(circuits_section(shown, circuits, prompt))
+    for name in REPORT_ORDER:   # each method's section, from its typed result read back
         found = analysis.get(name)
         if isinstance(found, Mapping) and found:
             try:
-                sections.append(builder(found))
+                sections.append(REGISTRY[name].report_section(found))
             except (KeyError, TypeError, IndexError, ValueError) as e:  # an older or partial results.json
                 sections.append(Section(name.replace("_", "-"), name.replace("_", " ").capitalize(),
                                         [bullet_list(found.get("summary", [])),
                                          paragraph(f"(figure unavailable: {type(e).__name__}: {e})")]))
     return [s for s in sections if s is not None]
+
+
+def _typed(name: str, analysis: Mapping[str, Any]) -> Any:
+    """The method's typed result read back from its results.json entry, or None (absent, or an older layout)."""
+    found = analysis.get(name)
+    if not isinstance(found, Mapping) or not found:
+        return None
+    try:
+        return REGISTRY[name].result.from_dict(dict(found))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------- entry points

@@ -1,6 +1,7 @@
-"""The report's sections, one builder each: a RunData (model card, training curves, heads, induction by
-period, attention viewer, QK/OV circuits) or an experiment's findings in their to_dict() form (logit lens,
-direct logit attribution, patching, ablation, probes). Figures are views from circuitlab.viz (FigureSpecs)."""
+"""The report's sections of what a run has, one builder each: a RunData (model card, training curves, heads,
+induction by period, attention viewer, QK/OV circuits) and the summary. The methods' sections (logit lens,
+direct logit attribution, patching, ...) are their own (circuitlab.methods). Figures are views from
+circuitlab.viz (FigureSpecs)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -10,11 +11,12 @@ import torch
 
 from circuitlab.names import head_name, parse_head
 from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
-                                    markdown_lite, paragraph, table_html)
+                                    markdown_lite, table_html)
 from circuitlab.report.runs import SCORE_COLUMNS, RunData, labels_by_head
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
+    from circuitlab.methods.circuits import CircuitsFindings
 
 
 def _param_counts(model: Transformer) -> dict[str, int]:
@@ -164,14 +166,14 @@ def attention_section(run: RunData, tokens: torch.Tensor | None = None) -> Secti
                    "token after the previous copy of the current one (an off-diagonal stripe).")
 
 
-def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
+def _pick_heads(run: RunData, found: "CircuitsFindings | None") -> tuple[tuple[int, int], tuple[int, int] | None]:
     """The induction head and its previous-token head as the circuits experiment picks them (from its
     results, else from the labels computed here), else the best-scoring head after layer 0 and the
     best previous-token head before it."""
     from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 
     cfg = run.model.cfg
-    ind = (found or {}).get("induction")
+    ind = found.induction if found is not None else None
     if ind:
         return parse_head(ind["head"]), parse_head(ind["prev_token_head"])
     if run.classes is not None and cfg.n_layers > 1:
@@ -193,7 +195,7 @@ def _pick_heads(run: RunData, found: Mapping[str, Any] | None) -> tuple[tuple[in
 
 
 @torch.no_grad()
-def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, prompt: str | None = None
+def circuits_section(run: RunData, found: "CircuitsFindings | None" = None, prompt: str | None = None
                      ) -> Section | None:
     """QK (through the previous-token head when there is one) and OV circuits of the induction head on the
     prompt's tokens, copying scores of every head, K-composition between heads. Norms folded first."""
@@ -223,7 +225,7 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     strs = [token_label(run.tokenizer.decode([i]), 12) if run.tokenizer is not None else str(i) for i in ids]
     head, prev = _pick_heads(run, found)
     name = head_name(*head)
-    parts: list[Any] = [bullet_list((found or {}).get("summary", []))]
+    parts: list[Any] = [bullet_list(found.summary if found is not None else [])]
     if prev is not None:
         qk = k_composition_qk_circuit(wm, head, prev).submatrix(ids, ids)
         parts.append(heatmap_figure(qk, strs, strs, f"{name} QK circuit via {head_name(*prev)}: query token vs "
@@ -236,13 +238,13 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     ov = ov_circuit(wm, head[0])[head[1]].submatrix(ids, ids)
     parts.append(heatmap_figure(ov, strs, strs, f"{name} full OV circuit: attending to a token, the logits it "
                                 "raises", x_title="output logit", y_title="attended token", value_name="logit"))
-    copying = (found or {}).get("copying", {}).get("scores")
+    copying = (found.copying or {}).get("scores") if found is not None else None
     if copying is None:
         copying = (run.classes.copying if run.classes is not None else copying_scores(wm)).scores
     L, H = model.cfg.n_layers, model.cfg.n_heads
     parts.append(copying_scores_figure(copying))
     if L > 1 and L * H <= 64:
-        comp = (found or {}).get("composition")
+        comp = found.composition if found is not None else None
         if comp is None:
             c = run.classes.composition if run.classes is not None else composition_scores(wm)
             comp = {"k": c.k, "baseline_mean": c.baseline_mean}
@@ -250,85 +252,6 @@ def circuits_section(run: RunData, found: Mapping[str, Any] | None = None, promp
     return Section("circuits", "QK and OV circuits", parts,
                    f"Weight-based circuits of {run.name}'s {'induction head' if prev is not None else 'head'} {name}, "
                    "restricted to the tokens of a short prompt.")
-
-
-def logit_lens_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.lens import logit_lens_figure
-
-    parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
-             bullet_list(found.get("summary", [])), logit_lens_figure(found)]
-    return Section("logit-lens", "Logit lens", parts,
-                   "The residual stream after the embeddings and after each layer, read through the final norm and "
-                   "the unembedding: the top next token at each point, and how sure the model already is.")
-
-
-def attribution_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.lens import logit_attribution_figure
-
-    dla = found["attribution"]
-    title = (f"Direct logit attribution: logit({found['answer']!r}) - logit({found['wrong']!r})"
-             if "answer" in found else None)
-    parts = [paragraph(f"Prompt: {found['prompt']}") if found.get("prompt") else "",
-             bullet_list(found.get("summary", [])), logit_attribution_figure(dla, title=title)]
-    return Section("attribution", "Direct logit attribution", parts,
-                   "Each component's direct contribution (through the final norm's scale) to the logit difference "
-                   "between the model's top two predictions at the last position.")
-
-
-def patching_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.patching import path_patching_figure, patching_figure
-
-    tokens = found.get("tokens")
-    parts: list[Any] = [bullet_list(found.get("summary", []))]
-    for target, res in (found.get("patching") or {}).items():
-        parts.append(patching_figure(res, tokens))
-    corr = found.get("attribution_correlation")
-    if corr:
-        parts.append(heading("Attribution patching against activation patching"))
-        parts.append(table_html([{"target": t, "Pearson r": float("nan") if r is None else float(r)}
-                                 for t, r in corr.items()]))
-    if found.get("path_patching"):
-        parts.append(path_patching_figure(found["path_patching"]))
-    return Section("patching", "Activation patching", parts,
-                   "Denoising: each activation of the clean run patched into the corrupted run; recovery 1 = the clean "
-                   "behaviour is back, 0 = still corrupted.")
-
-
-def causal_tracing_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.tracing import causal_trace_figure
-
-    noise = found["trace"].get("noise", {})
-    how = (f"replaced by {len(noise.get('replacements', []))} other subjects" if noise.get("kind") == "replace" else
-           f"{noise.get('kind')} noise of std {noise.get('nu')} ({noise.get('scale')} x the subject embeddings' std), "
-           f"averaged over {noise.get('samples')} samples")
-    return Section("causal-tracing", "Causal tracing", [bullet_list(found.get("summary", [])),
-                                                        causal_trace_figure(found["trace"])],
-                   f"The subject's tokens (marked *) corrupted: {how}. Each cell is the answer's metric when that one "
-                   "state of the clean run is restored in the corrupted run: the residual stream after a layer "
-                   "(hidden), or the MLP / attention outputs of a window of layers centred on it.")
-
-
-def ablation_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.patching import ablation_figure
-
-    parts: list[Any] = [paragraph(f"Tokens: {found['tokens']}") if found.get("tokens") else "",
-                        bullet_list(found.get("summary", []))]
-    for key in ("heads", "mlps"):
-        res = found.get(key)
-        if not res:
-            continue
-        parts.append(ablation_figure(res))
-    return Section("ablation", "Ablation", parts)
-
-
-def probing_section(found: Mapping[str, Any]) -> Section:
-    from circuitlab.viz.probing import probe_figure
-
-    parts = [paragraph(f"Data: {found['data']}") if found.get("data") else "",
-             bullet_list(found.get("summary", [])), probe_figure(found["probes"])]
-    return Section("probes", "Probe accuracy by layer", parts,
-                   "Linear probes on the residual stream before each layer and after the last (solid); dashed: the "
-                   "same probe on random labels (control); dotted: chance.")
 
 
 def summary_section(lines: Sequence[str] | str, title: str = "Summary") -> Section | None:

@@ -11,10 +11,10 @@ gathered here for convenience (`from circuitlab.viz.interactive import heatmap_f
     patching_figure, path_patching_figure, ablation_figure,
     attribution_vs_patching_figure                                      viz.patching
     probe_figure                                                        viz.probing
-    causal_trace_figure, average_trace_figure                           viz.tracing
     steering_figure                                                     viz.steering
 
-`spec.to_plotly()` is the plotly Figure (report.html, serve), `spec.save_png(path)` the PNG (report.md);
+A method's own views live in its module (circuitlab/methods/: causal tracing's there, with the display of
+its results). `spec.to_plotly()` is the plotly Figure (report.html, serve), `spec.save_png(path)` the PNG (report.md);
 a spec displays itself in Jupyter (viz/notebook.py; notebook_html and reset_notebook are re-exported here).
 Nothing here reads or writes files.
 """
@@ -24,7 +24,6 @@ from circuitlab.analysis.heads import AttentionPatterns
 from circuitlab.analysis.lens import LogitLens
 from circuitlab.analysis.logit_attribution import LogitAttribution
 from circuitlab.analysis.patching import PatchResult
-from circuitlab.analysis.patching.causal_tracing import AverageTrace, CausalTrace
 from circuitlab.analysis.probing import ProbeResult
 from circuitlab.display import renders
 from circuitlab.viz.heads import attention_figure, attention_patterns_figure, head_scores_figure
@@ -36,7 +35,6 @@ from circuitlab.viz.probing import probe_figure
 from circuitlab.viz.qk_ov import composition_figure, copying_scores_figure, qk_ov_figure
 from circuitlab.viz.spec import FigureSpec, heatmap_figure, lines_figure
 from circuitlab.viz.steering import steering_figure
-from circuitlab.viz.tracing import average_trace_figure, causal_trace_figure
 from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
 
 # How each result object displays in Jupyter (circuitlab.display): its figure, plotly.js inlined.
@@ -45,11 +43,9 @@ renders(LogitLens)(lambda lens: notebook_html(logit_lens_figure(lens)))
 renders(LogitAttribution)(lambda dla: notebook_html(logit_attribution_figure(dla)))
 renders(PatchResult)(lambda result: notebook_html(patching_figure(result)))
 renders(ProbeResult)(lambda result: notebook_html(probe_figure(result)))
-renders(CausalTrace)(lambda trace: notebook_html(causal_trace_figure(trace)))
-renders(AverageTrace)(lambda average: notebook_html(average_trace_figure(average)))
 
 __all__ = ["FigureSpec", "ablation_figure", "attention_figure", "attention_patterns_figure",
-           "attribution_vs_patching_figure", "average_trace_figure", "causal_trace_figure", "qk_ov_figure",
+           "attribution_vs_patching_figure", "qk_ov_figure",
            "composition_figure", "copying_scores_figure",
            "head_scores_figure", "heatmap_figure", "induction_by_period_figure", "lines_figure",
            "logit_attribution_figure", "logit_lens_figure", "notebook_html", "path_patching_figure",

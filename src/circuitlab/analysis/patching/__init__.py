@@ -33,8 +33,8 @@ result is z @ W_O of that head alone, so patching one patches the other.
 
 The package: this module (results, sweeps: what most callers import) over engine.py (the batched
 engine), metrics.py, targets.py, checks.py and noise.py (noise corruption), which import each other by
-full module path, never this facade. path.py (path patching), attribution_patching.py and
-causal_tracing.py (restoration sweeps, Meng et al.) stand on them.
+full module path, never this facade. path.py (path patching), attribution_patching.py and the
+restoration sweeps of causal tracing (Meng et al.) stand on them.
 """
 from __future__ import annotations
 

@@ -282,6 +282,16 @@ class CausalTrace(Displayed):
                 "peaks": {k: {**p, "effect": round(p["effect"], 8), "share": round(p["share"], 6)}
                           for k, p in ((k, self.peak(k)) for k in self.values)}}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CausalTrace":
+        """The trace its to_dict() form describes (results.json); total_effect and peaks are recomputed, a null
+        value (NaN when written) is NaN again."""
+        def grid(v: list) -> torch.Tensor:
+            return torch.tensor([[math.nan if x is None else x for x in row] for row in v], dtype=torch.float64)
+        return cls(list(d["tokens"]), (int(d["subject"][0]), int(d["subject"][1])), int(d["answer"]), d["metric"],
+                   float(d["clean_value"]), float(d["corrupt_value"]), {k: grid(v) for k, v in d["values"].items()},
+                   int(d["window"]), dict(d["noise"]), d.get("token_strs"), d.get("answer_str"))
+
 
 @torch.no_grad()
 def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.Estimate:
