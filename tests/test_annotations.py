@@ -66,11 +66,12 @@ def outer(model: Transformer):
     assert unannotated_models(planted) == ["a", "b", "Browser.__init__", "Browser.load"]
 
 
-def test_make_test_runs_the_type_checker_before_the_tests():
+def test_make_test_runs_the_type_checker_and_fails_on_its_errors():
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
     assert recipe, "no `test:` target in the Makefile"
-    lines = [line.strip() for line in recipe.group(1).splitlines()]
-    assert lines[0] == "$(PY) -m mypy" and any("-m pytest" in line for line in lines[1:]), lines
+    text = recipe.group(1)
+    assert "$(PY) -m mypy" in text and "$(PY) -m pytest" in text, text
+    assert "wait $$types; typed=$$?" in text and "exit $$(( tests || typed ))" in text, "mypy's status must count"
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'"mypy==[\d.]+"', pyproject), "mypy belongs in the dev extra (make setup installs it)"
     assert "[tool.mypy]" in pyproject and 'packages = ["circuitlab"]' in pyproject
