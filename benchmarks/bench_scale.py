@@ -94,6 +94,8 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
     if est is not None:
         row["estimate_mib"] = est.peak_bytes / 2**20
         row["estimate_line"] = est.line()
+        if est.flops is not None:   # the estimated time at the speed measured now, beside the measured one
+            row["estimate_seconds"] = est.timed().seconds()
     if method == "graph":
         row["graph"] = {k: out.info[k] for k in ("n_active_features", "n_feature_nodes", "batch_size",
                                                   "backward_passes", "peak_mb", "threads") if k in out.info}
@@ -133,11 +135,14 @@ def _method(method: str, model, tc, tokens, nodes: int, dtype):
     T = tokens.shape[1]
     size = torch.empty(0, dtype=dtype).element_size()
     if method == "forward":
-        est = memory.Estimate("forward", {"activations": size * T * (4 * cfg.d_model + cfg.mlp_dim + cfg.d_vocab)
-                                          + 4 * T * cfg.d_vocab})
+        # the logits, and one block's working set (the residual stream, attention's inputs, the MLP's hidden)
+        est = memory.Estimate("forward", {"logits": size * T * cfg.d_vocab,
+                                          "a block": size * T * (4 * cfg.d_model + 3 * cfg.mlp_dim)})
         return est, lambda: model(tokens)
     if method == "run_with_cache":
-        return (lambda: _cache_estimate(model, tokens)), lambda: model.run_with_cache(tokens)
+        from circuitlab.model.hooks import cache_estimate
+
+        return (lambda: cache_estimate(model, *tokens.shape)), lambda: model.run_with_cache(tokens)
     if method == "tl_cache":
         from circuitlab.pretrained import to_transformer_lens
 
@@ -146,16 +151,17 @@ def _method(method: str, model, tc, tokens, nodes: int, dtype):
     from circuitlab.analysis.patching import logit_diff
 
     if method == "patching":
-        from circuitlab.analysis.patching import activation_patching
+        from circuitlab.analysis.patching import activation_patching, sweep_estimate
 
         corrupt = tokens.roll(1, dims=1)
-        return None, lambda: activation_patching(model, tokens, corrupt, logit_diff(1, 2), "resid_pre",
-                                                 progress=False)
+        return (sweep_estimate(model, *tokens.shape, ["resid_pre"]),
+                lambda: activation_patching(model, tokens, corrupt, logit_diff(1, 2), "resid_pre", progress=False))
     if method == "eap":
-        from circuitlab.analysis.edges.scoring import edge_scores
+        from circuitlab.analysis.edges.scoring import edge_estimate, edge_scores
 
         corrupt = tokens.roll(1, dims=1)
-        return None, lambda: edge_scores(model, tokens, corrupt, logit_diff(1, 2), method="eap", progress=False)
+        return (edge_estimate(model, *tokens.shape, method="eap"),
+                lambda: edge_scores(model, tokens, corrupt, logit_diff(1, 2), method="eap", progress=False))
     if method == "causal_tracing":
         from circuitlab.analysis.patching.causal_tracing import causal_trace, trace_estimate
 
@@ -170,31 +176,11 @@ def _method(method: str, model, tc, tokens, nodes: int, dtype):
     if method == "sae_step":
         return _sae_step(model, tokens, dtype)
     if method == "tuned_lens":
-        from circuitlab.analysis.lens.tuned import train_tuned_lens
+        from circuitlab.analysis.lens.tuned import lens_estimate, train_tuned_lens
 
         batch = tokens.repeat(4, 1)
-        return None, lambda: train_tuned_lens(model, batch, steps=3)
+        return lens_estimate(model, *batch.shape, steps=3), lambda: train_tuned_lens(model, batch, steps=3)
     raise SystemExit(f"unknown method {method}")
-
-
-def _cache_estimate(model, tokens):
-    """The cache's bytes at this length from its bytes at 1, 2 and 3 tokens (every hook is a + b T + c T²:
-    per-position activations and attention patterns), plus the logits."""
-    import torch
-
-    from circuitlab import memory
-
-    sizes = []
-    with torch.no_grad():
-        for t in (1, 2, 3):
-            _, cache = model.run_with_cache(tokens[:, :t])
-            sizes.append(sum(v.numel() * v.element_size() for v in cache.values()))
-    c = (sizes[2] - 2 * sizes[1] + sizes[0]) / 2
-    b = sizes[1] - sizes[0] - 3 * c
-    a = sizes[0] - b - c
-    T = tokens.shape[1]
-    logits = T * model.cfg.d_vocab * 4
-    return memory.Estimate("run_with_cache", {"cache": a + b * T + c * T * T, "logits": logits})
 
 
 def _sae_step(model, tokens, dtype):
@@ -272,8 +258,9 @@ def main() -> None:
             rows.append(row)
             est = row.get("estimate_mib")
             ratio = f"{est / row['peak_mib']:.2f}" if est and row.get("peak_mib") else "-"
+            secs = f"  estimated {row['estimate_seconds']:.1f} s" if row.get("estimate_seconds") else ""
             print(f"{shape:14s} {method:15s} " + (f"{row['seconds']:8.2f} s  peak {row['peak_mib']:8.0f} MiB  "
-                                                   f"estimate {est or 0:8.0f} MiB  (est/peak {ratio})"
+                                                   f"estimate {est or 0:8.0f} MiB  (est/peak {ratio}){secs}"
                                                    if "seconds" in row else f"error: {row['error']}"), flush=True)
     print(f"load before: {' '.join(load)}; after: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     if args.out:

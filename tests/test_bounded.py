@@ -231,7 +231,7 @@ def test_huge_counts_are_refused_in_one_line_under_the_cap(where, graph_files):
                 ("noise runs", "of the memory budget", "give at most"), ("10,000 noise runs", "give at most"),
                 ("--noise-scale", "to 1000"), ("wider than the model", "give --window 1..1"),
                 ("n_stories", "at most 1,000,000"), ("train.batch_size", "of the memory budget", "give train.batch_size at most"),
-                ("parameters", "over the 16 GiB limit"), ("parameters", "n_layers"), ("parameters", "train.seq_len"),
+                ("parameters", "over the memory budget"), ("parameters", "n_layers"), ("parameters", "train.seq_len"),
                 ("samples", "from 1 to 50000", "held at once")]
     assert len(answers) == len(expected)
     for answer, fragments in zip(answers, expected):
@@ -311,22 +311,25 @@ def test_steer_lens_and_sae_sizes_are_bounded(where):
 @pytest.mark.slow
 def test_circuit_exact_at_the_most_rows_accepted_finishes_within_a_cap(where):
     """Exact edge patching holds the clean run, the reference and a chunk of patched copies: at the largest row
-    count the budget accepts (one copy of every source output within 1 GiB) it finishes within 6 GB of address
-    space; one row more is refused in one line saying how many fit and why. (Minutes: ~70,000 rows
+    count the budget accepts (one copy of every source output within a pass's share of `--memory 4G`, 1 GiB) it
+    finishes within 6 GB of address space; one row more is refused in one line saying how many fit and why. (Minutes: ~70,000 rows
     through every edge's patched run; over 15 min on the loaded 2-core machine.)"""
+    from circuitlab import memory
     from circuitlab.analysis.edges.edge_graph import EdgeGraph
-    from circuitlab.analysis.edges.scoring import ROWS_BUDGET, _per_copy_floats
+    from circuitlab.analysis.edges.scoring import _per_copy_floats, rows_budget
     from circuitlab.training import load_checkpoint
 
     model, tok, _ = load_checkpoint(str(where / "run"))
     line = "Lily saw a cat"
     per_row = _per_copy_floats(model, EdgeGraph.of(model), torch.zeros(1, len(tok.encode(line)), dtype=torch.long))
-    most = ROWS_BUDGET // per_row
+    with memory.memory_limit("4G"):
+        most = rows_budget() // per_row
     (where / "most_clean.txt").write_text((line + "\n") * most)
     (where / "most_corrupt.txt").write_text(("Lily saw a dog\n") * most)
     (where / "over_clean.txt").write_text((line + "\n") * (most + 1))
     (where / "over_corrupt.txt").write_text(("Lily saw a dog\n") * (most + 1))
-    base = ["circuit", "--checkpoint", str(where / "run"), "--method", "exact", "--metric", "kl", "--no-progress"]
+    base = ["circuit", "--checkpoint", str(where / "run"), "--method", "exact", "--metric", "kl", "--no-progress",
+            "--memory", "4G"]
     over, ok = capped([
         base + ["--clean", str(where / "over_clean.txt"), "--corrupt", str(where / "over_corrupt.txt"),
                 "--out", str(where / "exact_over")],

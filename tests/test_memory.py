@@ -161,10 +161,15 @@ def test_sae_train_and_interpret_estimates_read_and_write_nothing(tmp_path, caps
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("estimate: training (30 steps; a training step of 1 dictionary on 64 rows)"), line
     assert "Adam" in line and not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
-    assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--prompt", "Lily saw a cat",
+    assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--prompt", "Lily saw a cat", "--subject", "Lily",
                  "--estimate", "--out", str(tmp_path / "interp")]) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("estimate: causal tracing (10 noise runs of 14 tokens") and not (tmp_path / "interp").exists()
+    lines = capsys.readouterr().out.strip().splitlines()   # one per experiment it would run
+    from circuitlab.experiments.interpret import experiments_for
+
+    assert len(lines) == len(experiments_for(cfg)[0]) and all(x.startswith("estimate: ") for x in lines), lines
+    assert any(x.startswith("estimate: causal tracing (10 noise runs of 14 tokens") for x in lines)
+    assert any(x.startswith("estimate: patching (activation patching of 8 x ") for x in lines)
+    assert not (tmp_path / "interp").exists()
     assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--estimate", "--noise-samples", "100000000",
                  "--memory", "64M"]) == 2
     assert "noise runs" in capsys.readouterr().err

@@ -247,6 +247,20 @@ class Estimate:
     def __repr__(self) -> str:
         return self.line()
 
+    @classmethod
+    def one_after_another(cls, what: str, estimates: "list[Estimate]") -> "Estimate":
+        """Pieces of work run one after another: the peak of the largest (its parts), the sum of the flops
+        (each at its own efficiency), the loaded weights once."""
+        top = max(estimates, key=lambda e: e.peak_bytes)
+        timed = [e for e in estimates if e.flops is not None]
+        # one efficiency for the sum: the flops-weighted harmonic mean keeps the total seconds
+        flops = sum(e.flops or 0.0 for e in timed)
+        slow = sum((e.flops or 0.0) / e.efficiency for e in timed)
+        out = cls(what, top.parts, held=max(e.held for e in estimates), flops=flops if timed else None,
+                  efficiency=flops / slow if slow else 1.0)
+        out.disk = top.disk
+        return out
+
 
 def duration(seconds: float) -> str:
     """"40 s", "3 min", "1.5 h"."""

@@ -233,6 +233,49 @@ class SteeringSweep:
         return f"<pre>{self.table()}</pre>"
 
 
+def kv_floats(model, samples: int, length: int | None = None) -> int:
+    """Floats of the keys and values a batch of `samples` generations of `length` tokens (default: the context)
+    holds in its KV cache."""
+    cfg = model.cfg
+    return samples * 2 * cfg.n_layers * min(length or cfg.n_ctx, cfg.n_ctx) * cfg.kv_heads * cfg.head_dim
+
+
+def check_kv(model, samples: int) -> None:
+    """Refuse, in one line, more generations in one batch than a pass's share of the memory budget holds the keys
+    and values of (at the full context)."""
+    from circuitlab import memory
+
+    kv, budget = kv_floats(model, samples), memory.floats(memory.PASS_SHARE)
+    if kv > budget:
+        fit = max(1, budget // kv_floats(model, 1))
+        raise CircuitlabError(f"--samples {samples}: the keys and values of {samples} generations of this model need "
+                              f"{kv * 4 / 2**30:.1f} GiB (limit {memory.describe(memory.PASS_SHARE)}); give at most {fit}")
+
+
+def steer_estimate(model, samples: int, prompt_len: int, max_tokens: int, n_coefs: int, loss_tokens: int,
+                   longest: int | None = None) -> Any:
+    """What a steering sweep with generations holds at its peak and computes (circuitlab.memory.Estimate): a batch
+    of `samples` generations of prompt_len + max_tokens tokens (their KV cache, the prompt's logits) and the
+    logits of the longest loss prompt; per coefficient, the generations and a loss pass over loss_tokens tokens
+    of the positive, negative and neutral prompts."""
+    from circuitlab import memory
+    from circuitlab.model import model_dtype
+    from circuitlab.perf import transformer_step_flops
+
+    cfg = model.cfg
+    size = model_dtype(model).itemsize
+    length = min(prompt_len + max_tokens, cfg.n_ctx)
+    longest = min(longest or cfg.n_ctx, cfg.n_ctx)
+    parts = {"keys and values of the generations": kv_floats(model, samples, length) * size,
+             "the generations' prompt logits": samples * prompt_len * cfg.d_vocab * size,
+             "a loss prompt's logits": 2 * longest * cfg.d_vocab * 4}
+    flops = n_coefs * (transformer_step_flops(cfg, samples * length, length, backward=False)
+                       + transformer_step_flops(cfg, loss_tokens, longest, backward=False))
+    return memory.Estimate(f"steering ({n_coefs} coefficient{'s' if n_coefs != 1 else ''}, {samples} generations of "
+                           f"{max_tokens} tokens each)", parts, held=memory.tensor_bytes(model), flops=flops,
+                           efficiency=0.3)
+
+
 @torch.no_grad()
 def steering_sweep(model: Transformer, vector: SteeringVector, coefs: Sequence[float], positive: Sequence[torch.Tensor],
                    negative: Sequence[torch.Tensor], neutral: Sequence[torch.Tensor],

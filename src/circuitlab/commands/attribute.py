@@ -6,7 +6,7 @@ import argparse
 HELP = ("attribute a next-token prediction to the prompt's tokens (integrated gradients, saliency, occlusion, "
         "KernelSHAP, LIME, ...)")
 EXAMPLE = ('circuitlab attribute --checkpoint runs/demo/2l --prompt "Lily saw a cat. Lily" --target " s" '
-           '--foil " w" --method ig --out attribution.html')
+           '--foil " w" --method ig --out attribution.html   (--estimate: what it will hold and take, then stop)')
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shap: draw each coalition with its complement (fewer samples for the same ranking; not "
                         "Captum's sampling)")
     p.add_argument("--out", default=None, help="write the result: .html (tokens shaded) or .json")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
             kwargs.update(exact=args.exact, paired=args.paired)
     if args.method == "occlusion":
         kwargs.update(span=args.span, replacement=tok.eos_id)
+    from circuitlab.analysis.input_attribution import attribution_estimate
+
+    est = attribution_estimate(model, min(len(ids), model.cfg.n_ctx), args.method, steps=args.steps,
+                               samples=args.samples).timed()
+    print(est.line())   # what it will hold and take, before the work
+    if args.estimate:
+        return 0
     result = attribute_inputs(model, torch.tensor(ids), args.method, **kwargs)
     print(result.describe())
     assert result.token_strs is not None  # attributed with the tokenizer

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 
 HELP = "find a circuit: EAP, EAP-IG or exact edge patching on every edge, a pruned circuit, faithfulness"
-EXAMPLE = "circuitlab circuit --checkpoint runs/demo/2l --task induction --method eap-ig --out runs/demo/circuit"
+EXAMPLE = ("circuitlab circuit --checkpoint runs/demo/2l --task induction --method eap-ig --out runs/demo/circuit   "
+           "(--estimate: what the scoring will hold and take, then stop)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output directory (default: <run>/circuit, or <checkpoint>-circuit beside a checkpoint "
                         "folder); an earlier circuit there is kept, renamed (or replaced with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier circuit in --out instead of keeping it")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (and no estimate before the work)")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +77,14 @@ def run(args: argparse.Namespace) -> int:
         answers = read_lines(args.answers, "answer file") if args.answers else None
         data = rows_from_texts(tokenizer, read_lines(args.clean, "clean prompt file"),
                                read_lines(args.corrupt, "corrupted prompt file"), answers)
+    from circuitlab.analysis.edges.scoring import check_rows_fit, edge_estimate
+
+    if args.estimate or not args.no_progress:   # what the scoring will hold and take, before the work
+        check_rows_fit(model, data.clean)
+        rows, pos = data.clean.shape
+        print(edge_estimate(model, rows, pos, args.method, args.steps).timed().line(), flush=True)
+        if args.estimate:
+            return 0
     result = find_circuit(model, data, args.metric, args.method, edges=args.edges, threshold=args.threshold,
                           greedy=args.greedy, refine=args.refine or False, intervention=args.intervention,
                           steps=args.steps, progress=not args.no_progress)

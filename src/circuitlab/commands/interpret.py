@@ -53,11 +53,23 @@ def method_options(args: argparse.Namespace) -> dict:
 
 
 def interpret_estimates(args: argparse.Namespace) -> list[str]:
-    """What the large experiments of `interpret` would hold and take (each registered method with an estimate:
-    causal tracing's noise runs and restorations, on --prompt or the default prompt), without running them."""
+    """What each experiment `interpret` would run holds and takes (every registered method's estimate, on --prompt
+    or the default prompt, --clean/--corrupt or the default induction rows), one line each, without running them."""
+    from circuitlab.experiments.interpret import experiments_for, no_text
+    from circuitlab.perf import matmul_gflops
     from circuitlab.training import load_checkpoint
 
     model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    given = method_options(args)
-    return [m.estimate(model, tokenizer, m.options_from(given), prompt=args.prompt).line()
-            for m in REGISTRY.values() if m.estimate is not None]
+    from circuitlab.analysis.lens.tuned import default_lens_dir
+
+    given = {**method_options(args), "prompt": args.prompt, "clean": args.clean, "corrupt": args.corrupt,
+             "lens": args.lens or default_lens_dir(args.checkpoint)}   # as run_interpret reads the lens
+    names, _ = experiments_for(model, args.experiments, by_name=args.experiments is not None)
+    if tokenizer is None:
+        names = [n for n in names if n in no_text()]
+    methods = [REGISTRY[n] for n in names]
+    if args.experiments is None:   # as the run leaves out what its inputs cannot run (causal tracing without a subject)
+        methods = [m for m in methods if not (m.missing and m.missing(m.options_from(given), **m.inputs_from(given)))]
+    gflops = matmul_gflops(seconds=0.2)   # measured once: every line at the same speed
+    return [m.estimate(model, tokenizer, m.options_from(given), **m.inputs_from(given)).timed(gflops).line()
+            for m in methods if m.estimate is not None]

@@ -9,7 +9,8 @@ EXAMPLE = "circuitlab lens train --checkpoint runs/demo/2l --steps 300   (then: 
 
 TRAIN_HELP = "train a tuned lens (one affine translator per layer) on built-in stories or a text file"
 TRAIN_EXAMPLE = ("circuitlab lens train --checkpoint runs/demo/2l --steps 300   "
-                 "(writes runs/demo/2l/tuned_lens; --resume continues an interrupted run)")
+                 "(writes runs/demo/2l/tuned_lens; --resume continues an interrupted run; --estimate: what it will "
+                 "hold and take, then stop)")
 SHOW_HELP = "a prompt through the logit lens and the tuned lens, with KL to the final distribution per layer"
 SHOW_EXAMPLE = 'circuitlab lens show --checkpoint runs/demo/2l --prompt "Once upon a time, Lily" --out lens.html'
 
@@ -31,15 +32,22 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=COUNT.arg, default=100, help="write the resumable training state every N steps")
     p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out")
     p.add_argument("--overwrite", action="store_true", help="replace a lens (or an unfinished training) in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (and no estimate before the work)")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from circuitlab.experiments.lens_train import LensTrainOptions, train_lens
+    from circuitlab.experiments.lens_train import LensTrainOptions, lens_train_estimate, train_lens
 
-    found = train_lens(LensTrainOptions(args.checkpoint, args.out, args.steps, args.lr, args.batches, args.batch_size,
-                                        args.seq_len, args.text, args.save_every, args.resume, args.overwrite,
-                                        progress=not args.no_progress))
+    opts = LensTrainOptions(args.checkpoint, args.out, args.steps, args.lr, args.batches, args.batch_size,
+                            args.seq_len, args.text, args.save_every, args.resume, args.overwrite,
+                            progress=not args.no_progress)
+    if args.estimate:   # nothing read beyond the checkpoint, nothing written
+        print(lens_train_estimate(opts).line())
+        return 0
+    found = train_lens(opts)
     print("KL to the final distribution on held-out stories (nats per token):")
     print(f"  {'point':<8}{'logit lens':>12}{'tuned lens':>12}")
     for label, a, b in zip(found.labels, found.logit_kl, found.tuned_kl):

@@ -6,7 +6,7 @@ import argparse
 
 HELP = "steer a model with the difference of two prompt sets' mean activations; measure effect and cost"
 EXAMPLE = ("circuitlab steer --checkpoint runs/demo/2l --positive dragon.txt --negative cat.txt --layer 1 "
-           "--coef 0 2 4 8 --count dragon --out runs/steer")
+           "--coef 0 2 4 8 --count dragon --out runs/steer   (--estimate: what it will hold and take, then stop)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,23 +29,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="folder for steering.json, steering.png and report.html (an earlier "
                                                "steer output there is kept, renamed; or replaced with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier steer output in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (and no estimate before the work)")
+    from circuitlab.commands._args import add_memory_arguments
+
+    add_memory_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from circuitlab.errors import CircuitlabError
-    from circuitlab.experiments.steer import MAX_COEFS, SteerOptions, run_steer
+    from circuitlab.experiments.steer import MAX_COEFS, SteerOptions, estimate_steer, run_steer
     from circuitlab.model.sampling import check_sampling
 
     check_sampling(args.temperature, cli=True)  # the command's spellings, before the model is loaded
     if len(args.coef) > MAX_COEFS:
         raise CircuitlabError(f"--coef: give at most {MAX_COEFS} coefficients (each is one more sweep), got "
                               f"{len(args.coef)}")
-    result = run_steer(SteerOptions(
+    opts = SteerOptions(
         checkpoint=args.checkpoint, positive=args.positive, negative=args.negative, layer=args.layer,
         coefs=args.coef, neutral=args.neutral, prompt=args.prompt, samples=args.samples, max_tokens=args.max_tokens,
         temperature=args.temperature, count=args.count, seed=args.seed, out=args.out, overwrite=args.overwrite,
-        progress=not args.no_progress))
+        progress=not args.no_progress)
+    if args.estimate:   # the model and the prompts read; nothing generated or written
+        print(estimate_steer(opts).line())
+        return 0
+    result = run_steer(opts)
     print("\n".join(result.summary()))
     if result.kept:
         print(f"kept the earlier steer output as {result.kept}")

@@ -53,6 +53,19 @@ def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len
     return list(torch.tensor(ids[:n * per_batch]).view(n, batch_size, seq_len))
 
 
+def lens_train_estimate(opts: LensTrainOptions, model=None):
+    """What train_lens(opts) would hold and take (circuitlab.memory.Estimate, timed), with the sizes checked;
+    nothing is read beyond the checkpoint, nothing written (`circuitlab lens train --estimate`)."""
+    from circuitlab.analysis.lens.tuned import check_lens_batches, lens_estimate
+    from circuitlab.training import load_checkpoint
+
+    if model is None:
+        model, _, _ = load_checkpoint(str(opts.checkpoint))
+    seq = min(opts.seq_len, model.cfg.n_ctx)
+    check_lens_batches(model, opts.batches, opts.batch_size, seq)
+    return lens_estimate(model, opts.batch_size, seq, opts.steps, opts.batches).timed()
+
+
 def train_lens(opts: LensTrainOptions) -> LensTrainResult:
     """Train (or, with opts.resume, continue) a tuned lens and save it in opts.out; refuses in one line an output
     inside a checkpoint folder, an unfinished training without --resume/--overwrite, an existing lens."""
@@ -86,6 +99,8 @@ def train_lens(opts: LensTrainOptions) -> LensTrainResult:
         raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it; cannot encode training text")
     seq = min(opts.seq_len, model.cfg.n_ctx)
     check_lens_batches(model, opts.batches, opts.batch_size, seq)  # before the data is built
+    if opts.progress:   # what it will hold and take, before the work
+        print(lens_train_estimate(opts, model).line(), flush=True)
     if opts.text:
         batches = _text_batches(opts.text, tok, opts.batches, opts.batch_size, seq)
     else:

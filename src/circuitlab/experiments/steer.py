@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from circuitlab.analysis.steering import SteeringSweep, SteeringVector, contrast_direction, steering_sweep
+from circuitlab.analysis.steering import (SteeringSweep, SteeringVector, check_kv, contrast_direction, steer_estimate,
+                                         steering_sweep)
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, INT, Number
 from circuitlab.errors import CircuitlabError
@@ -25,7 +26,6 @@ from circuitlab.textfile import read_lines
 SAMPLES = Number(int, low=1, high=1024, why="the samples are generated as one batch")
 MAX_TOKENS = Number(int, low=1, high=4096, why="each new token is one more forward pass per sample")
 MAX_COEFS = 64
-KV_BUDGET = 2 ** 28  # floats of keys and values one batch of samples may hold (1 GiB)
 
 
 @dataclass
@@ -106,22 +106,13 @@ def read_prompts(path: str | Path, tokenizer: Any, what: str) -> list[torch.Tens
     return [torch.tensor(tokenizer.encode(line)) for line in lines]
 
 
-def run_steer(opts: SteerOptions) -> SteerResult:
-    """Build the direction, sweep the coefficients, generate, and write the files when opts.out is set."""
+def _inputs(opts: SteerOptions) -> tuple[Any, Any, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """The checked options' model, tokenizer and positive, negative and neutral prompts."""
     from circuitlab.data import generate_stories
     from circuitlab.training import load_checkpoint
-    from circuitlab.training.outputs import check_output_folder, output_folder
 
-    opts.check()
-    out = Path(opts.out) if opts.out is not None else None
-    if out is not None:  # refused before the work, not after it
-        check_output_folder(out, "steer", overwrite=opts.overwrite, is_previous=is_steer_output)
     model, tok, _ = load_checkpoint(opts.checkpoint)
-    kv = opts.samples * 2 * model.cfg.n_layers * model.cfg.n_ctx * model.cfg.d_model
-    if kv > KV_BUDGET:
-        fit = max(1, KV_BUDGET // (kv // opts.samples))
-        raise CircuitlabError(f"--samples {opts.samples}: the keys and values of {opts.samples} generations of this "
-                              f"model need {kv * 4 / 2**30:.1f} GiB; give at most {fit}")
+    check_kv(model, opts.samples)
     if tok is None:
         raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it; cannot encode prompts")
     positive, negative = read_prompts(opts.positive, tok, "positive"), read_prompts(opts.negative, tok, "negative")
@@ -129,6 +120,34 @@ def run_steer(opts: SteerOptions) -> SteerResult:
         neutral = read_prompts(opts.neutral, tok, "neutral")
     else:
         neutral = [torch.tensor(tok.encode(s)) for s in generate_stories(32, seed=2)]
+    return model, tok, positive, negative, neutral
+
+
+def _estimate(opts: SteerOptions, model, tok, prompts: list[torch.Tensor]) -> Any:
+    lengths = [min(len(p), model.cfg.n_ctx + 1) for p in prompts]
+    return steer_estimate(model, opts.samples, max(1, len(tok.encode(opts.prompt))), opts.max_tokens,
+                          len(opts.coefs) + (0 if 0.0 in opts.coefs else 1), sum(lengths), max(lengths))
+
+
+def estimate_steer(opts: SteerOptions) -> Any:
+    """What run_steer(opts) would hold and take (circuitlab.memory.Estimate, timed), from the model and the
+    prompts; nothing is generated or written (`circuitlab steer --estimate`)."""
+    opts.check()
+    model, tok, positive, negative, neutral = _inputs(opts)
+    return _estimate(opts, model, tok, positive + negative + neutral).timed()
+
+
+def run_steer(opts: SteerOptions) -> SteerResult:
+    """Build the direction, sweep the coefficients, generate, and write the files when opts.out is set."""
+    from circuitlab.training.outputs import check_output_folder, output_folder
+
+    opts.check()
+    out = Path(opts.out) if opts.out is not None else None
+    if out is not None:  # refused before the work, not after it
+        check_output_folder(out, "steer", overwrite=opts.overwrite, is_previous=is_steer_output)
+    model, tok, positive, negative, neutral = _inputs(opts)
+    if opts.progress:   # what it will hold and take, before the work
+        print(_estimate(opts, model, tok, positive + negative + neutral).timed().line(), flush=True)
     vector = contrast_direction(model, positive, negative, layer=opts.layer)
     ids = tok.encode(opts.prompt)
     if not ids:  # said, not silently replaced

@@ -87,8 +87,13 @@ def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
 
 # What one training process may hold (floats; float32 = 4 bytes): refused in one line before anything is
 # allocated, naming the setting, rather than a traceback from the allocator or the out-of-memory killer.
-PARAMS_LIMIT = 2 ** 30   # parameters: with gradients and Adam's two moments, 4 floats each = 16 GiB
-# activations one micro-batch keeps for its backward pass: a share of the memory budget (circuitlab.memory)
+# parameters: with gradients and Adam's two moments, 4 floats each, within the memory budget (circuitlab.memory);
+# activations one micro-batch keeps for its backward pass: a share of it
+
+
+def params_limit() -> int:
+    """Parameters a training process may hold: 16 bytes each (weights, gradients, Adam's two moments) in the budget."""
+    return memory.budget_bytes() // 16
 
 
 def step_budget() -> int:
@@ -97,14 +102,14 @@ def step_budget() -> int:
 
 def check_training_size(cfg, rows: int, seq_len: int) -> None:
     """A one-line ConfigError when the model (cfg) or one micro-batch of rows x seq_len tokens would pass
-    PARAMS_LIMIT or step_budget() (estimates from the config: circuitlab.perf)."""
+    params_limit() or step_budget() (estimates from the config: circuitlab.perf)."""
     from circuitlab.perf import transformer_params, transformer_step_floats
 
     params = transformer_params(cfg)
-    if params > PARAMS_LIMIT:
+    if params > params_limit():
         raise ConfigError(f"the model would have about {params:,} parameters: training holds 4 floats each "
-                          f"(weights, gradients, Adam's two moments), {params * 16 / 2**30:,.0f} GiB, over the "
-                          f"{PARAMS_LIMIT * 16 / 2**30:.0f} GiB limit; make it smaller (model.d_model, n_layers, "
+                          f"(weights, gradients, Adam's two moments), {params * 16 / 2**30:,.1f} GiB, over the "
+                          f"memory budget of {memory.gib(memory.budget_bytes())} ({memory.source()}); make it smaller (model.d_model, n_layers, "
                           "d_mlp, n_ctx (train.seq_len by default), the vocabulary)")
     need = transformer_step_floats(cfg, rows, seq_len)
     budget = step_budget()

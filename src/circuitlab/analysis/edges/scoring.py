@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab import memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.edges.forward import EdgeRun, graph_forward, input_output
 from circuitlab.analysis.edges.edge_graph import EdgeGraph
@@ -48,7 +49,14 @@ IG_PATHS = ("inputs", "edges")
 # 2 CPU cores, exact patching of the demo-sized graph ran 2x faster in runs of ~4-8 copies that stay in cache
 # than in one run of every copy (128 MB: 0.19 s vs 0.10 s for 81 edges; EAP-IG unchanged).
 COPY_BUDGET = 2 ** 22
-ROWS_BUDGET = 2 ** 28  # floats one copy of all rows may need (1 GiB): above it, a refusal naming how many rows fit
+# One copy of all rows (every edge source's output at every position) may take a pass's share of the memory budget
+# (circuitlab.memory: the memory available now, or --memory); above it, a refusal naming how many rows fit.
+
+
+def rows_budget() -> int:
+    """Floats one copy of all rows may need: a pass's share of the memory budget."""
+    return memory.floats(memory.PASS_SHARE)
+
 # EAP-IG's path points: run in chunks of copies, so memory is bounded; time grows with them.
 EAP_IG_STEPS = Number(int, low=1, high=10_000, why="each point is a forward and backward pass over every row; "
                                                    "EAP-IG's scores settle by 5 to 50")
@@ -252,26 +260,80 @@ def edge_scores(model: Transformer, clean, corrupt=None, metric: Metric | None =
                       time.perf_counter() - t0, by_position)
 
 
+# The share of the machine's matmul speed a batched edge run reaches on a CPU: turns flops into seconds
+# (benchmarks/bench_scale.py, EAP at 64 tokens: 3.1 s measured, 3.5 s estimated on GPT-2 small's shape; 6.0 s,
+# 6.9 s on Llama-3.2-1B's at 4 layers).
+EDGE_EFFICIENCY = 0.6
+
+
+def edge_estimate(model: Transformer, batch: int, pos: int, method: str = "eap-ig", steps: int = 5,
+                  batch_size: int | None = None) -> memory.Estimate:
+    """What edge_scores on prompts [batch, pos] holds at its peak and computes, by method. A gradient run (eap,
+    and each chunk of eap-ig's path points) peaks either while it keeps, per copy of a row, every reader's own
+    input and what autograd saves through its norm (~5 [pos, d_model] per reader) beside the writers' outputs
+    and their reference (2 per writer) and half a logit-sized tensor, or, where the vocabulary outweighs the
+    readers, while it holds ~3 logit-sized tensors per row (the logits, their gradient, the metric's); eap-ig adds
+    ~8 logit-sized tensors of its path runs. Fitted to benchmarks/bench_scale.py's EAP on the GPT-2 small,
+    Qwen3-0.6B, Llama-3.2-1B and Gemma-2-2B shapes and a 2-layer model with GPT-2's vocabulary (tests/
+    test_estimates.py): 0.85-1.04 of the measured peak. exact: a chunk of masked copies (_per_copy_floats each) beside
+    the clean run's writers."""
+    from circuitlab.model import model_dtype
+    from circuitlab.perf import block_weights
+
+    cfg = model.cfg
+    graph = EdgeGraph.of(model)
+    size = model_dtype(model).itemsize
+    R, S, T, d = len(graph.readers), len(graph.sources), pos, cfg.d_model
+    tokens = torch.empty(batch, pos)
+    copies = batch_size or max(1, COPY_BUDGET // _per_copy_floats(model, graph, tokens))
+    # a run's blocks over every position, and the read-out at the one position a metric reads, per row
+    fwd = batch * (pos * cfg.n_layers * (2 * block_weights(cfg) + 4 * pos * cfg.n_heads * cfg.head_dim)
+                   + 2 * cfg.d_model * cfg.d_vocab)
+    contract = 2.0 * graph.n_edges * batch * pos * d
+    if method == "exact":
+        parts = {"clean run's writers": batch * T * d * S * size,
+                 "a chunk of masked copies": copies * _per_copy_floats(model, graph, tokens) * size,
+                 "logits": batch * T * cfg.d_vocab * size}
+        flops = (graph.n_edges + S) * fwd / 2     # each edge's copy runs from its reader's layer on
+        what = f"exact edge patching ({graph.n_edges:,} edges, {batch} x {pos} tokens)"
+    else:
+        runs = 1 if method == "eap" else min(copies, steps)
+        logits, writers = batch * T * cfg.d_vocab * size, runs * batch * T * d * 2 * S * size
+        parts = {"a gradient run's reader inputs": runs * batch * T * d * 5 * R * size,
+                 "writers' outputs and reference": writers,
+                 "logits": (0.5 * runs + (8 if method == "eap-ig" else 0)) * logits}
+        by_logits = {"logits and their gradients": 3 * runs * logits, "writers' outputs and reference": writers}
+        if sum(by_logits.values()) > sum(parts.values()):
+            parts = by_logits
+        n = 1 if method == "eap" else steps
+        flops = n * (3 * fwd + contract) + 2 * fwd
+        what = (f"{method.upper()} ({graph.n_edges:,} edges, {batch} x {pos} tokens"
+                + (f", {steps} path points in runs of {runs})" if method == "eap-ig" else ")"))
+    return memory.Estimate(what, parts, held=memory.tensor_bytes(model), flops=flops, efficiency=EDGE_EFFICIENCY)
+
+
 def _per_copy_floats(model: Transformer, graph: EdgeGraph, tokens: torch.Tensor) -> int:
     cfg = model.cfg
     return tokens.numel() * (cfg.d_model * (len(graph.sources) + 3 * cfg.n_heads + 4) + cfg.d_vocab)
 
 
 def _copies_per_run(model: Transformer, graph: EdgeGraph, tokens: torch.Tensor) -> int:
-    return max(1, COPY_BUDGET // _per_copy_floats(model, graph, tokens))
+    """Copies per batched run: COPY_BUDGET floats (a size for speed), or a pass's share of the budget if less."""
+    return max(1, min(COPY_BUDGET, memory.floats(memory.PASS_SHARE)) // _per_copy_floats(model, graph, tokens))
 
 
 def check_rows_fit(model: Transformer, tokens: torch.Tensor, graph: EdgeGraph | None = None) -> None:
     """All rows, tokens [batch, pos], run together: one copy of them (every edge source's output at every
-    position) must fit ROWS_BUDGET floats, else a one-line refusal saying how many rows would."""
+    position) must fit rows_budget() floats, else a one-line refusal saying how many rows would."""
     graph = graph or EdgeGraph.of(model)
     need = _per_copy_floats(model, graph, tokens)
-    if need > ROWS_BUDGET:
+    budget = rows_budget()
+    if need > budget:
         rows, pos = tokens.shape
-        fit = max(1, ROWS_BUDGET * rows // need)
+        fit = max(1, budget * rows // need)
         raise CircuitlabError(f"{rows} rows of {pos} tokens are too many for one run: every edge source's output at "
                               f"every position needs {need * 4 / 2**30:.1f} GiB per copy (limit "
-                              f"{ROWS_BUDGET * 4 / 2**30:.0f} GiB); give at most {fit} rows of this length")
+                              f"{memory.describe(memory.PASS_SHARE)}); give at most {fit} rows of this length")
 
 
 def _reference_and_ablated(model: Transformer, graph, clean, corrupt, metric, intervention, clean_run, reads

@@ -12,7 +12,7 @@ any function `metric(logits [batch, pos, d_vocab]) -> [batch]`. Gradient methods
 respect to the token embeddings (the output of hook_embed; positional embeddings stay as they are),
 the convention of Captum's LayerIntegratedGradients on the embedding layer. Integrated gradients runs
 all its steps as batched forward/backward passes in chunks (of `batch_size`; by default as many path points
-as fit ROW_BUDGET floats of saved activations, as Captum's internal_batch_size bounds its memory), never one
+as fit row_budget() floats of saved activations, as Captum's internal_batch_size bounds its memory), never one
 call per step; occlusion runs its occluded copies the same way. Memory stays bounded whatever the count. Context mixing reads no gradient: it is the
 norm-based measure (Kobayashi et al. 2020) of how much each source position's value vector, weighted
 by attention and sent through W_O, moves into each position, with the residual stream kept, rolled out
@@ -35,8 +35,9 @@ from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_
                                                         DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS,
                                                         EXACT_MAX_POSITIONS, KERNEL_WIDTH, METHODS, ROW_BUDGET,
                                                         SAMPLES, SEED, STEPS, Baseline, Explain, InputAttribution,
-                                                        Metric, _run_embeds, _sequence, baseline_embeddings,
-                                                        logit_metric, rows_per_chunk)
+                                                        Metric, _run_embeds, _sequence, attribution_estimate,
+                                                        baseline_embeddings, logit_metric, row_budget,
+                                                        rows_per_chunk)
 from circuitlab.analysis.input_attribution.gradients import (gradient_x_input, integrated_gradients,  # noqa: F401
                                                              path_nodes, saliency)
 from circuitlab.analysis.input_attribution.mixing import context_mixing

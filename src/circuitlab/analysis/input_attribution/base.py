@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
+from circuitlab import memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.checks import POSITIVE, Number
@@ -28,9 +29,11 @@ DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model
 STEPS = {"gausslegendre": Number(int, low=1, high=1024, why="Gauss-Legendre nodes solve an n x n eigenproblem; "
                                                             "rule='riemann' takes up to 100000"),
          "riemann": Number(int, low=1, high=100_000, why="more points take longer without a measurable change")}
-ROW_BUDGET = 2 ** 26  # floats of activations a chunk of path points (or occluded copies) may hold: 256 MB
+# Floats of activations a chunk of path points (or occluded copies) may hold: 256 MB, a size for speed (larger
+# chunks are no faster on a CPU), or a pass's share of the memory budget (circuitlab.memory) where that is less.
+ROW_BUDGET = 2 ** 26
 # KernelSHAP / LIME: model evaluations (coalitions), each one forward pass of the prompt; the regression holds
-# [samples, pos] float64, bounded by ROW_BUDGET too (check_samples).
+# [samples, pos] float64, bounded by the memory budget too (check_samples).
 DEFAULT_SAMPLES = 1024  # KernelSHAP ranks the hand-built induction answer first on every test case from 1024 (docs)
 SAMPLES = Number(int, low=3, high=100_000, why="each coalition is a forward pass of the prompt; past 100000 the "
                                                  "estimate's sampling error is below anything a figure shows")
@@ -239,10 +242,57 @@ def _decorate(result: InputAttribution, tokenizer) -> InputAttribution:
     return result
 
 
+def row_budget() -> int:
+    """Floats a chunk of rows may hold: ROW_BUDGET, or a pass's share of the memory budget if less."""
+    return min(ROW_BUDGET, memory.floats(memory.PASS_SHARE))
+
+
 def rows_per_chunk(model: Transformer, n_pos: int, backward: bool = True) -> int:
     """How many copies of a sequence of n_pos positions one batched pass may run so that the activations it
-    holds (all layers' when backward: autograd keeps them) stay within ROW_BUDGET floats; at least 1."""
+    holds (all layers' when backward: autograd keeps them) stay within row_budget() floats; at least 1."""
+    return max(1, row_budget() // _row_floats(model, n_pos, backward))
+
+
+def _row_floats(model: Transformer, n_pos: int, backward: bool = True) -> int:
+    """Floats one copy of a sequence of n_pos positions holds in a batched pass, as the chunks are sized (all
+    layers' activations when backward: autograd keeps them; two layers' otherwise), with its logits."""
     cfg = model.cfg
     per_layer = n_pos * (12 * cfg.d_model + (0 if cfg.attn_only else 3 * cfg.mlp_dim) + 3 * cfg.n_heads * n_pos)
-    per_row = (per_layer * max(cfg.n_layers, 1) if backward else 2 * per_layer) + 2 * cfg.d_vocab + n_pos * cfg.d_model
-    return max(1, ROW_BUDGET // per_row)
+    return (per_layer * max(cfg.n_layers, 1) if backward else 2 * per_layer) + 2 * cfg.d_vocab + n_pos * cfg.d_model
+
+
+def attribution_estimate(model: Transformer, n_pos: int, method: str = "ig", steps: int = DEFAULT_STEPS,
+                         samples: int = DEFAULT_SAMPLES, batch_size: int | None = None,
+                         baseline: Baseline | None = None) -> memory.Estimate:
+    """What attribute_inputs(model, tokens [n_pos], method) holds at its peak and computes: one chunk of rows
+    (rows_per_chunk: path points for ig, occluded copies, coalitions for shap and lime), each a forward pass of
+    the prompt (and a backward pass for the gradient methods), and the regression's [samples, pos] for shap and
+    lime; or, where larger, the mean baseline's embedding of every token (made, then freed, before the rows;
+    baseline None: the method's default, mean for shap and lime). context-mixing and the single-gradient methods
+    are one pass."""
+    from circuitlab.model import model_dtype
+    from circuitlab.perf import transformer_step_flops
+
+    if method not in METHODS:
+        raise CircuitlabError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    cfg = model.cfg
+    size = model_dtype(model).itemsize
+    rows = {"ig": steps, "occlusion": n_pos, "shap": samples, "lime": samples}.get(method, 1)
+    backward = method in ("ig", "saliency", "grad-x-input")
+    chunk = min(rows, batch_size or rows_per_chunk(model, n_pos, backward))
+    # What a row holds (measured on GPT-2 small's shape with a peak-memory script: ~12-15 [pos, d_model] per
+    # layer with gradients, ~15 [pos, d_model] in all without; rows_per_chunk's own sizing is more cautious).
+    mlp = (3 if cfg.mlp in ("swiglu", "geglu") else 2) * (0 if cfg.attn_only else cfg.mlp_dim)
+    per_pos = 10 * cfg.d_model + mlp + cfg.n_heads * n_pos
+    held = n_pos * (per_pos * max(cfg.n_layers, 1) if backward else 7 * cfg.d_model + 1.25 * mlp) + 2 * cfg.d_vocab
+    parts = {f"a chunk of {chunk} rows": chunk * held * size}
+    mean = baseline == "mean" or (baseline is None and method in ("shap", "lime"))
+    if mean and cfg.d_vocab * cfg.d_model * size > parts[f"a chunk of {chunk} rows"]:
+        parts = {"the mean baseline's embedding of every token": cfg.d_vocab * cfg.d_model * size}
+    if method in ("shap", "lime"):
+        parts["the regression's coalitions"] = 3 * samples * n_pos * 8    # the design, its weights, a copy (float64)
+    # the blocks over every position, the read-out at the explained one
+    flops = (transformer_step_flops(cfg, rows * n_pos, n_pos, backward=backward)
+             - rows * (n_pos - 1) * 2 * cfg.d_model * cfg.d_vocab * (3 if backward else 1))
+    return memory.Estimate(f"input attribution ({method}, {rows:,} row{'s' if rows != 1 else ''} of {n_pos} tokens in "
+                           f"chunks of {chunk})", parts, held=memory.tensor_bytes(model), flops=flops, efficiency=1.0)

@@ -74,7 +74,7 @@ def integrated_gradients(model: Transformer, tokens: torch.Tensor, target: int |
 
     scores [pos] = Σ_d (x − x')_d · ∫ ∂f/∂x_d (x' + α(x − x')) dα, the integral by `rule` with `steps`
     points. The points run as batched forward/backward passes of `batch_size` (default: as many as fit
-    ROW_BUDGET, rows_per_chunk), so memory stays bounded whatever `steps`.
+    row_budget(), rows_per_chunk), so memory stays bounded whatever `steps`.
     completeness_error = |Σ scores − (f(x) − f(x'))| / |f(x) − f(x')|: raise steps if it is large.
     baseline: "zeros", a token id (pad / EOS) at every position, a prompt's token ids [pos] or
     embeddings [pos, d_model] (see baseline_embeddings).

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab import memory
 from circuitlab.analysis import surrogate
 from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA, DEFAULT_KERNEL_WIDTH,
-                                                        DEFAULT_SAMPLES, EXACT_MAX_POSITIONS, KERNEL_WIDTH, ROW_BUDGET,
+                                                        DEFAULT_SAMPLES, EXACT_MAX_POSITIONS, KERNEL_WIDTH,
                                                         SAMPLES, SEED, Baseline, Explain, InputAttribution, Metric,
                                                         _baseline_name, _check_token, _decorate, _logits_at_rows,
                                                         _resolve, _sequence, baseline_embeddings, logit_metric,
@@ -28,7 +29,7 @@ def occlusion(model: Transformer, tokens: torch.Tensor, target: int | None = Non
               batch_size: int | None = None, tokenizer=None) -> InputAttribution:
     """Leave-one-out (span 1) or span occlusion: each window of `span` tokens among positions 0..pos is
     replaced by the `replacement` token (None: a zero embedding) and the model re-run, all windows in
-    batched passes (chunks of batch_size; default as many as fit ROW_BUDGET). A window's effect is f(input) − f(occluded); a position's
+    batched passes (chunks of batch_size; default as many as fit row_budget()). A window's effect is f(input) − f(occluded); a position's
     score is the mean effect of the windows covering it. Later positions cannot matter (causal): 0.
     """
     tokens = _sequence(tokens, model)
@@ -64,9 +65,9 @@ def occlusion(model: Transformer, tokens: torch.Tensor, target: int | None = Non
 
 def check_samples(samples: int, n_features: int, name: str = "samples") -> int:
     """The number of coalitions, kept by SAMPLES and by the regression's memory: [samples, positions] float64
-    within ROW_BUDGET."""
+    within a pass's share of the memory budget."""
     SAMPLES.check(samples, name)
-    most = ROW_BUDGET // max(n_features, 1)
+    most = memory.floats(memory.PASS_SHARE) // 2 // max(n_features, 1)
     if samples > most:
         raise CircuitlabError(f"{name} = {samples} coalitions of {n_features} positions would hold "
                               f"{samples * n_features:,} floats in the regression; at most {most} fit")
@@ -102,7 +103,7 @@ def coalition_values(model: Transformer, tokens: torch.Tensor, explain: Explain,
     token is present) -> values [n] (float64). A removed token takes the baseline's embedding (tokens later
     than pos keep theirs), or with baseline "delete" leaves the sequence (the kept tokens close up; the value
     is read after the last kept one; no token kept: start_token alone). Each distinct coalition runs once, in
-    batched passes of batch_size rows (default: as many as fit ROW_BUDGET)."""
+    batched passes of batch_size rows (default: as many as fit row_budget())."""
     unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
     out = torch.empty(len(unique), dtype=torch.float64)
     chunk = COUNT.check(batch_size, "batch_size") if batch_size is not None else rows_per_chunk(model, pos + 1, False)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from circuitlab import memory
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
@@ -35,8 +36,14 @@ from circuitlab.training.interrupts import interrupted_message, stop_after_step_
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-LENS_BUDGET = 2 ** 28  # floats one training step may hold (1 GiB): bounds batch_size x seq_len
-LENS_TOKENS = 2 ** 24  # tokens of training batches held in memory (128 MB as int64)
+# One training step's log-probabilities and the token batches held in memory are bounded by a training step's
+# share of the memory budget (circuitlab.memory: the memory available now, or --memory): lens_budget().
+
+
+def lens_budget() -> int:
+    """Floats one training step may hold (the token batches, int64, count 2 floats a token)."""
+    return memory.floats(memory.STEP_SHARE)
+
 
 WEIGHTS_FILE, CONFIG_FILE = "tuned_lens.safetensors", "tuned_lens.json"
 
@@ -151,22 +158,48 @@ def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: 
 
 
 def check_lens_batches(model: Transformer, n_batches: int, batch_size: int, seq_len: int) -> None:
-    """Refuse, in one line naming the option, sizes whose memory is unbounded: one step holds every point's
-    log-probabilities [point, batch, pos, d_vocab] (LENS_BUDGET floats at most), and all batches are held
-    as tokens (LENS_TOKENS at most). Called before any data is built."""
+    """Refuse, in one line naming the option, sizes whose memory passes the budget: one step holds every point's
+    log-probabilities [point, batch, pos, d_vocab] (lens_budget() floats at most), and all batches are held
+    as tokens (lens_budget() floats at most, 2 a token). Called before any data is built."""
     for name, value in (("batches", n_batches), ("batch_size", batch_size), ("seq_len", seq_len)):
         COUNT.check(value, name)
     points = model.cfg.n_layers + 2
     per_row = 3 * points * seq_len * model.cfg.d_vocab  # log-probs, their grads, the KL's terms
-    if batch_size * per_row > LENS_BUDGET:
+    budget = lens_budget()
+    if batch_size * per_row > budget:
         raise CircuitlabError(f"batch_size {batch_size} x seq_len {seq_len} needs "
                               f"{batch_size * per_row * 4 / 2**30:.1f} GiB per step for this model's {points} points "
-                              f"and {model.cfg.d_vocab} tokens (limit {LENS_BUDGET * 4 / 2**30:.0f} GiB); give a "
-                              f"batch_size of at most {max(1, LENS_BUDGET // per_row)}")
-    if n_batches * batch_size * seq_len > LENS_TOKENS:
+                              f"and {model.cfg.d_vocab} tokens (limit {memory.describe(memory.STEP_SHARE)}); give a "
+                              f"batch_size of at most {max(1, budget // per_row)}")
+    if 2 * n_batches * batch_size * seq_len > budget:
         raise CircuitlabError(f"batches {n_batches} x batch_size {batch_size} x seq_len {seq_len} is "
-                              f"{n_batches * batch_size * seq_len} tokens, all held in memory (limit {LENS_TOKENS}); "
-                              f"give at most {max(1, LENS_TOKENS // (batch_size * seq_len))} batches")
+                              f"{n_batches * batch_size * seq_len} tokens, all held in memory (limit "
+                              f"{budget // 2:,} tokens: {memory.describe(memory.STEP_SHARE)}); "
+                              f"give at most {max(1, budget // (2 * batch_size * seq_len))} batches")
+
+
+def lens_estimate(model: Transformer, batch_size: int, seq_len: int, steps: int = 300, n_batches: int = 1) -> memory.Estimate:
+    """What train_tuned_lens on n_batches token batches [batch_size, seq_len] holds at its peak and computes:
+    one step's log-probabilities at every point, their gradients and the KL's terms (float32), the translators
+    with their gradients and Adam's moments, and the token batches. Each step: a forward pass of the model (no
+    gradient), then every point translated and read out, forward and backward."""
+    from circuitlab.perf import transformer_step_flops
+
+    cfg = model.cfg
+    points, rows = cfg.n_layers + 2, batch_size * seq_len
+    # ~3.5 [batch, pos, d_vocab] float32 tensors per translated point (log-probabilities, the KL's terms, their
+    # gradients; fitted to benchmarks/bench_scale.py on GPT-2 small, Qwen3-0.6B and Llama-3.2-1B: 0.96-1.05)
+    parts = {"a step's log-probabilities and gradients": 3.5 * (points - 1) * rows * cfg.d_vocab * 4,
+             "translators, gradients and Adam's moments": 4 * (cfg.n_layers + 1) * (cfg.d_model + 1) * cfg.d_model * 4,
+             "token batches": n_batches * rows * 8}
+    # the model's forward; each translated point read out forward and backward (the gradient to the translators
+    # only: the unembedding is frozen), the read-out of the final point once
+    per_step = (transformer_step_flops(cfg, rows, seq_len, backward=False)
+                + 2 * (points - 2) * rows * 2 * cfg.d_model * (cfg.d_vocab + cfg.d_model))
+    # large products (rows x d_vocab): measured at the matmul speed of 512 x 512 products or above (bench_scale.py)
+    return memory.Estimate(f"tuned lens training ({steps} steps of {batch_size} x {seq_len} tokens, {points - 1} "
+                           "translators)", parts, held=memory.tensor_bytes(model), flops=steps * per_step,
+                           efficiency=1.0)
 
 
 def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:

@@ -49,7 +49,7 @@ from circuitlab.analysis._json import rounded  # noqa: F401 (also imported from 
 from circuitlab.analysis.patching.checks import (DIRECTIONS, as_tokens, check_direction, check_layers,  # noqa: F401
                                                  check_metric, check_pair, check_patching_request)
 from circuitlab.analysis.patching.engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
-                                                 logits_buffer, patched_logits, patched_run, sweep)
+                                                 logits_buffer, patched_logits, patched_run, sweep, sweep_estimate)
 from circuitlab.analysis.patching.noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
 from circuitlab.analysis.patching.metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,8 +20,13 @@ from circuitlab.model.hooks import act_name
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-# Float elements one chunk may hold in its largest activations (about 256 MB in fp32).
+# Float elements one chunk may hold in its largest activations (about 256 MB in fp32): a size for speed (larger
+# chunks are no faster); a pass's share of the memory budget bounds it where that is less (chunk_size).
 CHUNK_BUDGET = 2 ** 26
+# The share of the machine's matmul speed a batched patching pass reaches on a CPU: turns flops into seconds.
+# Measured with benchmarks/bench_scale.py (resid_pre sweeps at 64 tokens, load ~10): ~1.0 on GPT-2 small's shape,
+# ~0.26 on Llama-3.2-1B's at 4 layers; between them, the estimate is within ~2x of either.
+PATCH_EFFICIENCY = 0.45
 
 
 @dataclass
@@ -97,14 +103,74 @@ class Site:
         return torch.where(mask[:, None], src.to(act.device, act.dtype), grouped).view_as(act)
 
 
-def chunk_size(model: Transformer, batch: int, pos: int, eager: bool = False) -> int:
-    """Patches per forward pass so that a chunk's largest activations stay within CHUNK_BUDGET floats (a size
-    for speed: larger chunks are no faster), or a pass's share of the memory budget where that is less."""
+def chunk_floats(model: Transformer, pos: int, eager: bool = False) -> int:
+    """Floats one patch's copy of a row of `pos` tokens holds in a patched run: the residual stream and a block's
+    working set, the MLP's hidden, its logits (the metric's buffer); with eager attention its scores and pattern."""
     cfg = model.cfg
     per_row = pos * (4 * cfg.d_model + cfg.d_vocab + (0 if cfg.attn_only else 2 * cfg.mlp_dim))
     if eager:  # scores and pattern are materialised
         per_row += 2 * cfg.n_heads * pos * pos
-    return max(1, min(CHUNK_BUDGET, memory.floats(memory.PASS_SHARE)) // (per_row * batch))
+    return per_row
+
+
+def chunk_size(model: Transformer, batch: int, pos: int, eager: bool = False) -> int:
+    """Patches per forward pass so that a chunk's largest activations stay within CHUNK_BUDGET floats (a size
+    for speed: larger chunks are no faster), or a pass's share of the memory budget where that is less."""
+    return max(1, min(CHUNK_BUDGET, memory.floats(memory.PASS_SHARE)) // (chunk_floats(model, pos, eager) * batch))
+
+
+def base_run_floats(model: Transformer, batch: int, pos: int) -> int:
+    """Floats BaseRun.of holds for tokens [batch, pos]: every layer's residual stream, keys and values, and the
+    logits."""
+    cfg = model.cfg
+    return batch * pos * (cfg.n_layers * (cfg.d_model + 2 * cfg.kv_heads * cfg.head_dim) + cfg.d_vocab)
+
+
+def hook_floats(model: Transformer, hook: str, batch: int, pos: int) -> int:
+    """Floats of one layer's activation at a patching target's hook (short name: resid_pre, z, k, pattern, ...)
+    for tokens [batch, pos]."""
+    cfg = model.cfg
+    per_pos = {"z": cfg.n_heads * cfg.head_dim, "q": cfg.n_heads * cfg.head_dim, "k": cfg.kv_heads * cfg.head_dim,
+               "v": cfg.kv_heads * cfg.head_dim, "pattern": cfg.n_heads * pos}.get(hook, cfg.d_model)
+    return batch * pos * per_pos
+
+
+def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[str] | None = None,
+                   n_layers: int | None = None) -> memory.Estimate:
+    """What patching_sweep over `targets` (names; default: default_targets) on prompts [batch, pos] holds at its
+    peak and computes: the base run (BaseRun.of), the source run's cache of every target's hook at every swept
+    layer (n_layers; default all), and the largest chunk of patched copies (chunk_size, or the
+    patches a chunk of positions holds). The patches run from their layer (and position) on: about half the
+    model each."""
+    from circuitlab.analysis.patching.targets import default_targets, get_target
+    from circuitlab.model import model_dtype
+    from circuitlab.perf import block_weights
+
+    chosen = [get_target(model, t) for t in (default_targets(model) if targets is None else
+                                             [targets] if isinstance(targets, str) else targets)]
+    cfg = model.cfg
+    L = cfg.n_layers if n_layers is None else n_layers
+    size = model_dtype(model).itemsize
+    span = max(1, pos // 8)
+    layer_flops = 2 * block_weights(cfg) + 4 * pos * cfg.n_heads * cfg.head_dim   # per token and layer
+    source = sum(L * hook_floats(model, t.hook, batch, pos) for t in chosen)   # its logits are freed before the sweep
+    chunk, flops, n_all = 0, 0.0, 0
+    for t in chosen:
+        eager = t.hook == "pattern"
+        sizes = {"pos": pos, "dest_pos": pos, "head": cfg.kv_heads if t.hook in ("k", "v") else cfg.n_heads}
+        n = math.prod(sizes[a] for a in t.axes)
+        together = span * n // pos if t.pos_axis is not None else n
+        c = max(1, min(chunk_size(model, batch, pos, eager), together))
+        chunk = max(chunk, c * batch * chunk_floats(model, pos, eager))
+        run = (pos + span) / 2 if t.pos_axis is not None else pos    # positions a patched run computes, on average
+        # each patch runs the blocks from its layer on (half the model, on average) and unembeds the read position
+        flops += L * n * batch * (run * cfg.n_layers / 2 * layer_flops + 2 * cfg.d_model * cfg.d_vocab)
+        n_all += L * n
+    parts = {"base run": base_run_floats(model, batch, pos) * size, "source activations": source * size,
+             "a chunk of patched runs": chunk * size}
+    return memory.Estimate(f"activation patching ({n_all:,} patches of {batch} x {pos} tokens, "
+                           f"{len(chosen)} target{'s' if len(chosen) != 1 else ''})", parts,
+                           held=memory.tensor_bytes(model), flops=flops, efficiency=PATCH_EFFICIENCY)
 
 
 def patched_run(model: Transformer, base: BaseRun, layer: int, sites: Sequence[Site], rows: slice, start: int = 0,

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab import memory
 from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
                                           gap_within_noise, metric_value, patched_run, rounded, sweep)
+from circuitlab.analysis.patching.engine import PATCH_EFFICIENCY, base_run_floats, chunk_floats
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 from circuitlab.names import head_name
@@ -102,6 +104,34 @@ def _check_heads(model: Transformer, receiver, receiver_input: str, senders) -> 
                                   f"(layers 0..{rl - 1}, heads 0..{H - 1})")
         out.append((sl, sh))
     return out
+
+
+def path_patching_estimate(model, batch: int, pos: int, receiver_layer: int | None = None,
+                           n_senders: int | None = None) -> memory.Estimate:
+    """What path_patching on prompts [batch, pos] into a head of `receiver_layer` (default: the last layer, the
+    most senders) from n_senders heads (default: every earlier head) holds at its peak and computes: the clean
+    base run with every earlier head's z and MLP output, the corrupted run's z, the receiver inputs recorded for
+    one sender layer's heads, and a chunk of patched copies (chunk_size). Each sender costs a run up to the
+    receiver and one from the receiver on."""
+    from circuitlab.model import model_dtype
+    from circuitlab.perf import block_weights
+
+    cfg = model.cfg
+    rl = cfg.n_layers - 1 if receiver_layer is None else receiver_layer
+    n = rl * cfg.n_heads if n_senders is None else n_senders
+    size = model_dtype(model).itemsize
+    heads, mlp = cfg.n_heads * cfg.head_dim, (cfg.d_model if cfg.has_mlp else 0)
+    cached = batch * pos * rl * (2 * heads + mlp) + batch * pos * cfg.d_vocab   # clean z, MLP outs; corrupted z, logits
+    per_chunk = min(chunk_size(model, batch, pos), cfg.n_heads, max(1, n))   # a sender layer's heads at most
+    parts = {"base run": base_run_floats(model, batch, pos) * size, "cached heads and MLPs": cached * size,
+             "recorded receiver inputs": min(n, cfg.n_heads) * batch * pos * cfg.head_dim * size,
+             "a chunk of patched runs": per_chunk * batch * chunk_floats(model, pos) * size}
+    per_token = 2 * block_weights(cfg) + 4 * pos * heads
+    # each sender: a run from its layer to the receiver, one from the receiver on (about half the model and a
+    # layer, on average) and the read-out at the metric's position
+    flops = n * batch * (pos * (cfg.n_layers / 2 + 1) * per_token + 2 * cfg.d_model * cfg.d_vocab)
+    return memory.Estimate(f"path patching ({n} sender heads into layer {rl}, {batch} x {pos} tokens)", parts,
+                           held=memory.tensor_bytes(model), flops=flops, efficiency=PATCH_EFFICIENCY)
 
 
 @torch.no_grad()
