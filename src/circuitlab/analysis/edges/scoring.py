@@ -290,6 +290,7 @@ def edge_estimate(model: Transformer, batch: int, pos: int, method: str = "eap-i
     fwd = batch * (pos * cfg.n_layers * (2 * block_weights(cfg) + 4 * pos * cfg.n_heads * cfg.head_dim)
                    + 2 * cfg.d_model * cfg.d_vocab)
     contract = 2.0 * graph.n_edges * batch * pos * d
+    parts: dict[str, float]
     if method == "exact":
         parts = {"clean run's writers": batch * T * d * S * size,
                  "a chunk of masked copies": copies * _per_copy_floats(model, graph, tokens) * size,
@@ -302,7 +303,8 @@ def edge_estimate(model: Transformer, batch: int, pos: int, method: str = "eap-i
         parts = {"a gradient run's reader inputs": runs * batch * T * d * 5 * R * size,
                  "writers' outputs and reference": writers,
                  "logits": (0.5 * runs + (8 if method == "eap-ig" else 0)) * logits}
-        by_logits = {"logits and their gradients": 3 * runs * logits, "writers' outputs and reference": writers}
+        by_logits: dict[str, float] = {"logits and their gradients": 3 * runs * logits,
+                                       "writers' outputs and reference": writers}
         if sum(by_logits.values()) > sum(parts.values()):
             parts = by_logits
         n = 1 if method == "eap" else steps
