@@ -316,14 +316,14 @@ def test_circuit_exact_at_the_most_rows_accepted_finishes_within_a_cap(where):
     through every edge's patched run; over 15 min on the loaded 2-core machine.)"""
     from circuitlab import memory
     from circuitlab.analysis.edges.edge_graph import EdgeGraph
-    from circuitlab.analysis.edges.scoring import _per_copy_floats, rows_budget
+    from circuitlab.analysis.edges.scoring import _per_copy_floats, edge_rows_budget
     from circuitlab.training import load_checkpoint
 
     model, tok, _ = load_checkpoint(str(where / "run"))
     line = "Lily saw a cat"
     per_row = _per_copy_floats(model, EdgeGraph.of(model), torch.zeros(1, len(tok.encode(line)), dtype=torch.long))
     with memory.memory_limit("4G"):
-        most = rows_budget() // per_row
+        most = edge_rows_budget() // per_row
     (where / "most_clean.txt").write_text((line + "\n") * most)
     (where / "most_corrupt.txt").write_text(("Lily saw a dog\n") * most)
     (where / "over_clean.txt").write_text((line + "\n") * (most + 1))

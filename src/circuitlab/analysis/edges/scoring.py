@@ -53,7 +53,7 @@ COPY_BUDGET = 2 ** 22
 # (circuitlab.memory: the memory available now, or --memory); above it, a refusal naming how many rows fit.
 
 
-def rows_budget() -> int:
+def edge_rows_budget() -> int:
     """Floats one copy of all rows may need: a pass's share of the memory budget."""
     return memory.floats(memory.PASS_SHARE)
 
@@ -326,10 +326,10 @@ def _copies_per_run(model: Transformer, graph: EdgeGraph, tokens: torch.Tensor) 
 
 def check_rows_fit(model: Transformer, tokens: torch.Tensor, graph: EdgeGraph | None = None) -> None:
     """All rows, tokens [batch, pos], run together: one copy of them (every edge source's output at every
-    position) must fit rows_budget() floats, else a one-line refusal saying how many rows would."""
+    position) must fit edge_rows_budget() floats, else a one-line refusal saying how many rows would."""
     graph = graph or EdgeGraph.of(model)
     need = _per_copy_floats(model, graph, tokens)
-    budget = rows_budget()
+    budget = edge_rows_budget()
     if need > budget:
         rows, pos = tokens.shape
         fit = max(1, budget * rows // need)
