@@ -74,7 +74,7 @@ def _lens(model, tokens):
 
 
 def _cache(model, tokens):
-    from circuitlab.model.hooks import cache_estimate
+    from circuitlab.model.transformer import cache_estimate
 
     return cache_estimate(model, *tokens.shape), lambda: model.run_with_cache(tokens)
 
@@ -123,7 +123,7 @@ def test_estimates_grow_with_the_work():
     from circuitlab.analysis.patching import sweep_estimate
     from circuitlab.analysis.patching.path import path_patching_estimate
     from circuitlab.analysis.steering import steer_estimate
-    from circuitlab.model.hooks import cache_estimate
+    from circuitlab.model.transformer import cache_estimate
 
     model = _model(d_vocab=300, n_layers=3)
     pairs = [(lambda n: sweep_estimate(model, 1, n)), (lambda n: path_patching_estimate(model, 1, n)),

@@ -233,17 +233,17 @@ class SteeringSweep:
         return f"<pre>{self.table()}</pre>"
 
 
-def kv_floats(model, samples: int, length: int | None = None) -> int:
+def kv_floats(model: Transformer, samples: int, length: int | None = None) -> int:
     """Floats of the keys and values a batch of `samples` generations of `length` tokens (default: the context)
     holds in its KV cache."""
     cfg = model.cfg
     return samples * 2 * cfg.n_layers * min(length or cfg.n_ctx, cfg.n_ctx) * cfg.kv_heads * cfg.head_dim
 
 
-def check_kv(model, samples: int) -> None:
+def check_kv(model: Transformer, samples: int) -> None:
     """Refuse, in one line, more generations in one batch than a pass's share of the memory budget holds the keys
     and values of (at the full context)."""
-    from circuitlab import memory
+    import circuitlab.memory as memory
 
     kv, budget = kv_floats(model, samples), memory.floats(memory.PASS_SHARE)
     if kv > budget:
@@ -252,13 +252,13 @@ def check_kv(model, samples: int) -> None:
                               f"{kv * 4 / 2**30:.1f} GiB (limit {memory.describe(memory.PASS_SHARE)}); give at most {fit}")
 
 
-def steer_estimate(model, samples: int, prompt_len: int, max_tokens: int, n_coefs: int, loss_tokens: int,
+def steer_estimate(model: Transformer, samples: int, prompt_len: int, max_tokens: int, n_coefs: int, loss_tokens: int,
                    longest: int | None = None) -> Any:
     """What a steering sweep with generations holds at its peak and computes (circuitlab.memory.Estimate): a batch
     of `samples` generations of prompt_len + max_tokens tokens (their KV cache, the prompt's logits) and the
     logits of the longest loss prompt; per coefficient, the generations and a loss pass over loss_tokens tokens
     of the positive, negative and neutral prompts."""
-    from circuitlab import memory
+    import circuitlab.memory as memory
     from circuitlab.model import model_dtype
     from circuitlab.perf import transformer_step_flops
 

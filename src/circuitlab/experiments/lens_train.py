@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 STATE_FILE = "training_state.safetensors"  # inside the output folder while training; removed at the end
 
@@ -53,7 +57,7 @@ def _text_batches(path: str, tokenizer, n_batches: int, batch_size: int, seq_len
     return list(torch.tensor(ids[:n * per_batch]).view(n, batch_size, seq_len))
 
 
-def lens_train_estimate(opts: LensTrainOptions, model=None):
+def lens_train_estimate(opts: LensTrainOptions, model: Transformer | None = None):
     """What train_lens(opts) would hold and take (circuitlab.memory.Estimate, timed), with the sizes checked;
     nothing is read beyond the checkpoint, nothing written (`circuitlab lens train --estimate`)."""
     from circuitlab.analysis.lens.tuned import check_lens_batches, lens_estimate

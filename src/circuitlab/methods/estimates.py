@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.methods.base import prompt_tokens
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def estimate_tuned_lens(model: Transformer, tokenizer: Any, options: Any, lens: 
     """A quick lens trained when none is saved (8 batches of 8 x 64 tokens), else held-out stories read."""
     from circuitlab.analysis.lens.tuned import TunedLens, lens_estimate
     from circuitlab.methods.tuned_lens import QUICK_LENS_STEPS
-    from circuitlab.model.hooks import cache_estimate
+    from circuitlab.model.transformer import cache_estimate
 
     seq = min(64, model.cfg.n_ctx)
     if lens is not None and TunedLens.exists(lens):
@@ -62,7 +62,7 @@ def estimate_tuned_lens(model: Transformer, tokenizer: Any, options: Any, lens: 
 def estimate_ablation(model: Transformer, tokenizer: Any, options: Any, **_: Any) -> memory.Estimate:
     """The reference sequences' mean activations, then one ablated run per head and MLP."""
     from circuitlab.methods.pairs import BATCH
-    from circuitlab.model.hooks import cache_estimate
+    from circuitlab.model.transformer import cache_estimate
 
     half = min(24, model.cfg.n_ctx // 2)
     est = cache_estimate(model, 5 * BATCH, 2 * half, lambda n: n.endswith(("hook_z", "hook_mlp_out")))
@@ -73,7 +73,7 @@ def estimate_ablation(model: Transformer, tokenizer: Any, options: Any, **_: Any
 
 def estimate_probing(model: Transformer, tokenizer: Any, options: Any, **_: Any) -> memory.Estimate:
     """Every residual point of 8 batches of 16 random sequences, kept for the probes."""
-    from circuitlab.model.hooks import cache_estimate
+    from circuitlab.model.transformer import cache_estimate
 
     pos = min(64, model.cfg.n_ctx)
     est = cache_estimate(model, 8 * 16, pos, lambda n: "resid" in n or n == "hook_embed")
@@ -85,7 +85,7 @@ def estimate_one_prompt(name: str):
     """The estimate of a method that reads one prompt (or, without a tokenizer, the weights and 16 tokens)."""
     def estimate(model: Transformer, tokenizer: Any, options: Any, prompt: str | None = None, **_: Any
                  ) -> memory.Estimate:
-        from circuitlab.model.hooks import cache_estimate
+        from circuitlab.model.transformer import cache_estimate
 
         n = len(prompt_tokens(model, tokenizer, prompt)) if tokenizer is not None else min(16, model.cfg.n_ctx)
         est = cache_estimate(model, 1, n)

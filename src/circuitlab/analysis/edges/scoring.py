@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.edges.forward import EdgeRun, graph_forward, input_output
 from circuitlab.analysis.edges.edge_graph import EdgeGraph

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.checks import POSITIVE, Number

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis import surrogate
 from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA, DEFAULT_KERNEL_WIDTH,
                                                         DEFAULT_SAMPLES, EXACT_MAX_POSITIONS, KERNEL_WIDTH,

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis.lens import LogitLens, lens_readout, logit_lens, residual_points
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab import memory
+import circuitlab.memory as memory
 from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
                                           gap_within_noise, metric_value, patched_run, rounded, sweep)
 from circuitlab.analysis.patching.engine import PATCH_EFFICIENCY, base_run_floats, chunk_floats
@@ -106,7 +106,7 @@ def _check_heads(model: Transformer, receiver, receiver_input: str, senders) -> 
     return out
 
 
-def path_patching_estimate(model, batch: int, pos: int, receiver_layer: int | None = None,
+def path_patching_estimate(model: Transformer, batch: int, pos: int, receiver_layer: int | None = None,
                            n_senders: int | None = None) -> memory.Estimate:
     """What path_patching on prompts [batch, pos] into a head of `receiver_layer` (default: the last layer, the
     most senders) from n_senders heads (default: every earlier head) holds at its peak and computes: the clean
