@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,9 +36,6 @@ import circuitlab.serve.prompt as prompt_page
 from circuitlab.serve.guard import Guard
 from circuitlab.serve.page import CSS, JS, STATIC_DIR, Served, page_response
 from circuitlab.serve.pages import PAGES, page_keywords
-
-if TYPE_CHECKING:
-    from circuitlab.model import Transformer
 
 log = logging.getLogger("circuitlab.serve")
 
