@@ -29,6 +29,10 @@ def page_response(name: str) -> FileResponse:
     return FileResponse(STATIC_DIR / name, media_type="text/html; charset=utf-8", headers={"cache-control": "no-cache"})
 
 
+def _no_encoder() -> list[int]:
+    raise RuntimeError("Served.encode is set by create_app (it checks the server's prompt limits)")
+
+
 @dataclass
 class Served:
     """What the pages' routes read: the run folder's model, tokenizer and metadata (None / empty without one),
@@ -41,7 +45,7 @@ class Served:
     checkpoint_name: str | None = None
     limits: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    encode: Callable[[str], list[int]] = lambda prompt: []
+    encode: Callable[[str], list[int]] = field(default=lambda prompt: _no_encoder())
     parts: dict[str, Any] = field(default_factory=dict)
 
 
