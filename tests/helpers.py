@@ -122,7 +122,7 @@ def saved_graph_run(root, prompt: str = GRAPH_PROMPT, n_layers: int = 2, d_sae: 
     from circuitlab.data.stories import generate_stories
     from circuitlab.data.tokenizers import CharTokenizer
     from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
-    from circuitlab.experiments.graph_experiment import graph_experiment
+    from circuitlab.methods.graph import graph_experiment
     from circuitlab.graphs import Transcoders
     from circuitlab.training import save_checkpoint
 

@@ -207,7 +207,7 @@ def test_graph_counts_and_causal_tracing_noise_agree(graphs):
                     ["interpret", "--checkpoint", "x", "--experiments", "causal_tracing"]) + [option, text]
             cli, api = cli_accepts(argv), python_accepts(lambda: call(value))
             assert cli == api, (option, text, cli, api)
-    from circuitlab.experiments.graph_experiment import graph_experiment
+    from circuitlab.methods.graph import graph_experiment
 
     with pytest.raises(CircuitlabError, match="dashboard_tokens"):   # the experiment checks it too
         graph_experiment(model, tc, "Lily saw", tok, dashboard_tokens=-1, progress=False)

@@ -60,7 +60,7 @@ print(json.dumps(answers))
 _EXPLORER = """
 import json, sys
 from fastapi.testclient import TestClient
-from circuitlab.experiments.graph_experiment import graph_experiment
+from circuitlab.methods.graph import graph_experiment
 from circuitlab.serve import create_app
 answers = []
 for (model, graphs, transcoders), bodies in json.loads(sys.argv[1]):

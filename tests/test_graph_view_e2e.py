@@ -7,7 +7,7 @@ import json
 import pytest
 
 import helpers
-from circuitlab.experiments.graph_experiment import graph_experiment
+from circuitlab.methods.graph import graph_experiment
 from circuitlab.graphs.export import reprune
 
 pytestmark = pytest.mark.e2e

@@ -371,7 +371,7 @@ def test_named_targets_and_a_logit_difference(setup):
 def test_a_foil_equal_to_the_target_is_refused_before_any_work(setup, tmp_path, monkeypatch):
     """logit[X] - logit[X] is zero: no graph explains it (the CLI case is in test_output_policy)."""
     from circuitlab.data.tokenizers import CharTokenizer
-    from circuitlab.experiments import graph_experiment as experiment
+    import circuitlab.methods.graph as experiment
 
     model, tc, tokens, graph = setup
     with pytest.raises(CircuitlabError, match="is the target"):
@@ -508,7 +508,7 @@ def test_graph_command_writes_every_file_and_refuses_bad_input_in_one_line(tmp_p
 
 
 def test_an_interrupted_write_leaves_no_graph_folder(tmp_path, monkeypatch):
-    import circuitlab.experiments.graph_experiment as experiment
+    import circuitlab.methods.graph as experiment
     from circuitlab.graphs.planted import PlantedTokenizer
 
     def interrupted(run):

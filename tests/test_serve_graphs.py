@@ -9,7 +9,7 @@ import torch
 from fastapi.testclient import TestClient
 
 import helpers
-from circuitlab.experiments.graph_experiment import graph_experiment
+from circuitlab.methods.graph import graph_experiment
 from circuitlab.graphs import Intervention, ReplacementModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -62,7 +62,7 @@ def test_sigterm_from_outside_saves_and_says_the_command_that_continues(tmp_path
 
 
 def test_a_stop_where_nothing_is_saved_says_the_same_command_starts_over(tmp_path, capsys, monkeypatch):
-    import circuitlab.experiments.graph_experiment as graph_experiment
+    import circuitlab.methods.graph as graph_experiment
 
     def stopping(signum):
         def attribute(*args, **kwargs):

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         raise InputError("give --prompt TEXT (the text whose next token the graph explains), or run the demo: "
                          "circuitlab graph demo")
-    from circuitlab.experiments.graph_experiment import graph_experiment
+    from circuitlab.methods.graph import graph_experiment
     from circuitlab.graphs import GraphOptions, Transcoders
     from circuitlab.training.outputs import check_output_folder
 

@@ -64,27 +64,25 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from circuitlab.errors import CircuitlabError
-    from circuitlab.experiments.graph_experiment import graph_experiment
     from circuitlab.serve import create_app
     from circuitlab.serve.app import LOOPBACK_HOSTS
+    from circuitlab.serve.pages import banner
 
     if not 0 < args.port < 65536:
         raise CircuitlabError(f"--port must be from 1 to 65535, got {args.port}")
     loopback = args.host in LOOPBACK_HOSTS
+    given = {"dictionaries": args.dictionary, "lens": args.lens, "circuits": args.circuit,
+             "graphs": args.graphs if args.graphs is not None else ("runs" if Path("runs").is_dir() else None),
+             "transcoders": args.transcoders, "transcoder_set": args.transcoder_set}
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
     app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
-                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device,
-                     dictionaries=args.dictionary, lens=args.lens, circuits=args.circuit,
-                     graphs=args.graphs if args.graphs is not None else ("runs" if Path("runs").is_dir() else None),
-                     transcoders=args.transcoders, graph_runner=graph_experiment, transcoder_set=args.transcoder_set)
+                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device, **given)
     check_port_free(args.host, args.port)
     import uvicorn
 
     shown = f"[{args.host}]" if ":" in args.host else args.host
-    features = "; features: /features" if args.dictionary else ""
-    inputs = "; inputs and lenses: /inputs" if args.checkpoint else ""
-    print(f"circuitlab explorer: http://{shown}:{args.port}/   (adder: /adder{inputs}{features}; "
-          "circuits: /circuits; graphs: /graphs; Ctrl-C stops)")
+    pages = banner({**given, "run_dir": args.checkpoint})
+    print(f"circuitlab explorer: http://{shown}:{args.port}/   ({pages}; Ctrl-C stops)")
     if not args.checkpoint:
         print("no --checkpoint: the explorer page has no model; the adder page works", file=sys.stderr)
     if not loopback:

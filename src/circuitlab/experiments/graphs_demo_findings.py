@@ -317,7 +317,7 @@ def explain(model: Transformer, tc, tokenizer, spec: PromptSpec, out: Path | Non
     """The graph of spec's target logit, its numbers, and the intervention that tests it; the graph's files
     (graph/, graph.json for Neuronpedia's viewer, graph.svg, report.* with the interactive viewer) in
     out/<slug> when out is given; dashboard_tokens: held-out tokens for the viewer's feature cards."""
-    from circuitlab.experiments.graph_experiment import GraphResult, graph_feature_cards, write_graph_run
+    from circuitlab.methods.graph import GraphResult, graph_feature_cards, write_graph_run
     from circuitlab.graphs import attribute
     from circuitlab.graphs.attribution_graph import normalized
 

@@ -10,7 +10,7 @@ page's inputs, graph_experiment's keywords and the defaults of attribute() and G
 The command line:      commands/graph.py       add_arguments(p, GraphOptions); GraphOptions.from_args(args)
 The explorer:          serve/graphs.py         request_model(only(GraphOptions, EXPLORER)); the page reads the
                                                defaults and bounds from /api/graphs ("options")
-The Python API:        experiments/graph_experiment.py  graph_experiment(..., options=None, **fields)
+The Python API:        methods/graph.py        graph_experiment(..., options=None, **fields)
 The computation:       graphs/attribution.py (attribute: logits, batch, feature cap, token nodes) and
                        graphs/attribution_graph.py (Graph.prune: the thresholds)
 """

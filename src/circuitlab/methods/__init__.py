@@ -9,6 +9,8 @@ iterate over it:
     m.report_section(found.to_dict())                                   # the report reads results.json back
 
 This floor sits above the views (viz/) and below the report, the explorer and the experiments.
+graph.py (attribution graphs: `circuitlab graph`, the explorer's /graphs) is a method module outside REGISTRY:
+it needs the model's transcoders, which `interpret` does not load.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
+from circuitlab.serve.page import JS, Page, Served
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -152,14 +153,10 @@ class RunRequest(BaseModel):
     steps: StrictInt = Field(default=5, description="EAP-IG steps")
 
 
-def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encode, page_response) -> None:
-    """GET /circuits (the page), GET /api/circuits, GET /api/circuit, GET /api/circuit.svg,
+def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encode) -> None:
+    """GET /api/circuits, GET /api/circuit, GET /api/circuit.svg,
     POST /api/circuits/run (409 without a model). encode(prompt) -> ids checks the server's prompt limits."""
     from starlette.exceptions import HTTPException
-
-    @app.get("/circuits", include_in_schema=False)
-    def circuits_page():
-        return page_response("circuits.html")
 
     @app.get("/api/circuits")
     def circuits() -> dict[str, Any]:
@@ -188,5 +185,16 @@ def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encod
             return browser.run(req.task, req.corruption, req.method, req.metric, req.edges, req.clean, req.corrupt,
                                req.steps)
 
+
+
+
+def _load(served: Served, given: Mapping[str, Any]) -> CircuitBrowser:
+    """The circuit browser of create_app's circuits (`circuitlab circuit` output folders; none: an empty one)."""
+    return CircuitBrowser.load(served.model, served.tokenizer, given.get("circuits") or [])
+
+
+PAGE = Page("circuits", "/circuits", "circuits.html", static={"circuits.js": JS}, load=_load, keywords=("circuits",),
+            routes=lambda app, s: add_circuit_routes(app, s.parts["circuits"], s.lock, s.encode),
+            banner=lambda given: "circuits: /circuits")
 
 __all__ = ["CircuitBrowser", "add_circuit_routes"]

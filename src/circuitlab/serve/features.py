@@ -13,7 +13,7 @@ A dictionary folder without saved dashboards gets them computed at load, on held
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+from circuitlab.serve.page import JS, Page, Served
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -141,10 +142,10 @@ class PromptRequest(BaseModel):
     top: StrictInt = Field(default=5, description="features listed per token")
 
 
-def add_feature_routes(app, browser: FeatureBrowser | None, lock: threading.Lock, encode, page_response) -> None:
-    """GET /features (the page), GET /api/dictionaries, GET /api/features, GET /api/feature,
-    POST /api/features/prompt. encode(prompt) -> ids checks the server's limits; page_response(name)
-    serves a static page. Without dictionaries the API answers 409."""
+def add_feature_routes(app, browser: FeatureBrowser | None, lock: threading.Lock, encode) -> None:
+    """GET /api/dictionaries, GET /api/features, GET /api/feature,
+    POST /api/features/prompt (the page, /features: serve/pages.py). encode(prompt) -> ids checks the server's
+    limits. Without dictionaries the API answers 409."""
     from fastapi import Query
     from starlette.exceptions import HTTPException
 
@@ -153,10 +154,6 @@ def add_feature_routes(app, browser: FeatureBrowser | None, lock: threading.Lock
             raise HTTPException(409, "no dictionary loaded: start the server with "
                                      "`circuitlab serve --checkpoint RUN --dictionary DIR`")
         return browser
-
-    @app.get("/features", include_in_schema=False)
-    def features_page():
-        return page_response("features.html")
 
     @app.get("/api/dictionaries")
     def dictionaries() -> dict[str, Any]:
@@ -185,3 +182,18 @@ def add_feature_routes(app, browser: FeatureBrowser | None, lock: threading.Lock
         ids = encode(req.prompt)
         with lock:
             return b.prompt_features(req.dictionary, ids, req.top)
+
+
+def _load(served: Served, given: Mapping[str, Any]) -> FeatureBrowser | None:
+    """The feature browser of create_app's dictionaries (folders of dictionaries for the run's model), or None."""
+    if not given.get("dictionaries"):
+        return None
+    if served.model is None:
+        raise CircuitlabError("--dictionary needs --checkpoint: the model the dictionaries were trained on")
+    return FeatureBrowser.load(served.model, served.tokenizer, given["dictionaries"])
+
+
+PAGE = Page("features", "/features", "features.html", static={"features.js": JS}, load=_load,
+            keywords=("dictionaries",),
+            routes=lambda app, s: add_feature_routes(app, s.parts["features"], s.lock, s.encode),
+            banner=lambda given: "features: /features" if given.get("dictionaries") else None)

@@ -23,10 +23,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from fastapi.responses import Response  # at module level: the OpenAPI schema resolves route annotations here
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from circuitlab.atomic import atomic_write_text, json_text
@@ -35,9 +37,11 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.graphs.export import FEATURE, check_viewer_json
 from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions, graph_options, only
 from circuitlab.graphs.transcoders import differs, made_with
+from circuitlab.methods.graph import graph_experiment
+from circuitlab.serve.page import CSS, JS, Page, Served
 from circuitlab.serve.requests import request_model
 from circuitlab.spec import schema
-from circuitlab.viz.graph_view import feature_cards
+from circuitlab.viz.graph_view import asset, feature_cards, saved_dashboards
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -116,7 +120,7 @@ class GraphBrowser:
         self.root = Path(root).resolve() if root is not None else None
         self.model, self.tokenizer, self.tc = model, tokenizer, transcoders
         self.saved = saved or {}   # {layer: FeatureDashboards} saved with the transcoders (viz.graph_view)
-        self.runner = runner   # experiments.graph_experiment.graph_experiment (given by the command: serve sits below it)
+        self.runner = runner   # what writes a new graph folder: methods.graph.graph_experiment (_load's default)
         self._cards: dict[tuple[str, float, int], dict[str, Any]] = {}
         self._replacement: tuple[tuple[int, ...], Any] | None = None
         self._made_with: dict[str, Any] | None = None
@@ -335,7 +339,7 @@ class GraphBrowser:
 
         self._need()
         if self.runner is None:
-            raise PermissionError("this server was started without a graph runner (circuitlab serve passes one)")
+            raise PermissionError("this graph browser was made without a graph runner (create_app gives one)")
         if self.root is None:
             raise PermissionError("start the server with --graphs DIR to write new graphs there")
         opts = graph_options(options, dashboard_tokens=0)
@@ -355,8 +359,9 @@ class GraphBrowser:
         return {"id": out.relative_to(self.root).as_posix()}
 
 
-def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, page_response) -> None:
-    """GET /graphs (the page) and the /api/graphs endpoints. Unknown graphs answer 404, missing model 409."""
+def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode) -> None:
+    """The /api/graphs endpoints and the viewer's script and style (/static/graph_view.js, .css).
+    Unknown graphs answer 404, missing model 409."""
     from starlette.exceptions import HTTPException
 
     def call(fn, *args):
@@ -367,9 +372,13 @@ def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, p
         except (PermissionError, NotMadeWith) as e:
             raise HTTPException(409, str(e)) from None
 
-    @app.get("/graphs", include_in_schema=False)
-    def graphs_page():
-        return page_response("graphs.html")
+    @app.get("/static/graph_view.js", include_in_schema=False)
+    def graph_view_js() -> Response:
+        return Response(asset("graph_view.js"), media_type=JS, headers={"cache-control": "no-cache"})
+
+    @app.get("/static/graph_view.css", include_in_schema=False)
+    def graph_view_css() -> Response:
+        return Response(asset("graph_view.css"), media_type=CSS, headers={"cache-control": "no-cache"})
 
     @app.get("/api/graphs")
     def list_graphs() -> dict[str, Any]:
@@ -406,3 +415,28 @@ def add_graph_routes(app, browser: GraphBrowser, lock: threading.Lock, encode, p
         ids = encode(req.prompt)
         with lock:
             return call(browser.compute, ids, req.prompt, GraphOptions(**req.options().to_dict()))
+
+
+def _load(served: Served, given: Mapping[str, Any]) -> GraphBrowser:
+    """The graph browser of create_app's graphs (the runs folder `circuitlab graph` writes under), transcoders (the
+    model's: interventions, feature cards, new graphs; transcoder_set: which set of a run holding several, as
+    Transcoders.load's set_name) and graph_runner (what writes a new graph folder; default graph_experiment)."""
+    graphs, transcoders = given.get("graphs"), given.get("transcoders")
+    tc = None
+    if transcoders is not None:
+        if served.model is None:
+            raise CircuitlabError("--transcoders needs --checkpoint: the model the transcoders were trained on")
+        from circuitlab.graphs import Transcoders
+
+        tc = Transcoders.load(served.model, transcoders, set_name=given.get("transcoder_set"))
+    if graphs is not None and not Path(graphs).is_dir():
+        raise CircuitlabError(f"--graphs {graphs} is not a folder (give the runs folder holding `circuitlab graph` "
+                              "outputs)")
+    return GraphBrowser(Path(graphs) if graphs is not None else None, served.model, served.tokenizer, tc,
+                        runner=given.get("graph_runner") or graph_experiment, saved=saved_dashboards(transcoders))
+
+
+PAGE = Page("graphs", "/graphs", "graphs.html", static={"graphs.js": JS}, load=_load,
+            keywords=("graphs", "transcoders", "transcoder_set", "graph_runner"),
+            routes=lambda app, s: add_graph_routes(app, s.parts["graphs"], s.lock, s.encode),
+            banner=lambda given: "graphs: /graphs")

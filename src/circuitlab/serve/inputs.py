@@ -9,6 +9,8 @@ dicts; add_input_routes puts them on the app.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -19,6 +21,7 @@ from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT
 from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
+from circuitlab.serve.page import JS, Page, Served
 from circuitlab.serve.prompt import VALUE_DIGITS, resolve_target, token_str
 
 if TYPE_CHECKING:
@@ -190,9 +193,8 @@ class SteerRequest(BaseModel):
     max_tokens: StrictInt = Field(default=20, description="tokens generated per coefficient")
 
 
-def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: threading.Lock, encode,
-                     page_response) -> None:
-    """GET /inputs (the page), POST /api/attribute, POST /api/lens, POST /api/steer. encode(prompt) -> ids
+def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: threading.Lock, encode) -> None:
+    """POST /api/attribute, POST /api/lens, POST /api/steer. encode(prompt) -> ids
     checks the server's limits; without a model the API answers 409."""
     from starlette.exceptions import HTTPException
 
@@ -200,10 +202,6 @@ def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: thre
         if model is None:
             raise HTTPException(409, "no model loaded: start the server with `circuitlab serve --checkpoint RUN`")
         return model
-
-    @app.get("/inputs", include_in_schema=False)
-    def inputs_page():
-        return page_response("inputs.html")
 
     @app.post("/api/attribute")
     def attribute_route(req: AttributeRequest) -> dict[str, Any]:
@@ -235,3 +233,28 @@ def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: thre
         prompt = encode(req.prompt)
         with lock:
             return steer_prompt(loaded, tokenizer, sets[0], sets[1], req.layer, req.coefs, prompt, req.max_tokens)
+
+
+def _load(served: Served, given: Mapping[str, Any]) -> Any:
+    """The tuned lens of /inputs: create_app's lens folder (trained on the run's model), else the run's saved one
+    (run_dir/tuned_lens); None without either."""
+    from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
+
+    run_dir, lens = given.get("run_dir"), given.get("lens")
+    folder: str | Path
+    if lens is None:
+        if run_dir is None:
+            return None
+        folder = default_lens_dir(run_dir)
+    else:
+        if served.model is None:
+            raise CircuitlabError("--lens needs --checkpoint: the model the tuned lens was trained on")
+        if not TunedLens.exists(lens):
+            raise CircuitlabError(f"--lens {lens} holds no tuned lens; train one with `circuitlab lens train`")
+        folder = lens
+    return TunedLens.load(folder, served.model).to(given.get("device", "cpu")) if TunedLens.exists(folder) else None
+
+
+PAGE = Page("inputs", "/inputs", "inputs.html", static={"inputs.js": JS}, load=_load, keywords=("lens",),
+            routes=lambda app, s: add_input_routes(app, s.model, s.tokenizer, s.parts["inputs"], s.lock, s.encode),
+            banner=lambda given: "inputs and lenses: /inputs" if given.get("run_dir") else None)

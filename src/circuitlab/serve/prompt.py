@@ -22,6 +22,7 @@ from circuitlab.analysis._json import round_tensor
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.names import head_name
+from circuitlab.serve.page import JS, Page
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -304,7 +305,7 @@ class AdderRequest(BaseModel):
     digits: int = Field(default=2, ge=1, le=ADDER_MAX_DIGITS, description="digits of a and of b")
 
 
-def add_prompt_routes(app, model: Transformer, tokenizer, meta: dict[str, Any], checkpoint_name: str | None,
+def add_prompt_routes(app, model: Transformer | None, tokenizer, meta: dict[str, Any], checkpoint_name: str | None,
                       limits: dict[str, int], lock: threading.Lock, encode: Callable[[str], list[int]]) -> None:
     """GET /api/model, POST /api/analyse, GET and POST /api/adder. encode(prompt) -> ids checks the server's
     limits; without a model /api/model says so and /api/analyse answers 409 (the adder needs none)."""
@@ -315,6 +316,7 @@ def add_prompt_routes(app, model: Transformer, tokenizer, meta: dict[str, Any], 
     def labels() -> tuple[dict[str, list[str]], str | None]:
         with lock:
             if "labels" not in labels_cache:
+                assert model is not None   # the routes that label heads answer 409 first without a model
                 labels_cache["labels"] = head_labels(model)
             return labels_cache["labels"]
 
@@ -353,3 +355,12 @@ def add_prompt_routes(app, model: Transformer, tokenizer, meta: dict[str, Any], 
         """The same as GET, with the fields as a JSON body."""
         with lock:
             return adder_walkthrough(req.a, req.b, req.design, req.digits)
+
+
+# The explorer (/: the prompt API's page) and the hand-built adder (/adder: its GET and POST /api/adder are
+# among the prompt routes, which need no model for it).
+PAGE = Page("explorer", "/", "index.html", static={"explorer.js": JS},
+            routes=lambda app, s: add_prompt_routes(app, s.model, s.tokenizer, s.meta, s.checkpoint_name, s.limits,
+                                                    s.lock, s.encode))
+ADDER_PAGE = Page("adder", "/adder", "adder.html", static={"adder.js": JS}, routes=None,
+                  banner=lambda given: "adder: /adder")

@@ -1,4 +1,6 @@
-"""The attribution graph of one prompt, end to end: attribute, score, prune, write every file.
+"""The attribution-graph method (`circuitlab graph`, the explorer's /graphs): the graph of one prompt, end to end:
+attribute, score, prune, write every file. Its options are graphs.options.GraphOptions; it is not in
+methods.REGISTRY, whose methods `interpret` runs on a model alone: this one needs transcoders too.
 
     run = graph_experiment(model, transcoders, "Lily saw a cat. Lily", tokenizer=tok, out="runs/graph")
     run.summary            # findings in words; run.graph, run.pruned; run (in Jupyter) shows them
