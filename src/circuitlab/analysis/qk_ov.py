@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitlab.analysis._json import rounded
+from circuitlab.analysis._json import from_rounded, rounded
 from circuitlab.analysis.factored import FactoredMatrix
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.assumptions import require
@@ -182,6 +182,11 @@ class CopyingScores:
         return {"scores": rounded(self.scores), "threshold": self.threshold,
                 "copying_heads": [head_name(l, h) for l, h in self.copying_heads()]}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CopyingScores":
+        """to_dict() read back (float64, so the written values come back exactly; copying_heads is derived)."""
+        return cls(from_rounded(d["scores"]), d.get("threshold", 0.5))
+
 
 def ov_eigenvalues(model: Transformer, layer: int) -> torch.Tensor:
     """Eigenvalues (complex) [head, d_head] of the full OV circuits of one layer.
@@ -259,6 +264,13 @@ class CompositionScores:
         d["top"] = {m: [{"writer": f"L{a[0]}H{a[1]}", "reader": f"L{b[0]}H{b[1]}", "score": round(s, 6)}
                         for a, b, s in self.top(m)] for m in MODES}
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompositionScores":
+        """to_dict() read back (float64, None as NaN: the written values come back exactly; the top pairs and
+        the threshold are derived)."""
+        q, k, v = (from_rounded(d[m]) for m in MODES)
+        return cls(q, k, v, d["baseline_mean"], d["baseline_std"], d.get("n_baseline", 0))
 
 
 def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tensor:
