@@ -25,8 +25,6 @@ NOT_YET = {
     "forge_compare_markdown",
     # training.phase.phase_change's dict and PeriodSweep.to_dict() held by RunData
     "training_section", "induction_period_section",
-    # HeadClasses.to_dict() (the heads method's entry) read row by row
-    "head_rows_from_classes", "_evidence_text",
     # a feature dashboard's summary() dict
     "dictionary_section",
 }

@@ -44,7 +44,7 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
     runs = list(runs)
     heads, circuits, lens = (_typed(name, analysis) for name in ("heads", "circuits", "logit_lens"))
     for run in runs:
-        if run.heads is None and heads is not None and "labels" in (heads.classes or {}) and len(runs) == 1:
+        if run.heads is None and heads is not None and heads.classes is not None and len(runs) == 1:
             run.heads, run.head_scores = head_rows_from_classes(heads.classes)
         if run.heads is None and analyse:
             compute_heads(run)
