@@ -4,7 +4,10 @@ back into report/."""
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
+
+import torch
 
 import circuitlab
 
@@ -90,3 +93,66 @@ def test_the_scan_sees_reads():
     """The scan catches the forms it is for (else the tests above could not fail)."""
     src = 'def f(found, rc):\n    a = found["x"]\n    b = found.vector.get("y")\n    rc["k"] = 1\n    return rc.get("z")\n'
     assert [(root, s) for _, _, root, s in keyed_reads(src)] == [("found", "found['x']"), ("found", "found.vector.get('y')"), ("rc", "rc.get('z')")]
+
+
+def _json(d: dict) -> dict:
+    return json.loads(json.dumps(d))   # as a results file holds it
+
+
+def test_head_classes_read_back_exactly_and_give_the_same_head_rows():
+    """HeadClasses (with its scores, labels and evidence, copying, composition, period sweep) round-trips through
+    its JSON, and the report's head rows from the object and from its JSON read back are the same."""
+    from circuitlab.analysis.heads import HeadClasses, classify_heads
+    from circuitlab.forge import build_induction_model
+    from circuitlab.report.runs import head_rows_from_classes
+
+    classes = classify_heads(build_induction_model(d_vocab=20, n_ctx=32).model)
+    assert classes.heads_with("induction") == [(1, 0)] and classes.rejected is not None
+    stored = _json(classes.to_dict())
+    back = HeadClasses.from_dict(stored)
+    assert _json(back.to_dict()) == stored
+    assert back.heads_with("induction") == [(1, 0)] and back.periods is not None
+    rows = head_rows_from_classes(classes)
+    assert head_rows_from_classes(back) == rows
+    assert any("threshold" in e for row in rows[0] for e in row["evidence"])
+
+
+def test_evidence_keeps_its_written_verdict():
+    """Rounded to 6 decimals, a failing check can read value == threshold: the written verdict stays."""
+    from circuitlab.analysis.heads import Evidence
+
+    for e in (Evidence("x", 0.3999999996, 0.4), Evidence("y", 0.2, 0.4, below=True), Evidence("z", 0.5, 0.4, True)):
+        back = Evidence.from_dict(_json(e.to_dict()))
+        assert back.passed == e.passed and back.to_dict() == e.to_dict()
+        assert Evidence.from_dict({**e.to_dict(), "value": 0.9, "passed": True}).below is False
+
+
+def test_scores_read_back_exactly():
+    from circuitlab.analysis.qk_ov import CompositionScores, CopyingScores
+
+    copying = CopyingScores(torch.tensor([[0.25, -0.123456789], [1.0, 0.5]]))
+    assert _json(CopyingScores.from_dict(_json(copying.to_dict())).to_dict()) == _json(copying.to_dict())
+    k = torch.full((2, 2, 2, 2), float("nan"))
+    k[0, :, 1, :] = torch.tensor([[0.5, 0.125], [0.0625, 0.3333333]])
+    comp = CompositionScores(k * 0.5, k, k * 2, 0.125, 0.0625, 7)
+    stored = _json(comp.to_dict())
+    back = CompositionScores.from_dict(stored)
+    assert _json(back.to_dict()) == stored and back.k.dtype == torch.float64
+    assert torch.equal(back.k.isnan(), k.isnan()) and back.top("k") == [(a, b, round(s, 6)) for a, b, s in comp.top("k")]
+
+
+def test_report_forms_read_back():
+    from circuitlab.report.results import Findings, InterpretResults, SteeringFindings
+
+    assert Findings.of({"summary": ["a"], "figures": ["x.png", {"file": "y.png"}], "other": 1}).figures == [
+        "x.png", "y.png"]
+    assert Findings.of(None).summary == [] and Findings.of({"summary": "one line"}).summary == "one line"
+    sweep = {"coefs": [0.0, 1.0], "preference": [0.0, 0.5], "neutral_loss": [3.0, 3.25], "neutral_cost": [0.0, 0.25],
+             "unsteered_neutral_loss": 3.0, "vector": {"hook_name": "blocks.1.hook_resid_pre", "source": "contrast",
+                                                       "norm": 1.5, "n_positive": 2, "n_negative": 3, "last_only": False},
+             "metric": None, "metric_name": None, "prompt": "Once", "generations": {"0.0": ["a"], "1.0": ["b"]}}
+    found = SteeringFindings.from_dict(sweep)
+    assert found.vector.n_negative == 3 and found.generations["1.0"] == ["b"] and SteeringFindings.of(found) is found
+    results = InterpretResults.from_dict({"checkpoint": "runs/x/checkpoint", "experiments": ["heads"], "model": {},
+                                          "skipped": {"probing": "why"}, "heads": {"summary": ["s"]}, "stray": {}})
+    assert results.entries == {"heads": {"summary": ["s"]}} and results.skipped == {"probing": "why"}

@@ -30,7 +30,7 @@ norm between W_O and the stream); other models are refused in one line (circuitl
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -236,6 +236,8 @@ class CompositionScores:
     baseline_mean: float
     baseline_std: float
     n_baseline: int = 0
+    # the threshold as written, when read back from JSON (from the unrounded baseline, so it can differ by 1e-6)
+    written_threshold: float | None = field(default=None, repr=False, compare=False)
 
     def scores(self, mode: str) -> torch.Tensor:
         if mode not in MODES:
@@ -245,6 +247,8 @@ class CompositionScores:
     @property
     def threshold(self) -> float:
         """Scores above baseline mean + 3 std are unlikely for unrelated heads."""
+        if self.written_threshold is not None:
+            return self.written_threshold
         return self.baseline_mean + 3 * self.baseline_std
 
     def top(self, mode: str, n: int = 5) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
@@ -270,7 +274,7 @@ class CompositionScores:
         """to_dict() read back (float64, None as NaN: the written values come back exactly; the top pairs and
         the threshold are derived)."""
         q, k, v = (from_rounded(d[m]) for m in MODES)
-        return cls(q, k, v, d["baseline_mean"], d["baseline_std"], d.get("n_baseline", 0))
+        return cls(q, k, v, d["baseline_mean"], d["baseline_std"], d.get("n_baseline", 0), d.get("threshold"))
 
 
 def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tensor:
