@@ -83,7 +83,7 @@ def demo_markdown(results: Mapping[str, Any]) -> str:
     lines = ["# circuitlab demo: induction heads", ""] + demo_narrative(results) + period_lines(results["models"])
     for experiment, found in results.get("analysis", {}).items():
         lines += [f"## {experiment.replace('_', ' ').capitalize()}", ""]
-        lines += [f"- {line}" for line in found.get("summary", [])] + [""]
+        lines += [f"- {line}" for line in Findings.of(found).summary] + [""]
     lines += ["## Heads", "", "| model | head | induction | previous-token | copying | labels |",
               "|---|---|---|---|---|---|"]
     for name, m in results["models"].items():
