@@ -13,6 +13,13 @@ def rounded(t: torch.Tensor, digits: int = 6) -> Any:
     return r(t.tolist())
 
 
+def from_rounded(x: Any) -> torch.Tensor:
+    """rounded()'s nested lists read back: a float64 tensor (exactly the written values), None as NaN."""
+    def r(v: Any) -> Any:
+        return [r(u) for u in v] if isinstance(v, list) else (float("nan") if v is None else v)
+    return torch.tensor(r(x), dtype=torch.float64)
+
+
 def round_tensor(t: torch.Tensor, digits: int = 6, dtype: torch.dtype = torch.float32) -> Any:
     """A tensor rounded in torch (in `dtype`) as nested lists; NaN stays NaN. Cheaper than rounded() for
     big tensors (lens grids, attention patterns), which have no NaN."""

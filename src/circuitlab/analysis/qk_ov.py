@@ -30,12 +30,12 @@ norm between W_O and the stream); other models are refused in one line (circuitl
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitlab.analysis._json import rounded
+from circuitlab.analysis._json import from_rounded, rounded
 from circuitlab.analysis.factored import FactoredMatrix
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.assumptions import require
@@ -182,6 +182,11 @@ class CopyingScores:
         return {"scores": rounded(self.scores), "threshold": self.threshold,
                 "copying_heads": [head_name(l, h) for l, h in self.copying_heads()]}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CopyingScores":
+        """to_dict() read back (float64, so the written values come back exactly; copying_heads is derived)."""
+        return cls(from_rounded(d["scores"]), d.get("threshold", 0.5))
+
 
 def ov_eigenvalues(model: Transformer, layer: int) -> torch.Tensor:
     """Eigenvalues (complex) [head, d_head] of the full OV circuits of one layer.
@@ -231,6 +236,8 @@ class CompositionScores:
     baseline_mean: float
     baseline_std: float
     n_baseline: int = 0
+    # the threshold as written, when read back from JSON (from the unrounded baseline, so it can differ by 1e-6)
+    written_threshold: float | None = field(default=None, repr=False, compare=False)
 
     def scores(self, mode: str) -> torch.Tensor:
         if mode not in MODES:
@@ -240,6 +247,8 @@ class CompositionScores:
     @property
     def threshold(self) -> float:
         """Scores above baseline mean + 3 std are unlikely for unrelated heads."""
+        if self.written_threshold is not None:
+            return self.written_threshold
         return self.baseline_mean + 3 * self.baseline_std
 
     def top(self, mode: str, n: int = 5) -> list[tuple[tuple[int, int], tuple[int, int], float]]:
@@ -259,6 +268,13 @@ class CompositionScores:
         d["top"] = {m: [{"writer": f"L{a[0]}H{a[1]}", "reader": f"L{b[0]}H{b[1]}", "score": round(s, 6)}
                         for a, b, s in self.top(m)] for m in MODES}
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompositionScores":
+        """to_dict() read back (float64, None as NaN: the written values come back exactly; the top pairs and
+        the threshold are derived)."""
+        q, k, v = (from_rounded(d[m]) for m in MODES)
+        return cls(q, k, v, d["baseline_mean"], d["baseline_std"], d.get("n_baseline", 0), d.get("threshold"))
 
 
 def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tensor:

@@ -15,35 +15,52 @@ import torch
 from circuitlab.analysis.folding import weights_model
 from circuitlab.analysis.heads import classify_heads
 from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
-from circuitlab.analysis.qk_ov import (copying_scores, direct_path, k_composition_qk_circuit, ov_circuit, pos_qk_circuit,
-                                      top_token_pairs)
+from circuitlab.analysis.qk_ov import (CompositionScores, CopyingScores, copying_scores, direct_path,
+                                      k_composition_qk_circuit, ov_circuit, pos_qk_circuit, top_token_pairs)
 from circuitlab.methods.base import Method, MethodResult, NoOptions, check_prompt, prompt_tokens
 from circuitlab.methods.heads import head_test_tokens
 from circuitlab.model import model_device
 from circuitlab.names import head_name
+from circuitlab.spec import Result
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
 
 @dataclass
+class InductionPair(Result):
+    """The induction head (labelled: confirmed by classify_heads, else the best candidate), its previous-token
+    head, their K-composition and the head's copying score, the top OV and QK token pairs (TokenPairs "pairs")."""
+
+    head: str
+    labelled: bool
+    prev_token_head: str
+    k_composition: float
+    copying_score: float
+    ov_top_pairs: list[dict[str, Any]]
+    qk_top_pairs: list[dict[str, Any]]
+
+
+@dataclass
 class CircuitsFindings(MethodResult):
-    """folded_norms; direct_path_top_pairs: the bigram table's strongest pairs; copying: CopyingScores.to_dict();
-    composition: CompositionScores.to_dict(); induction: the induction head, its previous-token head, their
+    """folded_norms; direct_path_top_pairs: the bigram table's strongest pairs; copying: CopyingScores;
+    composition: CompositionScores; induction: the induction head, its previous-token head, their
     K-composition and copying score, the top QK and OV token pairs (models of two layers or more)."""
 
     name = "circuits"
     folded_norms: bool
     direct_path_top_pairs: list[Any]
-    copying: dict[str, Any] | None = None
-    composition: dict[str, Any] | None = None
-    induction: dict[str, Any] | None = None
+    copying: CopyingScores | None = None
+    composition: CompositionScores | None = None
+    induction: InductionPair | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CircuitsFindings":
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), bool(d.get("folded_norms")),
-                   list(d.get("direct_path_top_pairs") or []), d.get("copying"), d.get("composition"),
-                   d.get("induction"))
+                   list(d.get("direct_path_top_pairs") or []),
+                   CopyingScores.from_dict(d["copying"]) if d.get("copying") else None,
+                   CompositionScores.from_dict(d["composition"]) if d.get("composition") else None,
+                   InductionPair.from_dict(d["induction"]) if d.get("induction") else None)
 
 
 @torch.no_grad()
@@ -74,7 +91,7 @@ def run_circuits(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
         # None where heads are not additive: then the scores' own analysis refuses the model (needs= below)
         copying = classes.copying if classes.copying is not None else copying_scores(wm)
         figures.append(copying_scores_figure(copying.scores).save_png(out_dir / "copying_scores.png").name)
-        found.copying = copying.to_dict()
+        found.copying = copying
         summary.append(f"copying heads (score >= {copying.threshold}): "
                        f"{', '.join(head_name(*h) for h in copying.copying_heads()) or 'none'}")
     else:
@@ -82,7 +99,7 @@ def run_circuits(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
     if model.cfg.n_layers > 1:
         comp = classes.composition
         assert comp is not None   # heads are additive here (needs=)
-        found.composition = comp.to_dict()
+        found.composition = comp
         figures.append(composition_figure({m: getattr(comp, m) for m in ("q", "k", "v")}, comp.baseline_mean,
                                           comp.baseline_std).save_png(out_dir / "composition_scores.png").name)
         for mode in ("k", "q", "v"):
@@ -106,17 +123,13 @@ def run_circuits(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
             pos_qk = pos_qk_circuit(wm, prev[0])[prev[1]].submatrix(list(range(n)), list(range(n)))
             figures.append(qk_ov_figure(pos_qk, title=f"{head_name(*prev)} positional QK", x_title="key position",
                                           y_title="query position").save_png(out_dir / "prev_token_pos_qk.png").name)
-        found.induction = {
-            "head": head_name(*head), "labelled": labelled, "prev_token_head": head_name(*prev),
-            "k_composition": round(float(comp.k[prev[0], prev[1], head[0], head[1]]), 6),
-            "copying_score": round(float(copying.scores[head]), 6),
-            "ov_top_pairs": top_token_pairs(ov, k=10, tokenizer=tokenizer).to_dict()["pairs"],
-            "qk_top_pairs": top_token_pairs(qk, k=10, tokenizer=tokenizer).to_dict()["pairs"],
-        }
+        ind = found.induction = InductionPair(
+            head_name(*head), labelled, head_name(*prev), round(float(comp.k[prev[0], prev[1], head[0], head[1]]), 6),
+            round(float(copying.scores[head]), 6), top_token_pairs(ov, k=10, tokenizer=tokenizer).to_dict()["pairs"],
+            top_token_pairs(qk, k=10, tokenizer=tokenizer).to_dict()["pairs"])
         what = "induction head" if labelled else "best induction candidate (not confirmed)"
-        ind = found.induction
-        summary.append(f"{what} {head_name(*head)}: K-composition with {head_name(*prev)} {ind['k_composition']:.3f}, "
-                       f"copying score {ind['copying_score']:.3f}")
+        summary.append(f"{what} {head_name(*head)}: K-composition with {head_name(*prev)} {ind.k_composition:.3f}, "
+                       f"copying score {ind.copying_score:.3f}")
     return found
 
 

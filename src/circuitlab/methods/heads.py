@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitlab.analysis.heads import classify_heads
+from circuitlab.analysis.heads import HeadClasses, classify_heads
 from circuitlab.analysis.heads.detectors import induction_by_period, induction_test_tokens
 from circuitlab.analysis.heads.induction import in_context_learning_score
 from circuitlab.methods.base import Method, MethodResult, NoOptions
@@ -33,12 +33,12 @@ def head_test_tokens(model: "Transformer") -> torch.Tensor:
 
 @dataclass
 class HeadsFindings(MethodResult):
-    """classes: the HeadClasses' to_dict() (labels, rejected, scores, copying, composition; written at the top level
-    of the entry, as results.json holds it); induction_by_period: the [r, r] sweep; tables: it as Markdown;
+    """classes: the HeadClasses (labels, rejected, scores, copying, composition; its to_dict() is written at the top
+    level of the entry, as results.json holds it); induction_by_period: the [r, r] sweep; tables: it as Markdown;
     icl: the in-context learning score; labels_by_head: "L1H0" -> its labels. All absent for a 0-layer model."""
 
     name = "heads"
-    classes: dict[str, Any] | None = None
+    classes: HeadClasses | None = None
     induction_by_period: dict[str, Any] | None = None
     tables: dict[str, list[str]] | None = None
     icl: dict[str, Any] | None = None
@@ -47,14 +47,15 @@ class HeadsFindings(MethodResult):
     def to_dict(self) -> dict[str, Any]:
         if self.classes is None:   # a 0-layer model: the summary alone
             return {"summary": list(self.summary), "figures": list(self.figures)}
-        return {**self.classes, "induction_by_period": self.induction_by_period, "tables": self.tables,
+        return {**self.classes.to_dict(), "induction_by_period": self.induction_by_period, "tables": self.tables,
                 "icl": self.icl, "labels_by_head": self.labels_by_head, "summary": list(self.summary),
                 "figures": list(self.figures)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "HeadsFindings":
         own = ("induction_by_period", "tables", "icl", "labels_by_head", "summary", "figures")
-        classes = {k: v for k, v in d.items() if k not in own} or None
+        rest = {k: v for k, v in d.items() if k not in own}
+        classes = HeadClasses.from_dict(rest) if "labels" in rest else None   # absent for a 0-layer model
         return cls(list(d.get("summary", [])), list(d.get("figures", [])), classes, d.get("induction_by_period"),
                    d.get("tables"), d.get("icl"), d.get("labels_by_head"))
 
@@ -101,7 +102,7 @@ def run_heads(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOp
                        f"at most {float(sweep.loss_second.max()):.2f} nats (first copy {float(sweep.loss_first.mean()):.2f})")
     labels_by_head = {head_name(l, h): classes.labels_of(l, h)
                       for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)}
-    return HeadsFindings(summary, figures, classes.to_dict(), sweep.to_dict() if sweep is not None else None,
+    return HeadsFindings(summary, figures, classes, sweep.to_dict() if sweep is not None else None,
                          {"Induction test [r, r] by period": sweep.table()} if sweep is not None else {},
                          icl.to_dict(), labels_by_head)
 

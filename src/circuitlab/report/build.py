@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
+from circuitlab.report.results import Findings, InterpretResults
 from circuitlab.report.runs import RunData, compute_heads, head_rows_from_classes, load_run
 from circuitlab.methods import REGISTRY, REPORT_ORDER
 from circuitlab.report.sections import (attention_section, circuits_section, heads_section, induction_period_section,
@@ -43,7 +44,7 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
     runs = list(runs)
     heads, circuits, lens = (_typed(name, analysis) for name in ("heads", "circuits", "logit_lens"))
     for run in runs:
-        if run.heads is None and heads is not None and "labels" in (heads.classes or {}) and len(runs) == 1:
+        if run.heads is None and heads is not None and heads.classes is not None and len(runs) == 1:
             run.heads, run.head_scores = head_rows_from_classes(heads.classes)
         if run.heads is None and analyse:
             compute_heads(run)
@@ -68,7 +69,7 @@ def build_sections(runs: Sequence[RunData], analysis: Mapping[str, Any] | None =
                 sections.append(REGISTRY[name].report_section(found))
             except (KeyError, TypeError, IndexError, ValueError) as e:  # an older or partial results.json
                 sections.append(Section(name.replace("_", "-"), name.replace("_", " ").capitalize(),
-                                        [bullet_list(found.get("summary", [])),
+                                        [bullet_list(Findings.of(found).summary),
                                          paragraph(f"(figure unavailable: {type(e).__name__}: {e})")]))
     return [s for s in sections if s is not None]
 
@@ -123,21 +124,22 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
                              "a 2-layer and a 1-layer attention-only transformer")
 
 
-def write_interpret_report(out: str | Path, results: Mapping[str, Any], model: Transformer | None = None,
-                           tokenizer=None) -> Path:
+def write_interpret_report(out: str | Path, results: InterpretResults | Mapping[str, Any],
+                           model: Transformer | None = None, tokenizer=None) -> Path:
     """out/report.html for `circuitlab interpret`: the checkpoint's card (and its run's training curves,
     when the checkpoint sits in a run directory) and a section per experiment."""
-    ckpt = Path(str(results.get("checkpoint", "")))
+    results = InterpretResults.of(results)
+    ckpt = Path(results.checkpoint)
     name = ckpt.parent.name if ckpt.name in ("checkpoint", "best") else ckpt.name
     if ckpt.exists():
         run = load_run(ckpt, name, model=model, tokenizer=tokenizer, load_model=model is None)
     else:
         run = RunData(name or "model", model=model, tokenizer=tokenizer,
-                      model_config=model.cfg.to_dict() if model is not None else results.get("model"))
-    analysis = {k: results[k] for k in results.get("experiments", []) if isinstance(results.get(k), Mapping)}
+                      model_config=model.cfg.to_dict() if model is not None else results.model)
+    analysis = {k: v for k, v in results.entries.items() if isinstance(v, Mapping)}
     sections = build_sections([run], analysis, analyse="heads" not in analysis)
     return write_html_report(out, sections, f"circuitlab interpret: {name or 'model'}",
-                             f"experiments: {', '.join(results.get('experiments', []))}")
+                             f"experiments: {', '.join(results.experiments)}")
 
 
 def report_for_run(run_dir: str | Path, out: str | Path | None = None, *, analyse: bool = True,
@@ -157,7 +159,7 @@ def report_for_run(run_dir: str | Path, out: str | Path | None = None, *, analys
     if "models" in results and "analysis" in results:
         return write_demo_report(out, results, run_dir=run_dir)
     if "experiments" in results and "checkpoint" in results:
-        return write_interpret_report(out, results)
+        return write_interpret_report(out, InterpretResults.from_dict(results))
     run = load_run(run_dir, model=model, tokenizer=tokenizer, load_model=analyse)
     if run.model_config is None and not run.metrics:
         raise CircuitlabError(f"{run_dir} holds no checkpoint, metrics.jsonl or results.json to report on")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from circuitlab.report.results import Findings, InterpretResults
+
 
 def demo_narrative(results: Mapping[str, Any]) -> list[str]:
     """The demo's story in Markdown lines: what was trained, the phase change, the heads found, the
@@ -81,7 +83,7 @@ def demo_markdown(results: Mapping[str, Any]) -> str:
     lines = ["# circuitlab demo: induction heads", ""] + demo_narrative(results) + period_lines(results["models"])
     for experiment, found in results.get("analysis", {}).items():
         lines += [f"## {experiment.replace('_', ' ').capitalize()}", ""]
-        lines += [f"- {line}" for line in found.get("summary", [])] + [""]
+        lines += [f"- {line}" for line in Findings.of(found).summary] + [""]
     lines += ["## Heads", "", "| model | head | induction | previous-token | copying | labels |",
               "|---|---|---|---|---|---|"]
     for name, m in results["models"].items():
@@ -160,22 +162,22 @@ def causal_paragraph(evidence: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def interpret_markdown(results: Mapping[str, Any]) -> str:
+def interpret_markdown(results: InterpretResults | Mapping[str, Any]) -> str:
     """`circuitlab interpret`'s report.md: each experiment's summary and figures."""
-    lines = [f"# circuitlab interpret: {results['checkpoint']}", ""]
-    for name in results["experiments"]:
-        found = results[name]
+    results = InterpretResults.of(results)
+    lines = [f"# circuitlab interpret: {results.checkpoint}", ""]
+    for name in results.experiments:
+        found = Findings.of(results.entries.get(name))
         lines += [f"## {name}", ""]
-        summary = found.get("summary") if isinstance(found, Mapping) else None
-        if summary:
+        if found.summary:
+            summary = found.summary
             lines += [summary if isinstance(summary, str) else "\n".join(f"- {s}" for s in summary), ""]
-        for title, table in (found.get("tables") or {}).items() if isinstance(found, Mapping) else []:
+        for title, table in (found.tables or {}).items():
             lines += [f"**{title}**", "", *table, ""]  # Markdown tables, e.g. the induction test by period
-        for fig in (found.get("figures", []) if isinstance(found, Mapping) else []):
-            fig = fig if isinstance(fig, str) else fig.get("file", "")
+        for fig in found.figures:
             lines.append(f"![{name}]({fig})")
         lines.append("")
-    for name, why in (results.get("skipped") or {}).items():  # left out for this architecture
+    for name, why in results.skipped.items():  # left out for this architecture
         lines += [f"## {name} (skipped)", "", why, ""]
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 """What a run contributes to the report: RunData (model, tokenizer, configs, metrics, head rows) read
-from a run directory, and the head rows from a HeadClasses or its JSON."""
+from a run directory, and the head rows from a HeadClasses."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from circuitlab.analysis._json import rounded
 from circuitlab.errors import CircuitlabError
 from circuitlab.names import head_name
 
 if TYPE_CHECKING:
+    from circuitlab.analysis.heads import Evidence, HeadClasses
     from circuitlab.model import Transformer
 
 SCORE_COLUMNS = ("induction", "previous-token", "duplicate-token", "first-token", "current-token", "copying",
@@ -81,17 +83,15 @@ def load_run(run_dir: str | Path, name: str | None = None, model: Transformer | 
 # ---------------------------------------------------------------------------- head rows
 
 
-def _evidence_text(e: Mapping[str, Any]) -> str:
-    mark = "ok" if e.get("passed") else "fails"
-    return f"{e['check']} {e['value']:.3f} (threshold {e['threshold']:.3f}: {mark})"
+def _evidence_text(e: Evidence) -> str:
+    mark = "ok" if e.passed else "fails"
+    return f"{e.name} {round(e.value, 6):.3f} (threshold {round(e.threshold, 6):.3f}: {mark})"  # as results.json
 
 
-def head_rows_from_classes(classes: Any) -> tuple[list[dict], dict[str, Any]]:
-    """Rows and detector scores from a HeadClasses (or its to_dict(), as the interpret "heads" experiment
-    stores it)."""
-    d = classes if isinstance(classes, Mapping) else classes.to_dict()
-    scores = d["scores"]["scores"]
-    copying = (d.get("copying") or {}).get("scores")
+def head_rows_from_classes(classes: HeadClasses) -> tuple[list[dict], dict[str, Any]]:
+    """Rows and detector scores ({detector: [layer][head]}, the values results.json holds) from a HeadClasses."""
+    scores = {k: rounded(v) for k, v in classes.scores.scores.items()}
+    copying = rounded(classes.copying.scores) if classes.copying is not None else None
     first = next(iter(scores.values()))
     n_layers, n_heads = len(first), len(first[0]) if first else 0
     rows = []
@@ -101,13 +101,13 @@ def head_rows_from_classes(classes: Any) -> tuple[list[dict], dict[str, Any]]:
             row_scores = {k.replace("_", "-"): scores[k][l][h] for k in scores}
             if copying is not None:
                 row_scores["copying"] = copying[l][h]
-            labels = [lab for lab in d.get("labels", []) if lab["head"] == name]
-            rejected = [lab for lab in d.get("rejected", []) if lab["head"] == name]
-            evidence = [f"{lab['label']}: " + "; ".join(_evidence_text(e) for e in lab["evidence"])
-                        for lab in labels if lab["label"] not in ("low-entropy", "diffuse")]
-            evidence += [f"not {lab['label']}: " + "; ".join(_evidence_text(e) for e in lab["evidence"])
+            labels = [lab for lab in classes.labels if lab.name == name]
+            rejected = [lab for lab in classes.rejected if lab.name == name]
+            evidence = [f"{lab.label}: " + "; ".join(_evidence_text(e) for e in lab.evidence)
+                        for lab in labels if lab.label not in ("low-entropy", "diffuse")]
+            evidence += [f"not {lab.label}: " + "; ".join(_evidence_text(e) for e in lab.evidence)
                          for lab in rejected]
-            rows.append({"head": name, "labels": [lab["label"] for lab in labels], "scores": row_scores,
+            rows.append({"head": name, "labels": [lab.label for lab in labels], "scores": row_scores,
                          "evidence": evidence})
     return rows, scores
 

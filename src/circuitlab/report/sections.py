@@ -175,7 +175,7 @@ def _pick_heads(run: RunData, found: "CircuitsFindings | None") -> tuple[tuple[i
     cfg = run.model.cfg
     ind = found.induction if found is not None else None
     if ind:
-        return parse_head(ind["head"]), parse_head(ind["prev_token_head"])
+        return parse_head(ind.head), parse_head(ind.prev_token_head)
     if run.classes is not None and cfg.n_layers > 1:
         return induction_and_previous_head(run.classes)
     rows = {r["head"]: r["scores"] for r in run.heads or []}
@@ -238,17 +238,21 @@ def circuits_section(run: RunData, found: "CircuitsFindings | None" = None, prom
     ov = ov_circuit(wm, head[0])[head[1]].submatrix(ids, ids)
     parts.append(heatmap_figure(ov, strs, strs, f"{name} full OV circuit: attending to a token, the logits it "
                                 "raises", x_title="output logit", y_title="attended token", value_name="logit"))
-    copying = (found.copying or {}).get("scores") if found is not None else None
-    if copying is None:
+    # The results' scores as written (float64 lists), else the labels' or computed ones (float32 tensors)
+    if found is not None and found.copying is not None:
+        copying: Any = found.copying.scores.tolist()
+    else:
         copying = (run.classes.copying if run.classes is not None else copying_scores(wm)).scores
     L, H = model.cfg.n_layers, model.cfg.n_heads
     parts.append(copying_scores_figure(copying))
     if L > 1 and L * H <= 64:
-        comp = found.composition if found is not None else None
-        if comp is None:
+        if found is not None and found.composition is not None:
+            k: Any = found.composition.k.tolist()
+            baseline = found.composition.baseline_mean
+        else:
             c = run.classes.composition if run.classes is not None else composition_scores(wm)
-            comp = {"k": c.k, "baseline_mean": c.baseline_mean}
-        parts.append(composition_figure(comp, comp["baseline_mean"], modes=("k",)))
+            k, baseline = c.k, c.baseline_mean
+        parts.append(composition_figure({"k": k}, baseline, modes=("k",)))
     return Section("circuits", "QK and OV circuits", parts,
                    f"Weight-based circuits of {run.name}'s {'induction head' if prev is not None else 'head'} {name}, "
                    "restricted to the tokens of a short prompt.")

@@ -47,14 +47,24 @@ class Evidence:
     value: float
     threshold: float
     below: bool = False
+    # the verdict as written, when read back from JSON: rounding to 6 decimals can make value equal threshold
+    written: bool | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
+        if self.written is not None:
+            return self.written
         return self.value <= self.threshold if self.below else self.value >= self.threshold
 
     def to_dict(self) -> dict[str, Any]:
         return {"check": self.name, "value": round(self.value, 6), "threshold": round(self.threshold, 6),
                 "passed": self.passed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Evidence":
+        """to_dict() read back; below (not written) is what makes the written verdict follow from the numbers."""
+        value, threshold, passed = d["value"], d["threshold"], bool(d["passed"])
+        return cls(d["check"], value, threshold, below=passed != (value >= threshold), written=passed)
 
     def __str__(self) -> str:
         rel = "<=" if self.below else ">="
@@ -82,6 +92,10 @@ class HeadLabel:
     def to_dict(self) -> dict[str, Any]:
         return {"head": self.name, "layer": self.layer, "index": self.head, "label": self.label,
                 "assigned": self.assigned, "evidence": [e.to_dict() for e in self.evidence]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadLabel":
+        return cls(d["layer"], d["index"], d["label"], [Evidence.from_dict(e) for e in d["evidence"]])
 
     def __str__(self) -> str:
         return f"{self.name} {self.label}: " + "; ".join(str(e) for e in self.evidence)
@@ -120,6 +134,17 @@ class HeadClasses:
                 "thresholds": dict(self.thresholds),
                 "periods": self.periods.to_dict() if self.periods is not None else None,
                 "weights_unread": self.weights_unread}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadClasses":
+        """to_dict() read back (scores as float64: the written values exactly)."""
+        return cls([HeadLabel.from_dict(x) for x in d["labels"]], [HeadLabel.from_dict(x) for x in d["rejected"]],
+                   HeadScores.from_dict(d["scores"]),
+                   CopyingScores.from_dict(d["copying"]) if d.get("copying") is not None else None,
+                   CompositionScores.from_dict(d["composition"]) if d.get("composition") is not None else None,
+                   dict(d.get("thresholds") or {}),
+                   PeriodSweep.from_dict(d["periods"]) if d.get("periods") is not None else None,
+                   d.get("weights_unread"))
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from circuitlab.analysis._json import rounded
+from circuitlab.analysis._json import from_rounded, rounded
 from circuitlab.data.synthetic import repeated_random_tokens, tiled_random_segments
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.transformer import lm_loss, model_device
@@ -140,6 +140,11 @@ class HeadScores:
     def to_dict(self) -> dict[str, Any]:
         return {"scores": {k: rounded(v) for k, v in self.scores.items()}, "n_rows": dict(self.n_rows)}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadScores":
+        """to_dict() read back (float64, None as NaN: the written values exactly)."""
+        return cls({k: from_rounded(v) for k, v in d["scores"].items()}, dict(d.get("n_rows") or {}))
+
 
 def detect_heads(cache, tokens: torch.Tensor) -> HeadScores:
     """Run every detector on every head at once.
@@ -225,6 +230,12 @@ class PeriodSweep:
         return {"periods": list(self.periods), "batch": self.batch, "best": rounded(self.best),
                 "best_head": self.best_head, "scores": rounded(self.scores),
                 "loss_first": rounded(self.loss_first), "loss_second": rounded(self.loss_second)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PeriodSweep":
+        """to_dict() read back (float64; best and best_head are derived)."""
+        return cls(list(d["periods"]), from_rounded(d["scores"]), from_rounded(d["loss_first"]),
+                   from_rounded(d["loss_second"]), d["batch"])
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{p}</td><td>{h}</td><td>{float(s):.3f}</td><td>{float(a):.2f}</td>"
