@@ -124,11 +124,11 @@ def test_memory_option_larger_than_the_machine_is_one_line(capsys):
 def test_capped_rows_offloaded_to_disk_give_the_same_graph(monkeypatch, tmp_path):
     """Long prompts: capped rows over OFFLOAD_SHARE of the budget stream to a file (deleted at once); the graph is
     the one built in memory, and the file is gone afterwards."""
-    import circuitlab.graphs.attribution as attribution
+    import circuitlab.graphs.plan as plan
 
     model, tc, tokens = _small_setup(d_model=32, n_layers=2, d_sae=128, k=8, T=16)
     here = attribute(model, tc, tokens, max_feature_nodes=60, batch_size=8)
-    monkeypatch.setattr(attribution, "OFFLOAD_SHARE", 0.0)
+    monkeypatch.setattr(plan, "OFFLOAD_SHARE", 0.0)
     monkeypatch.setenv("CIRCUITLAB_OFFLOAD", str(tmp_path))
     est = estimate_graph(model, tc, tokens, max_feature_nodes=60, batch_size=8, timed=False)
     assert est.offload and est.disk[1] == str(tmp_path) and "offloaded to" in est.line()

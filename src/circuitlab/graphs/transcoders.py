@@ -208,6 +208,12 @@ class Transcoders:
         self._dicts[layer].check_mapped()
         return self._dicts[layer].W_dec[features][:, None, :]
 
+    def decoder_rows(self, layer: int, target: int, features: torch.Tensor) -> torch.Tensor:
+        """features [n] -> [n, d_model]: what one unit of each feature adds to layer `target` (one of
+        writes(layer)), in the storage dtype: decoder_vectors(layer, features)[:, i] without the other layers."""
+        self._dicts[layer].check_mapped()
+        return self._dicts[layer].W_dec[features]
+
     def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
         """The reconstruction of layer's MLP output from the features of the layers writing into it.
         acts: {source layer: [..., d_sae]} -> [..., d_model] (decoder bias included, skip not)."""
@@ -324,6 +330,10 @@ class CrossLayerTranscoders(Transcoders):
     def decoder_vectors(self, layer: int, features: torch.Tensor) -> torch.Tensor:
         self.clt.check_mapped()
         return torch.stack([self.clt.decoder(layer, t)[features] for t in self.writes(layer)], dim=1)
+
+    def decoder_rows(self, layer: int, target: int, features: torch.Tensor) -> torch.Tensor:
+        self.clt.check_mapped()
+        return self.clt.decoder(layer, target)[features]
 
     def decode(self, layer: int, acts: dict[int, torch.Tensor]) -> torch.Tensor:
         self.clt.check_mapped()
