@@ -50,12 +50,20 @@ def model_config(shape: str, n_layers: int | None = None, n_ctx: int = 2048, **c
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def build_model(shape: str, n_layers: int | None = None, seed: int = 0, **changes):
-    """A Transformer of the shape, random weights (seeded), eval mode."""
+def build_model(shape: str, n_layers: int | None = None, seed: int = 0, storage: str | None = None, **changes):
+    """A Transformer of the shape, random weights (seeded), eval mode. storage: hold the matrices in this dtype
+    (bfloat16: float32 arithmetic), written straight into it (no float32 copy of the model first: Gemma-2-2B's
+    is 10.5 GB)."""
     from circuitlab import Transformer
 
     torch.manual_seed(seed)
-    return Transformer(model_config(shape, n_layers, **changes)).eval()
+    if storage is None:
+        return Transformer(model_config(shape, n_layers, **changes)).eval()
+    from circuitlab.model.loading import uninitialised_model
+
+    model = uninitialised_model(model_config(shape, n_layers, **changes), storage)
+    model.reset_parameters(seed)
+    return model.eval()
 
 
 def transcoder_configs(model, shape: str, width: int | None = None):
@@ -67,12 +75,14 @@ def transcoder_configs(model, shape: str, width: int | None = None):
                              out_hook_name=f"blocks.{layer}.hook_mlp_out") for layer in range(model.cfg.n_layers)]
 
 
-def build_transcoders(model, shape: str, width: int | None = None, seed: int = 0):
-    """One TopK transcoder per layer at the published width, random weights."""
+def build_transcoders(model, shape: str, width: int | None = None, seed: int = 0, storage: str | None = None):
+    """One TopK transcoder per layer at the published width, random weights; storage: each held in this dtype
+    as soon as it is built (one float32 transcoder at a time), computing in float32."""
     from circuitlab.dictionaries import SparseDictionary
     from circuitlab.graphs import Transcoders
 
     dicts = []
     for layer, cfg in enumerate(transcoder_configs(model, shape, width)):
-        dicts.append(SparseDictionary(cfg, seed=seed + layer))
+        d = SparseDictionary(cfg, seed=seed + layer)
+        dicts.append(d.set_dtypes(storage, "float32") if storage else d)
     return Transcoders.per_layer(model, dicts)

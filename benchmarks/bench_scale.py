@@ -15,6 +15,8 @@ of the same config (transformers), TransformerLens's run_with_cache on our weigh
     PYTHONPATH=src python benchmarks/bench_scale.py --quick                       # GPT-2 small, short prompts
     PYTHONPATH=src python benchmarks/bench_scale.py --shapes gpt2-small --methods graph --nodes 7500
     PYTHONPATH=src python benchmarks/bench_scale.py --shapes gemma-2-2b --layers 6  # fewer layers, same widths
+    CIRCUITLAB_MEMORY=2.5G PYTHONPATH=src python benchmarks/bench_scale.py --shapes gemma-2-2b --methods graph \
+        --storage bfloat16                                        # all 26 layers, bfloat16 weights, float32 arithmetic
     PYTHONPATH=src python benchmarks/bench_scale.py --device cuda --dtype bfloat16  # benchmarks/gpu_scale.sh
 """
 from __future__ import annotations
@@ -41,7 +43,8 @@ def _rss_kib(field: str = "VmRSS") -> int:
     return 0
 
 
-def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int, device: str, dtype: str) -> dict:
+def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int, device: str, dtype: str,
+            storage: str | None = None) -> dict:
     """One (shape, method) in this process: build, then time the method; returns the row."""
     import torch
 
@@ -52,7 +55,8 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
 
     torch.set_num_threads(threads_for(1e9))   # the library's rule: no more threads than the cores free now
     torch_dtype = getattr(torch, dtype)
-    row: dict = {"shape": shape, "method": method, "n_pos": n_pos, "layers": layers, "device": device, "dtype": dtype}
+    row: dict = {"shape": shape, "method": method, "n_pos": n_pos, "layers": layers, "device": device, "dtype": dtype,
+                 "storage": storage}
     g = torch.Generator().manual_seed(0)
     if method in ("hf_forward",):
         import transformers
@@ -68,10 +72,16 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
         est = None
         fn = lambda: model(tokens).logits  # noqa: E731
     else:
-        model = build_model(shape, n_layers=layers).to(device, torch_dtype)
+        if storage:   # the matrices held in `storage`, float32 arithmetic: built straight in it
+            model = build_model(shape, n_layers=layers, storage=storage)
+        else:
+            model = build_model(shape, n_layers=layers).to(device, torch_dtype)
         cfg = model.cfg
         tokens = torch.randint(0, cfg.d_vocab, (1, n_pos), generator=g).to(device)
-        tc = build_transcoders(model, shape).to(torch_dtype) if method == "graph" else None
+        tc = None
+        if method == "graph":
+            tc = build_transcoders(model, shape, storage=storage) if storage else \
+                build_transcoders(model, shape).to(torch_dtype)
         if tc is not None and device != "cpu":
             for layer in tc.layers:
                 tc.dictionary(layer).to(device)
@@ -87,6 +97,7 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
         torch.cuda.synchronize()
     row["seconds"] = time.perf_counter() - t0
     row["peak_mib"] = (_rss_kib("VmHWM") - base) / 1024
+    row["loaded_mib"], row["process_peak_mib"] = base / 1024, _rss_kib("VmHWM") / 1024   # the whole process's
     if device == "cuda":
         row["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
     if callable(est):
@@ -99,9 +110,13 @@ def run_one(shape: str, method: str, n_pos: int, layers: int | None, nodes: int,
     if method == "graph":
         row["graph"] = {k: out.info[k] for k in ("n_active_features", "n_feature_nodes", "batch_size",
                                                   "backward_passes", "peak_mb", "threads") if k in out.info}
+        _reset_peak()
+        held = _rss_kib()
         t1 = time.perf_counter()
         out.prune()
         row["prune_seconds"] = time.perf_counter() - t1
+        row["prune_peak_mib"] = (_rss_kib("VmHWM") - held) / 1024
+        row["prune_process_peak_mib"] = _rss_kib("VmHWM") / 1024
     row["budget_gib"] = memory.budget_bytes() / 2**30
     row["threads"] = torch.get_num_threads()
     return row
@@ -232,6 +247,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=7500, help="the graph's feature nodes (default 7,500)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--storage", default=None, help="hold the weights in this dtype (bfloat16), float32 arithmetic")
     ap.add_argument("--quick", action="store_true", help="16 tokens, 500 feature nodes, no peers")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--one", nargs=2, metavar=("SHAPE", "METHOD"), help=argparse.SUPPRESS)
@@ -240,7 +256,7 @@ def main() -> None:
         args.pos, args.nodes = 16, 500
     if args.one:
         print(json.dumps(run_one(args.one[0], args.one[1], args.pos, args.layers, args.nodes, args.device,
-                                 args.dtype)))
+                                 args.dtype, args.storage)))
         return
     rows = []
     load = open("/proc/loadavg").read().split()[:3]
@@ -250,6 +266,8 @@ def main() -> None:
                    str(args.nodes), "--device", args.device, "--dtype", args.dtype]
             if args.layers:
                 cmd += ["--layers", str(args.layers)]
+            if args.storage:
+                cmd += ["--storage", args.storage]
             r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
             if r.returncode != 0:
                 row = {"shape": shape, "method": method, "error": r.stderr.strip().splitlines()[-1:]}
@@ -260,7 +278,8 @@ def main() -> None:
             ratio = f"{est / row['peak_mib']:.2f}" if est and row.get("peak_mib") else "-"
             secs = f"  estimated {row['estimate_seconds']:.1f} s" if row.get("estimate_seconds") else ""
             print(f"{shape:14s} {method:15s} " + (f"{row['seconds']:8.2f} s  peak {row['peak_mib']:8.0f} MiB  "
-                                                   f"estimate {est or 0:8.0f} MiB  (est/peak {ratio}){secs}"
+                                                   f"estimate {est or 0:8.0f} MiB  (est/peak {ratio}); "
+                                                   f"process peak {row.get('process_peak_mib', 0):,.0f} MiB"
                                                    if "seconds" in row else f"error: {row['error']}"), flush=True)
     print(f"load before: {' '.join(load)}; after: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     if args.out:

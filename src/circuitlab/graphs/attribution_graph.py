@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -118,13 +119,69 @@ def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     return a_hat * (influence(a_hat, weights) + weights.to(a_hat.dtype))[:, None]
 
 
-def _edge_influence_of_block(adjacency: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """edge_influence(adjacency[idx][:, idx].double(), weights) with one [k, k] float64 matrix worked in place
-    (the same operations, so the same values): no [k, n] row copy, no second and third [k, k] temporaries."""
-    a = adjacency[idx[:, None], idx[None, :]].double().abs_()
-    a /= a.sum(dim=1, keepdim=True).clamp(min=1e-10)                      # Â, as normalized() makes it
-    a *= (influence(a, weights) + weights.to(a.dtype))[:, None]
-    return a
+class _EdgeScores:
+    """The edge influence among the kept nodes idx [k] (edge_influence of that block of the adjacency), held as rows
+    [r, k] float64 for the r kept nodes whose rows have an edge among them (features and logits: error and
+    token rows are zero, and a zero row adds nothing to influence's walk), built and scored a chunk of rows at a
+    time from the adjacency. recompute(rows) makes a chunk again with the same operations (the same values)."""
+
+    def __init__(self, adjacency: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> None:
+        self.adjacency, self.idx = adjacency, idx
+        nonzero = torch.cat([adjacency[idx[i:i + ROW_CHUNK, None], idx[None, :]].ne(0).any(1)
+                             for i in range(0, len(idx), ROW_CHUNK)]) if len(idx) else idx.bool()
+        self.rows = nonzero.nonzero().flatten()                            # [r] places in idx
+        a = torch.empty(len(self.rows), len(idx), dtype=torch.float64)
+        for i in range(0, len(self.rows), ROW_CHUNK):
+            a[i:i + ROW_CHUNK] = adjacency[idx[self.rows[i:i + ROW_CHUNK], None], idx[None, :]]
+        a.abs_()
+        self.sums = a.sum(dim=1, keepdim=True).clamp(min=1e-10)            # [r, 1]
+        a /= self.sums                                                     # Â's rows
+        step = weights[self.rows].to(a.dtype) @ a                           # influence(Â, w), on the rows alone
+        total = step.clone()
+        for _ in range(10_000):
+            if not bool(step.any()):
+                break
+            step = step[self.rows] @ a
+            total += step
+        else:
+            raise CircuitlabError("influence did not converge: the adjacency has a cycle (not an attribution graph)")
+        self.factor = (total + weights.to(a.dtype))[self.rows, None]         # [r, 1]
+        a *= self.factor
+        self.scores = a
+
+    def recompute(self, rows: slice) -> torch.Tensor:
+        """The scores of rows [rows] again: [len, k] float64."""
+        a = self.adjacency[self.idx[self.rows[rows], None], self.idx[None, :]].double().abs_()
+        a /= self.sums[rows]
+        a *= self.factor[rows]
+        return a
+
+
+def _threshold_in_place(values: torch.Tensor, fraction: float, n_all: int) -> torch.Tensor:
+    """threshold_for(values, fraction) for scores among n_all (values holds the non-zero ones, and maybe zeros),
+    in values' own memory, which it overwrites: the non-zero scores moved to its front and sorted there (no
+    copy, no sort indices, a chunk of the running sum at a time). The same threshold, bit for bit."""
+    flat, n = values.view(-1), 0
+    for i in range(0, len(flat), 2 ** 22):
+        part = flat[i:i + 2 ** 22]
+        nz = part[part != 0]
+        flat[n:n + len(nz)] = nz
+        n += len(nz)
+    if not n:
+        return flat.new_zeros(())
+    ordered = flat[:n]
+    arr = ordered.numpy()
+    np.negative(arr, out=arr)
+    arr.sort()                                  # ascending of the negated: descending, in place
+    np.negative(arr, out=arr)
+    total, carry = float(ordered.sum()), np.zeros(1)
+    for start in range(0, n, 2 ** 22):          # torch's cumsum is sequential: carried over, the same sums
+        cum = np.cumsum(np.concatenate([carry, arr[start:start + 2 ** 22]]))[1:]
+        j = int(np.searchsorted(cum / total, fraction, side="left"))
+        if j < len(cum):
+            return ordered[start + j].clone()
+        carry = cum[-1:]
+    return flat.new_zeros(()) if n < n_all else ordered[-1].clone()   # past the last: a zero, if any
 
 
 def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -353,24 +410,28 @@ class Graph(Displayed):
         nodes = infl >= threshold_for(infl, node_threshold)
         nodes[self.token_start:] = True  # tokens and logits always stay
         idx = nodes.nonzero().flatten()
-        scores = _edge_influence_of_block(self.adjacency, idx, w[idx])           # [k, k]
-        sub = scores >= threshold_for(scores, edge_threshold)  # the same cut as on the n x n matrix: its
-        # non-zero scores are these, and both have zeros (token rows)
+        block = _EdgeScores(self.adjacency, idx, w[idx])
+        thr = _threshold_in_place(block.scores, edge_threshold, len(idx) ** 2)   # the cut on the n x n scores:
+        del block.scores                # their non-zero ones are these, and both have zeros (token rows)
+        rows = block.rows                                 # [r] places in idx of the rows with edges
+        sub = torch.cat([block.recompute(slice(i, i + ROW_CHUNK)) >= thr for i in range(0, len(rows), ROW_CHUNK)]) \
+            if len(rows) else torch.zeros(0, len(idx), dtype=torch.bool)
         kept = nodes[idx]
         inner = idx < self.token_start               # features and errors: need an outgoing edge
         feats = idx < self.n_features                # features: need an incoming edge too
-
+        incoming = torch.zeros(len(idx), dtype=torch.bool)
         while True:
             before = kept.clone()
             kept[inner] &= sub[:, inner].any(0)
-            kept[feats] &= sub[feats].any(1)
+            incoming[rows] = sub.any(1)
+            kept[feats] &= incoming[feats]
             if torch.equal(kept, before):
                 break
-            sub[~kept] = False
+            sub[~kept[rows]] = False
             sub[:, ~kept] = False
         nodes[idx] = kept
-        edges = torch.zeros(self.n_nodes, self.n_nodes, dtype=torch.bool)
-        edges[idx[:, None], idx[None, :]] = sub
+        edges = torch.from_numpy(np.zeros((self.n_nodes, self.n_nodes), dtype=np.bool_))  # untouched rows: no memory
+        edges[idx[rows][:, None], idx[None, :]] = sub
         order = infl.sort(descending=True)
         cumulative = torch.zeros_like(infl)
         cumulative[order.indices] = order.values.cumsum(0) / order.values.sum()

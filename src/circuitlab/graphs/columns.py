@@ -7,8 +7,9 @@ A feature's column is its activation times its decoder vector into each layer it
 gradient there. A source layer's features are laid out per position, padded to the most any position has
 ([pos, m]), so that one batched product per (source layer, layer written) gives every row's edges from all of
 them: [pos, rows, d_model] @ [pos, d_model, m]. The decoder vectors are gathered from the transcoders (in their
-storage dtype) for each such product and dropped after it: memory holds one block, never a compute-dtype copy
-per active feature (a 1,024-token prompt has ~786,000 of them on GPT-2 small: 2.4 GB of float32).
+storage dtype) a block of positions at a time (BLOCK_FLOATS) and dropped after it: memory holds one block,
+never a compute-dtype copy per active feature (a 1,024-token prompt has ~786,000 of them on GPT-2 small: 2.4 GB
+of float32), and a long prompt's block is a short one's.
 """
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ import torch
 
 from circuitlab.graphs.options import DEFAULTS
 from circuitlab.graphs.replacement import ReplacementModel
+
+# Decoder vectors made at once (float32 values, 16 MiB): a block of positions of one source layer's features, so
+# that a long prompt's pass holds the same block as a short one's.
+BLOCK_FLOATS = 2 ** 22
 
 
 @dataclass
@@ -68,11 +73,10 @@ class Columns:
         self.errors = errs
         self.embeds = rm.token_vectors(token_nodes).to(dtype)
 
-    def decoder_block(self, b: _Block, target: int, n_pos: int) -> torch.Tensor:
-        """act * decoder vector into `target` of block b's places at positions < n_pos: [n_pos, m, d_model]."""
-        places = n_pos * b.m
-        dec = self.tc.decoder_rows(b.source, target, b.feats[:places]).to(self.dtype)
-        return (dec * b.vals[:places, None]).view(n_pos, b.m, -1)
+    def decoder_block(self, b: _Block, target: int, p0: int, p1: int) -> torch.Tensor:
+        """act * decoder vector into `target` of block b's places at positions p0..p1-1: [p1 - p0, m, d_model]."""
+        dec = self.tc.decoder_rows(b.source, target, b.feats[p0 * b.m:p1 * b.m]).to(self.dtype)
+        return (dec * b.vals[p0 * b.m:p1 * b.m, None]).view(p1 - p0, b.m, -1)
 
     @torch.no_grad()
     def rows(self, grads_out: dict[int, torch.Tensor], grad_embed: torch.Tensor) -> torch.Tensor:
@@ -82,11 +86,14 @@ class Columns:
         for k, g in grads_out.items():
             gt = g.transpose(0, 1)                                                   # [P, R, d]
             for b in self.blocks.get(k, ()):
-                dec = self.decoder_block(b, k, P)
-                edges = torch.bmm(gt, dec.transpose(1, 2)).transpose(0, 1)           # [R, P, m]
-                del dec
-                seen = b.slot < P * b.m                                              # sources at positions < P
-                rows[:, b.cols[seen]] += edges.reshape(R, P * b.m)[:, b.slot[seen]]
+                step = max(1, BLOCK_FLOATS // (b.m * gt.shape[-1]))               # positions per decoder block
+                for p0 in range(0, P, step):
+                    p1 = min(P, p0 + step)
+                    dec = self.decoder_block(b, k, p0, p1)
+                    edges = torch.bmm(gt[p0:p1], dec.transpose(1, 2)).transpose(0, 1)   # [R, p1 - p0, m]
+                    del dec
+                    here = (b.slot >= p0 * b.m) & (b.slot < p1 * b.m)             # sources at these positions
+                    rows[:, b.cols[here]] += edges.reshape(R, -1)[:, b.slot[here] - p0 * b.m]
             start = self.n_feat + k * self.T
             rows[:, start:start + P] = (g * self.errors[k][:P]).sum(-1)
         start = self.n_feat + self.L * self.T

@@ -63,9 +63,11 @@ def n_nodes_of(n_feat: int, cap: int, n_layers: int, n_pos: int, n_logits: int) 
 
 
 def decoder_block_floats(layers: torch.Tensor, positions: torch.Tensor | None, n_pos: int, d_model: int) -> int:
-    """The largest (source layer, written layer) block of decoder vectors a pass makes at once: [pos, m, d_model]
-    for the most active features (m) any position of one layer has, three copies (gathered, upcast, scaled).
-    layers [n_feat] (and positions [n_feat], None: the features spread evenly over the positions)."""
+    """The largest block of decoder vectors a pass makes at once (columns.BLOCK_FLOATS, or one position's
+    [m, d_model] for the most active features m any position of a layer has, when larger), three copies
+    (gathered, upcast, scaled). layers [n_feat] (and positions [n_feat], None: spread evenly over the positions)."""
+    from circuitlab.graphs.columns import BLOCK_FLOATS
+
     if not len(layers):
         return 0
     most = 0
@@ -76,7 +78,8 @@ def decoder_block_floats(layers: torch.Tensor, positions: torch.Tensor | None, n
         else:
             m = int(torch.bincount(positions[mine], minlength=n_pos).max())
         most = max(most, m)
-    return 3 * n_pos * most * d_model
+    per_pos = most * d_model
+    return 3 * min(n_pos * per_pos, max(per_pos, BLOCK_FLOATS // per_pos * per_pos))
 
 
 def graph_floats(layers: torch.Tensor, transcoders: "Transcoders", cap: int, n_pos: int, n_logits: int,
@@ -126,12 +129,12 @@ def check_graph_size(layers: torch.Tensor, transcoders: "Transcoders", cap: int,
 
 def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
     """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
-    until its adjacency row is made), the injected gradient at its layer's input, the working gradients through
-    a block (norms, attention, skip: ~8 [pos, d_model], measured on GPT-2 small and Gemma-2-2B shapes with
-    benchmarks/bench_scale.py), and its adjacency row [n_cols]. Vocabulary-sized only for the few logit
-    rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
+    until its adjacency row is made), the injected gradients at its batch's layers' inputs, the working gradients
+    through a block (norms, attention, skip): ~8 [pos, d_model] beside the layers' (measured on GPT-2 small and
+    Gemma-2-2B shapes with benchmarks/bench_scale.py), and its adjacency row [n_cols]. Vocabulary-sized only for
+    the few logit rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
     cfg = model.cfg
-    return n_pos * cfg.d_model * (2 * max(cfg.n_layers, 1) + 8) + n_cols
+    return n_pos * cfg.d_model * (max(cfg.n_layers, 1) + 8) + n_cols
 
 
 def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
@@ -188,21 +191,23 @@ def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch
     kept = min(cap, n_feat)
     n_nodes = n_nodes_of(n_feat, cap, L, T, n_logits)
     B = min(batch_size, rows_per_pass(model, n_cols, T))
+    # Held throughout: the reference run and the frozen system's forward (kept for every backward pass), and
+    # the capped rows when in memory. On top, the largest of three phases that never overlap: a backward pass
+    # (its rows and a decoder block), the greedy choice's influence walk, and the assembled adjacency.
     parts = {"reference run": reference_bytes(model, tc, T),
              "forward of the frozen system": 12 * cfg.n_layers * T * d * size}
+    chunk = min(cap * n_cols, CHUNK_FLOATS)
     adjacency = (kept + n_logits) * n_nodes * size          # the rows written; error and token rows stay untouched
-    passes = {"backward pass": B * row_floats(model, n_cols, T) * size,
-              "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size}
-    if cap < n_feat:   # the adjacency is made after the passes: the peak is the larger phase
+    phases = [{"backward pass": B * row_floats(model, n_cols, T) * size,
+               "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size}]
+    if cap < n_feat:   # the adjacency is made after the passes
         if not offload:
-            passes["capped rows"] = cap * n_cols * size
-        passes["influence"] = cap * cap * 8 + min(cap * n_cols, CHUNK_FLOATS) * 12   # [V, V] float64, a chunk
-        assembly = {"adjacency": adjacency, "a chunk of rows": min(cap * n_cols, CHUNK_FLOATS) * size}
-        if sum(assembly.values()) > sum(passes.values()):
-            passes = assembly
+            parts["capped rows"] = cap * n_cols * size
+        phases.append({"influence": cap * cap * 8 + chunk * 12})           # [V, V] float64, a chunk made absolute
+        phases.append({"adjacency": adjacency, "a chunk of rows": chunk * size})
     else:
-        passes["adjacency"] = adjacency
-    parts.update(passes)
+        parts["adjacency"] = adjacency
+    parts.update(max(phases, key=lambda ph: sum(ph.values())))
     heads = cfg.n_heads * cfg.head_dim
     skip = getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False)
     per_row = T * (cfg.n_layers / 2) * (4 * d * heads + 2 * cfg.n_heads * T * cfg.head_dim + (2 * d * d if skip else 0))
