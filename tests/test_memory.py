@@ -173,3 +173,83 @@ def test_sae_train_and_interpret_estimates_read_and_write_nothing(tmp_path, caps
     assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--estimate", "--noise-samples", "100000000",
                  "--memory", "64M"]) == 2
     assert "noise runs" in capsys.readouterr().err
+
+
+def _synthetic_features(n_layers, n_pos, k, d_sae):
+    """[n, 3] (layer, pos, feature), sorted: k distinct features per (layer, position), as TopK fires."""
+    layer, pos, j = torch.meshgrid(torch.arange(n_layers), torch.arange(n_pos), torch.arange(k), indexing="ij")
+    feat = (pos * 7 + layer * 13 + j * (d_sae // k)) % d_sae
+    out = torch.stack([layer, pos, feat], -1).reshape(-1, 3)
+    return out[torch.argsort(out[:, 0] * n_pos * d_sae + out[:, 1] * d_sae + out[:, 2])]
+
+
+def test_a_long_prompts_plan_stays_flat_past_the_feature_cap():
+    """Past the feature cap nothing in the plan grows with the active features: the capped rows go to disk (their
+    size is what grows), a backward pass stays in its budget (fewer rows per pass), a decoder block and
+    influence's walk are bounded, and the adjacency is its written rows [cap + logits, n_nodes], never n_nodes².
+    Four times the prompt (and the active features) here: every phase but the reference run's is the same size
+    or smaller (the reference run and the frozen system's forward hold attention patterns and activations:
+    per token)."""
+    from circuitlab.graphs.plan import attribution_phases, estimate_attribution, offloads
+
+    model, tc, _ = _small_setup(d_model=64, n_layers=4, d_sae=1024, k=16, T=8)
+    plans, phases = {}, {}
+    with memory.memory_limit("256M"):
+        for T in (4096, 16384):
+            feats = _synthetic_features(4, T, 16, 1024)
+            n_cols = len(feats) + 5 * T
+            assert offloads(300, len(feats), n_cols, torch.float32)
+            plans[T] = estimate_attribution(model, tc, feats, T, 300, 5, 128, offload=True)
+            held, ph = attribution_phases(model, tc, feats, T, 300, 5, plans[T].batch_size, offload=True)
+            assert "capped rows" not in held
+            phases[T] = {k: v for p in ph for k, v in p.items() if not k.startswith("reference run")}
+    short, long = plans[4096], plans[16384]
+    assert set(phases[4096]) == {"backward pass", "decoder block", "influence", "adjacency", "a chunk of rows"}
+    for part in ("backward pass", "decoder block", "influence", "a chunk of rows"):
+        assert phases[16384][part] <= 1.05 * phases[4096][part], (part, short.line(), long.line())
+    assert phases[16384]["backward pass"] <= memory.PASS_SHARE * 256 * 2**20
+    n_nodes = 300 + 5 * 16384 + 5
+    assert phases[16384]["adjacency"] == 305 * n_nodes * 4 < n_nodes ** 2 * 4 / 50   # its rows, not n x n
+    assert long.disk[0] > 3.9 * short.disk[0] and long.batch_size < short.batch_size
+
+
+def test_a_long_prompt_never_holds_an_n_by_n_matrix():
+    """Measured (resident memory's high-water mark, reset before each step, in a fresh process): a capped graph
+    on a 1,000-token prompt with 7,200 nodes, most of them error and token nodes whose rows are zero. Attributing
+    holds less than the dense n x n float32 adjacency alone (100 MB of its 208 when measured) (its error and token rows are never touched), and
+    pruning (node threshold 1: most nodes kept) less than a third of an n x n float64 block (the old pruning
+    made one [kept, kept], and sorted copies of it; ~110 MB of 415 when measured)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("resident memory is read from /proc")
+    code = ("import json, sys, torch; torch.set_num_threads(1); sys.path.insert(0, 'tests')\n"
+            "from helpers import random_model\n"
+            "from circuitlab import ModelConfig\n"
+            "from circuitlab.dictionaries import DictionaryConfig, SparseDictionary\n"
+            "from circuitlab.graphs import Transcoders, attribute\n"
+            "def hwm():\n"
+            "    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]) * 1024\n"
+            "def rss():\n"
+            "    return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]) * 1024\n"
+            "def reset():\n"
+            "    open('/proc/self/clear_refs', 'w').write('5')\n"
+            "cfg = ModelConfig.from_preset('gpt2-tiny', n_layers=6, d_model=16, n_heads=1, d_mlp=64, n_ctx=1024, d_vocab=50)\n"
+            "model = random_model(cfg, scale=1.0).eval()\n"
+            "dicts = [SparseDictionary(DictionaryConfig('topk', d_in=16, d_sae=64, k=4, hook_name=f'blocks.{l}.ln2.hook_normalized',\n"
+            "                                           out_hook_name=f'blocks.{l}.hook_mlp_out'), seed=l) for l in range(6)]\n"
+            "tc = Transcoders.per_layer(model, dicts)\n"
+            "tokens = torch.randint(0, 50, (1000,), generator=torch.Generator().manual_seed(0))\n"
+            "attribute(model, tc, tokens[:20], max_feature_nodes=10, batch_size=4)   # warm: allocator, thread pools\n"
+            "reset(); before = rss()\n"
+            "graph = attribute(model, tc, tokens, max_feature_nodes=200, batch_size=4)\n"
+            "attributing = hwm() - before\n"
+            "reset(); before = rss()\n"
+            "pruned = graph.prune(1.0, 0.98)\n"
+            "pruning = hwm() - before\n"
+            "print(json.dumps([graph.n_nodes, attributing, pruning, int((graph.node_influence() > 0).sum())]))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    n, attributing, pruning, kept = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    assert n > 7000 and kept > n // 2, (n, kept)      # the node threshold keeps most of them: a large block
+    assert attributing < 0.75 * n * n * 4, (n, attributing / 2**20)
+    assert pruning < n * n * 8 / 3, (n, pruning / 2**20)

@@ -56,6 +56,26 @@ from circuitlab.perf import ThreadGovernor, transformer_step_flops
 N_SPANS = 8  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
 
 
+def _libc_trim() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def _release() -> None:
+    """Give the memory a phase freed back to the system (glibc's malloc_trim): blocks under the allocator's mmap
+    threshold (up to 32 MiB) stay in its heap when freed, so without this a pass's gradients, influence's copies
+    and the next pass would add up in resident memory instead of taking turns."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def _rss_bytes() -> int | None:
     """This process's resident memory now (Linux: /proc/self/statm), or None where that cannot be read."""
     try:
@@ -149,7 +169,7 @@ def _prepare(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor,
         COUNT.check(max_feature_nodes, "max_feature_nodes")
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
     max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
-    rm = ReplacementModel(model, transcoders, tokens, bos=bos)
+    rm = ReplacementModel(model, transcoders, tokens, bos=bos, lean=True)   # no [pos, d_sae] per layer
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
     last = rm.logits[-1]
     logit_targets = (top_logit_targets(last, max_n_logits, desired_logit_prob, tokenizer) if targets is None
@@ -254,6 +274,7 @@ def _every_feature(run: _Run, whole: LinearPass, adjacency: torch.Tensor, bar: A
             mine = ((ends == end) & (features[:, 0] == layer)).nonzero().flatten()
             for i in range(0, len(mine), B):
                 adjacency[mine[i:i + B], :run.cols.n_cols] = _feature_rows(run, lp, mine[i:i + B])
+                _release()
                 bar.update(len(mine[i:i + B]))
         del lp
 
@@ -270,6 +291,7 @@ def _greedy(run: _Run, whole: LinearPass, store: RowStore, cap: int, logit_rows:
     n_done = 0
     while n_done < cap:
         infl = partial_influence(store, n_done, order, n_feat, logit_rows, weights)
+        _release()
         infl[visited] = -math.inf
         step = max(4 * B, cap // 16) if offload else 4 * B   # offloaded: each estimate reads the file
         todo = infl.argsort(descending=True)[:min(step, cap - n_done)]
@@ -277,6 +299,7 @@ def _greedy(run: _Run, whole: LinearPass, store: RowStore, cap: int, logit_rows:
         for i in range(0, len(todo), B):
             idx = todo[i:i + B]
             store.write(n_done, _feature_rows(run, whole, idx))
+            _release()
             order[n_done:n_done + len(idx)] = idx
             n_done += len(idx)
             visited[idx] = True
@@ -307,14 +330,6 @@ def _zeros(n: int, m: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.zeros(n * m * dtype.itemsize, dtype=np.uint8)).view(dtype).view(n, m)
 
 
-def _values(rm: ReplacementModel, features: torch.Tensor) -> torch.Tensor:
-    """The activations of features [n, 3] (sorted by layer, as they are) -> [n]."""
-    if not len(features):
-        return torch.zeros(0)
-    return torch.cat([rm.acts[int(l_)][features[features[:, 0] == l_, 1], features[features[:, 0] == l_, 2]]
-                      for l_ in features[:, 0].unique().tolist()])
-
-
 def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
                bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
@@ -328,7 +343,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     if verbose:
         print(est.timed().line(), flush=True)
     n_feat, T, L, n_logit = len(features), rm.n_pos, transcoders.n_layers, len(logit_targets)
-    values = _values(rm, features)
+    values = rm.active_values()
     t_setup = time.perf_counter() - t0
     run = _Run(rm, features, Columns(rm, features, values, dtype, token_nodes), gov, dtype, est.batch_size)
     t1 = time.perf_counter()

@@ -72,7 +72,7 @@ ROW_CHUNK = 1024  # rows of the adjacency made absolute float64 at a time
 def _abs_rows(adjacency: torch.Tensor, start: int) -> tuple[torch.Tensor, slice]:
     """|A| of ROW_CHUNK rows from `start`, float64: ([rows, n], the rows' slice)."""
     rows = slice(start, min(start + ROW_CHUNK, len(adjacency)))
-    return adjacency[rows].double().abs(), rows
+    return adjacency[rows].double().abs_(), rows          # made absolute in place: one float64 chunk
 
 
 def _chunked_influence(adjacency: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor,
@@ -127,8 +127,8 @@ class _EdgeScores:
 
     def __init__(self, adjacency: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> None:
         self.adjacency, self.idx = adjacency, idx
-        nonzero = torch.cat([adjacency[idx[i:i + ROW_CHUNK, None], idx[None, :]].ne(0).any(1)
-                             for i in range(0, len(idx), ROW_CHUNK)]) if len(idx) else idx.bool()
+        nonzero = torch.cat([adjacency[idx[i:i + 256, None], idx[None, :]].ne(0).any(1)
+                             for i in range(0, len(idx), 256)]) if len(idx) else idx.bool()
         self.rows = nonzero.nonzero().flatten()                            # [r] places in idx
         a = torch.empty(len(self.rows), len(idx), dtype=torch.float64)
         for i in range(0, len(self.rows), ROW_CHUNK):

@@ -40,6 +40,9 @@ CHUNK_FLOATS = 2 ** 24  # a chunk of rows made absolute (and float64) at a time:
 # The share of the machine's matmul speed a backward pass of the frozen system reaches on a CPU (batched
 # products of a few hundred rows; measured with benchmarks/bench_scale.py): turns flops into seconds.
 PASS_EFFICIENCY = 0.5
+# What the first backward pass adds beside its tensors (autograd's engine, thread pools, the allocator's slack):
+# ~25 MiB measured on the tests' small shapes (tests/test_memory.py), where it is a third of the peak.
+RUNTIME_BYTES = 32 * 2 ** 20
 
 
 def graph_budget() -> int:
@@ -87,8 +90,9 @@ def graph_floats(layers: torch.Tensor, transcoders: "Transcoders", cap: int, n_p
     """Float32 values a graph's dense parts take at their peak: layers [n_feat], each active feature's layer
     (positions [n_feat]: its position, for the decoder block); cap: feature nodes kept (>= n_feat: all).
     The larger of the backward passes' phase (a decoder block; with a cap the visited rows, none in memory
-    when offloaded, and influence's [cap, cap] float64 walk with a chunk of rows) and the assembled graph
-    (the adjacency's feature and logit rows, and pruning's [rows, kept] float64 block with its masks)."""
+    when offloaded, and influence's [cap, cap] walk with a chunk of rows) and the assembled graph
+    (the adjacency's feature and logit rows, and pruning's [rows, kept] float64 block with its masks: error and
+    token rows are zero and never touched, so nothing here is [n_nodes, n_nodes])."""
     n_feat = len(layers)
     kept = min(cap, n_feat)
     n_nodes = n_nodes_of(n_feat, cap, transcoders.n_layers, n_pos, n_logits)
@@ -96,10 +100,11 @@ def graph_floats(layers: torch.Tensor, transcoders: "Transcoders", cap: int, n_p
     written = (kept + n_logits) * n_nodes
     passes = decoder_block_floats(layers, positions, n_pos, d_model)
     if cap < n_feat:
-        passes += (0 if offloaded else cap * n_cols) + 2 * cap * cap + 3 * min(CHUNK_FLOATS, cap * n_cols)
+        passes += (0 if offloaded else cap * n_cols) + cap * cap + min(CHUNK_FLOATS, cap * n_cols)
     else:
         passes += written                     # uncapped: rows go straight into the adjacency
-    pruning = written + 2 * written + n_nodes * n_nodes // 2     # float64 block, bool masks ([k, k], [n, n])
+    # pruning: the adjacency's written rows, their [rows, kept] float64 edge scores, two bool masks of their rows
+    pruning = written + 2 * written + written // 2 + 2 * min(n_nodes, 1024) * n_nodes   # + a float64 row chunk
     return max(passes, pruning)
 
 
@@ -165,15 +170,45 @@ def offloads(cap: int, n_feat: int, n_cols: int, dtype: torch.dtype) -> bool:
     return True
 
 
-def reference_bytes(model: Any, transcoders: "Transcoders", n_pos: int) -> float:
-    """What the reference run leaves held (float32): each layer's activations [pos, d_sae] (and the widest
-    layer's pre-activations while encoding), the logits [pos, d_vocab], the frozen attention patterns and
-    norm scales, each layer's transcoder input, MLP output and error [pos, d_model]."""
+def reference_bytes(model: Any, transcoders: "Transcoders", n_pos: int, n_feat: int) -> tuple[float, float]:
+    """(held, transient) bytes of the reference run (lean: graphs.replacement). Held until the graph is made: the
+    frozen attention patterns and norm scales, each layer's transcoder input, MLP output and error [pos, d_model],
+    the active features (layer, pos, feature, activation). Transient: the logits [pos, d_vocab] and one layer's
+    activations and pre-activations [pos, d_sae] at a time."""
     cfg, tc, T = model.cfg, transcoders, n_pos
-    d_sae = sum(tc.d_sae(layer) for layer in tc.layers)
     attn = cfg.n_layers * cfg.n_heads * T * T
-    return 4 * (T * d_sae + 2 * T * max(tc.d_sae(layer) for layer in tc.layers) + attn + T * cfg.d_vocab
-                + 6 * cfg.n_layers * T * cfg.d_model)
+    held = 4 * (attn + 6 * cfg.n_layers * T * cfg.d_model) + 32 * n_feat
+    return held, 4 * (T * cfg.d_vocab + 3 * T * max(tc.d_sae(layer) for layer in tc.layers))
+
+
+def attribution_phases(model: Any, transcoders: "Transcoders", features: torch.Tensor, n_pos: int, cap: int,
+                       n_logits: int, B: int, dtype: torch.dtype = torch.float32, offload: bool = False
+                       ) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(held, phases) in bytes: what attribute() holds throughout (the reference run, the frozen system's forward
+    kept for every backward pass, the capped rows when in memory) and the phases that never overlap, one of
+    which is on top at a time (the reference run's transients, a backward pass of B rows with a decoder block,
+    the greedy choice's influence walk, the assembled adjacency). features [n_active, 3]."""
+    cfg, tc = model.cfg, transcoders
+    size = dtype.itemsize
+    n_feat, L, T, d = len(features), tc.n_layers, n_pos, cfg.d_model
+    n_cols = n_feat + (L + 1) * T
+    n_nodes = n_nodes_of(n_feat, cap, L, T, n_logits)
+    ref_held, ref_transient = reference_bytes(model, tc, T, n_feat)
+    held = {"reference run": ref_held, "forward of the frozen system": 12 * cfg.n_layers * T * d * size,
+            "autograd and allocator": RUNTIME_BYTES}
+    chunk = min(cap * n_cols, CHUNK_FLOATS)
+    adjacency = (min(cap, n_feat) + n_logits) * n_nodes * size   # the rows written; error and token rows untouched
+    phases = [{"backward pass": B * row_floats(model, n_cols, T) * size,
+               "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size},
+              {"reference run (logits, a layer's activations)": ref_transient}]
+    if cap < n_feat:   # the adjacency is made after the passes
+        if not offload:
+            held["capped rows"] = cap * n_cols * size
+        phases.append({"influence": (cap * cap + chunk) * size})      # [V, V] and a chunk made absolute
+        phases.append({"adjacency": adjacency, "a chunk of rows": chunk * size})
+    else:
+        held["adjacency"] = adjacency
+    return held, phases
 
 
 def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch.Tensor, n_pos: int, cap: int,
@@ -181,32 +216,14 @@ def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch
                          offload: bool = False) -> memory.Estimate:
     """What attribute() will hold at its peak beyond the model and transcoders, and its arithmetic, once the
     reference run has found the active features (features [n_active, 3] (layer, pos, feature); cap: feature
-    nodes kept). Parts: the reference run, the frozen system's forward, and the larger of the backward passes'
-    phase (one pass's rows, a decoder block; with a cap the visited rows and influence) and the assembly
-    (the adjacency's written rows)."""
+    nodes kept): what it holds throughout and the largest of its phases (attribution_phases)."""
     cfg, tc = model.cfg, transcoders
     size = dtype.itemsize
     n_feat, L, T, d = len(features), tc.n_layers, n_pos, cfg.d_model
     n_cols = n_feat + (L + 1) * T
     kept = min(cap, n_feat)
-    n_nodes = n_nodes_of(n_feat, cap, L, T, n_logits)
     B = min(batch_size, rows_per_pass(model, n_cols, T))
-    # Held throughout: the reference run and the frozen system's forward (kept for every backward pass), and
-    # the capped rows when in memory. On top, the largest of three phases that never overlap: a backward pass
-    # (its rows and a decoder block), the greedy choice's influence walk, and the assembled adjacency.
-    parts = {"reference run": reference_bytes(model, tc, T),
-             "forward of the frozen system": 12 * cfg.n_layers * T * d * size}
-    chunk = min(cap * n_cols, CHUNK_FLOATS)
-    adjacency = (kept + n_logits) * n_nodes * size          # the rows written; error and token rows stay untouched
-    phases = [{"backward pass": B * row_floats(model, n_cols, T) * size,
-               "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size}]
-    if cap < n_feat:   # the adjacency is made after the passes
-        if not offload:
-            parts["capped rows"] = cap * n_cols * size
-        phases.append({"influence": cap * cap * 8 + chunk * 12})           # [V, V] float64, a chunk made absolute
-        phases.append({"adjacency": adjacency, "a chunk of rows": chunk * size})
-    else:
-        parts["adjacency"] = adjacency
+    parts, phases = attribution_phases(model, tc, features, T, cap, n_logits, B, dtype, offload)
     parts.update(max(phases, key=lambda ph: sum(ph.values())))
     heads = cfg.n_heads * cfg.head_dim
     skip = getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False)

@@ -129,11 +129,15 @@ class ReplacementModel:
     """A model, its transcoders and a reference run on one prompt (tokens [pos]).
 
     bos: treat position 0 as an attention sink, as circuit-tracer does: no features there, its MLP output
-    kept whole in the error term (and, in a graph, not a node)."""
+    kept whole in the error term (and, in a graph, not a node). lean: keep only what an attribution graph
+    reads: the active features and their activations (active_features, active_values), not each layer's
+    [pos, d_sae] activations (acts is then empty: runs need lean=False), and the last position's logits
+    (logits [1, d_vocab]): on a 1,024-token GPT-2-small prompt the activations alone are 1.2 GB."""
 
-    def __init__(self, model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False) -> None:
+    def __init__(self, model: Any, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False,
+                 lean: bool = False) -> None:
         transcoders.check_model(model)
-        self.model, self.tc, self.bos = model, transcoders, bos
+        self.model, self.tc, self.bos, self.lean = model, transcoders, bos, lean
         tokens = torch.as_tensor(tokens)
         if tokens.dim() != 1:
             raise InputError(f"a replacement model is built on one prompt: tokens [pos], got shape "
@@ -154,25 +158,37 @@ class ReplacementModel:
         outs = [self.tc.output_hook(layer) for layer in range(self.tc.n_layers)]
         embeds: list[str] = [n for n in ("hook_embed", "hook_pos_embed") if n in points]
         logits, cache = self.model.run_with_cache(self.tokens[None], names_filter=frozen_names + ins + outs + embeds)
-        self.logits = logits[0]                                                     # [pos, d_vocab]
+        self.logits = logits[0, -1:].clone() if self.lean else logits[0]           # [pos (lean: 1), d_vocab]
+        del logits
         # What the model's frozen mode reads: every attention pattern and norm scale of this run.
         self.frozen = ActivationCache({n: cache[n] for n in frozen_names}, {}, self.model)
         self.inputs = {layer: cache[self.tc.input_hook(layer)][0] for layer in self.tc.layers}   # [pos, d_in]
         self.mlp_out = {layer: cache[outs[layer]][0] for layer in range(self.tc.n_layers)}       # [pos, d_model]
         self.embeddings = cast(torch.Tensor, sum(cache[n][0] for n in embeds))  # [pos, d_model]: token nodes
         self.token_embeddings = cache["hook_embed"][0]                                  # [pos, d_model]: W_E[token]
-        self.acts = {}
-        for layer in self.tc.layers:
-            a = self.tc.encode(layer, self.inputs[layer])
-            if self.bos:
-                a[0] = 0
-            self.acts[layer] = a                                                    # [pos, d_sae]
+        self.acts = {}                                                              # [pos, d_sae]
+        self._sparse: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}   # lean: (pos, feat, value)
         self.errors = {}                                                            # [pos, d_model]
-        for layer in range(self.tc.n_layers):
+        for layer in range(self.tc.n_layers):     # each layer encoded, then its error (its sources are encoded)
+            if self.tc.has(layer):
+                a = self.tc.encode(layer, self.inputs[layer])
+                if self.bos:
+                    a[0] = 0
+                self.acts[layer] = a
             if not self.tc.has(layer):
                 self.errors[layer] = self.mlp_out[layer].clone()
-                continue
-            self.errors[layer] = self.mlp_out[layer] - self._rebuild(layer, self.acts, self.inputs[layer])
+            else:
+                self.errors[layer] = self.mlp_out[layer] - self._rebuild(layer, self.acts, self.inputs[layer])
+            if self.lean:   # a source no later layer reads from: its activations as (pos, feat, value)
+                for src in [s_ for s_ in self.acts if max(self.tc.writes(s_)) <= layer]:
+                    a = self.acts.pop(src)
+                    pos, feat = a.nonzero(as_tuple=True)
+                    self._sparse[src] = (pos, feat, a[pos, feat])
+        if self.lean:
+            for src in list(self.acts):
+                a = self.acts.pop(src)
+                pos, feat = a.nonzero(as_tuple=True)
+                self._sparse[src] = (pos, feat, a[pos, feat])
 
     def token_vectors(self, token_nodes: str = DEFAULTS.token_nodes) -> torch.Tensor:
         """What each token node adds to the residual stream [pos, d_model]: the whole embedding ("embedding":
@@ -187,14 +203,27 @@ class ReplacementModel:
         skip = self.tc.skip(layer, x)
         return y if skip is None else y + skip
 
+    def _nonzero(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(pos [n], feature [n], activation [n]) of layer's active features, row-major."""
+        if layer in self._sparse:
+            return self._sparse[layer]
+        a = self.acts[layer]
+        pos, feat = a.nonzero(as_tuple=True)
+        return pos, feat, a[pos, feat]
+
     @property
     def active_features(self) -> torch.Tensor:
-        """[n, 3] (layer, pos, feature) of every active feature, sorted; with activation_values [n]."""
+        """[n, 3] (layer, pos, feature) of every active feature, sorted; with active_values() [n]."""
         rows = []
         for layer in self.tc.layers:
-            pos, feat = self.acts[layer].nonzero(as_tuple=True)
+            pos, feat, _ = self._nonzero(layer)
             rows.append(torch.stack([torch.full_like(pos, layer), pos, feat], 1))
         return torch.cat(rows) if rows else torch.zeros(0, 3, dtype=torch.long)
+
+    def active_values(self) -> torch.Tensor:
+        """The activation of each active feature [n], in active_features' order."""
+        vals = [self._nonzero(layer)[2] for layer in self.tc.layers]
+        return torch.cat(vals) if vals else torch.zeros(0)
 
     # ------------------------------------------------------------------ the linear system
     def linear_pass(self, n_pos: int | None = None, logits: bool = True) -> LinearPass:

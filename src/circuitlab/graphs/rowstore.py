@@ -98,14 +98,14 @@ def partial_influence(store: RowStore, V: int, order: torch.Tensor, n_feat: int,
     through it yet).
 
     Influence reaches an unvisited feature only through a visited row, so the walk runs on the visited
-    features' own columns ([V, V] float64); one product with all the rows at the end (a chunk of rows made
+    features' own columns ([V, V], in the rows' dtype); one product with all the rows at the end (a chunk of rows made
     absolute at a time) carries it to every feature: memory is V² plus a chunk, never a copy of the rows."""
     a_logit = normalized(logit_rows)[:, :n_feat]
     start = weights.to(a_logit.dtype) @ a_logit                           # [n_feat]: straight into the logits
     if not V:
         return start
     size, order = row_chunk(store.m), order[:V]
-    a_vv = torch.empty(V, V, dtype=start.dtype)                         # visited -> visited
+    a_vv = torch.empty(V, V, dtype=start.dtype)                         # visited -> visited (start's: the rows')
     inv_parts = []
     for i, rows in store.chunks(V, size):
         inv_parts.append(1 / rows.abs().sum(1).clamp(min=1e-10))
