@@ -31,6 +31,7 @@ from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.graphs.edge_scores import EdgeScores, threshold_in_place
 from circuitlab.graphs.loadings import HeadLoadings
 from circuitlab.graphs.options import DEFAULTS, TOKEN_NODES
 from circuitlab.textfile import read_text
@@ -117,71 +118,6 @@ def edge_influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     """Each edge's influence [n, n]: Â[t, s] * (influence of t + weight of t)."""
     a_hat = normalized(adjacency)
     return a_hat * (influence(a_hat, weights) + weights.to(a_hat.dtype))[:, None]
-
-
-class _EdgeScores:
-    """The edge influence among the kept nodes idx [k] (edge_influence of that block of the adjacency), held as rows
-    [r, k] float64 for the r kept nodes whose rows have an edge among them (features and logits: error and
-    token rows are zero, and a zero row adds nothing to influence's walk), built and scored a chunk of rows at a
-    time from the adjacency. recompute(rows) makes a chunk again with the same operations (the same values)."""
-
-    def __init__(self, adjacency: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> None:
-        self.adjacency, self.idx = adjacency, idx
-        nonzero = torch.cat([adjacency[idx[i:i + 256, None], idx[None, :]].ne(0).any(1)
-                             for i in range(0, len(idx), 256)]) if len(idx) else idx.bool()
-        self.rows = nonzero.nonzero().flatten()                            # [r] places in idx
-        a = torch.empty(len(self.rows), len(idx), dtype=torch.float64)
-        for i in range(0, len(self.rows), ROW_CHUNK):
-            a[i:i + ROW_CHUNK] = adjacency[idx[self.rows[i:i + ROW_CHUNK], None], idx[None, :]]
-        a.abs_()
-        self.sums = a.sum(dim=1, keepdim=True).clamp(min=1e-10)            # [r, 1]
-        a /= self.sums                                                     # Â's rows
-        step = weights[self.rows].to(a.dtype) @ a                           # influence(Â, w), on the rows alone
-        total = step.clone()
-        for _ in range(10_000):
-            if not bool(step.any()):
-                break
-            step = step[self.rows] @ a
-            total += step
-        else:
-            raise CircuitlabError("influence did not converge: the adjacency has a cycle (not an attribution graph)")
-        self.factor = (total + weights.to(a.dtype))[self.rows, None]         # [r, 1]
-        a *= self.factor
-        self.scores = a
-
-    def recompute(self, rows: slice) -> torch.Tensor:
-        """The scores of rows [rows] again: [len, k] float64."""
-        a = self.adjacency[self.idx[self.rows[rows], None], self.idx[None, :]].double().abs_()
-        a /= self.sums[rows]
-        a *= self.factor[rows]
-        return a
-
-
-def _threshold_in_place(values: torch.Tensor, fraction: float, n_all: int) -> torch.Tensor:
-    """threshold_for(values, fraction) for scores among n_all (values holds the non-zero ones, and maybe zeros),
-    in values' own memory, which it overwrites: the non-zero scores moved to its front and sorted there (no
-    copy, no sort indices, a chunk of the running sum at a time). The same threshold, bit for bit."""
-    flat, n = values.view(-1), 0
-    for i in range(0, len(flat), 2 ** 22):
-        part = flat[i:i + 2 ** 22]
-        nz = part[part != 0]
-        flat[n:n + len(nz)] = nz
-        n += len(nz)
-    if not n:
-        return flat.new_zeros(())
-    ordered = flat[:n]
-    arr = ordered.numpy()
-    np.negative(arr, out=arr)
-    arr.sort()                                  # ascending of the negated: descending, in place
-    np.negative(arr, out=arr)
-    total, carry = float(ordered.sum()), np.zeros(1)
-    for start in range(0, n, 2 ** 22):          # torch's cumsum is sequential: carried over, the same sums
-        cum = np.cumsum(np.concatenate([carry, arr[start:start + 2 ** 22]]))[1:]
-        j = int(np.searchsorted(cum / total, fraction, side="left"))
-        if j < len(cum):
-            return ordered[start + j].clone()
-        carry = cum[-1:]
-    return flat.new_zeros(()) if n < n_all else ordered[-1].clone()   # past the last: a zero, if any
 
 
 def threshold_for(scores: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -410,8 +346,8 @@ class Graph(Displayed):
         nodes = infl >= threshold_for(infl, node_threshold)
         nodes[self.token_start:] = True  # tokens and logits always stay
         idx = nodes.nonzero().flatten()
-        block = _EdgeScores(self.adjacency, idx, w[idx])
-        thr = _threshold_in_place(block.scores, edge_threshold, len(idx) ** 2)   # the cut on the n x n scores:
+        block = EdgeScores(self.adjacency, idx, w[idx])
+        thr = threshold_in_place(block.scores, edge_threshold, len(idx) ** 2)   # the cut on the n x n scores:
         del block.scores                # their non-zero ones are these, and both have zeros (token rows)
         rows = block.rows                                 # [r] places in idx of the rows with edges
         sub = torch.cat([block.recompute(slice(i, i + ROW_CHUNK)) >= thr for i in range(0, len(rows), ROW_CHUNK)]) \
