@@ -253,3 +253,15 @@ def test_a_long_prompt_never_holds_an_n_by_n_matrix():
     assert n > 7000 and kept > n // 2, (n, kept)      # the node threshold keeps most of them: a large block
     assert attributing < 0.75 * n * n * 4, (n, attributing / 2**20)
     assert pruning < n * n * 8 / 3, (n, pruning / 2**20)
+
+
+def test_pruning_in_place_leaves_a_float64_graph_as_it_was():
+    """Pruning's chunks are made absolute in place: on copies, never on the adjacency (a float64 graph's rows
+    converted to float64 are the adjacency itself, not a copy)."""
+    model, tc, tokens = _small_setup(d_model=32, n_layers=2, d_sae=128, k=8, T=16)
+    graph = attribute(model.double(), tc.to(torch.float64), tokens, max_feature_nodes=60, batch_size=8)
+    before = graph.adjacency.clone()
+    assert bool((before < 0).any())
+    graph.prune(1.0, 0.98)
+    graph.scores()
+    assert torch.equal(graph.adjacency, before)

@@ -73,7 +73,7 @@ ROW_CHUNK = 1024  # rows of the adjacency made absolute float64 at a time
 def _abs_rows(adjacency: torch.Tensor, start: int) -> tuple[torch.Tensor, slice]:
     """|A| of ROW_CHUNK rows from `start`, float64: ([rows, n], the rows' slice)."""
     rows = slice(start, min(start + ROW_CHUNK, len(adjacency)))
-    return adjacency[rows].double().abs_(), rows          # made absolute in place: one float64 chunk
+    return adjacency[rows].to(torch.float64, copy=True).abs_(), rows   # a copy made absolute in place
 
 
 def _chunked_influence(adjacency: torch.Tensor, inv: torch.Tensor, weights: torch.Tensor,
