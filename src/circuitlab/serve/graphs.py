@@ -62,7 +62,7 @@ def _budget() -> int:
 
 
 def _node_count_limit() -> int:
-    return int((_budget() / 3) ** 0.5)     # the adjacency and influence's float64 copy: 3 floats a node pair
+    return int((_budget() / 4) ** 0.5)     # graphs.plan.graph_floats: pruning's float64 rows and masks, ~4 a pair
 
 
 class QParamsRequest(BaseModel):
