@@ -144,7 +144,7 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     """
     # Threads re-decided between backward passes (perf.ThreadGovernor): two threads while another process
     # holds a core made one graph 8x slower than one thread.
-    n_pos, batch_size = int(tokens.shape[-1]), COUNT.check(batch_size, "batch_size")  # checked before it sizes the work
+    n_pos, batch_size = int(tokens.shape[-1]), int(COUNT.check(batch_size, "batch_size"))  # checked before it sizes the work
     with _PeakMemory() as peak, ThreadGovernor(transformer_step_flops(model.cfg, batch_size * n_pos, n_pos)) as gov:
         graph = _attribute(model, transcoders, tokens, targets, max_n_logits, desired_logit_prob, batch_size,
                            max_feature_nodes, bos, tokenizer, progress, dtype, prompt, gov, token_nodes, verbose)
@@ -152,11 +152,11 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     info["peak_mb"] = peak.growth_mb
     if verbose:
         s = info["seconds"]
-        peak_note = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
+        peak_text = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
         print(f"attribution: {info['n_active_features']} active features ({graph.n_features} kept as nodes), "
               f"{graph.n_nodes} nodes, {info['backward_passes']} backward passes of up to {info['batch_size']} rows; "
               f"{s['total']:.2f} s (forward {s['forward']:.2f}, backward {s['backward']:.2f}); adjacency "
-              f"{info['adjacency_mb']:.1f} MB{peak_note}")
+              f"{info['adjacency_mb']:.1f} MB{peak_text}")
     return graph
 
 
@@ -168,7 +168,7 @@ def _prepare(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor,
     if max_feature_nodes is not None:
         COUNT.check(max_feature_nodes, "max_feature_nodes")
     desired_logit_prob = SHARE.check(desired_logit_prob, "desired_logit_prob")
-    max_n_logits = COUNT.check(max_n_logits, "max_n_logits")
+    max_n_logits = int(COUNT.check(max_n_logits, "max_n_logits"))
     rm = ReplacementModel(model, transcoders, tokens, bos=bos, lean=True)   # no [pos, d_sae] per layer
     features = rm.active_features                                       # [n, 3] sorted (layer, pos, feature)
     last = rm.logits[-1]
@@ -234,10 +234,12 @@ def _backward(run: _Run, lp: LinearPass, inject: dict[int, torch.Tensor], logit_
         outputs.append(lp.x[layer])
         grads.append(g[:, None].to(lp.x[layer].dtype))
     if logit_dirs is not None:
+        assert lp.logits is not None, "the linear pass was made without logits"
         outputs.append(lp.logits)
         grads.append(logit_dirs[:, None].to(lp.logits.dtype))
     top = run.cols.L if logit_dirs is not None else max(inject)  # MLP outputs at or after a target's layer are unread
     out_layers = [k for k in sorted(lp.out) if k < top]
+    assert lp.embed is not None
     found = torch.autograd.grad(outputs, [lp.out[k] for k in out_layers] + [lp.embed], grads,
                                 retain_graph=True, allow_unused=True, is_grads_batched=True)
     g_out = {k: g[:, 0].to(run.dtype) for k, g in zip(out_layers, found[:-1]) if g is not None}

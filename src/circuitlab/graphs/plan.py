@@ -194,13 +194,14 @@ def attribution_phases(model: Any, transcoders: "Transcoders", features: torch.T
     n_cols = n_feat + (L + 1) * T
     n_nodes = n_nodes_of(n_feat, cap, L, T, n_logits)
     ref_held, ref_transient = reference_bytes(model, tc, T, n_feat)
-    held = {"reference run": ref_held, "forward of the frozen system": 12 * cfg.n_layers * T * d * size,
-            "autograd and allocator": RUNTIME_BYTES}
+    held: dict[str, float] = {"reference run": ref_held,
+                              "forward of the frozen system": 12 * cfg.n_layers * T * d * size,
+                              "autograd and allocator": RUNTIME_BYTES}
     chunk = min(cap * n_cols, CHUNK_FLOATS)
     adjacency = (min(cap, n_feat) + n_logits) * n_nodes * size   # the rows written; error and token rows untouched
-    phases = [{"backward pass": B * row_floats(model, n_cols, T) * size,
-               "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size},
-              {"reference run (logits, a layer's activations)": ref_transient}]
+    phases: list[dict[str, float]] = [{"backward pass": B * row_floats(model, n_cols, T) * size,
+                                       "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size},
+                                      {"reference run (logits, a layer's activations)": ref_transient}]
     if cap < n_feat:   # the adjacency is made after the passes
         if not offload:
             held["capped rows"] = cap * n_cols * size
@@ -224,7 +225,8 @@ def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch
     kept = min(cap, n_feat)
     B = min(batch_size, rows_per_pass(model, n_cols, T))
     parts, phases = attribution_phases(model, tc, features, T, cap, n_logits, B, dtype, offload)
-    parts.update(max(phases, key=lambda ph: sum(ph.values())))
+    biggest: dict[str, float] = max(phases, key=lambda ph: sum(ph.values()))
+    parts.update(biggest)
     heads = cfg.n_heads * cfg.head_dim
     skip = getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False)
     per_row = T * (cfg.n_layers / 2) * (4 * d * heads + 2 * cfg.n_heads * T * cfg.head_dim + (2 * d * d if skip else 0))

@@ -24,7 +24,7 @@ from circuitlab.graphs.plan import offload_folder, row_chunk
 
 def _bytes(t: torch.Tensor) -> memoryview:
     """A contiguous CPU tensor's bytes, shared (no copy): any dtype, bfloat16 included."""
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 class RowStore:
@@ -33,7 +33,7 @@ class RowStore:
     def __init__(self, n: int, m: int, dtype: torch.dtype, offload: bool = False) -> None:
         self.n, self.m, self.dtype, self.offload = n, m, dtype, offload
         self.row_bytes = m * dtype.itemsize
-        self.fd: int | None = None
+        self.fd = -1                              # offloaded: the file's descriptor
         self.rows: torch.Tensor | None = None
         if offload:
             fd, path = tempfile.mkstemp(prefix="circuitlab-rows-", suffix=".bin", dir=offload_folder())
@@ -78,9 +78,9 @@ class RowStore:
 
     def close(self) -> None:
         self.rows = None
-        if self.fd is not None:
+        if self.fd >= 0:
             os.close(self.fd)
-            self.fd = None
+            self.fd = -1
 
     def __enter__(self) -> "RowStore":
         return self
