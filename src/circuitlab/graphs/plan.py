@@ -136,10 +136,12 @@ def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
     """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
     until its adjacency row is made), the injected gradients at its batch's layers' inputs, the working gradients
     through a block (norms, attention, skip): ~8 [pos, d_model] beside the layers' (measured on GPT-2 small and
-    Gemma-2-2B shapes with benchmarks/bench_scale.py), and its adjacency row [n_cols]. Vocabulary-sized only for
-    the few logit rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
+    Gemma-2-2B shapes with benchmarks/bench_scale.py), one attention-shaped [heads, pos, pos] (the frozen pattern's
+    product taken back for each row of a batched gradient: 8.3 MB a row measured at 512 tokens and 8 heads, the
+    most of a row on long prompts), and its adjacency row [n_cols]. Vocabulary-sized only for the few logit
+    rows (the gradient of one logit direction), which is not what a pass of feature rows is sized by."""
     cfg = model.cfg
-    return n_pos * cfg.d_model * (max(cfg.n_layers, 1) + 8) + n_cols
+    return n_pos * cfg.d_model * (max(cfg.n_layers, 1) + 8) + cfg.n_heads * n_pos * n_pos + n_cols
 
 
 def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
