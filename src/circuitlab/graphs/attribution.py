@@ -352,7 +352,8 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     # Logit rows first (they also seed the influence order when feature nodes are capped).
     dirs = torch.stack([t.direction - t.direction.mean() for t in logit_targets])     # demeaned [n_logit, V]
     whole = _linear_pass(run, T, logits=True)
-    logit_rows = torch.cat([_backward(run, whole, {}, dirs[i:i + run.B]) for i in range(0, n_logit, run.B)])
+    BL = est.logit_batch  # type: ignore[attr-defined]   # a logit row also holds a [pos, d_vocab] gradient
+    logit_rows = torch.cat([_backward(run, whole, {}, dirs[i:i + BL]) for i in range(0, n_logit, BL)])
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
     n_nodes = min(cap, n_feat) + (L + 1) * T + n_logit
     n_src = n_nodes - n_logit

@@ -149,6 +149,19 @@ def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
     return max(1, pass_budget() // row_floats(model, n_cols, n_pos))
 
 
+def logit_row_floats(model: Any, n_cols: int, n_pos: int) -> int:
+    """Floats one logit row holds in its backward pass: a feature row's (row_floats) and the gradient of the
+    unembedding's output at every position [pos, d_vocab] (the logits are read at the last position of the
+    prompt's, so their gradient is made whole before the unembedding takes it back): 65 MB a row for Gemma-2's
+    vocabulary at 64 tokens, 206 MB for GPT-2's at 1,024."""
+    return row_floats(model, n_cols, n_pos) + n_pos * model.cfg.d_vocab
+
+
+def logit_rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
+    """Logit rows one backward pass may hold within pass_budget() (logit_row_floats each); at least 1."""
+    return max(1, pass_budget() // logit_row_floats(model, n_cols, n_pos))
+
+
 def offload_folder() -> str:
     """Where capped rows too large for memory go: $CIRCUITLAB_OFFLOAD, else the temporary folder."""
     import tempfile
@@ -184,25 +197,29 @@ def reference_bytes(model: Any, transcoders: "Transcoders", n_pos: int, n_feat: 
 
 
 def attribution_phases(model: Any, transcoders: "Transcoders", features: torch.Tensor, n_pos: int, cap: int,
-                       n_logits: int, B: int, dtype: torch.dtype = torch.float32, offload: bool = False
-                       ) -> tuple[dict[str, float], list[dict[str, float]]]:
+                       n_logits: int, B: int, dtype: torch.dtype = torch.float32, offload: bool = False,
+                       B_logit: int | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
     """(held, phases) in bytes: what attribute() holds throughout (the reference run, the frozen system's forward
     kept for every backward pass, the capped rows when in memory) and the phases that never overlap, one of
-    which is on top at a time (the reference run's transients, a backward pass of B rows with a decoder block,
-    the greedy choice's influence walk, the assembled adjacency). features [n_active, 3]."""
+    which is on top at a time (the reference run's transients, a backward pass of B feature rows or B_logit
+    logit rows (default min(B, n_logits)) with a decoder block, the greedy choice's influence walk, the
+    assembled adjacency). features [n_active, 3]."""
     cfg, tc = model.cfg, transcoders
     size = dtype.itemsize
     n_feat, L, T, d = len(features), tc.n_layers, n_pos, cfg.d_model
     n_cols = n_feat + (L + 1) * T
     n_nodes = n_nodes_of(n_feat, cap, L, T, n_logits)
     ref_held, ref_transient = reference_bytes(model, tc, T, n_feat)
-    held: dict[str, float] = {"reference run": ref_held,
-                              "forward of the frozen system": 12 * cfg.n_layers * T * d * size,
+    held: dict[str, float] = {"reference run": ref_held,   # the forward's logits [pos, d_vocab] included
+                              "forward of the frozen system": (12 * cfg.n_layers * T * d + T * cfg.d_vocab) * size,
                               "autograd and allocator": RUNTIME_BYTES}
     chunk = min(cap * n_cols, CHUNK_FLOATS)
     adjacency = (min(cap, n_feat) + n_logits) * n_nodes * size   # the rows written; error and token rows untouched
-    phases: list[dict[str, float]] = [{"backward pass": B * row_floats(model, n_cols, T) * size,
-                                       "decoder block": decoder_block_floats(features[:, 0], features[:, 1], T, d) * size},
+    block = decoder_block_floats(features[:, 0], features[:, 1], T, d) * size
+    B_logit = min(B, n_logits) if B_logit is None else B_logit
+    phases: list[dict[str, float]] = [{"backward pass": B * row_floats(model, n_cols, T) * size, "decoder block": block},
+                                      {"logit rows' backward pass": B_logit * logit_row_floats(model, n_cols, T) * size,
+                                       "decoder block": block},
                                       {"reference run (logits, a layer's activations)": ref_transient}]
     if cap < n_feat:   # the adjacency is made after the passes
         if not offload:
@@ -226,19 +243,25 @@ def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch
     n_cols = n_feat + (L + 1) * T
     kept = min(cap, n_feat)
     B = min(batch_size, rows_per_pass(model, n_cols, T))
-    parts, phases = attribution_phases(model, tc, features, T, cap, n_logits, B, dtype, offload)
-    biggest: dict[str, float] = max(phases, key=lambda ph: sum(ph.values()))
-    parts.update(biggest)
+    B_logit = min(B, n_logits, logit_rows_per_pass(model, n_cols, T))
+    parts, phases = attribution_phases(model, tc, features, T, cap, n_logits, B, dtype, offload, B_logit)
+    # The reference run's transients come before anything else is held but its own results.
+    reference = {k: v for ph in phases for k, v in ph.items() if k.startswith("reference run")}
+    work: list[dict[str, float]] = [ph for ph in phases if not any(k.startswith("reference run") for k in ph)]
+    parts.update(max(work, key=lambda ph: sum(ph.values())))
+    reference["reference run"] = parts["reference run"]
+    if sum(reference.values()) > sum(parts.values()):
+        parts = reference
     heads = cfg.n_heads * cfg.head_dim
     skip = getattr(tc.dictionary(tc.layers[0]).cfg, "skip", False)
     per_row = T * (cfg.n_layers / 2) * (4 * d * heads + 2 * cfg.n_heads * T * cfg.head_dim + (2 * d * d if skip else 0))
     per_row += 2 * n_cols * d
-    n_passes = math.ceil(kept / B) + math.ceil(n_logits / B)
+    n_passes = math.ceil(kept / B) + math.ceil(n_logits / max(1, B_logit))
     held = memory.tensor_bytes(model, *{id(tc.dictionary(l_)): tc.dictionary(l_) for l_ in tc.layers}.values())
     est = memory.Estimate(f"the attribution graph ({n_feat:,} active features, {kept:,} feature nodes, "
                           f"{n_passes:,} backward passes of {B} rows)", parts, held=held,
                           flops=(kept + n_logits) * per_row, efficiency=PASS_EFFICIENCY)
-    est.batch_size, est.passes, est.offload = B, n_passes, offload   # type: ignore[attr-defined]
+    est.batch_size, est.logit_batch, est.passes, est.offload = B, max(1, B_logit), n_passes, offload  # type: ignore[attr-defined]
     if offload:
         est.disk = (cap * n_cols * size, offload_folder())
     return est
