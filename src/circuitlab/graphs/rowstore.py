@@ -48,7 +48,7 @@ class RowStore:
         if self.rows is not None:
             self.rows[start:start + len(rows)] = rows
             return
-        view, offset = _bytes(rows.to(self.dtype).contiguous()), start * self.row_bytes
+        view, offset = _bytes(rows.to("cpu", self.dtype).contiguous()), start * self.row_bytes   # from any device
         while len(view):
             done = os.pwrite(self.fd, view, offset)
             view, offset = view[done:], offset + done
