@@ -53,6 +53,9 @@ from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.model import model_dtype
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
 N_SPANS = 8  # feature targets are batched by span of positions: a pass runs over the positions up to its span's end
 
 
@@ -120,7 +123,7 @@ class _PeakMemory:
         return None if self.start is None or self.peak is None else (self.peak - self.start) / 2**20
 
 
-def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
+def attribute(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None = None,
               max_n_logits: int = DEFAULTS.max_n_logits, desired_logit_prob: float = DEFAULTS.desired_logit_prob,
               batch_size: int = DEFAULTS.batch_size,
               max_feature_nodes: int | None = None, bos: bool = False, tokenizer: Any = None,
@@ -152,11 +155,11 @@ def attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, target
     info["peak_mb"] = peak.growth_mb
     if verbose:
         s = info["seconds"]
-        peak_text = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
+        peak_note = "" if info["peak_mb"] is None else f", peak {info['peak_mb']:.0f} MB"
         print(f"attribution: {info['n_active_features']} active features ({graph.n_features} kept as nodes), "
               f"{graph.n_nodes} nodes, {info['backward_passes']} backward passes of up to {info['batch_size']} rows; "
               f"{s['total']:.2f} s (forward {s['forward']:.2f}, backward {s['backward']:.2f}); adjacency "
-              f"{info['adjacency_mb']:.1f} MB{peak_text}")
+              f"{info['adjacency_mb']:.1f} MB{peak_note}")
     return graph
 
 
@@ -332,7 +335,7 @@ def _zeros(n: int, m: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.zeros(n * m * dtype.itemsize, dtype=np.uint8)).view(dtype).view(n, m)
 
 
-def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
+def _attribute(model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, targets: Sequence[Any] | None,
                max_n_logits: int, desired_logit_prob: float, batch_size: int, max_feature_nodes: int | None,
                bos: bool, tokenizer: Any, progress: bool, dtype: torch.dtype | None, prompt: str | None,
                gov: ThreadGovernor, token_nodes: str = DEFAULTS.token_nodes, verbose: bool = False) -> Graph:
@@ -352,7 +355,7 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
     # Logit rows first (they also seed the influence order when feature nodes are capped).
     dirs = torch.stack([t.direction - t.direction.mean() for t in logit_targets])     # demeaned [n_logit, V]
     whole = _linear_pass(run, T, logits=True)
-    BL = est.logit_batch  # type: ignore[attr-defined]   # a logit row also holds a [pos, d_vocab] gradient
+    BL = est.logit_batch   # a logit row also holds a [pos, d_vocab] gradient
     logit_rows = torch.cat([_backward(run, whole, {}, dirs[i:i + BL]) for i in range(0, n_logit, BL)])
     weights = torch.tensor([t.weight for t in logit_targets], dtype=torch.float64)
     n_nodes = min(cap, n_feat) + (L + 1) * T + n_logit
@@ -366,8 +369,8 @@ def _attribute(model: Any, transcoders: Transcoders, tokens: torch.Tensor, targe
         adjacency[n_src:, :n_src] = logit_rows
         selected = torch.arange(n_feat)
     else:
-        with RowStore(cap, run.cols.n_cols, dtype, est.offload) as store:  # type: ignore[attr-defined]
-            visited, order = _greedy(run, whole, store, cap, logit_rows, weights, est.offload, bar)  # type: ignore
+        with RowStore(cap, run.cols.n_cols, dtype, est.offload) as store:
+            visited, order = _greedy(run, whole, store, cap, logit_rows, weights, est.offload, bar)
             del whole
             t_backward = time.perf_counter() - t1 - run.t_forward
             adjacency = _zeros(n_nodes, n_nodes, dtype)        # made after the passes: never held with them

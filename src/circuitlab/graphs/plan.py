@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +32,7 @@ from circuitlab.errors import InputError
 
 if TYPE_CHECKING:
     from circuitlab.graphs.transcoders import Transcoders
+    from circuitlab.model import Transformer
 
 # Capped rows (cap x (active features + errors + tokens): long prompts) above this share of the budget are
 # written to a file instead of memory (offload_folder()).
@@ -132,7 +133,7 @@ def check_graph_size(layers: torch.Tensor, transcoders: "Transcoders", cap: int,
                      f"its dense matrices need {mb(need)} (limit {limit or mb(budget)}{where}); {fix}")
 
 
-def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
+def row_floats(model: Transformer, n_cols: int, n_pos: int) -> int:
     """Floats one target row holds in a backward pass: its gradient at every MLP output and the embedding (kept
     until its adjacency row is made), the injected gradients at its batch's layers' inputs, the working gradients
     through a block (norms, attention, skip): ~8 [pos, d_model] beside the layers' (measured on GPT-2 small and
@@ -144,12 +145,12 @@ def row_floats(model: Any, n_cols: int, n_pos: int) -> int:
     return n_pos * cfg.d_model * (max(cfg.n_layers, 1) + 8) + cfg.n_heads * n_pos * n_pos + n_cols
 
 
-def rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
+def rows_per_pass(model: Transformer, n_cols: int, n_pos: int) -> int:
     """Target rows one backward pass may hold within pass_budget() (row_floats each); at least 1."""
     return max(1, pass_budget() // row_floats(model, n_cols, n_pos))
 
 
-def logit_row_floats(model: Any, n_cols: int, n_pos: int) -> int:
+def logit_row_floats(model: Transformer, n_cols: int, n_pos: int) -> int:
     """Floats one logit row holds in its backward pass: a feature row's (row_floats) and the gradient of the
     unembedding's output at every position [pos, d_vocab] (the logits are read at the last position of the
     prompt's, so their gradient is made whole before the unembedding takes it back): 65 MB a row for Gemma-2's
@@ -157,7 +158,7 @@ def logit_row_floats(model: Any, n_cols: int, n_pos: int) -> int:
     return row_floats(model, n_cols, n_pos) + n_pos * model.cfg.d_vocab
 
 
-def logit_rows_per_pass(model: Any, n_cols: int, n_pos: int) -> int:
+def logit_rows_per_pass(model: Transformer, n_cols: int, n_pos: int) -> int:
     """Logit rows one backward pass may hold within pass_budget() (logit_row_floats each); at least 1."""
     return max(1, pass_budget() // logit_row_floats(model, n_cols, n_pos))
 
@@ -185,7 +186,7 @@ def offloads(cap: int, n_feat: int, n_cols: int, dtype: torch.dtype) -> bool:
     return True
 
 
-def reference_bytes(model: Any, transcoders: "Transcoders", n_pos: int, n_feat: int) -> tuple[float, float]:
+def reference_bytes(model: Transformer, transcoders: "Transcoders", n_pos: int, n_feat: int) -> tuple[float, float]:
     """(held, transient) bytes of the reference run (lean: graphs.replacement). Held until the graph is made: the
     frozen attention patterns and norm scales, each layer's transcoder input, MLP output and error [pos, d_model],
     the active features (layer, pos, feature, activation). Transient: the logits [pos, d_vocab] and one layer's
@@ -196,7 +197,7 @@ def reference_bytes(model: Any, transcoders: "Transcoders", n_pos: int, n_feat: 
     return held, 4 * (T * cfg.d_vocab + 3 * T * max(tc.d_sae(layer) for layer in tc.layers))
 
 
-def attribution_phases(model: Any, transcoders: "Transcoders", features: torch.Tensor, n_pos: int, cap: int,
+def attribution_phases(model: Transformer, transcoders: "Transcoders", features: torch.Tensor, n_pos: int, cap: int,
                        n_logits: int, B: int, dtype: torch.dtype = torch.float32, offload: bool = False,
                        B_logit: int | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
     """(held, phases) in bytes: what attribute() holds throughout (the reference run, the frozen system's forward
@@ -231,9 +232,18 @@ def attribution_phases(model: Any, transcoders: "Transcoders", features: torch.T
     return held, phases
 
 
-def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch.Tensor, n_pos: int, cap: int,
-                         n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32,
-                         offload: bool = False) -> memory.Estimate:
+class AttributionEstimate(memory.Estimate):
+    """The attribution's estimate, with the pass layout it decided (read back by attribute)."""
+
+    batch_size: int       # feature rows a backward pass
+    logit_batch: int      # logit rows a backward pass
+    passes: int
+    offload: bool         # the capped rows go to a file
+
+
+def estimate_attribution(model: Transformer, transcoders: "Transcoders", features: torch.Tensor, n_pos: int,
+                         cap: int, n_logits: int, batch_size: int, dtype: torch.dtype = torch.float32,
+                         offload: bool = False) -> AttributionEstimate:
     """What attribute() will hold at its peak beyond the model and transcoders, and its arithmetic, once the
     reference run has found the active features (features [n_active, 3] (layer, pos, feature); cap: feature
     nodes kept): what it holds throughout and the largest of its phases (attribution_phases)."""
@@ -248,7 +258,8 @@ def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch
     # The reference run's transients come before anything else is held but its own results.
     reference = {k: v for ph in phases for k, v in ph.items() if k.startswith("reference run")}
     work: list[dict[str, float]] = [ph for ph in phases if not any(k.startswith("reference run") for k in ph)]
-    parts.update(max(work, key=lambda ph: sum(ph.values())))
+    biggest: dict[str, float] = max(work, key=lambda ph: sum(ph.values()))
+    parts.update(biggest)
     reference["reference run"] = parts["reference run"]
     if sum(reference.values()) > sum(parts.values()):
         parts = reference
@@ -258,10 +269,10 @@ def estimate_attribution(model: Any, transcoders: "Transcoders", features: torch
     per_row += 2 * n_cols * d
     n_passes = math.ceil(kept / B) + math.ceil(n_logits / max(1, B_logit))
     held = memory.tensor_bytes(model, *{id(tc.dictionary(l_)): tc.dictionary(l_) for l_ in tc.layers}.values())
-    est = memory.Estimate(f"the attribution graph ({n_feat:,} active features, {kept:,} feature nodes, "
+    est = AttributionEstimate(f"the attribution graph ({n_feat:,} active features, {kept:,} feature nodes, "
                           f"{n_passes:,} backward passes of {B} rows)", parts, held=held,
                           flops=(kept + n_logits) * per_row, efficiency=PASS_EFFICIENCY)
-    est.batch_size, est.logit_batch, est.passes, est.offload = B, max(1, B_logit), n_passes, offload  # type: ignore[attr-defined]
+    est.batch_size, est.logit_batch, est.passes, est.offload = B, max(1, B_logit), n_passes, offload
     if offload:
         est.disk = (cap * n_cols * size, offload_folder())
     return est
