@@ -48,7 +48,7 @@ from circuitlab.graphs.options import DEFAULTS
 from circuitlab.graphs.replacement import LinearPass, ReplacementModel
 from circuitlab.graphs.rowstore import RowStore, partial_influence
 from circuitlab.graphs.targets import (LogitTarget, logit_difference, named_logit_targets,  # noqa: F401
-                                       token_label, top_logit_targets)
+                                       token_text, top_logit_targets)
 from circuitlab.graphs.transcoders import Transcoders, made_with
 from circuitlab.model import model_dtype
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
@@ -381,7 +381,7 @@ def _attribute(model: Transformer, transcoders: Transcoders, tokens: torch.Tenso
             "n_active_features": n_feat, "n_feature_nodes": len(selected), "batch_size": run.B,
             "threads": gov.n, "thread_changes": gov.changes, "estimate": est.to_dict(),
             "backward_passes": run.n_passes, "adjacency_mb": adjacency.numel() * adjacency.element_size() / 2**20}
-    token_strs = [token_label(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
+    token_strs = [token_text(tokenizer, int(t)) for t in rm.tokens] if tokenizer is not None else None
     return Graph(tokens=rm.tokens.clone(), active_features=features, activations=values.to(dtype),
                  selected=selected, adjacency=adjacency, logit_labels=[t.label for t in logit_targets],
                  logit_tokens=torch.tensor([t.token for t in logit_targets], dtype=torch.long),

@@ -31,7 +31,7 @@ from circuitlab.atomic import atomic_dir, json_text
 from circuitlab.checks import SHARE
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError, InputError
-from circuitlab.graphs.edge_scores import EdgeScores, threshold_in_place
+from circuitlab.graphs.edge_scores import KeptEdgeScores, threshold_in_place
 from circuitlab.graphs.loadings import HeadLoadings
 from circuitlab.graphs.options import DEFAULTS, TOKEN_NODES
 from circuitlab.textfile import read_text
@@ -346,7 +346,7 @@ class Graph(Displayed):
         nodes = infl >= threshold_for(infl, node_threshold)
         nodes[self.token_start:] = True  # tokens and logits always stay
         idx = nodes.nonzero().flatten()
-        block = EdgeScores(self.adjacency, idx, w[idx])
+        block = KeptEdgeScores(self.adjacency, idx, w[idx])
         thr = threshold_in_place(block.scores, edge_threshold, len(idx) ** 2)   # the cut on the n x n scores:
         del block.scores                # their non-zero ones are these, and both have zeros (token rows)
         rows = block.rows                                 # [r] places in idx of the rows with edges

@@ -1,6 +1,6 @@
 """Pruning's edge scores without an n x n float64 matrix, and the edge cut found in their own memory.
 
-    block = EdgeScores(adjacency, idx, weights)     # idx [k]: the kept nodes; block.scores [r, k] float64
+    block = KeptEdgeScores(adjacency, idx, weights)     # idx [k]: the kept nodes; block.scores [r, k] float64
     thr = threshold_in_place(block.scores, 0.98, k * k)   # graph.threshold_for's answer, bit for bit
     block.recompute(slice(0, 1024)) >= thr          # a chunk of rows' scores again, the same values
 
@@ -21,7 +21,7 @@ from circuitlab.errors import CircuitlabError
 ROW_CHUNK = 1024  # rows made float64 at a time
 
 
-class EdgeScores:
+class KeptEdgeScores:
     """The edge influence among the kept nodes idx [k] (edge_influence of that block of the adjacency), held as rows
     [r, k] float64 for the r kept nodes whose rows have an edge among them (features and logits: error and
     token rows are zero, and a zero row adds nothing to influence's walk), built and scored a chunk of rows at a

@@ -134,7 +134,7 @@ class ReplacementModel:
     [pos, d_sae] activations (acts is then empty: runs need lean=False), and the last position's logits
     (logits [1, d_vocab]): on a 1,024-token GPT-2-small prompt the activations alone are 1.2 GB."""
 
-    def __init__(self, model: Any, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False,
+    def __init__(self, model: Transformer, transcoders: Transcoders, tokens: torch.Tensor, bos: bool = False,
                  lean: bool = False) -> None:
         transcoders.check_model(model)
         self.model, self.tc, self.bos, self.lean = model, transcoders, bos, lean

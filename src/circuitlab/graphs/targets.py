@@ -39,7 +39,7 @@ def top_logit_targets(logits: torch.Tensor, max_n_logits: int = DEFAULTS.max_n_l
     for p, i in zip(top_p[:n].tolist(), top_i[:n].tolist()):
         onehot = torch.zeros_like(logits)
         onehot[i] = 1
-        out.append(LogitTarget(token_label(tokenizer, i), onehot, float(p), i))
+        out.append(LogitTarget(token_text(tokenizer, i), onehot, float(p), i))
     return out
 
 
@@ -56,7 +56,7 @@ def named_logit_targets(logits: torch.Tensor, targets: Sequence[Any], tokenizer:
                 raise InputError(f"target token {t} is outside the vocabulary [0, {logits.numel()})")
             onehot = torch.zeros_like(logits)
             onehot[t] = 1
-            out.append(LogitTarget(token_label(tokenizer, t), onehot, float(probs[t]), t))
+            out.append(LogitTarget(token_text(tokenizer, t), onehot, float(probs[t]), t))
         elif isinstance(t, tuple) and len(t) == 2:
             label, vec = t
             vec = torch.as_tensor(vec, dtype=logits.dtype)
@@ -74,14 +74,14 @@ def logit_difference(tokenizer: Any, token: int, foil: int, d_vocab: int) -> Log
     """The direction logit[token] - logit[foil] as one logit node (weight 1); the same token twice is refused
     (the difference is zero: the graph would explain nothing)."""
     if int(token) == int(foil):
-        raise InputError(f"the foil {token_label(tokenizer, foil)!r} is the target: give a different token to "
+        raise InputError(f"the foil {token_text(tokenizer, foil)!r} is the target: give a different token to "
                          "contrast with (or no foil)")
     vec = torch.zeros(d_vocab)
     vec[token], vec[foil] = 1.0, -1.0
-    return LogitTarget(f"{token_label(tokenizer, token)} - {token_label(tokenizer, foil)}", vec, 1.0)
+    return LogitTarget(f"{token_text(tokenizer, token)} - {token_text(tokenizer, foil)}", vec, 1.0)
 
 
-def token_label(tokenizer: Any, i: int) -> str:
+def token_text(tokenizer: Any, i: int) -> str:
     if tokenizer is None:
         return f"tok{i}"
     try:
