@@ -23,8 +23,6 @@ NOT_RESULTS = {"rc", "cfg", "train", "meta", "state", "last", "facts", "row", "r
 NOT_YET = {
     # `forge compare`'s results (experiments/forge_compare.py, a plain dict today)
     "forge_compare_markdown",
-    # a feature dashboard's summary() dict
-    "dictionary_section",
 }
 
 

@@ -5,6 +5,7 @@ and the sections read attributes (tests/test_report_keys.py keeps string-keyed r
                                                            results.json; interpret's report.md loop)
     InterpretResults.from_dict(results)                   `circuitlab interpret`'s results.json
     SteeringFindings.from_dict(json.load(steering.json))  a `circuitlab steer` sweep as steering.json holds it
+    DictionarySummary.from_dict(dash.summary())           a feature dashboard's dictionary-level numbers
     DemoFindings.from_dict(results)                       the demo's results.json (DemoResult.to_dict()), each
                                                            model's findings, heads, phase change, period sweep and
                                                            the causal evidence typed; absent keys read as empty
@@ -238,3 +239,19 @@ class DemoFindings(Result):
     @classmethod
     def of(cls, results: "DemoFindings | Mapping[str, Any]") -> "DemoFindings":
         return results if isinstance(results, DemoFindings) else cls.from_dict(dict(results))
+
+
+@dataclass
+class DictionarySummary(Result):
+    """FeatureDashboards.summary(): the hook read, the dictionary's width, the tokens the dashboards saw, the
+    features shown, the dead (never fired) and dense (> 10% of tokens) fractions, the median density and the
+    dictionary's own facts (None when unknown)."""
+
+    hook_name: str = ""
+    d_sae: int = 0
+    n_tokens: int = 0
+    features_shown: int = 0
+    dead_fraction: float = 0.0
+    dense_fraction: float = 0.0
+    median_density: float = 0.0
+    dictionary: dict[str, Any] | None = None
