@@ -20,10 +20,7 @@ NOT_RESULTS = {"rc", "cfg", "train", "meta", "state", "last", "facts", "row", "r
 
 # Functions that still read a result by key, each with why; remove an entry when its function is typed (the
 # test fails on an entry with no such read left, so this list only shrinks).
-NOT_YET = {
-    # `forge compare`'s results (experiments/forge_compare.py, a plain dict today)
-    "forge_compare_markdown",
-}
+NOT_YET: set[str] = set()
 
 
 def _root(node: ast.AST) -> str | None:
@@ -171,3 +168,20 @@ def test_demo_findings_read_partial_and_full_entries():
     ablation = found.causal_evidence.ablation
     assert ablation is not None and ablation.heads == ["L1H0"] and not found.causal_evidence.empty
     assert DemoFindings.from_dict({}).causal_evidence.empty and DemoFindings.of(found) is found
+
+
+def test_forge_comparison_reads_nested_entries():
+    """`forge compare`'s results read back typed: nested cells, profiles and shares; a missing held-out accuracy
+    and training read as None."""
+    from circuitlab.report.results import ForgeComparison
+
+    found = ForgeComparison.from_dict({
+        "digits": [2, 2], "accuracy": {"hand": {"correct": 9, "total": 10, "accuracy": 0.9}, "trained_heldout": None},
+        "ov": {"input": [[{"rank_hand": 1, "rank_other": 2, "digits_vs_eos_baseline": 0.5}]], "output": [],
+               "digit_value_share": {"hand": {"L0H0": 0.25}, "trained": {"L0H0": None}}},
+        "attention": {"hand": {"L0H0": {"mass": {"EOS": 0.5}, "top_keys": [{"query": "s1", "keys": [["a0", 0.5]]}]}}},
+        "example": {"a": 19, "b": 1, "tokens": [1]}})
+    assert found.accuracy["hand"] is not None and found.accuracy["hand"].correct == 9
+    assert found.accuracy["trained_heldout"] is None and found.training is None
+    assert found.ov.input[0][0].digits_vs_eos_baseline == 0.5 and found.ov.digit_value_share.trained == {"L0H0": None}
+    assert found.attention["hand"]["L0H0"].top_keys[0].keys == [["a0", 0.5]] and found.example.b == 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from circuitlab.report.results import (CausalEvidence, DemoFindings, DemoModelFindings, Findings, InterpretResults,
-                                       PeriodFindings)
+from circuitlab.report.results import (CausalEvidence, DemoFindings, DemoModelFindings, Findings, ForgeComparison,
+                                       InterpretResults, PeriodFindings)
 from circuitlab.training.phase import PhaseChange
 
 
@@ -199,47 +199,48 @@ def number(x: Any) -> str:
     return "—" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
-def forge_compare_markdown(results: Mapping[str, Any], figures: list[str]) -> str:
+def forge_compare_markdown(results: ForgeComparison | Mapping[str, Any], figures: list[str]) -> str:
     """`forge compare`'s report.md: what was run, the numbers, the figures, and the findings."""
-    n, m = results["digits"]
-    acc = results["accuracy"]
+    results = ForgeComparison.of(results)
+    n, m = results.digits
+    acc = results.accuracy
     lines = [f"# Hand-built vs trained adder ({n}+{m} digits)", ""]
-    train = results.get("training")
-    if train:
-        how = ("reused from an earlier run with the same settings" if train["reused"]
-               else f"trained now in {train['seconds']:.1f} s")
-        lines += [f"Trained model: {train['model']} — {train['steps']} steps of batch {train['batch_size']} "
-                  f"on `{train['source']}` (seed {train['seed']}), {how}. Final training loss "
-                  f"{number(train['final_loss'])}, held-out loss {number(train['final_val_loss'])} (the loss covers every "
-                  f"position; the digits of a and b are unpredictable, a floor of {train['loss_floor']:.3f}).", ""]
+    train = results.training
+    if train is not None:
+        how = ("reused from an earlier run with the same settings" if train.reused
+               else f"trained now in {train.seconds:.1f} s")
+        lines += [f"Trained model: {train.model} — {train.steps} steps of batch {train.batch_size} "
+                  f"on `{train.source}` (seed {train.seed}), {how}. Final training loss "
+                  f"{number(train.final_loss)}, held-out loss {number(train.final_val_loss)} (the loss covers every "
+                  f"position; the digits of a and b are unpredictable, a floor of {train.loss_floor:.3f}).", ""]
     lines += ["Hand-built model: `build_carry_adder` (2 layers, 2 heads, two 4-neuron MLPs; L1H1 is unused).",
               "", "## What the comparison found", ""]
-    lines += [f"- {f}" for f in results["findings"]]
+    lines += [f"- {f}" for f in results.findings]
     lines += ["", "## Accuracy", "", "| model | correct | of | accuracy |", "|---|---|---|---|"]
     for name, key in (("hand-built", "hand"), ("trained", "trained"), ("trained, held-out pairs", "trained_heldout")):
         a = acc.get(key)
-        if a:
-            lines.append(f"| {name} | {a['correct']:,} | {a['total']:,} | {percent(a['accuracy'])} |")
+        if a is not None:
+            lines.append(f"| {name} | {a.correct:,} | {a.total:,} | {percent(a.accuracy)} |")
     lines += ["", "## Where each head attends", "",
-              f"Positions: {' '.join(results['positions'])} (xj = digit of x at 10^j, s = the sum; EOS predicts the "
+              f"Positions: {' '.join(results.positions)} (xj = digit of x at 10^j, s = the sum; EOS predicts the "
               "first answer digit). Attention mass on each kind of key, averaged over the answer positions and "
-              f"{results['samples']} random problems; top weight = mean of each pattern's largest weight; "
+              f"{results.samples} random problems; top weight = mean of each pattern's largest weight; "
               "variability = mean total-variation distance of a pattern from the head's mean pattern (0 = the same "
               "on every input).", "",
-              "| model | head | " + " | ".join(results["categories"])
+              "| model | head | " + " | ".join(results.categories)
               + " | top weight | variability | most attended key per query |",
-              "|---|---|" + "---|" * (len(results["categories"]) + 3)]
+              "|---|---|" + "---|" * (len(results.categories) + 3)]
     for model, name in (("hand", "hand-built"), ("trained", "trained")):
-        for h, v in results["attention"][model].items():
-            keys = "; ".join(f"{t['query']}→{t['keys'][0][0]} {t['keys'][0][1]:.2f}" for t in v["top_keys"])
-            lines.append(f"| {name} | {h} | " + " | ".join(f"{v['mass'][c]:.2f}" for c in results["categories"])
-                         + f" | {v['top_weight']:.2f} | {v['variability']:.2f} | {keys} |")
-    hand_heads, other_heads = results["agreement"]["heads_a"], results["agreement"]["heads_b"]
+        for h, v in results.attention[model].items():
+            keys = "; ".join(f"{t.query}→{t.keys[0][0]} {t.keys[0][1]:.2f}" for t in v.top_keys)
+            lines.append(f"| {name} | {h} | " + " | ".join(f"{v.mass[c]:.2f}" for c in results.categories)
+                         + f" | {v.top_weight:.2f} | {v.variability:.2f} | {keys} |")
+    hand_heads, other_heads = results.agreement.heads_a, results.agreement.heads_b
     lines += ["", "## Attention agreement", "",
               "1 − total-variation distance between the two heads' patterns at the answer positions, averaged "
               "over the problems (1 = identical, 0 = disjoint).", "",
               "| hand-built \\ trained | " + " | ".join(other_heads) + " |", "|---|" + "---|" * len(other_heads)]
-    for h, row in zip(hand_heads, results["agreement"]["agreement"]):
+    for h, row in zip(hand_heads, results.agreement.agreement):
         lines.append(f"| {h} | " + " | ".join(f"{v:.2f}" for v in row) + " |")
     lines += ["", "## OV alignment", "",
               "Principal angles between what the heads read from the token embeddings (input: column space of "
@@ -251,33 +252,33 @@ def forge_compare_markdown(results: Mapping[str, Any], figures: list[str]) -> st
               "| side | hand-built | trained | rank (hand, trained) | top similarity | chance | full similarity "
               "| chance |",
               "|---|---|---|---|---|---|---|---|"]
-    for side in ("input", "output"):
+    for side, grid in (("input", results.ov.input), ("output", results.ov.output)):
         for i, h in enumerate(hand_heads):
             for j, t in enumerate(other_heads):
-                c = results["ov"][side][i][j]
-                if c["rank_hand"]:
-                    lines.append(f"| {side} | {h} | {t} | {c['rank_hand']}, {c['rank_other']} | "
-                                 f"{number(c['top_similarity'])} | {number(c['top_chance'])} | {number(c['similarity'])} | "
-                                 f"{number(c['chance'])} |")
-    base = next((c["digits_vs_eos_baseline"] for row in results["ov"]["input"] for c in row
-                 if c.get("digits_vs_eos_baseline") is not None), None)
+                c = grid[i][j]
+                if c.rank_hand:
+                    lines.append(f"| {side} | {h} | {t} | {c.rank_hand}, {c.rank_other} | "
+                                 f"{number(c.top_similarity)} | {number(c.top_chance)} | {number(c.similarity)} | "
+                                 f"{number(c.chance)} |")
+    base = next((c.digits_vs_eos_baseline for row in results.ov.input for c in row
+                 if c.digits_vs_eos_baseline is not None), None)
     if base is not None:
         lines += ["", f"Input similarity has a floor besides chance: a head that only tells digits from EOS scores "
                       f"{base:.2f} against the hand-built digit-value direction [0, 1, …, 9, 0]. The share of the "
                       "digit value removes it: of the rows of W_E·W_OV for digits 0..9, centered over the digits, "
                       "the share of their squared norm along (d − 4.5); 1 = reads only the value, about 0.11 = "
                       "reads the digits at random."]
-    shares = results["ov"]["digit_value_share"]
-    lines += ["", "| | " + " | ".join(f"{name} {h}" for name in ("hand-built", "trained")
-                                            for h in shares["hand" if name == "hand-built" else "trained"]) + " |",
-              "|---|" + "---|" * (len(shares["hand"]) + len(shares["trained"])),
-              "| digit-value share | " + " | ".join(number(v) for part in ("hand", "trained")
-                                                    for v in shares[part].values()) + " |"]
+    shares = results.ov.digit_value_share
+    lines += ["", "| | " + " | ".join(f"{name} {h}" for name, part in (("hand-built", shares.hand),
+                                                                      ("trained", shares.trained)) for h in part) + " |",
+              "|---|" + "---|" * (len(shares.hand) + len(shares.trained)),
+              "| digit-value share | " + " | ".join(number(v) for part in (shares.hand, shares.trained)
+                                                    for v in part.values()) + " |"]
     lines += ["", "## Figures", ""]
     captions = {"attention_mean.png": "Mean attention from each answer position (rows: the query and the digit it "
                                       "predicts) to each position, hand-built heads above, trained heads below.",
-                "attention_example.png": f"The same on one problem, {results['example']['a']} + "
-                                         f"{results['example']['b']} (a carry through a column summing to 9).",
+                "attention_example.png": f"The same on one problem, {results.example.a} + "
+                                         f"{results.example.b} (a carry through a column summing to 9).",
                 "similarity.png": "Attention agreement and OV similarity of every hand-built head with every "
                                   "trained head (— = the hand-built head reads or writes nothing in token space).",
                 "training.png": "Training loss and held-out loss of the trained model."}

@@ -6,6 +6,7 @@ and the sections read attributes (tests/test_report_keys.py keeps string-keyed r
     InterpretResults.from_dict(results)                   `circuitlab interpret`'s results.json
     SteeringFindings.from_dict(json.load(steering.json))  a `circuitlab steer` sweep as steering.json holds it
     DictionarySummary.from_dict(dash.summary())           a feature dashboard's dictionary-level numbers
+    ForgeComparison.from_dict(results)                    `forge compare`'s results.json (summarize_comparison())
     DemoFindings.from_dict(results)                       the demo's results.json (DemoResult.to_dict()), each
                                                            model's findings, heads, phase change, period sweep and
                                                            the causal evidence typed; absent keys read as empty
@@ -255,3 +256,150 @@ class DictionarySummary(Result):
     dense_fraction: float = 0.0
     median_density: float = 0.0
     dictionary: dict[str, Any] | None = None
+
+
+@dataclass
+class AdderAccuracy(Result):
+    """One adder's answers checked: correct of total (exhaustive or sampled), the share, the first failures."""
+
+    correct: int = 0
+    total: int = 0
+    accuracy: float = 0.0
+    exhaustive: bool | None = None
+    failures: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class AdderTraining(Result):
+    """How `forge compare`'s trained model was made: reused or trained (seconds), its final losses, steps, seed,
+    batch, data source, folder and shape, and the loss floor the unpredictable operand digits set."""
+
+    reused: bool = False
+    seconds: float | None = None
+    final_loss: float | None = None
+    final_val_loss: float | None = None
+    steps: int | None = None
+    seed: int | None = None
+    batch_size: int | None = None
+    source: str = ""
+    out: str = ""
+    model: str = ""
+    loss_floor: float = 0.0
+
+
+@dataclass
+class QueryKeys(Result):
+    """One answer position's most attended keys: query (its label), keys [[key label, weight], ...]."""
+
+    query: str = ""
+    keys: list[list[Any]] = field(default_factory=list)
+
+
+@dataclass
+class HeadAttention(Result):
+    """One head's attention profile: mass per key category, the mean top weight, the variability across inputs
+    and each query's most attended keys."""
+
+    mass: dict[str, float] = field(default_factory=dict)
+    top_weight: float = 0.0
+    variability: float = 0.0
+    top_keys: list[QueryKeys] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HeadAttention":
+        found = super().from_dict(d)
+        found.top_keys = [QueryKeys.from_dict(dict(t)) for t in d.get("top_keys") or []]
+        return found
+
+
+@dataclass
+class HeadAgreement(Result):
+    """Attention agreement: agreement [hand-built head][trained head] (1 - total variation), both head lists."""
+
+    heads_a: list[str] = field(default_factory=list)
+    heads_b: list[str] = field(default_factory=list)
+    agreement: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
+class OvCell(Result):
+    """One (hand-built head, trained head) pair's OV alignment on one side: ranks, full and top similarity, the
+    chance levels, and (input side) what a digits-vs-EOS head would score (None where not measured)."""
+
+    rank_hand: int = 0
+    rank_other: int = 0
+    similarity: float | None = None
+    chance: float | None = None
+    top_similarity: float | None = None
+    top_chance: float | None = None
+    digits_vs_eos_baseline: float | None = None
+
+
+@dataclass
+class DigitValueShare(Result):
+    """Each head's share of its digit rows along the digit value (head -> share; None: reads nothing)."""
+
+    hand: dict[str, float | None] = field(default_factory=dict)
+    trained: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class OvAlignment(Result):
+    """OV alignment of every head pair: cells [hand-built head][trained head] on the input and output side, and
+    the digit-value shares."""
+
+    input: list[list[OvCell]] = field(default_factory=list)
+    output: list[list[OvCell]] = field(default_factory=list)
+    digit_value_share: DigitValueShare = field(default_factory=DigitValueShare)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OvAlignment":
+        found = super().from_dict(d)
+        found.input, found.output = ([[OvCell.from_dict(dict(c)) for c in row] for row in d.get(side) or []]
+                                     for side in ("input", "output"))
+        found.digit_value_share = DigitValueShare.from_dict(dict(d.get("digit_value_share") or {}))
+        return found
+
+
+@dataclass
+class ExampleProblem(Result):
+    """The problem the example figure shows: a + b."""
+
+    a: int = 0
+    b: int = 0
+
+
+@dataclass
+class ForgeComparison(Result):
+    """`forge compare`'s results.json (experiments/forge_compare.py summarize_comparison(), with training and
+    figures) as report.md reads it: the digit counts, samples, position labels, key categories, accuracy (name ->
+    AdderAccuracy or None), head agreement, OV alignment, attention (model -> head -> profile), the example
+    problem, the findings in words and the training."""
+
+    digits: list[int] = field(default_factory=list)
+    samples: int = 0
+    positions: list[str] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
+    accuracy: dict[str, AdderAccuracy | None] = field(default_factory=dict)
+    agreement: HeadAgreement = field(default_factory=HeadAgreement)
+    ov: OvAlignment = field(default_factory=OvAlignment)
+    attention: dict[str, dict[str, HeadAttention]] = field(default_factory=dict)
+    example: ExampleProblem = field(default_factory=ExampleProblem)
+    findings: list[str] = field(default_factory=list)
+    training: AdderTraining | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ForgeComparison":
+        found = super().from_dict(d)
+        found.accuracy = {k: AdderAccuracy.from_dict(dict(a)) if a else None for k, a in (d.get("accuracy") or {}).items()}
+        found.agreement = HeadAgreement.from_dict(dict(d.get("agreement") or {}))
+        found.ov = OvAlignment.from_dict(dict(d.get("ov") or {}))
+        found.attention = {model: {h: HeadAttention.from_dict(dict(v)) for h, v in heads.items()}
+                           for model, heads in (d.get("attention") or {}).items()}
+        found.example = ExampleProblem.from_dict(dict(d.get("example") or {}))
+        found.training = AdderTraining.from_dict(dict(d["training"])) if d.get("training") else None
+        return found
+
+    @classmethod
+    def of(cls, results: "ForgeComparison | Mapping[str, Any]") -> "ForgeComparison":
+        return results if isinstance(results, ForgeComparison) else cls.from_dict(dict(results))
