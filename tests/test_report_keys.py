@@ -20,17 +20,7 @@ NOT_RESULTS = {"rc", "cfg", "train", "meta", "state", "last", "facts", "row", "r
 
 # Functions that still read a result by key, each with why; remove an entry when its function is typed (the
 # test fails on an entry with no such read left, so this list only shrinks).
-NOT_YET = {
-    # the demo's results.json: DemoResult lives in experiments/, above report/; its typed form needs a home here
-    "demo_narrative", "contrast_lines", "demo_markdown", "_icl_sentence", "period_lines", "causal_paragraph",
-    "write_demo_report",
-    # `forge compare`'s results (experiments/forge_compare.py, a plain dict today)
-    "forge_compare_markdown",
-    # training.phase.phase_change's dict and PeriodSweep.to_dict() held by RunData
-    "training_section", "induction_period_section",
-    # a feature dashboard's summary() dict
-    "dictionary_section",
-}
+NOT_YET: set[str] = set()
 
 
 def _root(node: ast.AST) -> str | None:
@@ -156,3 +146,42 @@ def test_report_forms_read_back():
     results = InterpretResults.from_dict({"checkpoint": "runs/x/checkpoint", "experiments": ["heads"], "model": {},
                                           "skipped": {"probing": "why"}, "heads": {"summary": ["s"]}, "stray": {}})
     assert results.entries == {"heads": {"summary": ["s"]}} and results.skipped == {"probing": "why"}
+
+
+def test_demo_findings_read_partial_and_full_entries():
+    """The demo's results.json reads back typed: a full phase change round-trips, partial model entries (as tests
+    pass them) read as empty, an empty phase change as None, unknown keys are ignored."""
+    from circuitlab.report.results import DemoFindings
+    from circuitlab.training.phase import PhaseChange
+
+    pc = {"step": 4, "tokens": 64, "induction_before": 0.1, "induction_after": 0.9, "repeat_loss_before": 5.0,
+          "repeat_loss_after": 1.0, "icl_before": None, "icl_after": None}
+    found = DemoFindings.from_dict({"models": {"2l": {"steps": 6, "phase_change": pc, "heads": [{"induction_score": 0.5}]},
+                                               "1l": {"phase_change": {}}},
+                                    "causal_evidence": {"ablation": {"heads": ["L1H0"], "repeated_loss": [1, 2],
+                                                                     "first_half_loss": [3, 3], "extra": 1}}})
+    two, one = found.model("2l"), found.model("1l")
+    assert two is not None and one is not None and found.model("3l") is None
+    assert two.phase_change == PhaseChange.from_dict(pc) and two.phase_change.to_dict() == pc
+    assert two.heads[0].induction_score == 0.5 and two.heads[0].labels == [] and two.induction_heads == []
+    assert one.phase_change is None and one.induction_by_period is None
+    ablation = found.causal_evidence.ablation
+    assert ablation is not None and ablation.heads == ["L1H0"] and not found.causal_evidence.empty
+    assert DemoFindings.from_dict({}).causal_evidence.empty and DemoFindings.of(found) is found
+
+
+def test_forge_comparison_reads_nested_entries():
+    """`forge compare`'s results read back typed: nested cells, profiles and shares; a missing held-out accuracy
+    and training read as None."""
+    from circuitlab.report.results import ForgeComparison
+
+    found = ForgeComparison.from_dict({
+        "digits": [2, 2], "accuracy": {"hand": {"correct": 9, "total": 10, "accuracy": 0.9}, "trained_heldout": None},
+        "ov": {"input": [[{"rank_hand": 1, "rank_other": 2, "digits_vs_eos_baseline": 0.5}]], "output": [],
+               "digit_value_share": {"hand": {"L0H0": 0.25}, "trained": {"L0H0": None}}},
+        "attention": {"hand": {"L0H0": {"mass": {"EOS": 0.5}, "top_keys": [{"query": "s1", "keys": [["a0", 0.5]]}]}}},
+        "example": {"a": 19, "b": 1, "tokens": [1]}})
+    assert found.accuracy["hand"] is not None and found.accuracy["hand"].correct == 9
+    assert found.accuracy["trained_heldout"] is None and found.training is None
+    assert found.ov.input[0][0].digits_vs_eos_baseline == 0.5 and found.ov.digit_value_share.trained == {"L0H0": None}
+    assert found.attention["hand"]["L0H0"].top_keys[0].keys == [["a0", 0.5]] and found.example.b == 1

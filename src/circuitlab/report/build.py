@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from circuitlab.errors import CircuitlabError
 from circuitlab.report.html import Section, bullet_list, paragraph, write_html_report
-from circuitlab.report.results import Findings, InterpretResults
+from circuitlab.report.results import DemoFindings, Findings, InterpretResults
 from circuitlab.report.runs import RunData, compute_heads, head_rows_from_classes, load_run
 from circuitlab.methods import REGISTRY, REPORT_ORDER
 from circuitlab.report.sections import (attention_section, circuits_section, heads_section, induction_period_section,
@@ -88,8 +88,8 @@ def _typed(name: str, analysis: Mapping[str, Any]) -> Any:
 # ---------------------------------------------------------------------------- entry points
 
 
-def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping[str, RunData] | None = None,
-                      run_dir: str | Path | None = None) -> Path:
+def write_demo_report(out: str | Path, results: DemoFindings | Mapping[str, Any],
+                      runs: Mapping[str, RunData] | None = None, run_dir: str | Path | None = None) -> Path:
     """out/report.html for the demo: both models' cards and curves, head tables, the 2-layer model's
     attention viewer and circuits, and the analyses in results["analysis"].
 
@@ -98,28 +98,29 @@ def write_demo_report(out: str | Path, results: Mapping[str, Any], runs: Mapping
     """
     from circuitlab.report.markdown import demo_narrative
 
+    results = DemoFindings.of(results)
     out = Path(out)
     run_dir = Path(run_dir) if run_dir is not None else out
     data = []
-    for name, found in results.get("models", {}).items():
+    for name, found in results.models.items():
         run = (runs or {}).get(name) or load_run(run_dir / name, name)
         run.name = name
-        run.phase_change = found.get("phase_change") or None
-        run.period_sweep = found.get("induction_by_period") or None
+        run.phase_change = found.phase_change.to_dict() if found.phase_change is not None else None
+        run.period_sweep = found.induction_by_period.to_dict() if found.induction_by_period is not None else None
         if run.classes is not None:
             run.heads, run.head_scores = head_rows_from_classes(run.classes)
         else:
             compute_heads(run)
-        run.steps, run.tokens_seen = found.get("steps", run.steps), found.get("tokens_seen", run.tokens_seen)
-        run.facts.update({"final train loss": found.get("final_train_loss"),
-                          "best val loss": found.get("best_val_loss"),
-                          "loss on repeated random tokens": found.get("repeat_loss"),
-                          "induction heads": ", ".join(found.get("induction_heads", [])) or "none",
-                          "previous-token heads": ", ".join(found.get("previous_token_heads", [])) or "none",
-                          "training time (s)": found.get("train_seconds")})
+        run.steps = found.steps if found.steps is not None else run.steps
+        run.tokens_seen = found.tokens_seen if found.tokens_seen is not None else run.tokens_seen
+        run.facts.update({"final train loss": found.final_train_loss, "best val loss": found.best_val_loss,
+                          "loss on repeated random tokens": found.repeat_loss,
+                          "induction heads": ", ".join(found.induction_heads) or "none",
+                          "previous-token heads": ", ".join(found.previous_token_heads) or "none",
+                          "training time (s)": found.train_seconds})
         data.append(run)
     summary = "\n".join(demo_narrative(results))
-    sections = build_sections(data, results.get("analysis"), analyse=False, view="2l", summary=summary)
+    sections = build_sections(data, results.analysis, analyse=False, view="2l", summary=summary)
     return write_html_report(out, sections, "circuitlab demo: induction heads",
                              "a 2-layer and a 1-layer attention-only transformer")
 

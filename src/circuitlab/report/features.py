@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from circuitlab.report.html import Section, bullet_list, key_value_table, markdown_lite, write_html_report
+from circuitlab.report.results import DictionarySummary
 from circuitlab.viz.features import dashboards_html, density_figure
 
 DEFAULT_CARDS = 50  # cards in a report when no features are named: the most active ones
@@ -22,11 +23,10 @@ def default_features(dash, n: int = DEFAULT_CARDS) -> list[int]:
 
 
 def dictionary_section(dash, metrics: Mapping[str, Any] | None = None) -> Section:
-    info = dash.summary()
-    rows = {"hook": info["hook_name"], **{k: v for k, v in (info.get("dictionary") or {}).items()
-                                          if k not in ("hook_name", "d_sae")},
-            "features (d_sae)": info["d_sae"], "tokens seen for the dashboards": info["n_tokens"],
-            "never fired on them": f"{info['dead_fraction']:.1%}", "fire on > 10% of tokens": f"{info['dense_fraction']:.1%}"}
+    info = DictionarySummary.from_dict(dash.summary())
+    rows = {"hook": info.hook_name, **{k: v for k, v in (info.dictionary or {}).items() if k not in ("hook_name", "d_sae")},
+            "features (d_sae)": info.d_sae, "tokens seen for the dashboards": info.n_tokens,
+            "never fired on them": f"{info.dead_fraction:.1%}", "fire on > 10% of tokens": f"{info.dense_fraction:.1%}"}
     parts: list[Any] = [key_value_table(rows)]
     if metrics:
         parts.append(key_value_table({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}))

@@ -12,6 +12,7 @@ import torch
 from circuitlab.names import head_name, parse_head
 from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
                                     markdown_lite, table_html)
+from circuitlab.report.results import PeriodFindings
 from circuitlab.report.runs import SCORE_COLUMNS, RunData, labels_by_head
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def model_card_section(runs: Sequence[RunData]) -> Section:
 
 
 def training_section(runs: Sequence[RunData]) -> Section | None:
-    from circuitlab.training.phase import phase_change
+    from circuitlab.training.phase import PhaseChange, phase_change
     from circuitlab.viz.training import training_curves_figure
 
     with_metrics = [r for r in runs if r.metrics]
@@ -77,14 +78,15 @@ def training_section(runs: Sequence[RunData]) -> Section | None:
     curves = {r.name: r.metrics for r in with_metrics}
     phases, lines = {}, []
     for r in with_metrics:
-        pc = r.phase_change if r.phase_change is not None else phase_change(r.metrics)
-        if pc:
-            phases[r.name] = pc
-            text = (f"{r.name}: phase change around step {pc['step']} ({pc['tokens']:,} tokens): the best induction "
-                    f"score went from {pc['induction_before']:.2f} to {pc['induction_after']:.2f}")
-            if pc.get("repeat_loss_before") is not None and pc.get("repeat_loss_after") is not None:
-                text += (f", the loss on repeated tokens from {pc['repeat_loss_before']:.2f} to "
-                         f"{pc['repeat_loss_after']:.2f}")
+        found = r.phase_change if r.phase_change is not None else phase_change(r.metrics)
+        if found:
+            phases[r.name] = found  # the figure draws the dict as results.json holds it
+            pc = PhaseChange.from_dict(dict(found))
+            text = (f"{r.name}: phase change around step {pc.step} ({pc.tokens:,} tokens): the best induction "
+                    f"score went from {pc.induction_before:.2f} to {pc.induction_after:.2f}")
+            if pc.repeat_loss_before is not None and pc.repeat_loss_after is not None:
+                text += (f", the loss on repeated tokens from {pc.repeat_loss_before:.2f} to "
+                         f"{pc.repeat_loss_after:.2f}")
             lines.append(text + ".")
         elif any("induction" in m for m in r.metrics):
             lines.append(f"{r.name}: no clear phase change in the induction score.")
@@ -132,11 +134,12 @@ def induction_period_section(runs: Sequence[RunData]) -> Section | None:
     if not sweeps:
         return None
     parts: list[Any] = [induction_by_period_figure(sweeps)]
-    for name, sweep in sweeps.items():
+    for name, found in sweeps.items():
+        sweep = PeriodFindings.from_dict(dict(found))
         rows = [{"period": p, "best head": h, "induction score": float(s), "loss on first copy": float(a),
                  "loss on second copy": float(b)}
-                for p, h, s, a, b in zip(sweep["periods"], sweep["best_head"], sweep["best"], sweep["loss_first"],
-                                         sweep["loss_second"])]
+                for p, h, s, a, b in zip(sweep.periods, sweep.best_head, sweep.best, sweep.loss_first,
+                                         sweep.loss_second)]
         parts.append(details(f"{name}: table by period", table_html(rows)))
     return Section("induction-by-period", "Induction by period", parts,
                    "A random sequence r followed by itself, [r, r], at every period from 4 to half the context "

@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from circuitlab.spec import Result
 
 
 def best_head_score(per_layer: Sequence[Sequence[float | None]] | None) -> float:
     """The largest score of a [layer][head] grid (0.0 when empty; None entries skipped)."""
     return max((s for layer in per_layer or [] for s in layer if s is not None), default=0.0)
+
+
+@dataclass
+class PhaseChange(Result):
+    """phase_change()'s dict read back (results.json, the report): the step and tokens where the best head's
+    induction score passed halfway, that score two tracked points before and at the end, and the repeated-token
+    loss and in-context-learning score at the same two points (None when not tracked)."""
+
+    step: int
+    tokens: int
+    induction_before: float
+    induction_after: float
+    repeat_loss_before: float | None = None
+    repeat_loss_after: float | None = None
+    icl_before: float | None = None
+    icl_after: float | None = None
 
 
 def phase_change(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
