@@ -3,7 +3,7 @@ no circuitlab): read the model (TransformerLens config + state dict), the transc
 layer_{i}.safetensors) and the prompt from DIR, attribute, prune, score, and write DIR/peer.safetensors +
 DIR/peer.json.
 
-    python _graphs_peer.py DIR [DIR ...]      # several graphs in one process (tests/test_graphs_circuit_tracer.py)
+    python _graphs_peer.py DIR [DIR ...]      # several graphs in one process (tests/graphs/test_attribution_circuit_tracer.py)
 """
 import json
 import sys

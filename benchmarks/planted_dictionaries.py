@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The planted-features test over many distributions and trainer seeds: dead latents and missed features.
 
-Trains the four architectures exactly as tests/test_dictionaries_training.py does (one trainer, one
+Trains the four architectures exactly as tests/dictionaries/test_train.py does (one trainer, one
 batch stream, 32 latents for 32 planted directions in 16 dimensions, the same per-dictionary
 settings) on six planted distributions: seeds 0, 1, 2 at L0 3 (Zipf 0.5; seed 0 is the test's tuned
 one) and 3, 4, 7 at L0 2 (Zipf 0.8; seed 7 is the test's held-out one). For each run it prints, per
