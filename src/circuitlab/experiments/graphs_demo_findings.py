@@ -103,7 +103,7 @@ class GraphFinding:
 
     def sentences(self) -> list[str]:
         """The finding in words; each verdict follows from the numbers it states, or says that nothing can be
-        concluded from them (tests/test_graphs_demo.py turns every number against its verdict)."""
+        concluded from them (tests/experiments/test_graphs_demo.py turns every number against its verdict)."""
         s, a = self.scores, self.ablation
         out = [f"Prompt {self.prompt!r} → {self.target!r}: the model gives {self.target!r} probability "
                f"{self.p_target:.2f}" + (" (its top prediction)." if self.rank == 1 else

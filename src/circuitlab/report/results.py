@@ -1,5 +1,5 @@
 """The typed forms report/ reads a results file through: each JSON object is parsed once, here, by from_dict,
-and the sections read attributes (tests/test_report_keys.py keeps string-keyed reads of results out of report/).
+and the sections read attributes (tests/contracts/test_report_keys.py keeps string-keyed reads of results out of report/).
 
     Findings.from_dict(results["logit_lens"]).summary     any method's entry, read loosely (an older or partial
                                                            results.json; interpret's report.md loop)
