@@ -12,6 +12,7 @@ import torch
 
 from circuitlab.analysis.ablation import ablate_and_measure, run_ablated
 from circuitlab.analysis.patching import next_token_loss
+import circuitlab.memory as memory
 from circuitlab.methods.base import Method, MethodResult, NoOptions
 from circuitlab.methods.pairs import BATCH, SEED, check_pairs, random_ids
 from circuitlab.model import model_device
@@ -117,5 +118,17 @@ def ablation_section(found: AblationFindings) -> Section:
     return Section("ablation", "Ablation", parts)
 
 
+def estimate_ablation(model: Transformer, tokenizer: Any, options: Any, **_: Any) -> memory.Estimate:
+    """The reference sequences' mean activations, then one ablated run per head and MLP."""
+    from circuitlab.methods.pairs import BATCH
+    from circuitlab.model.transformer import cache_estimate
+
+    half = min(24, model.cfg.n_ctx // 2)
+    est = cache_estimate(model, 5 * BATCH, 2 * half, lambda n: n.endswith(("hook_z", "hook_mlp_out")))
+    est.flops = (est.flops or 0.0) / 5 * (model.cfg.n_layers * (model.cfg.n_heads + 1) + 5)
+    est.what = f"ablation (every head and MLP mean-ablated on {BATCH} x {2 * half} tokens)"
+    return est
+
+
 METHOD = Method("ablation", NoOptions, AblationFindings, run_ablation, ablation_section, inputs=("clean", "corrupt"),
-                check=check_pairs)
+                check=check_pairs, estimate=estimate_ablation)

@@ -12,7 +12,8 @@ import torch
 
 from circuitlab.analysis.logit_attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
 from circuitlab.data.stories import DEFAULT_PROMPT
-from circuitlab.methods.base import Method, MethodResult, NoOptions, check_prompt, prompt_tokens
+from circuitlab.methods.base import (Method, MethodResult, NoOptions, check_prompt, one_prompt_estimate,
+                                     prompt_tokens)
 from circuitlab.model import model_device
 from circuitlab.model.assumptions import ASSUMPTIONS, unmet
 from circuitlab.viz.fragments import Section, bullet_list, paragraph
@@ -86,4 +87,5 @@ def attribution_section(found: AttributionFindings) -> Section:
                    "between the model's top two predictions at the last position.")
 
 
-METHOD = Method("attribution", NoOptions, AttributionFindings, run_attribution, attribution_section, check=check_prompt)
+METHOD = Method("attribution", NoOptions, AttributionFindings, run_attribution, attribution_section, check=check_prompt,
+                estimate=one_prompt_estimate("attribution"))

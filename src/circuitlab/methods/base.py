@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+import circuitlab.memory as memory
 from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.spec import Options, Result, options_of
@@ -115,3 +116,17 @@ def prompt_tokens(model: "Transformer", tokenizer: Any, prompt: str | None) -> t
         warnings.warn(f"the prompt is {len(ids)} tokens, longer than the model's context of {model.cfg.n_ctx}: "
                       f"only its last {model.cfg.n_ctx} tokens are analysed", stacklevel=2)
     return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
+
+
+def one_prompt_estimate(name: str) -> Callable[..., memory.Estimate]:
+    """The estimate of a method that reads one prompt (or, without a tokenizer, the weights and 16 tokens): the
+    prompt's cache at every hook (`interpret --estimate`)."""
+    def estimate(model: Transformer, tokenizer: Any, options: Any, prompt: str | None = None, **_: Any
+                 ) -> memory.Estimate:
+        from circuitlab.model.transformer import cache_estimate
+
+        n = len(prompt_tokens(model, tokenizer, prompt)) if tokenizer is not None else min(16, model.cfg.n_ctx)
+        est = cache_estimate(model, 1, n)
+        est.what = f"{name} (the prompt's {n} tokens cached)"
+        return est
+    return estimate

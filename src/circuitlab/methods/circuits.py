@@ -17,7 +17,8 @@ from circuitlab.analysis.heads import classify_heads
 from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.qk_ov import (CompositionScores, CopyingScores, copying_scores, direct_path,
                                       k_composition_qk_circuit, ov_circuit, pos_qk_circuit, top_token_pairs)
-from circuitlab.methods.base import Method, MethodResult, NoOptions, check_prompt, prompt_tokens
+from circuitlab.methods.base import (Method, MethodResult, NoOptions, check_prompt, one_prompt_estimate,
+                                     prompt_tokens)
 from circuitlab.methods.heads import head_test_tokens
 from circuitlab.model import model_device
 from circuitlab.names import head_name
@@ -134,4 +135,4 @@ def run_circuits(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
 
 
 METHOD = Method("circuits", NoOptions, CircuitsFindings, run_circuits, None, needs=("additive_heads",),
-                check=check_prompt, needs_text=False)
+                check=check_prompt, needs_text=False, estimate=one_prompt_estimate("circuits"))

@@ -15,7 +15,7 @@ import torch
 from circuitlab.analysis.heads import HeadClasses, classify_heads
 from circuitlab.analysis.heads.detectors import induction_by_period, induction_test_tokens
 from circuitlab.analysis.heads.induction import in_context_learning_score
-from circuitlab.methods.base import Method, MethodResult, NoOptions
+from circuitlab.methods.base import Method, MethodResult, NoOptions, one_prompt_estimate
 from circuitlab.model import model_device
 from circuitlab.names import head_name
 
@@ -107,4 +107,5 @@ def run_heads(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOp
                          icl.to_dict(), labels_by_head)
 
 
-METHOD = Method("heads", NoOptions, HeadsFindings, run_heads, None, needs_text=False)
+METHOD = Method("heads", NoOptions, HeadsFindings, run_heads, None, needs_text=False,
+                estimate=one_prompt_estimate("heads"))

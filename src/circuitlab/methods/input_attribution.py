@@ -12,6 +12,7 @@ import torch
 
 from circuitlab.analysis.input_attribution import attribute_methods
 from circuitlab.data.stories import DEFAULT_PROMPT
+import circuitlab.memory as memory
 from circuitlab.methods.base import Method, MethodResult, NoOptions, prompt_tokens
 from circuitlab.methods.tuned_lens import check_lens
 from circuitlab.model import model_device
@@ -99,5 +100,15 @@ def input_attribution_section(found: InputAttributionFindings) -> Section:
                    "perturbations, weighted by closeness to the prompt.")
 
 
+def estimate_input_attribution(model: Transformer, tokenizer: Any, options: Any, prompt: str | None = None,
+                               **_: Any) -> memory.Estimate:
+    """Every input-attribution method on the prompt, one after another."""
+    from circuitlab.analysis.input_attribution import METHODS, attribution_estimate
+
+    n = len(prompt_tokens(model, tokenizer, prompt))
+    return memory.Estimate.one_after_another(f"input attribution ({', '.join(METHODS)} on {n} tokens)",
+                                             [attribution_estimate(model, n, m) for m in METHODS])
+
+
 METHOD = Method("input_attribution", NoOptions, InputAttributionFindings, run_input_attribution,
-                input_attribution_section, inputs=("prompt", "lens"), check=check_lens)
+                input_attribution_section, inputs=("prompt", "lens"), check=check_lens, estimate=estimate_input_attribution)

@@ -12,7 +12,8 @@ import torch
 
 from circuitlab.analysis.lens import logit_lens
 from circuitlab.data.stories import DEFAULT_PROMPT
-from circuitlab.methods.base import Method, MethodResult, NoOptions, check_prompt, prompt_tokens
+from circuitlab.methods.base import (Method, MethodResult, NoOptions, check_prompt, one_prompt_estimate,
+                                     prompt_tokens)
 from circuitlab.model import model_device
 from circuitlab.viz.fragments import Section, bullet_list, paragraph
 
@@ -67,4 +68,5 @@ def logit_lens_section(found: LogitLensFindings) -> Section:
                    "the unembedding: the top next token at each point, and how sure the model already is.")
 
 
-METHOD = Method("logit_lens", NoOptions, LogitLensFindings, run_logit_lens, logit_lens_section, check=check_prompt)
+METHOD = Method("logit_lens", NoOptions, LogitLensFindings, run_logit_lens, logit_lens_section, check=check_prompt,
+                estimate=one_prompt_estimate("logit_lens"))

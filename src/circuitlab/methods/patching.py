@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from circuitlab.analysis.patching import default_targets, patching_sweep
 from circuitlab.analysis.patching.attribution_patching import attribution_vs_patching
 from circuitlab.analysis.patching.path import INPUTS, path_patching
+import circuitlab.memory as memory
 from circuitlab.methods.base import Method, MethodResult, NoOptions
 from circuitlab.methods.pairs import check_pairs, pair_prompts
 from circuitlab.names import head_name
@@ -122,5 +123,22 @@ def patching_section(found: PatchingFindings) -> Section:
                    "behaviour is back, 0 = still corrupted.")
 
 
+def estimate_patching(model: Transformer, tokenizer: Any, options: Any, clean: str | None = None,
+                      corrupt: str | None = None, **_: Any) -> memory.Estimate:
+    """Activation patching of every default target on the rows (--clean/--corrupt, or the induction rows), then
+    path patching into one receiver's q, k and v."""
+    from circuitlab.analysis.patching import sweep_estimate
+    from circuitlab.analysis.patching.path import path_patching_estimate
+    from circuitlab.methods.pairs import pair_prompts
+
+    rows = pair_prompts(model, tokenizer, clean, corrupt)[0]
+    batch, pos = rows.shape
+    parts = [sweep_estimate(model, batch, pos)]
+    if model.cfg.n_layers > 1:
+        parts += [path_patching_estimate(model, batch, pos)] * 3
+    return memory.Estimate.one_after_another(f"patching (activation patching of {batch} x {pos} tokens, "
+                                             "then path patching)", parts)
+
+
 METHOD = Method("patching", NoOptions, PatchingFindings, run_patching, patching_section, inputs=("clean", "corrupt"),
-                check=check_pairs)
+                check=check_pairs, estimate=estimate_patching)

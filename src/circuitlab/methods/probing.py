@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from circuitlab.analysis.probing import random_sequences, train_probes
+import circuitlab.memory as memory
 from circuitlab.methods.base import Method, MethodResult, NoOptions
 from circuitlab.methods.pairs import SEED, check_pairs
 from circuitlab.viz.fragments import Section, bullet_list, paragraph
@@ -58,5 +59,15 @@ def probing_section(found: ProbingFindings) -> Section:
                    "same probe on random labels (control); dotted: chance.")
 
 
+def estimate_probing(model: Transformer, tokenizer: Any, options: Any, **_: Any) -> memory.Estimate:
+    """Every residual point of 8 batches of 16 random sequences, kept for the probes."""
+    from circuitlab.model.transformer import cache_estimate
+
+    pos = min(64, model.cfg.n_ctx)
+    est = cache_estimate(model, 8 * 16, pos, lambda n: "resid" in n or n == "hook_embed")
+    est.what = f"probing (every residual point of 8 x 16 x {pos} tokens)"
+    return est
+
+
 METHOD = Method("probing", NoOptions, ProbingFindings, run_probing, probing_section, inputs=("clean", "corrupt"),
-                check=check_pairs)
+                check=check_pairs, estimate=estimate_probing)

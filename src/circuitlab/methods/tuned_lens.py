@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from circuitlab.analysis.lens.tuned import (TunedLens, compare_lenses, mean_kl_to_final, story_batches,
                                             train_tuned_lens)
 from circuitlab.data.stories import DEFAULT_PROMPT
+import circuitlab.memory as memory
 from circuitlab.methods.base import Method, MethodResult, NoOptions, check_prompt, prompt_tokens
 from circuitlab.viz.fragments import Section, bullet_list, details, key_value_table, paragraph, table_html
 
@@ -124,5 +125,18 @@ def tuned_lens_section(found: TunedLensFindings) -> Section:
                    "predicts.")
 
 
+def estimate_tuned_lens(model: Transformer, tokenizer: Any, options: Any, lens: Any = None, **_: Any
+                        ) -> memory.Estimate:
+    """A quick lens trained when none is saved (8 batches of 8 x 64 tokens), else held-out stories read."""
+    from circuitlab.analysis.lens.tuned import TunedLens, lens_estimate
+    from circuitlab.methods.tuned_lens import QUICK_LENS_STEPS
+    from circuitlab.model.transformer import cache_estimate
+
+    seq = min(64, model.cfg.n_ctx)
+    if lens is not None and TunedLens.exists(lens):
+        return cache_estimate(model, 8, seq, lambda n: "resid" in n)
+    return lens_estimate(model, 8, seq, QUICK_LENS_STEPS, 8)
+
+
 METHOD = Method("tuned_lens", NoOptions, TunedLensFindings, run_tuned_lens, tuned_lens_section,
-                inputs=("prompt", "lens"), check=check_lens)
+                inputs=("prompt", "lens"), check=check_lens, estimate=estimate_tuned_lens)

@@ -34,7 +34,7 @@ PEAK = """
 import json, sys, torch
 torch.set_num_threads(1)
 sys.path.insert(0, 'tests')
-from methods.test_estimates import _model, METHODS
+from contracts.test_estimates import _model, METHODS
 model = _model(**SHAPE)
 tokens = torch.randint(0, model.cfg.d_vocab, (BATCH, 64), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
