@@ -188,3 +188,19 @@ def demo_fixture(run, options, name: str, **sizes):
         return run(options(out=tmp_path_factory.mktemp(name) / name, **sizes))
 
     return demo
+
+
+def fresh_process_json(code: str, timeout: float = 300):
+    """Run `code` in a fresh interpreter at the repository root (src/ on its path; a fresh process, so its peak
+    memory is its own) and return the JSON its last line of output prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])

@@ -13,6 +13,7 @@ from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.errors import ConfigError, InputError
 from circuitlab.graphs import Transcoders, attribute
 from circuitlab.graphs.attribution import check_graph_size, estimate_graph, rows_per_pass
+from helpers import fresh_process_json
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,10 +97,7 @@ def test_the_graph_estimate_is_within_30_percent_of_the_measured_peak():
             "graph = attribute(model, tc, tokens, max_feature_nodes=1500, batch_size=64)\n"
             "print(json.dumps([est.peak_bytes, graph.info['peak_mb'], graph.n_features, est.line(),\n"
             "                  graph.info['estimate']['peak_bytes']]))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    estimate, peak_mb, n_features, line, recorded = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    estimate, peak_mb, n_features, line, recorded = fresh_process_json(code)
     assert n_features == 1500 and recorded == estimate
     measured = peak_mb * 2**20
     assert 0.7 * measured <= estimate <= 1.3 * measured, (line, peak_mb)
@@ -246,10 +244,7 @@ def test_a_long_prompt_never_holds_an_n_by_n_matrix():
             "pruned = graph.prune(1.0, 0.98)\n"
             "pruning = hwm() - before\n"
             "print(json.dumps([graph.n_nodes, attributing, pruning, int((graph.node_influence() > 0).sum())]))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    n, attributing, pruning, kept = __import__("json").loads(r.stdout.strip().splitlines()[-1])
+    n, attributing, pruning, kept = fresh_process_json(code)
     assert n > 7000 and kept > n // 2, (n, kept)      # the node threshold keeps most of them: a large block
     assert attributing < 0.75 * n * n * 4, (n, attributing / 2**20)
     assert pruning < n * n * 8 / 3, (n, pruning / 2**20)

@@ -2,9 +2,6 @@
 patching, EAP / EAP-IG / exact edge scoring, the tuned lens, input attribution, steering, run_with_cache. Each is
 within 30 % of the measured peak on a shape where the method's own memory dominates, scales with the work, and
 `--estimate` prints it and stops without writing anything."""
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +9,7 @@ import pytest
 import torch
 
 from circuitlab import ModelConfig, Transformer, memory
+from helpers import fresh_process_json
 from circuitlab.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,11 +86,7 @@ def test_the_estimate_is_within_30_percent_of_the_measured_peak(name, batch, sha
     if not sys.platform.startswith("linux"):
         pytest.skip("resident memory is read from /proc")
     code = PEAK.replace("NAME", name).replace("BATCH", str(batch)).replace("SHAPE", repr(shape))
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    estimate, peak, line = json.loads(r.stdout.strip().splitlines()[-1])
+    estimate, peak, line = fresh_process_json(code)
     assert peak > 150 * 2**20, (name, peak)      # the method's own memory, not the allocator's slack
     print(f"{name}: estimate {estimate / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB ({estimate / peak:.2f})")
     assert 0.7 * peak <= estimate <= 1.3 * peak, (name, estimate / peak, line)
