@@ -3,7 +3,6 @@ patching, EAP / EAP-IG / exact edge scoring, the tuned lens, input attribution, 
 within 30 % of the measured peak on a shape where the method's own memory dominates, scales with the work, and
 `--estimate` prints it and stops without writing anything."""
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from circuitlab import ModelConfig, Transformer, memory
 from helpers import fresh_process_json
 from circuitlab.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Shapes whose vocabulary or width make each method's own memory (logits, cached runs, reader inputs) large
