@@ -120,6 +120,17 @@ class Options:
         return cls(**{f.name: getattr(args, f.name) for f, _ in options_of(cls)}).check()
 
 
+def only(cls: type[Options], names: tuple[str, ...], name: str) -> type[Options]:
+    """An options class `name` with only the fields `names` of cls, declared as cls declares them (the same
+    defaults, rules and help): a front end that offers part of a method's options."""
+    kept = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+            for f, _ in options_of(cls) if f.name in names]
+    missing = set(names) - {k[0] for k in kept}
+    if missing:
+        raise KeyError(f"{cls.__name__} has no option(s) {', '.join(sorted(missing))}")
+    return dataclasses.make_dataclass(name, kept, bases=(Options,), frozen=True)
+
+
 def help_text(f: dataclasses.Field, opt: Option) -> str:
     default = f.default
     return opt.help.format(default=default) if "{default" in opt.help else opt.help

@@ -20,7 +20,8 @@ DEMO_EXAMPLE = "circuitlab graph demo --out runs/graphs   (continue an interrupt
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.commands._args import add_dtype_arguments
-    from circuitlab.graphs.options import GraphOptions, only
+    from circuitlab.graphs.options import GraphOptions
+    from circuitlab.spec import only
     from circuitlab.spec import add_arguments as add_options, options_of
 
     p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None, help="a run or checkpoint directory")

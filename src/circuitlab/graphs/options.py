@@ -8,7 +8,7 @@ page's inputs, graph_experiment's keywords and the defaults of attribute() and G
     DEFAULTS.node_threshold                                # what a Python keyword defaults to
 
 The command line:      commands/graph.py       add_arguments(p, GraphOptions); GraphOptions.from_args(args)
-The explorer:          serve/graphs.py         request_model(only(GraphOptions, EXPLORER)); the page reads the
+The explorer:          serve/graphs.py         request_model(spec.only(GraphOptions, EXPLORER)); the page reads the
                                                defaults and bounds from /api/graphs ("options")
 The Python API:        methods/graph.py        graph_experiment(..., options=None, **fields)
 The computation:       graphs/attribution.py (attribute: logits, batch, feature cap, token nodes) and
@@ -22,7 +22,7 @@ from typing import Any
 
 from circuitlab.checks import COUNT, SHARE, Number
 from circuitlab.errors import refuse_unknown
-from circuitlab.spec import Options, option, options_of
+from circuitlab.spec import Options, option
 
 # What a token node is: the whole embedding at its position (W_E[token] + W_pos[pos] on learned-position models:
 # every input is a node, the default) or W_E[token] alone (circuit-tracer's, for graphs that compare with its).
@@ -64,16 +64,6 @@ DEFAULTS = GraphOptions()
 # What the explorer's page may set (the rest keep their defaults there: it answers while you wait).
 EXPLORER = ("node_threshold", "edge_threshold", "max_feature_nodes", "token_nodes")
 
-
-def only(cls: type[Options], names: tuple[str, ...], name: str) -> type[Options]:
-    """An options class `name` with only the fields `names` of cls, declared as cls declares them (the same
-    defaults, rules and help): a front end that offers part of a method's options."""
-    kept = [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
-            for f, _ in options_of(cls) if f.name in names]
-    missing = set(names) - {k[0] for k in kept}
-    if missing:
-        raise KeyError(f"{cls.__name__} has no option(s) {', '.join(sorted(missing))}")
-    return dataclasses.make_dataclass(name, kept, bases=(Options,), frozen=True)
 
 
 def graph_options(options: GraphOptions | None = None, **values: Any) -> GraphOptions:

@@ -35,12 +35,12 @@ from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.graphs.export import FEATURE, check_viewer_json
-from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions, graph_options, only
+from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions, graph_options
 from circuitlab.graphs.transcoders import differs, made_with
 from circuitlab.methods.graph import graph_experiment
 from circuitlab.serve.page import CSS, JS, Page, Served
 from circuitlab.serve.requests import request_model
-from circuitlab.spec import schema
+from circuitlab.spec import only, schema
 from circuitlab.viz.graph_view import asset, feature_cards, saved_dashboards
 
 if TYPE_CHECKING:
