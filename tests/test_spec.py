@@ -124,6 +124,36 @@ def test_to_dict_from_dict_round_trip_and_unknown_keys():
         ToyOptions.from_dict({"samples": -1})
 
 
+@dataclass(frozen=True)
+class RunOptions(Options):
+    checkpoint: str | None = option(None, required=True, aliases=("--model",), help="a run folder")
+    source: str | None = option(None, required=True, flag="source", help="what to read")
+    overwrite: bool = option(False, help="replace an earlier output")
+    progress: bool = option(True, flag="--no-progress", help="no progress bar")
+
+
+def test_required_options_switches_aliases_and_positionals():
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(p, RunOptions)
+    assert RunOptions.from_args(p.parse_args(["src", "--model", "m"])) == RunOptions("m", "src").check()
+    got = RunOptions.from_args(p.parse_args(["--checkpoint", "m", "src", "--overwrite", "--no-progress"]))
+    assert got.overwrite is True and got.progress is False
+    for argv in (["src"], ["--checkpoint", "m"]):   # each required one missing
+        with pytest.raises((argparse.ArgumentError, SystemExit)):
+            p.parse_args(argv)
+    with pytest.raises(InputError, match=r"^checkpoint is required$"):
+        RunOptions(source="s").check()
+    with pytest.raises(InputError, match=r"^overwrite must be true or false, got 'yes'$"):
+        RunOptions("m", "s", overwrite="yes").check()
+    doc = schema(RunOptions)
+    assert doc["required"] == ["checkpoint", "source"] and "default" not in doc["properties"]["checkpoint"]
+    assert doc["properties"]["progress"] == {"type": "boolean", "description": "no progress bar", "default": True}
+    with pytest.raises(TypeError, match="turns it off"):
+        option(True, help="a switch with no way to turn it off")
+    with pytest.raises(TypeError, match="required"):
+        option(3, COUNT, required=True, help="a required option with a default")
+
+
 @dataclass
 class ToyPart(Result):
     values: list[float]
@@ -240,7 +270,7 @@ def written_twice(classes: list[tuple[type, Path]], files: list[Path]) -> list[s
                if isinstance(c, ast.ClassDef) and c.name == cls.__name__ for n in ast.walk(c)}
         for cls, _ in classes:
             for f, opt in options_of(cls):
-                if f.default is None:
+                if f.default is None or opt.switch:   # a switch's default is the flag's absence
                     continue
                 flag = opt.flag or "--" + f.name.replace("_", "-")
                 for line in default_written(tree, f.name, flag, f.default):

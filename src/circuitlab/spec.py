@@ -14,9 +14,12 @@ and their command-line details. The command line, the config schema, the explore
     TracingOptions.from_dict(d)                 # a config / JSON: unknown keys refused, every rule applied
     schema(TracingOptions)                      # JSON schema: types, bounds, enums, defaults, descriptions
 
-A field's kind: its rule's (checks.Number / PerItem), str with choices, or plain text; nargs="+" makes it a
-tuple of those (a list in JSON). A default of None means "not given" (then None is accepted). Only the
-ground floor is imported here: every layer may declare options.
+A field's kind: its rule's (checks.Number / PerItem), str with choices, a switch (a bool default: --flag sets
+True; a True default needs a flag that turns it off, e.g. progress: flag="--no-progress"), or plain text;
+nargs="+" makes it a tuple of those (a list in JSON). A default of None means "not given" (then None is
+accepted), unless required=True (the command line requires it; check() refuses None). aliases: more spellings of
+the flag (--checkpoint, --model); a flag without "--" is positional. Only the ground floor is imported here:
+every layer may declare options.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ KEY = "circuitlab.option"   # the field metadata key
 @dataclass(frozen=True)
 class Option:
     """What one field declares beyond its default: rule (a Number or PerItem) or choices (else text), help
-    (may say "{default}"), the flag (default --field-name), metavar and nargs ("+": one or more)."""
+    (may say "{default}"), the flag (default --field-name) and its aliases, metavar, nargs ("+": one or more),
+    required (None refused), switch (a bool: the flag sets the opposite of the default)."""
 
     rule: Number | PerItem | None = None
     choices: tuple[Any, ...] | None = None
@@ -45,9 +49,14 @@ class Option:
     flag: str | None = None
     metavar: str | None = None
     nargs: str | None = None
+    required: bool = False
+    switch: bool = False
+    aliases: tuple[str, ...] = ()
 
     def problem(self, value: Any) -> str | None:
         """Why one value (one item when nargs) breaks this option's rule (the text after "must be"), or None."""
+        if self.switch:
+            return None if isinstance(value, bool) else "true or false"
         if self.rule is not None:
             return self.rule.problem(value)
         if self.choices is not None:
@@ -55,7 +64,7 @@ class Option:
         return None if isinstance(value, str) else "text"
 
     def check_one(self, value: Any, name: str, error: type[Exception]) -> Any:
-        if self.rule is not None:
+        if self.rule is not None and not self.switch:
             return self.rule.check(value, name, error)
         why = self.problem(value)
         if why is not None:
@@ -64,11 +73,18 @@ class Option:
 
 
 def option(default: Any, rule: Number | PerItem | None = None, *, help: str, choices: tuple[Any, ...] | None = None,
-           flag: str | None = None, metavar: str | None = None, nargs: str | None = None) -> Any:
+           flag: str | None = None, metavar: str | None = None, nargs: str | None = None, required: bool = False,
+           aliases: tuple[str, ...] = ()) -> Any:
     """A dataclass field declaring one option (see the module docstring); its default is written here only."""
     if isinstance(default, list):
         default = tuple(default)   # frozen and shared safely
-    meta = Option(rule, tuple(choices) if choices is not None else None, help, flag, metavar, nargs)
+    if required and default is not None:
+        raise TypeError("a required option has no default (None)")
+    switch = isinstance(default, bool)
+    if default is True and flag is None:
+        raise TypeError("a switch that defaults to True needs the flag that turns it off (flag='--no-...')")
+    meta = Option(rule, tuple(choices) if choices is not None else None, help, flag, metavar, nargs, required,
+                  switch, tuple(aliases))
     return dataclasses.field(default=default, metadata={KEY: meta})
 
 
@@ -81,6 +97,8 @@ def check_value(f: dataclasses.Field, opt: Option, value: Any, error: type[Excep
     """One option's value checked (an int for a float rule comes back a float; a list as a tuple), or a one-line
     error naming the field."""
     if value is None and f.default is None:
+        if opt.required:
+            raise error(f"{f.name} is required")
         return None
     if opt.nargs is None:
         return opt.check_one(value, f.name, error)
@@ -141,8 +159,17 @@ def add_arguments(parser: Any, cls: type[Options]) -> Any:
     the command line refuses what check() refuses; default= the field's default. Returns the group."""
     group = parser.add_argument_group(cls.title) if cls.title else parser
     for f, opt in options_of(cls):
-        kw: dict[str, Any] = {"default": list(f.default) if isinstance(f.default, tuple) else f.default,
-                              "help": help_text(f, opt), "dest": f.name}
+        flag = opt.flag or "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = {"help": help_text(f, opt)}
+        if flag.startswith("-"):
+            kw["dest"] = f.name
+        if opt.required and flag.startswith("-"):
+            kw["required"] = True
+        elif not opt.required:
+            kw["default"] = list(f.default) if isinstance(f.default, tuple) else f.default
+        if opt.switch:
+            group.add_argument(flag, *opt.aliases, action="store_false" if f.default else "store_true", **kw)
+            continue
         if opt.rule is not None:
             kw["type"] = opt.rule.arg
         if opt.choices is not None:
@@ -150,30 +177,36 @@ def add_arguments(parser: Any, cls: type[Options]) -> Any:
         for key in ("metavar", "nargs"):
             if getattr(opt, key) is not None:
                 kw[key] = getattr(opt, key)
-        group.add_argument(opt.flag or "--" + f.name.replace("_", "-"), **kw)
+        group.add_argument(flag, *opt.aliases, **kw)
     return group
 
 
 def value_schema(f: dataclasses.Field, opt: Option) -> dict[str, Any]:
     """One option as a JSON-schema fragment: type and bounds (or enum), array for nargs, null when optional."""
-    one: dict[str, Any] = (opt.rule.schema() if isinstance(opt.rule, Number) else
+    one: dict[str, Any] = ({"type": "boolean"} if opt.switch else
+                           opt.rule.schema() if isinstance(opt.rule, Number) else
                            {"anyOf": [opt.rule.one.schema(), {"type": "array", "items": opt.rule.each.schema(),
                                                               "minItems": 1}]} if isinstance(opt.rule, PerItem) else
                            {"enum": list(opt.choices)} if opt.choices is not None else {"type": "string"})
     if opt.nargs is not None:
         one = {"type": "array", "items": one, **({"minItems": 1} if opt.nargs == "+" else {})}
-    if f.default is None:
+    if f.default is None and not opt.required:
         one = {"anyOf": [one, {"type": "null"}]}
     return one
 
 
 def schema(cls: type[Options]) -> dict[str, Any]:
     """The options as a JSON schema (a config file's, the explorer's OpenAPI document)."""
-    props = {}
+    props, required = {}, []
     for f, opt in options_of(cls):
         default = list(f.default) if isinstance(f.default, tuple) else f.default
-        props[f.name] = {**value_schema(f, opt), "default": default, "description": help_text(f, opt)}
-    return {"title": cls.__name__, "type": "object", "properties": props, "additionalProperties": False}
+        props[f.name] = {**value_schema(f, opt), "description": help_text(f, opt)}
+        if opt.required:
+            required.append(f.name)
+        else:
+            props[f.name]["default"] = default
+    return {"title": cls.__name__, "type": "object", "properties": props, "additionalProperties": False,
+            **({"required": required} if required else {})}
 
 
 class Result(Displayed):
