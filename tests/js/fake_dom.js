@@ -1,6 +1,7 @@
 // A minimal fake DOM, and fetch answering from canned API answers, for running a page script of
 // serve/static in node: runPage("features.js", answersFile, staticDir, {id: value}) loads common.js and the
-// script and returns the elements by id (created on first use), for the caller to click through.
+// script (a name in staticDir, or a path: viz/graph_view.js) and returns the elements by id (created on first use),
+// for the caller to click through. The document answers no selectors (querySelectorAll finds nothing).
 // answersFile: a JSON file mapping "GET /api/..." / "POST /api/..." (prefixes) to answers. globals: more names
 // the script sees (location, history, ...); sent: every request made, {key, body}, in order.
 "use strict";
@@ -38,6 +39,7 @@ function runPage(script, answersFile, staticDir, values, globals) {
     getElementById: (id) => (byId[id] = byId[id] || new Node_("div")),
     createElement: (tag) => new Node_(tag),
     createTextNode: (s) => new Text_(s),
+    querySelectorAll: () => [],
   };
   for (const [id, value] of Object.entries(values || {})) {
     byId[id] = new Node_("input");
@@ -55,7 +57,7 @@ function runPage(script, answersFile, staticDir, values, globals) {
   vm.createContext(context);
   for (const f of ["common.js", script]) {
     // top-level const/let stay in the script scope; expose cl to the second script through the context
-    const src = fs.readFileSync(path.join(staticDir, f), "utf8") + (f === "common.js" ? "\nthis.cl = cl;" : "");
+    const src = fs.readFileSync(path.resolve(staticDir, f), "utf8") + (f === "common.js" ? "\nthis.cl = cl;" : "");
     vm.runInContext(src, context, { filename: f });
   }
   return byId;

@@ -1,19 +1,25 @@
-// Runs serve/static/graphs.js against a fake DOM and canned API answers (argv[2]: a JSON file mapping
-// "GET /api/..." / "POST /api/..." to answers; argv[3]: the static folder), submits the compute form as the
-// server's defaults left it, and prints the inputs' values, bounds and help, and the request it sent.
+// Runs the graph browser of viz/graph_view.js (CLGraphView.browse, what /graphs starts) against a fake DOM and
+// canned API answers (argv[2]: a JSON file mapping "GET /api/..." / "POST /api/..." to answers; argv[3]: the
+// static folder; argv[4]: graph_view.js; argv[5]: the served page's option inputs as JSON, {field: its step}), submits
+// the compute form as the server's defaults left it, and prints the inputs' values, bounds and help, and the request
+// it sent.
 "use strict";
 const { runPage, sent } = require("./fake_dom.js");
 
-const names = ["node_threshold", "edge_threshold", "max_feature_nodes", "token_nodes"];
+const steps = JSON.parse(process.argv[5]);
+const names = Object.keys(steps);
 const values = { "compute-prompt": "Lily saw" };
 for (const n of names) values["option-" + n] = "";
-const byId = runPage("graphs.js", process.argv[2], process.argv[3], values, {
-  location: { search: "" }, history: { replaceState() {} }, URLSearchParams, CLGraphView: { mount() {} },
+const window = {};
+const byId = runPage(process.argv[4], process.argv[2], process.argv[3], values, {
+  window, location: { search: "" }, history: { replaceState() {} }, URLSearchParams,
 });
-for (const n of names) byId["option-" + n].step = n === "max_feature_nodes" ? "1" : (n === "token_nodes" ? "" : "0.01");
+for (const n of names) byId["option-" + n].step = steps[n];
+window.CLGraphView.mount = () => {};   // no SVG in the fake DOM: the viewer itself is tested in a browser
 
 (async () => {
   const wait = () => new Promise((r) => setTimeout(r, 20));
+  window.CLGraphView.browse(byId.viewer, "/api/graphs");
   await wait();
   const shown = {};
   for (const n of names) {

@@ -3,6 +3,7 @@ qParams saved back, interventions equal to the replacement model's own, bounded 
 bodies answered 4xx in one line."""
 import dataclasses
 import json
+from html.parser import HTMLParser
 
 import pytest
 import torch
@@ -424,12 +425,51 @@ def test_a_nan_in_an_older_graph_file_is_read_as_null(served, tmp_path):
     assert r.status_code == 200 and r.json()["metadata"]["node_threshold"] is None
 
 
+class _Inputs(HTMLParser):
+    """The option-<field> inputs (and menus) of a page: {field: its step ("" for a menu)}; every id seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: dict[str, str] = {}
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.ids += [a["id"]] if "id" in a else []
+        if tag in ("input", "select") and (a.get("id") or "").startswith("option-"):
+            self.steps[a["id"].removeprefix("option-")] = a.get("step") or ""
+
+
+def test_the_page_is_the_viewers_browser_in_the_explorers_header(served):
+    """/graphs: the explorer's nav with graphs marked, the browser's controls (one input per field the compute
+    request takes), the viewer started by graph_view.js from /static/ (no inline script); the old files are gone."""
+    from circuitlab.graphs.options import EXPLORER
+    from circuitlab.serve.page import nav_html
+
+    client = served[0]
+    r = client.get("/graphs")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["cache-control"] == "no-cache"
+    page = _Inputs()
+    page.feed(r.text)
+    assert {"graph-info", "open-form", "graph-list", "open", "compute-form", "compute-prompt", "compute", "status",
+            "viewer"} <= set(page.ids)
+    assert list(page.steps) == list(EXPLORER)
+    assert nav_html("/graphs") in r.text and '<a href="/graphs" aria-current="page">graphs</a>' in r.text
+    assert 'data-clgv-browse="/api/graphs"' in r.text and '<script src="/static/graph_view.js" defer>' in r.text
+    assert "<script>" not in r.text
+    assert client.get("/static/graph_view.css").status_code == 200
+    assert client.get("/static/graphs.js").status_code == 404 and client.get("/static/graphs.html").status_code == 404
+
+
 def test_the_page_takes_its_options_from_the_server_and_sends_them_back(served, tmp_path):
-    """graphs.js run by node against a minimal fake DOM (tests/js/fake_dom.js) with the API's real listing: the
-    compute form shows GraphOptions' defaults, bounds and help (the page writes none of its own), and submitting
-    it as shown sends exactly those defaults, which the explorer accepts as GraphOptions' own."""
+    """The browser of viz/graph_view.js (CLGraphView.browse) run by node against a minimal fake DOM
+    (tests/js/fake_dom.js) with the API's real listing and the served page's inputs: the compute form shows
+    GraphOptions' defaults, bounds and help (the page writes none of its own), and submitting it as shown sends
+    exactly those defaults, which the explorer accepts as GraphOptions' own."""
     import shutil
     import subprocess
+    from importlib import resources
     from pathlib import Path
 
     from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions
@@ -445,8 +485,12 @@ def test_the_page_takes_its_options_from_the_server_and_sends_them_back(served, 
     answers = {"GET /api/graphs/graph": client.get("/api/graphs/graph", params={"id": "lily"}).json(),
                "GET /api/graphs": listing, "POST /api/graphs/compute": {"id": "lily"}}
     (tmp_path / "answers.json").write_text(json.dumps(answers))
+    inputs = _Inputs()
+    inputs.feed(client.get("/graphs").text)
+    script = resources.files("circuitlab.viz").joinpath("graph_view.js")
     done = subprocess.run([node, str(Path(__file__).parents[1] / "js" / "graphs_smoke.js"), str(tmp_path / "answers.json"),
-                           str(STATIC_DIR)], capture_output=True, text=True, timeout=60)
+                           str(STATIC_DIR), str(script), json.dumps(inputs.steps)],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     page = json.loads(done.stdout)
     helps = {f.name: opt.help for f, opt in options_of(GraphOptions)}

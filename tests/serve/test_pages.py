@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from circuitlab.errors import CircuitlabError
 from circuitlab.serve import create_app
 from circuitlab.serve.app import STATIC_FILES
-from circuitlab.serve.page import JS, STATIC_DIR, Page
+from circuitlab.serve.page import JS, STATIC_DIR, Page, nav_html
 from circuitlab.serve.pages import PAGES, banner
 
 
@@ -27,9 +27,17 @@ def test_the_banner_names_the_pages_the_server_was_given():
 
 def test_every_static_file_is_a_pages_or_shared_and_exists():
     declared = {**STATIC_FILES, **{n: m for p in PAGES.values() for n, m in p.static.items()}}
-    pages = {p.html for p in PAGES.values() if p.html is not None}
+    pages = {p.html for p in PAGES.values() if isinstance(p.html, str)}   # the rest render theirs
     on_disk = {f.name for f in STATIC_DIR.iterdir() if f.is_file()}
     assert set(declared) | pages == on_disk, "a static file no page serves, or a declared file that is missing"
+
+
+def test_every_static_page_has_the_explorers_nav():
+    """nav_html (what a rendered page, /graphs, puts in its header) is the links every static page writes."""
+    for page in PAGES.values():
+        if isinstance(page.html, str):
+            text = (STATIC_DIR / page.html).read_text(encoding="utf-8")
+            assert nav_html(page.path) in text, page.html
 
 
 def test_a_page_registered_alone_is_loaded_routed_and_served(monkeypatch):

@@ -80,6 +80,33 @@ def test_view_html_is_self_contained_and_escapes_the_data(graph):
     assert len(set(ids)) == 2
 
 
+def test_browser_page_has_one_input_per_option_and_no_inline_script():
+    """graph_browser_html's form is the options class's fields (a menu for choices, a number whose step is its
+    kind's, text otherwise); its script comes from `assets`, started by data-clgv-browse (never inline)."""
+    from dataclasses import dataclass
+
+    from circuitlab.checks import COUNT, SHARE
+    from circuitlab.spec import Options, option
+    from circuitlab.viz.graph_view import graph_browser_html
+
+    @dataclass(frozen=True)
+    class Toy(Options):
+        share: float = option(0.5, SHARE, help="a share")
+        cap: int | None = option(None, COUNT, help="a cap")
+        kind: str = option("a", choices=("a", "W_E"), help="a kind")
+        name: str = option("x", help="a name")
+
+    page = graph_browser_html("/api/x?a=<b>", Toy, assets="/assets/", stylesheets=("/s.css",), nav="<nav>N</nav>")
+    assert '<input id="option-share" type="number" step="0.01">' in page
+    assert '<input id="option-cap" type="number" step="1" placeholder="all">' in page
+    assert ('<select id="option-kind"><option value="a">a</option><option value="W_E">W_E (circuit-tracer)</option>'
+            '</select>') in page
+    assert '<input id="option-name" type="text">' in page and page.count('id="option-') == 4
+    assert 'data-clgv-browse="/api/x?a=&lt;b&gt;"' in page and "<nav>N</nav>" in page
+    assert '<script src="/assets/graph_view.js" defer></script>' in page and page.count("<script") == 1
+    assert '<link rel="stylesheet" href="/s.css">' in page and 'href="/assets/graph_view.css"' in page
+
+
 def test_node_ids_are_unique_even_where_circuit_tracers_error_ids_collide(graph):
     """Error "0_{layer}_{pos}" is also layer 0's feature {layer} at pos (circuit-tracer's scheme): a viewer
     keyed by id would merge them, so such an error node is renamed."""

@@ -147,6 +147,26 @@ def test_served_page_saves_a_supernode_that_reloads_and_intervenes(runs, server,
                      "a served feature card", timeout=60)
 
 
+def test_served_page_lists_opens_and_names_the_graph_in_the_url(runs, server, browser):
+    """/graphs with no ?id: the browser (CLGraphView.browse, started by graph_view.js) lists the graph, shows the
+    compute form with GraphOptions' defaults, opens the chosen graph and names it in the URL."""
+    from circuitlab.graphs.options import DEFAULTS
+
+    root, _ = runs
+    data = json.loads((root / "graphs/lily/graph.json").read_text())
+    browser.get(server + "/graphs")
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", "#graph-list option[value='lily']"), "the list")
+    assert browser.find_element("id", "graph-info").text.startswith("1 graph(s) under ")
+    assert browser.find_element("id", "compute-form").is_displayed()
+    value = browser.find_element("id", "option-node_threshold").get_attribute("value")
+    assert float(value) == DEFAULTS.node_threshold
+    browser.find_element("id", "open").click()
+    helpers.wait_for(browser, lambda b: b.find_elements("css selector", "#viewer .clgv-count[data-nodes]"), "the graph")
+    assert _counts(browser) == (len(data["nodes"]), len(data["links"]))
+    assert browser.current_url == server + "/graphs?id=lily"
+    assert [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
 def test_clicking_an_edge_shows_the_heads_that_carried_it(runs, browser):
     """A cross-position link's head loadings (graph.json: heads, heads_rest) as one bar per head, largest first."""
     root, _ = runs

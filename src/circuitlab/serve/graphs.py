@@ -1,6 +1,6 @@
 """The graph browser behind `circuitlab serve --graphs DIR [--transcoders DIR]`: attribution graphs written by
 `circuitlab graph` under a runs folder, opened in the interactive viewer (viz/graph_view.js), plain JSON-able
-dicts; add_graph_routes puts them on the app.
+dicts; add_graph_routes puts them on the app, page_html is the page (the viewer's browser mode, CLGraphView.browse).
 
     browser = GraphBrowser(Path("runs"), model, tokenizer, transcoders)
     browser.list_graphs()                                   # GET  /api/graphs
@@ -38,10 +38,10 @@ from circuitlab.graphs.export import FEATURE, check_viewer_json
 from circuitlab.graphs.options import DEFAULTS, EXPLORER, GraphOptions, graph_options
 from circuitlab.graphs.transcoders import differs, made_with
 from circuitlab.methods.graph import graph_experiment
-from circuitlab.serve.page import CSS, JS, Page, Served
+from circuitlab.serve.page import CSS, JS, Page, Served, nav_html
 from circuitlab.serve.requests import request_model
 from circuitlab.spec import only, schema
-from circuitlab.viz.graph_view import asset, feature_cards, saved_dashboards
+from circuitlab.viz.graph_view import asset, feature_cards, graph_browser_html, saved_dashboards
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -436,7 +436,14 @@ def _load(served: Served, given: Mapping[str, Any]) -> GraphBrowser:
                         runner=given.get("graph_runner") or graph_experiment, saved=saved_dashboards(transcoders))
 
 
-PAGE = Page("graphs", "/graphs", "graphs.html", static={"graphs.js": JS}, load=_load,
+def page_html() -> str:
+    """/graphs: the viewer's browser (viz/graph_view.py: pick, open and compute graphs over these routes, its form
+    the ComputeOptions' fields) in the explorer's header, its script and style from /static/ (routes above)."""
+    return graph_browser_html("/api/graphs", ComputeOptions, assets="/static/", stylesheets=("/static/style.css",),
+                              nav=nav_html("/graphs"))
+
+
+PAGE = Page("graphs", "/graphs", page_html, load=_load,
             keywords=("graphs", "transcoders", "transcoder_set", "graph_runner"),
             routes=lambda app, s: add_graph_routes(app, s.parts["graphs"], s.lock, s.encode),
             banner=lambda given: "graphs: /graphs")

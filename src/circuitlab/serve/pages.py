@@ -2,7 +2,8 @@
 serve` iterate over PAGES, so a new page is its module and one entry here.
 
     from circuitlab.serve.pages import PAGES
-    PAGES["graphs"].path, PAGES["graphs"].html      # "/graphs", "graphs.html"
+    PAGES["inputs"].path, PAGES["inputs"].html      # "/inputs", "inputs.html" (a static page of serve/static)
+    PAGES["graphs"].html()                          # /graphs's page, rendered (viz/graph_view.py's browser)
     banner({"run_dir": "runs/demo/2l"})             # "adder: /adder; inputs and lenses: /inputs; ..."
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
-// circuitlab's attribution-graph viewer: plain DOM + SVG, no library, no network.
+// circuitlab's attribution-graph viewer: plain DOM + SVG, no library, no network (but browse's own server).
 // It reads the graph file itself (the Neuronpedia / circuit-tracer JSON that circuitlab.graphs.export writes):
 // metadata, qParams (pinnedIds, supernodes), nodes, links. Re-pruning in the page follows
 // circuitlab.graphs.export.reprune (the same rule, tested against it).
 //   CLGraphView.mount(element, data, {features: {"L_F": card}, api: {feature, save, intervene} | null})
+//   CLGraphView.browse(element, "/api/graphs")   the graphs a server lists, opened into element (below)
 "use strict";
 
 window.CLGraphView = window.CLGraphView || (function () {
@@ -526,5 +527,135 @@ window.CLGraphView = window.CLGraphView || (function () {
     return { state: state, reprune: reprune, select: select, redraw: draw, data: data };
   }
 
-  return { mount: mount, reprune: reprune };
+  // ------------------------------------------------------------------ the browser (`circuitlab serve`'s /graphs)
+  // The graphs a JSON API lists (serve/graphs.py's routes: GET API, API/graph?id=, API/feature; POST API/qparams,
+  // API/intervene, API/compute), each opened into root by mount. Its controls are the page's elements by id, as
+  // graph_view.py's graph_browser_html writes them: graph-info, open-form, graph-list, compute-form,
+  // compute-prompt, option-<field> (one per option the API's "options" lists), status. ?id= in the page's URL
+  // opens that graph, and the URL follows the graph opened.
+  const LOADED = "the loaded model and transcoders";   // the listing's made_with of a graph this server can run
+
+  // fetch JSON; resolves to {ok, status, data}; the server's errors are {"detail": "..."}
+  async function request(path, body) {
+    const init = body === undefined ? {} : { method: "POST", headers: { "Content-Type": "application/json" },
+                                             body: JSON.stringify(body) };
+    let response, data;
+    try {
+      response = await fetch(path, init);
+    } catch (err) {
+      return { ok: false, status: 0, data: { detail: "cannot reach the server: " + err.message } };
+    }
+    try {
+      data = await response.json();
+    } catch (err) {
+      data = { detail: "the server answered " + response.status + " without JSON" };
+    }
+    return { ok: response.ok, status: response.status, data: data };
+  }
+
+  function browse(root, api) {
+    const $ = id => document.getElementById(id);
+    const status = text => { $("status").textContent = text; };
+    let canCompute = false;
+    let madeWith = {};   // id -> what the graph was made with, against the loaded model (null: none loaded)
+    let options = null;  // the compute form's options: field -> JSON schema (default, bounds, description)
+
+    // The compute form's inputs are option-<field>, one per option the server takes; each one's default, bounds
+    // and help come from the server (the options class, the one place they are written), and what they hold
+    // goes back under the field's name.
+    function showOptions(given) {
+      if (options) return;   // once: a later listing keeps what was typed
+      options = given || {};
+      for (const [name, o] of Object.entries(options)) {
+        const input = $("option-" + name), one = (o.anyOf || [o])[0];
+        if (!input) continue;
+        input.title = o.description || "";
+        if (one.maximum !== undefined) input.max = one.maximum;
+        if (one.minimum !== undefined) input.min = one.minimum;
+        if (one.exclusiveMinimum !== undefined) input.min = one.exclusiveMinimum + (+input.step || 0);
+        if (o.default !== null && o.default !== undefined) input.value = String(o.default);
+      }
+    }
+
+    function optionValues() {
+      const body = {};
+      for (const [name, o] of Object.entries(options || {})) {
+        const input = $("option-" + name), one = (o.anyOf || [o])[0];
+        if (!input || input.value === "") continue;   // empty: the server's default
+        body[name] = one.type === "number" || one.type === "integer" ? +input.value : input.value;
+      }
+      return body;
+    }
+
+    function check(r) {
+      if (!r.ok) throw new Error(r.data.detail || ("the server answered " + r.status));
+      return r.data;
+    }
+
+    async function list(select) {
+      const r = await request(api);
+      if (!r.ok) { status(r.data.detail); return; }
+      canCompute = r.data.can_compute;
+      showOptions(r.data.options);
+      $("compute-form").hidden = !canCompute;
+      $("graph-info").textContent = `${r.data.graphs.length} graph(s) under ${r.data.root || "no runs folder"}` +
+        (canCompute ? "" : " · interventions and new graphs need --checkpoint and --transcoders");
+      const sel = $("graph-list");
+      sel.textContent = "";
+      madeWith = {};
+      for (const g of r.data.graphs) {
+        madeWith[g.id] = g.made_with;
+        const other = !g.made_with || g.made_with === LOADED ? ""
+          : g.made_with === "unrecorded" ? " · view only: records no model"
+          : " · view only: " + g.made_with.split(":")[0];
+        sel.append(el("option", { value: g.id,
+                                  text: `${g.id} — ${JSON.stringify(g.prompt)} (${g.nodes} nodes)${other}` }));
+      }
+      if (select) sel.value = select;
+      if (!r.data.graphs.length) status("no graphs yet: write one with `circuitlab graph ... --out RUNS/NAME`");
+    }
+
+    async function open(id) {
+      status("loading " + id + "…");
+      const q = "id=" + encodeURIComponent(id);
+      const r = await request(`${api}/graph?${q}`);
+      if (!r.ok) { status(r.data.detail); return; }
+      history.replaceState(null, "", "?" + q);   // this page's URL, naming the graph
+      const calls = { save: async body => check(await request(`${api}/qparams`, Object.assign({ id: id }, body))) };
+      // feature cards and interventions only on a graph made with the loaded model and transcoders (the
+      // server refuses the others too, with a 409 saying what differs)
+      const mine = !madeWith[id] || madeWith[id] === LOADED;
+      if (canCompute && mine) {
+        calls.feature = async (layer, feature) =>
+          check(await request(`${api}/feature?${q}&layer=${layer}&feature=${feature}`));
+        calls.intervene = async body => check(await request(`${api}/intervene`, Object.assign({ id: id }, body)));
+      }
+      viewer.mount(root, r.data, { api: calls });   // CLGraphView.mount (a test may stand in for it)
+      status(canCompute && !mine ? (madeWith[id] === "unrecorded"
+        ? "view only: this graph records no identity of the model it was made with; make it again with " +
+          "`circuitlab graph` to intervene"
+        : "view only: this graph was made with " + madeWith[id]) : "");
+    }
+
+    $("open-form").addEventListener("submit", ev => { ev.preventDefault(); open($("graph-list").value); });
+    $("compute-form").addEventListener("submit", async ev => {
+      ev.preventDefault();
+      status("computing the graph…");
+      const body = Object.assign({ prompt: $("compute-prompt").value }, optionValues());
+      const r = await request(`${api}/compute`, body);
+      if (!r.ok) { status(r.data.detail); return; }
+      await list(r.data.id);
+      open(r.data.id);
+    });
+
+    const wanted = new URLSearchParams(location.search).get("id");
+    return list(wanted).then(() => { if (wanted) return open(wanted); });
+  }
+
+  const viewer = { mount: mount, reprune: reprune, browse: browse };   // CLGraphView
+  // A page that asks for the browser (an element with data-clgv-browse="API": graph_view.py's graph_browser_html)
+  // starts it here once the page is parsed: the explorer's pages run no inline scripts. A report has none.
+  const boot = () => document.querySelectorAll("[data-clgv-browse]").forEach(e => browse(e, e.dataset.clgvBrowse));
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", boot); else boot();
+  return viewer;
 })();

@@ -12,12 +12,19 @@ and named supernodes go into the file's qParams (Neuronpedia's pinnedIds / super
 or saved in place by `circuitlab serve` (/graphs), which also runs interventions. graph_view.js is also
 served as a static file by the explorer (its pages may not run inline scripts).
 
+The viewer has a browser mode too, `circuitlab serve`'s /graphs: graph_browser_html is its page (pick a listed
+graph, open it, compute a new one from a form of the options the server takes), CLGraphView.browse in
+graph_view.js drives it over the server's JSON API (serve/graphs.py's routes).
+
+    page = graph_browser_html("/api/graphs", ComputeOptions, assets="/static/")   # the page /graphs serves
+
 The pages around the viewer live here too, rendered from plain data (the experiments return it): a Graph's
 Jupyter display, `circuitlab graph`'s report.md / report.html, the graphs demo's; paths_table is the one
 rendering of the strongest paths.
 """
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
 import re
@@ -27,9 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import json_text
+from circuitlab.checks import Number
 from circuitlab.display import renders
 from circuitlab.graphs.attribution_graph import Graph, Pruned
 from circuitlab.graphs.options import DEFAULTS
+from circuitlab.spec import Option, Options, options_of
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -135,6 +144,72 @@ def graph_view_html(data: Any, *, features: dict[str, Any] | None = None, title:
         return fragment
     return ("<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title></head><body>{fragment}</body></html>")
+
+
+# ---------------------------------------------------------------------------- the browser (`circuitlab serve`)
+
+PROMPT = "Once upon a time, there was a little girl named Lily. She"   # the compute form's prompt to start from
+CHOICE_WORDS = {"W_E": "W_E (circuit-tracer)"}                         # a choice's words in the form, where not itself
+
+
+def _option_input(f: dataclasses.Field, opt: Option) -> str:
+    """One option's input, option-<field>: a menu of its choices, a number (whole: step 1; else 0.01; no default:
+    empty, the server's None) or text. Its default, bounds and help are the server's (filled in by browse)."""
+    esc, name = html.escape, f.name
+    words = name.replace("_", " ")
+    if opt.choices is not None:
+        items = "".join(f'<option value="{esc(str(c))}">{esc(CHOICE_WORDS.get(c, str(c)))}</option>'
+                        for c in opt.choices)
+        return f'<label>{words} <select id="option-{name}">{items}</select></label>'
+    if isinstance(opt.rule, Number):
+        step = "1" if opt.rule.kind is int else "0.01"
+        empty = ' placeholder="all"' if f.default is None else ""   # a cap left empty: none
+        return f'<label>{words} <input id="option-{name}" type="number" step="{step}"{empty}></label>'
+    return f'<label>{words} <input id="option-{name}" type="text"></label>'
+
+
+def graph_browser_html(api: str, options: type[Options], *, assets: str, stylesheets: Iterable[str] = (),
+                       nav: str = "", title: str = "circuitlab graphs") -> str:
+    """The graph browser's page: CLGraphView.browse over the JSON API at `api` (serve/graphs.py's /api/graphs):
+    the header (title, nav: its links as HTML, graph-info: what is listed), a menu of the graphs (graph-list) and
+    open, a compute form (compute-prompt and one input option-<field> per field of the options class `options`,
+    shown when the server can compute), status, and the viewer the graph opens in (data-clgv-browse: graph_view.js
+    starts the browser there). assets: the URL folder graph_view.js and .css are served from (not inlined: the
+    explorer's pages run no inline scripts); stylesheets: more style sheets' URLs (the explorer's)."""
+    esc = html.escape
+    links = "\n  ".join(f'<link rel="stylesheet" href="{esc(u)}">' for u in [*stylesheets, assets + "graph_view.css"])
+    inputs = "\n      ".join(_option_input(f, opt) for f, opt in options_of(options))
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <title>{esc(title)}</title>
+  {links}
+  <script src="{esc(assets)}graph_view.js" defer></script>
+</head>
+<body>
+  <header>
+    <h1>{esc(title)}</h1>
+    {nav}
+    <span id="graph-info">loading the graphs…</span>
+  </header>
+  <main>
+    <form id="open-form" class="controls">
+      <label>graph <select id="graph-list"></select></label>
+      <button id="open" type="submit">Open</button>
+    </form>
+    <form id="compute-form" class="controls" hidden>
+      <label>prompt <input id="compute-prompt" type="text" size="50" value="{esc(PROMPT)}"></label>
+      {inputs}
+      <button id="compute" type="submit">Compute a graph</button>
+    </form>
+    <div id="status" class="status" role="status"></div>
+    <div id="viewer" data-clgv-browse="{esc(api)}"></div>
+  </main>
+</body>
+</html>
+"""
 
 
 # ---------------------------------------------------------------------------- the pages around the viewer
