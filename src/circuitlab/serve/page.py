@@ -1,7 +1,7 @@
 """What every explorer page module declares (its Page record) and what its routes are given (Served).
 
 A page module (prompt.py, inputs.py, features.py, circuits.py, graphs.py) holds, in one place: its URL and page
-(a static file, or a function rendering it: graphs.py's is the viewer's browser, viz/graph_view.py), the static
+(a static file, or a function rendering it, as graphs.py's: the attribution-graph viewer's browser), the static
 files its page loads, what it needs loaded from create_app's keywords (checked before any server starts), its
 route group, and the line `circuitlab serve` prints for it. serve/pages.py lists the Page records;
 create_app and `circuitlab serve` iterate over them, so a new page is one module and one line there.

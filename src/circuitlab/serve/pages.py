@@ -3,7 +3,7 @@ serve` iterate over PAGES, so a new page is its module and one entry here.
 
     from circuitlab.serve.pages import PAGES
     PAGES["inputs"].path, PAGES["inputs"].html      # "/inputs", "inputs.html" (a static page of serve/static)
-    PAGES["graphs"].html()                          # /graphs's page, rendered (viz/graph_view.py's browser)
+    PAGES["graphs"].html()                          # /graphs's page, rendered by its module (graphs.py)
     banner({"run_dir": "runs/demo/2l"})             # "adder: /adder; inputs and lenses: /inputs; ..."
 """
 from __future__ import annotations
