@@ -10,8 +10,9 @@ features_demo      `circuitlab sae demo`: a 1-layer MLP model, a dictionary on i
 dashboards         `circuitlab sae dashboards`: a dictionary's feature dashboards on held-out text, saved and drawn
 sae_train          `circuitlab sae train`: dictionaries (SAEs, transcoders, CLTs) from a YAML config, spliced in
 lens_train         `circuitlab lens train`: a tuned lens for a checkpoint, against the logit lens on held-out text
-graphs_demo        `circuitlab graph demo`: a trained model's graphs, each story tested (graphs_demo_findings); it runs
-                   the graph method (circuitlab/methods/graph.py, what `circuitlab graph` runs) as a notebook would
+graphs_demo        `circuitlab graph demo`: a trained model's graphs, each story tested; it makes the prompts and runs
+                   the graph method on each (circuitlab/methods/graph.py's explain: the graph `circuitlab graph`
+                   makes, its numbers and the intervention of graphs/verify.py) as a notebook would
 
 Import from the submodules (they pull in the trainer and matplotlib).
 """

@@ -13,7 +13,8 @@ prediction's influence comes from, which features carry it, and runs ONE interve
 story: the features the graph says raise the predicted token's logit most (Graph.logit_effects: signed,
 through later features) are steered to -1x their activation, in the replacement model and in the real
 model (attention free), beside a control that steers as many other active features at the same layers and
-positions the same way (and, for reference, the same features zeroed): experiments/graphs_demo_findings.py.
+positions the same way (and, for reference, the same features zeroed). Each graph is methods/graph.py's
+explain() (its intervention: graphs/verify.py); the prompts are made here (name_prompt, phrase_prompt).
 Writes report.md, report.html and results.json; every sentence of the report is computed from the numbers
 in results.json (GraphFinding.sentences, GraphsDemoResult.summary).
 
@@ -23,6 +24,7 @@ in results.json (GraphFinding.sentences, GraphsDemoResult.summary).
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +34,8 @@ from circuitlab.errors import InputError
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, fresh_out,
                                                 train_or_reuse)
 from circuitlab.graphs.options import DEFAULTS
-from circuitlab.experiments.graphs_demo_findings import (PHRASES, PREDICTED, GraphFinding, PromptSpec, explain,
-                                                         name_prompt, phrase_prompt)
+from circuitlab.graphs.verify import PREDICTED
+from circuitlab.methods.graph import GraphFinding, PromptSpec, document_start, explain, target_probability
 from circuitlab.training.interrupts import continue_on_interrupt
 
 if TYPE_CHECKING:
@@ -41,6 +43,11 @@ if TYPE_CHECKING:
 
 KINDS = ("per-layer", "clt")
 RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
+NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
+                 "every day. One day, {name}")
+PHRASES = (("once-upon-a-time", "Once upon a time"),
+           ("best-friends", "Once upon a time, there was a boy named Tom. Tom had a friend named Bo. "
+                            "From that day on, Tom and Bo were best friends"))
 
 
 @dataclass
@@ -321,11 +328,74 @@ def train_transcoders(model: Transformer, tokenizer, opts: GraphsDemoOptions, ou
     return tc, info
 
 
+# ---------------------------------------------------------------------------- prompts
+
+
 def demo_prompts(model: Transformer, tokenizer, opts: GraphsDemoOptions) -> list[PromptSpec]:
     """The name prompt (of opts.n_names made-up names that split into several tokens the same way at every
     mention, the one the model completes with the highest probability), then the fixed phrases."""
     return [name_prompt(model, tokenizer, opts.n_names, opts.seed)] + [phrase_prompt(tokenizer, slug, text)
                                                                         for slug, text in PHRASES]
+
+
+def name_prompt(model: Transformer, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
+    """Of n_names made-up names that split into several tokens the same way at every mention (NAME_TEMPLATE),
+    the one the model completes most from the story (p with the earlier mentions minus p without them)."""
+    from circuitlab.data.stories import make_name
+
+    rng = random.Random(f"graphs-demo-names:{seed}")
+    best, best_p = None, -1.0
+    tried = 0
+    while tried < n_names and tried < 1000:
+        name = make_name(rng)
+        while len(name) < 6:  # three syllables: several tokens
+            name = make_name(rng)
+        tried += 1
+        spec = _name_spec(tokenizer, name)
+        if spec is None or len(spec.tokens) + 1 > model.cfg.n_ctx:
+            continue
+        # the name the model completes FROM THE STORY: p with the earlier mentions minus p from the last
+        # sentence alone (a name whose first piece predicts the rest by itself would tell no copying story)
+        p = target_probability(model, spec.tokens, spec.target)
+        if spec.without_context is not None:
+            p -= target_probability(model, spec.without_context, spec.target)
+        if p > best_p:
+            best, best_p = spec, p
+    if best is None:
+        raise InputError("no made-up name splits into several tokens the same way at every mention")
+    return best
+
+
+def _name_spec(tokenizer, name: str) -> PromptSpec | None:
+    """The name template cut before the last mention's final token; None when the name is one token at the
+    end or is split differently at its mentions."""
+    text = NAME_TEMPLATE.format(name=name)
+    ids = tokenizer.encode(text)
+    head = tokenizer.encode(text[:-len(name) - 1])
+    if ids[:len(head)] != head:
+        return None
+    piece = ids[len(head):]               # the last mention's tokens
+    if len(piece) < 2 or tokenizer.decode(piece).strip() != name:
+        return None
+    earlier = [i for i in range(len(head) - len(piece) + 1) if ids[i:i + len(piece)] == piece]
+    if len(earlier) < 2:
+        return None
+    start = document_start(tokenizer)
+    focus = [len(start) + i + j for i in earlier for j in range(len(piece))]
+    alone = tokenizer.encode("One day," + text[-len(name) - 1:])
+    return PromptSpec("name", "name", start + ids[:-1], ids[-1], f"the earlier mentions of {name!r}", focus,
+                      start + alone[:-1] if alone[-len(piece):] == piece else None)
+
+
+def phrase_prompt(tokenizer, slug: str, text: str) -> PromptSpec:
+    """text cut before its last token; focus: the last sentence's words before the last prompt token."""
+    ids = tokenizer.encode(text)
+    phrase = text.rsplit(". ", 1)[-1]      # the phrase: the last sentence
+    start = len(tokenizer.encode(text[:-len(phrase)])) if phrase != text else 0
+    words = tokenizer.decode(ids[start:-2])
+    doc = document_start(tokenizer)
+    return PromptSpec(slug, "phrase", doc + ids[:-1], ids[-1], f"the phrase's earlier words {words.strip()!r}",
+                      [len(doc) + i for i in range(start, len(ids) - 2)])   # the phrase before its last prompt token
 
 
 # ---------------------------------------------------------------------------- report

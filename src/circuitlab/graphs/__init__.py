@@ -14,6 +14,7 @@ replacement      the local replacement model of a prompt: frozen attention and n
 attribution      the adjacency by batched backward passes; logit targets; the greedy feature cap
 attribution_graph  the Graph container (node order, files), influence, scores, pruning, strongest paths
 export           the Neuronpedia / circuit-tracer viewer JSON
+verify           a graph's story tested by intervention (ablate), and the head that carried a copy (QK)
 options          GraphOptions: every option of a graph (thresholds, logits, feature cap, ...), its default and
                  rule written once; the command line, the explorer and these functions' defaults read it
 
