@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from circuitlab.analysis.input_attribution import AttributionOptions, InputAttribution
 
 HELP = ("attribute a next-token prediction to the prompt's tokens (integrated gradients, saliency, occlusion, "
         "KernelSHAP, LIME, ...)")
@@ -10,40 +14,11 @@ EXAMPLE = ('circuitlab attribute --checkpoint runs/demo/2l --prompt "Lily saw a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS,
-                                                       KERNEL_WIDTH, METHODS, SAMPLES, SEED, STEPS)
-    from circuitlab.checks import COUNT, INT
-
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
-    p.add_argument("--prompt", required=True, help="the text whose last token's prediction is explained")
-    p.add_argument("--target", default=None, help="the predicted token to explain (one token; default: the "
-                                                  "model's top prediction)")
-    p.add_argument("--foil", default=None, help="explain target against this token (logit difference)")
-    p.add_argument("--method", default="ig", choices=METHODS)
-    p.add_argument("--pos", type=INT.arg, default=-1, help="the position whose prediction is explained (default: last)")
-    p.add_argument("--steps", type=STEPS["gausslegendre"].arg, default=DEFAULT_STEPS,
-                   help=f"integrated gradients: points on the path (default {DEFAULT_STEPS}, at most "
-                        f"{STEPS['gausslegendre'].high}; run in chunks that fit memory)")
-    p.add_argument("--baseline", default=None,
-                   help="what a removed token becomes (ig, shap, lime): 'zeros', 'mean' (the mean token embedding), "
-                        "'eos' (the EOS token), 'token:N' (token id N), a prompt of the same number of tokens, or "
-                        "(shap, lime) 'delete' (taken out of the sequence). Default: zeros for ig, mean for shap/lime")
-    p.add_argument("--span", type=COUNT.arg, default=1, help="occlusion: tokens replaced at a time")
-    p.add_argument("--samples", type=SAMPLES.arg, default=DEFAULT_SAMPLES,
-                   help=f"shap, lime: coalitions evaluated, one forward pass each, batched (default {DEFAULT_SAMPLES}; "
-                        f"{SAMPLES.low} to {SAMPLES.high})")
-    p.add_argument("--seed", type=SEED.arg, default=0, help="shap, lime: seed of the coalitions drawn (default 0)")
-    p.add_argument("--kernel-width", type=KERNEL_WIDTH.arg, default=DEFAULT_KERNEL_WIDTH,
-                   help=f"lime: width of the exponential kernel on the cosine distance from the prompt (default "
-                        f"{DEFAULT_KERNEL_WIDTH}, as Captum's)")
-    p.add_argument("--exact", action="store_true",
-                   help="shap: enumerate every coalition (exact Shapley values; at most 16 positions)")
-    p.add_argument("--paired", action="store_true",
-                   help="shap: draw each coalition with its complement (fewer samples for the same ranking; not "
-                        "Captum's sampling)")
-    p.add_argument("--out", default=None, help="write the result: .html (tokens shaded) or .json")
+    from circuitlab.analysis.input_attribution import AttributionOptions
     from circuitlab.commands._args import add_memory_arguments
+    from circuitlab.spec import add_arguments as add_options
 
+    add_options(p, AttributionOptions)
     add_memory_arguments(p)
 
 
@@ -52,51 +27,57 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from circuitlab.analysis.input_attribution import attribute_inputs
-    from circuitlab.atomic import atomic_write_text, json_text
+    from circuitlab.analysis.input_attribution import AttributionOptions, attribute_inputs, attribution_estimate
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
 
-    if args.out and Path(args.out).suffix not in (".html", ".json"):
-        raise CircuitlabError(f"--out {args.out}: give a file name ending in .html (tokens shaded) or .json")
-    if args.out:
+    opts = AttributionOptions.from_args(args)
+    assert opts.checkpoint is not None and opts.prompt is not None   # required: check() refuses None
+    if opts.out:
         from circuitlab.training.outputs import check_writable
 
-        check_writable(args.out, "the attribution")   # before the model is read
-    model, tok, _ = load_checkpoint(args.checkpoint)
+        check_writable(opts.out, "the attribution")   # before the model is read
+    model, tok, _ = load_checkpoint(opts.checkpoint)
     if tok is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
-    ids = tok.encode(args.prompt)
+        raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
+    ids = tok.encode(opts.prompt)
     if not ids:
         raise CircuitlabError("the prompt is empty: give some text to attribute")
-    kwargs: dict = {"tokenizer": tok, "pos": args.pos}
-    if args.method != "context-mixing":
-        kwargs["target"] = tok.token_id(args.target, "target") if args.target is not None else None
-        kwargs["foil"] = tok.token_id(args.foil, "foil") if args.foil is not None else None
-        if kwargs["foil"] is not None and kwargs["foil"] == kwargs["target"]:
-            raise CircuitlabError(f"the foil {args.foil!r} is the target: give a different token to contrast with")
-    elif args.target is not None or args.foil is not None:
-        raise CircuitlabError("context mixing reads attention, not a target: drop --target/--foil")
-    if args.method in ("ig", "shap", "lime"):
-        kwargs["baseline"] = _baseline(args.baseline, args.method, tok)
-    if args.method == "ig":
-        kwargs["steps"] = args.steps
-    if args.method in ("shap", "lime"):
-        kwargs.update(samples=args.samples, seed=args.seed, start_token=tok.eos_id)
-        if args.method == "lime":
-            kwargs["kernel_width"] = args.kernel_width
-        else:
-            kwargs.update(exact=args.exact, paired=args.paired)
-    if args.method == "occlusion":
-        kwargs.update(span=args.span, replacement=tok.eos_id)
-    from circuitlab.analysis.input_attribution import attribution_estimate
-
-    est = attribution_estimate(model, min(len(ids), model.cfg.n_ctx), args.method, steps=args.steps,
-                               samples=args.samples).timed()
+    kwargs = {"tokenizer": tok, **opts.method_keywords(), **_token_keywords(opts, tok)}
+    est = attribution_estimate(model, min(len(ids), model.cfg.n_ctx), opts.method, steps=opts.steps,
+                               samples=opts.samples).timed()
     print(est.line())   # what it will hold and take, before the work
     if args.estimate:
         return 0
-    result = attribute_inputs(model, torch.tensor(ids), args.method, **kwargs)
+    result = attribute_inputs(model, torch.tensor(ids), opts.method, **kwargs)
+    _print(result)
+    if opts.out:
+        _write(result, Path(opts.out))
+    return 0
+
+
+def _token_keywords(opts: AttributionOptions, tok: Any) -> dict[str, Any]:
+    """The keywords of attribute_inputs that the tokenizer reads: target and foil ids, the baseline, the token
+    a deleted coalition starts with (shap, lime) and the token occlusion puts in (its EOS)."""
+    from circuitlab.errors import CircuitlabError
+
+    kw: dict[str, Any] = {}
+    if opts.method != "context-mixing":
+        kw["target"] = tok.token_id(opts.target, "target") if opts.target is not None else None
+        kw["foil"] = tok.token_id(opts.foil, "foil") if opts.foil is not None else None
+        if kw["foil"] is not None and kw["foil"] == kw["target"]:
+            raise CircuitlabError(f"the foil {opts.foil!r} is the target: give a different token to contrast with")
+    if opts.method in ("ig", "shap", "lime"):
+        kw["baseline"] = _baseline(opts.baseline, opts.method, tok)
+    if opts.method in ("shap", "lime"):
+        kw["start_token"] = tok.eos_id
+    if opts.method == "occlusion":
+        kw["replacement"] = tok.eos_id
+    return kw
+
+
+def _print(result: InputAttribution) -> None:
+    """The result's line, then one row per token: its score and a bar as long as its share of the largest."""
     print(result.describe())
     assert result.token_strs is not None  # attributed with the tokenizer
     width = max(len(repr(s)) for s in result.token_strs)
@@ -104,30 +85,28 @@ def run(args: argparse.Namespace) -> int:
     for i, (s, v) in enumerate(zip(result.token_strs, result.scores.tolist())):
         bar = "#" * round(20 * abs(v) / scale)
         print(f"{i:>4} {s!r:<{width}} {v:>+10.4f} {'-' if v < 0 else ' '}{bar}")
-    if args.out:
-        out = Path(args.out)
-        if out.suffix == ".json":
-            atomic_write_text(out, json_text(result.to_dict(), indent=1))
-        else:
-            atomic_write_text(out, "<!doctype html><meta charset='utf-8'><body>" + result._repr_html_() + "</body>")
-        print(f"wrote {out}")
-    return 0
 
 
-def _baseline(text: str | None, method: str, tok):
-    """--baseline as input_attribution takes it: a name, a token id, or a prompt's token ids [pos]."""
+def _write(result: InputAttribution, out: Any) -> None:
+    from circuitlab.atomic import atomic_write_text, json_text
+
+    if out.suffix == ".json":
+        atomic_write_text(out, json_text(result.to_dict(), indent=1))
+    else:
+        atomic_write_text(out, "<!doctype html><meta charset='utf-8'><body>" + result._repr_html_() + "</body>")
+    print(f"wrote {out}")
+
+
+def _baseline(text: str | None, method: str, tok: Any) -> Any:
+    """--baseline as input_attribution takes it: a name, a token id, or a prompt's token ids [pos] (delete with
+    ig is refused by AttributionOptions.check)."""
     import torch
 
     from circuitlab.errors import CircuitlabError
 
     if text is None:
         return "zeros" if method == "ig" else "mean"
-    if text in ("zeros", "mean"):
-        return text
-    if text == "delete":
-        if method == "ig":
-            raise CircuitlabError("--baseline delete is for shap and lime (a path of embeddings needs the same "
-                                  "positions): give zeros, mean, eos, token:N or a prompt")
+    if text in ("zeros", "mean", "delete"):
         return text
     if text == "eos":
         if tok.eos_id is None:

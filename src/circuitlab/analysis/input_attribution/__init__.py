@@ -20,7 +20,8 @@ through every layer. KernelSHAP and LIME treat the tokens up to pos as players t
 embedding) or removed (the baseline's embedding, or the token deleted from the sequence), evaluate the model on
 sampled coalitions in batched forward passes, and fit a linear surrogate (analysis/surrogate.py).
 
-Modules: base.py (the result, what is explained, baselines, the row budget), gradients.py (saliency,
+Modules: options.py (the methods, their rules and defaults: AttributionOptions, `circuitlab attribute`'s
+options declared once), base.py (the result, what is explained, baselines, the row budget), gradients.py (saliency,
 gradient x input, integrated gradients), perturbation.py (occlusion, KernelSHAP, LIME), mixing.py (context
 mixing); this one dispatches by method name (attribute_inputs, attribute_methods) and is what callers import.
 """
@@ -31,16 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA,  # noqa: F401
-                                                        DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS,
-                                                        EXACT_MAX_POSITIONS, KERNEL_WIDTH, METHODS, ROW_BUDGET,
-                                                        SAMPLES, SEED, STEPS, Baseline, Explain, InputAttribution,
-                                                        Metric, _run_embeds, _sequence, attribution_estimate,
-                                                        baseline_embeddings, logit_metric, row_budget,
-                                                        rows_per_chunk)
+from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA, ROW_BUDGET,  # noqa: F401
+                                                        Baseline, Explain, InputAttribution, Metric, _run_embeds,
+                                                        _sequence, attribution_estimate, baseline_embeddings,
+                                                        logit_metric, row_budget, rows_per_chunk)
 from circuitlab.analysis.input_attribution.gradients import (gradient_x_input, integrated_gradients,  # noqa: F401
                                                              path_nodes, saliency)
 from circuitlab.analysis.input_attribution.mixing import context_mixing
+from circuitlab.analysis.input_attribution.options import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES,  # noqa: F401
+                                                           DEFAULT_STEPS, DEFAULTS, EXACT_MAX_POSITIONS,
+                                                           KERNEL_WIDTH, METHODS, SAMPLES, SEED, STEPS,
+                                                           AttributionOptions)
 from circuitlab.analysis.input_attribution.perturbation import (check_samples, coalition_values,  # noqa: F401
                                                                 kernel_shap, lime, occlusion)
 from circuitlab.errors import CircuitlabError
@@ -49,7 +51,8 @@ if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
 
-def attribute_inputs(model: Transformer, tokens: torch.Tensor, method: str = "ig", **kwargs: Any) -> InputAttribution:
+def attribute_inputs(model: Transformer, tokens: torch.Tensor, method: str = DEFAULTS.method, **kwargs: Any
+                     ) -> InputAttribution:
     """Dispatch by method name (METHODS): ig, saliency, grad-x-input, occlusion, context-mixing, shap, lime."""
     fns: dict[str, Callable[..., InputAttribution]] = {"ig": integrated_gradients, "saliency": saliency, "grad-x-input": gradient_x_input,
            "occlusion": occlusion, "context-mixing": context_mixing, "shap": kernel_shap, "lime": lime}
@@ -60,7 +63,8 @@ def attribute_inputs(model: Transformer, tokens: torch.Tensor, method: str = "ig
 
 def attribute_methods(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
                       methods: tuple[str, ...] = METHODS, steps: int = DEFAULT_STEPS, tokenizer=None,
-                      samples: int = DEFAULT_SAMPLES, seed: int = 0, kernel_width: float = DEFAULT_KERNEL_WIDTH,
+                      samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed,
+                      kernel_width: float = DEFAULT_KERNEL_WIDTH,
                       baseline: Baseline = "mean", progress: bool = True) -> dict[str, InputAttribution]:
     """Several methods on the prediction at the last position of tokens [pos]: method -> result. target
     defaults to the model's top prediction there; occlusion replaces tokens by the tokenizer's EOS (a zero

@@ -11,8 +11,8 @@ import torch
 
 import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
+from circuitlab.analysis.input_attribution.options import DEFAULT_SAMPLES, DEFAULT_STEPS, DEFAULTS, METHODS
 from circuitlab.analysis.patching.checks import one_sequence
-from circuitlab.checks import POSITIVE, Number
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
 
@@ -22,26 +22,10 @@ if TYPE_CHECKING:
 Metric = Callable[[torch.Tensor], torch.Tensor]  # logits [batch, pos, d_vocab] -> [batch]
 Explain = Callable[[torch.Tensor], torch.Tensor]  # token embeddings [batch, pos, d_model] -> explained value [batch]
 Baseline = Union[str, int, torch.Tensor]
-METHODS = ("ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime")
-DEFAULT_STEPS = 32  # Gauss-Legendre nodes; completeness error on the demo model: docs/attribution.md
-# Limits on the path's points: Gauss-Legendre nodes come from an [n, n] eigenproblem (1024: 8 MB, 0.3 s;
-# 50 000 would need 18.6 GiB), so beyond it use the midpoint (riemann) rule, whose points cost nothing.
-STEPS = {"gausslegendre": Number(int, low=1, high=1024, why="Gauss-Legendre nodes solve an n x n eigenproblem; "
-                                                            "rule='riemann' takes up to 100000"),
-         "riemann": Number(int, low=1, high=100_000, why="more points take longer without a measurable change")}
 # Floats of activations a chunk of path points (or occluded copies) may hold: 256 MB, a size for speed (larger
 # chunks are no faster on a CPU), or a pass's share of the memory budget (circuitlab.memory) where that is less.
 ROW_BUDGET = 2 ** 26
-# KernelSHAP / LIME: model evaluations (coalitions), each one forward pass of the prompt; the regression holds
-# [samples, pos] float64, bounded by the memory budget too (check_samples).
-DEFAULT_SAMPLES = 1024  # KernelSHAP ranks the hand-built induction answer first on every test case from 1024 (docs)
-SAMPLES = Number(int, low=3, high=100_000, why="each coalition is a forward pass of the prompt; past 100000 the "
-                                                 "estimate's sampling error is below anything a figure shows")
-SEED = Number(int, low=0, high=2 ** 63 - 1)
-KERNEL_WIDTH = POSITIVE  # LIME: width of the exponential kernel on the cosine distance (in [0, 1])
-DEFAULT_KERNEL_WIDTH = 1.0  # Captum's default
 DEFAULT_ALPHA = 0.01  # LIME's L1 penalty: Captum's default surrogate, sklearn's Lasso(alpha=0.01)
-EXACT_MAX_POSITIONS = 16  # exact Shapley values enumerate 2^M coalitions: 65 534 forward passes at 16
 BASELINE_NAMES = ("zeros", "mean", "delete")
 
 
@@ -122,7 +106,7 @@ def _check_token(t: int, name: str, d_vocab: int) -> int:
     return t
 
 
-def logit_metric(target: int, foil: int | None = None, pos: int = -1) -> Metric:
+def logit_metric(target: int, foil: int | None = None, pos: int = DEFAULTS.pos) -> Metric:
     """logits [batch, pos, d_vocab] -> logits[:, pos, target] (- logits[:, pos, foil]) [batch]."""
     if foil is not None and foil == target:
         raise CircuitlabError(f"the foil is the target ({target}): a logit difference with itself is always 0")
@@ -261,7 +245,7 @@ def _row_floats(model: Transformer, n_pos: int, backward: bool = True) -> int:
     return (per_layer * max(cfg.n_layers, 1) if backward else 2 * per_layer) + 2 * cfg.d_vocab + n_pos * cfg.d_model
 
 
-def attribution_estimate(model: Transformer, n_pos: int, method: str = "ig", steps: int = DEFAULT_STEPS,
+def attribution_estimate(model: Transformer, n_pos: int, method: str = DEFAULTS.method, steps: int = DEFAULT_STEPS,
                          samples: int = DEFAULT_SAMPLES, batch_size: int | None = None,
                          baseline: Baseline | None = None) -> memory.Estimate:
     """What attribute_inputs(model, tokens [n_pos], method) holds at its peak and computes: one chunk of rows

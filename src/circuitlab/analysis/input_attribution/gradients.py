@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from circuitlab.analysis.input_attribution.base import (DEFAULT_STEPS, STEPS, Baseline, Explain, InputAttribution,
-                                                        Metric, _baseline_name, _decorate, _resolve, _sequence,
-                                                        baseline_embeddings, rows_per_chunk)
+from circuitlab.analysis.input_attribution.base import (Baseline, Explain, InputAttribution, Metric, _baseline_name,
+                                                        _decorate, _resolve, _sequence, baseline_embeddings,
+                                                        rows_per_chunk)
+from circuitlab.analysis.input_attribution.options import DEFAULT_STEPS, DEFAULTS, STEPS
 from circuitlab.checks import COUNT
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters
@@ -28,8 +29,8 @@ def _gradient(model: Transformer, tokens: torch.Tensor, explain: Explain) -> tup
     return x, grad[0].detach(), float(out.detach()[0])
 
 
-def saliency(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
-             metric: Metric | None = None, tokenizer=None) -> InputAttribution:
+def saliency(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+             pos: int = DEFAULTS.pos, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """L2 norm of the metric's gradient with respect to each token's embedding: scores [pos] (≥ 0)."""
     tokens = _sequence(tokens, model)
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
@@ -39,7 +40,7 @@ def saliency(model: Transformer, tokens: torch.Tensor, target: int | None = None
 
 
 def gradient_x_input(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-                     pos: int = -1, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
+                     pos: int = DEFAULTS.pos, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """Gradient · embedding, summed over d_model: scores [pos] (signed; IG with one step from zeros)."""
     tokens = _sequence(tokens, model)
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
@@ -67,7 +68,7 @@ def path_nodes(steps: int, rule: str = "gausslegendre") -> tuple[torch.Tensor, t
 
 
 def integrated_gradients(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-                         pos: int = -1, metric: Metric | None = None, baseline: Baseline = "zeros",
+                         pos: int = DEFAULTS.pos, metric: Metric | None = None, baseline: Baseline = "zeros",
                          steps: int = DEFAULT_STEPS, rule: str = "gausslegendre", batch_size: int | None = None,
                          tokenizer=None) -> InputAttribution:
     """Integrated gradients on the straight path from the baseline's embeddings to the input's.

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from circuitlab.analysis.input_attribution.base import InputAttribution, _decorate, _sequence
+from circuitlab.analysis.input_attribution.options import DEFAULTS
 from circuitlab.errors import CircuitlabError
 
 if TYPE_CHECKING:
@@ -14,7 +15,8 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def context_mixing(model: Transformer, tokens: torch.Tensor, pos: int = -1, tokenizer=None) -> InputAttribution:
+def context_mixing(model: Transformer, tokens: torch.Tensor, pos: int = DEFAULTS.pos, tokenizer=None
+                   ) -> InputAttribution:
     """Norm-based context mixing, rolled out through every layer.
 
     In layer l, source j moves ‖Σ_h A[h, i, j] · v_h(j) W_O^h‖ into position i (v_h includes ln1 and

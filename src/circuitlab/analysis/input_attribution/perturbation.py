@@ -10,12 +10,12 @@ from tqdm.auto import tqdm
 
 import circuitlab.memory as memory
 from circuitlab.analysis import surrogate
-from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA, DEFAULT_KERNEL_WIDTH,
-                                                        DEFAULT_SAMPLES, EXACT_MAX_POSITIONS, KERNEL_WIDTH,
-                                                        SAMPLES, SEED, Baseline, Explain, InputAttribution, Metric,
-                                                        _baseline_name, _check_token, _decorate, _logits_at_rows,
-                                                        _resolve, _sequence, baseline_embeddings, logit_metric,
-                                                        rows_per_chunk)
+from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA, Baseline, Explain,
+                                                        InputAttribution, Metric, _baseline_name, _check_token,
+                                                        _decorate, _logits_at_rows, _resolve, _sequence,
+                                                        baseline_embeddings, logit_metric, rows_per_chunk)
+from circuitlab.analysis.input_attribution.options import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULTS,
+                                                           EXACT_MAX_POSITIONS, KERNEL_WIDTH, SAMPLES, SEED)
 from circuitlab.checks import COUNT, NONNEG
 from circuitlab.errors import CircuitlabError
 
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def occlusion(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
-              metric: Metric | None = None, replacement: int | None = None, span: int = 1,
-              batch_size: int | None = None, tokenizer=None) -> InputAttribution:
+def occlusion(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+              pos: int = DEFAULTS.pos, metric: Metric | None = None, replacement: int | None = None,
+              span: int = DEFAULTS.span, batch_size: int | None = None, tokenizer=None) -> InputAttribution:
     """Leave-one-out (span 1) or span occlusion: each window of `span` tokens among positions 0..pos is
     replaced by the `replacement` token (None: a zero embedding) and the model re-run, all windows in
     batched passes (chunks of batch_size; default as many as fit row_budget()). A window's effect is f(input) − f(occluded); a position's
@@ -139,10 +139,11 @@ def coalition_values(model: Transformer, tokens: torch.Tensor, explain: Explain,
     return out[inverse]
 
 
-def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
-                metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES,
-                seed: int = 0, exact: bool = False, paired: bool = False, start_token: int | None = None,
-                batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
+def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+                pos: int = DEFAULTS.pos, metric: Metric | None = None, baseline: Baseline = "mean",
+                samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed, exact: bool = False, paired: bool = False,
+                start_token: int | None = None, batch_size: int | None = None, progress: bool = True,
+                tokenizer=None) -> InputAttribution:
     """KernelSHAP: Shapley values of the tokens 0..pos for the explained value, scores [pos] (later positions 0).
 
     Coalitions of present tokens are drawn by the Shapley kernel (`samples` model evaluations, the full and
@@ -195,8 +196,9 @@ def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = N
     return _decorate(result, tokenizer)
 
 
-def lime(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None, pos: int = -1,
-         metric: Metric | None = None, baseline: Baseline = "mean", samples: int = DEFAULT_SAMPLES, seed: int = 0,
+def lime(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
+         pos: int = DEFAULTS.pos, metric: Metric | None = None, baseline: Baseline = "mean",
+         samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed,
          kernel_width: float = DEFAULT_KERNEL_WIDTH, alpha: float = DEFAULT_ALPHA, start_token: int | None = None,
          batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
     """LIME: the coefficients of a weighted linear surrogate of the explained value over which tokens 0..pos are
