@@ -40,6 +40,8 @@ from circuitlab.names import head_name
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+LAST_POS = -1  # the last position: the prediction after the last token
+
 # ---------------------------------------------------------------------------- decomposition
 
 
@@ -186,7 +188,7 @@ def through_final_norm(model: Transformer, stream: torch.Tensor, direction: torc
 
 @torch.no_grad()
 def direct_logit_attribution(model: Transformer, cache, answer: int | list[int] | torch.Tensor,
-                             wrong: int | list[int] | torch.Tensor | None = None, pos: int = -1,
+                             wrong: int | list[int] | torch.Tensor | None = None, pos: int = LAST_POS,
                              decomposition: ResidualDecomposition | None = None) -> LogitAttribution:
     """Each residual component's direct contribution to the logit of `answer` at position pos
     (or to logit(answer) - logit(wrong)).

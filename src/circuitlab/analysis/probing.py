@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 Data = torch.Tensor | Iterable[torch.Tensor] | Callable[[], Iterable[torch.Tensor]]
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 # ---------------------------------------------------------------------------- tasks
 
@@ -107,7 +109,7 @@ def builtin_task(model: Transformer, name: str) -> ProbeTask:
 # ---------------------------------------------------------------------------- data
 
 
-def random_sequences(d_vocab: int, n_batches: int = 16, batch: int = 32, pos: int = 64, seed: int = 0,
+def random_sequences(d_vocab: int, n_batches: int = 16, batch: int = 32, pos: int = 64, seed: int = DEFAULT_SEED,
                      tiled: bool = True) -> Callable[[], Iterable[torch.Tensor]]:
     """A re-playable stream of n_batches token batches [batch, pos], the same on every pass.
 
@@ -213,7 +215,7 @@ def train_probes(model: Transformer, data: Data,
                  tasks: Sequence[str | ProbeTask] | str | ProbeTask = BUILTIN_TASKS[:3], *,
                  points: Sequence[str] | None = None, epochs: int = 4, steps_per_batch: int = 4,
                  lr: float = 0.02, val_fraction: float = 0.25, control: bool = True, batch_size: int = 32,
-                 seed: int = 0, progress: bool = True) -> dict[str, ProbeResult]:
+                 seed: int = DEFAULT_SEED, progress: bool = True) -> dict[str, ProbeResult]:
     """Train linear probes for every task at every residual point, on activations streamed batch by batch.
 
     data: token batches [batch, pos]: a tensor [n_sequences, pos] (split into batch_size rows), a list

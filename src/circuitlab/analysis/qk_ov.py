@@ -44,6 +44,8 @@ from circuitlab.names import head_name
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 # ---------------------------------------------------------------------------- circuits as matrices
 
 
@@ -287,7 +289,7 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
 
 
 @torch.no_grad()
-def composition_scores(model: Transformer, n_baseline: int = 200, seed: int = 0) -> CompositionScores:
+def composition_scores(model: Transformer, n_baseline: int = 200, seed: int = DEFAULT_SEED) -> CompositionScores:
     """Q-, K- and V-composition scores between all pairs of heads in different layers.
 
     In x @ W orientation, head (l1, h1) writes x W_OV1 into the residual stream; a later head reads it
@@ -314,7 +316,8 @@ def composition_scores(model: Transformer, n_baseline: int = 200, seed: int = 0)
 
 
 @functools.lru_cache(maxsize=32)  # pure in its arguments, and the same shapes recur for every call on a model
-def composition_baseline(d_model: int, d_head: int, n_samples: int = 200, seed: int = 0) -> tuple[float, float]:
+def composition_baseline(d_model: int, d_head: int, n_samples: int = 200, seed: int = DEFAULT_SEED
+                         ) -> tuple[float, float]:
     """Mean and std of the composition score of random rank-d_head matrices [d_model, d_model]
     (Gaussian factors [d_model, d_head] @ [d_head, d_model]); the scale of the factors does not matter."""
     if n_samples < 2:

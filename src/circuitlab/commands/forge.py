@@ -10,6 +10,8 @@ HELP = ("hand-built transformers: check the adders on every input, walk through 
         "hand-built adder with a trained one")
 EXAMPLE = "circuitlab forge adder --a 17 --b 25 --explain"
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="forge_command", metavar="<forge command>")
@@ -31,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     adder.add_argument("--check", action="store_true",
                        help="count correct answers: every input up to 3+3 digits, else --samples random pairs")
     adder.add_argument("--samples", type=positive_int, default=10_000, help="random pairs checked beyond 3+3 digits")
-    adder.add_argument("--seed", type=int, default=0, help="seed of the random pairs")
+    adder.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the random pairs")
     adder.add_argument("--a", help="first number")
     adder.add_argument("--b", help="second number")
     adder.add_argument("--explain", action="store_true",
@@ -56,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     compare.add_argument("--digits-b", type=int, default=None, help="digits of b (default: same as --digits)")
     compare.add_argument("--steps", type=int, default=None,
                          help="training steps (default 2000: every 2+2-digit answer right for seeds 0..3)")
-    compare.add_argument("--seed", type=int, default=0, help="seed of the training and of the test problems")
+    compare.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the training and of the test problems")
     compare.add_argument("--samples", type=int, default=1000,
                          help="random problems the attention is compared on (default 1000, at most 50000)")
     compare.add_argument("--retrain", action="store_true",

@@ -11,6 +11,8 @@ NUM = Number(int, low=1, high=1024, why="the samples are generated as one batch,
 HELP = "sample text from a checkpoint (KV-cached decoding)"
 EXAMPLE = 'circuitlab generate --checkpoint runs/demo/2l --prompt "Once upon a" --max-tokens 40 --temperature 0.8'
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.commands._args import positive_int
@@ -23,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--num", type=NUM.arg, default=1, help=f"number of samples (at most {NUM.high}, drawn as one batch)")
 
 

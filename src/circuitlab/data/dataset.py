@@ -24,6 +24,8 @@ from circuitlab.errors import CircuitlabError, ConfigError, refuse_unknown
 SPLITS = ("train", "val")
 MAX_STORIES = 1_000_000  # ~270 MB of text and its tokens, generated and held at once
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class DataConfig:
@@ -49,7 +51,7 @@ class DataConfig:
     tokenizer: str = "bpe"
     vocab_size: int = 512
     val_frac: float = 0.05
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     random_segment_frac: float = 0.0
     segment_len: tuple[int, int] | list[int] = (4, 16)  # period range of the tiled random segments
     segment_dist: str = "uniform"                        # "uniform" or "log" over segment_len
@@ -126,7 +128,7 @@ class TokenData:
         tokenizer: Tokenizer,
         train: np.ndarray,
         val: np.ndarray,
-        seed: int = 0,
+        seed: int = DEFAULT_SEED,
         random_segment_frac: float = 0.0,
         segment_len: tuple[int, int] | list[int] = (4, 16),
         cache_path: Path | None = None,
@@ -209,7 +211,7 @@ class AdditionData(TokenData):
     the unpredictable digits of a and b; only the positions from EOS on are the answer.
     """
 
-    def __init__(self, task: AdditionTask, seed: int = 0, val_frac: float = 0.05):
+    def __init__(self, task: AdditionTask, seed: int = DEFAULT_SEED, val_frac: float = 0.05):
         empty = np.zeros(0, dtype=np.uint16)
         super().__init__(addition_tokenizer(), empty, empty, seed=seed)
         self.task, self.val_frac = task, float(val_frac)

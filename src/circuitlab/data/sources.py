@@ -25,8 +25,10 @@ ADDITION_MAX_DIGITS = 9  # a and b stay far inside int64, and a pair's index a·
 TEXT_SUFFIXES = (".txt", ".md")
 _HF_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
-def load_texts(source: str, n_stories: int = 20000, seed: int = 0) -> Iterator[str]:
+
+def load_texts(source: str, n_stories: int = 20000, seed: int = DEFAULT_SEED) -> Iterator[str]:
     """Documents of `source` as an iterator of strings.
 
     Bad specs and missing paths raise at once; an empty corpus raises when the

@@ -34,6 +34,8 @@ PAST = {"play": "played", "sing": "sang", "run": "ran", "read": "read", "dance":
 FEELINGS = ["happy", "sad", "excited", "scared", "surprised", "proud", "tired", "curious"]
 PRONOUNS = [("she", "her"), ("he", "his")]
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 def make_name(rng: random.Random) -> str:
     """A capitalised name of 2 or 3 random syllables, e.g. "Mibaro"."""
@@ -107,7 +109,7 @@ def _make_story(r: random.Random) -> tuple[str, list[str]]:
     return " ".join(s[0].upper() + s[1:] for s in sentences), names
 
 
-def generate_stories(n_stories: int, seed: int = 0, return_names: bool = False) -> list:
+def generate_stories(n_stories: int, seed: int = DEFAULT_SEED, return_names: bool = False) -> list:
     """`n_stories` short stories, the same for the same seed.
 
     Story i depends only on (seed, i), so a bigger corpus extends a smaller one.
@@ -124,6 +126,6 @@ def generate_stories(n_stories: int, seed: int = 0, return_names: bool = False) 
     return out
 
 
-def stories_text(n_stories: int, seed: int = 0, sep: str = "\n\n") -> str:
+def stories_text(n_stories: int, seed: int = DEFAULT_SEED, sep: str = "\n\n") -> str:
     """All stories joined into one string with `sep` between them."""
     return sep.join(generate_stories(n_stories, seed))

@@ -31,6 +31,8 @@ _RESIDUAL = re.compile(r"^(hook_embed|hook_pos_embed|blocks\.\d+\.(hook_resid_pr
 _MLP_POST = re.compile(r"^blocks\.(\d+)\.mlp\.hook_post$")
 _HOOK_Z = re.compile(r"^blocks\.(\d+)\.attn\.hook_z$")
 
+LAST_POS = -1  # the last position: the prediction after the last token
+
 
 def output_hook(dictionary: Any) -> str:
     """The hook whose activation the dictionary reconstructs (its out_hook_name for a transcoder)."""
@@ -111,7 +113,7 @@ class FeatureAttribution:
 @torch.no_grad()
 def feature_logit_attribution(model: Transformer, dictionary: SparseDictionary, tokens: torch.Tensor, answer: Any,
                               wrong: Any = None,
-                              pos: int = -1) -> FeatureAttribution:
+                              pos: int = LAST_POS) -> FeatureAttribution:
     """Each feature's direct contribution to logit(answer) (- logit(wrong)) at position pos.
 
     tokens [batch, pos]; answer / wrong: a token id or one per sequence [batch]. The model runs once with

@@ -17,10 +17,12 @@ import torch
 from circuitlab.dictionaries.store import _seed
 from circuitlab.errors import ConfigError
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 class PlantedFeatures:
     def __init__(self, n_features: int = 64, d: int = 16, l0: float = 3.0, zipf: float = 0.5,
-                 rows_per_chunk: int = 8192, seed: int = 0, hook_name: str = "planted") -> None:
+                 rows_per_chunk: int = 8192, seed: int = DEFAULT_SEED, hook_name: str = "planted") -> None:
         g = torch.Generator().manual_seed(seed)
         dirs = torch.randn(n_features, d, generator=g)
         self.directions = dirs / dirs.norm(dim=-1, keepdim=True)            # [n_features, d]
@@ -68,7 +70,7 @@ class PlantedCrossLayer:
     """
 
     def __init__(self, n_layers: int = 3, d: int = 16, n_per_layer: int = 24, reach: int = 1, l0: float | list[float] = 2.0,
-                 zipf: float = 0.5, rows_per_chunk: int = 8192, seed: int = 0,
+                 zipf: float = 0.5, rows_per_chunk: int = 8192, seed: int = DEFAULT_SEED,
                  input_hook: str = "blocks.{layer}.ln2.hook_normalized",
                  output_hook: str = "blocks.{layer}.hook_mlp_out") -> None:
         g = torch.Generator().manual_seed(seed)

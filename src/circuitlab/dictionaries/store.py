@@ -37,6 +37,8 @@ SPLITS = ("train", "val")
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # the model's forward on a GPU
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 class ActivationSource(Protocol):
     widths: dict[str, int]  # hook name -> width of its flattened activation
@@ -160,7 +162,7 @@ class ActivationStore:
     state_dict() / load_state_dict() hold the position (chunk, offset) of each shard: resuming gives the same batches.
     """
 
-    def __init__(self, source: ActivationSource, batch_size: int, seed: int = 0, split: str = "train",
+    def __init__(self, source: ActivationSource, batch_size: int, seed: int = DEFAULT_SEED, split: str = "train",
                  shards: int | None = None) -> None:
         from circuitlab.training.distributed import rank_and_world
 
@@ -366,7 +368,7 @@ class CachedActivations:
     """A source reading the shards cache_activations wrote; chunk i of an epoch is one shard
     (epochs visit the shards in a fresh order), so memory holds one shard whatever the total."""
 
-    def __init__(self, folder: str | Path, seed: int = 0) -> None:
+    def __init__(self, folder: str | Path, seed: int = DEFAULT_SEED) -> None:
         self.folder = Path(folder)
         self.manifest = _read_manifest(self.folder)
         self.widths = {k: int(v) for k, v in self.manifest["widths"].items()}

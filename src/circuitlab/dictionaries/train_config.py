@@ -25,6 +25,9 @@ RESAMPLE_METHODS = ("inputs", "split")
 # Train settings that do not change the trained dictionaries (a resume may change them).
 NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
 _BETA = Number(float, low=0.0, high=1.0, high_open=True)
+
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 # floats one step's rows may need across a dictionary's widths: a share of the memory budget (circuitlab.memory)
 # that bounds train.batch_size
 
@@ -96,7 +99,7 @@ class DictTrainConfig:
     eval_batches: int = 4
     ckpt_every: int = 0              # resumable checkpoint every N steps (0: only at the end)
     log_every: int = 50
-    seed: int = 0
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
         check_fields(self, TRAIN_RULES, "train")  # the rules the CLI's --set, the YAML and Python share

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class FeaturesDemoOptions:
@@ -48,7 +50,7 @@ class FeaturesDemoOptions:
     dashboard_tokens: int = 32_768
     shown: int = 8                # features written up in the report
     n_stories: int = 6000         # the built-in stories the model trains on (the induction demo's corpus)
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     progress: bool = True
     resume: bool = False          # continue an earlier (interrupted or finished) features demo in out
 

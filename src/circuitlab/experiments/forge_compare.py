@@ -57,10 +57,12 @@ CARRY_ROLES = {
     (1, 0): "carry head: looks up the carry flag of the nearest lower column that is not a 9",
 }
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 # ---------------------------------------------------------------------- training
 def addition_run_config(n_digits_a: int = 2, n_digits_b: int | None = None, steps: int = DEFAULT_STEPS,
-                        seed: int = 0) -> Any:
+                        seed: int = DEFAULT_SEED) -> Any:
     """The RunConfig of the trained adder: 2 layers of 2 heads (the hand-built adder's shape), d_model 64,
     MLPs of 256, on data source addition:N:M, one problem per row, on one CPU thread."""
     from circuitlab.training.config import RunConfig
@@ -233,7 +235,7 @@ def _fold(model: Transformer) -> Transformer:
     return folded if folded is model else folded.eval()
 
 
-def summarize_comparison(hand: Adder, other: Transformer, samples: int = 1000, seed: int = 0,
+def summarize_comparison(hand: Adder, other: Transformer, samples: int = 1000, seed: int = DEFAULT_SEED,
                          data: Any = None) -> dict[str, Any]:
     """Everything `forge compare` measures, for a hand-built adder and any model that writes the answer
     as tokens in the task format (trained, random, or the hand-built one itself), as a JSON-able dict:
@@ -348,7 +350,7 @@ def _example_patterns(model: Transformer, tokens: torch.Tensor, n: int, m: int, 
 
 # ---------------------------------------------------------------------- the whole command
 def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, digits_b: int | None = None,
-                      steps: int = DEFAULT_STEPS, seed: int = 0, samples: int = 1000, retrain: bool = False,
+                      steps: int = DEFAULT_STEPS, seed: int = DEFAULT_SEED, samples: int = 1000, retrain: bool = False,
                       progress: bool = True) -> dict[str, Any]:
     """Train a small model on the addition task (or reuse out/trained when it was trained with the same
     settings), compare it with the hand-built carry adder for the same digit counts, and write

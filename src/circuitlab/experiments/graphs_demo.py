@@ -49,6 +49,8 @@ PHRASES = (("once-upon-a-time", "Once upon a time"),
            ("best-friends", "Once upon a time, there was a boy named Tom. Tom had a friend named Bo. "
                             "From that day on, Tom and Bo were best friends"))
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class GraphsDemoOptions:
@@ -67,7 +69,7 @@ class GraphsDemoOptions:
     n_names: int = 12             # made-up names tried for the name prompt (the best-completed one is shown)
     dashboard_tokens: int = DEFAULTS.dashboard_tokens  # held-out story tokens for the viewer's feature cards (0: none)
     n_stories: int = 6000
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     resume: bool = False
     progress: bool = True
 
@@ -338,7 +340,7 @@ def demo_prompts(model: Transformer, tokenizer, opts: GraphsDemoOptions) -> list
                                                                         for slug, text in PHRASES]
 
 
-def name_prompt(model: Transformer, tokenizer, n_names: int, seed: int = 0) -> PromptSpec:
+def name_prompt(model: Transformer, tokenizer, n_names: int, seed: int = DEFAULT_SEED) -> PromptSpec:
     """Of n_names made-up names that split into several tokens the same way at every mention (NAME_TEMPLATE),
     the one the model completes most from the story (p with the earlier mentions minus p without them)."""
     from circuitlab.data.stories import make_name

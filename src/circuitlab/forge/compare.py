@@ -35,6 +35,8 @@ from circuitlab.model.transformer import Transformer
 
 Head = tuple[int, int]
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 def _all_heads(model: Transformer) -> list[Head]:
     return [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
@@ -198,7 +200,7 @@ def ov_alignment(model_a: Transformer, head_a: Head, model_b: Transformer, head_
 
 
 # ---------------------------------------------------------------------- the addition task
-def addition_problems(n_digits_a: int, n_digits_b: int, samples: int, seed: int = 0) -> torch.Tensor:
+def addition_problems(n_digits_a: int, n_digits_b: int, samples: int, seed: int = DEFAULT_SEED) -> torch.Tensor:
     """Random problems with their answers, [samples, n + m + 1 + max(n, m) + 1] tokens (the task format)."""
     gen = torch.Generator().manual_seed(seed)
     da = torch.randint(0, 10, (samples, n_digits_a), generator=gen)
@@ -248,7 +250,7 @@ def answer_agreement(hand: Adder, other: Transformer, tokens: torch.Tensor) -> A
                                heads_a=used_heads(hand.model))
 
 
-def compare_adders(hand: Adder, other: Transformer, samples: int = 1000, seed: int = 0,
+def compare_adders(hand: Adder, other: Transformer, samples: int = 1000, seed: int = DEFAULT_SEED,
                    basis: str = "token") -> AdderComparison:
     """Accuracy, per-head attention agreement (at the answer positions) and OV alignment of each
     used hand-built head with its best-agreeing head in `other`. Both models must read the task

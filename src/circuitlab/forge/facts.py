@@ -40,6 +40,8 @@ ALPHABET = " :.," + string.ascii_lowercase + string.ascii_uppercase + string.dig
 DENSE = 32       # dense coordinates of each token embedding that nothing reads
 STRENGTH = 10.0  # what the memory writes: the answer's logit in the clean run
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class PlantedFacts:
@@ -64,7 +66,7 @@ class PlantedFacts:
 
 
 def build_planted_fact_model(facts: dict[str, str] | None = None, n_layers: int = 5, fact_layer: int = 2,
-                             n_ctx: int = 32, seed: int = 0) -> PlantedFacts:
+                             n_ctx: int = 32, seed: int = DEFAULT_SEED) -> PlantedFacts:
     """The planted-fact model (module docstring). facts: subject -> attribute, each subject an upper-case then
     a lower-case letter, each attribute a digit; the head moving it sits at fact_layer + 1 < n_layers."""
     facts = dict(FACTS if facts is None else facts)

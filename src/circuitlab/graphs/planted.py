@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 VOCAB = ["x", "A", "B", "Z", "y"]
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class PlantedPath:
@@ -126,7 +128,8 @@ class PlantedInduction:
     decoys: tuple[tuple[int, int], ...] = ((0, 1), (1, 1))
 
 
-def planted_induction_model(d_vocab: int = 12, n_ctx: int = 16, length: int = 6, seed: int = 0) -> PlantedInduction:
+def planted_induction_model(d_vocab: int = 12, n_ctx: int = 16, length: int = 6, seed: int = DEFAULT_SEED
+                            ) -> PlantedInduction:
     """A random sequence of `length` distinct tokens followed by its first token again (a float64 model): at
     the last position (query_pos, that token's second occurrence) the induction head attends position 1
     (key_pos, whose previous token matches) and predicts the token there."""

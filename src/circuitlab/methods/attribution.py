@@ -21,6 +21,8 @@ from circuitlab.viz.fragments import Section, bullet_list, paragraph
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+LAST_POS = -1  # the last position: the prediction after the last token
+
 
 @dataclass
 class AttributionFindings(MethodResult):
@@ -53,7 +55,7 @@ def run_attribution(model: "Transformer", tokenizer: Any, out_dir: Path, options
     logits, cache = model.run_with_cache(tokens)
     top2 = logits[0, -1].topk(2).indices.tolist()
     parts = residual_decomposition(model, cache)
-    dla = direct_logit_attribution(model, cache, answer=top2[0], wrong=top2[1], pos=-1, decomposition=parts)
+    dla = direct_logit_attribution(model, cache, answer=top2[0], wrong=top2[1], pos=LAST_POS, decomposition=parts)
     figure = logit_attribution_figure(dla).save_png(Path(out_dir) / "logit_attribution.png").name
     a, b = tokenizer.decode([top2[0]]), tokenizer.decode([top2[1]])
     summary = [f"logit({a!r}) - logit({b!r}) = {float(dla.logit[0]):.3f} at the last position; largest direct parts: "

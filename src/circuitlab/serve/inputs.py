@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS,
+from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS, DEFAULTS,
                                                    KERNEL_WIDTH, METHODS, SEED, attribute_methods)
 from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
@@ -45,7 +45,8 @@ def _r(x: float) -> float:
 
 def attribute_prompt(model: Transformer, tokenizer, ids: list[int], target: str | int | None = None,
                      foil: str | int | None = None, method: str = "all", steps: int = DEFAULT_STEPS,
-                     samples: int = DEFAULT_SAMPLES, seed: int = 0, kernel_width: float = DEFAULT_KERNEL_WIDTH,
+                     samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed,
+                     kernel_width: float = DEFAULT_KERNEL_WIDTH,
                      baseline: str | int = "mean") -> dict[str, Any]:
     """Attribution of the prediction after the prompt's last token to each prompt token, by one method or
     all (METHODS). target: id or one-token text (default: the model's top prediction); foil: explain
@@ -168,7 +169,7 @@ class AttributeRequest(BaseModel):
     method: Literal["all", "ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"] = "all"
     steps: StrictInt = Field(default=DEFAULT_STEPS, description="integrated gradients: points on the path")
     samples: StrictInt = Field(default=DEFAULT_SAMPLES, description="shap, lime: coalitions evaluated")
-    seed: StrictInt = Field(default=0, description="shap, lime: seed of the coalitions drawn")
+    seed: StrictInt = Field(default=DEFAULTS.seed, description="shap, lime: seed of the coalitions drawn")
     kernel_width: StrictInt | StrictFloat = Field(default=DEFAULT_KERNEL_WIDTH,
                                                   description="lime: width of the kernel on the cosine distance")
     baseline: Literal["mean", "zeros", "eos", "delete"] | StrictInt = Field(

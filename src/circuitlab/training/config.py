@@ -19,6 +19,8 @@ from circuitlab.errors import ConfigError, refuse_unknown
 from circuitlab.textfile import read_text
 from circuitlab.training.sinks import parse_log
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class TrainConfig:
@@ -40,7 +42,7 @@ class TrainConfig:
     track_every: int = 50          # interpretability metrics (induction, previous-token, ICL)
     log_every: int = 10
     log: str = "jsonl"             # metric sinks besides metrics.jsonl: tensorboard, wandb (comma-separated)
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     device: str = "auto"           # auto | cpu | cuda | cuda:N
     threads: int = 0               # torch CPU threads (0 = by the step's size: circuitlab.perf.threads_for)
 

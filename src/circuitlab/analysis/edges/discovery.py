@@ -30,6 +30,8 @@ METRICS = ("logit-diff", "logprob", "kl")
 REFINE = (False, True, "batched", "acdc")  # True = "batched"; "acdc": one edge at a time
 TASKS = ("induction",)
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class CircuitData:
@@ -47,7 +49,8 @@ class CircuitData:
 INDUCTION_CORRUPTIONS = ("no-repeat", "first-copy", "other-repeat")
 
 
-def induction_rows(d_vocab: int, batch: int = 16, half: int = 10, seed: int = 0, corruption: str = "no-repeat"
+def induction_rows(d_vocab: int, batch: int = 16, half: int = 10, seed: int = DEFAULT_SEED,
+                   corruption: str = "no-repeat"
                    ) -> CircuitData:
     """Repeated random tokens: clean [a, a]; the answer after the last token is a[0] (what induction predicts),
     the wrong one c[0]. What the corrupted rows change decides which paths the circuit needs:

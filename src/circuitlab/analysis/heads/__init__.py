@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 THRESHOLDS = {"previous_token": 0.4, "current_token": 0.4, "first_token": 0.5, "duplicate_token": 0.3,
               "induction": 0.4, "copying": 0.5, "low_entropy": 0.3, "diffuse": 0.8}
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 @dataclass
 class Evidence:
@@ -149,7 +151,7 @@ class HeadClasses:
 
 @torch.no_grad()
 def classify_heads(model: Transformer, tokens: torch.Tensor | None = None, thresholds: dict[str, float] | None = None,
-                   seed: int = 0, batch: int = 16, seq_len: int | None = None) -> HeadClasses:
+                   seed: int = DEFAULT_SEED, batch: int = 16, seq_len: int | None = None) -> HeadClasses:
     """Label every head from its behaviour on tokens [batch, pos] and from the weights.
 
     tokens default: induction_test_tokens(batch, seq_len) with generator seed; seq_len default

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")
 
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 
 def induction_test_tokens(batch: int, seq_len: int, vocab_size: int, generator: torch.Generator | None = None
                           ) -> torch.Tensor:
@@ -247,7 +249,8 @@ class PeriodSweep:
 
 
 @torch.no_grad()
-def induction_by_period(model: Transformer, periods: Sequence[int] | None = None, batch: int = 16, seed: int = 0,
+def induction_by_period(model: Transformer, periods: Sequence[int] | None = None, batch: int = 16,
+                        seed: int = DEFAULT_SEED,
                         exclude: Sequence[int] = (), progress: bool = False) -> PeriodSweep:
     """Run [r, r] (tokens [batch, 2 * period]) at each period; r is drawn uniformly from the token ids
     other than `exclude` (pass the tokenizer's special tokens), with a generator seeded by `seed`.

@@ -11,6 +11,8 @@ from circuitlab.errors import CircuitlabError
 
 Metric = Callable[[torch.Tensor], torch.Tensor | float]
 
+LAST_POS = -1  # the last position: the prediction after the last token
+
 
 def _named(fn: Callable, name: str, positions=None, per_row: Callable | None = None) -> Callable:
     """Name a metric; `positions` (int, list or [batch] tensor) declares the only logit positions it reads;
@@ -56,7 +58,7 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 
 
 def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence[int] | torch.Tensor,
-               pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+               pos: int | Sequence[int] | torch.Tensor = LAST_POS) -> Metric:
     """Metric: logit[answer] - logit[wrong] at `pos`, averaged over the batch.
 
     answer, wrong, pos: an int for every row, or one per row ([batch]).
@@ -72,12 +74,13 @@ def logit_diff(answer: int | Sequence[int] | torch.Tensor, wrong: int | Sequence
     return _named(metric, "logit_diff", pos, rows)
 
 
-def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+def logprob(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = LAST_POS) -> Metric:
     """Metric: log-probability of `answer` at `pos`, averaged over the batch."""
     return _answer_metric("logprob", answer, pos, lambda x: x.log_softmax(-1))
 
 
-def probability(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+def probability(answer: int | Sequence[int] | torch.Tensor, pos: int | Sequence[int] | torch.Tensor = LAST_POS
+                ) -> Metric:
     """Metric: probability of `answer` at `pos`, averaged over the batch (causal tracing's metric)."""
     return _answer_metric("probability", answer, pos, lambda x: x.softmax(-1))
 
@@ -94,7 +97,7 @@ def _answer_metric(name: str, answer, pos, normalise: Callable[[torch.Tensor], t
     return _named(metric, name, pos, rows)
 
 
-def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor = -1) -> Metric:
+def kl_to_clean(clean_logits: torch.Tensor, pos: int | Sequence[int] | torch.Tensor = LAST_POS) -> Metric:
     """Metric: KL(clean || patched) of the next-token distributions at `pos`, averaged over the batch.
 
     clean_logits [batch, pos, d_vocab] from the clean run. 0 means the clean distribution is back.

@@ -40,6 +40,9 @@ NOISE_KINDS = ("gaussian", "uniform", "replace")
 # corrupted activations overflow float32 and every value is NaN.
 SCALE = Number(float, low=0.0, low_open=True, high=1000.0, why="the noise already swamps the embeddings; "
                                                                "more only overflows")
+
+DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
+
 # Floats the corrupted runs may hold at once: every run is in the batch of one forward pass, whose cache the
 # restorations read (causal tracing, noised patching). Bounds the noise samples (or replacements) x prompts.
 # A share of the memory budget (circuitlab.memory: the memory available now, or --memory).
@@ -84,7 +87,7 @@ class Noise:
     kind: str = "gaussian"
     scale: float = 3.0
     samples: int = 10
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     std: float | None = None
     replacements: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
 
