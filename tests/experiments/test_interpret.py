@@ -79,3 +79,32 @@ def test_experiments_find_the_hand_built_induction_circuit(tmp_path):
     assert attribution.to_dict()["answer"] == tok.decode([top2[0]])
     assert attribution.to_dict()["attribution"]["logit"] == pytest.approx(float(logits[top2[0]] - logits[top2[1]]),
                                                                       abs=1e-3)
+
+
+def test_interpret_inputs_are_declared_once_for_the_command_line_run_interpret_and_the_methods(tmp_path, capsys):
+    """InterpretInputs: `interpret`'s flags parse to its defaults; what the methods share (SHARED) is every input a
+    method reads; a bad input is refused in one line by run_interpret before the model is read, and by the CLI."""
+    from circuitlab.cli import build_parser, main
+    from circuitlab.errors import InputError
+    from circuitlab.experiments.interpret import SHARED, InterpretInputs, run_interpret
+    from circuitlab.methods import REGISTRY
+
+    def parsed(*argv: str) -> InterpretInputs:
+        return InterpretInputs.from_args(build_parser().parse_args(["interpret", *argv]))
+
+    assert parsed("--checkpoint", "runs/x") == InterpretInputs("runs/x").check() == \
+        InterpretInputs.from_dict({"checkpoint": "runs/x"})
+    given = parsed("--model", "runs/x", "--experiments", "heads", "patching", "--prompt", "Tom saw",
+                   "--clean", "a b", "--corrupt", "c d", "--lens", "lens", "--out", "o")
+    assert given == InterpretInputs("runs/x", ("heads", "patching"), "Tom saw", "a b", "c d", "lens", "o")
+    assert InterpretInputs.from_dict(given.to_dict()) == given
+    assert given.shared() == {"prompt": "Tom saw", "clean": "a b", "corrupt": "c d", "lens": "lens"}
+    assert all(set(m.inputs) <= {*SHARED, "progress"} for m in REGISTRY.values())
+    missing = tmp_path / "no-model"
+    with pytest.raises(InputError, match=r"^--clean and --corrupt go together: give both or neither$"):
+        run_interpret(missing, tmp_path / "out", clean="Tom saw a cat")
+    with pytest.raises(InputError, match=r"^prompt must be text, got 3$"):
+        run_interpret(missing, tmp_path / "out", prompt=3)
+    assert main(["interpret", "--checkpoint", str(missing), "--corrupt", "Tom saw a dog"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--clean and --corrupt go together: give both or neither")
+    assert not (tmp_path / "out").exists()

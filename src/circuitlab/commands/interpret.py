@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from circuitlab.methods import REGISTRY
-from circuitlab.spec import add_arguments as add_options, options_of
+from circuitlab.spec import add_arguments as add_options, only, options_of
 
 HELP = ("analyse a checkpoint: circuits, heads, logit lens, attribution, patching, ablation, probing, input "
         "attribution, tuned lens, causal tracing")
@@ -13,17 +13,13 @@ EXAMPLE = ('circuitlab interpret --checkpoint runs/demo/2l --experiments heads l
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
-    p.add_argument("--experiments", nargs="+", default=None,
-                   help="which analyses to run (default: all available); see the list in the error for names")
-    p.add_argument("--prompt", default=None, help="text for the logit lens and attribution")
-    p.add_argument("--clean", default=None, help="clean prompt for patching")
-    p.add_argument("--corrupt", default=None, help="corrupted prompt for patching (same token length as --clean)")
-    p.add_argument("--lens", default=None, help="a tuned-lens folder for the tuned_lens experiment (default: "
-                                                "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
+    from circuitlab.experiments.interpret import InterpretInputs
+
+    inputs = [f.name for f, _ in options_of(InterpretInputs)]
+    add_options(p, only(InterpretInputs, tuple(n for n in inputs if n != "out"), "InterpretRunInputs"))
     for m in REGISTRY.values():   # each registered method's options, as its options class declares them
         add_options(p, m.options)
-    p.add_argument("--out", default=None, help="output directory (default: <checkpoint>/interpret)")
+    add_options(p, only(InterpretInputs, ("out",), "InterpretOut"))   # last, where --help has always shown it
     from circuitlab.commands._args import add_memory_arguments
 
     add_memory_arguments(p)
@@ -32,17 +28,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from circuitlab.experiments.interpret import run_interpret
+    from circuitlab.experiments.interpret import InterpretInputs, run_interpret
     from circuitlab.training.outputs import check_writable
 
+    inputs = InterpretInputs.from_args(args)
+    assert inputs.checkpoint is not None   # required: check() refuses None
     if args.estimate:
         for line in interpret_estimates(args):
             print(line)
         return 0
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "interpret"
+    out = Path(inputs.out) if inputs.out else Path(inputs.checkpoint) / "interpret"
     check_writable(out, "the interpret results")   # before the model is read
-    results = run_interpret(args.checkpoint, out, args.experiments, prompt=args.prompt, clean=args.clean,
-                            corrupt=args.corrupt, lens=args.lens, **method_options(args))
+    experiments = list(inputs.experiments) if inputs.experiments is not None else None
+    results = run_interpret(inputs.checkpoint, out, experiments, **inputs.shared(), **method_options(args))
     print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0
 
@@ -55,20 +53,23 @@ def method_options(args: argparse.Namespace) -> dict:
 def interpret_estimates(args: argparse.Namespace) -> list[str]:
     """What each experiment `interpret` would run holds and takes (every registered method's estimate, on --prompt
     or the default prompt, --clean/--corrupt or the default induction rows), one line each, without running them."""
-    from circuitlab.experiments.interpret import experiments_for, no_text
+    from circuitlab.experiments.interpret import InterpretInputs, experiments_for, no_text
     from circuitlab.perf import matmul_gflops
     from circuitlab.training import load_checkpoint
 
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
+    inputs = InterpretInputs.from_args(args)
+    assert inputs.checkpoint is not None   # required: check() refuses None
+    model, tokenizer, _ = load_checkpoint(inputs.checkpoint)
     from circuitlab.analysis.lens.tuned import default_lens_dir
 
-    given = {**method_options(args), "prompt": args.prompt, "clean": args.clean, "corrupt": args.corrupt,
-             "lens": args.lens or default_lens_dir(args.checkpoint)}   # as run_interpret reads the lens
-    names, _ = experiments_for(model, args.experiments, by_name=args.experiments is not None)
+    given = {**method_options(args), **inputs.shared(),
+             "lens": inputs.lens or default_lens_dir(inputs.checkpoint)}   # as run_interpret reads the lens
+    experiments = list(inputs.experiments) if inputs.experiments is not None else None
+    names, _ = experiments_for(model, experiments, by_name=experiments is not None)
     if tokenizer is None:
         names = [n for n in names if n in no_text()]
     methods = [REGISTRY[n] for n in names]
-    if args.experiments is None:   # as the run leaves out what its inputs cannot run (causal tracing without a subject)
+    if experiments is None:   # as the run leaves out what its inputs cannot run (causal tracing without a subject)
         methods = [m for m in methods if not (m.missing and m.missing(m.options_from(given), **m.inputs_from(given)))]
     gflops = matmul_gflops(seconds=0.2)   # measured once: every line at the same speed
     return [m.estimate(model, tokenizer, m.options_from(given), **m.inputs_from(given)).timed(gflops).line()

@@ -8,15 +8,59 @@ import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import atomic_dir, json_text, set_aside
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.methods.base import MethodResult
+from circuitlab.spec import Options, option
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
+
+
+SHARED = ("prompt", "clean", "corrupt", "lens")   # the inputs the methods share (each Method.inputs names its own)
+
+
+@dataclass(frozen=True)
+class InterpretInputs(Options):
+    """What `interpret` reads besides each method's own options: the checkpoint, which experiments, the inputs
+    the methods share (SHARED) and where the results go. The command's flags, run_interpret's keywords and
+    interpret_estimates read them."""
+
+    checkpoint: str | None = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
+    experiments: tuple[str, ...] | None = option(None, nargs="+", help="which analyses to run (default: all "
+                                                                       "available); see the list in the error for "
+                                                                       "names")
+    prompt: str | None = option(None, help="text for the logit lens and attribution")
+    clean: str | None = option(None, help="clean prompt for patching")
+    corrupt: str | None = option(None, help="corrupted prompt for patching (same token length as --clean)")
+    lens: str | None = option(None, help="a tuned-lens folder for the tuned_lens experiment (default: "
+                                         "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
+    out: str | None = option(None, help="output directory (default: <checkpoint>/interpret)")
+
+    def check(self, error: type[Exception] = InputError) -> "InterpretInputs":
+        """Each field's rule, then the patching pair: --clean and --corrupt together or not at all."""
+        checked = super().check(error)
+        if bool(checked.clean) != bool(checked.corrupt):
+            raise error("--clean and --corrupt go together: give both or neither")
+        return checked
+
+    def shared(self) -> dict[str, Any]:
+        """The inputs the methods share, as run_interpret's keywords (Method.inputs_from picks each method's)."""
+        return {name: getattr(self, name) for name in SHARED}
+
+
+def interpret_inputs(checkpoint: str | Path, out: str | Path | None, experiments: list[str] | None,
+                     opts: dict[str, Any]) -> InterpretInputs:
+    """run_interpret's arguments as InterpretInputs, checked (a folder may be given as a Path)."""
+    def text(value: Any) -> Any:
+        return str(value) if isinstance(value, PurePath) else value
+
+    given = {name: text(opts.get(name)) for name in SHARED}
+    return InterpretInputs(text(checkpoint), tuple(experiments) if experiments else None, out=text(out),
+                           **given).check()
 
 
 @dataclass
@@ -83,15 +127,16 @@ def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool 
 def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str] | None = None,
                   **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
-    out/report.html (interactive, self-contained). opts: prompt; clean and corrupt (patching); lens (a
-    tuned-lens folder; default <checkpoint>/tuned_lens, trained quickly when there is none); and each registered
-    method's options (circuitlab.methods; None = the default)."""
+    out/report.html (interactive, self-contained). opts: the inputs the methods share (InterpretInputs: prompt;
+    clean and corrupt (patching); lens, a tuned-lens folder, default <checkpoint>/tuned_lens, trained quickly when
+    there is none) and each registered method's options (circuitlab.methods; None = the default)."""
     from circuitlab.report import write_interpret_report
     from circuitlab.report.markdown import interpret_markdown
     from circuitlab.training import load_checkpoint
 
     from circuitlab.methods import REGISTRY
 
+    inputs = interpret_inputs(checkpoint, out, experiments, opts)
     table = available_experiments()
     names = experiments or list(table)
     unknown = [n for n in names if n not in table]
@@ -104,12 +149,10 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
                 raise CircuitlabError(why[0])
             names.remove(name)
             warnings.warn(why[1], stacklevel=2)
-    if bool(opts.get("clean")) != bool(opts.get("corrupt")):
-        raise CircuitlabError("--clean and --corrupt go together: give both or neither")
     from circuitlab.analysis.lens.tuned import TunedLens, default_lens_dir
 
-    if opts.get("lens") is not None and not TunedLens.exists(opts["lens"]):
-        raise CircuitlabError(f"--lens {opts['lens']} holds no tuned lens; train one with `circuitlab lens train`")
+    if inputs.lens is not None and not TunedLens.exists(inputs.lens):
+        raise CircuitlabError(f"--lens {inputs.lens} holds no tuned lens; train one with `circuitlab lens train`")
     opts["lens"] = opts.get("lens") or default_lens_dir(checkpoint)
     model, tokenizer, meta = load_checkpoint(checkpoint)
     weights_only = no_text()
