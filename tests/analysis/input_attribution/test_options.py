@@ -11,6 +11,7 @@ from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT
                                                    kernel_shap, lime, occlusion, saliency)
 from circuitlab.cli import build_parser
 from circuitlab.errors import ConfigError, InputError
+from circuitlab.spec import schema
 
 REQUIRED = ["--checkpoint", "runs/x", "--prompt", "Lily saw a cat"]
 
@@ -29,6 +30,9 @@ def test_the_flags_the_class_and_from_dict_agree():
     assert (given.method, given.samples, given.seed, given.exact, given.paired) == ("shap", 64, 3, True, True)
     assert given.kernel_width == 2.0 and isinstance(given.kernel_width, float) and (given.pos, given.span) == (-2, 2)
     assert AttributionOptions.from_dict(given.to_dict()) == given
+    doc = schema(AttributionOptions)   # a config's / the explorer's form of the same declaration
+    assert doc["required"] == ["checkpoint", "prompt"] and doc["properties"]["samples"]["default"] == DEFAULTS.samples
+    assert doc["properties"]["method"]["enum"] == list(METHODS) and doc["properties"]["seed"]["minimum"] == 0
     assert DEFAULTS.method in METHODS and (DEFAULT_STEPS, DEFAULT_SAMPLES, DEFAULT_KERNEL_WIDTH) == (
         DEFAULTS.steps, DEFAULTS.samples, DEFAULTS.kernel_width)
 

@@ -57,7 +57,6 @@ class AttributionOptions(Options):
     samples: int = option(1024, SAMPLES, help=f"shap, lime: coalitions evaluated, one forward pass each, batched "
                                                f"(default {{default}}; {SAMPLES.low} to {SAMPLES.high})")
     seed: int = option(0, SEED, help="shap, lime: seed of the coalitions drawn (default {default})")
-    # Captum's default
     kernel_width: float = option(1.0, KERNEL_WIDTH, help="lime: width of the exponential kernel on the cosine "
                                                          "distance from the prompt (default {default}, as Captum's)")
     exact: bool = option(False, help=f"shap: enumerate every coalition (exact Shapley values; at most "
