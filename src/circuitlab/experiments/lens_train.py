@@ -4,6 +4,7 @@ beside the checkpoint, and measured against the logit lens on held-out stories.
     found = train_lens(LensTrainOptions(checkpoint="runs/demo/2l", steps=300))
     found.folder           # <checkpoint>/tuned_lens (tuned_lens.safetensors, tuned_lens.json)
     found.tuned_kl         # [point]: KL to the final distribution per layer, nats per token (found.logit_kl beside)
+    add_arguments(parser, LensTrainOptions); LensTrainOptions.from_args(args)   # `lens train`'s flags (circuitlab.spec)
 """
 from __future__ import annotations
 

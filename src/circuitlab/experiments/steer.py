@@ -4,13 +4,14 @@ neutral text, a word counted in steered generations), and its files (steering.js
     result = run_steer(SteerOptions(checkpoint="runs/demo/2l", positive="dragon.txt", negative="cat.txt",
                                     layer=1, coefs=[0, 2, 4], count="dragon", out="runs/steer"))
     print(result.sweep.table())
+    add_arguments(parser, SteerOptions); SteerOptions.from_args(args)    # the command's flags (circuitlab.spec)
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,9 @@ from circuitlab.model.sampling import TEMPERATURE, check_sampling
 from circuitlab.spec import Options, option, options_of
 from circuitlab.textfile import read_lines
 
+if TYPE_CHECKING:
+    import argparse
+
 # Limits: the samples of one coefficient are generated as one batch (keys and values of every layer for each),
 # every coefficient is one more sweep, every token one more forward pass.
 SAMPLES = Number(int, low=1, high=1024, why="the samples are generated as one batch")
@@ -32,10 +36,10 @@ MAX_COEFS = 64
 
 @dataclass(frozen=True)
 class SteerOptions(Options):
-    """What `circuitlab steer` takes, declared once (circuitlab.spec): its flags, their defaults and rules.
-    positive / negative / neutral: text files, one prompt per line (neutral None: 32 built-in stories the demo did
-    not train on); layer: the direction is added to the residual before this layer; count: a word counted in the
-    generations; out: a folder for the files (None: none written)."""
+    """What `circuitlab steer` takes, declared once (circuitlab.spec): each flag's default, rule and help. Text
+    files hold one prompt per line; neutral None: 32 built-in stories the demo did not train on; out None: no files
+    written. check() adds what no field's rule holds: the temperature in check_sampling's words (shared with
+    generate), one to MAX_COEFS coefficients."""
 
     checkpoint: str | Path = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
     positive: str | Path = option(None, required=True,
@@ -50,7 +54,7 @@ class SteerOptions(Options):
     prompt: str = option("Once upon a time,", help="generations start from this prompt")
     samples: int = option(8, SAMPLES, help=f"generations per coefficient (at most {SAMPLES.high})")
     max_tokens: int = option(40, MAX_TOKENS, help=f"tokens per generation (at most {MAX_TOKENS.high})")
-    # read as any float; check_sampling (shared with generate) says why a value is refused
+    # read as any float: check_sampling says why a value is refused
     temperature: float = option(0.8, TEMPERATURE, arg=float, help="")
     count: str | None = option(None, help="a word to count in the generations (e.g. the positive set's topic)")
     seed: int = option(0, INT, help="")
@@ -69,7 +73,10 @@ class SteerOptions(Options):
 
     def check_limits(self, cli: bool, error: type[Exception] = InputError) -> None:
         """The checks no field's rule holds, naming the options as the command line (cli) or Python spells them."""
-        check_sampling(self.temperature, cli=cli)
+        try:
+            check_sampling(self.temperature, cli=cli)
+        except InputError as e:   # a config's error class (from_dict) where one is asked for
+            raise error(str(e)) from None
         if not isinstance(self.coefs, (list, tuple)):
             raise error(f"coefs must be a list of numbers, got {self.coefs!r}")
         name = "--coef" if cli else "coefs"
@@ -80,7 +87,7 @@ class SteerOptions(Options):
                         f"{len(self.coefs)}")
 
     @classmethod
-    def from_args(cls, args: Any) -> SteerOptions:
+    def from_args(cls, args: argparse.Namespace) -> SteerOptions:
         """The command's options, its own spellings refused first (--temperature, --coef)."""
         cls(**{f.name: getattr(args, f.name) for f, _ in options_of(cls)}).check_limits(cli=True)
         return super().from_args(args)
