@@ -44,6 +44,7 @@ def test_the_flags_the_class_a_config_and_the_analysis_keywords_agree():
     got = LensTrainOptions.from_args(p.parse_args(["--checkpoint", "ck", "--steps", "7", "--lr", "0.5", "--resume",
                                                    "--no-progress", "--text", "t.txt", "--out", "o"]))
     assert got == LensTrainOptions("ck", "o", steps=7, lr=0.5, text="t.txt", resume=True, progress=False).check()
+    assert LensTrainOptions.from_dict(got.to_dict()) == got
 
 
 @pytest.mark.parametrize("flag, text, field, value, rule", [

@@ -56,6 +56,7 @@ def test_the_flags_the_class_and_a_config_agree():
                                                       "--temperature", "0", "--count", "d", "--neutral", "n.txt"]))
     assert got == SteerOptions(**REQUIRED, coefs=[0, 3], progress=False, overwrite=True, seed=5, temperature=0,
                                count="d", neutral="n.txt").check()
+    assert SteerOptions.from_dict(got.to_dict()) == got and json.loads(json.dumps(got.to_dict()))["coefs"] == [0, 3]
     assert SteerOptions(**{**REQUIRED, "checkpoint": Path("ck")}).check() == defaults   # a path kept as its str
     with pytest.raises(InputError, match=r"^layer is required$"):
         SteerOptions(**{**REQUIRED, "layer": None}).check()
