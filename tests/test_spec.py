@@ -154,6 +154,30 @@ def test_required_options_switches_aliases_and_positionals():
         option(3, COUNT, required=True, help="a required option with a default")
 
 
+@dataclass(frozen=True)
+class ReadOptions(Options):
+    temperature: float = option(0.8, Number(float, low=0.0), arg=float, help="")
+    where: str | None = option(None, help="a file")
+
+
+def test_an_option_may_read_the_command_line_its_own_way_and_text_takes_a_path(tmp_path):
+    """arg=float: the command line reads any float (the method's check says why one is refused, in its own
+    words); a path given for text is kept as its str (JSON-able)."""
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(p, ReadOptions)
+    args = p.parse_args(["--temperature", "-1", "--where", "x"])
+    assert args.temperature == -1.0 and args.where == "x"
+    with pytest.raises(InputError, match=r"^temperature must be a finite number >= 0, got -1.0$"):
+        ReadOptions.from_args(args)
+    with pytest.raises(argparse.ArgumentError, match="invalid float value: 'abc'"):
+        p.parse_args(["--temperature", "abc"])
+    checked = ReadOptions(where=tmp_path / "a.txt").check()
+    assert checked.where == str(tmp_path / "a.txt") and ReadOptions.from_dict(checked.to_dict()) == checked
+    with pytest.raises(InputError, match=r"^where must be text, got 3$"):
+        ReadOptions(where=3).check()
+    assert schema(ReadOptions)["properties"]["temperature"]["minimum"] == 0.0
+
+
 @dataclass
 class ToyPart(Result):
     values: list[float]

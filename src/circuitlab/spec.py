@@ -18,13 +18,17 @@ A field's kind: its rule's (checks.Number / PerItem), str with choices, a switch
 True; a True default needs a flag that turns it off, e.g. progress: flag="--no-progress"), or plain text;
 nargs="+" makes it a tuple of those (a list in JSON). A default of None means "not given" (then None is
 accepted), unless required=True (the command line requires it; check() refuses None). aliases: more spellings of
-the flag (--checkpoint, --model); a flag without "--" is positional. Only the ground floor is imported here:
-every layer may declare options.
+the flag (--checkpoint, --model); a flag without "--" is positional. Text takes a path too (os.PathLike, kept as
+its str). arg: the command line's reading when it is not the rule's (e.g. float: the method's check says why a
+value is refused, in its own words, after parsing). Only the ground floor is imported here: every layer may
+declare options.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
@@ -41,7 +45,8 @@ KEY = "circuitlab.option"   # the field metadata key
 class Option:
     """What one field declares beyond its default: rule (a Number or PerItem) or choices (else text), help
     (may say "{default}"), the flag (default --field-name) and its aliases, metavar, nargs ("+": one or more),
-    required (None refused), switch (a bool: the flag sets the opposite of the default)."""
+    required (None refused), switch (a bool: the flag sets the opposite of the default), arg (the command line's
+    type= instead of the rule's)."""
 
     rule: Number | PerItem | None = None
     choices: tuple[Any, ...] | None = None
@@ -52,6 +57,7 @@ class Option:
     required: bool = False
     switch: bool = False
     aliases: tuple[str, ...] = ()
+    arg: Callable[[str], Any] | None = None
 
     def problem(self, value: Any) -> str | None:
         """Why one value (one item when nargs) breaks this option's rule (the text after "must be"), or None."""
@@ -61,7 +67,7 @@ class Option:
             return self.rule.problem(value)
         if self.choices is not None:
             return None if value in self.choices else f"one of {', '.join(map(str, self.choices))}"
-        return None if isinstance(value, str) else "text"
+        return None if isinstance(value, (str, os.PathLike)) else "text"
 
     def check_one(self, value: Any, name: str, error: type[Exception]) -> Any:
         if self.rule is not None and not self.switch:
@@ -69,12 +75,12 @@ class Option:
         why = self.problem(value)
         if why is not None:
             raise error(f"{name} must be {why}, got {value!r}")
-        return value
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
 def option(default: Any, rule: Number | PerItem | None = None, *, help: str, choices: tuple[Any, ...] | None = None,
            flag: str | None = None, metavar: str | None = None, nargs: str | None = None, required: bool = False,
-           aliases: tuple[str, ...] = ()) -> Any:
+           aliases: tuple[str, ...] = (), arg: Callable[[str], Any] | None = None) -> Any:
     """A dataclass field declaring one option (see the module docstring); its default is written here only."""
     if isinstance(default, list):
         default = tuple(default)   # frozen and shared safely
@@ -84,7 +90,7 @@ def option(default: Any, rule: Number | PerItem | None = None, *, help: str, cho
     if default is True and flag is None:
         raise TypeError("a switch that defaults to True needs the flag that turns it off (flag='--no-...')")
     meta = Option(rule, tuple(choices) if choices is not None else None, help, flag, metavar, nargs, required,
-                  switch, tuple(aliases))
+                  switch, tuple(aliases), arg)
     return dataclasses.field(default=default, metadata={KEY: meta})
 
 
@@ -170,7 +176,9 @@ def add_arguments(parser: Any, cls: type[Options]) -> Any:
         if opt.switch:
             group.add_argument(flag, *opt.aliases, action="store_false" if f.default else "store_true", **kw)
             continue
-        if opt.rule is not None:
+        if opt.arg is not None:
+            kw["type"] = opt.arg
+        elif opt.rule is not None:
             kw["type"] = opt.rule.arg
         if opt.choices is not None:
             kw["choices"] = opt.choices

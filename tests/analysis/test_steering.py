@@ -1,4 +1,5 @@
-"""Steering on a hand-built model whose feature directions are known, the sweep, and `circuitlab steer`."""
+"""Steering on a hand-built model whose feature directions are known, and the sweep (`circuitlab steer` itself:
+tests/commands/test_steer.py; its pipeline: tests/experiments/test_steer.py)."""
 import json
 
 import pytest
@@ -8,10 +9,7 @@ from tiny_trained import induction_model, repeated_batch
 from circuitlab import CircuitlabError
 from circuitlab.analysis.steering import (contrast_direction, steered_generate, steering, steering_sweep,
                                           vector_direction)
-from circuitlab.cli import main
-from circuitlab.data import CharTokenizer
 from circuitlab.forge import build_previous_token_model
-from circuitlab.training import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 20
@@ -97,67 +95,3 @@ def test_feature_direction_adds_the_decoder_row_at_the_dictionary_hook(hook):
         expected = model(tokens)
     torch.testing.assert_close(steered, expected, rtol=0, atol=0)
     assert not torch.allclose(steered, model(tokens))
-
-
-def test_steer_command(tmp_path, capsys):
-    tok = CharTokenizer("abcdefghijklmnopqrstuvw")
-    save_checkpoint(tmp_path / "ckpt", induction_model(), tok)
-    (tmp_path / "pos.txt").write_text("dddddddd\nddddcdddd\n")
-    (tmp_path / "neg.txt").write_text("kkkkkkkk\n\nkkkkkk\n")
-    (tmp_path / "empty.txt").write_text("\n\n")
-    args = ["steer", "--checkpoint", str(tmp_path / "ckpt"), "--positive", str(tmp_path / "pos.txt"),
-            "--negative", str(tmp_path / "neg.txt"), "--neutral", str(tmp_path / "pos.txt")]
-    assert main(args + ["--layer", "1", "--coef", "0", "2", "--count", "d", "--samples", "2", "--max-tokens", "5",
-                        "--prompt", "abc", "--out", str(tmp_path / "out")]) == 0
-    assert "preference" in capsys.readouterr().out
-    saved = json.loads((tmp_path / "out" / "steering.json").read_text())
-    assert saved["coefs"] == [0.0, 2.0] and len(saved["generations"]["2.0"]) == 2
-    assert (tmp_path / "out" / "steering.png").read_bytes()[:4] == b"\x89PNG"
-    # a second run into the same --out keeps the first, renamed; --overwrite replaces it (training.outputs policy)
-    first = (tmp_path / "out" / "steering.json").read_text()
-    assert main(args + ["--layer", "1", "--coef", "0", "1", "--samples", "1", "--max-tokens", "2", "--prompt", "abc",
-                        "--out", str(tmp_path / "out")]) == 0
-    kept = [p for p in tmp_path.iterdir() if p.name.startswith("out.")]
-    assert len(kept) == 1 and (kept[0] / "steering.json").read_text() == first
-    assert f"kept the earlier steer output as {kept[0]}" in capsys.readouterr().out
-    assert json.loads((tmp_path / "out" / "steering.json").read_text())["coefs"] == [0.0, 1.0]
-    assert main(args + ["--layer", "1", "--coef", "0", "3", "--samples", "1", "--max-tokens", "2", "--prompt", "abc",
-                        "--out", str(tmp_path / "out"), "--overwrite"]) == 0
-    assert len([p for p in tmp_path.iterdir() if p.name.startswith("out.")]) == 1
-    assert json.loads((tmp_path / "out" / "steering.json").read_text())["coefs"] == [0.0, 3.0]
-    capsys.readouterr()
-    assert main(args + ["--layer", "5"]) == 2
-    args[4] = str(tmp_path / "empty.txt")
-    assert main(args + ["--layer", "1"]) == 2
-    assert len(capsys.readouterr().err.strip().splitlines()) == 2
-
-
-def test_run_steer_is_the_command_from_python(tmp_path):
-    """The pipeline behind `circuitlab steer`: the same sweep as steering_sweep on the same direction, the files it
-    writes are its to_dict, and a value out of range is one line naming the option."""
-    from circuitlab.experiments.steer import SteerOptions, run_steer
-
-    tok = CharTokenizer("abcdefghijklmnopqrstuvw")
-    model = induction_model()
-    save_checkpoint(tmp_path / "ckpt", model, tok)
-    (tmp_path / "pos.txt").write_text("dddddddd\nddddcdddd\n")
-    (tmp_path / "neg.txt").write_text("kkkkkkkk\nkkkkkk\n")
-    opts = dict(checkpoint=tmp_path / "ckpt", positive=tmp_path / "pos.txt", negative=tmp_path / "neg.txt",
-                neutral=tmp_path / "pos.txt", layer=1, coefs=[0, 2], count="d", samples=2, max_tokens=5,
-                prompt="abc", progress=False)
-    result = run_steer(SteerOptions(**opts, out=tmp_path / "out"))
-    pos = [torch.tensor(tok.encode(s)) for s in ("dddddddd", "ddddcdddd")]
-    neg = [torch.tensor(tok.encode(s)) for s in ("kkkkkkkk", "kkkkkk")]
-    vec = contrast_direction(model, pos, neg, layer=1)
-    torch.testing.assert_close(result.vector.direction, vec.direction)
-    plain = steering_sweep(model, vec, [0.0, 2.0], pos, neg, pos)
-    torch.testing.assert_close(result.sweep.preference, plain.preference)
-    torch.testing.assert_close(result.sweep.neutral_loss, plain.neutral_loss)
-    assert result.sweep.preference[1] > result.sweep.preference[0]           # towards 'd'
-    assert json.loads((tmp_path / "out" / "steering.json").read_text()) == json.loads(json.dumps(result.to_dict()))
-    assert list(result.generations) == ["0.0", "2.0"] and all(len(t) == 2 for t in result.generations.values())
-    assert result.summary()[0].startswith("direction: 2 positive − 2 negative prompts at blocks.1.hook_resid_pre")
-    for bad, said in [(dict(samples=0), "samples must be"), (dict(coefs=[float("nan")]), "coef must be"),
-                      (dict(max_tokens=10 ** 9), "max_tokens must be"), (dict(coefs=[]), "at least one")]:
-        with pytest.raises(CircuitlabError, match=said):
-            run_steer(SteerOptions(**{**opts, **bad}))

@@ -50,8 +50,6 @@ REASONS = {  # module (under src/circuitlab) -> why it has no tests/<package>/te
     "experiments/dashboards.py": "tested through tests/commands/test_sae_clt.py via circuitlab.commands.sae (`sae dashboards`)",
     "experiments/demo_budget.py": "tested through tests/experiments/test_features_demo.py, tests/contracts/test_output_policy.py",  # generated: it imports the module
     "experiments/forge_findings.py": "tested through tests/experiments/test_forge_compare.py",  # generated: it imports the module
-    "experiments/lens_train.py": "tested through tests/serve/test_inputs.py via circuitlab.commands.lens (`lens train`)",
-    "experiments/steer.py": "tested through tests/analysis/test_steering.py",  # generated: it imports the module
     "forge/adder_base.py": "tested through tests/forge/test_adder.py",  # generated: it imports the module
     "forge/carry_adder.py": "tested through tests/forge/test_adder.py, tests/forge/test_compare.py, tests/experiments/test_forge_compare.py",  # generated: it imports the module
     "forge/facts.py": "tested through tests/analysis/patching/test_causal_tracing.py",  # generated: it imports the module

@@ -7,6 +7,7 @@ from circuitlab.checks import Number
 
 # the samples are drawn together: one batch of NUM rows, whose KV cache is held at once
 NUM = Number(int, low=1, high=1024, why="the samples are generated as one batch, their KV cache held at once")
+DEFAULT_TEMPERATURE = 0.8   # generate's own (steer's is SteerOptions.temperature)
 
 HELP = "sample text from a checkpoint (KV-cached decoding)"
 EXAMPLE = 'circuitlab generate --checkpoint runs/demo/2l --prompt "Once upon a" --max-tokens 40 --temperature 0.8'
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default="", help="text to continue (default: none, a new document from the "
                                                 "end-of-text token)")
     p.add_argument("--max-tokens", type=positive_int, default=60)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)

@@ -16,34 +16,18 @@ SHOW_EXAMPLE = 'circuitlab lens show --checkpoint runs/demo/2l --prompt "Once up
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    from circuitlab.checks import COUNT, POSITIVE
-
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
-    p.add_argument("--out", default=None, help="folder for the lens (default: <checkpoint>/tuned_lens; beside a "
-                                               "checkpoint folder when given one: <checkpoint>-tuned_lens)")
-    p.add_argument("--steps", type=COUNT.arg, default=300, help="optimizer steps (default 300)")
-    p.add_argument("--lr", type=POSITIVE.arg, default=1e-2, help="Adam's peak learning rate (default 0.01)")
-    p.add_argument("--batches", type=COUNT.arg, default=16, help="distinct token batches, cycled through (default 16)")
-    p.add_argument("--batch-size", type=COUNT.arg, default=16, help="sequences per batch (default 16)")
-    p.add_argument("--seq-len", type=COUNT.arg, default=64,
-                   help="tokens per sequence (default 64, capped by the context)")
-    p.add_argument("--text", default=None, help="a UTF-8 text file to train on (default: built-in stories the "
-                                                "demo did not train on)")
-    p.add_argument("--save-every", type=COUNT.arg, default=100, help="write the resumable training state every N steps")
-    p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out")
-    p.add_argument("--overwrite", action="store_true", help="replace a lens (or an unfinished training) in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (and no estimate before the work)")
     from circuitlab.commands._args import add_memory_arguments
+    from circuitlab.experiments.lens_train import LensTrainOptions
+    from circuitlab.spec import add_arguments as add_options
 
+    add_options(p, LensTrainOptions)   # every flag but --memory / --estimate, declared in experiments/lens_train.py
     add_memory_arguments(p)
 
 
 def _run_train(args: argparse.Namespace) -> int:
     from circuitlab.experiments.lens_train import LensTrainOptions, lens_train_estimate, train_lens
 
-    opts = LensTrainOptions(args.checkpoint, args.out, args.steps, args.lr, args.batches, args.batch_size,
-                            args.seq_len, args.text, args.save_every, args.resume, args.overwrite,
-                            progress=not args.no_progress)
+    opts = LensTrainOptions.from_args(args)
     if args.estimate:   # nothing read beyond the checkpoint, nothing written
         print(lens_train_estimate(opts).line())
         return 0

@@ -4,6 +4,7 @@ beside the checkpoint, and measured against the logit lens on held-out stories.
     found = train_lens(LensTrainOptions(checkpoint="runs/demo/2l", steps=300))
     found.folder           # <checkpoint>/tuned_lens (tuned_lens.safetensors, tuned_lens.json)
     found.tuned_kl         # [point]: KL to the final distribution per layer, nats per token (found.logit_kl beside)
+    add_arguments(parser, LensTrainOptions); LensTrainOptions.from_args(args)   # `lens train`'s flags (circuitlab.spec)
 """
 from __future__ import annotations
 
@@ -11,26 +12,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from circuitlab.analysis.lens import tuned
+from circuitlab.checks import COUNT, POSITIVE
+from circuitlab.spec import Options, option
+
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
 STATE_FILE = "training_state.safetensors"  # inside the output folder while training; removed at the end
 
 
-@dataclass
-class LensTrainOptions:
-    checkpoint: str | Path
-    out: str | Path | None = None    # default: <checkpoint>/tuned_lens (beside a checkpoint folder)
-    steps: int = 300
-    lr: float = 1e-2
-    batches: int = 16                # distinct token batches, cycled through
-    batch_size: int = 16
-    seq_len: int = 64                # capped by the context
-    text: str | None = None          # a UTF-8 file (default: built-in stories the demo did not train on)
-    save_every: int = 100            # resumable state every N steps
-    resume: bool = False
-    overwrite: bool = False
-    progress: bool = True
+@dataclass(frozen=True)
+class LensTrainOptions(Options):
+    """What `circuitlab lens train` takes, declared once (circuitlab.spec): its flags, their rules and defaults
+    (training's own: steps, lr, batch size, sequence length and save interval are analysis/lens/tuned.py's)."""
+
+    checkpoint: str | Path = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
+    out: str | Path | None = option(None, help="folder for the lens (default: <checkpoint>/tuned_lens; beside a "
+                                               "checkpoint folder when given one: <checkpoint>-tuned_lens)")
+    steps: int = option(tuned.STEPS, COUNT, help="optimizer steps (default {default})")
+    lr: float = option(tuned.LR, POSITIVE, help="Adam's peak learning rate (default {default})")
+    batches: int = option(16, COUNT, help="distinct token batches, cycled through (default {default})")
+    batch_size: int = option(tuned.BATCH_SIZE, COUNT, help="sequences per batch (default {default})")
+    seq_len: int = option(tuned.SEQ_LEN, COUNT, help="tokens per sequence (default {default}, capped by the context)")
+    text: str | None = option(None, help="a UTF-8 text file to train on (default: built-in stories the demo "
+                                         "did not train on)")
+    save_every: int = option(tuned.SAVE_EVERY, COUNT, help="write the resumable training state every N steps")
+    resume: bool = option(False, help="continue the unfinished training in --out")
+    overwrite: bool = option(False, help="replace a lens (or an unfinished training) in --out")
+    progress: bool = option(True, flag="--no-progress", help="no progress bar (and no estimate before the work)")
 
 
 @dataclass
@@ -63,6 +73,7 @@ def lens_train_estimate(opts: LensTrainOptions, model: Transformer | None = None
     from circuitlab.analysis.lens.tuned import check_lens_batches, lens_estimate
     from circuitlab.training import load_checkpoint
 
+    opts = opts.check()
     if model is None:
         model, _, _ = load_checkpoint(str(opts.checkpoint))
     seq = min(opts.seq_len, model.cfg.n_ctx)
@@ -79,6 +90,7 @@ def train_lens(opts: LensTrainOptions) -> LensTrainResult:
     from circuitlab.training import load_checkpoint
     from circuitlab.training.outputs import check_writable, default_out, inside_checkpoint
 
+    opts = opts.check()   # one line naming the option for a value out of range
     out = Path(opts.out) if opts.out else default_lens_dir(opts.checkpoint)
     ckpt = inside_checkpoint(out)
     if ckpt is not None:  # a checkpoint save replaces its folder as a whole: the lens would be lost

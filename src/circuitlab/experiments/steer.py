@@ -4,13 +4,14 @@ neutral text, a word counted in steered generations), and its files (steering.js
     result = run_steer(SteerOptions(checkpoint="runs/demo/2l", positive="dragon.txt", negative="cat.txt",
                                     layer=1, coefs=[0, 2, 4], count="dragon", out="runs/steer"))
     print(result.sweep.table())
+    add_arguments(parser, SteerOptions); SteerOptions.from_args(args)    # the command's flags (circuitlab.spec)
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,8 +19,13 @@ from circuitlab.analysis.steering import (SteeringSweep, SteeringVector, check_k
                                          steering_sweep)
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.checks import FINITE, INT, Number
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.model.sampling import TEMPERATURE, check_sampling
+from circuitlab.spec import Options, option, options_of
 from circuitlab.textfile import read_lines
+
+if TYPE_CHECKING:
+    import argparse
 
 # Limits: the samples of one coefficient are generated as one batch (keys and values of every layer for each),
 # every coefficient is one more sweep, every token one more forward pass.
@@ -28,44 +34,63 @@ MAX_TOKENS = Number(int, low=1, high=4096, why="each new token is one more forwa
 MAX_COEFS = 64
 
 
-@dataclass
-class SteerOptions:
-    """What `circuitlab steer` takes. positive / negative / neutral: text files, one prompt per line (neutral
-    None: 32 built-in stories the demo did not train on); layer: the direction is added to the residual before
-    this layer; count: a word counted in the generations; out: a folder for the files (None: none written)."""
+@dataclass(frozen=True)
+class SteerOptions(Options):
+    """What `circuitlab steer` takes, declared once (circuitlab.spec): each flag's default, rule and help. Text
+    files hold one prompt per line; neutral None: 32 built-in stories the demo did not train on; out None: no files
+    written. check() adds what no field's rule holds: the temperature in check_sampling's words (shared with
+    generate), one to MAX_COEFS coefficients."""
 
-    checkpoint: str | Path
-    positive: str | Path
-    negative: str | Path
-    layer: int
-    coefs: list[float] = field(default_factory=lambda: [0.0, 1.0, 2.0, 4.0])
-    neutral: str | Path | None = None
-    prompt: str = "Once upon a time,"
-    samples: int = 8
-    max_tokens: int = 40
-    temperature: float = 0.8
-    count: str | None = None
-    seed: int = 0
-    out: str | Path | None = None
-    overwrite: bool = False
-    progress: bool = True
+    checkpoint: str | Path = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
+    positive: str | Path = option(None, required=True,
+                                  help="text file, one prompt per line: what to steer towards")
+    negative: str | Path = option(None, required=True,
+                                  help="text file, one prompt per line: what to steer away from")
+    layer: int = option(None, INT, required=True, help="add the direction to the residual before this layer")
+    coefs: tuple[float, ...] = option((0.0, 1.0, 2.0, 4.0), FINITE, flag="--coef", metavar="COEF", nargs="+",
+                                      help="coefficients to sweep")
+    neutral: str | Path | None = option(None, help="text file of neutral text for the loss cost "
+                                                   "(default: 32 built-in stories the demo did not train on)")
+    prompt: str = option("Once upon a time,", help="generations start from this prompt")
+    samples: int = option(8, SAMPLES, help=f"generations per coefficient (at most {SAMPLES.high})")
+    max_tokens: int = option(40, MAX_TOKENS, help=f"tokens per generation (at most {MAX_TOKENS.high})")
+    # read as any float: check_sampling says why a value is refused
+    temperature: float = option(0.8, TEMPERATURE, arg=float, help="")
+    count: str | None = option(None, help="a word to count in the generations (e.g. the positive set's topic)")
+    seed: int = option(0, INT, help="")
+    out: str | Path | None = option(None, help="folder for steering.json, steering.png and report.html (an earlier "
+                                               "steer output there is kept, renamed; or replaced with --overwrite)")
+    overwrite: bool = option(False, help="replace an earlier steer output in --out")
+    progress: bool = option(True, flag="--no-progress", help="no progress bar (and no estimate before the work)")
 
-    def check(self) -> None:
-        """One line for a value out of range, before anything is loaded (the command checks its own spellings
-        first)."""
-        from circuitlab.model.sampling import check_sampling
+    def check(self, error: type[Exception] = InputError) -> SteerOptions:
+        """One line for a value out of range, before anything is loaded: temperature in check_sampling's words,
+        the number of coefficients, then every field's rule."""
+        self.check_limits(cli=False, error=error)
+        for c in self.coefs:   # a coefficient named as the Python API has always named it (the rule: FINITE)
+            FINITE.check(c, "coef", error)
+        return super().check(error)
 
-        INT.check(self.layer, "layer")
-        INT.check(self.seed, "seed")
-        SAMPLES.check(self.samples, "samples")
-        MAX_TOKENS.check(self.max_tokens, "max_tokens")
-        check_sampling(self.temperature)
+    def check_limits(self, cli: bool, error: type[Exception] = InputError) -> None:
+        """The checks no field's rule holds, naming the options as the command line (cli) or Python spells them."""
+        try:
+            check_sampling(self.temperature, cli=cli)
+        except InputError as e:   # a config's error class (from_dict) where one is asked for
+            raise error(str(e)) from None
+        if not isinstance(self.coefs, (list, tuple)):
+            raise error(f"coefs must be a list of numbers, got {self.coefs!r}")
+        name = "--coef" if cli else "coefs"
         if not self.coefs:
-            raise CircuitlabError("coefs: give at least one coefficient")
+            raise error(f"{name}: give at least one coefficient")
         if len(self.coefs) > MAX_COEFS:
-            raise CircuitlabError(f"coefs: give at most {MAX_COEFS} coefficients (each is one more sweep), got "
-                                  f"{len(self.coefs)}")
-        self.coefs = [FINITE.check(c, "coef") for c in self.coefs]
+            raise error(f"{name}: give at most {MAX_COEFS} coefficients (each is one more sweep), got "
+                        f"{len(self.coefs)}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SteerOptions:
+        """The command's options, its own spellings refused first (--temperature, --coef)."""
+        cls(**{f.name: getattr(args, f.name) for f, _ in options_of(cls)}).check_limits(cli=True)
+        return super().from_args(args)
 
 
 @dataclass
@@ -132,7 +157,7 @@ def _estimate(opts: SteerOptions, model, tok, prompts: list[torch.Tensor]) -> An
 def estimate_steer(opts: SteerOptions) -> Any:
     """What run_steer(opts) would hold and take (circuitlab.memory.Estimate, timed), from the model and the
     prompts; nothing is generated or written (`circuitlab steer --estimate`)."""
-    opts.check()
+    opts = opts.check()
     model, tok, positive, negative, neutral = _inputs(opts)
     return _estimate(opts, model, tok, positive + negative + neutral).timed()
 
@@ -141,7 +166,7 @@ def run_steer(opts: SteerOptions) -> SteerResult:
     """Build the direction, sweep the coefficients, generate, and write the files when opts.out is set."""
     from circuitlab.training.outputs import check_output_folder, output_folder
 
-    opts.check()
+    opts = opts.check()
     out = Path(opts.out) if opts.out is not None else None
     if out is not None:  # refused before the work, not after it
         check_output_folder(out, "steer", overwrite=opts.overwrite, is_previous=is_steer_output)

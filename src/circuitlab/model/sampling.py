@@ -2,11 +2,13 @@
 `Transformer.generate`, `circuitlab generate` and `circuitlab steer` share."""
 from __future__ import annotations
 
-import math
-
 import torch
 
+from circuitlab.checks import Number
 from circuitlab.errors import InputError
+
+# The temperature's rule (the options classes that take one declare it); check_sampling says it with what 0 means.
+TEMPERATURE = Number(float, low=0.0)
 
 
 def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -16,8 +18,7 @@ def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: fl
     def name(option: str) -> str:
         return "--" + option.replace("_", "-") if cli else option
 
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature < 0:
+    if TEMPERATURE.problem(temperature) is not None:
         raise InputError(f"{name('temperature')} must be a finite number >= 0 (0 = greedy decoding), "
                          f"got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):

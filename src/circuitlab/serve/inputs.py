@@ -36,6 +36,7 @@ BASELINES = ("mean", "zeros", "eos", "delete")  # or a token id
 MAX_STEER_PROMPTS = 32     # prompts per steering set
 MAX_STEER_COEFS = 8
 MAX_STEER_TOKENS = 40      # tokens generated per coefficient
+STEER_PROMPT = "Once upon a time,"   # the explorer's steered generations start here (its own default, as its coefs)
 NEUTRAL_STORIES = 8        # built-in stories (seed 2, not the demo's) for steering's loss cost
 
 
@@ -190,7 +191,7 @@ class SteerRequest(BaseModel):
     layer: StrictInt = Field(description="add the direction to the residual stream before this layer")
     # Strict: a string or a boolean is not a coefficient (the CLI refuses them too); NaN/inf refused by FINITE.
     coefs: list[StrictInt | StrictFloat] = Field(default=[0.0, 2.0, 4.0], description="coefficients to try")
-    prompt: str = Field(default="Once upon a time,", description="the generations start here")
+    prompt: str = Field(default=STEER_PROMPT, description="the generations start here")
     max_tokens: StrictInt = Field(default=20, description="tokens generated per coefficient")
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------------------- in-context learning
 
+ICL_BATCH = 16   # sequences per forward pass of in_context_learning_score
+
 
 @dataclass
 class ICLScore:
@@ -48,7 +50,7 @@ class ICLScore:
 @torch.no_grad()
 def in_context_learning_score(model: Transformer, tokens: torch.Tensor, early: int | None = None,
                               late: int | None = None,
-                              width: int | None = None, batch_size: int = 16) -> ICLScore:
+                              width: int | None = None, batch_size: int = ICL_BATCH) -> ICLScore:
     """Loss of predicting the tokens around position late minus around position early, averaged over
     sequences (Olsson et al. 2022: the 500th token's loss minus the 50th's, contexts of 512).
 

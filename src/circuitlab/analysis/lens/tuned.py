@@ -46,6 +46,11 @@ def lens_budget() -> int:
 
 
 WEIGHTS_FILE, CONFIG_FILE = "tuned_lens.safetensors", "tuned_lens.json"
+# Training's defaults, written once (`circuitlab lens train`'s: experiments/lens_train.LensTrainOptions reads them):
+# optimizer steps, Adam's peak learning rate, the resumable state every SAVE_EVERY steps, token batches of
+# BATCH_SIZE sequences of SEQ_LEN tokens.
+STEPS, LR, SAVE_EVERY = 300, 1e-2, 100
+BATCH_SIZE, SEQ_LEN = 16, 64
 
 
 class TunedLens(nn.Module):
@@ -142,7 +147,7 @@ def _lens_log_probs(model: Transformer, resid: torch.Tensor) -> torch.Tensor:
     return model.readout(resid).float().log_softmax(dim=-1)
 
 
-def story_batches(tokenizer, n_batches: int = 8, batch_size: int = 16, seq_len: int = 64, seed: int = 1
+def story_batches(tokenizer, n_batches: int = 8, batch_size: int = BATCH_SIZE, seq_len: int = SEQ_LEN, seed: int = 1
                   ) -> list[torch.Tensor]:
     """The built-in stories (seed 1: not the stories the demo trains on, seed 0) as token batches
     [batch_size, seq_len], documents joined by EOS."""
@@ -178,7 +183,8 @@ def check_lens_batches(model: Transformer, n_batches: int, batch_size: int, seq_
                               f"give at most {max(1, budget // (2 * batch_size * seq_len))} batches")
 
 
-def lens_estimate(model: Transformer, batch_size: int, seq_len: int, steps: int = 300, n_batches: int = 1) -> memory.Estimate:
+def lens_estimate(model: Transformer, batch_size: int, seq_len: int, steps: int = STEPS, n_batches: int = 1
+                  ) -> memory.Estimate:
     """What train_tuned_lens on n_batches token batches [batch_size, seq_len] holds at its peak and computes:
     one step's log-probabilities at every point, their gradients and the KL's terms (float32), the translators
     with their gradients and Adam's moments, and the token batches. Each step: a forward pass of the model (no
@@ -213,9 +219,9 @@ def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = 300,
-                     lr: float = 1e-2,
-                     progress: bool = False, state_file: str | Path | None = None, save_every: int = 100,
+def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = STEPS,
+                     lr: float = LR,
+                     progress: bool = False, state_file: str | Path | None = None, save_every: int = SAVE_EVERY,
                      settings: dict[str, Any] | None = None) -> TunedLens:
     """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
 
