@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from circuitlab.checks import Number
 from circuitlab.commands._args import positive_int
+
+if TYPE_CHECKING:
+    from circuitlab.spec import Options
 
 EVAL_SEQUENCES = 64     # sae eval's default sample: 64 x 64 = 4096 tokens
 EVAL_BUDGET = 2 ** 28   # floats sae eval holds at once (1 GiB): bounds --batches x --seq-len
@@ -179,31 +183,21 @@ def _eval_clt(args: argparse.Namespace) -> int:
 
 
 def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.experiments.dashboards import TOKENS as DASHBOARD_TOKENS
+    from circuitlab.experiments.dashboards import DashboardOptions
 
-    p.add_argument("--dictionary", required=True, metavar="DIR", help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one layer_N.safetensors of a circuit-tracer set")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="the run or checkpoint it was trained on")
-    p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
-    p.add_argument("--data", default="stories",
-                   help="text for the contexts: stories (held-out built-in stories), file:PATH, folder:PATH, hf:NAME")
-    p.add_argument("--tokens", type=DASHBOARD_TOKENS.arg, default=32_768,
-                   help=f"tokens to run (default 32768, at most {DASHBOARD_TOKENS.high})")
-    p.add_argument("--overwrite", action="store_true", help="replace earlier dashboards in --out (default: keep "
-                                                          "them, renamed)")
-    p.add_argument("--features", type=int, nargs="+", default=None, metavar="N",
-                   help="features to draw cards for in report.html (default: the 50 most frequent)")
-    p.add_argument("--layer", type=int, default=None, metavar="L",
-                   help="for a cross-layer transcoder: the layer whose features to draw (their cards list the layers they write to)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    def device(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default=DashboardOptions.device, help=f"torch device (default {DashboardOptions.device})")
+
+    _add_flags(p, DashboardOptions, ("dictionary", "checkpoint", "out", "data", "n_tokens", "overwrite", "features",
+                                     "layer"), device, ("progress",))
 
 
 def run_dashboards(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from circuitlab.experiments.dashboards import DashboardOptions, build_dashboards
 
-    found = build_dashboards(DashboardOptions(args.dictionary, args.checkpoint, args.out, args.data, args.tokens,
-                                              features=args.features, layer=args.layer, device=args.device,
-                                              progress=not args.no_progress, overwrite=args.overwrite))
+    found = build_dashboards(replace(DashboardOptions.from_args(args), device=args.device))
     if found.kept:
         print(f"kept the earlier dashboards as {found.kept}")
     s = found.summary
@@ -271,6 +265,21 @@ def _run_export(args: argparse.Namespace) -> int:
     print(f"wrote {args.layout} layout to {args.out}/ (each read back by circuitlab's reader: same latents and "
           f"reconstructions); export.json lists what came from where")
     return 0
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def _add_flags(p: argparse.ArgumentParser, cls: type[Options], *parts: tuple[str, ...] | Callable[[Any], None]) -> None:
+    """cls's flags (declared once, beside its pipeline) in --help's order, with the flags the spec does not declare
+    written between them: each part a tuple of cls's field names, or a function adding hand-written flags."""
+    from circuitlab.spec import add_arguments as add_options, only
+
+    for part in parts:
+        if callable(part):
+            part(p)
+        else:
+            add_options(p, only(cls, part, cls.__name__))
 
 
 # ---------------------------------------------------------------------------- wiring
