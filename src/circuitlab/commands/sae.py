@@ -9,14 +9,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from circuitlab.checks import Number
 from circuitlab.commands._args import positive_int
 
 if TYPE_CHECKING:
     from circuitlab.spec import Options
-
-EVAL_SEQUENCES = 64     # sae eval's default sample: 64 x 64 = 4096 tokens
-EVAL_BUDGET = 2 ** 28   # floats sae eval holds at once (1 GiB): bounds --batches x --seq-len
 
 HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them, draw feature dashboards"
 EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
@@ -84,98 +80,16 @@ EVAL_EXAMPLE = "circuitlab sae eval --dictionary runs/sae-demo/dictionaries/bloc
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dictionary", required=True,
-                   help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one "
-                        "layer_N.safetensors of a circuit-tracer set; or a CLT (ours, circuit-tracer's or sparsify's layout)")
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
-    p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
-    p.add_argument("--batches", type=positive_int, default=EVAL_SEQUENCES,
-                   help=f"sequences of held-out text to evaluate on (default {EVAL_SEQUENCES}: with --seq-len 64, "
-                        "4096 tokens, so a latent counted dead fired on none of them; the resolution is printed)")
-    p.add_argument("--seq-len", type=Number(int, low=2).arg, default=64, help="tokens per sequence (default 64)")
-    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    from circuitlab.experiments.sae_eval import DictionaryEvalOptions
+    from circuitlab.spec import add_arguments as add_options
+
+    add_options(p, DictionaryEvalOptions)
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from circuitlab.atomic import atomic_write_text, json_text
-    from circuitlab.data import DataConfig, build_data
-    from circuitlab.dictionaries import SparseDictionary
-    from circuitlab.dictionaries.metrics import evaluate, spliced_loss
-    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
-    from circuitlab.dictionaries.train import check_fits
-    from circuitlab.errors import CircuitlabError
-    from circuitlab.training import load_checkpoint
+    from circuitlab.experiments.sae_eval import DictionaryEvalOptions, evaluate_dictionary
 
-    from circuitlab.dictionaries.clt import is_clt_folder
-
-    if is_clt_folder(args.dictionary):
-        return _eval_clt(args)
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    sae = SparseDictionary.load(args.dictionary, model=model)  # checked against the model, hooks bound
-    if args.seq_len > model.cfg.n_ctx:
-        print(f"--seq-len {args.seq_len} is longer than the model's context: using {model.cfg.n_ctx}")
-        args.seq_len = model.cfg.n_ctx
-    rows = args.batches * args.seq_len
-    per_row = 4 * (sae.cfg.d_sae + sae.cfg.d_in + (sae.cfg.d_out or sae.cfg.d_in)) + 2 * model.cfg.d_vocab
-    if rows * per_row > EVAL_BUDGET:
-        raise CircuitlabError(f"--batches {args.batches} x --seq-len {args.seq_len} = {rows} tokens need "
-                              f"{rows * per_row * 4 / 2**30:.1f} GiB at once for this dictionary and model (limit "
-                              f"{EVAL_BUDGET * 4 / 2**30:.0f} GiB); give at most "
-                              f"{max(1, EVAL_BUDGET // (per_row * args.seq_len))} batches")
-    if tokenizer is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
-    data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
-    hooks = [h for h in (sae.cfg.hook_name, sae.cfg.out_hook_name) if h]
-    source = ModelActivations(model, hooks, data, seq_len=args.seq_len, seqs_per_chunk=args.batches)
-    check_fits(sae.cfg, source.widths)
-    store = ActivationStore(source, batch_size=args.batches * args.seq_len, split="val")
-    metrics = evaluate(sae, [store.next_batch()])
-    metrics.spliced = spliced_loss(model, sae, data.get_batch("val", 0, args.batches, args.seq_len))
-    s = metrics.spliced
-    print(f"{args.dictionary} ({sae.cfg.architecture}, {sae.cfg.hook_name}, d_sae {sae.cfg.d_sae}) on {metrics.n_rows} tokens:")
-    print(f"  L0 {metrics.l0:.2f}  explained variance {metrics.explained_variance:.4f}  MSE {metrics.mse:.4g} "
-          "(model units, summed over dims; sae train logs the same)  "
-          f"cosine {metrics.cosine:.4f}  L2 ratio {metrics.l2_ratio:.3f}")
-    print(f"  dead {metrics.dead_frac:.1%} (fired on none of the {metrics.n_rows:,} tokens: a rate below "
-          f"1/{metrics.n_rows:,} reads as dead)  dense (>10%) {metrics.dense_frac:.1%}")
-    print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
-          f"CE recovered {s.ce_recovered:.4f}{s.recovered_note()}  KL {s.kl:.4g}")
-    if args.json:
-        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
-    return 0
-
-
-def _eval_clt(args: argparse.Namespace) -> int:
-    """sae eval for a cross-layer transcoder: per-layer reconstruction, and the model with every MLP replaced."""
-    from circuitlab.atomic import atomic_write_text, json_text
-    from circuitlab.data import DataConfig, build_data
-    from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
-    from circuitlab.dictionaries.clt_train import evaluate_clt
-    from circuitlab.dictionaries.metrics import spliced_loss
-    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
-    from circuitlab.errors import CircuitlabError
-    from circuitlab.training import load_checkpoint
-
-    clt = CrossLayerTranscoder.load(args.dictionary)
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    check_clt_fits(clt, model, f"the CLT in {args.dictionary}")
-    if tokenizer is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
-    data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
-    source = ModelActivations(model, clt.cfg.hooks(), data, seq_len=args.seq_len, seqs_per_chunk=args.batches)
-    metrics = evaluate_clt(clt, [ActivationStore(source, batch_size=args.batches * args.seq_len, split="val").next_batch()])
-    metrics.spliced = s = spliced_loss(model, clt, data.get_batch("val", 0, args.batches, args.seq_len))
-    c = clt.cfg
-    print(f"{args.dictionary} ({c.architecture} CLT, {c.n_layers} layers x d_sae {c.d_sae}) on {metrics.n_rows} tokens:")
-    for layer in range(c.n_layers):
-        print(f"  layer {layer}: explained variance {metrics.layer_explained_variance[layer]:.4f}  "
-              f"L0 {metrics.layer_l0[layer]:.2f}  dead {metrics.layer_dead_frac[layer]:.1%}")
-    print(f"  all layers: explained variance {metrics.explained_variance:.4f}  dead {metrics.dead_frac:.1%}  "
-          f"dense (>10%) {metrics.dense_frac:.1%}")
-    print(f"  every MLP replaced: CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
-          f"CE recovered {s.ce_recovered:.4f}{s.recovered_note()}  KL {s.kl:.4g}")
-    if args.json:
-        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
+    evaluate_dictionary(DictionaryEvalOptions.from_args(args))
     return 0
 
 

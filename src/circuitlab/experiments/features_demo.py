@@ -29,6 +29,7 @@ from circuitlab.training.interrupts import continue_on_interrupt
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+SEQ_LEN = 64    # the demo model's sequences: its training, the dictionary's activations, the held-out text
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
 
@@ -146,7 +147,7 @@ def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
     with continue_on_interrupt("making the dashboards and the report", f"the model and the dictionary in {out} are",
                                RESUME):
         metrics = _metrics(model, sae, found, data)
-        held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=64, batch_size=32)
+        held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=SEQ_LEN, batch_size=32)
         dash = feature_dashboards(model, sae, held_out, k=10, tokenizer=tokenizer, progress=opts.progress)
         dash.save(folder / "dashboards")  # where `circuitlab serve --dictionary` looks for them
         features = [_finding(dash, f) for f in range(sae.cfg.d_sae)]
@@ -203,7 +204,7 @@ def _train_model(opts: FeaturesDemoOptions, out: Path):
         "name": "features-model", "description": f"1-layer transformer with a {opts.d_mlp}-neuron MLP (features demo)",
         "model": {"preset": "gpt2-tiny", "n_layers": 1, "d_model": 128, "n_heads": 4, "d_mlp": opts.d_mlp},
         "data": _data_config(opts),
-        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": 64, "lr": 3e-3,
+        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": SEQ_LEN, "lr": 3e-3,
                   "warmup_steps": min(50, steps), "eval_every": max(1, steps // 3), "eval_batches": 4, "ckpt_every": steps, "track_every": steps,
                   "log_every": max(1, steps // 50), "seed": opts.seed}})
     return train_or_reuse(cfg, out, opts.resume, opts.progress, f"a 1-layer model with a {opts.d_mlp}-neuron MLP")
@@ -219,7 +220,7 @@ def _train_dictionary(model: Transformer, tokenizer, opts: FeaturesDemoOptions, 
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
 
     data = build_data(DataConfig.from_dict(_data_config(opts)), tokenizer=tokenizer)  # the model's own corpus (cached tokens)
-    source = ModelActivations(model, [HOOK], data, seq_len=64, seqs_per_chunk=64)
+    source = ModelActivations(model, [HOOK], data, seq_len=SEQ_LEN, seqs_per_chunk=64)
     cfg = DictionaryConfig("topk", d_in=opts.d_mlp, d_sae=opts.d_sae, k=opts.k, hook_name=HOOK,
                            base_model=base_model_id(model, "features-model"), metadata={"name": "mlp-topk"})
     train = DictTrainConfig(steps=opts.dictionary_steps, batch_size=opts.dictionary_batch, lr=4e-4,

@@ -107,6 +107,7 @@ def load_sae_config(name: str, overrides: list[str]) -> dict[str, Any]:
 
 
 KINDS = ("dictionary", "clt", "transcoders")
+STORE_SEQ_LEN = 64   # the config's store.seq_len when it gives none: tokens per sequence of the activation stream
 
 
 def _layer_transcoder(d: dict[str, Any], layer: int, mlp_input: str | None = None) -> dict[str, Any]:
@@ -157,7 +158,7 @@ def _expand_layers(entries: list, model: Transformer, target_l0: float | list[fl
 def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
     from circuitlab.errors import refuse_unknown
 
-    known = {"seq_len": 64, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
+    known = {"seq_len": STORE_SEQ_LEN, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
              "cache_max_gb": None, "shards": None, "autocast": None}
     refuse_unknown(raw, known, "store field(s)", list_known=True)
     return {**known, **raw}
