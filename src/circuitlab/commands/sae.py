@@ -155,28 +155,22 @@ EXPORT_EXAMPLE = "circuitlab sae export runs/clt-demo --layout circuit-tracer --
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
-    from circuitlab.dictionaries.export import LAYOUTS
+    from circuitlab.dictionaries.export import ExportOptions
+    from circuitlab.spec import add_arguments as add_options
 
-    p.add_argument("source", metavar="SOURCE",
-                   help="a `sae train` run, a folder of dictionaries, one CLT or circuit-tracer set, or one dictionary")
-    p.add_argument("--layout", required=True, choices=LAYOUTS, help="the layout to write")
-    p.add_argument("--out", required=True, metavar="DIR", help="where to write (an earlier export there is set aside as "
-                                                               "DIR.<time> once the new one is complete)")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                   help="the sets / dictionaries to export (default all): a CLT's or dictionary's folder name, or a "
-                        "per-layer set's name (transcoders); an unknown name lists them")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out instead")
+    add_options(p, ExportOptions)
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from circuitlab.dictionaries.export import export_dictionaries
+    from circuitlab.dictionaries.export import ExportOptions, export_dictionaries
 
-    written, kept = export_dictionaries(args.source, args.layout, args.out, only=args.only, overwrite=args.overwrite)
+    opts = ExportOptions.from_args(args)
+    written, kept = export_dictionaries(opts.source, opts.layout, opts.out, only=opts.only, overwrite=opts.overwrite)
     if kept is not None:
         print(f"kept the earlier export as {kept}")
     for name, folders in written.items():
-        print(f"{name}: {', '.join(f'{args.out}/{f}' for f in folders)}")
-    print(f"wrote {args.layout} layout to {args.out}/ (each read back by circuitlab's reader: same latents and "
+        print(f"{name}: {', '.join(f'{opts.out}/{f}' for f in folders)}")
+    print(f"wrote {opts.layout} layout to {opts.out}/ (each read back by circuitlab's reader: same latents and "
           f"reconstructions); export.json lists what came from where")
     return 0
 
