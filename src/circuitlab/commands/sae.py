@@ -26,47 +26,43 @@ TRAIN_EXAMPLE = ("circuitlab sae train --config sae-demo --set train.steps=500 -
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True,
-                   help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo, clt-demo)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
-    p.add_argument("--target-l0", default=None, metavar="L0",
-                   help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 (train.target_l0; "
-                        "TopK-family dictionaries keep their k); a CLT may take one per layer: 8,8,4")
-    p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (a run "
-                                                          "stopped before its first checkpoint starts over)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished run in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto; under torchrun each rank takes its "
-                                                   "local GPU (nccl) or runs on the CPU (gloo)")
     from circuitlab.commands._args import add_memory_arguments
+    from circuitlab.experiments.sae_train import SaeTrainOptions
 
-    add_memory_arguments(p)
-    p.add_argument("--parallel", choices=("data", "modules"), default="data",
-                   help="under torchrun: data = every rank trains replicas on its own rows (gradients averaged); "
-                        "modules = each dictionary on one rank, activations sent to it (default data)")
+    def set_flag(p: argparse.ArgumentParser) -> None:   # repeatable: the spec has no append action
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
+
+    def device_and_memory(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default=SaeTrainOptions.device,
+                       help=f"{SaeTrainOptions.device} (default), cuda or auto; under torchrun each rank takes its "
+                            "local GPU (nccl) or runs on the CPU (gloo)")
+        add_memory_arguments(p)
+
+    _add_flags(p, SaeTrainOptions, ("config",), set_flag, ("target_l0", "out", "resume", "overwrite", "progress"),
+               device_and_memory, ("parallel",))
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    import circuitlab.training.distributed as D
-    from circuitlab.experiments.sae_train import load_sae_config, start_or_resume, train_dictionaries
+    from dataclasses import replace
 
-    overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
-    data = load_sae_config(args.config, overrides)
-    out = Path(args.out or f"runs/{data['name']}")
+    import circuitlab.training.distributed as D
+    from circuitlab.experiments.sae_train import SaeTrainOptions, start_or_resume, train_dictionaries
     from circuitlab.training.outputs import check_writable
 
+    opts = replace(SaeTrainOptions.from_args(args), overrides=tuple(args.set), device=args.device)
+    data = opts.load_config()
+    out = opts.out_folder(data)
     check_writable(out, "the dictionaries")   # before an interrupted folder is tidied or the model read
     # under torchrun: one process group (gloo on the CPU, nccl on GPUs); alone nothing changes
     if args.estimate:   # nothing read or written: the dictionaries' shapes and the step's cost
-        print(train_dictionaries(data, out, progress=False, device=args.device, estimate_only=True)["line"])
+        print(train_dictionaries(data, out, progress=False, device=opts.device, estimate_only=True)["line"])
         return 0
-    rank, _, device = D.setup(args.device)
+    rank, _, device = D.setup(opts.device)
     with D.rank_zero_first():  # rank 0 alone tidies an interrupted folder; then every rank sees the same one
-        resume = start_or_resume(out, args.resume, args.overwrite, quiet=rank != 0, tidy=rank == 0)
-    train_dictionaries(data, out, resume=resume, overwrite=args.overwrite, progress=not args.no_progress,
-                       device=device, parallel=args.parallel)
+        resume = start_or_resume(out, opts.resume, opts.overwrite, quiet=rank != 0, tidy=rank == 0)
+    train_dictionaries(data, out, resume=resume, overwrite=opts.overwrite, progress=opts.progress,
+                       device=device, parallel=opts.parallel)
     D.teardown()
     if rank == 0:
         print(f"wrote {out}/results.json")
