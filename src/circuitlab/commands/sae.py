@@ -6,10 +6,7 @@ function pair and one entry.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
-
-from circuitlab.commands._args import positive_int
 
 if TYPE_CHECKING:
     from circuitlab.spec import Options
@@ -119,23 +116,15 @@ def run_dashboards(args: argparse.Namespace) -> int:
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
-    p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the 1-layer model (default 600)")
-    p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 500)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted demo in --out: a finished model is reused, the rest resumes")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from circuitlab.experiments.features_demo import FeaturesDemoOptions
+
+    _add_flags(p, FeaturesDemoOptions, ("out", "model_steps", "dictionary_steps", "resume"), ("progress",))
 
 
 def run_sae_demo(args: argparse.Namespace) -> int:
     from circuitlab.experiments.features_demo import FeaturesDemoOptions, run_features_demo
 
-    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress, resume=args.resume)
-    if args.model_steps is not None:
-        opts.model_steps = args.model_steps
-    if args.dictionary_steps is not None:
-        opts.dictionary_steps = args.dictionary_steps
-    result = run_features_demo(opts)
+    result = run_features_demo(FeaturesDemoOptions.from_args(args))
     print()
     print((result.out / "report.md").read_text())
     print(f"wrote {result.out}/: report.html, report.md, results.json, model/, dictionary/ in "

@@ -41,6 +41,7 @@ from circuitlab.training.interrupts import continue_on_interrupt
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+MODEL_STEPS = 600   # the demo model's training steps unless --model-steps says otherwise
 KINDS = ("per-layer", "clt")
 RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
@@ -55,7 +56,7 @@ class GraphsDemoOptions:
     """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs/graphs.md)."""
 
     out: Path = Path("runs/graphs")
-    model_steps: int = 600
+    model_steps: int = MODEL_STEPS
     segment_steps: int = 300      # first steps on tiled random segments only (induction heads form there)
     model_batch: int = 64         # sequences of 64 tokens per model step
     d_mlp: int = 512
