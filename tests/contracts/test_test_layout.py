@@ -47,7 +47,6 @@ REASONS = {  # module (under src/circuitlab) -> why it has no tests/<package>/te
     "dictionaries/train_config.py": "tested through tests/dictionaries/test_target_l0.py, tests/dictionaries/test_train.py, tests/dictionaries/test_clt_planted.py",  # generated: it imports the module
     "dictionaries/train_state.py": "tested through tests/dictionaries/test_train.py, tests/contracts/test_long_jobs.py via circuitlab.dictionaries.train (its checkpoints, resumes and refused setting changes)",
     "errors.py": "tested through tests/analysis/test_patching.py, tests/dictionaries/test_clt.py, tests/analysis/patching/test_causal_tracing.py",  # generated: it imports the module
-    "experiments/dashboards.py": "tested through tests/commands/test_sae_clt.py via circuitlab.commands.sae (`sae dashboards`)",
     "experiments/demo_budget.py": "tested through tests/experiments/test_features_demo.py, tests/contracts/test_output_policy.py",  # generated: it imports the module
     "experiments/forge_findings.py": "tested through tests/experiments/test_forge_compare.py",  # generated: it imports the module
     "forge/adder_base.py": "tested through tests/forge/test_adder.py",  # generated: it imports the module

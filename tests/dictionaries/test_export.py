@@ -135,3 +135,30 @@ def test_an_earlier_export_is_set_aside_only_when_the_new_one_is_complete(run, t
     (tmp_path / "other" / "notes.txt").write_text("mine")
     assert main([*args[:4], "saelens", "--out", str(tmp_path / "other")]) == 2
     assert "already holds other files" in capsys.readouterr().err
+
+
+def test_the_export_flags_the_options_class_and_from_dict_agree(capsys):
+    """`sae export`'s arguments are ExportOptions' fields: the same defaults, and a bad layout refused by the
+    command line and by check() alike (before any work)."""
+    from circuitlab.cli import build_parser, main
+    from circuitlab.dictionaries.export import LAYOUTS, ExportOptions
+    from circuitlab.errors import ConfigError, InputError
+
+    def parse(*argv):
+        return ExportOptions.from_args(build_parser().parse_args(["sae", "export", *argv]))
+
+    needed = {"source": "runs/x", "layout": "saelens", "out": "o"}
+    assert parse("runs/x", "--layout", "saelens", "--out", "o") == ExportOptions(**needed) == \
+        ExportOptions.from_dict(needed)
+    assert ExportOptions(**needed).only is None and not ExportOptions(**needed).overwrite
+    given = parse("runs/x", "--layout", "saelens", "--out", "o", "--only", "a", "b", "--overwrite")
+    assert given == ExportOptions.from_dict({**needed, "only": ["a", "b"], "overwrite": True})
+    assert given.only == ("a", "b")
+    with pytest.raises(SystemExit) as stop:
+        main(["sae", "export", "runs/x", "--layout", "nope", "--out", "o"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and "argument --layout: invalid choice: 'nope'" in err
+    with pytest.raises(InputError, match=f"^layout must be one of {', '.join(LAYOUTS)}, got 'nope'$"):
+        ExportOptions(**{**needed, "layout": "nope"}).check()
+    with pytest.raises(ConfigError, match="^out is required$"):
+        ExportOptions.from_dict({"source": "runs/x", "layout": "saelens"})

@@ -114,7 +114,7 @@ def test_an_earlier_features_demo_is_kept_renamed_and_other_files_are_refused(tm
 def test_an_interrupted_features_demo_continues_with_the_command_it_prints(demo, tmp_path, capsys, monkeypatch):
     """Ctrl-C while the dictionary trains: the line's command (`sae demo ... --resume`) continues it; another
     --model-steps is refused before any training."""
-    import functools
+    import dataclasses
     import shutil
     import signal
 
@@ -127,7 +127,8 @@ def test_an_interrupted_features_demo_continues_with_the_command_it_prints(demo,
     shutil.rmtree(out / "dictionary")
     (out / "results.json").unlink()
     sizes = {k: v for k, v in TINY.items() if k not in ("model_steps", "dictionary_steps", "progress")}
-    monkeypatch.setattr(fd, "FeaturesDemoOptions", functools.partial(FeaturesDemoOptions, **sizes))
+    run = fd.run_features_demo   # the command's options with the tiny sizes (they have no flags)
+    monkeypatch.setattr(fd, "run_features_demo", lambda opts: run(dataclasses.replace(opts, **sizes)))
     argv = ["sae", "demo", "--out", str(out), "--model-steps", "3", "--dictionary-steps", "6", "--no-progress",
             "--resume"]
     assert main([*argv[:5], "5", *argv[6:]]) == 2
@@ -148,3 +149,32 @@ def test_an_interrupted_features_demo_continues_with_the_command_it_prints(demo,
     assert main(argv) == 0
     trained = json.loads((out / "results.json").read_text())["dictionary"]["tokens_trained"]
     assert trained == 6 * TINY["dictionary_batch"]
+
+
+def test_the_demo_flags_the_options_class_and_from_dict_agree(tmp_path, capsys):
+    """`sae demo`'s flags are FeaturesDemoOptions' options: the same defaults; a bad value refused by the command
+    line, check() and from_dict alike, and by the Python API before any work."""
+    from circuitlab.cli import build_parser, main
+    from circuitlab.errors import ConfigError, InputError
+
+    def parse(*argv):
+        return FeaturesDemoOptions.from_args(build_parser().parse_args(["sae", "demo", *argv]))
+
+    assert parse() == FeaturesDemoOptions() == FeaturesDemoOptions.from_dict({})
+    assert (FeaturesDemoOptions().out, FeaturesDemoOptions().model_steps, FeaturesDemoOptions().dictionary_steps) == \
+        ("runs/features", 600, 500)
+    given = parse("--out", "o", "--model-steps", "3", "--dictionary-steps", "4", "--resume", "--no-progress")
+    assert given == FeaturesDemoOptions.from_dict({"out": "o", "model_steps": 3, "dictionary_steps": 4,
+                                                   "resume": True, "progress": False})
+    assert FeaturesDemoOptions(out=Path("o")) == FeaturesDemoOptions(out="o")   # a Path is text
+    with pytest.raises(SystemExit) as stop:
+        main(["sae", "demo", "--dictionary-steps", "0"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "argument --dictionary-steps: must be a whole number >= 1, got '0'" in err
+    with pytest.raises(InputError, match="^dictionary_steps must be a whole number >= 1, got 0$"):
+        FeaturesDemoOptions(dictionary_steps=0).check()
+    with pytest.raises(ConfigError, match="^model_steps must be a whole number >= 1, got 0$"):
+        FeaturesDemoOptions.from_dict({"model_steps": 0})
+    with pytest.raises(InputError, match="^model_steps must be"):
+        run_features_demo(FeaturesDemoOptions(out=tmp_path / "f", model_steps=0))
+    assert not (tmp_path / "f").exists()

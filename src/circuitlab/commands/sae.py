@@ -6,13 +6,10 @@ function pair and one entry.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
-from circuitlab.checks import Number
-from circuitlab.commands._args import positive_int
-
-EVAL_SEQUENCES = 64     # sae eval's default sample: 64 x 64 = 4096 tokens
-EVAL_BUDGET = 2 ** 28   # floats sae eval holds at once (1 GiB): bounds --batches x --seq-len
+if TYPE_CHECKING:
+    from circuitlab.spec import Options
 
 HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them, draw feature dashboards"
 EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
@@ -26,47 +23,43 @@ TRAIN_EXAMPLE = ("circuitlab sae train --config sae-demo --set train.steps=500 -
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True,
-                   help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo, clt-demo)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
-    p.add_argument("--target-l0", default=None, metavar="L0",
-                   help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 (train.target_l0; "
-                        "TopK-family dictionaries keep their k); a CLT may take one per layer: 8,8,4")
-    p.add_argument("--out", default=None, help="output folder (default runs/<config name>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (a run "
-                                                          "stopped before its first checkpoint starts over)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished or unfinished run in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto; under torchrun each rank takes its "
-                                                   "local GPU (nccl) or runs on the CPU (gloo)")
     from circuitlab.commands._args import add_memory_arguments
+    from circuitlab.experiments.sae_train import SaeTrainOptions
 
-    add_memory_arguments(p)
-    p.add_argument("--parallel", choices=("data", "modules"), default="data",
-                   help="under torchrun: data = every rank trains replicas on its own rows (gradients averaged); "
-                        "modules = each dictionary on one rank, activations sent to it (default data)")
+    def set_flag(p: argparse.ArgumentParser) -> None:   # repeatable: the spec has no append action
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
+
+    def device_and_memory(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default=SaeTrainOptions.device,
+                       help=f"{SaeTrainOptions.device} (default), cuda or auto; under torchrun each rank takes its "
+                            "local GPU (nccl) or runs on the CPU (gloo)")
+        add_memory_arguments(p)
+
+    _add_flags(p, SaeTrainOptions, ("config",), set_flag, ("target_l0", "out", "resume", "overwrite", "progress"),
+               device_and_memory, ("parallel",))
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    import circuitlab.training.distributed as D
-    from circuitlab.experiments.sae_train import load_sae_config, start_or_resume, train_dictionaries
+    from dataclasses import replace
 
-    overrides = [*args.set, *([f"train.target_l0={args.target_l0}"] if args.target_l0 is not None else [])]
-    data = load_sae_config(args.config, overrides)
-    out = Path(args.out or f"runs/{data['name']}")
+    import circuitlab.training.distributed as D
+    from circuitlab.experiments.sae_train import SaeTrainOptions, start_or_resume, train_dictionaries
     from circuitlab.training.outputs import check_writable
 
+    opts = replace(SaeTrainOptions.from_args(args), overrides=tuple(args.set), device=args.device)
+    data = opts.load_config()
+    out = opts.out_folder(data)
     check_writable(out, "the dictionaries")   # before an interrupted folder is tidied or the model read
     # under torchrun: one process group (gloo on the CPU, nccl on GPUs); alone nothing changes
     if args.estimate:   # nothing read or written: the dictionaries' shapes and the step's cost
-        print(train_dictionaries(data, out, progress=False, device=args.device, estimate_only=True)["line"])
+        print(train_dictionaries(data, out, progress=False, device=opts.device, estimate_only=True)["line"])
         return 0
-    rank, _, device = D.setup(args.device)
+    rank, _, device = D.setup(opts.device)
     with D.rank_zero_first():  # rank 0 alone tidies an interrupted folder; then every rank sees the same one
-        resume = start_or_resume(out, args.resume, args.overwrite, quiet=rank != 0, tidy=rank == 0)
-    train_dictionaries(data, out, resume=resume, overwrite=args.overwrite, progress=not args.no_progress,
-                       device=device, parallel=args.parallel)
+        resume = start_or_resume(out, opts.resume, opts.overwrite, quiet=rank != 0, tidy=rank == 0)
+    train_dictionaries(data, out, resume=resume, overwrite=opts.overwrite, progress=opts.progress,
+                       device=device, parallel=opts.parallel)
     D.teardown()
     if rank == 0:
         print(f"wrote {out}/results.json")
@@ -80,98 +73,16 @@ EVAL_EXAMPLE = "circuitlab sae eval --dictionary runs/sae-demo/dictionaries/bloc
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dictionary", required=True,
-                   help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one "
-                        "layer_N.safetensors of a circuit-tracer set; or a CLT (ours, circuit-tracer's or sparsify's layout)")
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="the model it was trained on")
-    p.add_argument("--data", default="stories", help='text source: "stories", "file:PATH", "hf:NAME" ... (default stories)')
-    p.add_argument("--batches", type=positive_int, default=EVAL_SEQUENCES,
-                   help=f"sequences of held-out text to evaluate on (default {EVAL_SEQUENCES}: with --seq-len 64, "
-                        "4096 tokens, so a latent counted dead fired on none of them; the resolution is printed)")
-    p.add_argument("--seq-len", type=Number(int, low=2).arg, default=64, help="tokens per sequence (default 64)")
-    p.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    from circuitlab.experiments.sae_eval import DictionaryEvalOptions
+    from circuitlab.spec import add_arguments as add_options
+
+    add_options(p, DictionaryEvalOptions)
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from circuitlab.atomic import atomic_write_text, json_text
-    from circuitlab.data import DataConfig, build_data
-    from circuitlab.dictionaries import SparseDictionary
-    from circuitlab.dictionaries.metrics import evaluate, spliced_loss
-    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
-    from circuitlab.dictionaries.train import check_fits
-    from circuitlab.errors import CircuitlabError
-    from circuitlab.training import load_checkpoint
+    from circuitlab.experiments.sae_eval import DictionaryEvalOptions, evaluate_dictionary
 
-    from circuitlab.dictionaries.clt import is_clt_folder
-
-    if is_clt_folder(args.dictionary):
-        return _eval_clt(args)
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    sae = SparseDictionary.load(args.dictionary, model=model)  # checked against the model, hooks bound
-    if args.seq_len > model.cfg.n_ctx:
-        print(f"--seq-len {args.seq_len} is longer than the model's context: using {model.cfg.n_ctx}")
-        args.seq_len = model.cfg.n_ctx
-    rows = args.batches * args.seq_len
-    per_row = 4 * (sae.cfg.d_sae + sae.cfg.d_in + (sae.cfg.d_out or sae.cfg.d_in)) + 2 * model.cfg.d_vocab
-    if rows * per_row > EVAL_BUDGET:
-        raise CircuitlabError(f"--batches {args.batches} x --seq-len {args.seq_len} = {rows} tokens need "
-                              f"{rows * per_row * 4 / 2**30:.1f} GiB at once for this dictionary and model (limit "
-                              f"{EVAL_BUDGET * 4 / 2**30:.0f} GiB); give at most "
-                              f"{max(1, EVAL_BUDGET // (per_row * args.seq_len))} batches")
-    if tokenizer is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
-    data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
-    hooks = [h for h in (sae.cfg.hook_name, sae.cfg.out_hook_name) if h]
-    source = ModelActivations(model, hooks, data, seq_len=args.seq_len, seqs_per_chunk=args.batches)
-    check_fits(sae.cfg, source.widths)
-    store = ActivationStore(source, batch_size=args.batches * args.seq_len, split="val")
-    metrics = evaluate(sae, [store.next_batch()])
-    metrics.spliced = spliced_loss(model, sae, data.get_batch("val", 0, args.batches, args.seq_len))
-    s = metrics.spliced
-    print(f"{args.dictionary} ({sae.cfg.architecture}, {sae.cfg.hook_name}, d_sae {sae.cfg.d_sae}) on {metrics.n_rows} tokens:")
-    print(f"  L0 {metrics.l0:.2f}  explained variance {metrics.explained_variance:.4f}  MSE {metrics.mse:.4g} "
-          "(model units, summed over dims; sae train logs the same)  "
-          f"cosine {metrics.cosine:.4f}  L2 ratio {metrics.l2_ratio:.3f}")
-    print(f"  dead {metrics.dead_frac:.1%} (fired on none of the {metrics.n_rows:,} tokens: a rate below "
-          f"1/{metrics.n_rows:,} reads as dead)  dense (>10%) {metrics.dense_frac:.1%}")
-    print(f"  CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
-          f"CE recovered {s.ce_recovered:.4f}{s.recovered_note()}  KL {s.kl:.4g}")
-    if args.json:
-        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
-    return 0
-
-
-def _eval_clt(args: argparse.Namespace) -> int:
-    """sae eval for a cross-layer transcoder: per-layer reconstruction, and the model with every MLP replaced."""
-    from circuitlab.atomic import atomic_write_text, json_text
-    from circuitlab.data import DataConfig, build_data
-    from circuitlab.dictionaries.clt import CrossLayerTranscoder, check_clt_fits
-    from circuitlab.dictionaries.clt_train import evaluate_clt
-    from circuitlab.dictionaries.metrics import spliced_loss
-    from circuitlab.dictionaries.store import ActivationStore, ModelActivations
-    from circuitlab.errors import CircuitlabError
-    from circuitlab.training import load_checkpoint
-
-    clt = CrossLayerTranscoder.load(args.dictionary)
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    check_clt_fits(clt, model, f"the CLT in {args.dictionary}")
-    if tokenizer is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot read text data")
-    data = build_data(DataConfig(source=args.data, n_stories=2000), tokenizer=tokenizer)
-    source = ModelActivations(model, clt.cfg.hooks(), data, seq_len=args.seq_len, seqs_per_chunk=args.batches)
-    metrics = evaluate_clt(clt, [ActivationStore(source, batch_size=args.batches * args.seq_len, split="val").next_batch()])
-    metrics.spliced = s = spliced_loss(model, clt, data.get_batch("val", 0, args.batches, args.seq_len))
-    c = clt.cfg
-    print(f"{args.dictionary} ({c.architecture} CLT, {c.n_layers} layers x d_sae {c.d_sae}) on {metrics.n_rows} tokens:")
-    for layer in range(c.n_layers):
-        print(f"  layer {layer}: explained variance {metrics.layer_explained_variance[layer]:.4f}  "
-              f"L0 {metrics.layer_l0[layer]:.2f}  dead {metrics.layer_dead_frac[layer]:.1%}")
-    print(f"  all layers: explained variance {metrics.explained_variance:.4f}  dead {metrics.dead_frac:.1%}  "
-          f"dense (>10%) {metrics.dense_frac:.1%}")
-    print(f"  every MLP replaced: CE clean {s.ce_clean:.4f}  spliced {s.ce_spliced:.4f}  zero-ablated {s.ce_zero:.4f}  "
-          f"CE recovered {s.ce_recovered:.4f}{s.recovered_note()}  KL {s.kl:.4g}")
-    if args.json:
-        atomic_write_text(Path(args.json), json_text(metrics.to_dict(), indent=2))
+    evaluate_dictionary(DictionaryEvalOptions.from_args(args))
     return 0
 
 
@@ -179,31 +90,21 @@ def _eval_clt(args: argparse.Namespace) -> int:
 
 
 def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.experiments.dashboards import TOKENS as DASHBOARD_TOKENS
+    from circuitlab.experiments.dashboards import DashboardOptions
 
-    p.add_argument("--dictionary", required=True, metavar="DIR", help="a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or one layer_N.safetensors of a circuit-tracer set")
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="the run or checkpoint it was trained on")
-    p.add_argument("--out", default=None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
-    p.add_argument("--data", default="stories",
-                   help="text for the contexts: stories (held-out built-in stories), file:PATH, folder:PATH, hf:NAME")
-    p.add_argument("--tokens", type=DASHBOARD_TOKENS.arg, default=32_768,
-                   help=f"tokens to run (default 32768, at most {DASHBOARD_TOKENS.high})")
-    p.add_argument("--overwrite", action="store_true", help="replace earlier dashboards in --out (default: keep "
-                                                          "them, renamed)")
-    p.add_argument("--features", type=int, nargs="+", default=None, metavar="N",
-                   help="features to draw cards for in report.html (default: the 50 most frequent)")
-    p.add_argument("--layer", type=int, default=None, metavar="L",
-                   help="for a cross-layer transcoder: the layer whose features to draw (their cards list the layers they write to)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    def device(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default=DashboardOptions.device, help=f"torch device (default {DashboardOptions.device})")
+
+    _add_flags(p, DashboardOptions, ("dictionary", "checkpoint", "out", "data", "n_tokens", "overwrite", "features",
+                                     "layer"), device, ("progress",))
 
 
 def run_dashboards(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from circuitlab.experiments.dashboards import DashboardOptions, build_dashboards
 
-    found = build_dashboards(DashboardOptions(args.dictionary, args.checkpoint, args.out, args.data, args.tokens,
-                                              features=args.features, layer=args.layer, device=args.device,
-                                              progress=not args.no_progress, overwrite=args.overwrite))
+    found = build_dashboards(replace(DashboardOptions.from_args(args), device=args.device))
     if found.kept:
         print(f"kept the earlier dashboards as {found.kept}")
     s = found.summary
@@ -215,23 +116,15 @@ def run_dashboards(args: argparse.Namespace) -> int:
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/features", help="output directory (an existing one is kept, renamed)")
-    p.add_argument("--model-steps", type=positive_int, default=None, help="training steps of the 1-layer model (default 600)")
-    p.add_argument("--dictionary-steps", type=positive_int, default=None, help="training steps of the dictionary (default 500)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted demo in --out: a finished model is reused, the rest resumes")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    from circuitlab.experiments.features_demo import FeaturesDemoOptions
+
+    _add_flags(p, FeaturesDemoOptions, ("out", "model_steps", "dictionary_steps", "resume"), ("progress",))
 
 
 def run_sae_demo(args: argparse.Namespace) -> int:
     from circuitlab.experiments.features_demo import FeaturesDemoOptions, run_features_demo
 
-    opts = FeaturesDemoOptions(out=Path(args.out), progress=not args.no_progress, resume=args.resume)
-    if args.model_steps is not None:
-        opts.model_steps = args.model_steps
-    if args.dictionary_steps is not None:
-        opts.dictionary_steps = args.dictionary_steps
-    result = run_features_demo(opts)
+    result = run_features_demo(FeaturesDemoOptions.from_args(args))
     print()
     print((result.out / "report.md").read_text())
     print(f"wrote {result.out}/: report.html, report.md, results.json, model/, dictionary/ in "
@@ -247,30 +140,39 @@ EXPORT_EXAMPLE = "circuitlab sae export runs/clt-demo --layout circuit-tracer --
 
 
 def _export_args(p: argparse.ArgumentParser) -> None:
-    from circuitlab.dictionaries.export import LAYOUTS
+    from circuitlab.dictionaries.export import ExportOptions
+    from circuitlab.spec import add_arguments as add_options
 
-    p.add_argument("source", metavar="SOURCE",
-                   help="a `sae train` run, a folder of dictionaries, one CLT or circuit-tracer set, or one dictionary")
-    p.add_argument("--layout", required=True, choices=LAYOUTS, help="the layout to write")
-    p.add_argument("--out", required=True, metavar="DIR", help="where to write (an earlier export there is set aside as "
-                                                               "DIR.<time> once the new one is complete)")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                   help="the sets / dictionaries to export (default all): a CLT's or dictionary's folder name, or a "
-                        "per-layer set's name (transcoders); an unknown name lists them")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out instead")
+    add_options(p, ExportOptions)
 
 
 def _run_export(args: argparse.Namespace) -> int:
-    from circuitlab.dictionaries.export import export_dictionaries
+    from circuitlab.dictionaries.export import ExportOptions, export_dictionaries
 
-    written, kept = export_dictionaries(args.source, args.layout, args.out, only=args.only, overwrite=args.overwrite)
+    opts = ExportOptions.from_args(args)
+    written, kept = export_dictionaries(opts.source, opts.layout, opts.out, only=opts.only, overwrite=opts.overwrite)
     if kept is not None:
         print(f"kept the earlier export as {kept}")
     for name, folders in written.items():
-        print(f"{name}: {', '.join(f'{args.out}/{f}' for f in folders)}")
-    print(f"wrote {args.layout} layout to {args.out}/ (each read back by circuitlab's reader: same latents and "
+        print(f"{name}: {', '.join(f'{opts.out}/{f}' for f in folders)}")
+    print(f"wrote {opts.layout} layout to {opts.out}/ (each read back by circuitlab's reader: same latents and "
           f"reconstructions); export.json lists what came from where")
     return 0
+
+
+# ---------------------------------------------------------------------------- flags
+
+
+def _add_flags(p: argparse.ArgumentParser, cls: type[Options], *parts: tuple[str, ...] | Callable[[Any], None]) -> None:
+    """cls's flags (declared once, beside its pipeline) in --help's order, with the flags the spec does not declare
+    written between them: each part a tuple of cls's field names, or a function adding hand-written flags."""
+    from circuitlab.spec import add_arguments as add_options, only
+
+    for part in parts:
+        if callable(part):
+            part(p)
+        else:
+            add_options(p, only(cls, part, cls.__name__))
 
 
 # ---------------------------------------------------------------------------- wiring

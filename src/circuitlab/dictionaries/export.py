@@ -2,6 +2,7 @@
 
     written = export_dictionaries("runs/clt-demo", "circuit-tracer", "exports/clt-demo-ct")
     # {"clt-batchtopk": ["clt-batchtopk"], "transcoders": ["transcoders"]}: paths under the out folder
+    ExportOptions.from_args(args)    # the command's options (its flags are ExportOptions' fields)
 
 What each layout holds, and where an item of the source (dictionaries.sets: a CLT, a per-layer transcoder set,
 another dictionary) goes under OUT:
@@ -24,6 +25,8 @@ source (the same latents and reconstructions on random inputs) before the folder
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +34,28 @@ import torch
 
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.errors import CircuitlabError
+from circuitlab.spec import Options, option
 
 LAYOUTS = ("circuitlab", "saelens", "circuit-tracer", "sparsify", "gemma-scope", "gemma-scope-2", "llama-scope")
 MANIFEST = "export.json"
+
+
+@dataclass(frozen=True)
+class ExportOptions(Options):
+    """What `circuitlab sae export` writes, in which layout, where (its arguments are these fields, in this order;
+    export_dictionaries takes the same)."""
+
+    source: str = option(None, required=True, flag="source", metavar="SOURCE",
+                         help="a `sae train` run, a folder of dictionaries, one CLT or circuit-tracer set, or one "
+                              "dictionary")
+    layout: str = option(None, required=True, choices=LAYOUTS, help="the layout to write")
+    out: str = option(None, required=True, metavar="DIR", help="where to write (an earlier export there is set aside "
+                                                               "as DIR.<time> once the new one is complete)")
+    only: tuple[str, ...] | None = option(None, nargs="+", metavar="NAME",
+                                          help="the sets / dictionaries to export (default all): a CLT's or "
+                                               "dictionary's folder name, or a per-layer set's name (transcoders); "
+                                               "an unknown name lists them")
+    overwrite: bool = option(False, help="replace an earlier export in --out instead")
 # Gemma Scope's sites, as its hub paths name them: (input hook, output hook or None) -> site
 _GS_SITE: dict[tuple[str | None, str | None], str]
 _GS_SITE = {("hook_resid_post", None): "res", ("hook_mlp_out", None): "mlp", ("attn.hook_z", None): "att",
@@ -129,7 +151,7 @@ def _read_back(name: str, found: Any, folders: list[Path]) -> None:
         _same(found, CrossLayerTranscoder.load(folders[0]), name)
 
 
-def export_dictionaries(source: str | Path, layout: str, out: str | Path, only: list[str] | None = None,
+def export_dictionaries(source: str | Path, layout: str, out: str | Path, only: Sequence[str] | None = None,
                         overwrite: bool = False) -> tuple[dict[str, list[str]], Path | None]:
     """Write the dictionaries of `source` (a run, a folder of dictionaries, one set or one dictionary; see
     dictionaries.sets) in `layout` under `out`, whole or not at all, each read back and checked first. only:

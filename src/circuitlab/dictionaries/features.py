@@ -289,7 +289,10 @@ def _decode(tokenizer: Tokenizer, token_id: int) -> str:
         return f"<{int(token_id)}>"
 
 
-def text_batches(tokenizer: Tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = 64,
+TEXT_SEQ_LEN = 64   # text_batches' rows: tokens per held-out sequence
+
+
+def text_batches(tokenizer: Tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = TEXT_SEQ_LEN,
                  batch_size: int = 16, seed: int = 1) -> list[torch.Tensor]:
     """Token batches [batch, seq_len] of about n_tokens from a text source ("stories", "file:PATH",
     "folder:PATH", "hf:NAME"): documents joined by EOS and cut into rows. The built-in stories use seed 1

@@ -9,6 +9,7 @@ circuit            `circuitlab circuit`: edge scores, a pruned circuit and its f
 features_demo      `circuitlab sae demo`: a 1-layer MLP model, a dictionary on its MLP, its readable features
 dashboards         `circuitlab sae dashboards`: a dictionary's feature dashboards on held-out text, saved and drawn
 sae_train          `circuitlab sae train`: dictionaries (SAEs, transcoders, CLTs) from a YAML config, spliced in
+sae_eval           `circuitlab sae eval`: a dictionary or CLT on held-out text: L0, explained variance, CE recovered
 lens_train         `circuitlab lens train`: a tuned lens for a checkpoint, against the logit lens on held-out text
 graphs_demo        `circuitlab graph demo`: a trained model's graphs, each story tested; it makes the prompts and runs
                    the graph method on each (circuitlab/methods/graph.py's explain: the graph `circuitlab graph`

@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from circuitlab.atomic import json_text
-from circuitlab.checks import COUNT, Number
-from circuitlab.errors import CircuitlabError
+from circuitlab.checks import COUNT, INT, Number
+from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.graphs.options import CARD_TOKENS
+from circuitlab.spec import Options, option
 from circuitlab.training.outputs import check_output_folder, output_folder
 
 
@@ -22,20 +23,43 @@ from circuitlab.training.outputs import check_output_folder, output_folder
 TOKENS = Number(int, low=1, high=CARD_TOKENS.high, why=CARD_TOKENS.why)
 
 
-@dataclass
-class DashboardOptions:
-    dictionary: Path | str
-    checkpoint: Path | str
-    out: Path | str | None = None      # default: <dictionary>/dashboards
-    data: str = "stories"              # any text source of circuitlab.data.sources
-    n_tokens: int = 32_768
-    seq_len: int = 64
-    features: list[int] | None = None  # cards in the report (default: the 50 most frequent)
-    k: int = 10
-    layer: int | None = None           # a cross-layer transcoder's layer
+DICTIONARY_HELP = ("a dictionary folder or file: ours, SAELens, Gemma Scope (params.npz), Gemma Scope 2, Llama Scope, or "
+                   "one layer_N.safetensors of a circuit-tracer set")
+
+
+@dataclass(frozen=True)
+class DashboardOptions(Options):
+    """What `circuitlab sae dashboards` draws and where (its flags are these fields, in this order). device, seq_len
+    and k are the Python API's alone: device's flag is written in commands/sae.py (from this default: the package
+    writes device="cpu" as the default of ~20 loaders, so it is no option here), seq_len and k have none."""
+
+    dictionary: str = option(None, required=True, metavar="DIR", help=DICTIONARY_HELP)
+    checkpoint: str = option(None, required=True, metavar="DIR", help="the run or checkpoint it was trained on")
+    out: str | None = option(None, metavar="DIR", help="where to write (default: DICTIONARY/dashboards)")
+    data: str = option("stories", help="text for the contexts: stories (held-out built-in stories), file:PATH, "
+                                       "folder:PATH, hf:NAME")   # any text source of circuitlab.data.sources
+    n_tokens: int = option(32_768, TOKENS, flag="--tokens", metavar="TOKENS",
+                           help=f"tokens to run (default {{default}}, at most {TOKENS.high})")
+    overwrite: bool = option(False, help="replace earlier dashboards in --out (default: keep them, renamed)")
+    features: tuple[int, ...] | None = option(None, INT, nargs="+", metavar="N",
+                                              help="features to draw cards for in report.html (default: the 50 most "
+                                                   "frequent)")
+    layer: int | None = option(None, INT, metavar="L", help="for a cross-layer transcoder: the layer whose features "
+                                                            "to draw (their cards list the layers they write to)")
     device: str = "cpu"
-    progress: bool = True
-    overwrite: bool = False            # replace earlier dashboards in out (default: keep them, renamed)
+    progress: bool = option(True, flag="--no-progress", help="no progress bar")
+    seq_len: int = 64
+    k: int = 10                        # contexts per feature
+
+    def __post_init__(self) -> None:   # folders given as Paths are text here
+        for name in ("dictionary", "checkpoint", "out"):
+            if isinstance(getattr(self, name), PurePath):
+                object.__setattr__(self, name, str(getattr(self, name)))
+
+    def check(self, error: type[Exception] = InputError) -> "DashboardOptions":
+        COUNT.check(self.seq_len, "seq_len", error)
+        COUNT.check(self.k, "k", error)
+        return super().check(error)
 
 
 @dataclass
@@ -55,6 +79,7 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
     from circuitlab.report.features import write_dashboards_report
     from circuitlab.training import load_checkpoint
 
+    opts = opts.check()
     folder = Path(opts.out) if opts.out is not None else Path(opts.dictionary) / (
         "dashboards" if opts.layer is None else f"dashboards-layer{opts.layer}")
     check_output_folder(folder, "dashboards", overwrite=opts.overwrite, is_previous=_is_dashboards)  # before any work
@@ -73,8 +98,6 @@ def build_dashboards(opts: DashboardOptions) -> DashboardResult:
         if opts.layer is not None:
             raise CircuitlabError("--layer is for a cross-layer transcoder; this dictionary reads one hook")
         sae = SparseDictionary.load(opts.dictionary, device=opts.device, model=model)  # checked, hooks bound
-    TOKENS.check(opts.n_tokens, "tokens")
-    COUNT.check(opts.seq_len, "seq_len")
     bad = [f for f in opts.features or [] if not 0 <= f < sae.cfg.d_sae]
     if bad:
         raise CircuitlabError(f"--features {bad} are outside the dictionary's {sae.cfg.d_sae} features")

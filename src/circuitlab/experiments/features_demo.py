@@ -15,44 +15,54 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
+from circuitlab.checks import COUNT
 from circuitlab.dictionaries.metrics import loss_kept
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, check_model_plan,
                                                 fresh_out, resume_out, train_or_reuse)
+from circuitlab.spec import Options, option
 from circuitlab.training.interrupts import continue_on_interrupt
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+SEQ_LEN = 64    # the demo model's sequences: its training, the dictionary's activations, the held-out text
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
 
 DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
-@dataclass
-class FeaturesDemoOptions:
-    """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs)."""
+@dataclass(frozen=True)
+class FeaturesDemoOptions(Options):
+    """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs). The options
+    (out, model_steps, dictionary_steps, resume, progress) are `circuitlab sae demo`'s flags; the other sizes are
+    the Python API's alone."""
 
-    out: Path = Path("runs/features")
-    model_steps: int = 600
+    out: str = option("runs/features", help="output directory (an existing one is kept, renamed)")
+    model_steps: int = option(600, COUNT, help="training steps of the 1-layer model (default {default})")
     model_batch: int = 64         # sequences of 64 tokens per model step
     d_mlp: int = 512
     d_sae: int = 2048
     k: int = 16                   # active features per token (TopK)
-    dictionary_steps: int = 500
+    dictionary_steps: int = option(500, COUNT, help="training steps of the dictionary (default {default})")
     dictionary_batch: int = 4096  # activations per dictionary step
     dashboard_tokens: int = 32_768
     shown: int = 8                # features written up in the report
     n_stories: int = 6000         # the built-in stories the model trains on (the induction demo's corpus)
     seed: int = DEFAULT_SEED
-    progress: bool = True
-    resume: bool = False          # continue an earlier (interrupted or finished) features demo in out
+    progress: bool = option(True, flag="--no-progress", help="no progress bars")
+    resume: bool = option(False, help="continue an interrupted demo in --out: a finished model is reused, the rest "
+                                      "resumes")   # an earlier (interrupted or finished) features demo in out
+
+    def __post_init__(self) -> None:   # a Path is text here
+        if isinstance(self.out, PurePath):
+            object.__setattr__(self, "out", str(self.out))
 
 
 RESUME = "run_features_demo(...) with resume=True"   # how a Python caller continues a stopped demo
@@ -135,6 +145,7 @@ class FeaturesDemoResult:
 def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
     from circuitlab.dictionaries.features import feature_dashboards, text_batches
 
+    opts = opts.check()   # the options' rules, before any work
     out = _prepare(opts)
     clock = StageClock()
     saved = f"the model's checkpoint in {out / 'model'} is" if (out / "model" / "checkpoint").is_dir() else None
@@ -148,7 +159,7 @@ def run_features_demo(opts: FeaturesDemoOptions) -> FeaturesDemoResult:
     with continue_on_interrupt("making the dashboards and the report", f"the model and the dictionary in {out} are",
                                RESUME):
         metrics = _metrics(model, sae, found, data)
-        held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=64, batch_size=32)
+        held_out = text_batches(tokenizer, n_tokens=opts.dashboard_tokens, seq_len=SEQ_LEN, batch_size=32)
         dash = feature_dashboards(model, sae, held_out, k=10, tokenizer=tokenizer, progress=opts.progress)
         dash.save(folder / "dashboards")  # where `circuitlab serve --dictionary` looks for them
         features = [_finding(dash, f) for f in range(sae.cfg.d_sae)]
@@ -177,8 +188,8 @@ def _prepare(opts: FeaturesDemoOptions) -> Path:
     from circuitlab.errors import InputError
 
     if not opts.resume:
-        return fresh_out(opts.out, _is_features_demo_output, "features demo")
-    out = resume_out(opts.out, _is_features_demo_output, "features demo")
+        return fresh_out(Path(opts.out), _is_features_demo_output, "features demo")
+    out = resume_out(Path(opts.out), _is_features_demo_output, "features demo")
     check_model_plan(out / "model", opts.model_steps, "--model-steps", out)
     state = out / "dictionary" / CHECKPOINT / STATE
     if state.is_file():
@@ -205,7 +216,7 @@ def _train_model(opts: FeaturesDemoOptions, out: Path):
         "name": "features-model", "description": f"1-layer transformer with a {opts.d_mlp}-neuron MLP (features demo)",
         "model": {"preset": "gpt2-tiny", "n_layers": 1, "d_model": 128, "n_heads": 4, "d_mlp": opts.d_mlp},
         "data": _data_config(opts),
-        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": 64, "lr": 3e-3,
+        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": SEQ_LEN, "lr": 3e-3,
                   "warmup_steps": min(50, steps), "eval_every": max(1, steps // 3), "eval_batches": 4, "ckpt_every": steps, "track_every": steps,
                   "log_every": max(1, steps // 50), "seed": opts.seed}})
     return train_or_reuse(cfg, out, opts.resume, opts.progress, f"a 1-layer model with a {opts.d_mlp}-neuron MLP")
@@ -221,7 +232,7 @@ def _train_dictionary(model: Transformer, tokenizer, opts: FeaturesDemoOptions, 
     from circuitlab.dictionaries.train import DictionaryTrainer, DictTrainConfig
 
     data = build_data(DataConfig.from_dict(_data_config(opts)), tokenizer=tokenizer)  # the model's own corpus (cached tokens)
-    source = ModelActivations(model, [HOOK], data, seq_len=64, seqs_per_chunk=64)
+    source = ModelActivations(model, [HOOK], data, seq_len=SEQ_LEN, seqs_per_chunk=64)
     cfg = DictionaryConfig("topk", d_in=opts.d_mlp, d_sae=opts.d_sae, k=opts.k, hook_name=HOOK,
                            base_model=base_model_id(model, "features-model"), metadata={"name": "mlp-topk"})
     train = DictTrainConfig(steps=opts.dictionary_steps, batch_size=opts.dictionary_batch, lr=4e-4,

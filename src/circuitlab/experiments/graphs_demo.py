@@ -41,6 +41,7 @@ from circuitlab.training.interrupts import continue_on_interrupt
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
+MODEL_STEPS = 600   # the demo model's training steps unless --model-steps says otherwise
 KINDS = ("per-layer", "clt")
 RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
@@ -57,7 +58,7 @@ class GraphsDemoOptions:
     """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs/graphs.md)."""
 
     out: Path = Path("runs/graphs")
-    model_steps: int = 600
+    model_steps: int = MODEL_STEPS
     segment_steps: int = 300      # first steps on tiled random segments only (induction heads form there)
     model_batch: int = 64         # sequences of 64 tokens per model step
     d_mlp: int = 512
@@ -251,6 +252,9 @@ def _is_graphs_demo_output(folder: Path) -> bool:
                                                      OPTIONS_FILE))
 
 
+SEQ_LEN = 64   # the demo model's sequences: its training and its transcoders' activations
+
+
 def _data_config(opts: GraphsDemoOptions) -> dict[str, Any]:
     return {"source": "stories", "n_stories": opts.n_stories, "tokenizer": "bpe", "vocab_size": 512}
 
@@ -266,7 +270,7 @@ def model_run_config(opts: GraphsDemoOptions):
         "model": {"preset": "gpt2-tiny", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_mlp": opts.d_mlp},
         "data": {**_data_config(opts), "random_segment_frac": 0.25, "segment_len": [4, 32], "segment_dist": "log",
                  "segment_only_steps": min(opts.segment_steps, steps)},
-        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": 64, "lr": 1e-2, "weight_decay": 0.05,
+        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": SEQ_LEN, "lr": 1e-2, "weight_decay": 0.05,
                   "warmup_steps": min(50, steps), "eval_every": max(1, steps // 2), "eval_batches": 4,
                   "ckpt_every": max(1, steps // 6), "track_every": steps, "log_every": max(1, steps // 50),
                   "seed": opts.seed}})
@@ -306,7 +310,7 @@ def train_transcoders(model: Transformer, tokenizer, opts: GraphsDemoOptions, ou
         configs = [*per_layer]
         hooks = [h for c in per_layer for h in (c.hook_name, c.out_hook_name) if h is not None]  # both set
     data = build_data(DataConfig.from_dict(_data_config(opts)), tokenizer=tokenizer)
-    source = ModelActivations(model, hooks, data, seq_len=64, seqs_per_chunk=64, skip_positions=1)
+    source = ModelActivations(model, hooks, data, seq_len=SEQ_LEN, seqs_per_chunk=64, skip_positions=1)
     steps = opts.transcoder_steps
     train = DictTrainConfig(steps=steps, batch_size=opts.transcoder_batch, lr=1e-3, lr_warmup_steps=min(50, steps),
                             dead_after=min(200, steps), eval_batches=2, log_every=max(1, steps // 20),

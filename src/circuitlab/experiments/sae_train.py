@@ -6,19 +6,60 @@ YAML config on one stream of a model's activations, then spliced into the model 
     resume = start_or_resume(out, resume=False, overwrite=False)   # the output-folder policy of a resumable run
     summary = train_dictionaries(data, out, resume=resume)         # = out/results.json
     summary["dictionaries"][0]["metrics"]["spliced"]["ce_recovered"]
+
+The command's options are SaeTrainOptions (the run's: which config, where, resume or not, on what device); what
+is trained is the config's (dictionaries/train_config.py).
 """
 from __future__ import annotations
 
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import json_text
+from circuitlab.dictionaries.parallel import MODES
+from circuitlab.spec import Options, option
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
+
+
+@dataclass(frozen=True)
+class SaeTrainOptions(Options):
+    """How `circuitlab sae train` runs a config (its flags are these fields, in this order). Two are the Python
+    API's alone, their flags written in commands/sae.py from these defaults: overrides (--set KEY=VALUE, repeatable:
+    the spec has no append action) and device (the package writes device="cpu" as the default of ~20 loaders)."""
+
+    config: str = option(None, required=True,
+                         help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo, clt-demo)")
+    overrides: tuple[str, ...] = ()
+    target_l0: str | None = option(None, metavar="L0",
+                                   help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 "
+                                        "(train.target_l0; TopK-family dictionaries keep their k); a CLT may take one "
+                                        "per layer: 8,8,4")
+    out: str | None = option(None, help="output folder (default runs/<config name>)")
+    resume: bool = option(False, help="continue the run in --out from its checkpoint (a run stopped before its first "
+                                      "checkpoint starts over)")
+    overwrite: bool = option(False, help="replace a finished or unfinished run in --out")
+    progress: bool = option(True, flag="--no-progress", help="no progress bars")
+    device: str = "cpu"
+    parallel: str = option("data", choices=MODES,
+                           help="under torchrun: data = every rank trains replicas on its own rows (gradients "
+                                "averaged); modules = each dictionary on one rank, activations sent to it (default "
+                                "{default})")
+
+    def load_config(self) -> dict[str, Any]:
+        """The config with --set's overrides, then --target-l0's (train.target_l0), applied (load_sae_config)."""
+        target = [f"train.target_l0={self.target_l0}"] if self.target_l0 is not None else []
+        return load_sae_config(self.config, [*self.overrides, *target])
+
+    def out_folder(self, data: dict[str, Any]) -> Path:
+        """--out, or runs/<the config's name>."""
+        return Path(self.out or f"runs/{data['name']}")
+
 
 def is_sae_run(folder: Path) -> bool:
     """Our own earlier output (also one written before output folders were marked)."""
@@ -107,6 +148,7 @@ def load_sae_config(name: str, overrides: list[str]) -> dict[str, Any]:
 
 
 KINDS = ("dictionary", "clt", "transcoders")
+STORE_SEQ_LEN = 64   # the config's store.seq_len when it gives none: tokens per sequence of the activation stream
 
 
 def _layer_transcoder(d: dict[str, Any], layer: int, mlp_input: str | None = None) -> dict[str, Any]:
@@ -157,7 +199,7 @@ def _expand_layers(entries: list, model: Transformer, target_l0: float | list[fl
 def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
     from circuitlab.errors import refuse_unknown
 
-    known = {"seq_len": 64, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
+    known = {"seq_len": STORE_SEQ_LEN, "seqs_per_chunk": 32, "skip_positions": 0, "cache": None, "cache_dtype": "float16",
              "cache_max_gb": None, "shards": None, "autocast": None}
     refuse_unknown(raw, known, "store field(s)", list_known=True)
     return {**known, **raw}
@@ -175,7 +217,7 @@ def training_estimate(configs: list, batch_size: int, steps: int) -> Any:
 
 
 def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False, overwrite: bool = False,
-                       progress: bool = True, device: str = "cpu", parallel: str | None = None,
+                       progress: bool = True, device: str = SaeTrainOptions.device, parallel: str | None = None,
                        estimate_only: bool = False) -> dict[str, Any]:
     """Train every dictionary of a config (load_sae_config) on one stream of the model's activations; save them,
     their checkpoint and metrics.jsonl in out, then splice each into the model on held-out text. Returns the
