@@ -177,6 +177,8 @@ def _fmt(x: float) -> str:
 COUNT = Number(int, low=1)                       # steps, samples, batches, tokens
 NONNEG_INT = Number(int, low=0)                  # "0 = off" counts, positions from the start
 INT = Number(int)                                # seeds, signed positions
+DEFAULT_SEED = 0   # the seed of every seeded draw unless its caller says otherwise (one convention, one home)
+LAST_POS = -1      # a position meaning the last one: the prediction after the last token
 FINITE = Number(float)                           # coefficients
 POSITIVE = Number(float, low=0.0, low_open=True)  # learning rates, temperatures > 0
 NONNEG = Number(float, low=0.0)                  # weight decay, coefficients of penalties

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab.checks import LAST_POS
 from circuitlab.analysis._json import round_tensor
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
@@ -40,7 +41,6 @@ from circuitlab.names import head_name
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-LAST_POS = -1  # the last position: the prediction after the last token
 
 # ---------------------------------------------------------------------------- decomposition
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.analysis.patching import as_tokens, rounded
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 Data = torch.Tensor | Iterable[torch.Tensor] | Callable[[], Iterable[torch.Tensor]]
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 # ---------------------------------------------------------------------------- tasks

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.analysis._json import from_rounded, rounded
 from circuitlab.analysis.factored import FactoredMatrix
 from circuitlab.errors import CircuitlabError
@@ -44,7 +45,6 @@ from circuitlab.names import head_name
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 # ---------------------------------------------------------------------------- circuits as matrices
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.commands._args import positive_int
 
 HELP = ("hand-built transformers: check the adders on every input, walk through one sum, or compare the "
         "hand-built adder with a trained one")
 EXAMPLE = "circuitlab forge adder --a 17 --b 25 --explain"
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from circuitlab.checks import Number
+from circuitlab.checks import Number, DEFAULT_SEED
 
 # the samples are drawn together: one batch of NUM rows, whose KV cache is held at once
 NUM = Number(int, low=1, high=1024, why="the samples are generated as one batch, their KV cache held at once")
@@ -12,7 +12,6 @@ DEFAULT_TEMPERATURE = 0.8   # generate's own (steer's is SteerOptions.temperatur
 HELP = "sample text from a checkpoint (KV-cached decoding)"
 EXAMPLE = 'circuitlab generate --checkpoint runs/demo/2l --prompt "Once upon a" --max-tokens 40 --temperature 0.8'
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

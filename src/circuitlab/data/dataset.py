@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.data.packing import cache_key, default_cache_dir, load_or_pack
 from circuitlab.data.sources import load_texts, parse_addition_source, source_fingerprint
 from circuitlab.data.synthetic import PERIOD_DISTS, AdditionTask, tiled_random_segments
@@ -24,7 +25,6 @@ from circuitlab.errors import CircuitlabError, ConfigError, refuse_unknown
 SPLITS = ("train", "val")
 MAX_STORIES = 1_000_000  # ~270 MB of text and its tokens, generated and held at once
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass

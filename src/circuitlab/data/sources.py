@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.data.stories import generate_stories
 from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.textfile import read_text
@@ -25,7 +26,6 @@ ADDITION_MAX_DIGITS = 9  # a and b stay far inside int64, and a pair's index a·
 TEXT_SUFFIXES = (".txt", ".md")
 _HF_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 def load_texts(source: str, n_stories: int = 20000, seed: int = DEFAULT_SEED) -> Iterator[str]:

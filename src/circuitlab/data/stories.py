@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.errors import ConfigError
 
 # The prompt the ready-made experiments and report.html use when none is given.
@@ -34,7 +35,6 @@ PAST = {"play": "played", "sing": "sang", "run": "ran", "read": "read", "dance":
 FEELINGS = ["happy", "sad", "excited", "scared", "surprised", "proud", "tired", "curious"]
 PRONOUNS = [("she", "her"), ("he", "his")]
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 def make_name(rng: random.Random) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from circuitlab.checks import LAST_POS
 from circuitlab.analysis.logit_attribution import through_final_norm, token_ids
 from circuitlab.dictionaries.splice import sae_hook_name, splice
 from circuitlab.errors import CircuitlabError
@@ -31,7 +32,6 @@ _RESIDUAL = re.compile(r"^(hook_embed|hook_pos_embed|blocks\.\d+\.(hook_resid_pr
 _MLP_POST = re.compile(r"^blocks\.(\d+)\.mlp\.hook_post$")
 _HOOK_Z = re.compile(r"^blocks\.(\d+)\.attn\.hook_z$")
 
-LAST_POS = -1  # the last position: the prediction after the last token
 
 
 def output_hook(dictionary: Any) -> str:

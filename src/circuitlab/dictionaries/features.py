@@ -290,10 +290,11 @@ def _decode(tokenizer: Tokenizer, token_id: int) -> str:
 
 
 TEXT_SEQ_LEN = 64   # text_batches' rows: tokens per held-out sequence
+TEXT_BATCH = 16     # ...and rows per batch
 
 
 def text_batches(tokenizer: Tokenizer, source: str = "stories", n_tokens: int = 16_384, seq_len: int = TEXT_SEQ_LEN,
-                 batch_size: int = 16, seed: int = 1) -> list[torch.Tensor]:
+                 batch_size: int = TEXT_BATCH, seed: int = 1) -> list[torch.Tensor]:
     """Token batches [batch, seq_len] of about n_tokens from a text source ("stories", "file:PATH",
     "folder:PATH", "hf:NAME"): documents joined by EOS and cut into rows. The built-in stories use seed 1
     by default, not the 0 that training uses, so the contexts shown are held-out text."""

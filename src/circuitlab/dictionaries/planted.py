@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.dictionaries.store import _seed
 from circuitlab.errors import ConfigError
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 class PlantedFeatures:

@@ -25,6 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import hooks as H
@@ -37,7 +38,6 @@ SPLITS = ("train", "val")
 AUTOCAST = {"bfloat16": torch.bfloat16, "float16": torch.float16}  # the model's forward on a GPU
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 class ActivationSource(Protocol):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, PerItem, check_fields
+from circuitlab.checks import COUNT, FRACTION, INT, NONNEG, NONNEG_INT, POSITIVE, Number, PerItem, check_fields, DEFAULT_SEED
 from circuitlab.dictionaries.arch import architecture_names, find_architecture
 from circuitlab.dictionaries.clt_config import CLTConfig
 from circuitlab.dictionaries.config import DictionaryConfig
@@ -26,7 +26,6 @@ RESAMPLE_METHODS = ("inputs", "split")
 NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
 _BETA = Number(float, low=0.0, high=1.0, high_open=True)
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 # floats one step's rows may need across a dictionary's widths: a share of the memory budget (circuitlab.memory)
 # that bounds train.batch_size

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from circuitlab.atomic import atomic_write_text, json_text
-from circuitlab.checks import COUNT
+from circuitlab.checks import COUNT, DEFAULT_SEED
 from circuitlab.dictionaries.metrics import loss_kept
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, check_model_plan,
                                                 fresh_out, resume_out, train_or_reuse)
@@ -35,7 +35,6 @@ SEQ_LEN = 64    # the demo model's sequences: its training, the dictionary's act
 HOOK = "blocks.0.mlp.hook_post"
 SPECIFIC = 0.8  # a unit is "token-specific" when at least this share of its top contexts end in one token
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass(frozen=True)

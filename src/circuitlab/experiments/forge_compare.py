@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from circuitlab.atomic import json_text
-from circuitlab.checks import Number
+from circuitlab.checks import Number, DEFAULT_SEED
 from circuitlab.data.dataset import AdditionData
 from circuitlab.data.sources import ADDITION_MAX_DIGITS
 from circuitlab.errors import CircuitlabError
@@ -57,7 +57,6 @@ CARRY_ROLES = {
     (1, 0): "carry head: looks up the carry flag of the nearest lower column that is not a 9",
 }
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 # ---------------------------------------------------------------------- training

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, fresh_out,
@@ -50,7 +51,6 @@ PHRASES = (("once-upon-a-time", "Once upon a time"),
            ("best-friends", "Once upon a time, there was a boy named Tom. Tom had a friend named Bo. "
                             "From that day on, Tom and Bo were best friends"))
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass
@@ -253,6 +253,7 @@ def _is_graphs_demo_output(folder: Path) -> bool:
 
 
 SEQ_LEN = 64   # the demo model's sequences: its training and its transcoders' activations
+MODEL_LR = 1e-2   # the demo model's peak learning rate
 
 
 def _data_config(opts: GraphsDemoOptions) -> dict[str, Any]:
@@ -270,7 +271,7 @@ def model_run_config(opts: GraphsDemoOptions):
         "model": {"preset": "gpt2-tiny", "n_layers": 2, "d_model": 128, "n_heads": 4, "d_mlp": opts.d_mlp},
         "data": {**_data_config(opts), "random_segment_frac": 0.25, "segment_len": [4, 32], "segment_dist": "log",
                  "segment_only_steps": min(opts.segment_steps, steps)},
-        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": SEQ_LEN, "lr": 1e-2, "weight_decay": 0.05,
+        "train": {"steps": steps, "batch_size": opts.model_batch, "seq_len": SEQ_LEN, "lr": MODEL_LR, "weight_decay": 0.05,
                   "warmup_steps": min(50, steps), "eval_every": max(1, steps // 2), "eval_batches": 4,
                   "ckpt_every": max(1, steps // 6), "track_every": steps, "log_every": max(1, steps // 50),
                   "seed": opts.seed}})

@@ -18,7 +18,7 @@ import torch
 from circuitlab.analysis.steering import (SteeringSweep, SteeringVector, check_kv, contrast_direction, steer_estimate,
                                          steering_sweep)
 from circuitlab.atomic import atomic_write_text, json_text
-from circuitlab.checks import FINITE, INT, Number
+from circuitlab.checks import DEFAULT_SEED, FINITE, INT, Number
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model.sampling import TEMPERATURE, check_sampling
 from circuitlab.spec import Options, option, options_of
@@ -57,7 +57,7 @@ class SteerOptions(Options):
     # read as any float: check_sampling says why a value is refused
     temperature: float = option(0.8, TEMPERATURE, arg=float, help="")
     count: str | None = option(None, help="a word to count in the generations (e.g. the positive set's topic)")
-    seed: int = option(0, INT, help="")
+    seed: int = option(DEFAULT_SEED, INT, help="")
     out: str | Path | None = option(None, help="folder for steering.json, steering.png and report.html (an earlier "
                                                "steer output there is kept, renamed; or replaced with --overwrite)")
     overwrite: bool = option(False, help="replace an earlier steer output in --out")

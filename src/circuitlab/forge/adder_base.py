@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.errors import CircuitlabError
 from circuitlab.forge.builder import ResidualLayout
 from circuitlab.model.transformer import Transformer
@@ -19,7 +20,6 @@ D_VOCAB = 11
 MAX_DIGITS = 40  # the model grows with the digit count (d_model = 14 + 2·max(n, m)); checked exact up to here
 EXHAUSTIVE_LIMIT = 1_000_000  # check every pair when there are at most this many
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 # ---------------------------------------------------------------------- operands and tokens

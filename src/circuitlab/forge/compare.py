@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.errors import CircuitlabError
 from circuitlab.forge.adder import EOS, Adder, PostAdder, TokenAdder, add_digits
 from circuitlab.model.transformer import Transformer
 
 Head = tuple[int, int]
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 def _all_heads(model: Transformer) -> list[Head]:

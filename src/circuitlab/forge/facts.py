@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.data.tokenizers import CharTokenizer
 from circuitlab.errors import CircuitlabError
 from circuitlab.forge.builder import Forge, ResidualLayout
@@ -40,7 +41,6 @@ ALPHABET = " :.," + string.ascii_lowercase + string.ascii_uppercase + string.dig
 DENSE = 32       # dense coordinates of each token embedding that nothing reads
 STRENGTH = 10.0  # what the memory writes: the answer's logit in the clean run
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.forge.builder import Forge, ResidualLayout
 from circuitlab.graphs.transcoders import Transcoders
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 VOCAB = ["x", "A", "B", "Z", "y"]
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from circuitlab.checks import LAST_POS
 from circuitlab.analysis.logit_attribution import direct_logit_attribution, neuron_output_tokens, residual_decomposition
 from circuitlab.data.stories import DEFAULT_PROMPT
 from circuitlab.methods.base import (Method, MethodResult, NoOptions, check_prompt, one_prompt_estimate,
@@ -21,7 +22,6 @@ from circuitlab.viz.fragments import Section, bullet_list, paragraph
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-LAST_POS = -1  # the last position: the prediction after the last token
 
 
 @dataclass

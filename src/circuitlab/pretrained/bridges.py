@@ -34,7 +34,7 @@ from circuitlab.errors import CircuitlabError
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-DEFAULT_SEED = 0  # the seed HookedTransformerConfig is given (the weights are ours: it draws none we keep)
+TL_CONFIG_SEED = 0  # the seed HookedTransformerConfig is given (the weights are ours: it draws none we keep)
 
 
 class BridgeError(CircuitlabError):
@@ -150,7 +150,7 @@ def to_hooked_transformer(model: Transformer, use_attn_result: bool = False, dev
         d_vocab=cfg.d_vocab, attn_only=cfg.attn_only, eps=cfg.norm_eps, use_attn_result=use_attn_result,
         normalization_type={"layernorm": "LN", "rmsnorm": "RMS", "none": None}[cfg.norm],
         use_attn_scale=cfg.scale_scores, parallel_attn_mlp=cfg.parallel_attn_mlp,
-        dtype=param.dtype, device=str(device), seed=DEFAULT_SEED, default_prepend_bos=False)
+        dtype=param.dtype, device=str(device), seed=TL_CONFIG_SEED, default_prepend_bos=False)
     if cfg.has_mlp:
         options.update(d_mlp=cfg.mlp_dim, act_fn=_ACT_FN.get(cfg.mlp), gated_mlp=cfg.mlp == "swiglu")
     if cfg.kv_heads != cfg.n_heads:

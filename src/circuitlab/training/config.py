@@ -13,13 +13,13 @@ from typing import Any
 import torch
 import yaml
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.config import ModelConfig
 from circuitlab.data import DataConfig
 from circuitlab.errors import ConfigError, refuse_unknown
 from circuitlab.textfile import read_text
 from circuitlab.training.sinks import parse_log
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass

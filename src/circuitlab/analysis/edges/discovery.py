@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.analysis.edges.circuit import Circuit, circuit_metric, refine_circuit, select_circuit
 from circuitlab.analysis.edges.faithfulness import Faithfulness, faithfulness_curve
 from circuitlab.analysis.edges.scoring import INTERVENTIONS, METHODS, EdgeScores, check_rows_fit, edge_scores
@@ -30,7 +31,6 @@ METRICS = ("logit-diff", "logprob", "kl")
 REFINE = (False, True, "batched", "acdc")  # True = "batched"; "acdc": one edge at a time
 TASKS = ("induction",)
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.analysis.qk_ov import (CompositionScores, CopyingScores, composition_scores,
                                          copying_scores)
 from circuitlab.analysis.folding import weights_model
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 THRESHOLDS = {"previous_token": 0.4, "current_token": 0.4, "first_token": 0.5, "duplicate_token": 0.3,
               "induction": 0.4, "copying": 0.5, "low_entropy": 0.3, "diffuse": 0.8}
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from circuitlab.checks import DEFAULT_SEED
 from circuitlab.analysis._json import from_rounded, rounded
 from circuitlab.data.synthetic import repeated_random_tokens, tiled_random_segments
 from circuitlab.errors import CircuitlabError
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 DETECTORS = ("previous_token", "current_token", "first_token", "duplicate_token", "induction")
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 
 def induction_test_tokens(batch: int, seq_len: int, vocab_size: int, generator: torch.Generator | None = None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from circuitlab.checks import COUNT, INT, POSITIVE, Number
+from circuitlab.checks import COUNT, DEFAULT_SEED, INT, LAST_POS, POSITIVE, Number
 from circuitlab.errors import InputError
 from circuitlab.spec import Options, option
 
@@ -43,7 +43,7 @@ class AttributionOptions(Options):
                                            "prediction)")
     foil: str | None = option(None, help="explain target against this token (logit difference)")
     method: str = option("ig", choices=METHODS, help="")
-    pos: int = option(-1, INT, help="the position whose prediction is explained (default: last)")
+    pos: int = option(LAST_POS, INT, help="the position whose prediction is explained (default: last)")
     # Gauss-Legendre nodes; completeness error on the demo model: docs/attribution.md
     steps: int = option(32, STEPS["gausslegendre"],
                         help=f"integrated gradients: points on the path (default {{default}}, at most "
@@ -56,7 +56,7 @@ class AttributionOptions(Options):
     # KernelSHAP ranks the hand-built induction answer first on every test case from 1024 (docs/attribution.md)
     samples: int = option(1024, SAMPLES, help=f"shap, lime: coalitions evaluated, one forward pass each, batched "
                                                f"(default {{default}}; {SAMPLES.low} to {SAMPLES.high})")
-    seed: int = option(0, SEED, help="shap, lime: seed of the coalitions drawn (default {default})")
+    seed: int = option(DEFAULT_SEED, SEED, help="shap, lime: seed of the coalitions drawn (default {default})")
     kernel_width: float = option(1.0, KERNEL_WIDTH, help="lime: width of the exponential kernel on the cosine "
                                                          "distance from the prompt (default {default}, as Captum's)")
     exact: bool = option(False, help=f"shap: enumerate every coalition (exact Shapley values; at most "

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from circuitlab.checks import LAST_POS
 from circuitlab.errors import CircuitlabError
 
 Metric = Callable[[torch.Tensor], torch.Tensor | float]
 
-LAST_POS = -1  # the last position: the prediction after the last token
 
 
 def _named(fn: Callable, name: str, positions=None, per_row: Callable | None = None) -> Callable:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import circuitlab.memory as memory
-from circuitlab.checks import COUNT, POSITIVE, Number
+from circuitlab.checks import COUNT, POSITIVE, Number, DEFAULT_SEED
 from circuitlab.errors import InputError
 from circuitlab.model import model_device, model_dtype
 
@@ -41,7 +41,6 @@ NOISE_KINDS = ("gaussian", "uniform", "replace")
 SCALE = Number(float, low=0.0, low_open=True, high=1000.0, why="the noise already swamps the embeddings; "
                                                                "more only overflows")
 
-DEFAULT_SEED = 0  # what the random draws here are seeded with unless a caller says otherwise
 
 # Floats the corrupted runs may hold at once: every run is in the batch of one forward pass, whose cache the
 # restorations read (causal tracing, noised patching). Bounds the noise samples (or replacements) x prompts.
