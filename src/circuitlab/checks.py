@@ -184,6 +184,9 @@ POSITIVE = Number(float, low=0.0, low_open=True)  # learning rates, temperatures
 NONNEG = Number(float, low=0.0)                  # weight decay, coefficients of penalties
 FRACTION = Number(float, low=0.0, high=1.0)      # fractions, densities
 SHARE = Number(float, low=0.0, high=1.0, low_open=True)  # a share kept: graph thresholds, logit probability
+# Held-out text tokens feature dashboards are built on (a graph report's feature cards, `sae dashboards`):
+# all of it is tokenised and held at once (0: none).
+CARD_TOKENS = Number(int, low=0, high=4_194_304, why="the text is tokenised and held in memory at once")
 
 
 def check_fields(obj: Any, rules: dict[str, Number | PerItem], where: str, error: type[Exception] = ConfigError) -> None:

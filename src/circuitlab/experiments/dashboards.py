@@ -11,15 +11,14 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from circuitlab.atomic import json_text
-from circuitlab.checks import COUNT, INT, Number
+from circuitlab.checks import CARD_TOKENS, COUNT, INT, Number
 from circuitlab.errors import CircuitlabError, InputError
-from circuitlab.graphs.options import CARD_TOKENS
 from circuitlab.spec import Options, option
 from circuitlab.training.outputs import check_output_folder, output_folder
 
 
 # All the text is tokenised and held at once; dashboards settle long before this. The same cap as a graph
-# report's feature cards (graphs.options.CARD_TOKENS: `circuitlab graph --dashboard-tokens`, 0 = no cards).
+# report's feature cards (checks.CARD_TOKENS: `circuitlab graph --dashboard-tokens`, 0 = no cards).
 TOKENS = Number(int, low=1, high=CARD_TOKENS.high, why=CARD_TOKENS.why)
 
 

@@ -20,15 +20,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from circuitlab.checks import COUNT, SHARE, Number
+from circuitlab.checks import CARD_TOKENS, COUNT, SHARE
 from circuitlab.errors import refuse_unknown
 from circuitlab.spec import Options, option
 
 # What a token node is: the whole embedding at its position (W_E[token] + W_pos[pos] on learned-position models:
 # every input is a node, the default) or W_E[token] alone (circuit-tracer's, for graphs that compare with its).
 TOKEN_NODES = ("embedding", "W_E")
-# Feature cards of a graph report: held-out story tokens, tokenised and held at once (0: no cards).
-CARD_TOKENS = Number(int, low=0, high=4_194_304, why="the text is tokenised and held in memory at once")
 
 
 @dataclass(frozen=True)
