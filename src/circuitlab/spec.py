@@ -18,7 +18,8 @@ A field's kind: its rule's (checks.Number / PerItem), str with choices, a switch
 True; a True default needs a flag that turns it off, e.g. progress: flag="--no-progress"), or plain text;
 nargs="+" makes it a tuple of those (a list in JSON). A default of None means "not given" (then None is
 accepted), unless required=True (the command line requires it; check() refuses None). aliases: more spellings of
-the flag (--checkpoint, --model); a flag without "--" is positional. Text takes a path too (os.PathLike, kept as
+the flag (--checkpoint, --model); a flag without "--" is positional; nargs="?" with a const: the flag alone
+means const (--refine: "batched"), its value one item, not a list. Text takes a path too (os.PathLike, kept as
 its str). arg: the command line's reading when it is not the rule's (e.g. float: the method's check says why a
 value is refused, in its own words, after parsing). Only the ground floor is imported here: every layer may
 declare options.
@@ -44,9 +45,9 @@ KEY = "circuitlab.option"   # the field metadata key
 @dataclass(frozen=True)
 class Option:
     """What one field declares beyond its default: rule (a Number or PerItem) or choices (else text), help
-    (may say "{default}"), the flag (default --field-name) and its aliases, metavar, nargs ("+": one or more),
-    required (None refused), switch (a bool: the flag sets the opposite of the default), arg (the command line's
-    type= instead of the rule's)."""
+    (may say "{default}"), the flag (default --field-name) and its aliases, metavar, nargs ("+": one or more;
+    "?": the value is optional, the flag alone means const), required (None refused), switch (a bool: the flag
+    sets the opposite of the default), arg (the command line's type= instead of the rule's)."""
 
     rule: Number | PerItem | None = None
     choices: tuple[Any, ...] | None = None
@@ -58,6 +59,12 @@ class Option:
     switch: bool = False
     aliases: tuple[str, ...] = ()
     arg: Callable[[str], Any] | None = None
+    const: Any = None
+
+    @property
+    def many(self) -> bool:
+        """A list of values (nargs "+" or "*"), not one ("?" is one value or none)."""
+        return self.nargs not in (None, "?")
 
     def problem(self, value: Any) -> str | None:
         """Why one value (one item when nargs) breaks this option's rule (the text after "must be"), or None."""
@@ -80,7 +87,7 @@ class Option:
 
 def option(default: Any, rule: Number | PerItem | None = None, *, help: str, choices: tuple[Any, ...] | None = None,
            flag: str | None = None, metavar: str | None = None, nargs: str | None = None, required: bool = False,
-           aliases: tuple[str, ...] = (), arg: Callable[[str], Any] | None = None) -> Any:
+           aliases: tuple[str, ...] = (), arg: Callable[[str], Any] | None = None, const: Any = None) -> Any:
     """A dataclass field declaring one option (see the module docstring); its default is written here only."""
     if isinstance(default, list):
         default = tuple(default)   # frozen and shared safely
@@ -90,7 +97,7 @@ def option(default: Any, rule: Number | PerItem | None = None, *, help: str, cho
     if default is True and flag is None:
         raise TypeError("a switch that defaults to True needs the flag that turns it off (flag='--no-...')")
     meta = Option(rule, tuple(choices) if choices is not None else None, help, flag, metavar, nargs, required,
-                  switch, tuple(aliases), arg)
+                  switch, tuple(aliases), arg, const)
     return dataclasses.field(default=default, metadata={KEY: meta})
 
 
@@ -106,7 +113,7 @@ def check_value(f: dataclasses.Field, opt: Option, value: Any, error: type[Excep
         if opt.required:
             raise error(f"{f.name} is required")
         return None
-    if opt.nargs is None:
+    if not opt.many:
         return opt.check_one(value, f.name, error)
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or (opt.nargs == "+" and not value):
         raise error(f"{f.name} must be a list of {opt.problem(object()) or 'values'}, got {value!r}")
@@ -182,7 +189,7 @@ def add_arguments(parser: Any, cls: type[Options]) -> Any:
             kw["type"] = opt.rule.arg
         if opt.choices is not None:
             kw["choices"] = opt.choices
-        for key in ("metavar", "nargs"):
+        for key in ("metavar", "nargs", "const"):
             if getattr(opt, key) is not None:
                 kw[key] = getattr(opt, key)
         group.add_argument(flag, *opt.aliases, **kw)
@@ -196,7 +203,7 @@ def value_schema(f: dataclasses.Field, opt: Option) -> dict[str, Any]:
                            {"anyOf": [opt.rule.one.schema(), {"type": "array", "items": opt.rule.each.schema(),
                                                               "minItems": 1}]} if isinstance(opt.rule, PerItem) else
                            {"enum": list(opt.choices)} if opt.choices is not None else {"type": "string"})
-    if opt.nargs is not None:
+    if opt.many:
         one = {"type": "array", "items": one, **({"minItems": 1} if opt.nargs == "+" else {})}
     if f.default is None and not opt.required:
         one = {"anyOf": [one, {"type": "null"}]}

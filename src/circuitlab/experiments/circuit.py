@@ -1,19 +1,83 @@
-"""`circuitlab circuit`'s files: results.json, report.md, report.html (offline), circuit.svg, scores and circuit
-JSON, and the MIB layout, from a CircuitResult (analysis.edges.discovery, re-exported here).
+"""`circuitlab circuit`'s options and files: CircuitOptions (every flag of the command, declared once:
+circuitlab.spec), and results.json, report.md, report.html (offline), circuit.svg, scores and circuit JSON, and the
+MIB layout, from a CircuitResult (analysis.edges.discovery, re-exported here).
 
     data = induction_rows(model.cfg.d_vocab)                       # or rows_from_texts(tokenizer, clean, corrupt)
     result = find_circuit(model, data, metric="logit-diff", method="eap-ig")
     write_circuit_outputs(result, "runs/circuit")                  # results.json, report.md, report.html, SVGs
+    add_arguments(parser, CircuitOptions); CircuitOptions.from_args(args)     # the command's flags
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from circuitlab.analysis.edges.discovery import (INDUCTION_CORRUPTIONS, METRICS, TASKS, CircuitData, CircuitResult,
-                                                 find_circuit, induction_rows, make_metric, rows_from_texts)
+from circuitlab.analysis.edges.discovery import (DEFAULT_METRIC, INDUCTION_CORRUPTIONS, METRICS, TASKS, CircuitData,
+                                                 CircuitResult, check_circuit_options, find_circuit, induction_rows,
+                                                 make_metric, rows_from_texts)
 from circuitlab.analysis.edges.io import save_circuit, save_mib, save_scores
+from circuitlab.analysis.edges.scoring import (DEFAULT_INTERVENTION, DEFAULT_METHOD, DEFAULT_STEPS, EAP_IG_STEPS,
+                                               INTERVENTIONS, METHODS)
 from circuitlab.atomic import atomic_write_text, json_text
+from circuitlab.checks import COUNT, NONNEG
+from circuitlab.errors import CircuitlabError, InputError
+from circuitlab.spec import Options, option
 from circuitlab.viz.edges import circuit_svg, faithfulness_figure
+
+
+@dataclass(frozen=True)
+class CircuitOptions(Options):
+    """What `circuitlab circuit` takes, declared once: each flag's default, rule and help (find_circuit's
+    defaults are analysis.edges': the metric, method, intervention and EAP-IG steps read the same constants).
+    The rows: a built-in task, or clean and corrupt prompt files (answers optional). check() adds what no field's
+    rule holds: one source of rows, and the metric, method, intervention and refinement in check_circuit_options'
+    words (the Python API's too)."""
+
+    checkpoint: str | Path = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
+    task: str | None = option(None, choices=TASKS, help="built-in rows instead of files: induction = repeated "
+                                                        "random tokens")
+    corruption: str | None = option(None, help="for --task induction, the corrupted rows: no-repeat (default; other "
+                                               "random tokens: the whole circuit), first-copy (only the first copy "
+                                               "replaced: the K-composition path) or other-repeat (other tokens "
+                                               "repeated: values and outputs only)")
+    clean: str | Path | None = option(None, help="file with one clean prompt per line")
+    corrupt: str | Path | None = option(None, help="file with one corrupted prompt per line (same token length)")
+    answers: str | Path | None = option(None, help="file with one line per row: the answer token, or answer<TAB>wrong "
+                                                   "(default: the model's own predictions on the clean / corrupted "
+                                                   "prompts)")
+    metric: str = option(DEFAULT_METRIC, help=f"{' | '.join(METRICS)} (default {{default}})")
+    method: str = option(DEFAULT_METHOD, help=f"{' | '.join(METHODS)} (default {{default}})")
+    intervention: str = option(DEFAULT_INTERVENTION, help=" | ".join(INTERVENTIONS))
+    steps: int = option(DEFAULT_STEPS, EAP_IG_STEPS,
+                        help=f"EAP-IG path points (default {{default}}, at most {EAP_IG_STEPS.high})")
+    edges: int | None = option(None, COUNT, help="circuit size (default: the fewest top edges recovering 90%% of the "
+                                                 "gap)")   # %%: argparse's help is a format string
+    threshold: float | None = option(None, NONNEG, help="keep edges with |score| >= this instead")
+    greedy: bool = option(False, help="grow the circuit from the logits (with --edges)")
+    refine: str | None = option(None, nargs="?", const="batched", metavar="batched|acdc",
+                                help="then refine it with exact patching: batched per reader (the default when "
+                                     "given), or acdc (one edge at a time, each against the circuit left so far)")
+    out: str | Path | None = option(None, help="output directory (default: <run>/circuit, or <checkpoint>-circuit "
+                                               "beside a checkpoint folder); an earlier circuit there is kept, renamed "
+                                               "(or replaced with --overwrite)")
+    overwrite: bool = option(False, help="replace an earlier circuit in --out instead of keeping it")
+    progress: bool = option(True, flag="--no-progress", help="no progress bars (and no estimate before the work)")
+
+    def check(self, error: type[Exception] = InputError) -> CircuitOptions:
+        """One line before anything is read, run or moved: where the rows come from, then the metric, method,
+        intervention and refinement by name, then every field's rule."""
+        if self.task is None and not (self.clean and self.corrupt):
+            raise error("give --clean and --corrupt prompt files, or a built-in --task (induction)")
+        if self.task is not None and (self.clean or self.corrupt):
+            raise error("--task and --clean/--corrupt are alternatives: give one of them")
+        if self.corruption is not None and self.task is None:
+            raise error("--corruption chooses the built-in task's corrupted rows; with prompt files, the --corrupt "
+                        "file is the corruption")
+        try:
+            check_circuit_options(self.metric, self.method, self.intervention, self.refine or False)
+        except CircuitlabError as e:   # a config's error class (from_dict) where one is asked for
+            raise error(str(e)) from None
+        return super().check(error)
 
 
 def write_circuit_outputs(result: CircuitResult, out: str | Path) -> Path:
@@ -41,5 +105,5 @@ def write_circuit_outputs(result: CircuitResult, out: str | Path) -> Path:
     return out
 
 
-__all__ = ["CircuitData", "CircuitResult", "INDUCTION_CORRUPTIONS", "METRICS", "TASKS", "find_circuit",
+__all__ = ["CircuitData", "CircuitOptions", "CircuitResult", "INDUCTION_CORRUPTIONS", "METRICS", "TASKS", "find_circuit",
            "induction_rows", "make_metric", "rows_from_texts", "write_circuit_outputs"]

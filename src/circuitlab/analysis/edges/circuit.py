@@ -18,7 +18,8 @@ import torch
 
 from circuitlab.analysis.edges.forward import graph_forward
 from circuitlab.analysis.edges.edge_graph import EdgeGraph
-from circuitlab.analysis.edges.scoring import (EdgeScores, _copies_per_run, check_edge_request, per_copy, reference)
+from circuitlab.analysis.edges.scoring import (DEFAULT_INTERVENTION, EdgeScores, _copies_per_run, check_edge_request,
+                                               per_copy, reference)
 from circuitlab.analysis.patching import Metric, read_positions
 from circuitlab.errors import CircuitlabError
 
@@ -137,7 +138,7 @@ def _greedy(graph: EdgeGraph, mag: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def circuit_metric(model: Transformer, clean, corrupt, metric: Metric, circuits: Sequence[torch.Tensor], *,
-                   intervention: str = "counterfactual", batch_size: int | None = None) -> torch.Tensor:
+                   intervention: str = DEFAULT_INTERVENTION, batch_size: int | None = None) -> torch.Tensor:
     """The metric of the clean run with every edge outside each circuit patched.
 
     clean, corrupt [batch, pos]; circuits: edge sets, each [n_edges] bool. Returns [n_circuits] (float64);
@@ -167,7 +168,7 @@ def _run_circuits(model: Transformer, graph, clean, metric, ref, circuits, batch
 
 
 def refine_circuit(model: Transformer, clean, corrupt, metric: Metric, circuit: Circuit, *,
-                   intervention: str = "counterfactual",
+                   intervention: str = DEFAULT_INTERVENTION,
                    tolerance: float = 0.01, batch_size: int | None = None, sequential: bool = False) -> Circuit:
     """ACDC-style exact refinement of a (pruned) candidate circuit: readers are visited from the logits down;
     an edge is dropped when removing it moves the metric by less than tolerance × |m(model) − m(empty circuit)|.

@@ -20,7 +20,8 @@ import torch
 from circuitlab.checks import DEFAULT_SEED
 from circuitlab.analysis.edges.circuit import Circuit, circuit_metric, refine_circuit, select_circuit
 from circuitlab.analysis.edges.faithfulness import Faithfulness, faithfulness_curve
-from circuitlab.analysis.edges.scoring import INTERVENTIONS, METHODS, EdgeScores, check_rows_fit, edge_scores
+from circuitlab.analysis.edges.scoring import (DEFAULT_INTERVENTION, DEFAULT_METHOD, DEFAULT_STEPS, INTERVENTIONS,
+                                               METHODS, EdgeScores, check_rows_fit, edge_scores)
 from circuitlab.analysis.patching import Metric, kl_to_clean, logit_diff, logprob
 from circuitlab.errors import CircuitlabError
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
 METRICS = ("logit-diff", "logprob", "kl")
+DEFAULT_METRIC = "logit-diff"   # find_circuit's, and `circuitlab circuit`'s (CircuitOptions reads it)
 REFINE = (False, True, "batched", "acdc")  # True = "batched"; "acdc": one edge at a time
 TASKS = ("induction",)
 
@@ -192,10 +194,10 @@ def check_circuit_options(metric: str | Metric, method: str, intervention: str, 
         raise CircuitlabError(f"unknown refinement {refine!r}; choose batched or acdc")
 
 
-def find_circuit(model: Transformer, data: CircuitData, metric: str | Metric = "logit-diff", method: str = "eap-ig", *,
-                 edges: int | None = None, threshold: float | None = None, greedy: bool = False,
-                 refine: bool | str = False, intervention: str = "counterfactual", steps: int = 5,
-                 progress: bool = True) -> CircuitResult:
+def find_circuit(model: Transformer, data: CircuitData, metric: str | Metric = DEFAULT_METRIC,
+                 method: str = DEFAULT_METHOD, *, edges: int | None = None, threshold: float | None = None,
+                 greedy: bool = False, refine: bool | str = False, intervention: str = DEFAULT_INTERVENTION,
+                 steps: int = DEFAULT_STEPS, progress: bool = True) -> CircuitResult:
     """Score every edge, choose a circuit (edges / threshold; default: the fewest top edges recovering 90% of
     the gap), optionally refine it with exact patching (refine: True or "batched", or "acdc": one edge at a
     time; see refine_circuit), and measure its faithfulness."""

@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 METHODS = ("eap", "eap-ig", "exact")
 INTERVENTIONS = ("counterfactual", "zero", "mean", "position-mean")
 IG_PATHS = ("inputs", "edges")
+# What circuit discovery does unless told (`circuitlab circuit`'s defaults: experiments/circuit.CircuitOptions reads
+# them; edge_scores alone defaults to plain eap): EAP-IG over 5 path points, patching in the corrupted run's values.
+DEFAULT_METHOD = "eap-ig"
+DEFAULT_INTERVENTION = "counterfactual"
+DEFAULT_STEPS = 5
 # Floats one batched run may hold in its per-copy activations (about 16 MB in fp32). Small on purpose: on
 # 2 CPU cores, exact patching of the demo-sized graph ran 2x faster in runs of ~4-8 copies that stay in cache
 # than in one run of every copy (128 MB: 0.19 s vs 0.10 s for 81 edges; EAP-IG unchanged).
@@ -209,7 +214,7 @@ def _backward(model: Transformer, graph, tokens, metric, *, ref=None, mask=None,
 
 
 def edge_scores(model: Transformer, clean, corrupt=None, metric: Metric | None = None, *, method: str = "eap",
-                intervention: str = "counterfactual", steps: int = 5, ig_path: str = "inputs",
+                intervention: str = DEFAULT_INTERVENTION, steps: int = DEFAULT_STEPS, ig_path: str = "inputs",
                 batch_size: int | None = None, progress: bool = True, per_position: bool = False) -> EdgeScores:
     """Score every edge of the model's graph.
 
@@ -266,7 +271,7 @@ def edge_scores(model: Transformer, clean, corrupt=None, metric: Metric | None =
 EDGE_EFFICIENCY = 0.6
 
 
-def edge_estimate(model: Transformer, batch: int, pos: int, method: str = "eap-ig", steps: int = 5,
+def edge_estimate(model: Transformer, batch: int, pos: int, method: str = DEFAULT_METHOD, steps: int = DEFAULT_STEPS,
                   batch_size: int | None = None) -> memory.Estimate:
     """What edge_scores on prompts [batch, pos] holds at its peak and computes, by method. A gradient run (eap,
     and each chunk of eap-ig's path points) peaks either while it keeps, per copy of a row, every reader's own
