@@ -178,6 +178,29 @@ def test_an_option_may_read_the_command_line_its_own_way_and_text_takes_a_path(t
     assert schema(ReadOptions)["properties"]["temperature"]["minimum"] == 0.0
 
 
+@dataclass(frozen=True)
+class OptionalValueOptions(Options):
+    refine: str | None = option(None, nargs="?", const="batched", metavar="batched|acdc", help="refine it")
+    size: int | None = option(None, COUNT, nargs="?", const=4, help="a size, 4 when the flag is alone")
+
+
+def test_an_optional_value_is_one_value_and_the_flag_alone_means_its_const():
+    """nargs="?" with a const: absent -> the default, the flag alone -> const, a value -> that value; one value,
+    never a list (check, schema), still held to its rule."""
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(p, OptionalValueOptions)
+    parsed = [OptionalValueOptions.from_args(p.parse_args(argv)) for argv in ([], ["--refine", "--size"],
+                                                                               ["--refine", "acdc", "--size", "2"])]
+    assert [(o.refine, o.size) for o in parsed] == [(None, None), ("batched", 4), ("acdc", 2)]
+    assert OptionalValueOptions.from_dict(parsed[2].to_dict()) == parsed[2]
+    with pytest.raises(argparse.ArgumentError, match="must be a whole number >= 1"):
+        p.parse_args(["--size", "0"])
+    with pytest.raises(InputError, match=r"^size must be a whole number >= 1, got 0$"):
+        OptionalValueOptions(size=0).check()
+    props = schema(OptionalValueOptions)["properties"]
+    assert props["refine"]["anyOf"][0] == {"type": "string"} and props["size"]["anyOf"][0]["type"] == "integer"
+
+
 @dataclass
 class ToyPart(Result):
     values: list[float]

@@ -49,10 +49,11 @@ def check_sampling(temperature: float = 1.0, top_k: int | None = None, top_p: fl
 class GenerateOptions(Options):
     """What `circuitlab generate` takes, declared once: each flag's default, rule and help. Temperature, top-k
     and top-p are read as plain numbers and refused in check_sampling's words (shared with steer and
-    Transformer.generate), naming them as the command line or Python spells them."""
+    Transformer.generate), naming them as the command line or Python spells them. prompt None: none given (as
+    the empty text: a new document)."""
 
     checkpoint: str | Path = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
-    prompt: str = option("", help="text to continue (default: none, a new document from the end-of-text token)")
+    prompt: str | None = option(None, help="text to continue (default: none, a new document from the end-of-text token)")
     max_tokens: int = option(60, COUNT, help="")
     temperature: float = option(DEFAULT_TEMPERATURE, TEMPERATURE, arg=float, help="0 = greedy")
     top_k: int | None = option(None, TOP_K, arg=int, help="")

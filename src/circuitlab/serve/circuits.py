@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from fastapi.responses import Response  # at module level: the OpenAPI schema resolves route annotations here
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from circuitlab.analysis.edges.discovery import DEFAULT_METRIC
+from circuitlab.analysis.edges.scoring import DEFAULT_METHOD, DEFAULT_STEPS
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.serve.page import JS, Page, Served
@@ -100,9 +102,9 @@ class CircuitBrowser:
     def svg(self, name: str) -> str:
         return self._entry(name).svg
 
-    def run(self, task: str | None = "induction", corruption: str = "no-repeat", method: str = "eap-ig",
-            metric: str = "logit-diff", edges: int | None = None, clean: list[str] | None = None,
-            corrupt: list[str] | None = None, steps: int = 5) -> dict[str, Any]:
+    def run(self, task: str | None = "induction", corruption: str = "no-repeat", method: str = DEFAULT_METHOD,
+            metric: str = DEFAULT_METRIC, edges: int | None = None, clean: list[str] | None = None,
+            corrupt: list[str] | None = None, steps: int = DEFAULT_STEPS) -> dict[str, Any]:
         """Discovery on the loaded model: the built-in task or prompt pairs (clean[i], corrupt[i]); a new
         entry named after it. Returns circuit(name)."""
         from circuitlab.analysis.edges import EdgeGraph
@@ -147,10 +149,10 @@ class RunRequest(BaseModel):
         default="no-repeat", description="the induction task's corrupted rows")
     clean: list[str] | None = Field(default=None, description="clean prompts, one per row (instead of a task)")
     corrupt: list[str] | None = Field(default=None, description="corrupted prompts, same token length per row")
-    method: Literal["eap", "eap-ig", "exact"] = Field(default="eap-ig")
-    metric: Literal["logit-diff", "logprob", "kl"] = Field(default="logit-diff")
+    method: Literal["eap", "eap-ig", "exact"] = Field(default=DEFAULT_METHOD)   # `circuitlab circuit`'s defaults
+    metric: Literal["logit-diff", "logprob", "kl"] = Field(default=DEFAULT_METRIC)
     edges: StrictInt | None = Field(default=None, description="circuit size (default: fewest edges for 90%)")
-    steps: StrictInt = Field(default=5, description="EAP-IG steps")
+    steps: StrictInt = Field(default=DEFAULT_STEPS, description="EAP-IG steps")
 
 
 def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encode) -> None:
