@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer, _ = load_checkpoint(str(opts.checkpoint))
     if tokenizer is None:
         raise CircuitlabError(f"{opts.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
-    prompt = opts.prompt or ""
-    ids = tokenizer.encode(prompt)
+    text = opts.prompt or ""   # none given: the empty text, a new document
+    ids = tokenizer.encode(text)
     if not ids:  # said, not silently replaced: the samples then start a new document
         warnings.warn("no prompt (or one that encodes to no tokens): sampling a new document from the "
                       "end-of-text token")
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         new = row[len(ids):].tolist()
         if tokenizer.eos_id in new:
             new = new[: new.index(tokenizer.eos_id)]
-        print(prompt + tokenizer.decode(new))
+        print(text + tokenizer.decode(new))
         if opts.num > 1:
             print("---")
     return 0
