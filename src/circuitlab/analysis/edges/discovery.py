@@ -13,7 +13,7 @@ The drawing is viz.edges.circuit_svg(result.circuit); experiments.circuit writes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
 METRICS = ("logit-diff", "logprob", "kl")
-DEFAULT_METRIC = "logit-diff"   # find_circuit's, and `circuitlab circuit`'s (CircuitOptions reads it)
+DEFAULT_METRIC: Final = "logit-diff"   # find_circuit's, and `circuitlab circuit`'s (CircuitOptions reads it)
 REFINE = (False, True, "batched", "acdc")  # True = "batched"; "acdc": one edge at a time
 TASKS = ("induction",)
 
