@@ -130,6 +130,7 @@ class RunOptions(Options):
     source: str | None = option(None, required=True, flag="source", help="what to read")
     overwrite: bool = option(False, help="replace an earlier output")
     progress: bool = option(True, flag="--no-progress", help="no progress bar")
+    kept: float = option(0.9, SHARE, help="keep 90%% of it")   # argparse reads %% as %
 
 
 def test_required_options_switches_aliases_and_positionals():
@@ -148,6 +149,7 @@ def test_required_options_switches_aliases_and_positionals():
     doc = schema(RunOptions)
     assert doc["required"] == ["checkpoint", "source"] and "default" not in doc["properties"]["checkpoint"]
     assert doc["properties"]["progress"] == {"type": "boolean", "description": "no progress bar", "default": True}
+    assert doc["properties"]["kept"]["description"] == "keep 90% of it" and "keep 90% of it" in p.format_help()
     with pytest.raises(TypeError, match="turns it off"):
         option(True, help="a switch with no way to turn it off")
     with pytest.raises(TypeError, match="required"):

@@ -163,8 +163,14 @@ def only(cls: type[Options], names: tuple[str, ...], name: str) -> type[Options]
 
 
 def help_text(f: dataclasses.Field, opt: Option) -> str:
+    """The option's help for argparse (which reads "%%" as "%")."""
     default = f.default
     return opt.help.format(default=default) if "{default" in opt.help else opt.help
+
+
+def description(f: dataclasses.Field, opt: Option) -> str:
+    """The option's help as a reader sees it (a schema's description, the explorer's form)."""
+    return help_text(f, opt).replace("%%", "%")
 
 
 def add_arguments(parser: Any, cls: type[Options]) -> Any:
@@ -215,7 +221,7 @@ def schema(cls: type[Options]) -> dict[str, Any]:
     props, required = {}, []
     for f, opt in options_of(cls):
         default = list(f.default) if isinstance(f.default, tuple) else f.default
-        props[f.name] = {**value_schema(f, opt), "description": help_text(f, opt)}
+        props[f.name] = {**value_schema(f, opt), "description": description(f, opt)}
         if opt.required:
             required.append(f.name)
         else:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model
 
 from circuitlab.errors import InputError
-from circuitlab.spec import Options, check_value, help_text, options_of, value_schema
+from circuitlab.spec import Options, check_value, description, options_of, value_schema
 
 
 class OptionsRequest(BaseModel):
@@ -35,7 +35,7 @@ def request_model(cls: type[Options], name: str | None = None, extra: dict[str, 
         check = AfterValidator(partial(check_value, f, opt, error=InputError))  # InputError is a ValueError: 422
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         defs[f.name] = (Annotated[Any, check, WithJsonSchema(value_schema(f, opt))],
-                        Field(default=default, description=help_text(f, opt)))
+                        Field(default=default, description=description(f, opt)))
     model = create_model(name or cls.__name__.removesuffix("Options") + "Request", __base__=OptionsRequest,
                          **defs, **(extra or {}))
     model.options_class = cls
