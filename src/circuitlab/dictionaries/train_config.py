@@ -25,6 +25,7 @@ RESAMPLE_METHODS = ("inputs", "split")
 # Train settings that do not change the trained dictionaries (a resume may change them).
 NOT_RESULT = ("eval_every", "eval_batches", "ckpt_every", "log_every")
 _BETA = Number(float, low=0.0, high=1.0, high_open=True)
+DICT_STEPS = 2000   # dictionary training steps unless a config says otherwise
 
 
 # floats one step's rows may need across a dictionary's widths: a share of the memory budget (circuitlab.memory)
@@ -71,7 +72,7 @@ TRAIN_RULES: dict[str, Number | PerItem] = {"steps": COUNT, "batch_size": COUNT,
 
 @dataclass
 class DictTrainConfig:
-    steps: int = 2000
+    steps: int = DICT_STEPS
     batch_size: int = 1024           # activation rows per step
     lr: float = 1e-3
     lr_warmup_steps: int = 50

@@ -2,6 +2,7 @@
 
     results = run_forge_compare("runs/forge-compare")      # trains (~20 s on one CPU core), compares, writes
     results["accuracy"], results["agreement"], results["findings"]
+    run_forge_compare(**ForgeCompareOptions(steps=3000, seed=1).to_dict())   # the command's options, declared once
 
 What goes into the output folder:
     trained/              the trained model's run (the project trainer's checkpoint/, metrics.jsonl, run.yaml)
@@ -21,30 +22,33 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from circuitlab.atomic import json_text
-from circuitlab.checks import Number, DEFAULT_SEED
+from circuitlab.checks import COUNT, DEFAULT_SEED, INT, Number
 from circuitlab.data.dataset import AdditionData
 from circuitlab.data.sources import ADDITION_MAX_DIGITS
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.experiments.forge_findings import findings
 from circuitlab.forge.adder import EOS, Adder, TokenAdder, add_digits, build_carry_adder, digits_of
-from circuitlab.forge.compare import (_all_heads, _label, addition_problems, answer_agreement, check_token_adder,
-                                      ov_alignment, ov_subspace, query_patterns)
+from circuitlab.forge.compare import (COMPARE_SAMPLES, _all_heads, _label, addition_problems, answer_agreement,
+                                      check_token_adder, ov_alignment, ov_subspace, query_patterns)
 from circuitlab.model.transformer import Transformer
 from circuitlab.perf import threads_for_work, transformer_step_flops
 from circuitlab.report.markdown import forge_compare_markdown
+from circuitlab.spec import Options, option
 from circuitlab.training.outputs import check_writable
 from circuitlab.viz.forge_compare import write_comparison_figures
 
 Head = tuple[int, int]
 
 DEFAULT_STEPS = 2000     # 2+2 digits: every answer right for seeds 0..3, ~20 s on one CPU core (docs/forge.md)
-EXHAUSTIVE_PAIRS = 100_000  # accuracy on every pair up to this many, else on 10,000 random pairs
+EXHAUSTIVE_PAIRS = 100_000  # accuracy on every pair up to this many, else on ACCURACY_SAMPLES random pairs
+ACCURACY_SAMPLES = 10_000
 # Problems the attention is compared on: both models' attention on all of them is held at once (100,000 took
 # over 3 GB; 20,000 0.85 GB).
 SAMPLES = Number(int, low=1, high=50_000, why="both models' attention on every problem is held at once")
@@ -56,21 +60,49 @@ CARRY_ROLES = {
     (0, 1): "head b: fetches the digit of b in the answer's column",
     (1, 0): "carry head: looks up the carry flag of the nearest lower column that is not a 9",
 }
+DIGITS = Number(int, low=1, high=ADDITION_MAX_DIGITS, why="the addition data's limit")
+
+
+@dataclass(frozen=True)
+class ForgeCompareOptions(Options):
+    """What `circuitlab forge compare` takes, declared once (circuitlab.spec): each flag's default, rule and help;
+    run_forge_compare's keywords. check() says a bad digit count, step count or seed in the training config's words
+    (addition_run_config's), then applies every field's rule."""
+
+    out: str | Path = option("runs/forge-compare",
+                             help="output folder (default {default}); the trained model goes to OUT/trained")
+    digits: int = option(2, DIGITS, arg=int, help=f"digits of a (default {{default}}, at most {ADDITION_MAX_DIGITS})")
+    digits_b: int | None = option(None, DIGITS, arg=int, help="digits of b (default: same as --digits)")
+    steps: int = option(DEFAULT_STEPS, COUNT, arg=int,
+                        help="training steps (default {default}: every 2+2-digit answer right for seeds 0..3)")
+    seed: int = option(DEFAULT_SEED, INT, arg=int, help="seed of the training and of the test problems")
+    samples: int = option(COMPARE_SAMPLES, SAMPLES, arg=int, help=f"random problems the attention is compared on "
+                                                        f"(default {{default}}, at most {SAMPLES.high})")
+    retrain: bool = option(False, help="train again even if OUT/trained holds a model (it is replaced)")
+    progress: bool = option(True, flag="--no-progress", help="no progress bar while training")
+
+    def check(self, error: type[Exception] = InputError) -> ForgeCompareOptions:
+        try:
+            _check_digits(self.digits, self.digits_b)
+            _check_training(self.steps, self.seed)
+        except CircuitlabError as e:   # a config's error class (from_dict) where one is asked for
+            raise error(str(e)) from None
+        return super().check(error)
+
+
+DEFAULTS = ForgeCompareOptions()
 
 
 
 # ---------------------------------------------------------------------- training
-def addition_run_config(n_digits_a: int = 2, n_digits_b: int | None = None, steps: int = DEFAULT_STEPS,
-                        seed: int = DEFAULT_SEED) -> Any:
+def addition_run_config(n_digits_a: int = DEFAULTS.digits, n_digits_b: int | None = None,
+                        steps: int = DEFAULTS.steps, seed: int = DEFAULTS.seed) -> Any:
     """The RunConfig of the trained adder: 2 layers of 2 heads (the hand-built adder's shape), d_model 64,
     MLPs of 256, on data source addition:N:M, one problem per row, on one CPU thread."""
     from circuitlab.training.config import RunConfig
 
     n, m = _check_digits(n_digits_a, n_digits_b)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise CircuitlabError(f"steps must be a positive whole number, got {steps!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise CircuitlabError(f"seed must be a whole number, got {seed!r}")
+    _check_training(steps, seed)
     row = n + m + 1 + max(n, m) + 1
     return RunConfig(
         name=f"adder-{n}+{m}",
@@ -90,6 +122,13 @@ def _check_digits(n: Any, m: Any) -> tuple[int, int]:
             raise CircuitlabError(f"{name} must be a whole number from 1 to {ADDITION_MAX_DIGITS} (the addition data's "
                                   f"limit), got {v!r}")
     return n, m
+
+
+def _check_training(steps: Any, seed: Any) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise CircuitlabError(f"steps must be a positive whole number, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise CircuitlabError(f"seed must be a whole number, got {seed!r}")
 
 
 def _json_roundtrip(d: dict) -> dict:
@@ -189,7 +228,7 @@ def attention_profile(model: Transformer, tokens: torch.Tensor, n: int, m: int,
 # ---------------------------------------------------------------------- the comparison
 def _accuracy(adder: Adder, seed: int) -> dict[str, Any]:
     n, m = adder.n_digits_a, adder.n_digits_b
-    check = adder.check(samples=10_000, seed=seed, exhaustive=10 ** (n + m) <= EXHAUSTIVE_PAIRS, progress=False)
+    check = adder.check(samples=ACCURACY_SAMPLES, seed=seed, exhaustive=10 ** (n + m) <= EXHAUSTIVE_PAIRS, progress=False)
     return {"correct": check.correct, "total": check.total, "exhaustive": check.exhaustive,
             "accuracy": check.correct / check.total, "failures": [list(f) for f in check.failures[:5]]}
 
@@ -234,8 +273,8 @@ def _fold(model: Transformer) -> Transformer:
     return folded if folded is model else folded.eval()
 
 
-def summarize_comparison(hand: Adder, other: Transformer, samples: int = 1000, seed: int = DEFAULT_SEED,
-                         data: Any = None) -> dict[str, Any]:
+def summarize_comparison(hand: Adder, other: Transformer, samples: int = DEFAULTS.samples,
+                         seed: int = DEFAULTS.seed, data: Any = None) -> dict[str, Any]:
     """Everything `forge compare` measures, for a hand-built adder and any model that writes the answer
     as tokens in the task format (trained, random, or the hand-built one itself), as a JSON-able dict:
     accuracy, attention agreement (hand-built heads x other's heads), OV alignment of every such pair,
@@ -348,17 +387,20 @@ def _example_patterns(model: Transformer, tokens: torch.Tensor, n: int, m: int, 
 
 
 # ---------------------------------------------------------------------- the whole command
-def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, digits_b: int | None = None,
-                      steps: int = DEFAULT_STEPS, seed: int = DEFAULT_SEED, samples: int = 1000, retrain: bool = False,
-                      progress: bool = True) -> dict[str, Any]:
+def run_forge_compare(out: str | Path = DEFAULTS.out, digits: int = DEFAULTS.digits,
+                      digits_b: int | None = DEFAULTS.digits_b, steps: int = DEFAULTS.steps, seed: int = DEFAULTS.seed,
+                      samples: int = DEFAULTS.samples, retrain: bool = DEFAULTS.retrain,
+                      progress: bool = DEFAULTS.progress) -> dict[str, Any]:
     """Train a small model on the addition task (or reuse out/trained when it was trained with the same
     settings), compare it with the hand-built carry adder for the same digit counts, and write
-    results.json, the figures and report.md into out. Returns the results dict."""
+    results.json, the figures and report.md into out. Returns the results dict. The keywords are
+    ForgeCompareOptions' (checked by it first)."""
     from circuitlab.data import build_data
 
+    ForgeCompareOptions(out=out, digits=digits, digits_b=digits_b, steps=steps, seed=seed, samples=samples,
+                        retrain=retrain, progress=progress).check(CircuitlabError)
     run = addition_run_config(digits, digits_b, steps, seed)
     n, m = _check_digits(digits, digits_b)
-    SAMPLES.check(samples, "samples", CircuitlabError)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CircuitlabError(f"--out {out} is a file; give a folder")
@@ -385,6 +427,6 @@ def run_forge_compare(out: str | Path = "runs/forge-compare", digits: int = 2, d
     return results
 
 
-__all__ = ["CATEGORIES", "DEFAULT_STEPS", "addition_run_config", "attention_profile", "findings", "heldout_accuracy",
-           "key_categories", "position_labels", "run_forge_compare", "summarize_comparison",
+__all__ = ["CATEGORIES", "DEFAULT_STEPS", "ForgeCompareOptions", "addition_run_config", "attention_profile",
+           "findings", "heldout_accuracy", "key_categories", "position_labels", "run_forge_compare", "summarize_comparison",
            "train_addition_model"]

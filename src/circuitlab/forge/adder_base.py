@@ -19,6 +19,7 @@ EOS = 10
 D_VOCAB = 11
 MAX_DIGITS = 40  # the model grows with the digit count (d_model = 14 + 2·max(n, m)); checked exact up to here
 EXHAUSTIVE_LIMIT = 1_000_000  # check every pair when there are at most this many
+CHECK_SAMPLES = 10_000  # random pairs a check counts beyond that (`forge adder --samples`: AdderOptions.samples)
 
 
 
@@ -151,7 +152,7 @@ class Adder:
         prompts = torch.cat([da, db, torch.full((da.shape[0], 1), EOS)], dim=1)
         return (self.answer_digits(prompts) == add_digits(da, db, self.n_answer)).all(dim=1)
 
-    def check(self, samples: int = 10_000, seed: int = DEFAULT_SEED, exhaustive: bool | None = None,
+    def check(self, samples: int = CHECK_SAMPLES, seed: int = DEFAULT_SEED, exhaustive: bool | None = None,
               chunk: int = 100_000, progress: bool = True) -> AdderCheck:
         """Count correct answers: on every pair when there are at most EXHAUSTIVE_LIMIT (or when
         exhaustive=True), else on `samples` random pairs (uniform digits, seeded)."""

@@ -34,6 +34,8 @@ from circuitlab.errors import CircuitlabError
 from circuitlab.forge.adder import EOS, Adder, PostAdder, TokenAdder, add_digits
 from circuitlab.model.transformer import Transformer
 
+COMPARE_SAMPLES = 1000  # random problems two adders' attention is compared on (`forge compare --samples`)
+
 Head = tuple[int, int]
 
 
@@ -250,7 +252,7 @@ def answer_agreement(hand: Adder, other: Transformer, tokens: torch.Tensor) -> A
                                heads_a=used_heads(hand.model))
 
 
-def compare_adders(hand: Adder, other: Transformer, samples: int = 1000, seed: int = DEFAULT_SEED,
+def compare_adders(hand: Adder, other: Transformer, samples: int = COMPARE_SAMPLES, seed: int = DEFAULT_SEED,
                    basis: str = "token") -> AdderComparison:
     """Accuracy, per-head attention agreement (at the answer positions) and OV alignment of each
     used hand-built head with its best-agreeing head in `other`. Both models must read the task

@@ -32,6 +32,7 @@ VALUE_DIGITS = 5     # probabilities, logits, residual coordinates
 LENS_K = 5           # top-k tokens per layer and position in the logit lens
 PREDICTIONS = 10     # the model's top predictions listed at the DLA position
 ADDER_MAX_DIGITS = 8  # the carry adder's residual has 14 + 2·digits coordinates; keep the table readable
+ADDER_DIGITS = 2      # the adder page's digits of a and of b (its design defaults to the post's 2+2 adder)
 MAX_PATTERN_CELLS = 2_000_000  # attention weights in one answer (heads × tokens²): caps the tokens of big models
 
 
@@ -222,7 +223,7 @@ def _coordinate_names(layout, d_model: int) -> list[str]:
 
 
 @torch.no_grad()
-def adder_walkthrough(a: Any, b: Any, design: str = "post", digits: int = 2) -> dict[str, Any]:
+def adder_walkthrough(a: Any, b: Any, design: str = "post", digits: int = ADDER_DIGITS) -> dict[str, Any]:
     """a + b through a hand-built adder: each token's residual after the embedding and after each
     layer (and each layer's attention, when it has MLPs), where EOS attends, and the answer.
 
@@ -302,7 +303,7 @@ class AdderRequest(BaseModel):
     b: StrictInt | str = Field(description="second number")
     design: Literal["post", "carry"] = Field(
         default="post", description="post: the reference post's 2-digit adder; carry: the exact adder")
-    digits: int = Field(default=2, ge=1, le=ADDER_MAX_DIGITS, description="digits of a and of b")
+    digits: int = Field(default=ADDER_DIGITS, ge=1, le=ADDER_MAX_DIGITS, description="digits of a and of b")
 
 
 def add_prompt_routes(app, model: Transformer | None, tokenizer, meta: dict[str, Any], checkpoint_name: str | None,
