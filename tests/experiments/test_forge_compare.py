@@ -1,5 +1,6 @@
 """`circuitlab forge compare`: the addition data source, the trained-vs-hand-built comparison, the command."""
 import json
+import re
 
 import pytest
 import torch
@@ -208,3 +209,62 @@ def test_findings_state_what_the_numbers_say():
     assert "and this one does not beat that" in text                            # 0.1 <= digits-vs-EOS 0.7
     assert "trained L0H0 reads the value much like the hand-built ones" in text
     assert "output similarity at most 0.10" in text
+
+
+# ---------------------------------------------------------------- `forge compare`'s options, declared once
+def _compare_parser():
+    import argparse
+
+    from circuitlab.commands import forge as forge_command
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    forge_command.add_arguments(p)
+    return next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices["compare"]
+
+
+def test_compare_flags_the_class_a_config_and_the_python_keywords_agree():
+    import inspect
+    from dataclasses import fields
+
+    from circuitlab.experiments.forge_compare import DEFAULT_STEPS, ForgeCompareOptions
+    from circuitlab.spec import schema
+
+    p = _compare_parser()
+    assert {a.dest for a in p._actions} - {"help"} == {f.name for f in fields(ForgeCompareOptions)}
+    defaults = ForgeCompareOptions().check()
+    assert ForgeCompareOptions.from_args(p.parse_args([])) == defaults == ForgeCompareOptions.from_dict({})
+    assert defaults.steps == DEFAULT_STEPS and defaults.out == "runs/forge-compare"
+    props = schema(ForgeCompareOptions)["properties"]
+    assert all(props[f.name]["default"] == f.default for f in fields(ForgeCompareOptions))
+    assert props["digits"]["maximum"] == 9 and props["samples"]["maximum"] == 50_000
+    keywords = inspect.signature(run_forge_compare).parameters   # the Python keywords are the flags
+    assert {k: v.default for k, v in keywords.items()} == defaults.to_dict()
+    summary = inspect.signature(summarize_comparison).parameters
+    assert (summary["samples"].default, summary["seed"].default) == (defaults.samples, defaults.seed)
+    got = ForgeCompareOptions.from_args(p.parse_args(["--out", "o", "--digits", "3", "--digits-b", "1", "--steps", "7",
+                                                      "--seed", "2", "--samples", "5", "--retrain", "--no-progress"]))
+    assert got == ForgeCompareOptions("o", 3, 1, 7, 2, 5, True, False)
+    assert ForgeCompareOptions.from_dict(got.to_dict()) == got
+
+
+@pytest.mark.parametrize("flag, text, field, value, said", [
+    ("--digits", "10", "digits", 10, "digits must be a whole number from 1 to 9 (the addition data's limit), got 10"),
+    ("--digits-b", "0", "digits_b", 0, "digits of b must be a whole number from 1 to 9"),
+    ("--steps", "0", "steps", 0, "steps must be a positive whole number, got 0"),
+    ("--samples", "50001", "samples", 50_001, "samples must be a whole number from 1 to 50000 (both models' attention"),
+])
+def test_a_bad_compare_option_is_refused_by_the_command_line_check_and_a_config(flag, text, field, value, said,
+                                                                                 tmp_path, capsys):
+    from circuitlab.errors import InputError
+    from circuitlab.experiments.forge_compare import ForgeCompareOptions
+
+    assert main(["forge", "compare", "--out", str(tmp_path / "x"), flag, text]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    with pytest.raises(InputError, match="^" + re.escape(said)):
+        ForgeCompareOptions(**{field: value}).check()
+    with pytest.raises(ConfigError, match="^" + re.escape(said)):
+        ForgeCompareOptions.from_dict({field: value})
+    with pytest.raises(CircuitlabError, match="^" + re.escape(said)):
+        run_forge_compare(tmp_path / "x", **{field: value})
+    assert not (tmp_path / "x").exists()

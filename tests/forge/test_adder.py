@@ -1,6 +1,8 @@
 """Forge: the builder API, the hand-built heads, the adders (exhaustively), the comparison functions, the CLI.
 
 (Split out of the flat test_forge module, issue 38.)"""
+import re
+
 import pytest
 import torch
 
@@ -118,3 +120,72 @@ def test_bad_adder_shapes_are_clear_errors():
         build_adder("post", 3)
     with pytest.raises(CircuitlabError, match="unknown adder design"):
         build_adder("magic", 2)
+
+
+# ---------------------------------------------------------------- `forge adder`'s options, declared once
+def _subparser(name: str):
+    import argparse
+
+    from circuitlab.commands import forge as forge_command
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    forge_command.add_arguments(p)
+    return next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def test_adder_flags_the_class_a_config_and_the_check_keywords_agree():
+    import inspect
+    from dataclasses import fields
+
+    from circuitlab.forge.adder import Adder, AdderOptions
+    from circuitlab.spec import schema
+
+    p = _subparser("adder")
+    assert {a.dest for a in p._actions} - {"help"} == {f.name for f in fields(AdderOptions)}
+    checked = AdderOptions(check_all=True).check()
+    assert AdderOptions.from_args(p.parse_args(["--check"])) == checked == AdderOptions.from_dict({"check_all": True})
+    props = schema(AdderOptions)["properties"]
+    assert all(props[f.name]["default"] == f.default for f in fields(AdderOptions))
+    keywords = inspect.signature(Adder.check).parameters   # the check's keywords are the flags' defaults
+    assert (keywords["samples"].default, keywords["seed"].default) == (checked.samples, checked.seed)
+    got = AdderOptions.from_args(p.parse_args(["--design", "carry", "--digits", "3", "--digits-b", "1", "--a", "995",
+                                               "--b", "7", "--explain", "--check", "--samples", "5", "--seed", "2",
+                                               "--json"]))
+    assert got == AdderOptions("carry", 3, 1, True, 5, 2, "995", "7", True, True)
+    assert AdderOptions.from_dict(got.to_dict()) == got and got.digit_counts == (3, 1) and got.design_name == "carry"
+    assert AdderOptions(a="1", b="2").design_name == "post" and AdderOptions(digits=3).design_name == "carry"
+
+
+@pytest.mark.parametrize("options, said", [
+    (dict(check_all=True, samples=0), "samples must be a whole number >= 1, got 0"),
+    (dict(check_all=True, design="exact"), "design must be one of auto, post, carry"),
+    (dict(), "give --check, or two numbers with --a and --b"),
+    (dict(a="3"), "give both --a and --b"),
+    (dict(explain=True), "give --check, or two numbers with --a and --b"),
+    (dict(check_all=True, explain=True), "--explain walks through one sum: give --a and --b"),
+])
+def test_a_bad_adder_option_is_refused_by_check_a_config_and_run_adder(options, said):
+    from circuitlab.errors import ConfigError, InputError
+    from circuitlab.forge.adder import AdderOptions, run_adder
+
+    with pytest.raises(InputError, match="^" + re.escape(said)):
+        AdderOptions(**options).check()
+    with pytest.raises(ConfigError, match="^" + re.escape(said)):
+        AdderOptions.from_dict(options)
+    with pytest.raises(InputError, match="^" + re.escape(said)):
+        next(run_adder(AdderOptions(**options)))
+
+
+def test_adder_command_line_refuses_what_check_refuses_and_prints_what_run_adder_yields(capsys):
+    from circuitlab.cli import main
+    from circuitlab.forge.adder import AdderOptions, run_adder
+
+    with pytest.raises(SystemExit) as exited:   # the same rule (checks.COUNT) as argparse's one line
+        main(["forge", "adder", "--check", "--samples", "0"])
+    assert exited.value.code == 2 and "argument --samples: must be a whole number >= 1" in capsys.readouterr().err
+    assert main(["forge", "adder", "--check", "--explain"]) == 2
+    assert "--explain walks through one sum: give --a and --b" in capsys.readouterr().err
+    argv = ["--design", "carry", "--digits", "3", "--digits-b", "1", "--a", "995", "--b", "7", "--explain"]
+    assert main(["forge", "adder", *argv]) == 0
+    expected = "\n".join(run_adder(AdderOptions("carry", 3, 1, a="995", b="7", explain=True))) + "\n"
+    assert capsys.readouterr().out == expected

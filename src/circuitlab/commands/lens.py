@@ -1,8 +1,9 @@
-"""circuitlab lens: train a tuned lens for a checkpoint, and read a prompt through it beside the logit lens."""
+"""circuitlab lens: train a tuned lens for a checkpoint, and read a prompt through it beside the logit lens.
+The flags are declared once beside each pipeline: experiments/lens_train.py LensTrainOptions,
+experiments/lens_show.py LensShowOptions (circuitlab.spec)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 HELP = "tuned lens: train one for a checkpoint (saved beside it), show it against the logit lens on a prompt"
 EXAMPLE = "circuitlab lens train --checkpoint runs/demo/2l --steps 300   (then: circuitlab lens show --help)"
@@ -41,39 +42,20 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _show_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True, help="a run or checkpoint directory")
-    p.add_argument("--lens", default=None, help="the lens folder (default: <checkpoint>/tuned_lens)")
-    p.add_argument("--prompt", required=True, help="the text to read layer by layer")
-    p.add_argument("--out", default=None, help="write report.html here (a folder, or a path ending in .html)")
+    from circuitlab.experiments.lens_show import LensShowOptions
+    from circuitlab.spec import add_arguments as add_options
+
+    add_options(p, LensShowOptions)   # every flag, declared in experiments/lens_show.py
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from circuitlab.analysis.lens.tuned import TunedLens, compare_lenses, default_lens_dir
-    from circuitlab.errors import CircuitlabError
-    from circuitlab.training import load_checkpoint
+    from circuitlab.experiments.lens_show import LensShowOptions, show_lens
 
-    folder = Path(args.lens) if args.lens else default_lens_dir(args.checkpoint)
-    if not TunedLens.exists(folder):
-        raise CircuitlabError(f"{folder} holds no tuned lens; train one with `circuitlab lens train --checkpoint "
-                              f"{args.checkpoint}`" + (f" --out {args.lens}" if args.lens else ""))
-    model, tok, _ = load_checkpoint(args.checkpoint)
-    if tok is None:
-        raise CircuitlabError(f"{args.checkpoint} has no tokenizer saved with it; cannot encode a prompt")
-    if not args.prompt.strip():
-        raise CircuitlabError("the prompt is empty: give some text to read")
-    if args.out:
-        from circuitlab.methods import NoOptions, tuned_lens
-        from circuitlab.report.html import write_html_report
-
-        found = tuned_lens.run_tuned_lens(model, tok, Path("."), NoOptions(), args.prompt, folder)
-        path = write_html_report(args.out, [tuned_lens.tuned_lens_section(found)], "circuitlab lens",
-                                 f"{args.checkpoint}: tuned lens from {folder}")
-        print("\n".join(found.summary))
-    import torch
-
-    ids = tok.encode(args.prompt)[-model.cfg.n_ctx:]
-    both = compare_lenses(model, torch.tensor(ids), TunedLens.load(folder, model), k=1, tokenizer=tok)
-    print(f"KL to the final distribution on this prompt (mean over its {len(ids)} tokens):")
+    shown = show_lens(LensShowOptions.from_args(args))
+    if shown.report is not None:   # the report section's summary first
+        print("\n".join(shown.summary))
+    both = shown.both
+    print(f"KL to the final distribution on this prompt (mean over its {shown.n_tokens} tokens):")
     print(both.table())
     a, b = both.logit, both.tuned
     assert a.token_strs is not None and a.top_strs is not None and b.top_strs is not None  # read with tok
@@ -81,8 +63,8 @@ def _run_show(args: argparse.Namespace) -> int:
     for i, label in enumerate(a.labels):
         print(f"  {label:<8}{a.top_strs[i][-1][0]!r:>12} {float(a.top_probs[i, -1, 0]):.2f} | "
               f"{b.top_strs[i][-1][0]!r:>12} {float(b.top_probs[i, -1, 0]):.2f}")
-    if args.out:
-        print(f"wrote {path}")
+    if shown.report is not None:
+        print(f"wrote {shown.report}")
     return 0
 
 

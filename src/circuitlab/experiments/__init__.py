@@ -11,6 +11,7 @@ dashboards         `circuitlab sae dashboards`: a dictionary's feature dashboard
 sae_train          `circuitlab sae train`: dictionaries (SAEs, transcoders, CLTs) from a YAML config, spliced in
 sae_eval           `circuitlab sae eval`: a dictionary or CLT on held-out text: L0, explained variance, CE recovered
 lens_train         `circuitlab lens train`: a tuned lens for a checkpoint, against the logit lens on held-out text
+lens_show          `circuitlab lens show`: a prompt through the logit lens and a saved tuned lens, side by side
 graphs_demo        `circuitlab graph demo`: a trained model's graphs, each story tested; it makes the prompts and runs
                    the graph method on each (circuitlab/methods/graph.py's explain: the graph `circuitlab graph`
                    makes, its numbers and the intervention of graphs/verify.py) as a notebook would
