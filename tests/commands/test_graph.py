@@ -85,3 +85,51 @@ def test_graph_command_reads_a_cross_layer_transcoder(tmp_path, monkeypatch, cap
     saved = Graph.load(tmp_path / "g" / "graph")
     assert torch.equal(saved.active_features, want.active_features)
     torch.testing.assert_close(saved.adjacency, want.adjacency, atol=1e-5 * float(want.adjacency.abs().max()), rtol=0)
+
+
+def test_the_graph_flags_are_graph_inputs_and_graph_options(capsys):
+    """`circuitlab graph`'s flags are GraphInputs' and GraphOptions' (graphs/options.py), in --help's order around
+    the shared dtype and memory flags: the command line parses to the classes' defaults and to what a config
+    (from_dict) says; a bad value is refused in one line by the command line and by check() with one rule."""
+    from circuitlab.cli import build_parser, main
+    from circuitlab.errors import InputError
+    from circuitlab.graphs.options import GraphInputs, GraphOptions
+    from circuitlab.spec import options_of
+
+    def parsed(*argv):
+        args = build_parser().parse_args(["graph", *argv])
+        return GraphInputs.from_args(args), GraphOptions.from_args(args)
+
+    assert parsed("--planted", "--prompt", "x") == (GraphInputs(planted=True, prompt="x").check(), GraphOptions())
+    assert parsed("--planted", "--prompt", "x")[0] == GraphInputs.from_dict({"planted": True, "prompt": "x"})
+    inputs, options = parsed("--model", "m", "--transcoders", "t", "--transcoder-set", "s", "--prompt", "p",
+                             "--target", "a", "--foil", "b", "--mmap", "--qk", "--partial", "--out", "o",
+                             "--overwrite", "--qk-heads", "3", "--node-threshold", "0.5", "--token-nodes", "W_E")
+    assert inputs == GraphInputs.from_dict({"checkpoint": "m", "transcoders": "t", "transcoder_set": "s",
+                                            "prompt": "p", "target": "a", "foil": "b", "mmap": True, "qk": True,
+                                            "partial": True, "out": "o", "overwrite": True})
+    assert options == GraphOptions.from_dict({"qk_heads": 3, "node_threshold": 0.5, "token_nodes": "W_E"})
+    graph = next(a for a in build_parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" graph"))
+    dests = [a.dest for a in graph._actions if a.dest not in ("help", "graph_command")]
+    given, tuning = ([f.name for f, _ in options_of(cls)] for cls in (GraphInputs, GraphOptions))
+    assert dests == [*given[:7], *tuning[:-1], "dtype", "compute_dtype", "mmap", "qk", "qk_heads", "memory",
+                     "estimate", "partial", "out", "overwrite"]
+    assert set(given) | set(tuning) <= set(dests)   # every declared option is a flag
+    for argv, cls, value, said in [
+            (["--planted", "--prompt", "x", "--foil", "y"], GraphInputs, {"planted": True, "prompt": "x", "foil": "y"},
+             "--foil needs --target (the graph explains target minus foil)"),
+            (["--prompt", "x", "--checkpoint", "m"], GraphInputs, {"prompt": "x", "checkpoint": "m"},
+             "give --checkpoint DIR and --transcoders DIR (or --planted for the built-in model)"),
+            (["--planted", "--prompt", "x", "--qk-heads", "0"], GraphOptions, {"qk_heads": 0},
+             "must be a whole number >= 1, got "),
+            (["--planted", "--prompt", "x", "--logit-prob", "1.5"], GraphOptions, {"desired_logit_prob": 1.5},
+             "must be a number from above 0 to 1, got ")]:
+        try:
+            code = main(["graph", *argv])
+        except SystemExit as e:   # the parser's errors
+            code = e.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and said in err, err
+        with pytest.raises(InputError) as e:
+            cls(**value).check()
+        assert said in str(e.value)

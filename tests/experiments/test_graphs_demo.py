@@ -138,6 +138,47 @@ def test_the_command_has_a_demo_and_still_needs_a_prompt_without_it(capsys):
     assert "give --prompt TEXT" in capsys.readouterr().err
 
 
+def test_the_demo_flags_the_options_class_and_from_dict_agree(tmp_path, capsys):
+    """`graph demo`'s flags are GraphsDemoOptions' options: the same defaults (the other sizes are the Python
+    API's plain fields); a bad value refused by the command line, check() and from_dict alike, and by the Python
+    API before any work; the notebook's model_run_config reads the options."""
+    from pathlib import Path
+
+    from circuitlab.cli import build_parser, main
+    from circuitlab.errors import ConfigError, InputError
+    from circuitlab.experiments.graphs_demo import model_run_config
+
+    def parse(*argv):
+        return GraphsDemoOptions.from_args(build_parser().parse_args(["graph", "demo", *argv]))
+
+    assert parse() == GraphsDemoOptions() == GraphsDemoOptions.from_dict({})
+    d = GraphsDemoOptions()
+    assert (d.out, d.transcoders, d.model_steps, d.transcoder_steps, d.resume, d.progress) == \
+        ("runs/graphs", "clt", 600, 400, False, True)
+    given = parse("--out", "o", "--resume", "--transcoders", "per-layer", "--model-steps", "3",
+                  "--transcoder-steps", "4", "--no-progress")
+    assert given == GraphsDemoOptions.from_dict({"out": "o", "resume": True, "transcoders": "per-layer",
+                                                 "model_steps": 3, "transcoder_steps": 4, "progress": False})
+    assert GraphsDemoOptions(out=Path("o")) == GraphsDemoOptions(out="o")   # a Path is text
+    assert model_run_config(GraphsDemoOptions(model_steps=7, d_mlp=32)).train.steps == 7
+    for flag, field, bad, cli_said, said in [
+            ("--model-steps", "model_steps", 0, "must be a whole number >= 1, got '0'", "a whole number >= 1, got 0"),
+            ("--transcoders", "transcoders", "sae", "(choose from 'clt', 'per-layer')", "one of clt, per-layer")]:
+        with pytest.raises(SystemExit) as stop:
+            main(["graph", "demo", flag, str(bad)])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1 and f"argument {flag}: " in err, err
+        assert cli_said in err
+        for refused, error in [(GraphsDemoOptions(**{field: bad}).check, InputError),
+                               (lambda: GraphsDemoOptions.from_dict({field: bad}), ConfigError)]:
+            with pytest.raises(error) as e:
+                refused()
+            assert str(e.value).startswith(f"{field} must be {said}")
+    with pytest.raises(InputError, match="^transcoder_steps must be a whole number >= 1, got 0$"):
+        run_graphs_demo(GraphsDemoOptions(out=tmp_path / "g", transcoder_steps=0))
+    assert not (tmp_path / "g").exists()
+
+
 @pytest.mark.slow
 def test_graph_demo_command_at_its_real_budget(tmp_path):
     """`circuitlab graph demo` as a user runs it. What it asserts held on every full-size run measured
@@ -244,9 +285,10 @@ def test_a_resume_that_would_not_continue_the_folder_is_refused_before_any_train
 # `circuitlab graph demo` at the tiny sizes, sending itself `sys.argv[1]` (SIGTERM, SIGINT) as the graphs stage
 # starts its first graph
 _STOPPING = """
-import functools, os, signal, sys
+import dataclasses, os, signal, sys
 import circuitlab.experiments.graphs_demo as gd
-gd.GraphsDemoOptions = functools.partial(gd.GraphsDemoOptions, **%r)
+run = gd.run_graphs_demo   # the command's options with the tiny sizes (they have no flags)
+gd.run_graphs_demo = lambda opts: run(dataclasses.replace(opts, **%r))
 def explain(*args, **kwargs):
     os.kill(os.getpid(), getattr(signal, sys.argv[1]))
     raise AssertionError("the signal did not stop the demo")

@@ -3,7 +3,13 @@
 command line, the config files, the Python API and the explorer agree."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from circuitlab.checks import COUNT, FINITE
+
+if TYPE_CHECKING:
+    from circuitlab.spec import Options
 
 positive_int = COUNT.arg    # a whole number >= 1 (counts: samples, steps, tokens)
 finite_float = FINITE.arg   # a number that is not NaN or infinite
@@ -44,3 +50,15 @@ def add_memory_arguments(p, estimate: bool = True) -> None:
     if estimate:
         p.add_argument("--estimate", action="store_true",
                        help="print what the work will hold at its peak and roughly how long it will take, then stop")
+
+
+def add_option_parts(p: Any, cls: type[Options], *parts: tuple[str, ...] | Callable[[Any], None]) -> None:
+    """cls's flags (declared once, beside its pipeline) in --help's order, with the flags the spec does not declare
+    written between them: each part a tuple of cls's field names, or a function adding hand-written flags."""
+    from circuitlab.spec import add_arguments as add_options, only
+
+    for part in parts:
+        if callable(part):
+            part(p)
+        else:
+            add_options(p, only(cls, part, cls.__name__))

@@ -6,10 +6,8 @@ function pair and one entry.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable
 
-if TYPE_CHECKING:
-    from circuitlab.spec import Options
+from circuitlab.commands._args import add_option_parts
 
 HELP = "sparse dictionaries: train SAEs / transcoders on a model's activations, evaluate them, draw feature dashboards"
 EXAMPLE = "circuitlab sae train --config sae-demo --out runs/sae-demo   (then: circuitlab sae eval --help)"
@@ -36,8 +34,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
                             "local GPU (nccl) or runs on the CPU (gloo)")
         add_memory_arguments(p)
 
-    _add_flags(p, SaeTrainOptions, ("config",), set_flag, ("target_l0", "out", "resume", "overwrite", "progress"),
-               device_and_memory, ("parallel",))
+    add_option_parts(p, SaeTrainOptions, ("config",), set_flag,
+                     ("target_l0", "out", "resume", "overwrite", "progress"), device_and_memory, ("parallel",))
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -95,8 +93,8 @@ def add_dashboards_arguments(p: argparse.ArgumentParser) -> None:
     def device(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default=DashboardOptions.device, help=f"torch device (default {DashboardOptions.device})")
 
-    _add_flags(p, DashboardOptions, ("dictionary", "checkpoint", "out", "data", "n_tokens", "overwrite", "features",
-                                     "layer"), device, ("progress",))
+    add_option_parts(p, DashboardOptions, ("dictionary", "checkpoint", "out", "data", "n_tokens", "overwrite",
+                                           "features", "layer"), device, ("progress",))
 
 
 def run_dashboards(args: argparse.Namespace) -> int:
@@ -118,7 +116,7 @@ def run_dashboards(args: argparse.Namespace) -> int:
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.experiments.features_demo import FeaturesDemoOptions
 
-    _add_flags(p, FeaturesDemoOptions, ("out", "model_steps", "dictionary_steps", "resume"), ("progress",))
+    add_option_parts(p, FeaturesDemoOptions, ("out", "model_steps", "dictionary_steps", "resume"), ("progress",))
 
 
 def run_sae_demo(args: argparse.Namespace) -> int:
@@ -158,21 +156,6 @@ def _run_export(args: argparse.Namespace) -> int:
     print(f"wrote {opts.layout} layout to {opts.out}/ (each read back by circuitlab's reader: same latents and "
           f"reconstructions); export.json lists what came from where")
     return 0
-
-
-# ---------------------------------------------------------------------------- flags
-
-
-def _add_flags(p: argparse.ArgumentParser, cls: type[Options], *parts: tuple[str, ...] | Callable[[Any], None]) -> None:
-    """cls's flags (declared once, beside its pipeline) in --help's order, with the flags the spec does not declare
-    written between them: each part a tuple of cls's field names, or a function adding hand-written flags."""
-    from circuitlab.spec import add_arguments as add_options, only
-
-    for part in parts:
-        if callable(part):
-            part(p)
-        else:
-            add_options(p, only(cls, part, cls.__name__))
 
 
 # ---------------------------------------------------------------------------- wiring

@@ -26,10 +26,10 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
-from circuitlab.checks import DEFAULT_SEED
+from circuitlab.checks import COUNT, DEFAULT_SEED
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_sentence, fresh_out,
@@ -37,13 +37,13 @@ from circuitlab.experiments.demo_budget import (StageClock, budget_dict, budget_
 from circuitlab.graphs.options import DEFAULTS
 from circuitlab.graphs.verify import PREDICTED
 from circuitlab.methods.graph import GraphFinding, PromptSpec, document_start, explain, target_probability
+from circuitlab.spec import Options, option
 from circuitlab.training.interrupts import continue_on_interrupt
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-MODEL_STEPS = 600   # the demo model's training steps unless --model-steps says otherwise
-KINDS = ("per-layer", "clt")
+KINDS = ("clt", "per-layer")   # the transcoders the demo trains: one cross-layer transcoder, or one per MLP
 RESUME = "run_graphs_demo(...) with resume=True"   # how a Python caller continues a stopped demo
 NAME_TEMPLATE = ("Once upon a time, there was a little girl named {name}. {name} liked to play in the park "
                  "every day. One day, {name}")
@@ -53,30 +53,36 @@ PHRASES = (("once-upon-a-time", "Once upon a time"),
 
 
 
-@dataclass
-class GraphsDemoOptions:
-    """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs/graphs.md)."""
+@dataclass(frozen=True)
+class GraphsDemoOptions(Options):
+    """Sizes of the demo; the defaults fit the 3-minute budget on a 150 GFLOP/s machine (see docs/graphs.md). The
+    options (out, resume, transcoders, model_steps, transcoder_steps, progress) are `circuitlab graph demo`'s
+    flags; the other sizes are the Python API's alone."""
 
-    out: Path = Path("runs/graphs")
-    model_steps: int = MODEL_STEPS
+    out: str = option("runs/graphs", help="output directory (an earlier graphs demo there is kept, renamed; default "
+                                          "{default})")
+    model_steps: int = option(600, COUNT, help="training steps of the model (default {default})")
     segment_steps: int = 300      # first steps on tiled random segments only (induction heads form there)
     model_batch: int = 64         # sequences of 64 tokens per model step
     d_mlp: int = 512
-    transcoders: str = "clt"       # or "per-layer" (docs/graphs.md compares them on this model)
+    # one CLT or a transcoder per MLP (docs/graphs.md compares them on this model)
+    transcoders: str = option("clt", choices=KINDS, help="one TopK cross-layer transcoder (default) or a TopK "
+                                                         "transcoder per MLP")
     d_sae: int = 1024             # features per layer
     k: int = 16                   # active features per token and layer (TopK)
-    transcoder_steps: int = 400
+    transcoder_steps: int = option(400, COUNT, help="training steps of the transcoders (default {default})")
     transcoder_batch: int = 1024  # activation rows per transcoder step
     n_names: int = 12             # made-up names tried for the name prompt (the best-completed one is shown)
     dashboard_tokens: int = DEFAULTS.dashboard_tokens  # held-out story tokens for the viewer's feature cards (0: none)
     n_stories: int = 6000
     seed: int = DEFAULT_SEED
-    resume: bool = False
-    progress: bool = True
+    resume: bool = option(False, help="continue an interrupted demo in --out: finished stages are reused, the rest "
+                                      "resumes")
+    progress: bool = option(True, flag="--no-progress", help="no progress bars")
 
-    def __post_init__(self) -> None:
-        if self.transcoders not in KINDS:
-            raise InputError(f"transcoders must be one of {', '.join(KINDS)}, got {self.transcoders!r}")
+    def __post_init__(self) -> None:   # a Path is text here (run_graphs_demo checks every option before any work)
+        if isinstance(self.out, PurePath):
+            object.__setattr__(self, "out", str(self.out))
 
 
 @dataclass
@@ -135,6 +141,7 @@ def _loss_kept(tc: dict[str, Any]) -> str:
 
 
 def run_graphs_demo(opts: GraphsDemoOptions) -> GraphsDemoResult:
+    opts = opts.check()   # the options' rules, before any work
     out = _prepare(opts)
     clock = StageClock()
     # a stop (Ctrl-C, the termination signal) in a stage says what is kept and the command that continues;
