@@ -243,3 +243,75 @@ def test_serve_command_errors_before_starting_a_server(tmp_path, capsys):
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port must be" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- ServeOptions: the flags, declared once
+
+
+def serve_parser():
+    import argparse
+
+    from circuitlab.commands import serve as serve_command
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    serve_command.add_arguments(p)
+    return p
+
+
+def test_the_serve_flags_the_class_and_a_config_agree(tmp_path, monkeypatch):
+    """Every flag is a field of ServeOptions; no flag given is the class's defaults (and a config's), create_app's
+    keyword defaults are the class's; the repeatable flags and --device read the class's defaults."""
+    import inspect
+    from dataclasses import fields, replace
+
+    from circuitlab.serve.app import ServeOptions
+
+    p = serve_parser()
+    assert {a.dest for a in p._actions} - {"help", "dictionary", "circuit"} | {"dictionaries", "circuits"} == {
+        f.name for f in fields(ServeOptions)}
+    args = p.parse_args([])
+    defaults = ServeOptions().check()
+    assert ServeOptions.from_args(args) == defaults == ServeOptions.from_dict({})
+    assert (defaults.host, defaults.port, defaults.max_tokens, defaults.max_prompt_chars) == ("127.0.0.1", 8000, 128,
+                                                                                              2000)
+    assert (args.dictionary, args.circuit, args.device) == ([], [], ServeOptions.device)
+    keywords = inspect.signature(create_app).parameters
+    for name in ("max_tokens", "max_prompt_chars", "device"):
+        assert keywords[name].default == getattr(ServeOptions, name), name
+    got = ServeOptions.from_args(p.parse_args(["--model", "ck", "--lens", "l", "--graphs", "g", "--transcoders", "t",
+                                               "--transcoder-set", "s", "--host", "0.0.0.0", "--port", "9",
+                                               "--max-tokens", "7", "--max-prompt-chars", "70"]))
+    assert got == ServeOptions(checkpoint="ck", lens="l", graphs="g", transcoders="t", transcoder_set="s",
+                               host="0.0.0.0", port=9, max_tokens=7, max_prompt_chars=70)
+    assert ServeOptions.from_dict(got.to_dict()) == got
+    monkeypatch.chdir(tmp_path)   # no runs/ folder: /graphs lists none; with one, runs/
+    assert replace(got, graphs=None).given()["graphs"] is None
+    (tmp_path / "runs").mkdir()
+    assert replace(got, graphs=None).given() == {"dictionaries": [], "lens": "l", "circuits": [], "graphs": "runs",
+                                                 "transcoders": "t", "transcoder_set": "s"}
+
+
+@pytest.mark.parametrize("flag, field, value, said", [
+    ("--port", "port", 0, "must be from 1 to 65535, got 0"),
+    ("--port", "port", 70000, "must be from 1 to 65535, got 70000"),
+    ("--max-tokens", "max_tokens", 0, "must be a positive whole number, got 0"),
+    ("--max-prompt-chars", "max_prompt_chars", -1, "must be a positive whole number, got -1"),
+])
+def test_a_bad_serve_value_is_refused_by_the_command_line_check_and_create_app_alike(capsys, flag, field, value,
+                                                                                        said):
+    """One rule, one line: the command line (the port under its flag's name), check(), a config, create_app."""
+    import re
+
+    from circuitlab.errors import CircuitlabError, ConfigError, InputError
+    from circuitlab.serve.app import ServeOptions
+
+    assert main(["serve", flag, str(value)]) == 2
+    named = flag if field == "port" else field
+    assert capsys.readouterr().err == f"circuitlab serve: error: {named} {said}\n"
+    with pytest.raises(InputError, match=f"^{field} {re.escape(said)}$"):
+        ServeOptions(**{field: value}).check()
+    with pytest.raises(ConfigError, match=f"^{field} {re.escape(said)}$"):
+        ServeOptions.from_dict({field: value})
+    if field != "port":
+        with pytest.raises(CircuitlabError, match=f"^{field} {re.escape(said)}$"):
+            create_app(None, **{field: value})

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 HELP = ("local web explorer: attention of every head, logit lens, attribution, input attribution, tuned lens, "
         "steering, attribution graphs (/graphs), and the hand-built adder")
@@ -10,34 +9,27 @@ EXAMPLE = "circuitlab serve --checkpoint runs/demo/2l --port 8000   (then open h
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", default=None,
-                   help="a run or checkpoint directory for the explorer page (without one, only the adder "
-                        "page works)")
-    p.add_argument("--dictionary", action="append", default=[], metavar="DIR",
-                   help="a sparse dictionary for the checkpoint's model (ours, SAELens, Gemma Scope 1/2, Llama Scope, "
-                        "a circuit-tracer layer_N.safetensors), for the feature browser at "
-                        "/features (repeat for several; its dashboards/ subfolder is used when present)")
-    p.add_argument("--lens", default=None, metavar="DIR",
-                   help="a tuned lens trained on the checkpoint's model (`circuitlab lens train`) for the /inputs page "
-                        "(default: <checkpoint>/tuned_lens when there is one)")
-    p.add_argument("--circuit", action="append", default=[], metavar="DIR",
-                   help="a folder written by `circuitlab circuit` to show at /circuits (repeat for several); with "
-                        "--checkpoint the page also runs discovery on the model")
-    p.add_argument("--graphs", default=None, metavar="DIR",
-                   help="runs folder whose `circuitlab graph` outputs /graphs lists (default: runs/ when it exists)")
-    p.add_argument("--transcoders", default=None, metavar="DIR",
-                   help="the model's transcoders: interventions, feature cards and new graphs on /graphs")
-    p.add_argument("--transcoder-set", default=None, metavar="NAME",
-                   help="when --transcoders is a run holding several sets (clt-demo), the one to use (as circuitlab "
-                        "graph --transcoder-set: clt-batchtopk or transcoders)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1: this machine only; anything else exposes the "
-                        "explorer to your network)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-tokens", type=int, default=128,
-                   help="longest prompt in tokens (default 128; also capped by the model's context)")
-    p.add_argument("--max-prompt-chars", type=int, default=2000, help="longest prompt in characters (default 2000)")
-    p.add_argument("--device", default="cpu", help="torch device for the model (default cpu)")
+    from circuitlab.commands._args import add_option_parts
+    from circuitlab.serve.app import ServeOptions
+
+    def dictionary(p: argparse.ArgumentParser) -> None:   # repeatable: the spec has no append action
+        p.add_argument("--dictionary", action="append", default=list(ServeOptions.dictionaries), metavar="DIR",
+                       help="a sparse dictionary for the checkpoint's model (ours, SAELens, Gemma Scope 1/2, Llama "
+                            "Scope, a circuit-tracer layer_N.safetensors), for the feature browser at /features "
+                            "(repeat for several; its dashboards/ subfolder is used when present)")
+
+    def circuit(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--circuit", action="append", default=list(ServeOptions.circuits), metavar="DIR",
+                       help="a folder written by `circuitlab circuit` to show at /circuits (repeat for several); with "
+                            "--checkpoint the page also runs discovery on the model")
+
+    def device(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", default=ServeOptions.device,
+                       help=f"torch device for the model (default {ServeOptions.device})")
+
+    # every other flag declared once beside create_app (serve/app.py), in --help's order
+    add_option_parts(p, ServeOptions, ("checkpoint",), dictionary, ("lens",), circuit,
+                     ("graphs", "transcoders", "transcoder_set", "host", "port", "max_tokens", "max_prompt_chars"), device)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -62,31 +54,29 @@ def check_port_free(host: str, port: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import sys
+    from dataclasses import replace
 
-    from circuitlab.errors import CircuitlabError
     from circuitlab.serve import create_app
-    from circuitlab.serve.app import LOOPBACK_HOSTS
+    from circuitlab.serve.app import LOOPBACK_HOSTS, ServeOptions
     from circuitlab.serve.pages import banner
 
-    if not 0 < args.port < 65536:
-        raise CircuitlabError(f"--port must be from 1 to 65535, got {args.port}")
-    loopback = args.host in LOOPBACK_HOSTS
-    given = {"dictionaries": args.dictionary, "lens": args.lens, "circuits": args.circuit,
-             "graphs": args.graphs if args.graphs is not None else ("runs" if Path("runs").is_dir() else None),
-             "transcoders": args.transcoders, "transcoder_set": args.transcoder_set}
+    opts = replace(ServeOptions.from_args(args), dictionaries=tuple(args.dictionary), circuits=tuple(args.circuit),
+                   device=args.device)   # the port and the limits refused first, in the explorer's words
+    loopback = opts.host in LOOPBACK_HOSTS
+    given = opts.given()
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.
-    app = create_app(args.checkpoint, max_prompt_chars=args.max_prompt_chars, max_tokens=args.max_tokens,
-                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=args.device, **given)
-    check_port_free(args.host, args.port)
+    app = create_app(opts.checkpoint, max_prompt_chars=opts.max_prompt_chars, max_tokens=opts.max_tokens,
+                     allowed_hosts=list(LOOPBACK_HOSTS) if loopback else None, device=opts.device, **given)
+    check_port_free(opts.host, opts.port)
     import uvicorn
 
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    pages = banner({**given, "run_dir": args.checkpoint})
-    print(f"circuitlab explorer: http://{shown}:{args.port}/   ({pages}; Ctrl-C stops)")
-    if not args.checkpoint:
+    shown = f"[{opts.host}]" if ":" in opts.host else opts.host
+    pages = banner({**given, "run_dir": opts.checkpoint})
+    print(f"circuitlab explorer: http://{shown}:{opts.port}/   ({pages}; Ctrl-C stops)")
+    if not opts.checkpoint:
         print("no --checkpoint: the explorer page has no model; the adder page works", file=sys.stderr)
     if not loopback:
-        print(f"warning: bound to {args.host}: anyone who can reach this machine can use the explorer",
+        print(f"warning: bound to {opts.host}: anyone who can reach this machine can use the explorer",
               file=sys.stderr)
     class Server(uvicorn.Server):
         """uvicorn's server, remembering the signal that stopped it (it shuts down, then passes the signal on)."""
@@ -97,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             self.stopped_by = sig
             super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", server_header=False))
+    server = Server(uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning", server_header=False))
     try:
         server.run()
     except KeyboardInterrupt:

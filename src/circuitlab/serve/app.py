@@ -20,8 +20,10 @@ with a JSON 500 (and logged), never an HTML page or a stack trace.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,13 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from circuitlab.atomic import json_text
-from circuitlab.errors import CircuitlabError
+from circuitlab.checks import COUNT, Number
+from circuitlab.errors import CircuitlabError, InputError
 import circuitlab.serve.prompt as prompt_page
 from circuitlab.serve.guard import Guard
 from circuitlab.serve.page import CSS, JS, STATIC_DIR, Served, page_response
 from circuitlab.serve.pages import PAGES, page_keywords
+from circuitlab.spec import Options, option, options_of
 
 log = logging.getLogger("circuitlab.serve")
 
@@ -44,9 +48,74 @@ log = logging.getLogger("circuitlab.serve")
 STATIC_FILES = {"common.js": JS, "style.css": CSS}
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
-DEFAULT_MAX_PROMPT_CHARS = 2000
-DEFAULT_MAX_TOKENS = 128
-DEFAULT_MAX_BODY_BYTES = 64 * 1024
+DEFAULT_MAX_BODY_BYTES = 64 * 1024   # the guard's limit on a request body (no flag sets it)
+PORT = Number(int, low=1, high=65535)
+
+
+@dataclass(frozen=True)
+class ServeOptions(Options):
+    """What `circuitlab serve` takes, declared once (circuitlab.spec): each flag's default, rule and help; create_app
+    reads its keyword defaults from here. Three are the Python API's alone, their flags written in commands/serve.py
+    from these defaults: dictionaries (--dictionary DIR) and circuits (--circuit DIR), repeatable (the spec has no
+    append action), and device (the package writes device="cpu" as the default of ~20 loaders, so it is no option).
+    The port and the prompt limits are read as any whole number and refused by check() in the words the explorer
+    has always used ("--port must be from 1 to 65535", create_app's "max_tokens must be a positive whole number")."""
+
+    checkpoint: str | Path | None = option(None, aliases=("--model",),
+                                           help="a run or checkpoint directory for the explorer page (without one, "
+                                                "only the adder page works)")
+    lens: str | Path | None = option(None, metavar="DIR",
+                                     help="a tuned lens trained on the checkpoint's model (`circuitlab lens train`) for "
+                                          "the /inputs page (default: <checkpoint>/tuned_lens when there is one)")
+    graphs: str | Path | None = option(None, metavar="DIR", help="runs folder whose `circuitlab graph` outputs /graphs "
+                                                                 "lists (default: runs/ when it exists)")
+    transcoders: str | Path | None = option(None, metavar="DIR", help="the model's transcoders: interventions, feature "
+                                                                      "cards and new graphs on /graphs")
+    transcoder_set: str | None = option(None, metavar="NAME",
+                                        help="when --transcoders is a run holding several sets (clt-demo), the one to "
+                                             "use (as circuitlab graph --transcoder-set: clt-batchtopk or transcoders)")
+    host: str = option("127.0.0.1", help="address to bind (default {default}: this machine only; anything else "
+                                         "exposes the explorer to your network)")
+    port: int = option(8000, PORT, arg=int, help="port (default {default})")
+    max_tokens: int = option(128, COUNT, arg=int, help="longest prompt in tokens (default {default}; also capped by the "
+                                                       "model's context)")
+    max_prompt_chars: int = option(2000, COUNT, arg=int, help="longest prompt in characters (default {default})")
+    dictionaries: tuple[str | Path, ...] = ()
+    circuits: tuple[str | Path, ...] = ()
+    device: str = "cpu"
+
+    def check(self, error: type[Exception] = InputError) -> ServeOptions:
+        """The port and the limits in the explorer's words (see check_limits), then every field's rule (the folder
+        lists kept as tuples)."""
+        self.check_limits(cli=False, error=error)
+        return replace(super().check(error), dictionaries=tuple(self.dictionaries), circuits=tuple(self.circuits))
+
+    def check_limits(self, cli: bool, error: type[Exception] = InputError) -> None:
+        """The port (named as the command line (cli) or Python spells it), then create_app's prompt limits."""
+        if PORT.problem(self.port) is not None:
+            raise error(f"{'--port' if cli else 'port'} must be from {PORT.low:g} to {PORT.high:g}, got {self.port}")
+        check_limits(self.max_prompt_chars, self.max_tokens, error=error)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeOptions:
+        """The command's options, the port in its flag's spelling first."""
+        cls(**{f.name: getattr(args, f.name) for f, _ in options_of(cls)}).check_limits(cli=True)
+        return super().from_args(args)
+
+    def given(self, runs: Path | str = "runs") -> dict[str, Any]:
+        """create_app's page keywords these options give (graphs: the runs folder when none is given and it exists)."""
+        graphs = self.graphs if self.graphs is not None else (str(runs) if Path(runs).is_dir() else None)
+        return {"dictionaries": list(self.dictionaries), "lens": self.lens, "circuits": list(self.circuits),
+                "graphs": graphs, "transcoders": self.transcoders, "transcoder_set": self.transcoder_set}
+
+
+def check_limits(max_prompt_chars: Any, max_tokens: Any, max_body_bytes: Any = DEFAULT_MAX_BODY_BYTES,
+                 error: type[Exception] = CircuitlabError) -> None:
+    """Each limit a positive whole number (the rule COUNT, in the explorer's words), or a one-line error."""
+    for name, value in (("max_prompt_chars", max_prompt_chars), ("max_tokens", max_tokens),
+                        ("max_body_bytes", max_body_bytes)):
+        if COUNT.problem(value) is not None:
+            raise error(f"{name} must be a positive whole number, got {value!r}")
 
 
 # ---------------------------------------------------------------------------- the app
@@ -79,9 +148,9 @@ def _plotly_js() -> bytes:
     return get_plotlyjs().encode()
 
 
-def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
-               max_tokens: int = DEFAULT_MAX_TOKENS, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               allowed_hosts: list[str] | None = None, device: str = "cpu", **given: Any) -> FastAPI:
+def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = ServeOptions.max_prompt_chars,
+               max_tokens: int = ServeOptions.max_tokens, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               allowed_hosts: list[str] | None = None, device: str = ServeOptions.device, **given: Any) -> FastAPI:
     """The explorer app for the run (or checkpoint) folder run_dir; None serves the adder page alone.
     given: the pages' own keywords (serve/pages.py), each read by the page that declares it:
     dictionaries: dictionary folders for the feature browser (/features); they need run_dir's model.
@@ -95,10 +164,7 @@ def create_app(run_dir: Path | str | None, *, max_prompt_chars: int = DEFAULT_MA
     allowed_hosts: Host header names accepted (None: any; `circuitlab serve` passes the loopback names when bound
     to loopback).
     """
-    for name, value in (("max_prompt_chars", max_prompt_chars), ("max_tokens", max_tokens),
-                        ("max_body_bytes", max_body_bytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CircuitlabError(f"{name} must be a positive whole number, got {value!r}")
+    check_limits(max_prompt_chars, max_tokens, max_body_bytes)
     unknown = sorted(set(given) - page_keywords())
     if unknown:
         raise TypeError(f"create_app() got an unexpected keyword argument {unknown[0]!r}")
