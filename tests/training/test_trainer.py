@@ -94,3 +94,38 @@ def test_bf16_autocast_trains(tmp_path):
     w_half, w_full = half.W_E.detach(), full.W_E.detach()
     assert w_half.dtype == torch.float32 and not torch.equal(w_half, w_full)
     torch.testing.assert_close(w_half, w_full, atol=1e-2, rtol=0)
+
+
+def test_the_train_flags_the_class_and_a_config_agree(tmp_path, capsys):
+    """Every flag of `circuitlab train` is a field of TrainOptions (--set: overrides); no flag but --config is the
+    class's defaults (and a config's); train()'s keyword defaults are the class's; the config is required by the
+    command line and by check() alike; the options load the run config the command trains."""
+    import argparse
+    import inspect
+    from dataclasses import fields
+
+    from circuitlab.commands import train as train_command
+    from circuitlab.errors import InputError
+    from circuitlab.training import TrainOptions
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    train_command.add_arguments(p)
+    assert {a.dest for a in p._actions} - {"help"} == {f.name for f in fields(TrainOptions)}
+    args = p.parse_args(["--config", "demo"])
+    assert TrainOptions.from_args(args) == TrainOptions(config="demo").check() == TrainOptions.from_dict(
+        {"config": "demo"})
+    assert args.overrides == list(TrainOptions.overrides) == []
+    keywords = inspect.signature(train).parameters
+    assert (keywords["resume"].default, keywords["progress"].default) == (TrainOptions.resume, TrainOptions.progress)
+    got = TrainOptions.from_args(p.parse_args(["--config", "c.yaml", "--out", "o", "--resume", "--no-progress"]))
+    assert got == TrainOptions(config="c.yaml", out="o", resume=True, progress=False)
+    assert TrainOptions.from_dict(got.to_dict()) == got
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny(tmp_path).to_dict()))
+    opts = TrainOptions(config=str(path), overrides=("train.lr=1e-3",))
+    assert opts.load_config().train.lr == 1e-3 and opts.out_folder(opts.load_config()) == "runs/tiny"
+    with pytest.raises(SystemExit):
+        main(["train"])
+    assert "the following arguments are required: --config" in capsys.readouterr().err
+    with pytest.raises(InputError, match="^config is required$"):
+        TrainOptions().check()

@@ -9,6 +9,7 @@ and the checkpoint holds the optimizer, the RNG and the step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -23,15 +24,17 @@ from tqdm.auto import tqdm
 import circuitlab.memory as memory
 from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
-from circuitlab.errors import CircuitlabError, ConfigError
+from circuitlab.errors import CircuitlabError, ConfigError, InputError
 from circuitlab.model import Transformer
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
+from circuitlab.spec import Options, option
 import circuitlab.training.distributed as D
 from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load_checkpoint, load_training_state,
                                             save_checkpoint)
 from circuitlab.training.outputs import check_writable
 from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
+from circuitlab.training.configs import resolve_config
 from circuitlab.training.schedule import lr_at
 from circuitlab.training.sinks import open_sinks
 from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c
@@ -49,6 +52,31 @@ class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during training: the step in progress was finished and saved; the message says how to go on."""
 
 
+@dataclass(frozen=True)
+class TrainOptions(Options):
+    """What `circuitlab train` takes, declared once (circuitlab.spec): each flag's default, rule and help; train()'s
+    keyword defaults read it. overrides is the Python API's alone, its flag (--set KEY=VALUE, repeatable: the spec
+    has no append action) written in commands/train.py from this default."""
+
+    config: str | Path = option(None, required=True, help="a YAML run config, or the name of one in configs/")
+    out: str | Path | None = option(None, help="run directory (default runs/<config name>)")
+    resume: bool = option(False, help="continue from the run directory's checkpoint")
+    progress: bool = option(True, flag="--no-progress", help="no progress bar")
+    overrides: tuple[str, ...] = ()
+
+    def check(self, error: type[Exception] = InputError) -> TrainOptions:
+        """Every field's rule (the overrides kept as a tuple)."""
+        return dataclasses.replace(super().check(error), overrides=tuple(self.overrides))
+
+    def load_config(self) -> RunConfig:
+        """The run config (a path, or a name in configs/ or the bundled ones) with the overrides applied."""
+        return RunConfig.load(resolve_config(str(self.config)), list(self.overrides))
+
+    def out_folder(self, run: RunConfig) -> str:
+        """--out, or runs/<the config's name>."""
+        return str(self.out) if self.out else f"runs/{run.name}"
+
+
 @dataclass
 class TrainResult:
     out_dir: Path
@@ -61,7 +89,8 @@ class TrainResult:
     seconds: float
 
 
-def train(run: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
+def train(run: RunConfig, out_dir: str | Path, resume: bool = TrainOptions.resume,
+          progress: bool = TrainOptions.progress,
           stop_at: int | None = None, track: Sequence[Probe] = ()) -> TrainResult:
     """Train run's model into out_dir (checkpoint/, best/, metrics.jsonl, run.yaml).
 
