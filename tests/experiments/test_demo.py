@@ -160,3 +160,41 @@ def test_an_interrupted_demo_says_the_command_that_continues_it_and_that_command
     assert main(argv) == 0                                           # and rerunning the finished demo says so
     said = capsys.readouterr().out
     assert f"the demo in {out} is finished" in said and "unfinished" not in said
+
+
+def test_the_demo_flags_the_class_and_a_config_agree():
+    """Every flag of `circuitlab demo` is a field of DemoOptions; no flag given is the class's defaults (and an empty
+    config's); the flags read back into the options run_induction_demo takes."""
+    import argparse
+    from dataclasses import fields
+
+    from circuitlab.commands import demo as demo_command
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    demo_command.add_arguments(p)
+    assert [a.dest for a in p._actions if a.dest != "help"] == [f.name for f in fields(DemoOptions)]
+    defaults = DemoOptions().check()
+    assert DemoOptions.from_args(p.parse_args([])) == defaults == DemoOptions.from_dict({})
+    assert (defaults.out, defaults.steps_2l, defaults.steps_1l, defaults.resume, defaults.progress) == (
+        "runs/demo", None, 300, False, True)
+    got = DemoOptions.from_args(p.parse_args(["--out", "o", "--steps", "12", "--steps-1l", "4", "--resume",
+                                              "--no-progress"]))
+    assert got == DemoOptions(out="o", steps_2l=12, steps_1l=4, resume=True, progress=False)
+    assert DemoOptions.from_dict(got.to_dict()) == got
+
+
+@pytest.mark.parametrize("flag, field", [("--steps", "steps_2l"), ("--steps-1l", "steps_1l")])
+def test_a_bad_demo_value_is_refused_by_the_command_line_and_check_with_one_rule(tmp_path, capsys, flag, field):
+    """The rule COUNT, in each front end's words; the Python API refuses before anything is written."""
+    from circuitlab.cli import main
+    from circuitlab.errors import ConfigError, InputError
+
+    out = tmp_path / "demo"
+    with pytest.raises(SystemExit):
+        main(["demo", "--out", str(out), flag, "0"])
+    assert f"argument {flag}: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(InputError, match=f"^{field} must be a whole number >= 1, got 0$"):
+        run_induction_demo(DemoOptions(out=out, **{field: 0}))
+    with pytest.raises(ConfigError, match=f"^{field} must be a whole number >= 1, got 0$"):
+        DemoOptions.from_dict({field: 0})
+    assert not out.exists()

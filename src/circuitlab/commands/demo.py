@@ -9,23 +9,19 @@ EXAMPLE = "circuitlab demo --out runs/demo   (continue an interrupted one: add -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.commands._args import positive_int
+    from circuitlab.experiments.demo import DemoOptions
+    from circuitlab.spec import add_arguments as add_options
 
-    p.add_argument("--out", default="runs/demo", help="output directory (an existing one is kept, renamed)")
-    p.add_argument("--steps", type=positive_int, default=None, help="training steps of the 2-layer model (default: configs/demo.yaml)")
-    p.add_argument("--steps-1l", type=positive_int, default=300, help="training steps of the 1-layer model")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted demo in --out: finished models are reused, the rest resumes")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_options(p, DemoOptions)   # every flag, declared once in experiments/demo.py
 
 
 def run(args: argparse.Namespace) -> int:
     from circuitlab.experiments.demo import DemoOptions, run_induction_demo
     from circuitlab.perf import REFERENCE_GFLOPS
 
-    out = Path(args.out)
-    result = run_induction_demo(DemoOptions(out=out, steps_2l=args.steps, steps_1l=args.steps_1l,
-                                            progress=not args.no_progress, resume=args.resume))
+    opts = DemoOptions.from_args(args)
+    out = Path(opts.out)
+    result = run_induction_demo(opts)
     print()
     print((out / "report.md").read_text())
     wall = result.wall_seconds

@@ -18,23 +18,30 @@ import torch
 from circuitlab.analysis.heads import HeadClasses
 from circuitlab.analysis.patching.metrics import GAP_FLOOR, gap_within_noise
 from circuitlab.atomic import atomic_write_text, json_text, set_aside
+from circuitlab.checks import COUNT
 from circuitlab.names import head_name, parse_head
 from circuitlab.methods.base import MethodResult
 from circuitlab.experiments.demo_budget import work_gflops
 from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
+from circuitlab.spec import Options, option
 from circuitlab.training import RunConfig, read_metrics
 from circuitlab.training.outputs import check_writable
 from circuitlab.training.configs import resolve_config
 from circuitlab.training.phase import phase_change
 
 
-@dataclass
-class DemoOptions:
-    out: Path = Path("runs/demo")
-    steps_2l: int | None = None   # default: from configs/demo.yaml
-    steps_1l: int = 300
-    progress: bool = True
-    resume: bool = False   # continue an earlier (interrupted or finished) demo in out
+@dataclass(frozen=True)
+class DemoOptions(Options):
+    """What `circuitlab demo` takes, declared once (circuitlab.spec): each flag's default, rule and help (its
+    flags are these fields, in this order); run_induction_demo checks them before any work."""
+
+    out: str | Path = option("runs/demo", help="output directory (an existing one is kept, renamed)")
+    steps_2l: int | None = option(None, COUNT, flag="--steps", metavar="STEPS",
+                                  help="training steps of the 2-layer model (default: configs/demo.yaml)")
+    steps_1l: int = option(300, COUNT, help="training steps of the 1-layer model")
+    resume: bool = option(False, help="continue an interrupted demo in --out: finished models are reused, the rest "
+                                      "resumes")
+    progress: bool = option(True, flag="--no-progress", help="no progress bars")
 
 
 RESUME = "run_induction_demo(...) with resume=True"   # how a Python caller continues a stopped demo
@@ -100,6 +107,7 @@ def run_induction_demo(opts: DemoOptions) -> DemoResult:
     from circuitlab.experiments.demo_budget import check_model_plan, resume_out, train_or_reuse
     from circuitlab.training.interrupts import continue_on_interrupt
 
+    opts = opts.check()   # one line for a bad option, before anything is read or trained
     base = RunConfig.load(resolve_config("demo"))
     plan = [("2l", 2, opts.steps_2l or base.train.steps, "--steps"), ("1l", 1, opts.steps_1l, "--steps-1l")]
     out = Path(opts.out)
