@@ -409,3 +409,44 @@ def test_import_refuses_a_tokenizer_without_eos_before_moving_the_earlier_import
     assert "has no end-of-text (EOS) token" in err and "--no-tokenizer" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in out.parent.iterdir()) == before      # nothing set aside, nothing written
     assert main(["import", str(source), "--out", str(out), "--no-tokenizer"]) == 0   # the way it points to
+
+
+def test_the_import_flags_the_class_and_a_config_agree(capsys):
+    """Every flag of `circuitlab import` is a field of ImportOptions; the flags not given are the class's defaults
+    (and a config's with the required fields); load_pretrained's keyword defaults are the class's; a bad --n-ctx
+    and a missing --out are refused by the command line and by check() alike."""
+    import argparse
+    import inspect
+    from dataclasses import fields
+
+    from circuitlab.commands import import_model as import_command
+    from circuitlab.errors import ConfigError, InputError
+    from circuitlab.pretrained.importer import ImportOptions
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    import_command.add_arguments(p)
+    assert [a.dest for a in p._actions if a.dest != "help"] == [f.name for f in fields(ImportOptions)]
+    required = {"source": "gpt2", "out": "models/gpt2"}
+    defaults = ImportOptions(**required).check()
+    assert ImportOptions.from_args(p.parse_args(["gpt2", "--out", "models/gpt2"])) == defaults == \
+        ImportOptions.from_dict(required)
+    assert (defaults.dtype, defaults.n_ctx, defaults.tokenizer) == ("float32", None, True)
+    keywords = inspect.signature(load_pretrained).parameters
+    assert (keywords["dtype"].default, keywords["tokenizer"].default) == (ImportOptions.dtype, ImportOptions.tokenizer)
+    got = ImportOptions.from_args(p.parse_args(["m", "--out", "o", "--dtype", "bfloat16", "--n-ctx", "8",
+                                                "--no-tokenizer", "--revision", "main", "--cache-dir", "c"]))
+    assert got == ImportOptions(source="m", out="o", dtype="bfloat16", n_ctx=8, tokenizer=False, revision="main",
+                                cache_dir="c")
+    assert ImportOptions.from_dict(got.to_dict()) == got
+    with pytest.raises(SystemExit):
+        main(["import", "m", "--out", "o", "--n-ctx", "0"])
+    assert "argument --n-ctx: must be a whole number >= 1, got '0'" in capsys.readouterr().err
+    with pytest.raises(InputError, match="^n_ctx must be a whole number >= 1, got 0$"):
+        ImportOptions(**required, n_ctx=0).check()
+    with pytest.raises(ConfigError, match="^dtype must be one of float32, bfloat16, float16, got 'int8'$"):
+        ImportOptions.from_dict({**required, "dtype": "int8"})
+    with pytest.raises(SystemExit):
+        main(["import", "m"])
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    with pytest.raises(InputError, match="^out is required$"):
+        ImportOptions(source="m").check()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from circuitlab.dictionaries.arch import Architecture, architecture_names, get_architecture
+from circuitlab.dictionaries.config import DICTIONARY_DTYPE
 from circuitlab.errors import ConfigError, refuse_unknown
 
 CLT_ARCHITECTURES = architecture_names()  # the built-ins; SAEs, transcoders and CLTs share every architecture
@@ -38,7 +39,7 @@ class CLTConfig:
     output_hook: str = "blocks.{layer}.hook_mlp_out"
     base_model: dict[str, Any] = field(default_factory=dict)
     normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
-    dtype: str = "float32"
+    dtype: str = DICTIONARY_DTYPE
     metadata: dict[str, Any] = field(default_factory=dict)
 
     kind = "clt"  # what a YAML entry names to get one (`kind: clt`)

@@ -13,6 +13,8 @@ from typing import Any, NoReturn, TypeGuard
 from circuitlab.dictionaries.arch import Architecture, architecture_names, get_architecture
 from circuitlab.errors import ConfigError, refuse_unknown
 
+DICTIONARY_DTYPE = "float32"   # a dictionary's weights, unless its config says otherwise
+
 # The built-in architectures (dictionaries/arch/; more may be registered: arch.architecture_names()).
 # "batchtopk" trains with a batch-level top-k and is saved for inference as "jumprelu" with its threshold.
 ARCHITECTURES = architecture_names()
@@ -48,7 +50,7 @@ class DictionaryConfig:
     skip: bool = False
     base_model: dict[str, Any] = field(default_factory=dict)
     normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
-    dtype: str = "float32"
+    dtype: str = DICTIONARY_DTYPE
     metadata: dict[str, Any] = field(default_factory=dict)  # free-form: training summary, source...
     apply_b_dec_to_input: bool | None = None
 

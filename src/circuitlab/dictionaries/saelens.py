@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from circuitlab.atomic import atomic_write_file, atomic_write_text, json_text
 from circuitlab.dictionaries.arch import architecture_in, architecture_names, format_names, get_architecture
-from circuitlab.dictionaries.config import DictionaryConfig
+from circuitlab.dictionaries.config import DICTIONARY_DTYPE, DictionaryConfig
 from circuitlab.dictionaries.sae import SparseDictionary
 from circuitlab.errors import CircuitlabError
 from circuitlab.textfile import read_text
@@ -85,7 +85,7 @@ def _config_from_saelens(raw: dict[str, Any], folder: Path) -> DictionaryConfig:
     return DictionaryConfig(
         architecture=here.name, d_in=int(raw["d_in"]), d_sae=int(raw["d_sae"]), hook_name=hook,
         out_hook_name=out_hook, d_out=int(raw.get("d_out", raw["d_in"])), k=int(k) if here.uses_k else None,
-        skip=skip, base_model=base, dtype=str(raw.get("dtype", "float32")).replace("torch.", ""),
+        skip=skip, base_model=base, dtype=str(raw.get("dtype", DICTIONARY_DTYPE)).replace("torch.", ""),
         metadata={"source": "saelens", "saelens_architecture": arch},
         apply_b_dec_to_input=None if out_hook else bool(raw.get("apply_b_dec_to_input", True)),
     )

@@ -14,10 +14,12 @@ import os
 import re
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from circuitlab.checks import COUNT
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
@@ -25,12 +27,34 @@ from circuitlab.model.loading import TensorReader, uninitialised_model
 from circuitlab.pretrained.catalog import family_for, model_config_from_hf
 from circuitlab.pretrained.family_base import Family, Piece
 from circuitlab.pretrained.source import read_hf_config, resolve_checkpoint, stream_tensors, weight_files
+from circuitlab.spec import Options, option
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+IMPORT_DTYPES = ("float32", "bfloat16", "float16")  # storage dtypes of the written model.safetensors
 
 
-def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = torch.float32, *,
-                    compute_dtype: str | torch.dtype | None = None, n_ctx: int | None = None, tokenizer: bool = True,
+@dataclass(frozen=True)
+class ImportOptions(Options):
+    """What `circuitlab import` takes, declared once (circuitlab.spec): each flag's default, rule and help (its
+    flags are these fields, in this order); load_pretrained's keyword defaults read it."""
+
+    source: str | Path = option(None, required=True, flag="source", metavar="NAME_OR_PATH",
+                                help="a local Hugging Face checkpoint folder, or a hub name (local cache first, then "
+                                     "the network)")
+    out: str | Path = option(None, required=True, help="folder to write (model.safetensors, config.json, tokenizer/)")
+    dtype: str = option("float32", choices=IMPORT_DTYPES,
+                        help="storage dtype of the written weights (default {default}); bfloat16 halves the file and "
+                             "the memory of every command that loads it, which still computes in float32 on a CPU "
+                             "(--compute-dtype there)")
+    n_ctx: int | None = option(None, COUNT, help="keep a shorter context than the checkpoint's")
+    tokenizer: bool = option(True, flag="--no-tokenizer", help="do not import the tokenizer")
+    revision: str | None = option(None, help="hub revision (branch, tag or commit)")
+    cache_dir: str | Path | None = option(None, help="Hugging Face cache folder (default: the usual one)")
+
+
+def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = ImportOptions.dtype, *,
+                    compute_dtype: str | torch.dtype | None = None, n_ctx: int | None = None,
+                    tokenizer: bool = ImportOptions.tokenizer,
                     device: str | torch.device = "cpu", cache_dir: str | os.PathLike | None = None,
                     revision: str | None = None):
     """A Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint as (Transformer, tokenizer).
