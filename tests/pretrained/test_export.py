@@ -154,3 +154,31 @@ def test_export_of_a_training_checkpoint_with_its_bpe_tokenizer(tmp_path):
     ids = torch.tensor([tokenizer.encode(text)])
     with torch.no_grad():
         assert (hf(input_ids=ids).logits - model(ids)).abs().max() <= TOL
+
+
+def test_the_export_flags_the_class_and_a_config_agree(capsys):
+    """Every flag of `circuitlab export` is a field of HfExportOptions; the flags read back into the class (and a
+    config with the required fields); the required ones are required by the command line and by check() alike."""
+    import argparse
+    from dataclasses import fields
+
+    from circuitlab.commands import export as export_command
+    from circuitlab.errors import InputError
+    from circuitlab.pretrained.export import HfExportOptions
+
+    p = argparse.ArgumentParser(exit_on_error=False)
+    export_command.add_arguments(p)
+    assert [a.dest for a in p._actions if a.dest != "help"] == [f.name for f in fields(HfExportOptions)]
+    required = {"checkpoint": "models/gpt2", "out": "exports/gpt2-hf"}
+    defaults = HfExportOptions(**required).check()
+    assert HfExportOptions.from_args(p.parse_args(["--model", "models/gpt2", "--out", "exports/gpt2-hf"])) == \
+        defaults == HfExportOptions.from_dict(required)
+    assert defaults.style is None
+    got = HfExportOptions.from_args(p.parse_args(["--checkpoint", "m", "--out", "o", "--style", "phi3"]))
+    assert got == HfExportOptions(checkpoint="m", out="o", style="phi3")
+    assert HfExportOptions.from_dict(got.to_dict()) == got
+    with pytest.raises(SystemExit):
+        main(["export", "--checkpoint", "m"])
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    with pytest.raises(InputError, match="^out is required$"):
+        HfExportOptions(checkpoint="m").check()

@@ -11,24 +11,25 @@ EXAMPLE = "circuitlab export --checkpoint models/gpt2 --out exports/gpt2-hf   (m
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", "--model", dest="checkpoint", required=True,
-                   help="a circuitlab model folder (from `circuitlab import` or training) or a run folder")
-    p.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer files)")
-    p.add_argument("--style", default=None, help="the Hugging Face model_type to write (default: the first that "
-                   "holds the model; e.g. phi3 for a LLaMA-like model as Phi-3 with fused projections)")
+    from circuitlab.pretrained.export import HfExportOptions
+    from circuitlab.spec import add_arguments as add_options
+
+    add_options(p, HfExportOptions)   # every flag, declared once beside export_hf (pretrained/export.py)
 
 
 def run(args: argparse.Namespace) -> int:
     from circuitlab.atomic import set_aside
     from circuitlab.pretrained import export_hf, export_style
+    from circuitlab.pretrained.export import HfExportOptions
     from circuitlab.training import load_checkpoint
     from circuitlab.training.outputs import check_writable
 
-    check_writable(args.out, "the export")   # before the model is read
-    model, tokenizer, _ = load_checkpoint(args.checkpoint)
-    style = export_style(model.cfg, args.style)  # an unexportable model is refused before anything is moved
-    kept = set_aside(Path(args.out), lambda p: (p / "config.json").is_file(), "export")
-    out = export_hf(model, args.out, tokenizer, style=style)
+    opts = HfExportOptions.from_args(args)
+    check_writable(opts.out, "the export")   # before the model is read
+    model, tokenizer, _ = load_checkpoint(opts.checkpoint)
+    style = export_style(model.cfg, opts.style)  # an unexportable model is refused before anything is moved
+    kept = set_aside(Path(opts.out), lambda p: (p / "config.json").is_file(), "export")
+    out = export_hf(model, opts.out, tokenizer, style=style)
     if kept:
         print(f"kept the previous export as {kept}")
     arch = json.loads((Path(out) / "config.json").read_text())["architectures"][0]

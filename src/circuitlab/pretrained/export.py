@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -25,6 +26,21 @@ from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
 from circuitlab.pretrained.catalog import family_named
+from circuitlab.spec import Options, option
+
+
+@dataclass(frozen=True)
+class HfExportOptions(Options):
+    """What `circuitlab export` takes, declared once (circuitlab.spec): each flag's default, rule and help (its flags
+    are these fields, in this order). style is plain text: export_style refuses an unknown one, naming the styles."""
+
+    checkpoint: str | Path = option(None, required=True, aliases=("--model",),
+                                    help="a circuitlab model folder (from `circuitlab import` or training) or a run "
+                                         "folder")
+    out: str | Path = option(None, required=True,
+                             help="folder to write (config.json, model.safetensors, tokenizer files)")
+    style: str | None = option(None, help="the Hugging Face model_type to write (default: the first that holds the "
+                                          "model; e.g. phi3 for a LLaMA-like model as Phi-3 with fused projections)")
 
 
 class _WritesItsConfig(Protocol):
