@@ -131,6 +131,7 @@ class RunOptions(Options):
     overwrite: bool = option(False, help="replace an earlier output")
     progress: bool = option(True, flag="--no-progress", help="no progress bar")
     kept: float = option(0.9, SHARE, help="keep 90%% of it")   # argparse reads %% as %
+    sets: tuple[str, ...] = option((), repeat=True, flag="--set", metavar="KEY=VALUE", help="one override")
 
 
 def test_required_options_switches_aliases_and_positionals():
@@ -150,6 +151,15 @@ def test_required_options_switches_aliases_and_positionals():
     assert doc["required"] == ["checkpoint", "source"] and "default" not in doc["properties"]["checkpoint"]
     assert doc["properties"]["progress"] == {"type": "boolean", "description": "no progress bar", "default": True}
     assert doc["properties"]["kept"]["description"] == "keep 90% of it" and "keep 90% of it" in p.format_help()
+    sets = RunOptions.from_args(p.parse_args(["s", "--model", "m", "--set", "a=1", "--set", "b=2"])).sets
+    assert sets == ("a=1", "b=2") and RunOptions.from_args(p.parse_args(["s", "--model", "m"])).sets == ()
+    assert RunOptions.from_args(p.parse_args(["s", "--model", "m"])).sets == ()   # the default list was not grown
+    assert RunOptions("m", "s", sets=["x=1"]).check().sets == ("x=1",)
+    with pytest.raises(InputError, match=r"^sets must be a list of text, got 'x=1'$"):
+        RunOptions("m", "s", sets="x=1").check()
+    assert doc["properties"]["sets"]["type"] == "array" and doc["properties"]["sets"]["default"] == []
+    with pytest.raises(TypeError, match="repeated"):
+        option(None, repeat=True, help="a repeated flag without a tuple default")
     with pytest.raises(TypeError, match="turns it off"):
         option(True, help="a switch with no way to turn it off")
     with pytest.raises(TypeError, match="required"):

@@ -21,7 +21,8 @@ accepted), unless required=True (the command line requires it; check() refuses N
 the flag (--checkpoint, --model); a flag without "--" is positional; nargs="?" with a const: the flag alone
 means const (--refine: "batched"), its value one item, not a list. Text takes a path too (os.PathLike, kept as
 its str). arg: the command line's reading when it is not the rule's (e.g. float: the method's check says why a
-value is refused, in its own words, after parsing). Only the ground floor is imported here: every layer may
+value is refused, in its own words, after parsing). repeat=True: a flag given once per value (--set A --set B),
+a tuple of them (default ()). Only the ground floor is imported here: every layer may
 declare options.
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Option:
     """What one field declares beyond its default: rule (a Number or PerItem) or choices (else text), help
     (may say "{default}"), the flag (default --field-name) and its aliases, metavar, nargs ("+": one or more;
     "?": the value is optional, the flag alone means const), required (None refused), switch (a bool: the flag
-    sets the opposite of the default), arg (the command line's type= instead of the rule's)."""
+    sets the opposite of the default), arg (the command line's type= instead of the rule's), repeat (the flag
+    may be given again: each time adds one value to the tuple)."""
 
     rule: Number | PerItem | None = None
     choices: tuple[Any, ...] | None = None
@@ -60,11 +62,12 @@ class Option:
     aliases: tuple[str, ...] = ()
     arg: Callable[[str], Any] | None = None
     const: Any = None
+    repeat: bool = False
 
     @property
     def many(self) -> bool:
-        """A list of values (nargs "+" or "*"), not one ("?" is one value or none)."""
-        return self.nargs not in (None, "?")
+        """A list of values (nargs "+" or "*", or a repeated flag), not one ("?" is one value or none)."""
+        return self.repeat or self.nargs not in (None, "?")
 
     def problem(self, value: Any) -> str | None:
         """Why one value (one item when nargs) breaks this option's rule (the text after "must be"), or None."""
@@ -87,7 +90,8 @@ class Option:
 
 def option(default: Any, rule: Number | PerItem | None = None, *, help: str, choices: tuple[Any, ...] | None = None,
            flag: str | None = None, metavar: str | None = None, nargs: str | None = None, required: bool = False,
-           aliases: tuple[str, ...] = (), arg: Callable[[str], Any] | None = None, const: Any = None) -> Any:
+           aliases: tuple[str, ...] = (), arg: Callable[[str], Any] | None = None, const: Any = None,
+           repeat: bool = False) -> Any:
     """A dataclass field declaring one option (see the module docstring); its default is written here only."""
     if isinstance(default, list):
         default = tuple(default)   # frozen and shared safely
@@ -96,8 +100,10 @@ def option(default: Any, rule: Number | PerItem | None = None, *, help: str, cho
     switch = isinstance(default, bool)
     if default is True and flag is None:
         raise TypeError("a switch that defaults to True needs the flag that turns it off (flag='--no-...')")
+    if repeat and (nargs is not None or not isinstance(default, tuple)):
+        raise TypeError("a repeated flag takes one value each time and defaults to a tuple (usually ())")
     meta = Option(rule, tuple(choices) if choices is not None else None, help, flag, metavar, nargs, required,
-                  switch, tuple(aliases), arg, const)
+                  switch, tuple(aliases), arg, const, repeat)
     return dataclasses.field(default=default, metadata={KEY: meta})
 
 
@@ -195,6 +201,8 @@ def add_arguments(parser: Any, cls: type[Options]) -> Any:
             kw["type"] = opt.rule.arg
         if opt.choices is not None:
             kw["choices"] = opt.choices
+        if opt.repeat:
+            kw["action"] = "append"   # argparse appends to a copy of the default list
         for key in ("metavar", "nargs", "const"):
             if getattr(opt, key) is not None:
                 kw[key] = getattr(opt, key)

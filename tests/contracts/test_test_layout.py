@@ -29,7 +29,6 @@ REASONS = {  # module (under src/circuitlab) -> why it has no tests/<package>/te
     "atomic.py": "tested through tests/contracts/test_json_strict.py, tests/contracts/test_crash_safety.py, tests/contracts/test_bad_input.py",  # generated: it imports the module
     "checks.py": "tested through tests/test_spec.py, tests/contracts/test_ground_rules.py",  # generated: it imports the module
     "commands/attribute.py": "tested through tests/analysis/test_input_attribution.py, tests/contracts/test_bad_input.py (they run `circuitlab attribute`)",
-    "commands/serve.py": "tested through tests/serve/test_app.py (the command's checks before it starts a server)",
     "dictionaries/arch/base.py": "tested through tests/dictionaries/test_arch.py, tests/dictionaries/test_sparse_ops.py",  # generated: it imports the module
     "dictionaries/clt_config.py": "tested through tests/dictionaries/test_arch.py, tests/dictionaries/test_clt.py, tests/dictionaries/test_clt_planted.py",  # generated: it imports the module
     "dictionaries/clt_formats.py": "tested through tests/dictionaries/test_clt.py via circuitlab.dictionaries.clt (every folder layout, bit for bit)",

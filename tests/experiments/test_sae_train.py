@@ -17,7 +17,7 @@ def test_the_flags_the_class_and_from_dict_agree():
     assert plain == SaeTrainOptions("sae-demo") == SaeTrainOptions.from_dict({"config": "sae-demo"})
     assert (plain.parallel, plain.progress, plain.resume, plain.overwrite, plain.out, plain.target_l0) == \
         ("data", True, False, False, None, None)
-    assert args.device == SaeTrainOptions.device and args.set == [] and plain.overrides == ()
+    assert args.device == SaeTrainOptions.device and args.overrides == [] and plain.overrides == ()
     given = SaeTrainOptions.from_args(parse("--config", "c.yaml", "--target-l0", "8,8,4", "--out", "o", "--resume",
                                             "--no-progress", "--parallel", "modules"))
     assert given == SaeTrainOptions.from_dict({"config": "c.yaml", "target_l0": "8,8,4", "out": "o", "resume": True,

@@ -267,14 +267,13 @@ def test_the_serve_flags_the_class_and_a_config_agree(tmp_path, monkeypatch):
     from circuitlab.serve.app import ServeOptions
 
     p = serve_parser()
-    assert {a.dest for a in p._actions} - {"help", "dictionary", "circuit"} | {"dictionaries", "circuits"} == {
-        f.name for f in fields(ServeOptions)}
+    assert {a.dest for a in p._actions} - {"help"} == {f.name for f in fields(ServeOptions)}
     args = p.parse_args([])
     defaults = ServeOptions().check()
     assert ServeOptions.from_args(args) == defaults == ServeOptions.from_dict({})
     assert (defaults.host, defaults.port, defaults.max_tokens, defaults.max_prompt_chars) == ("127.0.0.1", 8000, 128,
                                                                                               2000)
-    assert (args.dictionary, args.circuit, args.device) == ([], [], ServeOptions.device)
+    assert (args.dictionaries, args.circuits, args.device) == ([], [], ServeOptions.device)
     keywords = inspect.signature(create_app).parameters
     for name in ("max_tokens", "max_prompt_chars", "device"):
         assert keywords[name].default == getattr(ServeOptions, name), name

@@ -24,18 +24,14 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     from circuitlab.commands._args import add_memory_arguments
     from circuitlab.experiments.sae_train import SaeTrainOptions
 
-    def set_flag(p: argparse.ArgumentParser) -> None:   # repeatable: the spec has no append action
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
-
     def device_and_memory(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default=SaeTrainOptions.device,
                        help=f"{SaeTrainOptions.device} (default), cuda or auto; under torchrun each rank takes its "
                             "local GPU (nccl) or runs on the CPU (gloo)")
         add_memory_arguments(p)
 
-    add_option_parts(p, SaeTrainOptions, ("config",), set_flag,
-                     ("target_l0", "out", "resume", "overwrite", "progress"), device_and_memory, ("parallel",))
+    add_option_parts(p, SaeTrainOptions, ("config", "overrides",
+                                          "target_l0", "out", "resume", "overwrite", "progress"), device_and_memory, ("parallel",))
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -45,7 +41,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from circuitlab.experiments.sae_train import SaeTrainOptions, start_or_resume, train_dictionaries
     from circuitlab.training.outputs import check_writable
 
-    opts = replace(SaeTrainOptions.from_args(args), overrides=tuple(args.set), device=args.device)
+    opts = replace(SaeTrainOptions.from_args(args), device=args.device)
     data = opts.load_config()
     out = opts.out_folder(data)
     check_writable(out, "the dictionaries")   # before an interrupted folder is tidied or the model read

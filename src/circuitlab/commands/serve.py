@@ -12,24 +12,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.commands._args import add_option_parts
     from circuitlab.serve.app import ServeOptions
 
-    def dictionary(p: argparse.ArgumentParser) -> None:   # repeatable: the spec has no append action
-        p.add_argument("--dictionary", action="append", default=list(ServeOptions.dictionaries), metavar="DIR",
-                       help="a sparse dictionary for the checkpoint's model (ours, SAELens, Gemma Scope 1/2, Llama "
-                            "Scope, a circuit-tracer layer_N.safetensors), for the feature browser at /features "
-                            "(repeat for several; its dashboards/ subfolder is used when present)")
-
-    def circuit(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--circuit", action="append", default=list(ServeOptions.circuits), metavar="DIR",
-                       help="a folder written by `circuitlab circuit` to show at /circuits (repeat for several); with "
-                            "--checkpoint the page also runs discovery on the model")
-
     def device(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", default=ServeOptions.device,
                        help=f"torch device for the model (default {ServeOptions.device})")
 
     # every other flag declared once beside create_app (serve/app.py), in --help's order
-    add_option_parts(p, ServeOptions, ("checkpoint",), dictionary, ("lens",), circuit,
-                     ("graphs", "transcoders", "transcoder_set", "host", "port", "max_tokens", "max_prompt_chars"), device)
+    add_option_parts(p, ServeOptions, ("checkpoint", "dictionaries", "lens", "circuits",
+                                       "graphs", "transcoders", "transcoder_set", "host", "port", "max_tokens", "max_prompt_chars"), device)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -60,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from circuitlab.serve.app import LOOPBACK_HOSTS, ServeOptions
     from circuitlab.serve.pages import banner
 
-    opts = replace(ServeOptions.from_args(args), dictionaries=tuple(args.dictionary), circuits=tuple(args.circuit),
-                   device=args.device)   # the port and the limits refused first, in the explorer's words
+    opts = replace(ServeOptions.from_args(args), device=args.device)   # the port and the limits refused first, in the explorer's words
     loopback = opts.host in LOOPBACK_HOSTS
     given = opts.given()
     # The model is loaded (and checked) before the server starts: a bad checkpoint is a one-line error.

@@ -9,28 +9,18 @@ EXAMPLE = "circuitlab train --config demo --set train.steps=300 --out runs/mine"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.commands._args import add_option_parts
+    from circuitlab.spec import add_arguments as add_options
     from circuitlab.training.trainer import TrainOptions
 
-    def set_flag(p: argparse.ArgumentParser) -> None:   # repeatable: the spec has no append action
-        p.add_argument("--set", dest="overrides", action="append", default=list(TrainOptions.overrides),
-                       metavar="KEY=VALUE",
-                       help="override a config field, e.g. train.lr=3e-4 or model.n_layers=1 (repeatable); "
-                            "train.log=tensorboard (or wandb, or tensorboard,wandb) also logs there besides "
-                            "metrics.jsonl")
-
-    # every other flag declared once beside train() (training/trainer.py), in --help's order
-    add_option_parts(p, TrainOptions, ("config",), set_flag, ("out", "resume", "progress"))
+    add_options(p, TrainOptions)   # every flag declared once beside train() (training/trainer.py)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from circuitlab.analysis.heads.induction import training_probes
     from circuitlab.training import train
     from circuitlab.training.trainer import TrainOptions
 
-    opts = replace(TrainOptions.from_args(args), overrides=tuple(args.overrides))
+    opts = TrainOptions.from_args(args)
     cfg = opts.load_config()
     out = opts.out_folder(cfg)
     # tracked every train.track_every steps: induction / previous-token scores, induction by period, ICL score

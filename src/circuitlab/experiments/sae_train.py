@@ -29,13 +29,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SaeTrainOptions(Options):
-    """How `circuitlab sae train` runs a config (its flags are these fields, in this order). Two are the Python
-    API's alone, their flags written in commands/sae.py from these defaults: overrides (--set KEY=VALUE, repeatable:
-    the spec has no append action) and device (the package writes device="cpu" as the default of ~20 loaders)."""
+    """How `circuitlab sae train` runs a config (its flags are these fields, in this order). device is the Python
+    API's alone, its flag written in commands/sae.py from this default (the package writes device="cpu" as the
+    default of ~20 loaders)."""
 
     config: str = option(None, required=True,
                          help="a YAML file, or the name of a bundled one (sae-demo, transcoder-demo, clt-demo)")
-    overrides: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = option((), repeat=True, flag="--set", metavar="KEY=VALUE",
+                                        help="override a config field, e.g. train.steps=500 or model=runs/x (repeatable)")
     target_l0: str | None = option(None, metavar="L0",
                                    help="steer the ReLU / JumpReLU dictionaries' sparsity coefficient to this L0 "
                                         "(train.target_l0; TopK-family dictionaries keep their k); a CLT may take one "

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +55,27 @@ PORT = Number(int, low=1, high=65535)
 @dataclass(frozen=True)
 class ServeOptions(Options):
     """What `circuitlab serve` takes, declared once (circuitlab.spec): each flag's default, rule and help; create_app
-    reads its keyword defaults from here. Three are the Python API's alone, their flags written in commands/serve.py
-    from these defaults: dictionaries (--dictionary DIR) and circuits (--circuit DIR), repeatable (the spec has no
-    append action), and device (the package writes device="cpu" as the default of ~20 loaders, so it is no option).
+    reads its keyword defaults from here. device is the Python API's alone, its flag written in commands/serve.py
+    from this default (the package writes device="cpu" as the default of ~20 loaders, so it is no option).
     The port and the prompt limits are read as any whole number and refused by check() in the words the explorer
     has always used ("--port must be from 1 to 65535", create_app's "max_tokens must be a positive whole number")."""
 
     checkpoint: str | Path | None = option(None, aliases=("--model",),
                                            help="a run or checkpoint directory for the explorer page (without one, "
                                                 "only the adder page works)")
+    dictionaries: tuple[str | Path, ...] = option((), repeat=True, flag="--dictionary", metavar="DIR",
+                                                  help="a sparse dictionary for the checkpoint's model (ours, SAELens, "
+                                                       "Gemma Scope 1/2, Llama Scope, a circuit-tracer "
+                                                       "layer_N.safetensors), for the feature browser at /features "
+                                                       "(repeat for several; its dashboards/ subfolder is used when "
+                                                       "present)")
     lens: str | Path | None = option(None, metavar="DIR",
                                      help="a tuned lens trained on the checkpoint's model (`circuitlab lens train`) for "
                                           "the /inputs page (default: <checkpoint>/tuned_lens when there is one)")
+    circuits: tuple[str | Path, ...] = option((), repeat=True, flag="--circuit", metavar="DIR",
+                                              help="a folder written by `circuitlab circuit` to show at /circuits "
+                                                   "(repeat for several); with --checkpoint the page also runs "
+                                                   "discovery on the model")
     graphs: str | Path | None = option(None, metavar="DIR", help="runs folder whose `circuitlab graph` outputs /graphs "
                                                                  "lists (default: runs/ when it exists)")
     transcoders: str | Path | None = option(None, metavar="DIR", help="the model's transcoders: interventions, feature "
@@ -80,15 +89,12 @@ class ServeOptions(Options):
     max_tokens: int = option(128, COUNT, arg=int, help="longest prompt in tokens (default {default}; also capped by the "
                                                        "model's context)")
     max_prompt_chars: int = option(2000, COUNT, arg=int, help="longest prompt in characters (default {default})")
-    dictionaries: tuple[str | Path, ...] = ()
-    circuits: tuple[str | Path, ...] = ()
     device: str = "cpu"
 
     def check(self, error: type[Exception] = InputError) -> ServeOptions:
-        """The port and the limits in the explorer's words (see check_limits), then every field's rule (the folder
-        lists kept as tuples)."""
+        """The port and the limits in the explorer's words (see check_limits), then every field's rule."""
         self.check_limits(cli=False, error=error)
-        return replace(super().check(error), dictionaries=tuple(self.dictionaries), circuits=tuple(self.circuits))
+        return super().check(error)
 
     def check_limits(self, cli: bool, error: type[Exception] = InputError) -> None:
         """The port (named as the command line (cli) or Python spells it), then create_app's prompt limits."""

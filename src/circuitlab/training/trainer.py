@@ -9,7 +9,6 @@ and the checkpoint holds the optimizer, the RNG and the step.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import threading
 import time
@@ -24,7 +23,7 @@ from tqdm.auto import tqdm
 import circuitlab.memory as memory
 from circuitlab.atomic import old_copy
 from circuitlab.data import build_data
-from circuitlab.errors import CircuitlabError, ConfigError, InputError
+from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.model import Transformer
 from circuitlab.perf import ThreadGovernor, transformer_step_flops
 from circuitlab.spec import Options, option
@@ -55,18 +54,16 @@ class TrainingInterrupted(KeyboardInterrupt):
 @dataclass(frozen=True)
 class TrainOptions(Options):
     """What `circuitlab train` takes, declared once (circuitlab.spec): each flag's default, rule and help; train()'s
-    keyword defaults read it. overrides is the Python API's alone, its flag (--set KEY=VALUE, repeatable: the spec
-    has no append action) written in commands/train.py from this default."""
+    keyword defaults read it."""
 
     config: str | Path = option(None, required=True, help="a YAML run config, or the name of one in configs/")
+    overrides: tuple[str, ...] = option((), repeat=True, flag="--set", metavar="KEY=VALUE",
+                                        help="override a config field, e.g. train.lr=3e-4 or model.n_layers=1 "
+                                             "(repeatable); train.log=tensorboard (or wandb, or tensorboard,wandb) also "
+                                             "logs there besides metrics.jsonl")
     out: str | Path | None = option(None, help="run directory (default runs/<config name>)")
     resume: bool = option(False, help="continue from the run directory's checkpoint")
     progress: bool = option(True, flag="--no-progress", help="no progress bar")
-    overrides: tuple[str, ...] = ()
-
-    def check(self, error: type[Exception] = InputError) -> TrainOptions:
-        """Every field's rule (the overrides kept as a tuple)."""
-        return dataclasses.replace(super().check(error), overrides=tuple(self.overrides))
 
     def load_config(self) -> RunConfig:
         """The run config (a path, or a name in configs/ or the bundled ones) with the overrides applied."""
