@@ -62,3 +62,15 @@ def test_help_examples_run_as_written(tmp_path):
         assert done.returncode == 0, f"{name}: {done.stderr[-2000:]}"
     if offline:
         warnings.warn(f"not run without the Hugging Face hub: {', '.join(offline)} examples", stacklevel=1)
+
+
+def test_the_readme_names_every_commands_options_class():
+    """The README's table of options classes stays true: each spec.Options class outside methods/ (a method's own
+    are listed by `interpret`'s row) is named there with its module."""
+    from test_spec import options_classes
+
+    text = (ROOT / "README.md").read_text()
+    package = ROOT / "src" / "circuitlab"
+    missing = [f"{path.relative_to(package)}: {cls.__name__}" for cls, path in options_classes()
+               if path.parent.name != "methods" and cls.__name__ not in text]
+    assert not missing, "name these in the README's table of options classes:\n" + "\n".join(missing)
