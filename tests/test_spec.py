@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import math
 from dataclasses import dataclass, fields
@@ -262,13 +263,22 @@ def _has_default(node, default) -> bool:
     return any(_const(n)[0] and _is(_const(n)[1], default) for n in ast.walk(node))
 
 
+@functools.lru_cache(maxsize=None)
+def _nodes(tree: ast.AST) -> tuple[ast.AST, ...]:
+    """The nodes of a parsed file that can write a default (the kinds default_written looks at), walked once: the
+    scan asks each file about every option."""
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.AnnAssign, ast.Assign, ast.Call, ast.Dict,
+             ast.IfExp, ast.BoolOp)
+    return tuple(n for n in ast.walk(tree) if isinstance(n, kinds))
+
+
 def default_written(tree: ast.AST, name: str, flag: str, default) -> list[int]:
     """Lines of `tree` that write `default` again for the option `name` (flag `--name`): a keyword default
     (def f(name=0.8)), a class field (name: float = 0.8, name = Field(0.8)), a keyword argument (f(name=0.8)),
     an argparse default (add_argument("--name", default=0.8)), a dict entry ({"name": 0.8}), or a fallback
     (opts.get("name", 0.8), opts.get("name") or 0.8, 0.8 if opts.get("name") is None else ...)."""
     lines = []
-    for node in ast.walk(tree):
+    for node in _nodes(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             a = node.args
             pos = a.posonlyargs + a.args
@@ -324,7 +334,8 @@ def written_twice(classes: list[tuple[type, Path]], files: list[Path]) -> list[s
     """'file:line writes <option>'s default <value> again' for every option default found outside its class."""
     found = []
     for path in files:
-        tree = ast.parse(path.read_text())
+        text = path.read_text()
+        tree = ast.parse(text)
         own = {id(n) for cls, p in classes if p == path for c in ast.walk(tree)
                if isinstance(c, ast.ClassDef) and c.name == cls.__name__ for n in ast.walk(c)}
         for cls, _ in classes:
@@ -332,6 +343,8 @@ def written_twice(classes: list[tuple[type, Path]], files: list[Path]) -> list[s
                 if f.default is None or opt.switch:   # a switch's default is the flag's absence
                     continue
                 flag = opt.flag or "--" + f.name.replace("_", "-")
+                if f.name not in text and flag not in text:   # every form the scan finds spells one of them
+                    continue
                 for line in default_written(tree, f.name, flag, f.default):
                     hits = [n for n in ast.walk(tree) if getattr(n, "lineno", None) == line and id(n) not in own]
                     if hits:
