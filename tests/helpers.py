@@ -115,6 +115,20 @@ def wait_for(browser, condition, what: str, timeout: float = 20):
 GRAPH_PROMPT = "Lily saw a cat. Lily"
 
 
+def save_char_checkpoint(folder, n_layers: int = 2, d_model: int = 16, n_ctx: int = 32, seed: int = 0) -> ModelConfig:
+    """A random gpt2-tiny checkpoint in `folder` with a char tokenizer of 50 built-in stories: the model the
+    dictionary-training, eval and estimate tests read from disk. Returns its config."""
+    from circuitlab.data import build_tokenizer, stories_text
+    from circuitlab.training import save_checkpoint
+
+    tok = build_tokenizer("char", [stories_text(50)])
+    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=d_model, n_heads=2, n_layers=n_layers, d_vocab=tok.vocab_size,
+                                  n_ctx=n_ctx)
+    torch.manual_seed(seed)
+    save_checkpoint(folder, Transformer(cfg), tok)
+    return cfg
+
+
 def saved_graph_run(root, prompt: str = GRAPH_PROMPT, n_layers: int = 2, d_sae: int = 48, dashboard_tokens: int = 0):
     """A runs folder for the graph viewer: root/model (a checkpoint with a char tokenizer of the built-in
     stories), root/transcoders (one random ReLU skip transcoder per layer) and root/graphs/lily (what

@@ -13,6 +13,7 @@ from circuitlab.dictionaries import DictionaryConfig, SparseDictionary
 from circuitlab.errors import ConfigError, InputError
 from circuitlab.graphs import Transcoders, attribute
 from circuitlab.graphs.attribution import check_graph_size, estimate_graph, rows_per_pass
+import helpers
 from helpers import fresh_process_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,13 +143,7 @@ def test_sae_train_and_interpret_estimates_read_and_write_nothing(tmp_path, caps
     no activation cache; the causal-tracing estimate refuses what the run would refuse (too many noise runs)."""
     import yaml
 
-    from circuitlab import Transformer
-    from circuitlab.data import build_tokenizer, stories_text
-    from circuitlab.training import save_checkpoint
-
-    tok = build_tokenizer("char", [stories_text(50)])
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=16, n_heads=2, n_layers=2, d_vocab=tok.vocab_size, n_ctx=32)
-    save_checkpoint(tmp_path / "model", Transformer(cfg), tok)
+    cfg = helpers.save_char_checkpoint(tmp_path / "model", n_layers=2)
     config = {"model": str(tmp_path / "model"), "data": {"source": "stories", "n_stories": 200, "tokenizer": "char"},
               "store": {"seq_len": 16, "seqs_per_chunk": 16, "cache": str(tmp_path / "cache")},
               "dictionaries": [{"architecture": "topk", "hook_name": "blocks.0.hook_resid_post", "d_sae": 64, "k": 4}],

@@ -2,12 +2,11 @@
 import json
 
 import pytest
-import torch
 import yaml
 
+import helpers
 from circuitlab.cli import main
 from circuitlab.config import ModelConfig
-from circuitlab.data import build_tokenizer, stories_text
 from circuitlab.model import Transformer
 from circuitlab.training import save_checkpoint
 
@@ -17,10 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     root = tmp_path_factory.mktemp("sae_cli")
-    tok = build_tokenizer("char", [stories_text(50)])
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=16, n_heads=2, n_layers=2, d_vocab=tok.vocab_size, n_ctx=32)
-    torch.manual_seed(0)
-    save_checkpoint(root / "model", Transformer(cfg), tok)
+    helpers.save_char_checkpoint(root / "model", n_layers=2)
     return root
 
 

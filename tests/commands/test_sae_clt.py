@@ -9,21 +9,14 @@ import torch
 
 from circuitlab.dictionaries.clt import CLTConfig, CrossLayerTranscoder
 
+import helpers
 from dictionaries.test_clt import N, L, D, model  # noqa: F401 (shared with it)
 
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    from circuitlab.config import ModelConfig
-    from circuitlab.data import build_tokenizer, stories_text
-    from circuitlab.model import Transformer
-    from circuitlab.training import save_checkpoint
-
     root = tmp_path_factory.mktemp("clt_cli")
-    tok = build_tokenizer("char", [stories_text(50)])
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=16, n_heads=2, n_layers=3, d_vocab=tok.vocab_size, n_ctx=32)
-    torch.manual_seed(0)
-    save_checkpoint(root / "model", Transformer(cfg), tok)
+    helpers.save_char_checkpoint(root / "model", n_layers=3)
     return root
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from circuitlab import ModelConfig, Transformer, memory
+import helpers
 from helpers import fresh_process_json
 from circuitlab.cli import main
 
@@ -138,13 +139,8 @@ def test_estimates_grow_with_the_work():
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from circuitlab.data import build_tokenizer, stories_text
-    from circuitlab.training import save_checkpoint
-
     where = tmp_path_factory.mktemp("estimates")
-    tok = build_tokenizer("char", [stories_text(50)])
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=32, n_heads=2, n_layers=2, d_vocab=tok.vocab_size, n_ctx=64)
-    save_checkpoint(where / "model", Transformer(cfg), tok)
+    helpers.save_char_checkpoint(where / "model", n_layers=2, d_model=32, n_ctx=64)
     (where / "pos.txt").write_text("the dragon flew\na dragon roared\n")
     (where / "neg.txt").write_text("the cat sat\na cat purred\n")
     return where

@@ -14,11 +14,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+import helpers
 from circuitlab.cli import main
-from circuitlab.config import ModelConfig
-from circuitlab.data import build_tokenizer, stories_text
-from circuitlab.model import Transformer
-from circuitlab.training import save_checkpoint
+from circuitlab.data import stories_text
 from circuitlab.training.run_log import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,10 +27,7 @@ STEPS = 24
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("long_jobs")
-    tok = build_tokenizer("char", [stories_text(50)])
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=16, n_heads=2, n_layers=1, d_vocab=tok.vocab_size, n_ctx=32)
-    torch.manual_seed(0)
-    save_checkpoint(root / "model", Transformer(cfg), tok)
+    helpers.save_char_checkpoint(root / "model", n_layers=1)
     data = {"model": str(root / "model"), "data": {"source": "stories", "n_stories": 100, "tokenizer": "char"},
             "store": {"seq_len": 16, "seqs_per_chunk": 8},
             "dictionaries": [{"architecture": "topk", "hook_name": "blocks.0.hook_resid_post", "d_sae": 32, "k": 4}],

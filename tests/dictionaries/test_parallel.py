@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 from safetensors.torch import load_file, save_file
 
+import helpers
 from circuitlab.dictionaries import DictionaryConfig
 from circuitlab.dictionaries.clt import CLTConfig
 from circuitlab.dictionaries.store import ActivationStore, CachedActivations, _seed, cache_activations
@@ -277,15 +278,8 @@ def test_sae_train_under_torchrun_equals_one_process(tmp_path):
     import yaml
 
     from circuitlab.cli import main
-    from circuitlab.config import ModelConfig
-    from circuitlab.data import build_tokenizer, stories_text
-    from circuitlab.model import Transformer
-    from circuitlab.training import save_checkpoint
 
-    tok = build_tokenizer("char", [stories_text(50)])
-    torch.manual_seed(0)
-    save_checkpoint(tmp_path / "model", Transformer(ModelConfig.from_preset(
-        "gpt2-tiny", d_model=16, n_heads=2, n_layers=2, d_vocab=tok.vocab_size, n_ctx=32)), tok)
+    helpers.save_char_checkpoint(tmp_path / "model", n_layers=2)
     data = {"model": str(tmp_path / "model"), "data": {"source": "stories", "n_stories": 100, "tokenizer": "char"},
             "store": {"seq_len": 16, "seqs_per_chunk": 8, "shards": 2},
             "dictionaries": [{"architecture": "batchtopk", "hook_name": "blocks.0.hook_resid_post", "d_sae": 32, "k": 4},

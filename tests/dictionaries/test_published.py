@@ -10,6 +10,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+import helpers
 from circuitlab import ModelConfig, Transformer
 from circuitlab.cli import main
 from circuitlab.dictionaries import SparseDictionary, load_transcoders
@@ -328,12 +329,7 @@ def test_bad_sets_are_refused_in_one_line(tmp_path, model):
 
 
 def test_sae_eval_reads_a_published_layer_file(tmp_path, capsys):
-    from circuitlab.data import build_tokenizer, stories_text
-    from circuitlab.training import save_checkpoint
-
-    tok = build_tokenizer("char", [stories_text(50)])
-    cfg = ModelConfig.from_preset("gpt2-tiny", d_model=D, n_heads=2, n_layers=2, d_vocab=tok.vocab_size, n_ctx=32)
-    save_checkpoint(tmp_path / "model", Transformer(cfg), tok)
+    helpers.save_char_checkpoint(tmp_path / "model", n_layers=2, d_model=D)
     _ct_set(tmp_path / "set", hook_in="mlp.hook_in")
     args = ["sae", "eval", "--dictionary", str(tmp_path / "set" / "layer_1.safetensors"), "--checkpoint",
             str(tmp_path / "model"), "--batches", "2", "--seq-len", "8"]
