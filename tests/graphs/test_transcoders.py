@@ -98,6 +98,17 @@ def tl_point(model, cache, layer: int, name: str) -> torch.Tensor:
     return block.mlp(block.ln2(cache[pre + "hook_resid_mid"]))   # mlp.hook_out: before any post-MLP norm
 
 
+def replacement_matches_model_and_edges(model, tc, rm, tokens) -> None:
+    """The replacement model (with its error nodes) gives the model's logits, and six sampled edges of the graph
+    equal the effect measured by intervening on the source (float64)."""
+    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-9, rtol=0)
+    graph = attribute(model, tc, tokens, batch_size=8)
+    nonzero = (graph.adjacency != 0).nonzero()
+    for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:6]].tolist():
+        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
+            (graph.label(t), graph.label(s))
+
+
 @pytest.mark.parametrize("family", list(CT_FAMILIES))
 @pytest.mark.parametrize("hook_in", ["hook_resid_mid", "ln2.hook_normalized", "mlp.hook_in"])
 @pytest.mark.parametrize("hook_out", ["hook_mlp_out", "mlp.hook_out"])
@@ -133,12 +144,7 @@ def test_every_circuit_tracer_hook_is_read_on_every_family(family, hook_in, hook
         rebuilt = by_hand @ raw[layer].W_dec + raw[layer].b_dec + x @ raw[layer].W_skip
         out = tl_point(model, cache, layer, hook_out)[0].double()
         torch.testing.assert_close(rm.errors[layer], out - rebuilt, atol=1e-9, rtol=1e-9)
-    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-9, rtol=0)
-    graph = attribute(model, tc, tokens, batch_size=8)
-    nonzero = (graph.adjacency != 0).nonzero()
-    for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:6]].tolist():
-        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
-            (graph.label(t), graph.label(s))
+    replacement_matches_model_and_edges(model, tc, rm, tokens)
 
 
 @pytest.mark.parametrize("family", list(CT_FAMILIES))
@@ -178,12 +184,7 @@ def test_a_circuit_tracer_cross_layer_transcoder_reads_its_hooks_on_every_family
                                                                           for s in range(t + 1))
         out = tl_point(model, cache, t, hook_out)[0].double()
         torch.testing.assert_close(rm.errors[t], out - rebuilt, atol=1e-9, rtol=1e-9)
-    torch.testing.assert_close(rm.run().logits, model(tokens[None]), atol=1e-9, rtol=0)
-    graph = attribute(model, tc, tokens, batch_size=8)
-    nonzero = (graph.adjacency != 0).nonzero()
-    for t, s in nonzero[torch.randperm(len(nonzero), generator=torch.Generator().manual_seed(0))[:6]].tolist():
-        assert measured_effect(rm, graph, t, s) == pytest.approx(float(graph.adjacency[t, s]), abs=1e-8), \
-            (graph.label(t), graph.label(s))
+    replacement_matches_model_and_edges(model, tc, rm, tokens)
 
 
 def test_a_partial_circuit_tracer_set_is_bound_to_the_model(setup, tmp_path):
