@@ -47,8 +47,7 @@ from circuitlab.viz.forge_compare import write_comparison_figures
 Head = tuple[int, int]
 
 DEFAULT_STEPS = 2000     # 2+2 digits: every answer right for seeds 0..3, ~20 s on one CPU core (docs/forge.md)
-EXHAUSTIVE_PAIRS = 100_000  # accuracy on every pair up to this many, else on ACCURACY_SAMPLES random pairs
-ACCURACY_SAMPLES = 10_000
+EXHAUSTIVE_PAIRS = 100_000  # accuracy on every pair up to this many, else on Adder.check's random pairs
 # Problems the attention is compared on: both models' attention on all of them is held at once (100,000 took
 # over 3 GB; 20,000 0.85 GB).
 SAMPLES = Number(int, low=1, high=50_000, why="both models' attention on every problem is held at once")
@@ -228,7 +227,7 @@ def attention_profile(model: Transformer, tokens: torch.Tensor, n: int, m: int,
 # ---------------------------------------------------------------------- the comparison
 def _accuracy(adder: Adder, seed: int) -> dict[str, Any]:
     n, m = adder.n_digits_a, adder.n_digits_b
-    check = adder.check(samples=ACCURACY_SAMPLES, seed=seed, exhaustive=10 ** (n + m) <= EXHAUSTIVE_PAIRS, progress=False)
+    check = adder.check(seed=seed, exhaustive=10 ** (n + m) <= EXHAUSTIVE_PAIRS, progress=False)
     return {"correct": check.correct, "total": check.total, "exhaustive": check.exhaustive,
             "accuracy": check.correct / check.total, "failures": [list(f) for f in check.failures[:5]]}
 
