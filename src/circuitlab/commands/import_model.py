@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from circuitlab.atomic import set_aside
+    from circuitlab.atomic import check_set_aside, set_aside
     from circuitlab.errors import InputError
     from circuitlab.pretrained import load_pretrained
     from circuitlab.pretrained.gguf import load_gguf
@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     opts = ImportOptions.from_args(args)
     check_writable(opts.out, "the model")   # before anything is downloaded or read
+    check_set_aside(Path(opts.out), is_checkpoint, "model")
     source: dict = {"name_or_path": str(opts.source), "revision": opts.revision, "dtype": opts.dtype}
     gguf = gguf_source(opts.source)
     if gguf is not None:
