@@ -160,7 +160,12 @@ def _hf_config(path: Path, info: GgufInfo) -> dict[str, Any]:
                               f"{hf.get('model_type')!r}) is outside circuitlab's catalogue, which reads "
                               f"{SUPPORTED}") from None
     hf.pop("_model_name_or_path", None)
-    return hf
+    # The config class fills in what no GGUF key sets (Gemma's soft-cap and query scale, GPT-2's activation, ...)
+    # exactly as transformers' own GGUF-loaded model gets it; our family mapping then reads the whole config.
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in hf.items() if k != "model_type"}
+    return {**AutoConfig.for_model(hf["model_type"], **fields).to_dict(), "model_type": hf["model_type"]}
 
 
 def _dequantized(reader, hf: dict[str, Any], info: GgufInfo) -> Iterator[tuple[str, TensorReader]]:
@@ -175,11 +180,12 @@ def _dequantized(reader, hf: dict[str, Any], info: GgufInfo) -> Iterator[tuple[s
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
                                                          get_gguf_hf_weights_map)
 
-    fields = {k: v for k, v in hf.items() if k != "model_type"}
+    fields = {k: v for k, v in hf.items() if k not in ("model_type", "transformers_version")}
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf["model_type"], **fields))
     processor = TENSOR_PROCESSORS.get(info.architecture, TensorProcessor)(config=hf)
-    names = get_gguf_hf_weights_map(skeleton, processor)
+    names = get_gguf_hf_weights_map(skeleton, processor, model_type=info.architecture)  # llama.cpp's name, not a
+    # model_type transformers re-derived from general.name (a llama file named "mistral" has no "mistral" table)
     parsed: dict[str, Any] = {"config": hf, "tensors": {}}  # where a processor puts tensors it builds itself
     for tensor in tqdm(reader.tensors, desc="dequantizing", unit="tensor", leave=False):
         result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
