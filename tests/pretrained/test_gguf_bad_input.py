@@ -81,3 +81,25 @@ def test_a_stop_while_dequantizing_leaves_nothing(tmp_path, signum):
     assert code == 128 + int(signum), seen[-300:] + rest
     assert "Traceback" not in rest
     assert not out.exists() and not list(Path(tmp_path).iterdir())
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(architecture="mamba"), "architecture 'mamba'"),     # transformers reads it; our catalogue does not
+    (dict(architecture="falcon"), "architecture 'falcon'"),
+    (dict(quant="Q8_1"), "stored as Q8_1, which the gguf package cannot dequantize"),
+    (dict(tokenizer=False), "--no-tokenizer"),
+], ids=["mamba", "falcon", "Q8_1", "no-tokenizer"])
+def test_a_gguf_the_import_cannot_finish_is_one_line(tmp_path, capsys, kwargs, fragment):
+    from pretrained.gguf_files import write_gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf", "llama", **kwargs)
+    _one_line_error(capsys, ["import", str(path), "--out", str(tmp_path / "m")], fragment)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]
+
+
+def test_a_gguf_without_a_tokenizer_imports_with_no_tokenizer(tmp_path, capsys):
+    from pretrained.gguf_files import write_gguf
+
+    path = write_gguf(tmp_path / "tiny.gguf", "llama", tokenizer=False)
+    assert main(["import", str(path), "--out", str(tmp_path / "m"), "--no-tokenizer"]) == 0
+    assert (tmp_path / "m" / "model.safetensors").is_file() and not (tmp_path / "m" / "tokenizer").exists()

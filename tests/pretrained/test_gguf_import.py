@@ -7,10 +7,6 @@ an export of it loads in transformers with the same logits.
 Every family is imported in F32 and in one quantized type (test_gguf_files.FAST_QUANT); the rest of the
 matrix is marked slow.
 
-AWAITING_FULL_CONFIG: families whose import differs from transformers' model today, because gguf.py maps the
-bare dict transformers' GGUF loader reads off the metadata, not the config class built from it (which fills in
-the defaults no GGUF key sets, as transformers' own model gets them). Marked xfail(strict): once the importer
-reads the full config they pass, fail as XPASS, and the entry is to be deleted.
 """
 import dataclasses
 from collections import Counter
@@ -19,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
-transformers = pytest.importorskip("transformers")
+import gguf  # noqa: F401 - a dev dependency: a missing one fails, never skips
+import transformers  # noqa: F401
 
 from circuitlab.pretrained import export_hf, load_pretrained  # noqa: E402
 from circuitlab.pretrained.gguf import load_gguf  # noqa: E402
@@ -30,26 +26,6 @@ from pretrained.test_importer import assert_residual_streams_match  # noqa: E402
 
 TOL = 1e-4
 PROMPT = 14  # longer than the Gemma files' sliding window (4), so the window matters
-AWAITING_FULL_CONFIG = {
-    "qwen3": "head_dim: Qwen3Config's default 128 (no GGUF key), the bare dict gives hidden/heads",
-    "gemma2": "query_pre_attn_scalar 256 and soft-caps 50 / 30 (Gemma2Config defaults), the bare dict has none",
-    "gemma3": "query_pre_attn_scalar 256 (Gemma3TextConfig default), the bare dict falls back to head_dim",
-    "gpt2": "n_positions (GPT2Config default 1024; gpt2.context_length goes to n_ctx), absent from the bare dict",
-    "gpt2-tied": "n_positions, as gpt2",
-}
-
-
-def awaiting(params: list) -> list:
-    """params with an xfail(strict) mark on the families of AWAITING_FULL_CONFIG."""
-    out = []
-    for p in params:
-        family = p.values[0] if hasattr(p, "values") else p
-        reason = AWAITING_FULL_CONFIG.get(family)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-        out.append(pytest.param(*p.values, id=p.id, marks=[*p.marks, *marks]) if hasattr(p, "values")
-                   else pytest.param(p, id=p, marks=marks))
-    return out
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
@@ -75,7 +51,7 @@ def hf_logits(hf, ids):
         return hf(input_ids=ids).logits
 
 
-@pytest.mark.parametrize("family, quant", awaiting(MATRIX))
+@pytest.mark.parametrize("family, quant", MATRIX)
 def test_logits_and_every_residual_stream_match_transformers(folder, family, quant):
     hf, model, _, _ = imported(folder, family, quant)
     ids = prompt()
@@ -99,7 +75,7 @@ def reference_import(hf, family: str, path, out) -> "torch.nn.Module":
     return load_pretrained(out, tokenizer=False)[0]
 
 
-@pytest.mark.parametrize("family, quant", awaiting(MATRIX))
+@pytest.mark.parametrize("family, quant", MATRIX)
 def test_weights_are_ggufs_dequantization(folder, family, quant, tmp_path):
     hf, model, info, path = imported(folder, family, quant)
     reference = reference_import(hf, family, path, tmp_path / "hf")
@@ -134,7 +110,7 @@ def test_storage_dtype_is_the_dequantized_float32_rounded(folder):
         assert torch.equal(p, reference.state_dict()[name].to(p.dtype)), name
 
 
-@pytest.mark.parametrize("family", awaiting(list(FAMILIES)))
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_of_an_imported_gguf_loads_in_transformers_with_its_logits(folder, family, tmp_path):
     hf, model, _, _ = imported(folder, family, FAST_QUANT[family])
     style = "phi3" if FAMILIES[family].arch == "phi3" else None
