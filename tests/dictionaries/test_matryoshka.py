@@ -174,3 +174,27 @@ def test_its_widths_are_checked_in_one_line():
     with pytest.raises(ConfigError, match="a CLT cannot be a matryoshka_batchtopk dictionary"):
         CLTConfig("matryoshka_batchtopk", n_layers=2, d_model=8, d_sae=16, k=2)
     assert get_architecture("matryoshka_batchtopk").saved_as == "jumprelu"
+
+
+def test_the_loss_and_gradients_are_saelenss_on_the_same_weights():
+    """SAELens's MatryoshkaBatchTopKTrainingSAE (the peer) on the same weights and batch: the same loss (its
+    MSE plus its inner_mse_loss_<width> terms) and the same gradients."""
+    pytest.importorskip("sae_lens")
+    from sae_lens.saes.matryoshka_batchtopk_sae import (
+        MatryoshkaBatchTopKTrainingSAE, MatryoshkaBatchTopKTrainingSAEConfig,
+    )
+    from sae_lens.saes.sae import TrainStepInput
+
+    sae, (x, y) = _dictionary(False), _data(False)
+    peer = MatryoshkaBatchTopKTrainingSAE(MatryoshkaBatchTopKTrainingSAEConfig(
+        d_in=D_IN, d_sae=D_SAE, k=K, matryoshka_widths=list(WIDTHS), dtype="float64", apply_b_dec_to_input=True))
+    peer.load_state_dict({k: v.clone() for k, v in sae.state_dict().items() if k != "threshold"}, strict=False)
+    step = peer.training_forward_pass(TrainStepInput(sae_in=x, coefficients={}, dead_neuron_mask=None,
+                                                     n_training_steps=0, is_logging_step=False))
+    assert {f"inner_mse_loss_{m}" for m in WIDTHS[:-1]} <= set(step.losses)
+    step.loss.backward()
+    out, grads, _ = _step(sae, x, y, sparse=True, coef=Coefficients(0.0, 0.0, 0.2, 0.5))
+    torch.testing.assert_close(out.loss.detach(), step.loss.detach(), rtol=0, atol=1e-10)
+    for name, p in peer.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=1e-9, msg=name)
