@@ -65,7 +65,7 @@ def test_a_graph_without_transcoders_names_the_command_that_makes_them_and_that_
     assert re.search(rf"^cost: {passes} model passes \([\d.]+ MFLOP, each serving all 6 hooks\) \+ [\d.]+ [MG]FLOP in "
                      r"the dictionaries \(6 steps\) in \d+ s \(estimated \d+ s\)$", printed, re.M), printed
     assert main([*argv, "--estimate", "--out", "elsewhere", *[a for s in SMALL for a in ("--set", s)]]) == 0
-    assert re.search(rf"estimate: .*cost: {passes} model passes \([\d.]+ MFLOP, one pass serving all 6 hooks\)",
+    assert re.search(rf"estimate: .*cost: {passes} model passes \([\d.]+ MFLOP, one pass serving all 6 hooks\) \+ [\d.]+ [MG]FLOP in the dictionaries\) holds",
                      capsys.readouterr().out)
     results = json.loads((made / out / "results.json").read_text())
     assert [d["name"] for d in results["dictionaries"]] == ["transcoders-0", "transcoders-1", "transcoders-2"]

@@ -216,10 +216,9 @@ def training_estimate(configs: list, batch_size: int, steps: int, passes: int = 
 
     est = dictionary_step_estimate(configs, batch_size)
     dictionary_flops = (est.flops or 0.0) * steps
-    est.what = f"training ({steps:,} steps; {est.what})"
-    if passes:
-        est.what += (f"; cost: {passes:,} model passes ({flops_text(pass_flops * passes)}, one pass serving all "
-                     f"{hooks} hooks) + {flops_text(dictionary_flops)} in the dictionaries")
+    cost = (f"; cost: {passes:,} model passes ({flops_text(pass_flops * passes)}, one pass serving all {hooks} hooks) "
+            f"+ {flops_text(dictionary_flops)} in the dictionaries" if passes else "")
+    est.what = f"training ({steps:,} steps; {est.what}{cost})"
     # the forward reaches about the same share of the machine's matmul speed as a training step (Estimate.efficiency)
     est.flops = dictionary_flops + passes * pass_flops
     return est
