@@ -216,7 +216,7 @@ def training_estimate(configs: list, batch_size: int, steps: int, passes: int = 
 
     est = dictionary_step_estimate(configs, batch_size)
     dictionary_flops = (est.flops or 0.0) * steps
-    cost = (f"; cost: {passes:,} model passes ({flops_text(pass_flops * passes)}, one pass serving all {hooks} hooks) "
+    cost = (f"; cost: {passes:,} model passes ({flops_text(pass_flops * passes)}, one pass serving {_all_hooks(hooks)}) "
             f"+ {flops_text(dictionary_flops)} in the dictionaries" if passes else "")
     est.what = f"training ({steps:,} steps; {est.what}{cost})"
     # the forward reaches about the same share of the machine's matmul speed as a training step (Estimate.efficiency)
@@ -238,8 +238,12 @@ def cost_line(source: Any, steps: int, step_flops: float, seconds: float, est: A
     """What the run just did beside what was estimated: its model passes and dictionary flops, its seconds."""
     said = est.seconds()
     return (f"cost: {source.passes:,} model passes ({flops_text(source.passes * source.pass_flops())}, each "
-            f"serving all {len(source.hooks)} hooks) + {flops_text(steps * step_flops)} in the dictionaries "
+            f"serving {_all_hooks(len(source.hooks))}) + {flops_text(steps * step_flops)} in the dictionaries "
             f"({steps:,} steps) in {seconds:.0f} s" + (f" (estimated {said:.0f} s)" if said else ""))
+
+
+def _all_hooks(n: int) -> str:
+    return "its one hook" if n == 1 else f"all {n} hooks"
 
 
 def flops_text(flops: float) -> str:
