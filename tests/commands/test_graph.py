@@ -119,6 +119,9 @@ def test_the_graph_flags_are_graph_inputs_and_graph_options(capsys):
             (["--planted", "--prompt", "x", "--foil", "y"], GraphInputs, {"planted": True, "prompt": "x", "foil": "y"},
              "--foil needs --target (the graph explains target minus foil)"),
             (["--prompt", "x", "--checkpoint", "m"], GraphInputs, {"prompt": "x", "checkpoint": "m"},
+             "circuitlab sae train --config transcoders-quick --set model=m --out runs/transcoders-m, then give "
+             "--transcoders runs/transcoders-m"),
+            (["--prompt", "x"], GraphInputs, {"prompt": "x"},
              "give --checkpoint DIR and --transcoders DIR (or --planted for the built-in model)"),
             (["--planted", "--prompt", "x", "--qk-heads", "0"], GraphOptions, {"qk_heads": 0},
              "must be a whole number >= 1, got "),

@@ -118,7 +118,7 @@ def test_layouts_without_the_architecture_refuse_it_in_one_line(shifted, tmp_pat
 
 
 def test_the_registry_finds_by_name_refuses_unknown_and_duplicate_names(tmp_path):
-    assert architecture_names()[:4] == ARCHITECTURES == ("relu", "topk", "batchtopk", "jumprelu")
+    assert architecture_names()[:5] == ARCHITECTURES == ("relu", "topk", "batchtopk", "jumprelu", "matryoshka_batchtopk")
     assert get_architecture("batchtopk").saved_as == "jumprelu" and get_architecture("topk").uses_k
     with pytest.raises(ConfigError, match="unknown dictionary architecture 'toy_shifted_relu'"):
         DictionaryConfig("toy_shifted_relu", d_in=4, d_sae=8)

@@ -20,8 +20,13 @@ REFUSED = [  # (inputs, the one line check() says)
                                           "--checkpoint/--transcoders/--transcoder-set"),
     ({**PLANTED, "transcoder_set": "clt"}, "--planted uses the built-in model: drop "
                                            "--checkpoint/--transcoders/--transcoder-set"),
-    ({"checkpoint": "runs/m", "prompt": "Lily"}, "give --checkpoint DIR and --transcoders DIR (or --planted for the "
-                                                 "built-in model)"),
+    ({"checkpoint": "runs/m", "prompt": "Lily"}, "a graph of runs/m needs transcoders for it (--transcoders DIR); to "
+                                                 "make a set, one per MLP, in minutes: circuitlab sae train --config "
+                                                 "transcoders-quick --set model=runs/m --out runs/transcoders-m, then "
+                                                 "give --transcoders runs/transcoders-m (docs/dictionaries.md: sets for "
+                                                 "real models)"),
+    ({"transcoders": "runs/t", "prompt": "Lily"}, "give --checkpoint DIR and --transcoders DIR (or --planted for the "
+                                                  "built-in model)"),
     ({**SAVED, "target": 3}, "target must be text, got 3"),
     ({**SAVED, "out": None}, "out must be text, got None"),
 ]

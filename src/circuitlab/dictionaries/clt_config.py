@@ -9,7 +9,8 @@ from circuitlab.dictionaries.arch import Architecture, architecture_names, get_a
 from circuitlab.dictionaries.config import DICTIONARY_DTYPE
 from circuitlab.errors import ConfigError, refuse_unknown
 
-CLT_ARCHITECTURES = architecture_names()  # the built-ins; SAEs, transcoders and CLTs share every architecture
+# the built-ins a CLT trains with (SAEs and transcoders take every one; Matryoshka's nested prefixes are theirs alone)
+CLT_ARCHITECTURES = tuple(n for n in architecture_names() if get_architecture(n).trains_clt)
 CLT_FORMAT = "circuitlab-clt-1"
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 
@@ -52,6 +53,9 @@ class CLTConfig:
             return isinstance(x, int) and not isinstance(x, bool)
 
         arch = get_architecture(self.architecture, "CLT")  # an unknown name: one error naming the closest
+        if not arch.trains_clt:
+            raise ConfigError(f"a CLT cannot be a {self.architecture} dictionary (it trains SAEs and transcoders); "
+                              f"use one of {', '.join(CLT_ARCHITECTURES)}")
         for name in ("n_layers", "d_model", "d_sae"):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise ConfigError(f"CLTConfig.{name} must be a positive int, got {getattr(self, name)!r}")

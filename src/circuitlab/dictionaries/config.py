@@ -31,6 +31,8 @@ class DictionaryConfig:
     hook_name: the hook it reads (activations flattened to [..., d_in], e.g. hook_z's heads joined).
     out_hook_name: None for an SAE (it reconstructs hook_name); the hook a transcoder predicts.
     k: active latents per token for the TopK family (BatchTopK: the batch average).
+    matryoshka_widths: matryoshka_batchtopk's nested prefixes, strictly increasing widths m_1 < ... < d_sae (d_sae
+        is appended when the last is smaller, as SAELens does); None for every other architecture.
     skip: a transcoder's linear skip connection W_skip [d_in, d_out].
     base_model: what identifies the model it was trained on (see dictionaries.base_model_id).
     normalisation: how inputs were scaled in training ({"method": "none"} or
@@ -47,6 +49,7 @@ class DictionaryConfig:
     out_hook_name: str | None = None
     d_out: int | None = None
     k: int | None = None
+    matryoshka_widths: list[int] | None = None
     skip: bool = False
     base_model: dict[str, Any] = field(default_factory=dict)
     normalisation: dict[str, Any] = field(default_factory=lambda: {"method": "none"})
@@ -92,6 +95,7 @@ class DictionaryConfig:
             if self.k > self.d_sae:
                 raise ConfigError(f"k={self.k} is larger than d_sae={self.d_sae}; "
                                   "a TopK dictionary cannot keep more latents than it has")
+        self._check_widths(arch)
         if not isinstance(self.hook_name, str):
             bad("hook_name", "a hook name string")
         if self.skip and not self.is_transcoder:
@@ -106,6 +110,27 @@ class DictionaryConfig:
             bad("dtype", '"float32", "float64", "bfloat16" or "float16"')
         if not isinstance(self.normalisation, dict) or "method" not in self.normalisation:
             bad("normalisation", 'a mapping with a "method"')
+
+    def _check_widths(self, arch: Architecture) -> None:
+        """matryoshka_widths: given exactly when the architecture trains nested prefixes, strictly increasing
+        positive ints up to d_sae (d_sae appended when the last is smaller)."""
+        widths = self.matryoshka_widths
+        if not arch.uses_widths:
+            if widths is not None:
+                raise ConfigError(f"DictionaryConfig.matryoshka_widths is for an architecture that trains nested "
+                                  f"prefixes (matryoshka_batchtopk); {self.architecture!r} has none: drop it")
+            return
+        example = [max(self.d_sae // 16, 1), max(self.d_sae // 4, 1), self.d_sae] if isinstance(self.d_sae, int) else []
+        if (not isinstance(widths, (list, tuple)) or not widths
+                or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in widths)):
+            raise ConfigError(f"DictionaryConfig.matryoshka_widths must be a list of positive ints for architecture "
+                              f"{self.architecture!r} (its nested prefixes, e.g. {example}), got {widths!r}")
+        widths = [int(w) for w in widths]
+        if any(b <= a for a, b in zip(widths, widths[1:])):
+            raise ConfigError(f"DictionaryConfig.matryoshka_widths must be strictly increasing, got {widths}")
+        if widths[-1] > self.d_sae:
+            raise ConfigError(f"DictionaryConfig.matryoshka_widths ends at {widths[-1]}, more than d_sae={self.d_sae}")
+        self.matryoshka_widths = widths if widths[-1] == self.d_sae else [*widths, self.d_sae]
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, **dataclasses.asdict(self)}

@@ -78,14 +78,17 @@ class DictionaryModule(nn.Module):
         return self
 
     def for_inference(self) -> Self:
-        """The form it is saved and used in (Architecture.saved_as): BatchTopK becomes the JumpReLU it is at
-        inference (same weights, its running threshold); others unchanged."""
+        """The form it is saved and used in (Architecture.saved_as): BatchTopK (and Matryoshka BatchTopK) becomes
+        the JumpReLU it is at inference (same weights, its running threshold); others unchanged. What it was
+        trained as (its k, its Matryoshka widths) is kept in metadata."""
         arch = self.cfg.arch
         if arch.saved_as is None:
             return self
         meta = {**self.cfg.metadata, "trained_as": arch.name, "k": self.cfg.k}
-        k = self.cfg.k if get_architecture(arch.saved_as).uses_k else None
-        return self._copy_with(self.cfg.replace(architecture=arch.saved_as, k=k, metadata=meta))
+        changes: dict[str, Any] = {"k": self.cfg.k if get_architecture(arch.saved_as).uses_k else None}
+        if getattr(self.cfg, "matryoshka_widths", None) is not None:  # a training setting: kept as a record
+            meta["matryoshka_widths"], changes["matryoshka_widths"] = self.cfg.matryoshka_widths, None
+        return self._copy_with(self.cfg.replace(architecture=arch.saved_as, metadata=meta, **changes))
 
     def latent_threshold(self, layer: int | None = None) -> torch.Tensor | None:
         """The threshold [d_sae] the architecture activates with (a CLT's: of `layer`), or None when it has none."""

@@ -5,12 +5,14 @@
     batchtopk  top k·batch over the whole batch; tracks the threshold it is saved with (as JumpReLU)
     jumprelu   a · H(a − θ) with a rectangle-kernel straight-through estimator for θ;
                loss = MSE + l0_coeff · Σ_i H(a_i − θ_i)
+    matryoshka_batchtopk  batchtopk, loss + the MSE of each nested prefix of latents (arch/matryoshka.py)
 Architectures whose penalty is not weighted by decoder norms (TopK, BatchTopK, JumpReLU) add AuxK (dead
 latents reconstruct the residual; Gao et al. 2024). MSE is the squared error summed over the output
 dimension and averaged over rows.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,19 +70,36 @@ def training_step(sae: SparseDictionary, x: torch.Tensor, y: torch.Tensor, coef:
         pre_kept = pre if kept is None else pre * kept.dense_mask()
     acts = arch.train_activate(pre_kept, threshold, coef)
     y_hat = DecodeKept.apply(acts, sae.W_dec, kept) if sparse else acts @ sae.W_dec
-    y_hat = y_hat + sae.b_dec + (x @ sae.W_skip if sae.cfg.skip else 0.0)
+    base = sae.b_dec + (x @ sae.W_skip if sae.cfg.skip else 0.0)   # the output without latents
+    y_hat = y_hat + base
     fires = (torch.bincount(kept.latents[acts > 0], minlength=d_sae) if sparse
              else torch.count_nonzero(acts, dim=0))  # [d_sae] long (no [rows, d_sae] bool-to-int64 copy)
     zero = pre.new_zeros(())
     sparsity = arch.penalty(acts, pre_kept, threshold, norms, coef, rows)
     sparsity = zero if sparsity is None else sparsity
     mse = (y_hat - y).pow(2).sum(-1).mean()
+    nested = arch.reconstruction_terms(_partial_decoder(sae, acts, kept, sparse), base, y,
+                                       sae.cfg.matryoshka_widths)   # Matryoshka's prefixes; none for the others
     aux = zero
     if arch.unit_decoder(clt=False) and dead is not None and bool(dead.any()):
         dead_pre = x @ sae.W_enc[:, dead] + bias[dead] if sparse else pre[:, dead]  # [rows, n_dead]
         aux = coef.aux * _auxk(sae, dead_pre, dead.nonzero().squeeze(1), (y - y_hat).detach(), sparse)
-    return StepOutput(mse + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires,
+    return StepOutput(mse + sum(nested, zero) + sparsity + aux, mse.detach(), sparsity.detach(), aux.detach(), fires,
                       float(fires.sum()) / rows)
+
+
+def _partial_decoder(sae: SparseDictionary, acts: torch.Tensor, kept: Kept | None, sparse: bool
+                     ) -> Callable[[int, int], torch.Tensor]:
+    """partial(lo, hi): the output [rows, d_out] of latents lo..hi-1 alone, with gradients (the training
+    activations acts through their decoder rows; acts [nnz] at the kept pairs on the sparse path, else
+    [rows, d_sae])."""
+    def partial(lo: int, hi: int) -> torch.Tensor:
+        if sparse:
+            assert kept is not None
+            inside = (kept.latents >= lo) & (kept.latents < hi)
+            return DecodeKept.apply(acts * inside, sae.W_dec, kept)
+        return acts[:, lo:hi] @ sae.W_dec[lo:hi]
+    return partial
 
 
 def _pre_bias(sae: SparseDictionary) -> torch.Tensor:

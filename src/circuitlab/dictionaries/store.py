@@ -132,8 +132,24 @@ class ModelActivations:
             out[name] = t.reshape(-1, t.shape[-1]).float()
         return out
 
+    passes = 0  # forward passes of the model made for chunks (each serves every hook at once)
+
     def chunk(self, index: int, split: str = "train") -> dict[str, torch.Tensor]:
+        self.passes += 1
         return self._forward(self.tokens(index, split).to(self.device))
+
+    def pass_flops(self) -> float:
+        """About the flops of one chunk's forward pass, which stops after the last hook's block: 2 per block
+        weight per token, plus the attention scores and mixing (circuitlab.perf.block_weights)."""
+        import re
+
+        from circuitlab.perf import block_weights
+
+        cfg = self.model.cfg
+        layers = max((int(m.group(1)) + 1 for h in self.hooks if (m := re.match(r"blocks\.(\d+)\.", h))),
+                     default=cfg.n_layers)
+        per_token = layers * (2 * block_weights(cfg) + 4 * self.seq_len * cfg.n_heads * cfg.head_dim)
+        return float(per_token * self.seqs_per_chunk * self.seq_len)
 
     @property
     def rows_per_chunk(self) -> int:

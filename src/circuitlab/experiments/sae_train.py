@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,15 +207,51 @@ def _store_settings(raw: dict[str, Any]) -> dict[str, Any]:
     return {**known, **raw}
 
 
-def training_estimate(configs: list, batch_size: int, steps: int) -> Any:
+def training_estimate(configs: list, batch_size: int, steps: int, passes: int = 0, pass_flops: float = 0.0,
+                      hooks: int = 0) -> Any:
     """A training step's memory beyond the weights (dictionaries.train.dictionary_step_estimate), with the flops
-    of all `steps` steps, so its seconds are the whole run's (the model's forward for the activations not counted)."""
+    of all `steps` steps and of the model's `passes` forward passes (pass_flops each; every pass serves all
+    `hooks` at once), so its seconds are the whole run's."""
     from circuitlab.dictionaries.train import dictionary_step_estimate
 
     est = dictionary_step_estimate(configs, batch_size)
-    est.what = f"training ({steps:,} steps; {est.what})"
-    est.flops = (est.flops or 0.0) * steps
+    dictionary_flops = (est.flops or 0.0) * steps
+    cost = (f"; cost: {passes:,} model passes ({flops_text(pass_flops * passes)}, one pass serving {_all_hooks(hooks)}) "
+            f"+ {flops_text(dictionary_flops)} in the dictionaries" if passes else "")
+    est.what = f"training ({steps:,} steps; {est.what}{cost})"
+    # the forward reaches about the same share of the machine's matmul speed as a training step (Estimate.efficiency)
+    est.flops = dictionary_flops + passes * pass_flops
     return est
+
+
+def model_passes(train: Any, rows_per_chunk: int, shards: int) -> int:
+    """The model's forward passes a run from step 0 makes: the first chunk that sets the input scales and b_dec
+    (DictionaryTrainer.init_from_data), the training stream's chunks (each shard reads its own; one pass serves
+    every dictionary's hooks) and each held-out evaluation's (every eval_every steps and at the end, from the
+    validation stream's start)."""
+    train_chunks = shards * math.ceil(train.steps * train.batch_size / shards / rows_per_chunk)
+    evaluations = (train.steps // train.eval_every if train.eval_every else 0) + 1
+    return 1 + train_chunks + evaluations * math.ceil(train.eval_batches * train.batch_size / rows_per_chunk)
+
+
+def cost_line(source: Any, steps: int, step_flops: float, seconds: float, est: Any) -> str:
+    """What the run just did beside what was estimated: its model passes and dictionary flops, its seconds."""
+    said = est.seconds()
+    return (f"cost: {source.passes:,} model passes ({flops_text(source.passes * source.pass_flops())}, each "
+            f"serving {_all_hooks(len(source.hooks))}) + {flops_text(steps * step_flops)} in the dictionaries "
+            f"({steps:,} steps) in {seconds:.0f} s" + (f" (estimated {said:.0f} s)" if said else ""))
+
+
+def _all_hooks(n: int) -> str:
+    return "its one hook" if n == 1 else f"all {n} hooks"
+
+
+def flops_text(flops: float) -> str:
+    """12.3 TFLOP, 4.5 GFLOP, 678 MFLOP."""
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if flops >= size:
+            return f"{flops / size:.3g} {unit}"
+    return f"{flops / 1e6:.3g} MFLOP"
 
 
 def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False, overwrite: bool = False,
@@ -258,12 +295,15 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
                               seqs_per_chunk=store_cfg["seqs_per_chunk"], skip_positions=store_cfg["skip_positions"],
                               autocast=store_cfg["autocast"])
     configs = _dictionary_configs(entries, source.widths, model, str(data["model"]))
-    est = training_estimate(configs, train.batch_size, train.steps)
+    est = training_estimate(configs, train.batch_size, train.steps, model_passes(train, source.rows_per_chunk, shards),
+                            source.pass_flops(), len(source.hooks))
     if estimate_only:
         est.timed()
         return {"estimate": est.to_dict(), "line": est.line()}
+    est.timed()   # its seconds at this machine's speed, said now and beside the measured cost at the end
     if progress and rank == 0:   # what it will hold and take, before the work
-        print(est.timed().line(), flush=True)
+        print(est.line(), flush=True)
+    model_source = source   # the one that runs the model (and counts its passes), cached or not
     source, val_source = _cached_sources(source, store_cfg, train, shards, progress)
     trainer = DictionaryTrainer(configs, train, ActivationStore(source, train.batch_size, seed=train.seed, shards=shards),
                                 ActivationStore(val_source, train.batch_size, seed=train.seed, split="val"),
@@ -275,9 +315,14 @@ def train_dictionaries(data: dict[str, Any], out: Path, *, resume: bool = False,
     if not resume and rank == 0:
         output_folder(out, "sae-train", overwrite=overwrite, keep_previous=False, is_previous=is_sae_run)
     D.barrier("preparing the output folder")  # no rank looks for a checkpoint there before rank 0 has cleared it
+    from circuitlab.dictionaries.train import CHECKPOINT, STATE
+
+    started = int(json.loads((out / CHECKPOINT / STATE).read_text())["step"]) if resume else 0
+    t0 = time.perf_counter()
     result = trainer.fit(out, progress=progress)
     if rank != 0:  # rank 0 evaluates, prints and writes
         return {}
+    print(cost_line(model_source, result.steps - started, trainer.step_flops(), time.perf_counter() - t0, est))
     toks = tokens.get_batch("val", 0, 8, store_cfg["seq_len"]).to(device)  # where the model is (--device cuda)
     summary = _spliced_summary(model, result, groups, toks)
     atomic_write_text(out / "results.json", json_text(summary, indent=2))

@@ -111,9 +111,28 @@ class GraphInputs(Options):
                         "--foil)")
         if checked.planted and (checked.checkpoint or checked.transcoders or checked.transcoder_set):
             raise error("--planted uses the built-in model: drop --checkpoint/--transcoders/--transcoder-set")
+        if not checked.planted and checked.checkpoint and not checked.transcoders:
+            raise error(how_to_make_transcoders(checked.checkpoint))
         if not checked.planted and not (checked.checkpoint and checked.transcoders):
             raise error("give --checkpoint DIR and --transcoders DIR (or --planted for the built-in model)")
         return checked
+
+
+QUICK_TRANSCODERS = "transcoders-quick"   # the bundled `sae train` config the message below names
+
+
+def how_to_make_transcoders(checkpoint: str) -> str:
+    """The one line for a graph of a model given without transcoders: the command that trains a set for it (a
+    transcoder per MLP, the bundled quick recipe) and the flag that then reads it."""
+    import shlex
+    from pathlib import PurePath
+
+    name = PurePath(checkpoint.rstrip("/") or checkpoint).name or "model"
+    out = f"runs/transcoders-{name}"
+    return (f"a graph of {checkpoint} needs transcoders for it (--transcoders DIR); to make a set, one per MLP, in "
+            f"minutes: circuitlab sae train --config {QUICK_TRANSCODERS} --set model={shlex.quote(checkpoint)} --out "
+            f"{shlex.quote(out)}, then give --transcoders {shlex.quote(out)} (docs/dictionaries.md: sets for real "
+            "models)")
 
 
 

@@ -9,7 +9,7 @@
         def activate(self, pre, k, threshold):
             return (pre - 1).relu()
 
-One file per built-in (relu.py, topk.py, batchtopk.py, jumprelu.py), registered here; base.py holds the class and
+One file per built-in (relu.py, topk.py, batchtopk.py, jumprelu.py, matryoshka.py), registered here; base.py holds the class and
 the registry.
 """
 from circuitlab.dictionaries.arch.base import (
@@ -20,10 +20,11 @@ from circuitlab.dictionaries.arch.relu import ReLU
 from circuitlab.dictionaries.arch.topk import TopK
 from circuitlab.dictionaries.arch.batchtopk import BatchTopK
 from circuitlab.dictionaries.arch.jumprelu import JumpReLU
+from circuitlab.dictionaries.arch.matryoshka import MatryoshkaBatchTopK
 
-for _builtin in (ReLU, TopK, BatchTopK, JumpReLU):  # the order messages list them in
+for _builtin in (ReLU, TopK, BatchTopK, JumpReLU, MatryoshkaBatchTopK):  # the order messages list them in
     register_architecture(_builtin)
 
-__all__ = ["Architecture", "BatchTopK", "Coefficients", "JumpReLU", "ReLU", "TopK", "architecture_in",
+__all__ = ["Architecture", "BatchTopK", "Coefficients", "JumpReLU", "MatryoshkaBatchTopK", "ReLU", "TopK", "architecture_in",
            "architecture_names", "find_architecture", "format_names", "get_architecture", "register_architecture",
            "unregister_architecture"]

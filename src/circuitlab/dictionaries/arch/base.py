@@ -10,6 +10,7 @@ subclasses it and calls register_architecture.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -37,6 +38,8 @@ class Architecture:
 
     name: ClassVar[str] = ""
     uses_k: ClassVar[bool] = False           # keeps k latents per row (the TopK family): its config needs k
+    uses_widths: ClassVar[bool] = False      # trains nested prefixes (Matryoshka): its config needs matryoshka_widths
+    trains_clt: ClassVar[bool] = True        # a CLT can be trained with it (its step calls no reconstruction_terms)
     has_threshold: ClassVar[bool] = False    # a `threshold` [d_sae] parameter (per layer in a CLT)
     learns_threshold: ClassVar[bool] = False  # the threshold is trained by gradient (else estimated, no gradient)
     coefficient: ClassVar[str] = "l0_coeff"  # the train setting its sparsity coefficient is (DictTrainConfig)
@@ -85,6 +88,14 @@ class Architecture:
         """A CLT layer's sparsity terms, added in order: acts and norm at the kept pairs, pre [rows, d_sae] the
         layer's dense pre-activations, threshold and layer_norms [d_sae] the whole layer's, coef_l the layer's
         coefficient, coef the CLTCoefficients (tanh_scale, preact)."""
+        return []
+
+    def reconstruction_terms(self, partial: Callable[[int, int], torch.Tensor], base: torch.Tensor, y: torch.Tensor,
+                             widths: list[int] | None) -> list[torch.Tensor]:
+        """An SAE's or transcoder's loss terms beyond the full reconstruction's MSE (default none; Matryoshka:
+        each nested prefix's MSE). partial(lo, hi): the output [rows, d_out] of latents lo..hi-1 alone (the
+        training activations through W_dec, with gradients); base [rows, d_out]: the output without latents
+        (b_dec, and the skip connection's); y [rows, d_out] the target; widths: the config's matryoshka_widths."""
         return []
 
     def unit_decoder(self, clt: bool) -> bool:
