@@ -139,6 +139,15 @@ def test_each_verdict_follows_its_numbers_and_turns_with_them():
         return ioi_claims(n)
     assert turned(accuracy=0.8)[0].holds is False
     assert turned(attention__L9H1={"IO": 0.1, "S1": 0.5, "S2": 0.2})[1].holds is False
+    # a weaker name mover that does attend IO carries the claim; the verdict names the strongest too
+    second = copy.deepcopy(_numbers())
+    second["direct"]["lowers"].append({"head": "L8H0", "effect": -0.9})
+    second["attention"].update(L9H1={"IO": 0.05, "S1": 0.04, "S2": 0.65}, L8H0={"IO": 0.66, "S1": 0.1, "S2": 0.1})
+    text = ioi_claims(second)[1]
+    assert text.holds is True and "L8H0's direct path lowers the logit difference by 0.90 (30% of 3.00)" in \
+        text.verdict and "The strongest direct path, L9H1 (1.20), attends IO 0.05, S1 0.04, S2 0.65." in text.verdict
+    second["direct"]["lowers"][1]["effect"] = -0.2   # below 10%: no longer a name mover
+    assert ioi_claims(second)[1].holds is False
     assert turned(direct__lowers=[{"head": "L9H1", "effect": -0.2}])[1].holds is False
     assert turned(direct__raises=[{"head": "L10H7", "effect": 0.1}])[2].holds is False
     assert turned(faithfulness__circuit_share=MOST - 0.01)[3].holds is False

@@ -5,7 +5,8 @@ import argparse
 
 HELP = ("reproduce the field's findings on a checkpoint: induction heads (Olsson et al. 2022), indirect-object "
         "identification (Wang et al. 2022); each claim with its verdict, in results.json, report.md, report.html")
-EXAMPLE = "circuitlab study all --checkpoint models/smollm2 --out runs/studies   (one: study induction; add --estimate)"
+EXAMPLE = ("circuitlab study induction --checkpoint runs/demo/2l --out runs/studies   (every study on a real model: "
+           "study all --checkpoint models/smollm2; --estimate first)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -253,9 +253,12 @@ def induction_figures(result: StudyResult) -> dict[str, "FigureSpec"]:
     panels = []
     for name, grid in n["scores"].items():
         rows = len(grid)
-        panels.append(Panel(heatmap=Heatmap(as_array(grid), [f"H{h}" for h in range(len(grid[0]))],
-                                            [f"L{l}" for l in range(rows)], scale="Blues" if name != "induction"
-                                            else "RdBu_r", value_name="score", value_format=".3f"),
+        z = as_array(grid)
+        signed = name == "induction"   # logits, either sign: white at 0; the attention shares run 0..1
+        top = float(abs(z[z == z]).max()) if signed and (z == z).any() else 1.0
+        panels.append(Panel(heatmap=Heatmap(z, [f"H{h}" for h in range(len(grid[0]))],
+                                            [f"L{l}" for l in range(rows)], -top if signed else 0.0, top,
+                                            "RdBu_r" if signed else "Blues", value_name="score", value_format=".3f"),
                             x_title="head", y_title="layer", name=name.replace("_", " ")))
     figs["head_scores"] = FigureSpec(panels, "Every head's scores (layer x head)", layout="menu",
                                      height=min(900, 200 + 22 * len(n["scores"]["induction"])))

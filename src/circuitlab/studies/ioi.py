@@ -64,8 +64,13 @@ class IOIOptions(Options):
 
 
 def one_token_names(tokenizer: Any) -> list[str]:
-    """The NAMES that encode to one token after a space (" Mary") in this tokenizer."""
-    return [n for n in NAMES if len(tokenizer.encode(" " + n)) == 1]
+    """The NAMES that encode to one token after a space (" Mary") in this tokenizer (one it cannot encode is not)."""
+    def one(name: str) -> bool:
+        try:
+            return len(tokenizer.encode(" " + name)) == 1
+        except CircuitlabError:   # e.g. a char tokenizer without this letter
+            return False
+    return [n for n in NAMES if one(n)]
 
 
 def make_prompts(tokenizer: Any, opts: IOIOptions) -> dict[str, Any]:
@@ -187,20 +192,32 @@ def ioi_claims(n: dict[str, Any]) -> list[Claim]:
         why = f"the logit difference is {ld:+.2f}: there is no preference for IO to explain, so nothing can be said."
         return claims + [Claim(c, why, None) for c in (_MOVERS, _NEGATIVE, _FAITHFUL, _NECESSARY)]
     lowers, raises = n["direct"]["lowers"], n["direct"]["raises"]
-    top = lowers[0] if lowers else None
-    if top is None or -top["effect"] < MOVER_SHARE * ld:
+    strong = [r for r in lowers if -r["effect"] >= MOVER_SHARE * ld]
+    if not strong:
+        top = lowers[0] if lowers else None
         said = (f"no head's direct path carries {MOVER_SHARE:.0%} of the logit difference {ld:+.2f}" +
                 (f" (the largest, {top['head']}, {-top['effect']:.2f})." if top else "."))
         claims.append(Claim(_MOVERS, said, False))
     else:
-        att = n["attention"].get(top["head"], {})
-        share = -top["effect"] / ld
-        on_io = att and att["IO"] > max(att["S1"], att["S2"])
-        claims.append(Claim(_MOVERS, f"corrupting {top['head']}'s direct path lowers the logit difference by "
-                            f"{-top['effect']:.2f} ({share:.0%} of {ld:.2f}); from the end it attends IO "
-                            f"{att.get('IO', 0):.2f}, S1 {att.get('S1', 0):.2f}, S2 {att.get('S2', 0):.2f}" +
-                            (": more to IO than to either S." if on_io else ": not more to IO than to S."),
-                            bool(on_io)))
+        def att(h: str) -> dict[str, float]:
+            return n["attention"].get(h, {"IO": 0.0, "S1": 0.0, "S2": 0.0})
+
+        on_io = [r for r in strong if att(r["head"])["IO"] > max(att(r["head"])["S1"], att(r["head"])["S2"])]
+        r = on_io[0] if on_io else strong[0]
+        a = att(r["head"])
+        said = (f"corrupting {r['head']}'s direct path lowers the logit difference by {-r['effect']:.2f} "
+                f"({-r['effect'] / ld:.0%} of {ld:.2f}); from the end it attends IO {a['IO']:.2f}, S1 {a['S1']:.2f}, "
+                f"S2 {a['S2']:.2f}")
+        if on_io:
+            said += ": more to IO than to either S."
+            if r is not strong[0]:
+                b = att(strong[0]["head"])
+                said += (f" The strongest direct path, {strong[0]['head']} ({-strong[0]['effect']:.2f}), attends IO "
+                         f"{b['IO']:.2f}, S1 {b['S1']:.2f}, S2 {b['S2']:.2f}.")
+        else:
+            said += (f": not more to IO than to S, nor does any of the {len(strong)} head(s) carrying "
+                     f"{MOVER_SHARE:.0%} or more.")
+        claims.append(Claim(_MOVERS, said, bool(on_io)))
     neg = raises[0] if raises else None
     if neg is not None and neg["effect"] >= MOVER_SHARE * ld:
         claims.append(Claim(_NEGATIVE, f"corrupting {neg['head']}'s direct path raises the logit difference by "
@@ -262,8 +279,10 @@ def ioi_figures(result: StudyResult) -> dict[str, "FigureSpec"]:
     direct = [[None if v is None else v - clean for v in row] for row in n["direct"]["values"]]
     panels = []
     for name, grid in (("direct path to the logits", direct), ("total effect", n["total_effect"])):
-        panels.append(Panel(heatmap=Heatmap(as_array(grid), [f"H{h}" for h in range(len(grid[0]))],
-                                            [f"L{l}" for l in range(len(grid))], scale="RdBu",
+        z = as_array(grid)
+        top = float(abs(z[z == z]).max()) if (z == z).any() else 1.0   # white at 0
+        panels.append(Panel(heatmap=Heatmap(z, [f"H{h}" for h in range(len(grid[0]))],
+                                            [f"L{l}" for l in range(len(grid))], -top, top, scale="RdBu",
                                             value_name="change in IO - S", value_format=".3f"),
                             x_title="head", y_title="layer", name=name))
     return {"head_effects": FigureSpec(panels, "Each head's effect on the IO - S logit difference when corrupted",
