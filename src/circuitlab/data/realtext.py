@@ -77,8 +77,7 @@ def kjv_chapters(split: str = "all") -> list[str]:
     return [c for i, c in enumerate(chapters) if split == "all" or is_held_out(i) == (split == "val")]
 
 
-def real_text_batches(tokenizer, split: str = "val", n_batches: int = 2, batch_size: int = 8, seq_len: int = 64
-                      ) -> list["torch.Tensor"]:
+def real_text_batches(tokenizer, split: str, n_batches: int, batch_size: int, seq_len: int) -> list["torch.Tensor"]:
     """The chapters of `split` tokenized and joined by EOS, cut into n_batches of [batch_size, seq_len] tokens
     (fewer when the split holds less). Refuses a split shorter than one batch."""
     import torch

@@ -10,12 +10,15 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from circuitlab.atomic import atomic_write_text, json_text
 from circuitlab.errors import InputError
 from circuitlab.spec import Options, option
 from circuitlab.studies.base import Study, StudyResult, claims_markdown
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
 
 
 def _studies() -> dict[str, Study]:
@@ -51,7 +54,7 @@ def study_out(opts: StudyRunOptions) -> Path:
     return Path(opts.out) if opts.out else Path(str(opts.checkpoint)) / "studies"
 
 
-def estimates(model: Any, opts: StudyRunOptions, study_options: dict[str, Options]) -> list[str]:
+def estimates(model: "Transformer", opts: StudyRunOptions, study_options: dict[str, Options]) -> list[str]:
     """One line per study: what it holds and roughly how long it takes here, and at 150 GFLOP/s."""
     from circuitlab.perf import REFERENCE_GFLOPS, matmul_gflops
 
@@ -84,8 +87,8 @@ def _finished(folder: Path, checkpoint: str, options: dict[str, Any]) -> StudyRe
         return None   # damaged or of another version: run again
 
 
-def run_studies(opts: StudyRunOptions, study_options: dict[str, Options] | None = None, model: Any = None,
-                tokenizer: Any = None) -> dict[str, StudyResult]:
+def run_studies(opts: StudyRunOptions, study_options: dict[str, Options] | None = None,
+                model: "Transformer | None" = None, tokenizer: Any = None) -> dict[str, StudyResult]:
     """Run opts.names() on the checkpoint (or the given model and tokenizer), each into OUT/NAME; write
     OUT/report.html and OUT/report.md. study_options: each study's options (default: its defaults)."""
     from tqdm.auto import tqdm
