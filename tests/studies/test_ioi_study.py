@@ -100,11 +100,15 @@ def test_the_study_runs_end_to_end_on_a_tiny_model(one_thread):
     tok = WordTokenizer()
     found = run_ioi(_model(tok.vocab_size), tok, IOIOptions(prompts=6, circuit_size=3), progress=False)
     n = found.numbers
-    assert len(found.claims) == 5 and len(found.setup["prompts"]) == 6
+    assert len(found.claims) == 6 and len(found.setup["prompts"]) == 6
     assert len(n["total_effect"]) == 3 and len(n["direct"]["values"][0]) == 4
     assert set(n["attention"]) == set(n["circuit"])
     for a in n["attention"].values():
         assert 0 <= a["IO"] <= 1 and a["IO"] + a["S1"] + a["S2"] <= 1 + 1e-6
+    si = n["s_inhibition"]
+    if si is not None:   # senders of earlier layers whose path into the name mover's query lowers the difference
+        layer = int(si["receiver"][1:].split("H")[0])
+        assert all(int(x["head"][1:].split("H")[0]) < layer and x["effect"] < 0 for x in si["senders"])
     f = n["faithfulness"]
     assert f["heads_ablated_outside"] == 12 - len(n["circuit"])
     assert f["circuit_share"] == pytest.approx(f["circuit_logit_diff"] / n["logit_diff"], abs=1e-3)
@@ -115,18 +119,22 @@ def _numbers():
             "direct": {"lowers": [{"head": "L9H1", "effect": -1.2}], "raises": [{"head": "L10H7", "effect": 0.6}]},
             "attention": {"L9H1": {"IO": 0.6, "S1": 0.1, "S2": 0.1}},
             "circuit": ["L9H1", "L10H7", "L7H3"],
+            "s_inhibition": {"receiver": "L9H1", "clean_value": 3.0,
+                             "senders": [{"head": "L7H3", "effect": -0.6}, {"head": "L8H6", "effect": -0.3}]},
             "faithfulness": {"circuit_logit_diff": 2.4, "complement_logit_diff": 0.3, "circuit_share": 0.8,
                              "complement_share": 0.1, "heads_ablated_outside": 267}}
 
 
 def test_each_verdict_follows_its_numbers_and_turns_with_them():
     claims = ioi_claims(_numbers())
-    assert [c.holds for c in claims] == [True, True, True, True, True]
+    assert [c.holds for c in claims] == [True, True, True, True, True, True]
     assert "IO's logit above S's on 100% of the prompts" in claims[0].verdict
     assert "lowers the logit difference by 1.20 (40% of 3.00)" in claims[1].verdict
     assert "attends IO 0.60, S1 0.10, S2 0.10: more to IO than to either S" in claims[1].verdict
     assert "raises the logit difference by 0.60 (20% of 3.00)" in claims[2].verdict
-    assert "80% of 3.00" in claims[3].verdict and "10% of 3.00: the rest does not keep most" in claims[4].verdict
+    assert "corrupting L7H3's path into L9H1's query lowers the logit difference by 0.60 (20% of 3.00); next: L8H6 " \
+        "-0.30." in claims[3].verdict
+    assert "80% of 3.00" in claims[4].verdict and "10% of 3.00: the rest does not keep most" in claims[5].verdict
 
     def turned(**edits):
         n = copy.deepcopy(_numbers())
@@ -150,9 +158,12 @@ def test_each_verdict_follows_its_numbers_and_turns_with_them():
     assert ioi_claims(second)[1].holds is False
     assert turned(direct__lowers=[{"head": "L9H1", "effect": -0.2}])[1].holds is False
     assert turned(direct__raises=[{"head": "L10H7", "effect": 0.1}])[2].holds is False
-    assert turned(faithfulness__circuit_share=MOST - 0.01)[3].holds is False
-    assert turned(faithfulness__complement_share=MOST)[4].holds is False
-    assert "so the circuit is not needed" in turned(faithfulness__complement_share=0.7)[4].verdict
+    assert turned(s_inhibition__senders=[{"head": "L7H3", "effect": -0.1}])[3].holds is False
+    assert turned(s_inhibition__senders=[])[3].holds is False
+    assert turned(s_inhibition=None)[3].holds is None
+    assert turned(faithfulness__circuit_share=MOST - 0.01)[4].holds is False
+    assert turned(faithfulness__complement_share=MOST)[5].holds is False
+    assert "so the circuit is not needed" in turned(faithfulness__complement_share=0.7)[5].verdict
     # no preference for IO: nothing else can be said
     none = turned(logit_diff=-0.5)
     assert none[0].holds is False and all(c.holds is None for c in none[1:])

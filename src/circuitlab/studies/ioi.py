@@ -15,6 +15,7 @@ this tokenizer: checked, the names that are not are left out), half ABBA ("Mary 
   head_out, direction "noise"); the circuit: the name movers, the negative name movers and the heads of largest
   total effect;
 - the found heads' attention from the final position to IO, S1 and S2;
+- S-inhibition: path patching from every earlier head into the name mover's query (patching.path.path_patching);
 - faithfulness: the logit difference kept with every head outside the circuit mean-ablated (means over the ABC
   prompts at each position: ablation's mean_by_pos), and with the circuit's own heads ablated (its complement).
 """
@@ -171,7 +172,7 @@ def run_ioi(model: "Transformer", tokenizer: Any, options: IOIOptions, progress:
         "corrupt_logit_diff": round(direct.corrupt_value, 4),
         "direct": direct.to_dict(), "total_effect": [[round(float(x), 4) for x in r] for r in effect],
         "name_movers": movers, "negative_name_movers": negative, "circuit": circuit,
-        "attention": attention_to_names(model, clean, p["positions"], circuit),
+        "attention": {},   # below
         "faithfulness": {"circuit_logit_diff": round(kept, 4), "complement_logit_diff": round(without, 4),
                          "circuit_share": round(kept / ld, 4) if ld else None,
                          "complement_share": round(without / ld, 4) if ld else None,
@@ -179,7 +180,37 @@ def run_ioi(model: "Transformer", tokenizer: Any, options: IOIOptions, progress:
     setup = {"prompts": p["clean"], "corrupted": p["corrupt"], "order": p["order"], "length": p["length"],
              "one_token_names": p["names"], "names_left_out": [n for n in NAMES if n not in p["names"]],
              "seed": opts.prompt_seed, "ablation": "mean over the ABC prompts at each position (mean_by_pos)"}
+    attention = attention_to_names(model, clean, p["positions"], circuit)
+    numbers["attention"] = attention
+    numbers["s_inhibition"] = s_inhibition(model, clean, corrupt, metric, movers, attention, progress)
     return StudyResult("ioi", setup, numbers, ioi_claims(numbers), seconds={"wall": round(time.time() - t0, 1)})
+
+
+def name_mover_receiver(movers: list[str], attention: dict[str, dict[str, float]]) -> str | None:
+    """The name mover whose query S-inhibition is traced into: the strongest that attends IO over both S (else
+    the strongest); None without name movers."""
+    on_io = [h for h in movers if attention[h]["IO"] > max(attention[h]["S1"], attention[h]["S2"])]
+    chosen = on_io or movers
+    return chosen[0] if chosen else None
+
+
+def s_inhibition(model: "Transformer", clean: torch.Tensor, corrupt: torch.Tensor, metric: Any, movers: list[str],
+                 attention: dict[str, dict[str, float]], progress: bool = True) -> dict[str, Any] | None:
+    """Path patching from every earlier head into the name mover's query (patching.path.path_patching, Wang et
+    al.'s S-inhibition step): the senders whose corrupted output, reaching that query alone, lowers the logit
+    difference most. None without a name mover past layer 0."""
+    from circuitlab.analysis.patching.path import path_patching
+
+    receiver = name_mover_receiver(movers, attention)
+    if receiver is None or parse_head(receiver)[0] == 0:
+        return None
+    found = path_patching(model, clean, corrupt, metric, parse_head(receiver), "q", progress=progress)
+    effect = found.effect().nan_to_num(0.0)
+    H = effect.shape[1]
+    order = effect.flatten().argsort()[:5].tolist()   # most negative first: these senders' paths carry IO's choice
+    return {"receiver": receiver, "clean_value": round(found.clean_value, 4),
+            "senders": [{"head": head_name(i // H, i % H), "effect": round(float(effect.flatten()[i]), 4)}
+                        for i in order if effect.flatten()[i] < 0]}
 
 
 def ioi_claims(n: dict[str, Any]) -> list[Claim]:
@@ -190,7 +221,7 @@ def ioi_claims(n: dict[str, Any]) -> list[Claim]:
                     f"IO - S logit difference {ld:+.2f}.", acc >= ACCURATE and ld > 0)]
     if ld <= 0:
         why = f"the logit difference is {ld:+.2f}: there is no preference for IO to explain, so nothing can be said."
-        return claims + [Claim(c, why, None) for c in (_MOVERS, _NEGATIVE, _FAITHFUL, _NECESSARY)]
+        return claims + [Claim(c, why, None) for c in (_MOVERS, _NEGATIVE, _S_INHIBITION, _FAITHFUL, _NECESSARY)]
     lowers, raises = n["direct"]["lowers"], n["direct"]["raises"]
     strong = [r for r in lowers if -r["effect"] >= MOVER_SHARE * ld]
     if not strong:
@@ -225,6 +256,7 @@ def ioi_claims(n: dict[str, Any]) -> list[Claim]:
     else:
         claims.append(Claim(_NEGATIVE, f"no head's direct path lowers the logit difference by {MOVER_SHARE:.0%} or "
                             "more" + (f" (the largest, {neg['head']}, {neg['effect']:.2f})." if neg else "."), False))
+    claims.append(_s_inhibition_claim(n.get("s_inhibition"), ld))
     f = n["faithfulness"]
     size = len(n["circuit"])
     claims.append(Claim(_FAITHFUL, f"with the {f['heads_ablated_outside']} heads outside the circuit of {size} "
@@ -242,6 +274,25 @@ def ioi_claims(n: dict[str, Any]) -> list[Claim]:
 _MOVERS = ("Name movers: a late head's direct path to the logits carries the logit difference, attending from the "
            "end to IO rather than S.")
 _NEGATIVE = "Negative name movers: some head's direct path pushes against the answer."
+_S_INHIBITION = ("S-inhibition: earlier heads reach the name mover's query, and corrupting that path alone lowers "
+                 "the logit difference.")
+S_INHIBITION_SHARE = 0.05   # a sender's path into the name mover's query carries this share of the logit difference
+
+
+def _s_inhibition_claim(found: dict[str, Any] | None, ld: float) -> Claim:
+    if found is None:
+        return Claim(_S_INHIBITION, "there is no name mover past layer 0 whose query to trace, so nothing can be said.",
+                     None)
+    top = found["senders"][0] if found["senders"] else None
+    if top is None or -top["effect"] < S_INHIBITION_SHARE * ld:
+        return Claim(_S_INHIBITION, f"no earlier head's path into {found['receiver']}'s query lowers the logit "
+                     f"difference by {S_INHIBITION_SHARE:.0%} of {ld:.2f} or more" +
+                     (f" (the largest, {top['head']}, {-top['effect']:.2f})." if top else "."), False)
+    return Claim(_S_INHIBITION, f"corrupting {top['head']}'s path into {found['receiver']}'s query lowers the logit "
+                 f"difference by {-top['effect']:.2f} ({-top['effect'] / ld:.0%} of {ld:.2f}); next: " +
+                 (", ".join(f"{s['head']} {s['effect']:+.2f}" for s in found["senders"][1:4]) or "none") + ".", True)
+
+
 _FAITHFUL = "The circuit is faithful: with every head outside it mean-ablated, it keeps most of the logit difference."
 _NECESSARY = "Its complement is not: with the circuit's heads ablated, the rest does not keep most of it."
 
@@ -264,6 +315,10 @@ def ioi_markdown(result: StudyResult) -> list[str]:
         a = n["attention"][h]
         lines.append(f"| {h} | {role} | {direct[l][i] - n['direct']['clean_value']:+.3f} | {n['total_effect'][l][i]:+.3f} "
                      f"| {a['IO']:.2f} / {a['S1']:.2f} / {a['S2']:.2f} |")
+    si = n.get("s_inhibition")
+    if si:
+        lines += ["", f"S-inhibition (path patching into {si['receiver']}'s query): " +
+                  (", ".join(f"{x['head']} {x['effect']:+.3f}" for x in si["senders"]) or "no sender lowers it") + "."]
     lines += ["", "GPT-2 small's published circuit (Wang et al.): name movers 9.6, 9.9, 10.0; negative name movers "
                   "10.7, 11.10; S-inhibition 7.3, 7.9, 8.6, 8.10. This model's heads are its own: the table is what "
                   "it showed."]
@@ -298,7 +353,7 @@ def estimate_ioi(model: "Transformer", options: IOIOptions) -> memory.Estimate:
     T = 17
     est = cache_estimate(model, opts.prompts, T)
     heads = model.cfg.n_layers * model.cfg.n_heads
-    runs = 8 + heads / 2
+    runs = 8 + heads / 2 + heads   # patching every head's output; path patching into a name mover's query
     return memory.Estimate(f"ioi study (~{runs:.0f} runs of {opts.prompts} x {T} tokens)", est.parts,
                            held=memory.tensor_bytes(model), flops=runs * forward_flops(model, opts.prompts * T),
                            efficiency=0.45)
