@@ -60,7 +60,7 @@ LAYERS = [
     ("viz",),
     ("methods",),
     ("report", "serve"),
-    ("experiments",),
+    ("experiments", "studies"),
     ("commands", "cli"),
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -9,7 +9,9 @@ A component is named by a short string:
     "L1N42"    MLP neuron 42 of layer 1 (hook_post[..., 42])
 
 Methods: "zero" sets the activation to 0; "mean" sets it to its mean over a reference dataset
-(over sequences and positions, so any prompt length works); "resample" sets it to its value on
+(over sequences and positions, so any prompt length works); "mean_by_pos" to its mean over the reference
+sequences at each position (Wang et al.'s mean over a same-template dataset: the reference needs the input's
+number of positions); "resample" sets it to its value on
 another input: row b of the ablated batch takes row b of the reference batch, which must then have
 the same number of positions (shuffle the reference to resample at random).
 
@@ -36,7 +38,7 @@ from circuitlab.model.hooks import act_name
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
-METHODS = ("zero", "mean", "resample")
+METHODS = ("zero", "mean", "mean_by_pos", "resample")
 KINDS = ("head", "attn", "mlp", "layer", "neuron")
 _SPEC = re.compile(r"^L(\d+)(?:H(\d+)|N(\d+)|\.(attn|mlp))?$")
 
@@ -101,6 +103,9 @@ def _replacements(model: Transformer, hooks: list[str], method: str, reference, 
     if method == "zero":
         return {h: torch.zeros(()) for h in hooks}
     ref = as_tokens(model, reference, "reference tokens")
+    if method == "mean_by_pos" and ref.shape[1] != shape[1]:
+        raise CircuitlabError(f"mean_by_pos ablation takes each position's mean over the reference, so the "
+                              f"reference needs {shape[1]} positions; got {list(ref.shape)}")
     if method == "resample" and (ref.shape[1] != shape[1] or ref.shape[0] < shape[0]):
         raise CircuitlabError(f"resample ablation takes row b of the reference for row b of the input, so the "
                               f"reference needs {shape[1]} positions and at least {shape[0]} rows; got "
@@ -108,22 +113,45 @@ def _replacements(model: Transformer, hooks: list[str], method: str, reference, 
     _, cache = model.run_with_cache(ref, names_filter=hooks)
     if method == "mean":
         return {h: cache[h].mean(dim=(0, 1)) for h in hooks}  # over sequences and positions
+    if method == "mean_by_pos":
+        return {h: cache[h].mean(dim=0, keepdim=True) for h in hooks}  # [1, pos, ...]: over sequences
     return {h: cache[h][: shape[0]] for h in hooks}
 
 
+def ablation_targets(model: Transformer, components: Sequence[str | Component]) -> list[tuple[str, int | None]]:
+    """(full hook name, head or neuron index or None) of every site the components are ablated at."""
+    comps = [parse_component(model, c) for c in components]
+    return [(act_name(name, c.layer), idx) for c in comps for name, idx in c.sites(model.cfg.has_mlp)]
+
+
+def reference_values(model: Transformer, components: Sequence[str | Component], method: str, reference,
+                     shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """What ablation_hooks sets each hook of `components` to, computed once (one reference forward pass) so that
+    many ablations of these components (or of subsets of them) can share it: pass it as ablation_hooks(values=)."""
+    _check_method(method, reference)
+    return _replacements(model, sorted({h for h, _ in ablation_targets(model, components)}), method, reference,
+                         shape)
+
+
 def ablation_hooks(model: Transformer, components: Sequence[str | Component], method: str = "zero", reference=None,
-                   shape: tuple[int, int] | None = None) -> list[tuple[str, Any]]:
+                   shape: tuple[int, int] | None = None, values: dict[str, torch.Tensor] | None = None
+                   ) -> list[tuple[str, Any]]:
     """Forward hooks that ablate all `components` together, for model.hooks / run_with_hooks.
 
     reference: tokens [batch, pos] for mean / resample ablation; shape: (batch, pos) of the input the
-    hooks will see (needed for resample). Returns [(hook name, fn)].
+    hooks will see (needed for resample and mean_by_pos). values: reference_values(...) of these components
+    (or more), computed once, instead of a reference forward pass here. Returns [(hook name, fn)].
     """
-    _check_method(method, reference)
-    comps = [parse_component(model, c) for c in components]
-    if method == "resample" and shape is None:
-        raise CircuitlabError("resample ablation hooks need the (batch, pos) shape of the input they will see")
-    targets = [(act_name(name, c.layer), idx) for c in comps for name, idx in c.sites(model.cfg.has_mlp)]
-    repl = _replacements(model, sorted({h for h, _ in targets}), method, reference, shape or (1, 1))
+    if values is None:
+        _check_method(method, reference)
+    if method in ("resample", "mean_by_pos") and shape is None:
+        raise CircuitlabError(f"{method} ablation hooks need the (batch, pos) shape of the input they will see")
+    targets = ablation_targets(model, components)
+    needed = sorted({h for h, _ in targets})
+    if values is not None and any(h not in values for h in needed):
+        raise CircuitlabError("the given reference values do not cover every ablated component; compute them with "
+                              "reference_values over these components")
+    repl = values if values is not None else _replacements(model, needed, method, reference, shape or (1, 1))
 
     def make(hook_name: str, idx: int | None):
         def fn(act: torch.Tensor, hook) -> torch.Tensor:
@@ -144,10 +172,11 @@ def ablation_hooks(model: Transformer, components: Sequence[str | Component], me
 
 @torch.no_grad()
 def run_ablated(model: Transformer, tokens, components: Sequence[str | Component], method: str = "zero",
-                reference=None) -> torch.Tensor:
-    """Logits [batch, pos, d_vocab] of `tokens` [batch, pos] with all `components` ablated together."""
+                reference=None, values: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Logits [batch, pos, d_vocab] of `tokens` [batch, pos] with all `components` ablated together (values:
+    reference_values shared by many calls, see ablation_hooks)."""
     tokens = as_tokens(model, tokens)
-    hooks = ablation_hooks(model, components, method, reference, tuple(tokens.shape))
+    hooks = ablation_hooks(model, components, method, reference, tuple(tokens.shape), values)
     return model.run_with_hooks(tokens, fwd_hooks=hooks)
 
 

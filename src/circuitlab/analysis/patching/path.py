@@ -33,6 +33,7 @@ import circuitlab.memory as memory
 from circuitlab.analysis.patching import (BaseRun, Metric, Site, check_metric, check_pair, chunk_size,
                                           gap_within_noise, metric_value, patched_run, rounded, sweep)
 from circuitlab.analysis.patching.engine import PATCH_EFFICIENCY, base_run_floats, chunk_floats
+from circuitlab.analysis.patching.metrics import read_positions
 from circuitlab.errors import CircuitlabError
 from circuitlab.model.hooks import act_name
 from circuitlab.names import head_name
@@ -187,3 +188,69 @@ def path_patching(model: Transformer, clean_tokens, corrupt_tokens, metric: Metr
             bar.update(n)
     return PathPatchResult((rl, rh), receiver_input, values, clean_value, corrupt_value,
                            getattr(metric, "__name__", "metric"))
+
+
+@dataclass
+class DirectPathResult:
+    """Path patching from each head straight to the logits (Wang et al.'s sender -> logits): values [layer, head],
+    the metric when only that head's direct path carries its corrupted output; clean_value / corrupt_value: the
+    unpatched runs. effect() < 0: the head's direct output raises the metric (a name mover, for the IO - S logit
+    difference); > 0: it lowers it (a negative name mover)."""
+
+    values: torch.Tensor
+    clean_value: float
+    corrupt_value: float
+    metric: str = "metric"
+
+    def effect(self) -> torch.Tensor:
+        """values - clean_value [layer, head]."""
+        return self.values - self.clean_value
+
+    def ranked(self, k: int = 5, sign: int = -1) -> list[tuple[str, float]]:
+        """The k heads whose direct path moved the metric most in direction `sign` (-1: lowered it): (name, effect)."""
+        eff = (self.effect() * sign).flatten()
+        order = eff.argsort(descending=True)[:k].tolist()
+        H = self.values.shape[1]
+        return [(head_name(i // H, i % H), float(self.effect().flatten()[i])) for i in order if eff[i] > 0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"values": rounded(self.values), "clean_value": round(self.clean_value, 6),
+                "corrupt_value": round(self.corrupt_value, 6), "metric": self.metric,
+                "lowers": [{"head": h, "effect": round(e, 6)} for h, e in self.ranked(5, -1)],
+                "raises": [{"head": h, "effect": round(e, 6)} for h, e in self.ranked(5, 1)]}
+
+
+@torch.no_grad()
+def path_patching_to_logits(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric) -> DirectPathResult:
+    """Each head's corrupted output reaching the logits through the residual stream alone, every other head and MLP
+    frozen at its clean value (path patching with the logits as the receiver).
+
+    Freezing everything downstream leaves the final residual stream the clean one plus that head's change,
+    z_corrupt - z_clean of the head through W_O (the residual decomposition's part of the head): so one readout
+    per head, where the engine would rerun the layers after it (tests: the same number from frozen hooks).
+    clean_tokens, corrupt_tokens [batch, pos] (same shape). Returns DirectPathResult, values [layer, head].
+    """
+    clean, corrupt = check_pair(model, clean_tokens, corrupt_tokens)
+    check_metric(model, metric, tuple(clean.shape))
+    cfg = model.cfg
+    if cfg.block_norms != "pre":
+        raise CircuitlabError("path patching to the logits reads the residual stream as a sum of parts: it needs "
+                              "pre-norm blocks (a post-norm block rescales every earlier part)")
+    names = ["hook_embed", "hook_pos_embed"] + [act_name(n, l) for l in range(cfg.n_layers)
+                                               for n in ("z", "mlp_out", "resid_post")]
+    logits, clean_cache = model.run_with_cache(clean, names_filter=lambda n: n in names)
+    corrupt_logits, corrupt_cache = model.run_with_cache(corrupt, names_filter=lambda n: n.endswith("hook_z"))
+    clean_value, corrupt_value = metric_value(metric, logits), metric_value(metric, corrupt_logits)
+    final = clean_cache[act_name("resid_post", cfg.n_layers - 1)]   # [batch, pos, d_model]
+    values = torch.full((cfg.n_layers, cfg.n_heads), float("nan"), dtype=torch.float64)
+    T = clean.shape[1]
+    reads = read_positions(metric, T) or list(range(T))   # only these positions are unembedded; the rest NaN
+    patched = torch.full_like(logits, float("nan"))
+    W_O = model.W_O
+    for layer in range(cfg.n_layers):
+        z_change = (corrupt_cache["z", layer] - clean_cache["z", layer])[:, reads]
+        change = torch.einsum("bphd,hdm->hbpm", z_change, W_O[layer])   # each head's part, as the decomposition's
+        for head in range(cfg.n_heads):
+            patched[:, reads] = model.readout(final[:, reads] + change[head]).to(patched.dtype)
+            values[layer, head] = metric_value(metric, patched)
+    return DirectPathResult(values, clean_value, corrupt_value, getattr(metric, "__name__", "metric"))
