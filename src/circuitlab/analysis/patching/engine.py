@@ -62,6 +62,8 @@ class Site:
     broadcastable to the activation); dims: the activation dims (batch excluded) the columns of
     index [n_patch, len(dims)] address; empty dims patch the whole activation. pos_dim: the
     activation dim (batch excluded) holding the (query) position, needed to run from a later position.
+    active: [n_patch] bool, the patches this site takes part in (None: all); a sweep over several layers
+    (grid.grid_sweep) gives each layer's site the patches of that layer.
     """
 
     hook: str
@@ -70,6 +72,12 @@ class Site:
     index: torch.Tensor
     per_patch: bool = False
     pos_dim: int | None = None
+    active: torch.Tensor | None = None
+
+    def reordered(self, order: torch.Tensor) -> "Site":
+        """The same site with its patches in `order` [n_patch] (a permutation)."""
+        return dataclasses.replace(self, index=self.index[order], source=self.source[order] if self.per_patch
+                                   else self.source, active=None if self.active is None else self.active[order])
 
     def apply(self, act: torch.Tensor, rows: slice, start: int = 0) -> torch.Tensor:
         """act [chunk * batch, ...] with patch c of the chunk applied to rows c*batch .. c*batch + batch - 1.
@@ -97,6 +105,8 @@ class Site:
         where = [torch.arange(C)]
         for d in range(act.dim() - 1):
             where.append(idx[:, self.dims.index(d)] if d in self.dims else torch.zeros(C, dtype=torch.long))
+        if self.active is not None:
+            inside = self.active[rows] if inside is None else inside & self.active[rows]
         if inside is not None:
             where = [w[inside] for w in where]
         mask[tuple(w.to(act.device) for w in where)] = True
@@ -313,8 +323,7 @@ def sweep(model: Transformer, base: BaseRun, layer: int, sites: Sequence[Site], 
     span = max(1, T // 8)
     order = torch.arange(n) if positions is None else positions.argsort(stable=True)
     if positions is not None:  # sort the patches by position, and the results back at the end
-        sites = [dataclasses.replace(s, index=s.index[order], source=s.source[order] if s.per_patch else s.source)
-                 for s in sites]
+        sites = [s.reordered(order) for s in sites]
         positions = positions[order]
     chunks = _chunks(positions, n, per_chunk, span)
     reads = read_positions(metric, T)

@@ -1,0 +1,155 @@
+"""Sweeps over (layer, position) that compute only what a patch changes, in one staggered pass per position.
+
+A patch at layer l and position t changes nothing below layer l and, attention being causal, nothing before
+position t. So each patched run starts from the base run's residual stream entering layer l, computes positions
+>= t only, and reads the keys and values of the earlier positions from the base run (a KV cache, as in
+incremental decoding: the model's own blocks with a LayerKV, rotary positions offset by its length). Patches at
+one position are run together across layers: each joins the batch at its own layer, so one block call serves
+every patch that has started below it (fewer, larger matmuls; the same arithmetic per row).
+
+    values = grid_sweep(model, base, sites, metric, layers, positions)   # [n_patch]
+    grid_flops(cfg, n_pos, layers, positions) / naive_flops(cfg, n_pos)  # the share of the naive sweep's work
+
+Exact: every row computes the same operations on the same inputs as a full forward with the patch applied by a
+hook, at the positions and layers it computes; the others hold the base run's values, which are what the full
+forward computes there (tests/analysis/patching/test_grid.py checks this against the naive definition in float64).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from tqdm.auto import tqdm
+
+from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, logits_buffer, patched_logits
+from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
+from circuitlab.model.components import LayerKV
+from circuitlab.perf import block_weights
+
+if TYPE_CHECKING:
+    from circuitlab.model import Transformer
+
+
+def staggered_run(model: Transformer, base: BaseRun, sites: Sequence[Site], entries: Sequence[int], lo: int,
+                  start: int = 0, local: bool = False) -> torch.Tensor:
+    """One chunk of patches, lo .. lo + len(entries) - 1 of every site's index, all at position `start` (or
+    addressing no position: start 0), patch c entering at layer entries[c] (sorted ascending).
+
+    Patch c's rows join the batch at block entries[c] with the base run's residual stream entering it at
+    positions start .. T - 1; positions before start read the base run's keys and values. local: a patch
+    changes its entry block's output at `start` only (it patches an activation computed per position after
+    attention mixed them: attn_out, mlp_out, z, ...), so that block runs at `start` alone for it and the next
+    block takes the base run's residual stream at the later positions (not at the last block: it runs whole).
+    Returns the residual stream leaving the last block [chunk, batch, T - start, d_model].
+    """
+    B, T = base.logits.shape[:2]
+    L = model.cfg.n_layers
+    now = {"rows": slice(lo, lo), "first": start}
+    hooks = [(s.hook, lambda act, hook, s=s: s.apply(act, now["rows"], now["first"])) for s in sites]
+
+    def block(l: int, x: torch.Tensor, first: int, last: int) -> torch.Tensor:  # patches first .. last - 1
+        now["rows"] = slice(lo + first, lo + last)
+        kv = LayerKV()
+        if start:
+            c = last - first
+            kv.append(base.keys[l][:, :start].repeat(c, 1, 1, 1), base.values[l][:, :start].repeat(c, 1, 1, 1))
+        return model.blocks[l](x, kv)
+
+    x = base.resid[0].new_empty(0, T - start, base.resid[0].shape[-1])
+    n_in = 0  # the patches in the batch: the first n_in of the chunk (sorted by entry layer)
+    with model.hooks(fwd_hooks=hooks):
+        for l in range(entries[0], L):
+            new = sum(1 for e in entries[n_in:] if e == l)
+            if local and new and l < L - 1:
+                if n_in:
+                    x = block(l, x, 0, n_in)
+                at = block(l, base.resid[l][:, start:start + 1].repeat(new, 1, 1), n_in, n_in + new)
+                x = torch.cat([x, torch.cat([at, base.resid[l + 1][:, start + 1:].repeat(new, 1, 1)], dim=1)])
+                n_in += new
+                continue
+            if new:
+                x = torch.cat([x, base.resid[l][:, start:].repeat(new, 1, 1)])
+                n_in += new
+            x = block(l, x, 0, n_in)
+    return x.view(len(entries), B, T - start, -1)
+
+
+def _chunks(positions: torch.Tensor, per_chunk: int) -> list[tuple[int, int]]:
+    """(first, end) of each chunk: consecutive patches at one position (they are sorted by it), at most per_chunk."""
+    out, lo, n = [], 0, len(positions)
+    while lo < n:
+        hi = lo + 1
+        while hi < n and hi - lo < per_chunk and int(positions[hi]) == int(positions[lo]):
+            hi += 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+@torch.no_grad()
+def grid_sweep(model: Transformer, base: BaseRun, sites: Sequence[Site], metric: Metric, layers: torch.Tensor,
+               positions: torch.Tensor | None = None, local: bool = False, batch_size: int | None = None,
+               progress: bool = True, desc: str = "patching") -> torch.Tensor:
+    """The metric after each of n_patch patches; patch n applies every site's n-th index where the site is
+    active for it (Site.active), and changes nothing below layers[n] [n_patch] nor, with positions [n_patch],
+    before positions[n] (the query position it touches). local: see staggered_run. batch_size: patches per
+    forward pass (default: chunk_size()). Returns [n_patch] (float64)."""
+    B, T = base.logits.shape[:2]
+    L, n = model.cfg.n_layers, len(layers)
+    pos = positions if positions is not None else torch.zeros(n, dtype=torch.long)
+    order = (pos * (L + 1) + layers).argsort(stable=True)  # by position, then by entry layer
+    sites = [s.reordered(order) for s in sites]
+    entries, pos = layers[order].tolist(), pos[order]
+    eager = any(s.hook.endswith(("hook_pattern", "hook_attn_scores")) for s in sites)
+    chunks = _chunks(pos, batch_size or chunk_size(model, B, T, eager))
+    reads = read_positions(metric, T)
+    buffer = logits_buffer(base, max(hi - lo for lo, hi in chunks), reads)
+    out = torch.empty(n, dtype=torch.float64)  # metric values are Python floats; keep their precision
+    with tqdm(total=n, desc=desc, unit="patch", delay=2.0, disable=not progress) as bar:
+        for lo, hi in chunks:
+            start = int(pos[lo])
+            resid = staggered_run(model, base, sites, entries[lo:hi], lo, start, local and positions is not None)
+            logits = patched_logits(model, base, resid, list(range(start, T)), reads, buffer)
+            out[lo:hi] = torch.tensor([metric_value(metric, chunk) for chunk in logits], dtype=torch.float64)
+            bar.update(hi - lo)
+    return out[order.argsort()]
+
+
+# ---------------------------------------------------------------------------- the work, from the shapes
+
+
+def block_flops(cfg, n_new: int, start: int = 0) -> float:
+    """Flops of one block on positions start .. start + n_new - 1 with the keys of every earlier position
+    cached: 2 per weight per position, plus attention's scores and mixing (4 n_heads d_head per query and key)."""
+    keys = n_new * start + n_new * (n_new + 1) // 2  # query start + i sees start + i + 1 keys
+    return 2.0 * block_weights(cfg) * n_new + 4.0 * keys * cfg.n_heads * cfg.head_dim
+
+
+def naive_flops(cfg, n_pos: int) -> float:
+    """One patch the naive way: a full forward over n_pos positions, unembedded at every position."""
+    return cfg.n_layers * block_flops(cfg, n_pos) + 2.0 * cfg.d_model * cfg.d_vocab * n_pos
+
+
+def patch_flops(cfg, n_pos: int, layer: int, start: int = 0, local: bool = False, reads: int | None = None
+                ) -> float:
+    """One patch as staggered_run computes it: blocks layer .. n_layers - 1 at positions start .. n_pos - 1
+    (the entry block at `start` alone when local), unembedded at `reads` positions (None: the computed ones)."""
+    L, n = cfg.n_layers, n_pos - start
+    total = sum(block_flops(cfg, 1 if local and l == layer and l < L - 1 else n, start) for l in range(layer, L))
+    return total + 2.0 * cfg.d_model * cfg.d_vocab * (n if reads is None else reads)
+
+
+def grid_flops(cfg, n_pos: int, layers: Sequence[int], positions: Sequence[int] | None = None, local: bool = False,
+               reads: int | None = 1) -> float:
+    """The flops of grid_sweep over patches entering at `layers` and starting at `positions` (None: 0)."""
+    starts = [0] * len(layers) if positions is None else positions
+    counts = Counter((int(l), int(t)) for l, t in zip(layers, starts))
+    return sum(k * patch_flops(cfg, n_pos, l, t, local, reads) for (l, t), k in counts.items())
+
+
+def full_grid(n_layers: int, n_pos: int, first: int = 0) -> tuple[list[int], list[int]]:
+    """(layers, positions) of every (layer, position) patch with position >= first, layer-major."""
+    return [l for l in range(n_layers) for _ in range(first, n_pos)], [t for _ in range(n_layers)
+                                                                     for t in range(first, n_pos)]
