@@ -150,31 +150,31 @@ def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[s
     """What patching_sweep over `targets` (names; default: default_targets) on prompts [batch, pos] holds at its
     peak and computes: the base run (BaseRun.of), the source run's cache of every target's hook at every swept
     layer (n_layers; default all), and the largest chunk of patched copies (chunk_size, or the
-    patches a chunk of positions holds). The patches run from their layer (and position) on: about half the
-    model each."""
+    patches a chunk of one position holds). The flops: each patch from its layer (and position) on, unembedded at
+    one read position (grid.grid_flops), the swept layers taken from the bottom (the most work)."""
+    from circuitlab.analysis.patching.grid import full_grid, grid_flops
     from circuitlab.analysis.patching.targets import default_targets, get_target
     from circuitlab.model import model_dtype
-    from circuitlab.perf import block_weights
 
     chosen = [get_target(model, t) for t in (default_targets(model) if targets is None else
                                              [targets] if isinstance(targets, str) else targets)]
     cfg = model.cfg
     L = cfg.n_layers if n_layers is None else n_layers
     size = model_dtype(model).itemsize
-    span = max(1, pos // 8)
-    layer_flops = 2 * block_weights(cfg) + 4 * pos * cfg.n_heads * cfg.head_dim   # per token and layer
     source = sum(L * hook_floats(model, t.hook, batch, pos) for t in chosen)   # its logits are freed before the sweep
     chunk, flops, n_all = 0, 0.0, 0
     for t in chosen:
         eager = t.hook == "pattern"
         sizes = {"pos": pos, "dest_pos": pos, "head": cfg.kv_heads if t.hook in ("k", "v") else cfg.n_heads}
         n = math.prod(sizes[a] for a in t.axes)
-        together = span * n // pos if t.pos_axis is not None else n
+        together = L * (max(1, pos // 8) * n // pos if t.pos_axis is not None else n)  # grid.grid_sweep's chunks
         c = max(1, min(chunk_size(model, batch, pos, eager), together))
         chunk = max(chunk, c * batch * chunk_floats(model, pos, eager))
-        run = (pos + span) / 2 if t.pos_axis is not None else pos    # positions a patched run computes, on average
-        # each patch runs the blocks from its layer on (half the model, on average) and unembeds the read position
-        flops += L * n * batch * (run * cfg.n_layers / 2 * layer_flops + 2 * cfg.d_model * cfg.d_vocab)
+        if t.pos_axis is not None:  # n // pos patches (heads) at each (layer, position)
+            layers, starts = full_grid(L, pos)
+            flops += batch * (n // pos) * grid_flops(cfg, pos, layers, starts, t.local)
+        else:
+            flops += batch * n * grid_flops(cfg, pos, list(range(L)))
         n_all += L * n
     parts = {"base run": base_run_floats(model, batch, pos) * size, "source activations": source * size,
              "a chunk of patched runs": chunk * size}
@@ -286,7 +286,7 @@ def logits_buffer(base: BaseRun, chunk: int, reads: Sequence[int] | None) -> tor
                                                  dtype=base.logits.dtype, device=base.logits.device)
 
 
-def _chunks(positions: torch.Tensor | None, n: int, per_chunk: int, span: int) -> list[tuple[int, int, int]]:
+def position_chunks(positions: torch.Tensor | None, n: int, per_chunk: int, span: int) -> list[tuple[int, int, int]]:
     """(first, end, start position) of each chunk of patches, which are sorted by position.
 
     A chunk holds patches within `span` positions of its first one and runs from that position.
@@ -325,7 +325,7 @@ def sweep(model: Transformer, base: BaseRun, layer: int, sites: Sequence[Site], 
     if positions is not None:  # sort the patches by position, and the results back at the end
         sites = [s.reordered(order) for s in sites]
         positions = positions[order]
-    chunks = _chunks(positions, n, per_chunk, span)
+    chunks = position_chunks(positions, n, per_chunk, span)
     reads = read_positions(metric, T)
     buffer = logits_buffer(base, max(hi - lo for lo, hi, _ in chunks), reads)
     out = torch.empty(n, dtype=torch.float64)  # metric values are Python floats; keep their precision

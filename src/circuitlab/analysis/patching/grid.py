@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, logits_buffer, patched_logits
+from circuitlab.analysis.patching.engine import BaseRun, Site, position_chunks, chunk_size, logits_buffer, patched_logits
 from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
 from circuitlab.model.components import LayerKV
 from circuitlab.perf import block_weights
@@ -33,15 +33,16 @@ if TYPE_CHECKING:
 
 
 def staggered_run(model: Transformer, base: BaseRun, sites: Sequence[Site], entries: Sequence[int], lo: int,
-                  start: int = 0, local: bool = False) -> torch.Tensor:
-    """One chunk of patches, lo .. lo + len(entries) - 1 of every site's index, all at position `start` (or
+                  start: int = 0, width: int | None = None) -> torch.Tensor:
+    """One chunk of patches, lo .. lo + len(entries) - 1 of every site's index, all at positions >= `start` (or
     addressing no position: start 0), patch c entering at layer entries[c] (sorted ascending).
 
     Patch c's rows join the batch at block entries[c] with the base run's residual stream entering it at
-    positions start .. T - 1; positions before start read the base run's keys and values. local: a patch
-    changes its entry block's output at `start` only (it patches an activation computed per position after
-    attention mixed them: attn_out, mlp_out, z, ...), so that block runs at `start` alone for it and the next
-    block takes the base run's residual stream at the later positions (not at the last block: it runs whole).
+    positions start .. T - 1; positions before start read the base run's keys and values. width (local
+    patches): a patch changes its entry block's output only at its own position, within start .. start +
+    width - 1 (it patches an activation computed per position after attention mixed them: attn_out, mlp_out,
+    z, ...), so that block runs there alone for it and the next block takes the base run's residual stream at
+    the later positions (not at the last block: it runs whole).
     Returns the residual stream leaving the last block [chunk, batch, T - start, d_model].
     """
     B, T = base.logits.shape[:2]
@@ -62,11 +63,12 @@ def staggered_run(model: Transformer, base: BaseRun, sites: Sequence[Site], entr
     with model.hooks(fwd_hooks=hooks):
         for l in range(entries[0], L):
             new = sum(1 for e in entries[n_in:] if e == l)
-            if local and new and l < L - 1:
+            if width is not None and new and l < L - 1:
                 if n_in:
                     x = block(l, x, 0, n_in)
-                at = block(l, base.resid[l][:, start:start + 1].repeat(new, 1, 1), n_in, n_in + new)
-                x = torch.cat([x, torch.cat([at, base.resid[l + 1][:, start + 1:].repeat(new, 1, 1)], dim=1)])
+                at = block(l, base.resid[l][:, start:start + width].repeat(new, 1, 1), n_in, n_in + new)
+                beyond = base.resid[l + 1][:, start + width:].repeat(new, 1, 1)
+                x = torch.cat([x, torch.cat([at, beyond], dim=1)])
                 n_in += new
                 continue
             if new:
@@ -76,18 +78,6 @@ def staggered_run(model: Transformer, base: BaseRun, sites: Sequence[Site], entr
     return x.view(len(entries), B, T - start, -1)
 
 
-def _chunks(positions: torch.Tensor, per_chunk: int) -> list[tuple[int, int]]:
-    """(first, end) of each chunk: consecutive patches at one position (they are sorted by it), at most per_chunk."""
-    out, lo, n = [], 0, len(positions)
-    while lo < n:
-        hi = lo + 1
-        while hi < n and hi - lo < per_chunk and int(positions[hi]) == int(positions[lo]):
-            hi += 1
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
 @torch.no_grad()
 def grid_sweep(model: Transformer, base: BaseRun, sites: Sequence[Site], metric: Metric, layers: torch.Tensor,
                positions: torch.Tensor | None = None, local: bool = False, batch_size: int | None = None,
@@ -95,22 +85,26 @@ def grid_sweep(model: Transformer, base: BaseRun, sites: Sequence[Site], metric:
     """The metric after each of n_patch patches; patch n applies every site's n-th index where the site is
     active for it (Site.active), and changes nothing below layers[n] [n_patch] nor, with positions [n_patch],
     before positions[n] (the query position it touches). local: see staggered_run. batch_size: patches per
-    forward pass (default: chunk_size()). Returns [n_patch] (float64)."""
+    forward pass (default: chunk_size()). A chunk holds patches within T/8 positions of its first (more
+    rows per pass on a shallow model, for 1/16 more positions recomputed on average), run from that position,
+    its patches sorted by layer. Returns [n_patch] (float64)."""
     B, T = base.logits.shape[:2]
     L, n = model.cfg.n_layers, len(layers)
     pos = positions if positions is not None else torch.zeros(n, dtype=torch.long)
     order = (pos * (L + 1) + layers).argsort(stable=True)  # by position, then by entry layer
+    eager = any(s.hook.endswith(("hook_pattern", "hook_attn_scores")) for s in sites)
+    chunks = position_chunks(pos[order], n, batch_size or chunk_size(model, B, T, eager), max(1, T // 8))
+    for lo, hi, _ in chunks:  # within a chunk, by entry layer: the patches in the batch are always its first ones
+        order[lo:hi] = order[lo:hi][layers[order[lo:hi]].argsort(stable=True)]
     sites = [s.reordered(order) for s in sites]
     entries, pos = layers[order].tolist(), pos[order]
-    eager = any(s.hook.endswith(("hook_pattern", "hook_attn_scores")) for s in sites)
-    chunks = _chunks(pos, batch_size or chunk_size(model, B, T, eager))
     reads = read_positions(metric, T)
-    buffer = logits_buffer(base, max(hi - lo for lo, hi in chunks), reads)
+    buffer = logits_buffer(base, max(hi - lo for lo, hi, _ in chunks), reads)
     out = torch.empty(n, dtype=torch.float64)  # metric values are Python floats; keep their precision
     with tqdm(total=n, desc=desc, unit="patch", delay=2.0, disable=not progress) as bar:
-        for lo, hi in chunks:
-            start = int(pos[lo])
-            resid = staggered_run(model, base, sites, entries[lo:hi], lo, start, local and positions is not None)
+        for lo, hi, start in chunks:
+            width = int(pos[lo:hi].max()) - start + 1 if local and positions is not None else None
+            resid = staggered_run(model, base, sites, entries[lo:hi], lo, start, width)
             logits = patched_logits(model, base, resid, list(range(start, T)), reads, buffer)
             out[lo:hi] = torch.tensor([metric_value(metric, chunk) for chunk in logits], dtype=torch.float64)
             bar.update(hi - lo)
