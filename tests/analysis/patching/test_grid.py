@@ -10,7 +10,8 @@ import helpers
 
 from circuitlab import ModelConfig
 from circuitlab.analysis.patching.engine import BaseRun, Site, grid_index
-from circuitlab.analysis.patching.grid import full_grid, grid_flops, grid_sweep, naive_flops, patch_flops
+from circuitlab.analysis.patching.grid import grid_sweep
+from circuitlab.analysis.patching.work import full_grid, grid_flops, naive_flops, patch_flops
 from circuitlab.model.components import LayerKV
 from circuitlab.model.hooks import act_name
 

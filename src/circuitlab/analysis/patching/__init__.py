@@ -16,7 +16,8 @@ corrupted activations, so a low value means "the answer needs this piece".
 
 Speed. Patches go in the batch dimension: a chunk of C patches is one forward pass over C copies
 of the batch, each copy with its own patch (a boolean mask picks the source values), in chunks
-sized to bound memory. Work whose result is known is skipped: a patch at layer l starts from the
+sized to bound memory. Sweeps over layers run as one staggered pass per position (grid.py): each patch
+joins the batch at its own layer. Work whose result is known is skipped: a patch at layer l starts from the
 cached residual stream entering layer l; a patch at position p recomputes positions >= p only
 (attention is causal), reading earlier keys and values from the base run as in incremental
 decoding; a patch of an activation computed per position after attention (z, attn_out, mlp_out,
@@ -50,7 +51,8 @@ from circuitlab.analysis.patching.checks import (DIRECTIONS, as_tokens, check_di
                                                  check_metric, check_pair, check_patching_request)
 from circuitlab.analysis.patching.engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
                                                  logits_buffer, patched_logits, patched_run, sweep, sweep_estimate)
-from circuitlab.analysis.patching.grid import grid_flops, grid_sweep  # noqa: F401
+from circuitlab.analysis.patching.grid import grid_sweep  # noqa: F401
+from circuitlab.analysis.patching.work import grid_flops, naive_flops  # noqa: F401
 from circuitlab.analysis.patching.noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
 from circuitlab.analysis.patching.metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,

@@ -16,10 +16,11 @@ piece of the clean run and measure how much of the answer comes back:
     avg = average_causal_trace(model, prompts, subjects, tokenizer=tok)   # AIE by token category
 
 The metric is the answer's probability at the last position (or its log-prob, or a logit difference),
-averaged over the noise samples. Every (layer, position) of one kind is one batched sweep of the patching
-engine (patching/engine.py: sweep): noise samples x restorations go in the batch dimension, in chunks that
-bound memory; each restoration starts from the corrupted run's residual stream at its first layer and
-position. Results equal restoring one state at a time with plain hooks (tested in float64).
+averaged over the noise samples. Every (layer, position) of one kind is one staggered sweep (patching/grid.py:
+grid_sweep): noise samples x restorations go in the batch dimension, in chunks that bound memory; each
+restoration starts from the corrupted run's residual stream at its first layer and position, with the earlier
+positions' keys and values cached, and joins the batch at its layer. Results equal restoring one state at a
+time with plain hooks (tested in float64).
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ from tqdm.auto import tqdm
 import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.patching.checks import one_sequence
-from circuitlab.analysis.patching.engine import BaseRun, Site, sweep
-from circuitlab.analysis.patching.grid import full_grid, grid_flops, grid_sweep, naive_flops
+from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, sweep
+from circuitlab.analysis.patching.grid import grid_sweep
+from circuitlab.analysis.patching.work import full_grid, grid_flops, naive_flops
 from circuitlab.analysis.patching.metrics import Metric, logit_diff, logprob, metric_value, probability
-from circuitlab.analysis.patching.engine import chunk_size
 from circuitlab.analysis.patching.noise import Corrupted, Noise, check_runs, corrupt_positions, embedding_std, run_floats
 from circuitlab.display import Displayed
 from circuitlab.errors import InputError
@@ -313,7 +314,7 @@ def trace_flops(cfg, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3,
                 first: int = 0) -> tuple[float, float]:
     """(flops, the naive sweep's flops) of causal tracing one prompt of n_pos tokens, corrupted from position
     `first`, with `runs` noise runs: the clean and corrupted runs, then each kind's grid of restorations as
-    restoration_sweep computes them (grid.grid_flops: from the restored layer and position on); the naive sweep
+    restoration_sweep computes them (work.grid_flops: from the restored layer and position on); the naive sweep
     runs a full forward per (layer, position). kinds: names, or a count of KINDS in order."""
     names = list(KINDS[:kinds]) if isinstance(kinds, int) else list(kinds)
     L = cfg.n_layers

@@ -151,8 +151,8 @@ def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[s
     peak and computes: the base run (BaseRun.of), the source run's cache of every target's hook at every swept
     layer (n_layers; default all), and the largest chunk of patched copies (chunk_size, or the
     patches a chunk of one position holds). The flops: each patch from its layer (and position) on, unembedded at
-    one read position (grid.grid_flops), the swept layers taken from the bottom (the most work)."""
-    from circuitlab.analysis.patching.grid import full_grid, grid_flops
+    one read position (work.grid_flops), the swept layers taken from the bottom (the most work)."""
+    from circuitlab.analysis.patching.work import full_grid, grid_flops
     from circuitlab.analysis.patching.targets import default_targets, get_target
     from circuitlab.model import model_dtype
 

@@ -8,7 +8,7 @@ one position are run together across layers: each joins the batch at its own lay
 every patch that has started below it (fewer, larger matmuls; the same arithmetic per row).
 
     values = grid_sweep(model, base, sites, metric, layers, positions)   # [n_patch]
-    grid_flops(cfg, n_pos, layers, positions) / naive_flops(cfg, n_pos)  # the share of the naive sweep's work
+    # the work it does, from the shapes: work.grid_flops (about 1/4 of the naive sweep over a full grid)
 
 Exact: every row computes the same operations on the same inputs as a full forward with the patch applied by a
 hook, at the positions and layers it computes; the others hold the base run's values, which are what the full
@@ -16,17 +16,15 @@ forward computes there (tests/analysis/patching/test_grid.py checks this against
 """
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
 
-from circuitlab.analysis.patching.engine import BaseRun, Site, position_chunks, chunk_size, logits_buffer, patched_logits
+from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, logits_buffer, patched_logits, position_chunks
 from circuitlab.analysis.patching.metrics import Metric, metric_value, read_positions
 from circuitlab.model.components import LayerKV
-from circuitlab.perf import block_weights
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -109,41 +107,3 @@ def grid_sweep(model: Transformer, base: BaseRun, sites: Sequence[Site], metric:
             out[lo:hi] = torch.tensor([metric_value(metric, chunk) for chunk in logits], dtype=torch.float64)
             bar.update(hi - lo)
     return out[order.argsort()]
-
-
-# ---------------------------------------------------------------------------- the work, from the shapes
-
-
-def block_flops(cfg, n_new: int, start: int = 0) -> float:
-    """Flops of one block on positions start .. start + n_new - 1 with the keys of every earlier position
-    cached: 2 per weight per position, plus attention's scores and mixing (4 n_heads d_head per query and key)."""
-    keys = n_new * start + n_new * (n_new + 1) // 2  # query start + i sees start + i + 1 keys
-    return 2.0 * block_weights(cfg) * n_new + 4.0 * keys * cfg.n_heads * cfg.head_dim
-
-
-def naive_flops(cfg, n_pos: int) -> float:
-    """One patch the naive way: a full forward over n_pos positions, unembedded at every position."""
-    return cfg.n_layers * block_flops(cfg, n_pos) + 2.0 * cfg.d_model * cfg.d_vocab * n_pos
-
-
-def patch_flops(cfg, n_pos: int, layer: int, start: int = 0, local: bool = False, reads: int | None = None
-                ) -> float:
-    """One patch as staggered_run computes it: blocks layer .. n_layers - 1 at positions start .. n_pos - 1
-    (the entry block at `start` alone when local), unembedded at `reads` positions (None: the computed ones)."""
-    L, n = cfg.n_layers, n_pos - start
-    total = sum(block_flops(cfg, 1 if local and l == layer and l < L - 1 else n, start) for l in range(layer, L))
-    return total + 2.0 * cfg.d_model * cfg.d_vocab * (n if reads is None else reads)
-
-
-def grid_flops(cfg, n_pos: int, layers: Sequence[int], positions: Sequence[int] | None = None, local: bool = False,
-               reads: int | None = 1) -> float:
-    """The flops of grid_sweep over patches entering at `layers` and starting at `positions` (None: 0)."""
-    starts = [0] * len(layers) if positions is None else positions
-    counts = Counter((int(l), int(t)) for l, t in zip(layers, starts))
-    return sum(k * patch_flops(cfg, n_pos, l, t, local, reads) for (l, t), k in counts.items())
-
-
-def full_grid(n_layers: int, n_pos: int, first: int = 0) -> tuple[list[int], list[int]]:
-    """(layers, positions) of every (layer, position) patch with position >= first, layer-major."""
-    return [l for l in range(n_layers) for _ in range(first, n_pos)], [t for _ in range(n_layers)
-                                                                     for t in range(first, n_pos)]
