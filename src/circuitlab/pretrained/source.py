@@ -137,7 +137,9 @@ def stream_tensors(files: list[Path]) -> Iterator[tuple[str, TensorReader]]:
             yield from _stream_bin(file)
 
 
-class _LoadedTensor(TensorReader):
+class LoadedTensor(TensorReader):
+    """A tensor already in memory, handed over as a reader (a .bin shard's, or a GGUF file's dequantized)."""
+
     def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor, self.shape = tensor, tuple(tensor.shape)
 
@@ -157,4 +159,4 @@ def _stream_bin(file: Path) -> Iterator[tuple[str, TensorReader]]:
     if not isinstance(state, dict):
         raise CircuitlabError(f"{file} does not hold a state dict of tensors")
     for key in list(state):
-        yield key, _LoadedTensor(state.pop(key))
+        yield key, LoadedTensor(state.pop(key))
