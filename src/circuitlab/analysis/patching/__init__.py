@@ -16,7 +16,8 @@ corrupted activations, so a low value means "the answer needs this piece".
 
 Speed. Patches go in the batch dimension: a chunk of C patches is one forward pass over C copies
 of the batch, each copy with its own patch (a boolean mask picks the source values), in chunks
-sized to bound memory. Work whose result is known is skipped: a patch at layer l starts from the
+sized to bound memory. Sweeps over layers run as one staggered pass per position (grid.py): each patch
+joins the batch at its own layer. Work whose result is known is skipped: a patch at layer l starts from the
 cached residual stream entering layer l; a patch at position p recomputes positions >= p only
 (attention is causal), reading earlier keys and values from the base run as in incremental
 decoding; a patch of an activation computed per position after attention (z, attn_out, mlp_out,
@@ -50,6 +51,8 @@ from circuitlab.analysis.patching.checks import (DIRECTIONS, as_tokens, check_di
                                                  check_metric, check_pair, check_patching_request)
 from circuitlab.analysis.patching.engine import (CHUNK_BUDGET, BaseRun, Site, chunk_size, grid_index,  # noqa: F401
                                                  logits_buffer, patched_logits, patched_run, sweep, sweep_estimate)
+from circuitlab.analysis.patching.grid import grid_sweep  # noqa: F401
+from circuitlab.analysis.patching.work import grid_flops, naive_flops  # noqa: F401
 from circuitlab.analysis.patching.noise import Noise, Noised, averaged_over_runs, corrupt_positions  # noqa: F401
 from circuitlab.analysis.patching.metrics import (GAP_FLOOR, Metric, gap_noise, gap_within_noise,  # noqa: F401
                                                   kl_to_clean, logit_diff, logprob, metric_value, next_token_loss,
@@ -189,19 +192,20 @@ def _prepare(model: Transformer, clean, corrupt, metric: Metric, targets: Sequen
 def _patch_target(model: Transformer, target: Target, layers: list[int], base: BaseRun, source_cache, metric: Metric,
                   values: tuple[float, float, float], direction: str, batch_size: int | None, progress: bool
                   ) -> PatchResult:
-    per_layer = []
-    for l in layers:
-        hook = act_name(target.hook, l)
-        src = source_cache[hook]
-        sizes = [src.shape[1 + d] for d in target.dims]
-        index = grid_index(sizes)
-        site = Site(hook, src, target.dims, index, pos_dim=target.pos_dim)
-        positions = index[:, target.pos_axis] if target.pos_axis is not None else None
-        per_layer.append(sweep(model, base, l, [site], metric, batch_size, progress,
-                               desc=f"patching {target.name} L{l}", positions=positions,
-                               local=target.local).view(sizes))
-    return PatchResult(target.name, target.axes, layers, torch.stack(per_layer), values[0], values[1], direction,
-                       metric=getattr(metric, "__name__", "metric"), gap_noise=values[2])
+    """Every (layer, *axes) patch of `target` in one staggered sweep (grid.grid_sweep): each layer's site takes
+    the patches of its layer, and each patch runs from its layer (and position) on."""
+    hooks = [act_name(target.hook, l) for l in layers]
+    sizes = [source_cache[hooks[0]].shape[1 + d] for d in target.dims]
+    index = grid_index(sizes)
+    layer_of = torch.tensor(layers, dtype=torch.long).repeat_interleave(len(index))
+    index = index.repeat(len(layers), 1)
+    sites = [Site(h, source_cache[h], target.dims, index, pos_dim=target.pos_dim, active=layer_of == l)
+             for h, l in zip(hooks, layers)]
+    positions = index[:, target.pos_axis] if target.pos_axis is not None else None
+    swept = grid_sweep(model, base, sites, metric, layer_of, positions, target.local, batch_size, progress,
+                       desc=f"patching {target.name}")
+    return PatchResult(target.name, target.axes, layers, swept.view(len(layers), *sizes), values[0], values[1],
+                       direction, metric=getattr(metric, "__name__", "metric"), gap_noise=values[2])
 
 
 def activation_patching(model: Transformer, clean_tokens, corrupt_tokens, metric: Metric, target: str = "resid_pre", *,

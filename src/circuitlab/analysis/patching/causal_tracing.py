@@ -16,10 +16,11 @@ piece of the clean run and measure how much of the answer comes back:
     avg = average_causal_trace(model, prompts, subjects, tokenizer=tok)   # AIE by token category
 
 The metric is the answer's probability at the last position (or its log-prob, or a logit difference),
-averaged over the noise samples. Every (layer, position) of one kind is one batched sweep of the patching
-engine (patching/engine.py: sweep): noise samples x restorations go in the batch dimension, in chunks that
-bound memory; each restoration starts from the corrupted run's residual stream at its first layer and
-position. Results equal restoring one state at a time with plain hooks (tested in float64).
+averaged over the noise samples. Every (layer, position) of one kind is one staggered sweep (patching/grid.py:
+grid_sweep): noise samples x restorations go in the batch dimension, in chunks that bound memory; each
+restoration starts from the corrupted run's residual stream at its first layer and position, with the earlier
+positions' keys and values cached, and joins the batch at its layer. Results equal restoring one state at a
+time with plain hooks (tested in float64).
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ from tqdm.auto import tqdm
 import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
 from circuitlab.analysis.patching.checks import one_sequence
-from circuitlab.analysis.patching.engine import BaseRun, Site, sweep
+from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, sweep
+from circuitlab.analysis.patching.grid import grid_sweep
+from circuitlab.analysis.patching.work import full_grid, grid_flops, naive_flops
 from circuitlab.analysis.patching.metrics import Metric, logit_diff, logprob, metric_value, probability
-from circuitlab.analysis.patching.engine import chunk_size
 from circuitlab.analysis.patching.noise import Corrupted, Noise, check_runs, corrupt_positions, embedding_std, run_floats
 from circuitlab.display import Displayed
 from circuitlab.errors import InputError
@@ -174,42 +176,52 @@ def trace_run(model: Transformer, tokens: torch.Tensor, corrupted: Corrupted, me
                     metric_value(metric, clean_logits), metric_value(metric, base.logits), corrupted.first)
 
 
-def _position_sites(run: TraceRun, hook: str, layers: Sequence[int], positions: torch.Tensor) -> list[Site]:
-    index = positions[:, None]
-    return [Site(act_name(hook, l), run.clean[act_name(hook, l)], (0,), index, pos_dim=0) for l in layers]
+def restoration_grid(model: Transformer, run: TraceRun, kind: str, window: int = 1
+                     ) -> tuple[list[Site], torch.Tensor, torch.Tensor, bool]:
+    """The patches of a restoration sweep of `kind`: one per (layer, position >= run.first), layer-major, as
+    (sites, entry layers [n], positions [n], local) for grid.grid_sweep.
 
-
-def _frozen_sites(run: TraceRun, hook: str, layers: Sequence[int], n: int) -> list[Site]:
-    """Every position of `hook` at `layers` held at its corrupted value (dims () patch the whole activation)."""
-    none = torch.zeros(n, 0, dtype=torch.long)
-    return [Site(act_name(hook, l), run.corrupted[act_name(hook, l)], (), none, pos_dim=0) for l in layers]
+    hidden kinds: the residual stream leaving layer l is the one entering l + 1, so it is restored there and
+    the patch starts at block l + 1 (block l's output at that position is replaced whole: nothing of it is
+    recomputed); the last layer's is restored at its hook_resid_post. The severed kinds hold every MLP (attention)
+    output above l at its corrupted value, all positions. mlp / attn: the window's outputs at the position,
+    entering at the window's first layer, which they change at that position only (local)."""
+    L, T = model.cfg.n_layers, run.base.logits.shape[1]
+    P = T - run.first
+    layer_of = torch.arange(L).repeat_interleave(P)
+    pos_of = torch.arange(run.first, T).repeat(L)
+    index = pos_of[:, None]
+    if kind in ("mlp", "attn"):
+        windows = [window_layers(l, window, L) for l in range(L)]
+        hook = RESTORES[kind]
+        sites = [Site(act_name(hook, j), run.clean[act_name(hook, j)], (0,), index, pos_dim=0,
+                      active=torch.tensor([j in w for w in windows]).repeat_interleave(P)) for j in range(L)]
+        return sites, torch.tensor([w[0] for w in windows]).repeat_interleave(P), pos_of, True
+    sites = [Site(act_name("resid_pre", l + 1) if l < L - 1 else act_name("resid_post", l),
+                  run.clean[act_name("resid_post", l)], (0,), index, pos_dim=0, active=layer_of == l) for l in range(L)]
+    if kind in FROZEN:
+        none = torch.zeros(len(pos_of), 0, dtype=torch.long)
+        sites += [Site(act_name(FROZEN[kind], j), run.corrupted[act_name(FROZEN[kind], j)], (), none, pos_dim=0,
+                       active=layer_of < j) for j in range(1, L)]
+    return sites, (layer_of + 1).clamp(max=L - 1), pos_of, False
 
 
 def restoration_sweep(model: Transformer, run: TraceRun, kind: str, window: int = 1, batch_size: int | None = None,
                       progress: bool = True) -> torch.Tensor:
     """The metric with each (layer, position) of `kind` restored from the clean run: [layer, pos].
 
-    One batched sweep per layer; patches sit in the batch dimension beside the noise samples. States before
-    the first corrupted position are the clean run's already (attention is causal): restoring them gives
-    the corrupted value, which is filled in without a forward pass.
+    One staggered sweep (grid.grid_sweep) over the grid: patches sit in the batch dimension beside the noise
+    samples, each computed from its layer and position on. States before the first corrupted position are the
+    clean run's already (attention is causal): restoring them gives the corrupted value, which is filled in
+    without a forward pass.
     """
     L, T = model.cfg.n_layers, run.base.logits.shape[1]
-    positions = torch.arange(run.first, T)
-    before = torch.full((run.first,), run.corrupt_value, dtype=torch.float64)
-    out = []
-    for l in tqdm(range(L), desc=f"tracing {kind}", unit="layer", delay=2.0, disable=not progress):
-        if kind in ("mlp", "attn"):
-            layers = window_layers(l, window, L)
-            sites, first = _position_sites(run, RESTORES[kind], layers, positions), layers[0]
-        else:
-            sites, first = _position_sites(run, "resid_post", [l], positions), l
-            if kind in FROZEN:
-                sites += _frozen_sites(run, FROZEN[kind], range(l + 1, L), len(positions))
-        # Local: the sites at the first layer change its block's output at their own position only (the
-        # width shortcut); later sites, at that position or frozen at the base run's values, keep it true.
-        out.append(torch.cat([before, sweep(model, run.base, first, sites, run.metric, batch_size, False,
-                                            positions=positions, local=True)]))
-    return torch.stack(out)
+    sites, layers, positions, local = restoration_grid(model, run, kind, window)
+    out = torch.full((L, T), run.corrupt_value, dtype=torch.float64)
+    values = grid_sweep(model, run.base, sites, run.metric, layers, positions, local, batch_size, progress,
+                        desc=f"tracing {kind}")
+    out[:, run.first:] = values.view(L, T - run.first)
+    return out
 
 
 def restore_everything(model: Transformer, run: TraceRun, layer: int, kind: str = "hidden") -> float:
@@ -293,14 +305,35 @@ class CausalTrace(Displayed):
                    int(d["window"]), dict(d["noise"]), d.get("token_strs"), d.get("answer_str"))
 
 
-@torch.no_grad()
-def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int = 3) -> memory.Estimate:
-    """What causal tracing of one prompt of n_pos tokens with `runs` noise runs holds and computes: every run's
-    cached activations (one batch: noise.run_floats) and a chunk of restored copies of them; the clean run plus
-    one restored run per (kind, layer, position), each a forward pass over the runs (from the restored layer on:
-    about half the model)."""
-    from circuitlab.perf import transformer_step_flops
+# The share of the machine's matmul speed (perf.matmul_gflops) causal tracing's staggered sweeps reach on a CPU:
+# 0.6-0.85 measured on SmolLM2-135M's shape at 10 tokens, 10 noise runs, 4 kinds, one thread (load 3-14).
+TRACE_EFFICIENCY = 0.7
 
+
+def trace_flops(cfg, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3, window: int | None = None,
+                first: int = 0) -> tuple[float, float]:
+    """(flops, the naive sweep's flops) of causal tracing one prompt of n_pos tokens, corrupted from position
+    `first`, with `runs` noise runs: the clean and corrupted runs, then each kind's grid of restorations as
+    restoration_sweep computes them (work.grid_flops: from the restored layer and position on); the naive sweep
+    runs a full forward per (layer, position). kinds: names, or a count of KINDS in order."""
+    names = list(KINDS[:kinds]) if isinstance(kinds, int) else list(kinds)
+    L = cfg.n_layers
+    w = default_window(L) if window is None else window
+    layers, positions = full_grid(L, n_pos, first)
+    done = naive_flops(cfg, n_pos) * (1 + runs)
+    for kind in names:
+        if kind in ("mlp", "attn"):
+            done += runs * grid_flops(cfg, n_pos, [window_layers(l, w, L)[0] for l in layers], positions, local=True)
+        else:
+            done += runs * grid_flops(cfg, n_pos, [min(l + 1, L - 1) for l in layers], positions)
+    return done, naive_flops(cfg, n_pos) * (1 + runs + runs * len(names) * L * n_pos)
+
+
+@torch.no_grad()
+def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3) -> memory.Estimate:
+    """What causal tracing of one prompt of n_pos tokens with `runs` noise runs holds and computes: every run's
+    cached activations (one batch: noise.run_floats) and a chunk of restored copies of them; the flops of
+    trace_flops (the whole prompt corrupted: an upper bound), said as a share of the naive sweep's."""
     cfg = model.cfg
     check_runs(cfg, runs, 1, n_pos)
     size = next(model.parameters()).element_size()
@@ -309,10 +342,12 @@ def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int = 
     # logits at the position the metric reads (the engine recomputes from the restored layer and position on)
     per_copy = n_pos * (2 * cfg.d_model + (cfg.mlp_dim if cfg.has_mlp else 0)) + cfg.d_vocab
     chunk = min(chunk_size(model, runs, n_pos), cfg.n_layers * n_pos) * runs * per_copy * size
-    flops = transformer_step_flops(cfg, runs * n_pos, n_pos, backward=False) * (2 + kinds * cfg.n_layers * n_pos / 2)
-    return memory.Estimate(f"causal tracing ({runs} noise runs of {n_pos} tokens, {kinds} kinds x {cfg.n_layers} "
-                           f"layers x {n_pos} positions)", {"noise runs' activations": held, "restored copies": chunk},
-                           held=memory.tensor_bytes(model), flops=flops, efficiency=0.5)
+    flops, naive = trace_flops(cfg, n_pos, runs, kinds)
+    count = kinds if isinstance(kinds, int) else len(kinds)
+    return memory.Estimate(f"causal tracing ({runs} noise runs of {n_pos} tokens, {count} kinds x {cfg.n_layers} "
+                           f"layers x {n_pos} positions; {flops / naive:.0%} of the naive sweep's flops)",
+                           {"noise runs' activations": held, "restored copies": chunk},
+                           held=memory.tensor_bytes(model), flops=flops, efficiency=TRACE_EFFICIENCY)
 
 
 def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | None = None, *, tokenizer=None,

@@ -62,6 +62,8 @@ class Site:
     broadcastable to the activation); dims: the activation dims (batch excluded) the columns of
     index [n_patch, len(dims)] address; empty dims patch the whole activation. pos_dim: the
     activation dim (batch excluded) holding the (query) position, needed to run from a later position.
+    active: [n_patch] bool, the patches this site takes part in (None: all); a sweep over several layers
+    (grid.grid_sweep) gives each layer's site the patches of that layer.
     """
 
     hook: str
@@ -70,6 +72,12 @@ class Site:
     index: torch.Tensor
     per_patch: bool = False
     pos_dim: int | None = None
+    active: torch.Tensor | None = None
+
+    def reordered(self, order: torch.Tensor) -> "Site":
+        """The same site with its patches in `order` [n_patch] (a permutation)."""
+        return dataclasses.replace(self, index=self.index[order], source=self.source[order] if self.per_patch
+                                   else self.source, active=None if self.active is None else self.active[order])
 
     def apply(self, act: torch.Tensor, rows: slice, start: int = 0) -> torch.Tensor:
         """act [chunk * batch, ...] with patch c of the chunk applied to rows c*batch .. c*batch + batch - 1.
@@ -97,6 +105,8 @@ class Site:
         where = [torch.arange(C)]
         for d in range(act.dim() - 1):
             where.append(idx[:, self.dims.index(d)] if d in self.dims else torch.zeros(C, dtype=torch.long))
+        if self.active is not None:
+            inside = self.active[rows] if inside is None else inside & self.active[rows]
         if inside is not None:
             where = [w[inside] for w in where]
         mask[tuple(w.to(act.device) for w in where)] = True
@@ -140,31 +150,31 @@ def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[s
     """What patching_sweep over `targets` (names; default: default_targets) on prompts [batch, pos] holds at its
     peak and computes: the base run (BaseRun.of), the source run's cache of every target's hook at every swept
     layer (n_layers; default all), and the largest chunk of patched copies (chunk_size, or the
-    patches a chunk of positions holds). The patches run from their layer (and position) on: about half the
-    model each."""
+    patches a chunk of one position holds). The flops: each patch from its layer (and position) on, unembedded at
+    one read position (work.grid_flops), the swept layers taken from the bottom (the most work)."""
+    from circuitlab.analysis.patching.work import full_grid, grid_flops
     from circuitlab.analysis.patching.targets import default_targets, get_target
     from circuitlab.model import model_dtype
-    from circuitlab.perf import block_weights
 
     chosen = [get_target(model, t) for t in (default_targets(model) if targets is None else
                                              [targets] if isinstance(targets, str) else targets)]
     cfg = model.cfg
     L = cfg.n_layers if n_layers is None else n_layers
     size = model_dtype(model).itemsize
-    span = max(1, pos // 8)
-    layer_flops = 2 * block_weights(cfg) + 4 * pos * cfg.n_heads * cfg.head_dim   # per token and layer
     source = sum(L * hook_floats(model, t.hook, batch, pos) for t in chosen)   # its logits are freed before the sweep
     chunk, flops, n_all = 0, 0.0, 0
     for t in chosen:
         eager = t.hook == "pattern"
         sizes = {"pos": pos, "dest_pos": pos, "head": cfg.kv_heads if t.hook in ("k", "v") else cfg.n_heads}
         n = math.prod(sizes[a] for a in t.axes)
-        together = span * n // pos if t.pos_axis is not None else n
+        together = L * (max(1, pos // 8) * n // pos if t.pos_axis is not None else n)  # grid.grid_sweep's chunks
         c = max(1, min(chunk_size(model, batch, pos, eager), together))
         chunk = max(chunk, c * batch * chunk_floats(model, pos, eager))
-        run = (pos + span) / 2 if t.pos_axis is not None else pos    # positions a patched run computes, on average
-        # each patch runs the blocks from its layer on (half the model, on average) and unembeds the read position
-        flops += L * n * batch * (run * cfg.n_layers / 2 * layer_flops + 2 * cfg.d_model * cfg.d_vocab)
+        if t.pos_axis is not None:  # n // pos patches (heads) at each (layer, position)
+            layers, starts = full_grid(L, pos)
+            flops += batch * (n // pos) * grid_flops(cfg, pos, layers, starts, t.local)
+        else:
+            flops += batch * n * grid_flops(cfg, pos, list(range(L)))
         n_all += L * n
     parts = {"base run": base_run_floats(model, batch, pos) * size, "source activations": source * size,
              "a chunk of patched runs": chunk * size}
@@ -276,7 +286,7 @@ def logits_buffer(base: BaseRun, chunk: int, reads: Sequence[int] | None) -> tor
                                                  dtype=base.logits.dtype, device=base.logits.device)
 
 
-def _chunks(positions: torch.Tensor | None, n: int, per_chunk: int, span: int) -> list[tuple[int, int, int]]:
+def position_chunks(positions: torch.Tensor | None, n: int, per_chunk: int, span: int) -> list[tuple[int, int, int]]:
     """(first, end, start position) of each chunk of patches, which are sorted by position.
 
     A chunk holds patches within `span` positions of its first one and runs from that position.
@@ -313,10 +323,9 @@ def sweep(model: Transformer, base: BaseRun, layer: int, sites: Sequence[Site], 
     span = max(1, T // 8)
     order = torch.arange(n) if positions is None else positions.argsort(stable=True)
     if positions is not None:  # sort the patches by position, and the results back at the end
-        sites = [dataclasses.replace(s, index=s.index[order], source=s.source[order] if s.per_patch else s.source)
-                 for s in sites]
+        sites = [s.reordered(order) for s in sites]
         positions = positions[order]
-    chunks = _chunks(positions, n, per_chunk, span)
+    chunks = position_chunks(positions, n, per_chunk, span)
     reads = read_positions(metric, T)
     buffer = logits_buffer(base, max(hi - lo for lo, hi, _ in chunks), reads)
     out = torch.empty(n, dtype=torch.float64)  # metric values are Python floats; keep their precision
