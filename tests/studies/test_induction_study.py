@@ -81,15 +81,11 @@ def test_each_verdict_follows_its_numbers_and_turns_with_them():
     assert "the top heads do not raise it at all" in induction_claims(n)[2].verdict
 
 
-SMOLLM2 = Path(os.environ.get("CIRCUITLAB_SMOLLM2", "/work/models/smollm2"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the SmolLM2 checkpoint (circuitlab import of its GGUF) is not there")
-def test_smollm2s_induction_heads_hurt_the_second_copy_more_than_random_heads():
-    from circuitlab.training import load_checkpoint
-
-    model, tok, _ = load_checkpoint(str(SMOLLM2))
+def test_smollm2s_induction_heads_hurt_the_second_copy_more_than_random_heads(smollm2):
+    model, tok = smollm2  # the built-in real model, imported once per session (tests/conftest.py)
     found = run_induction(model, tok, InductionOptions(batch=4, period=16, ks=(4,), draws=3), progress=False)
     row = found.numbers["causal"]["by_k"][0]
     assert found.numbers["loss_second_copy"] < 0.5 * found.numbers["loss_first_copy"]

@@ -169,15 +169,11 @@ def test_each_verdict_follows_its_numbers_and_turns_with_them():
     assert none[0].holds is False and all(c.holds is None for c in none[1:])
 
 
-SMOLLM2 = Path(os.environ.get("CIRCUITLAB_SMOLLM2", "/work/models/smollm2"))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="the SmolLM2 checkpoint (circuitlab import of its GGUF) is not there")
-def test_smollm2s_ioi_circuit_keeps_most_of_the_logit_difference_and_its_complement_does_not():
-    from circuitlab.training import load_checkpoint
-
-    model, tok, _ = load_checkpoint(str(SMOLLM2))
+def test_smollm2s_ioi_circuit_keeps_most_of_the_logit_difference_and_its_complement_does_not(smollm2):
+    model, tok = smollm2  # the built-in real model, imported once per session (tests/conftest.py)
     found = run_ioi(model, tok, IOIOptions(prompts=8), progress=False)
     f = found.numbers["faithfulness"]
     assert found.numbers["logit_diff"] > 0
