@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from circuitlab import CircuitlabError  # noqa: E402
 from circuitlab.cli import main  # noqa: E402
 from circuitlab.pretrained import load_pretrained, model_config_from_hf  # noqa: E402
+from circuitlab.pretrained.assemble import assemble  # noqa: E402,F401 - the placement every family import runs
 from circuitlab.training import load_checkpoint  # noqa: E402
 
 VOCAB = 97
