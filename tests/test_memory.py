@@ -152,7 +152,7 @@ def test_sae_train_and_interpret_estimates_read_and_write_nothing(tmp_path, caps
     assert main(["sae", "train", "--config", str(tmp_path / "sae.yaml"), "--out", str(tmp_path / "run"),
                  "--estimate"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("estimate: training (30 steps; a training step of 1 dictionary on 64 rows)"), line
+    assert line.startswith("estimate: training (30 steps; a training step of 1 dictionary on 64 rows; cost: "), line
     assert "Adam" in line and not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
     assert main(["interpret", "--checkpoint", str(tmp_path / "model"), "--prompt", "Lily saw a cat", "--subject", "Lily",
                  "--estimate", "--out", str(tmp_path / "interp")]) == 0

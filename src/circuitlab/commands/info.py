@@ -63,7 +63,8 @@ def _show_checkpoint(path: str) -> None:
           f"{cfg.n_heads} heads ({cfg.kv_heads} kv), d_vocab {cfg.d_vocab}, n_ctx {cfg.n_ctx}")
     source = meta.get("source") or {}
     if source:
-        print(f"imported from {source.get('name_or_path')} (stored as {source.get('dtype', 'float32')})")
+        stored = source.get("dtype") or "the file's own dtype"  # older folders did not record it
+        print(f"imported from {source.get('name_or_path')} (stored as {stored})")
     gguf = source.get("gguf")
     if gguf:
         quant = ", ".join(f"{kind} x{count}" for kind, count in gguf["quantization"].items())
