@@ -49,7 +49,7 @@ def test_library_code_imports_no_test_tools():
     assert not offenders, "\n".join(offenders)
 
 
-# The layers of /work/shared/DESIGN.md, bottom up: a module may import its own layer and the ones below.
+# The package's floors, bottom up: a module may import its own layer and the ones below.
 LAYERS = [
     ("config", "errors", "atomic", "names", "display", "perf", "memory", "checks", "textfile", "spec"),
     ("model",),

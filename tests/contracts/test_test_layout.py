@@ -5,8 +5,7 @@ tests/<package>/test_<module>.py (a package's __init__.py: tests/<parent>/test_<
 file may share the module's name as test_<module>_<what>.py), or a reason stated in REASONS below. Every test
 file sits at such a mirrored path, or in tests/contracts/ with the rules that cut across the package (bounded
 work, bad input, agreement, crash safety, docs, ...). A reason "tested through tests/x/test_y.py" must be true:
-each file it names imports the module (or a name the module defines), or, for a command, runs it by name.
-/work/wt/mirror-move.py (the move of issue 38) fills in "tested through" for a module it finds imported."""
+each file it names imports the module (or a name the module defines), or, for a command, runs it by name."""
 import ast
 import importlib
 import re
