@@ -183,7 +183,7 @@ def bench_training_configs(a: argparse.Namespace) -> dict:
     """Our model only: the training step of configs/demo.yaml and configs/quick.yaml, with their model,
     vocabulary size, batch and context (quick: batch 8 of its 32, to keep the run short)."""
     from circuitlab.training import RunConfig
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     setups = {}
     for name, batch in (("demo", None), ("quick", 8)):

@@ -29,7 +29,7 @@ def one_seed(seed: int, overrides: list[str], threads: int, device: str, config:
     from circuitlab.experiments.demo import phase_change
     from circuitlab.perf import matmul_gflops
     from circuitlab.training import RunConfig, read_metrics, train
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     if threads:
         torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ N_SEQUENCES, HALF = 40, 16
 @pytest.fixture(scope="module")
 def stories(tmp_path_factory):
     from circuitlab.training import RunConfig, train
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     cfg = RunConfig.load(resolve_config("demo"), ["train.seed=0"])
     result = train(cfg, tmp_path_factory.mktemp("stories") / "2l", progress=False)

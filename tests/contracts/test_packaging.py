@@ -12,7 +12,7 @@ import pytest
 
 import circuitlab
 from circuitlab.training import RunConfig
-from circuitlab.training.configs import bundled_configs, resolve_config
+from circuitlab.training.config_files import bundled_configs, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ def test_wheel_installs_and_runs_without_the_source_tree(tmp_path):
                                capture_output=True, text=True, timeout=120)
     assert help_text.returncode == 0, help_text.stderr
     assert "circuitlab demo --out" in help_text.stdout
-    load = ("from circuitlab.training import RunConfig; from circuitlab.training.configs import resolve_config;"
+    load = ("from circuitlab.training import RunConfig; from circuitlab.training.config_files import resolve_config;"
             "p = resolve_config('demo'); print(p); print(RunConfig.load(p).model['preset'])")
     loaded = subprocess.run([str(python), "-c", load], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr

@@ -77,13 +77,13 @@ REASONS = {  # module (under src/circuitlab) -> why it has no tests/<package>/te
     "serve/prompt.py": "tested through tests/serve/test_app.py",  # generated: it imports the module
     "training/interrupts.py": "tested through tests/contracts/test_stop_signals.py via circuitlab.cli (SIGTERM and Ctrl-C from outside a running command)",
     "training/outputs.py": "tested through tests/contracts/test_ground_rules.py, tests/contracts/test_output_policy.py",  # generated: it imports the module
-    "viz/edges.py": "tested through tests/viz/test_spec.py",  # generated: it imports the module
-    "viz/features.py": "tested through tests/viz/test_spec.py",  # generated: it imports the module
+    "viz/edges.py": "tested through tests/viz/test_figure.py",  # generated: it imports the module
+    "viz/features.py": "tested through tests/viz/test_figure.py",  # generated: it imports the module
     "viz/fragments.py": "tested through tests/report/test_build.py via circuitlab.report.html",
-    "viz/parts.py": "tested through tests/viz/test_spec.py",  # generated: it imports the module
+    "viz/parts.py": "tested through tests/viz/test_figure.py",  # generated: it imports the module
     "viz/patching.py": "tested through tests/report/test_build.py via circuitlab.viz.interactive",
-    "viz/plotly_render.py": "tested through tests/viz/test_spec.py via circuitlab.viz.spec",
-    "viz/png.py": "tested through tests/viz/test_spec.py",  # generated: it imports the module
+    "viz/plotly_render.py": "tested through tests/viz/test_figure.py via circuitlab.viz.figure",
+    "viz/png.py": "tested through tests/viz/test_figure.py",  # generated: it imports the module
 }  # end of REASONS
 
 

@@ -18,7 +18,7 @@ def test_config_errors_name_the_field(tmp_path):
 
 @pytest.mark.parametrize("name", ["demo", "attn-only-1l", "attn-only-8l", "quick", "small", "medium", "mlp-4l"])
 def test_bundled_configs_parse(name):
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     run = RunConfig.load(resolve_config(name))
     cfg = run.model_config(d_vocab=1000)

@@ -26,7 +26,7 @@ from circuitlab.perf import REFERENCE_GFLOPS, scaled_seconds
 from circuitlab.spec import Options, option
 from circuitlab.training import RunConfig, read_metrics
 from circuitlab.training.outputs import check_writable
-from circuitlab.training.configs import resolve_config
+from circuitlab.training.config_files import resolve_config
 from circuitlab.training.phase import phase_change
 
 

@@ -27,7 +27,7 @@ from circuitlab.methods.base import Method, MethodResult, prompt_tokens
 from circuitlab.spec import Options, option
 from circuitlab.viz import token_label
 from circuitlab.viz.fragments import Section, bullet_list
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, as_array, field_of
+from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, as_array, field_of
 
 if TYPE_CHECKING:
     from circuitlab.memory import Estimate

@@ -1,7 +1,7 @@
 """The tuned lens against the logit lens as a method (`interpret --experiments tuned_lens`, `lens show --out`; the
 analysis: analysis/lens/tuned.py): both lenses on the prompt side by side and their KL to the model's final
 distribution per layer on held-out built-in stories; its typed result and report section (the views: viz/lens.py,
-viz/spec.py's lines_figure).
+viz/figure.py's lines_figure).
 
 The lens (an input `interpret` shares): a tuned-lens folder; the one saved beside the checkpoint by default, else
 one is trained here quickly (QUICK_LENS_STEPS).
@@ -99,7 +99,7 @@ def check_lens(model: "Transformer", tokenizer: Any, options: NoOptions, prompt:
 
 def tuned_lens_section(found: TunedLensFindings) -> Section:
     from circuitlab.viz.lens import logit_lens_figure
-    from circuitlab.viz.spec import lines_figure
+    from circuitlab.viz.figure import lines_figure
 
     if found.held_out_kl is None or found.comparison is None:   # a 0-layer model: its summary says why
         raise KeyError("held_out_kl")

@@ -208,7 +208,7 @@ def circuits_section(run: RunData, found: "CircuitsFindings | None" = None, prom
     from circuitlab.data.stories import DEFAULT_PROMPT
     from circuitlab.viz import token_label
     from circuitlab.viz.qk_ov import composition_figure, copying_scores_figure
-    from circuitlab.viz.spec import heatmap_figure
+    from circuitlab.viz.figure import heatmap_figure
 
     model = run.model
     if model is None or model.cfg.n_layers == 0:

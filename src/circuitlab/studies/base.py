@@ -16,7 +16,7 @@ from circuitlab.spec import Options
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
-    from circuitlab.viz.spec import FigureSpec
+    from circuitlab.viz.figure import FigureSpec
 
 
 @dataclass

@@ -29,7 +29,7 @@ from circuitlab.studies.base import Claim, Study, StudyResult, forward_flops
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
-    from circuitlab.viz.spec import FigureSpec
+    from circuitlab.viz.figure import FigureSpec
 
 # The verdicts' thresholds, written once: the second copy "far below" the first is half its loss or less; a head
 # "attends" by a score of ATTENDS or more; top-k heads "hurt more" than the control by CONTROL_SIGMAS spreads.
@@ -241,7 +241,7 @@ def induction_markdown(result: StudyResult) -> list[str]:
 def induction_figures(result: StudyResult) -> dict[str, "FigureSpec"]:
     """Loss by position; the three scores as layer x head heat maps; the ablations against their controls."""
     from circuitlab.viz.parts import Heatmap, Panel, Rule, Series, as_array
-    from circuitlab.viz.spec import FigureSpec
+    from circuitlab.viz.figure import FigureSpec
 
     n = result.numbers
     p = result.setup["period"]

@@ -36,7 +36,7 @@ from circuitlab.studies.base import Claim, Study, StudyResult, forward_flops
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
-    from circuitlab.viz.spec import FigureSpec
+    from circuitlab.viz.figure import FigureSpec
 
 NAMES = ("Mary", "John", "Tom", "James", "Dan", "Sid", "Martin", "Amy", "Kate", "Anne", "Paul", "Mark", "Lisa",
          "Sarah", "David", "Michael", "Emma", "Jack", "Alice", "Bob", "Peter", "Laura", "Chris", "Ben", "Sam",
@@ -327,7 +327,7 @@ def ioi_markdown(result: StudyResult) -> list[str]:
 
 def ioi_figures(result: StudyResult) -> dict[str, "FigureSpec"]:
     from circuitlab.viz.parts import Heatmap, Panel, as_array
-    from circuitlab.viz.spec import FigureSpec
+    from circuitlab.viz.figure import FigureSpec
 
     n = result.numbers
     clean = n["direct"]["clean_value"]

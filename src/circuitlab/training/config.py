@@ -129,7 +129,7 @@ class RunConfig:
 def load_yaml_mapping(name_or_path: str, overrides: list[str], holds: str) -> tuple[Path, dict[str, Any]]:
     """A YAML config (a file, or a bundled config's name) as a dict with `--set` overrides applied;
     holds: what the mapping should hold, for the error message. Returns (resolved path, data)."""
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     path = resolve_config(name_or_path)
     try:

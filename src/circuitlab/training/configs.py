@@ -1,27 +1,16 @@
-"""Find a run config by path or by name: configs/NAME.yaml in the working directory, else the configs
-bundled with the package (circuitlab/configs/, shipped as package data so `pip install` carries them)."""
+"""Deprecated name of circuitlab.training.config_files (the run-config finder: resolve_config, bundled_configs),
+kept for one release: beside training/config.py (RunConfig) the two names read as one. Importing it warns; every
+name resolves to config_files.py's."""
 from __future__ import annotations
 
-from pathlib import Path
+import warnings
+from typing import Any
 
-from circuitlab.errors import ConfigError
+from circuitlab.training import config_files as _config_files
 
-BUNDLED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def bundled_configs() -> list[str]:
-    """Names of the run configs that ship with the package."""
-    return sorted(p.stem for p in BUNDLED_CONFIGS.glob("*.yaml"))
+warnings.warn("circuitlab.training.configs is renamed circuitlab.training.config_files (resolve_config, "
+              "bundled_configs); the old name goes in the next release", DeprecationWarning, stacklevel=2)
 
 
-def resolve_config(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    for folder in (Path("configs"), BUNDLED_CONFIGS):
-        candidate = folder / f"{name_or_path}.yaml"
-        if candidate.is_file():
-            return candidate
-    available = bundled_configs()
-    raise ConfigError(f"config not found: {name_or_path}" +
-                      (f" (bundled configs: {', '.join(available)})" if available else ""))
+def __getattr__(name: str) -> Any:
+    return getattr(_config_files, name)

@@ -33,7 +33,7 @@ from circuitlab.training.checkpoint import (find_checkpoint, is_checkpoint, load
 from circuitlab.training.outputs import check_writable
 from circuitlab.training.run_log import METRICS_FILE, truncate_metrics
 from circuitlab.training.config import RunConfig
-from circuitlab.training.configs import resolve_config
+from circuitlab.training.config_files import resolve_config
 from circuitlab.training.schedule import lr_at
 from circuitlab.training.sinks import open_sinks
 from circuitlab.training.interrupts import interrupted_message, stop_after_step_on_ctrl_c

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 
-from circuitlab.viz.spec import FigureSpec, Panel, Rule, Series
+from circuitlab.viz.figure import FigureSpec, Panel, Rule, Series
 
 KIND_COLOURS = {"q": "#8e44ad", "k": "#1e8449", "v": "#2471a3", "mlp": "#ca6f1e", "logits": "#505a68"}
 KIND_NAMES = {"q": "query", "k": "key", "v": "value", "mlp": "MLP input", "logits": "logits"}

@@ -19,7 +19,7 @@ import numpy as np
 from circuitlab.dictionaries.features import FeatureDashboards
 from circuitlab.display import renders
 from circuitlab.viz import token_label
-from circuitlab.viz.spec import FigureSpec, Panel, Series
+from circuitlab.viz.figure import FigureSpec, Panel, Series
 
 CARD_CSS = """
 .feature-card { border: 1px solid #d9dee7; border-radius: .4rem; padding: .6rem .9rem; margin: .6rem 0 1rem; }

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Rule, Series
+from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, Rule, Series
 
 MODELS = {"hand": "hand-built", "trained": "trained"}
 

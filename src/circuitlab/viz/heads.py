@@ -9,7 +9,7 @@ import numpy as np
 from circuitlab.analysis.heads import AttentionPatterns, HeadClasses
 from circuitlab.names import head_name
 from circuitlab.viz import token_label
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, as_array
+from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, as_array
 
 TITLES = {"previous_token": "previous token", "current_token": "current token", "first_token": "first token (sink)",
           "duplicate_token": "duplicate token", "induction": "induction",

@@ -1,11 +1,11 @@
 """Every view in one place, and how each result object displays in Jupyter (offline, viz/notebook.py).
 
-Every view is defined once, as a FigureSpec (circuitlab.viz.spec) built in its topic module; they are
+Every view is defined once, as a FigureSpec (circuitlab.viz.figure) built in its topic module; they are
 gathered here for convenience (`from circuitlab.viz.interactive import heatmap_figure`):
 
     attention_figure, attention_patterns_figure, head_scores_figure     viz.heads
     training_curves_figure, induction_by_period_figure                  viz.training
-    heatmap_figure, lines_figure (viz.spec), qk_ov_figure, copying_scores_figure,
+    heatmap_figure, lines_figure (viz.figure), qk_ov_figure, copying_scores_figure,
     composition_figure                                                  viz.qk_ov
     logit_lens_figure, logit_attribution_figure                         viz.lens
     patching_figure, path_patching_figure, ablation_figure,
@@ -33,7 +33,7 @@ from circuitlab.viz.patching import (ablation_figure, attribution_vs_patching_fi
                                      patching_figure)
 from circuitlab.viz.probing import probe_figure
 from circuitlab.viz.qk_ov import composition_figure, copying_scores_figure, qk_ov_figure
-from circuitlab.viz.spec import FigureSpec, heatmap_figure, lines_figure
+from circuitlab.viz.figure import FigureSpec, heatmap_figure, lines_figure
 from circuitlab.viz.steering import steering_figure
 from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
 

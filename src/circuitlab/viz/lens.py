@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from circuitlab.viz import token_label
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Series, as_array, field_of
+from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, Series, as_array, field_of
 
 
 def logit_lens_figure(lens: Any, max_positions: int = 40) -> FigureSpec:

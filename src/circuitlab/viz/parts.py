@@ -1,6 +1,6 @@
 """The parts of a figure spec, as plain data: heatmaps, series, rules, panels and the figure around them.
 
-Views build a circuitlab.viz.spec.FigureSpec (this data plus its renderers); the renderers
+Views build a circuitlab.viz.figure.FigureSpec (this data plus its renderers); the renderers
 (plotly_render.py, png.py) read only this module, so no circle runs between a spec and its renderers.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ import numpy as np
 
 from circuitlab.names import head_name, parse_head
 from circuitlab.viz import token_label
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, Series, as_array, field_of, symmetric_limits
+from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, Series, as_array, field_of, symmetric_limits
 
 
 def _pos_labels(n: int, tokens: Sequence[str] | None) -> list[str]:

@@ -1,4 +1,4 @@
-"""Any FigureSpec (viz/spec.py; it reads only the data, viz/parts.py) as an interactive plotly figure: report.html, `circuitlab serve`, Jupyter.
+"""Any FigureSpec (viz/figure.py; it reads only the data, viz/parts.py) as an interactive plotly figure: report.html, `circuitlab serve`, Jupyter.
 
 Heatmaps get category axes (rows top to bottom, repeated labels numbered so they stay apart), the cell
 values and the spec's hover lines on hover; layout "menu" stacks every panel's traces on one set of axes

@@ -1,4 +1,4 @@
-"""Any FigureSpec (viz/spec.py; it reads only the data, viz/parts.py) as a PNG, for report.md: a matplotlib Figure drawn on its own Agg canvas,
+"""Any FigureSpec (viz/figure.py; it reads only the data, viz/parts.py) as a PNG, for report.md: a matplotlib Figure drawn on its own Agg canvas,
 so writing a PNG never touches the global backend (pyplot's state machine, a notebook's inline backend)
 and needs no display. Layout "menu" draws every panel side by side (pass the view only the panels worth
 a static picture, e.g. the heads named)."""

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from circuitlab.viz.spec import FigureSpec, Panel, Series, as_array, field_of
+from circuitlab.viz.figure import FigureSpec, Panel, Series, as_array, field_of
 
 
 def probe_figure(results: Any) -> FigureSpec:

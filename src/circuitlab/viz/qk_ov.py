@@ -11,7 +11,7 @@ import numpy as np
 from circuitlab.analysis.qk_ov import MODES
 from circuitlab.names import head_name
 from circuitlab.viz import token_label
-from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, as_array, heatmap_figure
+from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, as_array, heatmap_figure
 
 
 def qk_ov_figure(matrix: Any, row_labels: Sequence[str] | None = None, col_labels: Sequence[str] | None = None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from circuitlab.viz.spec import FigureSpec, Panel, Rule, Series, as_array, field_of
+from circuitlab.viz.figure import FigureSpec, Panel, Rule, Series, as_array, field_of
 
 
 def steering_figure(sweep: Any) -> FigureSpec:

@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from circuitlab.training.phase import best_head_score, phase_band
-from circuitlab.viz.spec import FigureSpec, Panel, Rule, Series
+from circuitlab.viz.figure import FigureSpec, Panel, Rule, Series
 
 
 def _longest_period(tracked: Sequence[Mapping]) -> str | None:

@@ -41,7 +41,7 @@ def test_demo_model_induction_circuit_has_k_composition(tmp_path):
     """The demo recipe's first 500 steps (random segments only): 267 s on the shared 2-core machine at a load
     average of ~5, 31 min at ~12 (idle not measured). Numbers measured on the full demo: docs/circuits.md."""
     from circuitlab.training import RunConfig, train
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     cfg = RunConfig.load(resolve_config("demo"), ["train.seed=0", "train.steps=500", "train.ckpt_every=500"])
     assert cfg.data.segment_only_steps >= 500  # random segments only: the phase where induction forms

@@ -132,7 +132,7 @@ def test_demo_config_generalises_at_seed_0(tmp_path):
     from circuitlab.analysis.heads.induction import training_probes
     from circuitlab.experiments.demo import phase_change
     from circuitlab.training import RunConfig, read_metrics, train
-    from circuitlab.training.configs import resolve_config
+    from circuitlab.training.config_files import resolve_config
 
     cfg = RunConfig.load(resolve_config("demo"), ["train.seed=0"])
     result = train(cfg, tmp_path / "2l", progress=False, track=training_probes())
