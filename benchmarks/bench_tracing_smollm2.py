@@ -7,8 +7,8 @@ the load average before and after, and the flops as a share of the naive sweep.
 
 Before / after on the same machine, alternating fresh processes (the base commit checked out apart):
 
-    git worktree add /tmp/before <commit>
-    for i in 1 2; do PYTHONPATH=/tmp/before/src python benchmarks/bench_tracing_smollm2.py --label before
+    git worktree add ../before <commit>      # the base commit checked out beside this one
+    for i in 1 2; do PYTHONPATH=../before/src python benchmarks/bench_tracing_smollm2.py --label before
                      PYTHONPATH=src python benchmarks/bench_tracing_smollm2.py --label after; done
 """
 from __future__ import annotations

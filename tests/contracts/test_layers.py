@@ -3,6 +3,7 @@ with ast, so a lazy import counts like any other."""
 from __future__ import annotations
 
 import ast
+import re
 import functools
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def layer_of(module: str) -> int | None:
     if len(parts) == 1:
         return 0  # the package root re-exports the ground floor and the model
     if parts[1] not in RANK:
-        raise AssertionError(f"{module}: a package DESIGN.md does not place; add it to LAYERS")
+        raise AssertionError(f"{module}: a package LAYERS does not place; add it there and to the floors of docs/architecture.md")
     return RANK[parts[1]]
 
 
@@ -191,3 +192,33 @@ def test_analysis_does_not_import_dictionaries():
                  if module_name(p).startswith("circuitlab.analysis")
                  for name, line in imports_of(p) if name.startswith("circuitlab.dictionaries")]
     assert not offenders, "\n".join(offenders)
+
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+
+
+def doc_floors(text: str) -> list[set[str]]:
+    """The floors table of docs/architecture.md ("## The floors": | floor | packages | ... |), bottom up: each floor's
+    packages and ground-floor modules as LAYERS names them (`model/` -> model, `config.py` -> config)."""
+    section = text.split("\n## The floors", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| *(\d+) *\| *([^|]*?) *\|", section, flags=re.M)
+    floors: dict[int, set[str]] = {}
+    for floor, cell in rows:
+        floors[int(floor)] = {re.sub(r"(/|\.py)$", "", name) for name in re.findall(r"`([^`]+)`", cell)}
+    assert sorted(floors) == list(range(len(floors))), f"floors numbered 0.. without gaps: {sorted(floors)}"
+    return [floors[i] for i in range(len(floors))]
+
+
+def test_the_floors_of_the_architecture_doc_are_LAYERS():
+    """docs/architecture.md draws the floors; it cannot go stale: its table is LAYERS, floor by floor."""
+    drawn = doc_floors(ARCHITECTURE.read_text())
+    assert drawn == [set(names) for names in LAYERS], (
+        "docs/architecture.md's floors table differs from LAYERS:\n"
+        + "\n".join(f"floor {i}: doc {sorted(d)} vs LAYERS {sorted(l)}"
+                    for i, (d, l) in enumerate(zip(drawn + [set()] * len(LAYERS), LAYERS)) if d != set(l)))
+
+
+def test_the_floors_reader_reads_a_planted_table():
+    text = ("# A\n\n## The floors\n\n| floor | packages | what |\n|---|---|---|\n| 1 | `model/` `cli.py` | up |\n"
+            "| 0 | `config.py` | ground |\n\n## Next\n\n| 2 | `other/` | not in the section |\n")
+    assert doc_floors(text) == [{"config"}, {"model", "cli"}]

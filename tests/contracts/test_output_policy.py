@@ -1,4 +1,4 @@
-"""The output policy of every command that writes (DESIGN.md, "One output policy"), held as a class:
+"""The output policy of every command that writes (docs/architecture.md, "One output policy"), held as a class:
 
 - a refused run changes nothing on disk: each command, given a bad argument or input (past argparse) and an
   --out holding an earlier output, exits 2 with one line and leaves every file and folder as it was (names,
