@@ -1,4 +1,4 @@
-"""The shape of the code (README: one place and one meaning per name; small modules with one job):
+"""The shape of the code (docs/architecture.md, "Names": one place and one meaning per name; small modules with one job):
 a public name is defined in one module of the package, no function is over 100 lines, no module is over
 500 lines without a one-line reason at its top. Each allow-list below says why an entry is there; an entry
 that no longer matches anything fails too, so the lists only shrink."""
