@@ -63,8 +63,8 @@ def walkthrough() -> list[list[str]]:
 
 @pytest.mark.slow
 def test_the_real_model_walkthrough_runs_as_written(tmp_path):
-    """The walk-through's commands in order in a fresh folder (~4 minutes on 2 idle cores, 7 at load ~8): each exits 0, and every claim
-    of both studies holds, as the README says."""
+    """The walk-through's commands in order in a fresh folder (~4 minutes on 2 idle cores, 7 at load ~8): each exits
+    0, and every claim of both studies holds, as the README says."""
     lines = walkthrough()
     assert [argv[:2] for argv in lines[:3]] == [["circuitlab", "import"], ["circuitlab", "study"], ["circuitlab", "study"]]
     for argv in lines:
