@@ -44,7 +44,7 @@ def test_the_analysis_keywords_default_to_the_class():
     for fn in (saliency, integrated_gradients, occlusion, kernel_shap, lime, context_mixing):
         assert default(fn, "pos") == DEFAULTS.pos, fn.__name__
     assert default(integrated_gradients, "steps") == DEFAULTS.steps and default(occlusion, "span") == DEFAULTS.span
-    for fn in (kernel_shap, lime, attribute_methods):
+    for fn in (kernel_shap, lime):   # attribute_methods passes each technique its options' defaults (techniques.py)
         assert default(fn, "samples") == DEFAULTS.samples and default(fn, "seed") == DEFAULTS.seed, fn.__name__
     assert default(lime, "kernel_width") == DEFAULTS.kernel_width
     assert default(attribute_inputs, "method") == default(attribution_estimate, "method") == DEFAULTS.method
