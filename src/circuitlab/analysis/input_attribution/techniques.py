@@ -178,8 +178,9 @@ def technique_options(name: str = "TechniqueOptions", left_out: tuple[str, ...] 
     return _CLASSES[key]
 
 
+@dataclass(frozen=True)
 class AttributionChecks(Options):
-    """What `circuitlab attribute`'s options class (attribution_options) adds to each field's rule: the checks
+    """(No fields of its own.) What `circuitlab attribute`'s options class (attribution_options) adds to each field's rule: the checks
     between fields, and the keywords its technique's run takes."""
 
     def check(self, error: type[Exception] = InputError) -> Any:
