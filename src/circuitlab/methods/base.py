@@ -82,7 +82,7 @@ class Method:
     @property
     def options(self) -> type[Options]:
         """The options class (made now from its registry where options_spec is a function)."""
-        spec = self.options_spec
+        spec: Any = self.options_spec
         return spec if isinstance(spec, type) and issubclass(spec, Options) else spec()
 
     def options_from(self, given: Mapping[str, Any]) -> Options:

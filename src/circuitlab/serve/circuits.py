@@ -149,7 +149,7 @@ RunRequest = request_model(DiscoveryOptions, "RunRequest", only=("method", "metr
                            choices={"method": METHODS, "metric": METRICS}, limits={"steps": SERVER_STEPS}, strict=True,
                            extra={
     "task": (Literal["induction"] | None, Field(default="induction", description="built-in task (or give prompts)")),
-    "corruption": (Literal.__getitem__(INDUCTION_CORRUPTIONS), Field(   # type: ignore[attr-defined]
+    "corruption": (Literal.__getitem__(INDUCTION_CORRUPTIONS), Field(
         default=INDUCTION_CORRUPTIONS[0], description="the induction task's corrupted rows")),
     "clean": (list[str] | None, Field(default=None, description="clean prompts, one per row (instead of a task)")),
     "corrupt": (list[str] | None, Field(default=None, description="corrupted prompts, same token length per row"))})
@@ -175,8 +175,7 @@ def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encod
         """The circuit's drawing."""
         return Response(browser.svg(name), media_type="image/svg+xml", headers={"cache-control": "no-cache"})
 
-    @app.post("/api/circuits/run")
-    def run(req: RunRequest) -> dict[str, Any]:   # type: ignore[valid-type]
+    def run(req: Any) -> dict[str, Any]:
         """Discovery on the loaded model (built-in induction task or prompt pairs); the result becomes a circuit."""
         if browser.model is None:
             raise HTTPException(409, "no model loaded: start the server with `circuitlab serve --checkpoint RUN` "
@@ -186,6 +185,9 @@ def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encod
         with lock:
             return browser.run(req.task, req.corruption, req.method, req.metric, req.edges, req.clean, req.corrupt,
                                req.steps)
+
+    run.__annotations__["req"] = RunRequest   # a generated model: the annotation is the class itself
+    app.post("/api/circuits/run")(run)
 
 
 

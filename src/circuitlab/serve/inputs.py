@@ -25,7 +25,7 @@ from circuitlab.model import model_device
 from circuitlab.serve.page import JS, Page, Served
 from circuitlab.serve.prompt import VALUE_DIGITS, resolve_target, token_str
 from circuitlab.serve.requests import OptionsRequest, request_model
-from circuitlab.spec import Options, schema
+from circuitlab.spec import Options, options_of, schema
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -185,13 +185,13 @@ def steer_prompt(model: Transformer, tokenizer, positive: list[list[int]], negat
 def attribute_request() -> type[OptionsRequest]:
     """POST /api/attribute's model, generated from the registry: the prompt, target and foil, the technique (all
     or one registered), the explorer's baseline, and every option of explorer_options() (its rule, or LIMITS')."""
-    method: Any = Literal.__getitem__(("all", *technique_names()))   # type: ignore[attr-defined]
+    method: Any = Literal.__getitem__(("all", *technique_names()))
     return request_model(explorer_options(), "AttributeRequest", limits=LIMITS, strict=True, extra={
         "prompt": (str, Field(description="the text; the prediction after its last token is explained")),
         "target": (StrictInt | str | None, Field(default=None, description="token id or one-token text (default: top)")),
         "foil": (StrictInt | str | None, Field(default=None, description="contrast the target with this token")),
         "method": (method, Field(default="all", description="one technique, or all of them")),
-        "baseline": (Literal.__getitem__(tuple(BASELINES)) | StrictInt, Field(   # type: ignore[attr-defined]
+        "baseline": (Literal.__getitem__(tuple(BASELINES)) | StrictInt, Field(
             default=DEFAULT_BASELINE, description="shap, lime: what a removed token becomes (or a token id)"))})
 
 
@@ -200,7 +200,7 @@ def attribute_form() -> dict[str, Any]:
     bounds and help (attribute_request's JSON schema) and which techniques take each, and the baselines."""
     props = attribute_request().model_json_schema()["properties"]
     names = list(schema(explorer_options())["properties"])
-    takes = {n: [t.name for t in techniques() if t.options is not None and n in t.options.__dataclass_fields__]
+    takes = {n: [t.name for t in techniques() if t.options is not None and n in {f.name for f, _ in options_of(t.options)}]
              for n in names}
     return {"methods": [{"name": t.name, "label": t.label or t.name} for t in techniques()],
             "options": {n: props[n] for n in names}, "takes": takes,

@@ -15,6 +15,7 @@ must be a whole number from 1 to 256, got 0"), as the explorer's hand-written mo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from functools import partial
 from typing import Annotated, Any, ClassVar
 
@@ -47,7 +48,7 @@ def _json_type(f: dataclasses.Field, opt: Option) -> Any:
     one: Any = (StrictBool if opt.switch else
                 (StrictInt if opt.rule.kind is int else StrictInt | StrictFloat) if isinstance(opt.rule, Number) else
                 Any if isinstance(opt.rule, PerItem) else
-                Literal.__getitem__(tuple(opt.choices)) if opt.choices is not None else  # type: ignore[attr-defined]
+                Literal.__getitem__(tuple(opt.choices)) if opt.choices is not None else
                 StrictStr)
     if opt.many and one is not Any:
         one = list[one]
@@ -62,7 +63,7 @@ def _rule_check(f: dataclasses.Field, opt: Option, value: Any) -> Any:
 
 
 def request_model(cls: type[Options], name: str | None = None, extra: dict[str, Any] | None = None,
-                  limits: dict[str, Number | PerItem] | None = None, choices: dict[str, tuple[Any, ...]] | None = None,
+                  limits: Mapping[str, Number | PerItem] | None = None, choices: Mapping[str, tuple[Any, ...]] | None = None,
                   only: tuple[str, ...] | None = None, strict: bool = False) -> type[OptionsRequest]:
     """A pydantic model with one field per option of cls (only: those named; plus `extra` fields, as create_model
     takes them), each held to its rule, or to limits' / choices' where the explorer is stricter."""

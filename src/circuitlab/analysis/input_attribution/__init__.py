@@ -29,7 +29,6 @@ the built-ins, dispatches by name (attribute_inputs, attribute_methods) and is w
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +53,7 @@ from circuitlab.analysis.input_attribution.techniques import (Technique, attribu
                                                               get_technique, register_technique, technique_names,
                                                               technique_options, techniques, unregister_technique)
 from circuitlab.errors import CircuitlabError
+from circuitlab.spec import options_of
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -82,7 +82,7 @@ def attribute_methods(model: Transformer, tokens: torch.Tensor, target: int | No
     attention and takes no target; a token shap and lime remove becomes `baseline` (ig keeps its own)."""
     tokens = _sequence(tokens, model)
     found = techniques() if methods is None else tuple(get_technique(m) for m in methods)
-    known = {f.name for t in techniques() if t.options is not None for f in dataclasses.fields(t.options)}
+    known = {f.name for t in techniques() if t.options is not None for f, _ in options_of(t.options)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"attribute_methods() got option(s) no technique takes: {', '.join(unknown)}")

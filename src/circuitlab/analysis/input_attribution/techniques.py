@@ -169,7 +169,7 @@ def technique_options(name: str = "TechniqueOptions", left_out: tuple[str, ...] 
     changes (the same class while it does not)."""
     key = (name, left_out, title, tuple((t.name, t.options) for t in techniques()))
     if key not in _CLASSES:
-        cls = dataclasses.make_dataclass(name, [(n, typ, _copy(f)) for n, (typ, f) in _merged(techniques(),
+        cls: Any = dataclasses.make_dataclass(name, [(n, typ, _copy(f)) for n, (typ, f) in _merged(techniques(),
                                                                                               left_out).items()],
                                          bases=(Options,), frozen=True)
         cls.title = title
@@ -187,7 +187,7 @@ class AttributionChecks(Options):
         """Each field's rule, then what holds between fields: an output file .html or .json, no target or foil for
         a technique that explains none (context mixing reads attention), the 'delete' baseline only where tokens
         may leave (shap, lime)."""
-        checked = super().check(error)
+        checked: Any = super().check(error)
         technique = get_technique(checked.method)
         if checked.out and PurePath(checked.out).suffix not in OUT_SUFFIXES:
             raise error(f"--out {checked.out}: give a file name ending in .html (tokens shaded) or .json")
@@ -218,7 +218,7 @@ def attribution_options() -> type[Options]:
         own = [(n, typ, _copy(f)) for n, (typ, f) in _merged(techniques()).items()]
         head = [(n, typ, _copy(f, choices if n == "method" else None)) for n, typ, f in shared if n != "out"]
         tail = [(n, typ, _copy(f)) for n, typ, f in shared if n == "out"]
-        cls = dataclasses.make_dataclass("AttributionOptions", head + own + tail, bases=(AttributionChecks,),
+        cls: Any = dataclasses.make_dataclass("AttributionOptions", head + own + tail, bases=(AttributionChecks,),
                                          frozen=True)
         cls.__doc__ = ("`circuitlab attribute`: what is explained (checkpoint, prompt, target, foil, pos), by which "
                        "technique and how (each registered technique's options), and where the result goes (out).")
