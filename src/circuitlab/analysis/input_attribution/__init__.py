@@ -35,8 +35,8 @@ import torch
 
 from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_ALPHA, ROW_BUDGET,  # noqa: F401
                                                         Baseline, Explain, InputAttribution, Metric, _run_embeds,
-                                                        _sequence, attribution_estimate, baseline_embeddings,
-                                                        logit_metric, row_budget, rows_per_chunk)
+                                                        _sequence, baseline_embeddings, logit_metric, row_budget,
+                                                        rows_per_chunk)
 from circuitlab.analysis.input_attribution.gradients import (GRAD_X_INPUT, IG, SALIENCY,  # noqa: F401
                                                              gradient_x_input, integrated_gradients, path_nodes,
                                                              saliency)
@@ -49,8 +49,8 @@ from circuitlab.analysis.input_attribution.options import (DEFAULT_KERNEL_WIDTH,
 from circuitlab.analysis.input_attribution.perturbation import (LIME, OCCLUSION, SHAP,  # noqa: F401
                                                                 check_samples, coalition_values, kernel_shap, lime,
                                                                 occlusion)
-from circuitlab.analysis.input_attribution.techniques import (Technique, attribution_options,  # noqa: F401
-                                                              get_technique, register_technique, technique_names,
+from circuitlab.analysis.input_attribution.techniques import (Technique, attribution_estimate,  # noqa: F401
+                                                              attribution_options, get_technique, register_technique, technique_names,
                                                               technique_options, techniques, unregister_technique)
 from circuitlab.errors import CircuitlabError
 from circuitlab.spec import options_of

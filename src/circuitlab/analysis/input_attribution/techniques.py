@@ -14,7 +14,8 @@ Technique record, beside its run function; every front end reads the registry in
 What is generated from it: `circuitlab attribute`'s options class (attribution_options: AttributeInputs' fields,
 --method's choices the registered names, each technique's options between --pos and --out), the union of the
 techniques' options (technique_options: interpret's input-attribution flags, the explorer's request model), and
-the keywords each technique's run takes (Technique.keywords). Options two techniques both declare (shap's and
+the keywords each technique's run takes (Technique.keywords), and what a technique will hold and take
+(attribution_estimate). Options two techniques both declare (shap's and
 lime's samples and seed, the baseline) must be declared alike and become one flag; value options come before
 switches. The built-ins are registered by the package's __init__, in the order results list them.
 """
@@ -26,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
-from circuitlab.analysis.input_attribution.options import OUT_SUFFIXES, AttributeInputs
+import circuitlab.memory as memory
+from circuitlab.analysis.input_attribution.base import Baseline, InputAttribution, rows_per_chunk
+from circuitlab.analysis.input_attribution.options import DEFAULT_METHOD, OUT_SUFFIXES, AttributeInputs
 from circuitlab.errors import CircuitlabError, ConfigError, InputError
 from circuitlab.spec import KEY, Options, options_of
 
 if TYPE_CHECKING:
-    from circuitlab.analysis.input_attribution.base import InputAttribution
+    from circuitlab.model import Transformer
 
 # Technique options the caller resolves itself (the baseline: a name, a token id or a prompt, read with the
 # tokenizer), so they are not passed on as they are declared.
@@ -58,7 +61,7 @@ class Technique:
     """
 
     name: str
-    run: Callable[..., "InputAttribution"]
+    run: Callable[..., InputAttribution]
     options: type[Options] | None = None
     label: str = ""
     baseline: str | None = None
@@ -225,3 +228,40 @@ def attribution_options() -> type[Options]:
         cls.__module__ = __name__
         _CLASSES[key] = cls
     return _CLASSES[key]
+
+
+def attribution_estimate(model: Transformer, n_pos: int, method: str = DEFAULT_METHOD, steps: int | None = None,
+                         samples: int | None = None, batch_size: int | None = None,
+                         baseline: Baseline | None = None, **values: Any) -> memory.Estimate:
+    """What attribute_inputs(model, tokens [n_pos], method) holds at its peak and computes: one chunk of rows
+    (the technique's rows: path points for ig, occluded copies, coalitions for shap and lime), each a forward pass
+    of the prompt (and a backward pass for the gradient methods), and the regression's [samples, pos] for shap and
+    lime; or, where larger, the mean baseline's embedding of every token (made, then freed, before the rows;
+    baseline None: the method's default, mean for shap and lime). context-mixing and the single-gradient methods
+    are one pass. steps, samples, values: the technique's option values (None: its defaults)."""
+    from circuitlab.model import model_dtype
+    from circuitlab.perf import transformer_step_flops
+
+    technique = get_technique(method)
+    given = technique.option_values({"steps": steps, "samples": samples, **values})
+    cfg = model.cfg
+    size = model_dtype(model).itemsize
+    rows = technique.rows(given, n_pos)
+    backward = technique.backward
+    chunk = min(rows, batch_size or rows_per_chunk(model, n_pos, backward))
+    # What a row holds (measured on GPT-2 small's shape with a peak-memory script: ~12-15 [pos, d_model] per
+    # layer with gradients, ~15 [pos, d_model] in all without; rows_per_chunk's own sizing is more cautious).
+    mlp = (3 if cfg.mlp in ("swiglu", "geglu") else 2) * (0 if cfg.attn_only else cfg.mlp_dim)
+    per_pos = 10 * cfg.d_model + mlp + cfg.n_heads * n_pos
+    held = n_pos * (per_pos * max(cfg.n_layers, 1) if backward else 7 * cfg.d_model + 1.25 * mlp) + 2 * cfg.d_vocab
+    parts = {f"a chunk of {chunk} rows": chunk * held * size}
+    mean = baseline == "mean" or (baseline is None and technique.baseline == "mean")
+    if mean and cfg.d_vocab * cfg.d_model * size > parts[f"a chunk of {chunk} rows"]:
+        parts = {"the mean baseline's embedding of every token": cfg.d_vocab * cfg.d_model * size}
+    if technique.surrogate:
+        parts["the regression's coalitions"] = 3 * given["samples"] * n_pos * 8    # the design, its weights, a copy (float64)
+    # the blocks over every position, the read-out at the explained one
+    flops = (transformer_step_flops(cfg, rows * n_pos, n_pos, backward=backward)
+             - rows * (n_pos - 1) * 2 * cfg.d_model * cfg.d_vocab * (3 if backward else 1))
+    return memory.Estimate(f"input attribution ({method}, {rows:,} row{'s' if rows != 1 else ''} of {n_pos} tokens in "
+                           f"chunks of {chunk})", parts, held=memory.tensor_bytes(model), flops=flops, efficiency=1.0)
