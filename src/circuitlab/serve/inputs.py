@@ -188,7 +188,8 @@ def attribute_request() -> type[OptionsRequest]:
     method: Any = Literal.__getitem__(("all", *technique_names()))
     return request_model(explorer_options(), "AttributeRequest", limits=LIMITS, strict=True, extra={
         "prompt": (str, Field(description="the text; the prediction after its last token is explained")),
-        "target": (StrictInt | str | None, Field(default=None, description="token id or one-token text (default: top)")),
+        "target": (StrictInt | str | None, Field(default=None,
+                                                 description="token id or one-token text (default: top)")),
         "foil": (StrictInt | str | None, Field(default=None, description="contrast the target with this token")),
         "method": (method, Field(default="all", description="one technique, or all of them")),
         "baseline": (Literal.__getitem__(tuple(BASELINES)) | StrictInt, Field(
@@ -200,8 +201,8 @@ def attribute_form() -> dict[str, Any]:
     bounds and help (attribute_request's JSON schema) and which techniques take each, and the baselines."""
     props = attribute_request().model_json_schema()["properties"]
     names = list(schema(explorer_options())["properties"])
-    takes = {n: [t.name for t in techniques() if t.options is not None and n in {f.name for f, _ in options_of(t.options)}]
-             for n in names}
+    own = {t.name: {f.name for f, _ in options_of(t.options)} if t.options is not None else set() for t in techniques()}
+    takes = {n: [t for t, names_of in own.items() if n in names_of] for n in names}
     return {"methods": [{"name": t.name, "label": t.label or t.name} for t in techniques()],
             "options": {n: props[n] for n in names}, "takes": takes,
             "baselines": [{"name": k, "label": v} for k, v in BASELINES.items()]}

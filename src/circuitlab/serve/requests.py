@@ -63,8 +63,9 @@ def _rule_check(f: dataclasses.Field, opt: Option, value: Any) -> Any:
 
 
 def request_model(cls: type[Options], name: str | None = None, extra: dict[str, Any] | None = None,
-                  limits: Mapping[str, Number | PerItem] | None = None, choices: Mapping[str, tuple[Any, ...]] | None = None,
-                  only: tuple[str, ...] | None = None, strict: bool = False) -> type[OptionsRequest]:
+                  limits: Mapping[str, Number | PerItem] | None = None,
+                  choices: Mapping[str, tuple[Any, ...]] | None = None, only: tuple[str, ...] | None = None,
+                  strict: bool = False) -> type[OptionsRequest]:
     """A pydantic model with one field per option of cls (only: those named; plus `extra` fields, as create_model
     takes them), each held to its rule, or to limits' / choices' where the explorer is stricter."""
     defs: dict[str, Any] = {}

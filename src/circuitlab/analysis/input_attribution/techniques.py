@@ -183,8 +183,8 @@ def technique_options(name: str = "TechniqueOptions", left_out: tuple[str, ...] 
 
 @dataclass(frozen=True)
 class AttributionChecks(Options):
-    """(No fields of its own.) What `circuitlab attribute`'s options class (attribution_options) adds to each field's rule: the checks
-    between fields, and the keywords its technique's run takes."""
+    """What `circuitlab attribute`'s options class (attribution_options) adds to each field's rule (it has no
+    fields of its own): the checks between fields, and the keywords its technique's run takes."""
 
     def check(self, error: type[Exception] = InputError) -> Any:
         """Each field's rule, then what holds between fields: an output file .html or .json, no target or foil for
@@ -259,7 +259,8 @@ def attribution_estimate(model: Transformer, n_pos: int, method: str = DEFAULT_M
     if mean and cfg.d_vocab * cfg.d_model * size > parts[f"a chunk of {chunk} rows"]:
         parts = {"the mean baseline's embedding of every token": cfg.d_vocab * cfg.d_model * size}
     if technique.surrogate:
-        parts["the regression's coalitions"] = 3 * given["samples"] * n_pos * 8    # the design, its weights, a copy (float64)
+        # the design, its weights, a copy (float64)
+        parts["the regression's coalitions"] = 3 * given["samples"] * n_pos * 8
     # the blocks over every position, the read-out at the explained one
     flops = (transformer_step_flops(cfg, rows * n_pos, n_pos, backward=backward)
              - rows * (n_pos - 1) * 2 * cfg.d_model * cfg.d_vocab * (3 if backward else 1))
