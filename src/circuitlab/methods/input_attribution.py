@@ -14,7 +14,7 @@ import torch
 from circuitlab.analysis.input_attribution import attribute_methods, technique_options
 from circuitlab.data.stories import DEFAULT_PROMPT
 import circuitlab.memory as memory
-from circuitlab.methods.base import Method, MethodResult, prompt_tokens
+from circuitlab.methods.base import Method, MethodResult, NoOptions, prompt_tokens
 from circuitlab.spec import Options
 from circuitlab.methods.tuned_lens import check_lens
 from circuitlab.model import model_device
@@ -45,6 +45,23 @@ def interpret_options() -> type[Options]:
     """Every registered technique's options but the baseline (each technique starts from its own), as
     `interpret`'s flags: --steps, --span, --samples, --seed, --kernel-width, --exact, --paired, ..."""
     return technique_options("InputAttributionOptions", left_out=("baseline",), title="input attribution")
+
+
+def check_input_attribution(model: "Transformer", tokenizer: Any, options: Options, prompt: str | None = None,
+                            lens: str | Path | None = None, **_: Any) -> None:
+    """The prompt and the lens (check_lens), then what each technique refuses for this prompt (shap's exact
+    values on more than 16 tokens, more coalitions than memory holds), before any method runs."""
+    import warnings
+
+    from circuitlab.analysis.input_attribution import techniques
+
+    check_lens(model, tokenizer, NoOptions(), prompt=prompt, lens=lens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # a long prompt warns once, when it runs
+        n = len(prompt_tokens(model, tokenizer, prompt))
+    for t in techniques():
+        if t.check is not None:
+            t.check(t.option_values(options.to_dict()), n)
 
 
 def run_input_attribution(model: "Transformer", tokenizer: Any, out_dir: Path, options: Options,
@@ -120,4 +137,5 @@ def estimate_input_attribution(model: Transformer, tokenizer: Any, options: Any,
 
 
 METHOD = Method("input_attribution", interpret_options, InputAttributionFindings, run_input_attribution,
-                input_attribution_section, inputs=("prompt", "lens"), check=check_lens, estimate=estimate_input_attribution)
+                input_attribution_section, inputs=("prompt", "lens"), check=check_input_attribution,
+                estimate=estimate_input_attribution)

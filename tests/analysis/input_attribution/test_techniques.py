@@ -145,3 +145,18 @@ def test_a_registration_that_would_break_a_front_end_is_refused():
     assert technique_names() == BUILTINS
     with pytest.raises(CircuitlabError, match="unknown attribution method 'lasso'; choose one of ig, saliency"):
         attribute_inputs(None, torch.zeros(1), "lasso")
+
+
+def test_a_techniques_check_refuses_before_any_method_runs(run, tmp_path, capsys):
+    """interpret --exact on a prompt longer than exact Shapley values allow: one line, exit 2, before the first
+    method runs and with no output folder; the same check as kernel_shap's own."""
+    root, _, _ = run
+    out = tmp_path / "interp"
+    argv = ["interpret", "--checkpoint", str(root / "run"), "--experiments", "logit_lens", "input_attribution",
+            "--prompt", f"{PROMPT} {PROMPT}", "--exact", "--out", str(out)]
+    assert main(argv) == 2
+    said = capsys.readouterr()
+    assert "exact Shapley values enumerate 2^32 coalitions" in said.err   # the last n_ctx tokens and "running" not in said.out
+    assert not out.exists()
+    with pytest.raises(CircuitlabError, match="at most 16 positions"):
+        get_technique("shap").check({"samples": 64, "exact": True}, 41)

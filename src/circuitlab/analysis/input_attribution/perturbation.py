@@ -3,7 +3,8 @@ LIME (coalitions of present tokens, fitted by a linear surrogate: analysis/surro
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -142,6 +143,24 @@ def coalition_values(model: Transformer, tokens: torch.Tensor, explain: Explain,
     return out[inverse]
 
 
+def check_exact(n_positions: int) -> None:
+    """Exact Shapley values enumerate 2^M coalitions: at most EXACT_MAX_POSITIONS positions up to pos."""
+    if n_positions > EXACT_MAX_POSITIONS:
+        raise CircuitlabError(f"exact Shapley values enumerate 2^{n_positions} coalitions of the {n_positions} "
+                              f"positions up to pos; at most {EXACT_MAX_POSITIONS} positions: sample instead "
+                              "(samples=)")
+
+
+def _check_shap(values: Mapping[str, Any], n_pos: int) -> None:
+    check_samples(values["samples"], n_pos)
+    if values["exact"]:
+        check_exact(n_pos)
+
+
+def _check_lime(values: Mapping[str, Any], n_pos: int) -> None:
+    check_samples(values["samples"], n_pos)
+
+
 def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
                 pos: int = DEFAULT_POS, metric: Metric | None = None, baseline: Baseline = "mean",
                 samples: int = DEFAULT_SAMPLES, seed: int = DEFAULT_SEED, exact: bool = False, paired: bool = False,
@@ -171,9 +190,7 @@ def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = N
         start_token = getattr(tokenizer, "eos_id", None)
     _check_baseline(model, baseline, metric, start_token)
     if exact:
-        if M > EXACT_MAX_POSITIONS:
-            raise CircuitlabError(f"exact Shapley values enumerate 2^{M} coalitions of the {M} positions up to pos; "
-                                  f"at most {EXACT_MAX_POSITIONS} positions: sample instead (samples=)")
+        check_exact(M)
         rows, weights = surrogate.all_coalitions(M)
         rows = torch.cat([torch.ones(1, M, dtype=torch.bool), torch.zeros(1, M, dtype=torch.bool), rows])
         weights = torch.cat([torch.zeros(2, dtype=torch.float64), weights])
@@ -244,6 +261,6 @@ def lime(model: Transformer, tokens: torch.Tensor, target: int | None = None, fo
 OCCLUSION = Technique("occlusion", occlusion, OcclusionOptions, label="occlusion", replacement=True,
                       rows=lambda values, n_pos: n_pos)
 SHAP = Technique("shap", kernel_shap, ShapOptions, label="KernelSHAP", baseline="mean", removes=True, progress=True,
-                 rows=lambda values, n_pos: values["samples"], surrogate=True)
+                 rows=lambda values, n_pos: values["samples"], surrogate=True, check=_check_shap)
 LIME = Technique("lime", lime, LimeOptions, label="LIME", baseline="mean", removes=True, progress=True,
-                 rows=lambda values, n_pos: values["samples"], surrogate=True)
+                 rows=lambda values, n_pos: values["samples"], surrogate=True, check=_check_lime)

@@ -57,7 +57,8 @@ class Technique:
     progress: it takes progress=. no_target: why it explains no target (None: it explains one; run takes
     target= and foil=). keeps_positions: why 'delete' is refused (a technique that takes a baseline but removes
     none). rows(option values, n_pos): rows its batched passes run; backward: they take gradients; surrogate:
-    it fits a linear surrogate to [samples, pos] coalitions (what attribution_estimate counts).
+    it fits a linear surrogate to [samples, pos] coalitions (what attribution_estimate counts). check(option
+    values, n_pos): refuse in one line what its run would refuse for a prompt of n_pos tokens (before any work).
     """
 
     name: str
@@ -73,6 +74,7 @@ class Technique:
     rows: Callable[[Mapping[str, Any], int], int] = _one_row
     backward: bool = False
     surrogate: bool = False
+    check: Callable[[Mapping[str, Any], int], None] | None = None
 
     def option_values(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Its options' values among `given` (absent or None: the declared default), the resolved ones left out."""
