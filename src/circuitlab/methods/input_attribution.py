@@ -89,7 +89,7 @@ def _how(method: str, d: dict[str, Any]) -> str:
     """How one method's scores were made (its to_dict() form): the fit for shap / lime, completeness for paths."""
     if d.get("samples") is not None:  # shap, lime: a fit to sampled coalitions, not a path integral
         return (f"{d['samples']} coalitions, {d['baseline']} baseline; surrogate R² {d['surrogate_r2']:.2f}"
-                + ("; sums to the change exactly" if method == "shap" else ""))
+                + ("; sums to the change exactly" if d.get("completeness_error") is not None else ""))   # shap's fit
     if d.get("completeness_error") is not None:
         return f"completeness error {100 * d['completeness_error']:.2g}% ({d['steps']} steps, {d['baseline']} baseline)"
     return "-"
