@@ -34,8 +34,11 @@ def test_every_method_declares_its_parts():
         assert issubclass(m.options, Options) and issubclass(m.result, MethodResult), name
         assert set(m.inputs) <= {"prompt", "clean", "corrupt", "lens", "progress"}, name
         add_arguments(parser, m.options)   # no two methods declare the same flag
+    # causal tracing's own, and input attribution's: every registered technique's (SHAP's and LIME's samples, ...)
+    techniques = {f.name for f, _ in options_of(REGISTRY["input_attribution"].options)}
+    assert {"samples", "seed", "kernel_width", "steps"} <= techniques and "baseline" not in techniques
     assert {f.name for m in REGISTRY.values() for f, _ in options_of(m.options)} == {
-        "subject", "noise", "noise_scale", "noise_samples", "window", "replace_with"}
+        "subject", "noise", "noise_scale", "noise_samples", "window", "replace_with"} | techniques
 
 
 @pytest.mark.parametrize("name", ["circuits", "logit_lens", "attribution", "ablation", "patching", "causal_tracing"])

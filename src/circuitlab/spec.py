@@ -157,6 +157,15 @@ class Options:
         return cls(**{f.name: getattr(args, f.name) for f, _ in options_of(cls)}).check()
 
 
+def same(cls: type[Options], name: str) -> Any:
+    """A dataclass field declared as cls declares its option `name` (the same default, rule and help): a class
+    that holds another's option in its own order (CircuitOptions holds DiscoveryOptions' metric, ...)."""
+    f = next((f for f, _ in options_of(cls) if f.name == name), None)
+    if f is None:
+        raise KeyError(f"{cls.__name__} has no option {name}")
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
 def only(cls: type[Options], names: tuple[str, ...], name: str) -> type[Options]:
     """An options class `name` with only the fields `names` of cls, declared as cls declares them (the same
     defaults, rules and help): a front end that offers part of a method's options."""

@@ -9,8 +9,8 @@ from helpers import random_model
 from tiny_trained import HALF, induction_model, repeated_batch
 
 from circuitlab import CircuitlabError, ModelConfig
-from circuitlab.analysis.input_attribution import (METHODS, _run_embeds, attribute_inputs, context_mixing,
-                                                   integrated_gradients, logit_metric, occlusion)
+from circuitlab.analysis.input_attribution import (_run_embeds, attribute_inputs, context_mixing, integrated_gradients,
+                                                   logit_metric, occlusion, techniques)
 from circuitlab.cli import main
 from circuitlab.data import CharTokenizer
 from circuitlab.forge import EOS, build_carry_adder, build_induction_model
@@ -69,12 +69,13 @@ def test_induction_answer_token_gets_the_most_attribution(which):
         model, half = induction_model(), HALF
         tokens = repeated_batch(5, torch.Generator().manual_seed(1))
     for seq, p, answer_pos, answer in _induction_cases(model, tokens, half):
-        for method in METHODS:
-            if method in ("shap", "lime"):
+        for technique in techniques():   # every registered one, by what it is
+            method = technique.name
+            if technique.surrogate:
                 continue  # sampled: tests/analysis/test_input_attribution_shap.py, with the number of samples it takes
-            if method == "context-mixing":
+            if technique.no_target is not None:   # context mixing
                 # The last layer (the induction head's) moves the answer token in more than any other source.
-                mixing = context_mixing(model, seq, pos=p).per_layer[-1].clone()
+                mixing = technique.run(model, seq, pos=p).per_layer[-1].clone()
                 mixing[p] = -1
                 assert int(mixing.argmax()) == answer_pos, (which, method, mixing)
                 continue
@@ -106,7 +107,7 @@ def test_shortcut_path_equals_the_full_forward(preset):
     model = random_model(cfg, scale=2.0).double()
     tokens = torch.randint(0, 40, (12,), generator=torch.Generator().manual_seed(2))
     full = logit_metric(7, 3, 6)
-    for method in ("ig", "saliency", "grad-x-input", "occlusion"):
+    for method in [t.name for t in techniques() if t.no_target is None and not t.surrogate]:   # deterministic
         short = attribute_inputs(model, tokens, method, target=7, foil=3, pos=6)
         long = attribute_inputs(model, tokens, method, metric=full, pos=6)
         assert torch.allclose(short.scores, long.scores, atol=1e-9), method

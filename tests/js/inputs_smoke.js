@@ -2,10 +2,10 @@
 // "GET /api/..." / "POST /api/..." to answers; argv[3]: the static folder), submits its two forms, and
 // prints what it drew.
 "use strict";
-const { runPage } = require("./fake_dom.js");
+const { runPage, sent } = require("./fake_dom.js");
 
 const byId = runPage("inputs.js", process.argv[2], process.argv[3], {
-  prompt: "Lily saw a cat. Lily", target: "", foil: "", method: "all", samples: "64", baseline: "mean", positive: "a dragon\n\n", negative: "a cat",
+  prompt: "Lily saw a cat. Lily", target: "", foil: "", method: "all", baseline: "mean", positive: "a dragon\n\n", negative: "a cat",
   layer: "1", coefs: "0, 2", "steer-prompt": "Once",
 });
 
@@ -22,5 +22,7 @@ const byId = runPage("inputs.js", process.argv[2], process.argv[3], {
     explained: byId.explained.textContent, lensRows: lensRows.map((r) => r.text()), note: byId["lens-note"].textContent,
     steerRows: byId.steering.children[1].children[1].children.map((r) => r.text()),
     status: byId.status.textContent + byId["steer-status"].textContent,
+    methods: byId.method.children.map((n) => n.attrs.value), options: byId["technique-options"].children.map((n) => n.text()),
+    baselines: byId.baseline.children.map((n) => n.attrs.value), sent: sent.filter((s) => s.key === "POST /api/attribute").map((s) => s.body),
   }));
 })().catch((e) => { console.error("ERROR " + e.stack); process.exit(1); });

@@ -87,3 +87,36 @@ def test_adder_page_adds_and_steps_through_layers(server, browser):
     assert "after layer 0" in label.text
     browser.find_element(By.ID, "prev").click()
     assert "embedding" in label.text
+
+
+def test_inputs_form_is_drawn_from_the_technique_registry_and_attributes(server, browser):
+    """/inputs: the method menu holds every registered technique, there is an input per technique option with the
+    registry's default and bounds, and a submitted form shades one line per technique."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from circuitlab.analysis.input_attribution import technique_names
+    from circuitlab.serve.inputs import LIMITS, explorer_options
+    from circuitlab.spec import options_of
+
+    url, _ = server
+    browser.get(url + "/inputs")
+    menu = helpers.wait_for(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#method option")) > 1 and
+                            b.find_element(By.ID, "method"), "the method menu")
+    assert [o.get_attribute("value") for o in Select(menu).options] == ["all", *technique_names()]
+    inputs = browser.find_elements(By.CSS_SELECTOR, "#technique-options input")
+    assert len(inputs) == len(options_of(explorer_options()))
+    samples = next(i for i in inputs if "samples" in i.find_element(By.XPATH, "..").text)
+    assert samples.get_attribute("value") == str(explorer_options()().samples)
+    assert samples.get_attribute("max") == str(LIMITS["samples"].high)
+    samples.clear()
+    samples.send_keys("16")   # a quick run: 16 coalitions for shap and lime
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys(PROMPT)
+    browser.find_element(By.ID, "run").click()
+    lines = helpers.wait_for(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "#attribution .attr-line"),
+                             "the shaded lines")
+    names = [line.find_element(By.CSS_SELECTOR, ".method").text.split(" ")[0] for line in lines]
+    assert names == list(technique_names()) and "16 coalitions" in lines[-1].text
+    assert not helpers.console_errors(browser), helpers.console_errors(browser)

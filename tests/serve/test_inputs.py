@@ -14,12 +14,14 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from circuitlab import ModelConfig, Transformer  # noqa: E402
 from circuitlab.analysis.lens.tuned import TunedLens, story_batches, train_tuned_lens  # noqa: E402
+from circuitlab.analysis.input_attribution import technique_names  # noqa: E402
 from circuitlab.cli import main  # noqa: E402
 from circuitlab.data.stories import stories_text  # noqa: E402
 from circuitlab.data.tokenizers import CharTokenizer  # noqa: E402
 from circuitlab.errors import CircuitlabError  # noqa: E402
 from circuitlab.report import report_for_run  # noqa: E402
 from circuitlab.serve import create_app  # noqa: E402
+from circuitlab.serve.inputs import explorer_options  # noqa: E402
 from circuitlab.training import save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -50,7 +52,7 @@ def test_interpret_results_hold_every_method_and_both_lenses(run):
     root, model, tokenizer = run
     found = json.loads((root / "interp" / "results.json").read_text())
     methods = found["input_attribution"]["methods"]
-    assert list(methods) == ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"]
+    assert list(methods) == list(technique_names())
     n = len(tokenizer.encode(PROMPT))
     top2 = model(torch.tensor([tokenizer.encode(PROMPT)]))[0, -1].topk(2).indices.tolist()
     for m, d in methods.items():
@@ -127,9 +129,7 @@ def test_attribute_endpoint_all_methods_and_one(client, run):
     _, model, tokenizer = run
     assert client.get("/inputs").status_code == 200 and client.get("/static/inputs.js").status_code == 200
     found = client.post("/api/attribute", json={"prompt": PROMPT}).json()
-    assert found["tokens"] == list(PROMPT) and list(found["methods"]) == ["ig", "saliency", "grad-x-input",
-                                                                          "occlusion", "context-mixing", "shap",
-                                                                          "lime"]
+    assert found["tokens"] == list(PROMPT) and list(found["methods"]) == list(technique_names())
     top = int(model(torch.tensor([tokenizer.encode(PROMPT)]))[0, -1].argmax())
     assert found["target"]["id"] == top and found["foil"] is None
     ig = found["methods"]["ig"]
@@ -249,6 +249,7 @@ def test_inputs_page_script_draws_attribution_lens_and_steering(run, tmp_path):
     train_tuned_lens(model, story_batches(tokenizer, n_batches=1, batch_size=2, seq_len=16), steps=2).save(tmp_path / "l")
     client = TestClient(create_app(root / "run", lens=tmp_path / "l"))
     answers = {"GET /api/model": client.get("/api/model").json(),
+               "GET /api/attribute/form": client.get("/api/attribute/form").json(),
                "POST /api/attribute": client.post("/api/attribute", json={"prompt": PROMPT}).json(),
                "POST /api/lens": client.post("/api/lens", json={"prompt": PROMPT}).json(),
                "POST /api/steer": client.post("/api/steer", json={"positive": ["a dragon"], "negative": ["a cat"],
@@ -258,8 +259,13 @@ def test_inputs_page_script_draws_attribution_lens_and_steering(run, tmp_path):
                            str(STATIC_DIR)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     drawn = json.loads(done.stdout)
-    methods = ["ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"]
+    methods = list(technique_names())
     assert [line[:len(m)] for line, m in zip(drawn["lines"], methods)] == methods
+    # the form, drawn from GET /api/attribute/form: every technique, an input per option, the defaults sent
+    assert drawn["methods"] == ["all", *methods] and drawn["baselines"] == ["mean", "zeros", "eos", "delete"]
+    assert "shap/lime samples" in drawn["options"] and "ig steps" in drawn["options"]
+    assert drawn["sent"][0] == {"prompt": PROMPT, "method": "all", "baseline": "mean",
+                                **{k: v for k, v in explorer_options()().to_dict().items()}}
     assert "1024 coalitions, mean baseline, surrogate R²" in drawn["lines"][5]
     assert "completeness error" in drawn["lines"][0] and drawn["lines"][0].endswith("Lily·saw·a·cat.·Lily")
     assert len(drawn["lensRows"]) == 3 and drawn["lensRows"][0].startswith("embed") and "KL" in drawn["note"]

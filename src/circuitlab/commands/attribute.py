@@ -5,7 +5,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from circuitlab.analysis.input_attribution import AttributionOptions, InputAttribution
+    from circuitlab.analysis.input_attribution import InputAttribution, Technique
 
 HELP = ("attribute a next-token prediction to the prompt's tokens (integrated gradients, saliency, occlusion, "
         "KernelSHAP, LIME, ...)")
@@ -14,11 +14,11 @@ EXAMPLE = ('circuitlab attribute --checkpoint runs/demo/2l --prompt "Lily saw a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from circuitlab.analysis.input_attribution import AttributionOptions
+    from circuitlab.analysis.input_attribution import attribution_options
     from circuitlab.commands._args import add_memory_arguments
     from circuitlab.spec import add_arguments as add_options
 
-    add_options(p, AttributionOptions)
+    add_options(p, attribution_options())   # the registry's: --method's choices, each technique's options
     add_memory_arguments(p)
 
 
@@ -27,11 +27,12 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from circuitlab.analysis.input_attribution import AttributionOptions, attribute_inputs, attribution_estimate
+    from circuitlab.analysis.input_attribution import (attribute_inputs, attribution_estimate, attribution_options,
+                                                       get_technique)
     from circuitlab.errors import CircuitlabError
     from circuitlab.training import load_checkpoint
 
-    opts = AttributionOptions.from_args(args)
+    opts: Any = attribution_options().from_args(args)
     assert opts.checkpoint is not None and opts.prompt is not None   # required: check() refuses None
     if opts.out:
         from circuitlab.training.outputs import check_writable
@@ -43,9 +44,10 @@ def run(args: argparse.Namespace) -> int:
     ids = tok.encode(opts.prompt)
     if not ids:
         raise CircuitlabError("the prompt is empty: give some text to attribute")
-    kwargs = {"tokenizer": tok, **opts.method_keywords(), **_token_keywords(opts, tok)}
-    est = attribution_estimate(model, min(len(ids), model.cfg.n_ctx), opts.method, steps=opts.steps,
-                               samples=opts.samples).timed()
+    technique = get_technique(opts.method)
+    kwargs = {"tokenizer": tok, **opts.method_keywords(), **_token_keywords(opts, technique, tok)}
+    est = attribution_estimate(model, min(len(ids), model.cfg.n_ctx), opts.method,
+                               **technique.option_values(opts.to_dict())).timed()
     print(est.line())   # what it will hold and take, before the work
     if args.estimate:
         return 0
@@ -56,22 +58,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token_keywords(opts: AttributionOptions, tok: Any) -> dict[str, Any]:
-    """The keywords of attribute_inputs that the tokenizer reads: target and foil ids, the baseline, the token
-    a deleted coalition starts with (shap, lime) and the token occlusion puts in (its EOS)."""
+def _token_keywords(opts: Any, technique: Technique, tok: Any) -> dict[str, Any]:
+    """The keywords of attribute_inputs that the tokenizer reads, as far as the technique takes them: target and
+    foil ids, the baseline, the token a deleted coalition starts with (shap, lime) and the token occlusion puts in
+    (its EOS)."""
     from circuitlab.errors import CircuitlabError
 
     kw: dict[str, Any] = {}
-    if opts.method != "context-mixing":
+    if technique.no_target is None:
         kw["target"] = tok.token_id(opts.target, "target") if opts.target is not None else None
         kw["foil"] = tok.token_id(opts.foil, "foil") if opts.foil is not None else None
         if kw["foil"] is not None and kw["foil"] == kw["target"]:
             raise CircuitlabError(f"the foil {opts.foil!r} is the target: give a different token to contrast with")
-    if opts.method in ("ig", "shap", "lime"):
-        kw["baseline"] = _baseline(opts.baseline, opts.method, tok)
-    if opts.method in ("shap", "lime"):
+    if technique.baseline is not None:
+        kw["baseline"] = _baseline(getattr(opts, "baseline", None), technique, tok)
+    if technique.removes:
         kw["start_token"] = tok.eos_id
-    if opts.method == "occlusion":
+    if technique.replacement:
         kw["replacement"] = tok.eos_id
     return kw
 
@@ -97,15 +100,15 @@ def _write(result: InputAttribution, out: Any) -> None:
     print(f"wrote {out}")
 
 
-def _baseline(text: str | None, method: str, tok: Any) -> Any:
-    """--baseline as input_attribution takes it: a name, a token id, or a prompt's token ids [pos] (delete with
-    ig is refused by AttributionOptions.check)."""
+def _baseline(text: str | None, technique: Technique, tok: Any) -> Any:
+    """--baseline as input_attribution takes it: a name, a token id, or a prompt's token ids [pos] (None: the
+    technique's own; delete where it removes no token is refused by the options' check)."""
     import torch
 
     from circuitlab.errors import CircuitlabError
 
     if text is None:
-        return "zeros" if method == "ig" else "mean"
+        return technique.baseline
     if text in ("zeros", "mean", "delete"):
         return text
     if text == "eos":

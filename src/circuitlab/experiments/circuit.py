@@ -12,16 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from circuitlab.analysis.edges.discovery import (DEFAULT_METRIC, INDUCTION_CORRUPTIONS, METRICS, TASKS, CircuitData,
+from circuitlab.analysis.edges.discovery import (INDUCTION_CORRUPTIONS, METRICS, TASKS, CircuitData,
                                                  CircuitResult, check_circuit_options, find_circuit, induction_rows,
                                                  make_metric, rows_from_texts)
 from circuitlab.analysis.edges.io import save_circuit, save_mib, save_scores
-from circuitlab.analysis.edges.scoring import (DEFAULT_INTERVENTION, DEFAULT_METHOD, DEFAULT_STEPS, EAP_IG_STEPS,
-                                               INTERVENTIONS, METHODS)
+from circuitlab.analysis.edges.options import DiscoveryOptions
 from circuitlab.atomic import atomic_write_text, json_text
-from circuitlab.checks import COUNT, NONNEG
 from circuitlab.errors import CircuitlabError, InputError
-from circuitlab.spec import Options, option
+from circuitlab.spec import Options, option, same
 from circuitlab.viz.edges import circuit_svg, faithfulness_figure
 
 
@@ -45,18 +43,15 @@ class CircuitOptions(Options):
     answers: str | Path | None = option(None, help="file with one line per row: the answer token, or answer<TAB>wrong "
                                                    "(default: the model's own predictions on the clean / corrupted "
                                                    "prompts)")
-    metric: str = option(DEFAULT_METRIC, help=f"{' | '.join(METRICS)} (default {{default}})")
-    method: str = option(DEFAULT_METHOD, help=f"{' | '.join(METHODS)} (default {{default}})")
-    intervention: str = option(DEFAULT_INTERVENTION, help=" | ".join(INTERVENTIONS))
-    steps: int = option(DEFAULT_STEPS, EAP_IG_STEPS,
-                        help=f"EAP-IG path points (default {{default}}, at most {EAP_IG_STEPS.high})")
-    edges: int | None = option(None, COUNT, help="circuit size (default: the fewest top edges recovering 90%% of the "
-                                                 "gap)")   # %%: argparse's help is a format string
-    threshold: float | None = option(None, NONNEG, help="keep edges with |score| >= this instead")
-    greedy: bool = option(False, help="grow the circuit from the logits (with --edges)")
-    refine: str | None = option(None, nargs="?", const="batched", metavar="batched|acdc",
-                                help="then refine it with exact patching: batched per reader (the default when "
-                                     "given), or acdc (one edge at a time, each against the circuit left so far)")
+    # How the circuit is found: declared by analysis/edges/options.py (the explorer's discovery reads them too)
+    metric: str = same(DiscoveryOptions, "metric")
+    method: str = same(DiscoveryOptions, "method")
+    intervention: str = same(DiscoveryOptions, "intervention")
+    steps: int = same(DiscoveryOptions, "steps")
+    edges: int | None = same(DiscoveryOptions, "edges")
+    threshold: float | None = same(DiscoveryOptions, "threshold")
+    greedy: bool = same(DiscoveryOptions, "greedy")
+    refine: str | None = same(DiscoveryOptions, "refine")
     out: str | Path | None = option(None, help="output directory (default: <run>/circuit, or <checkpoint>-circuit "
                                                "beside a checkpoint folder); an earlier circuit there is kept, renamed "
                                                "(or replaced with --overwrite)")

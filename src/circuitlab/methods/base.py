@@ -55,7 +55,9 @@ class NoOptions(Options):
 class Method:
     """One method in the registry.
 
-    name: `interpret --experiments NAME` and its key in results.json. options / result: its classes. inputs: the
+    name: `interpret --experiments NAME` and its key in results.json. options / result: its classes (options_spec:
+    the options class, or a function making it where a registry declares the options: input attribution's
+    techniques; options is the class either way). inputs: the
     inputs `interpret` shares between methods that it reads (prompt; clean, corrupt; lens; progress).
     run(model, tokenizer, out_dir, options, **inputs) -> result. section(result) -> its report Section (None: the
     report draws it from the run's model, reading the result: circuits, heads). needs: the model.assumptions it
@@ -66,7 +68,7 @@ class Method:
     """
 
     name: str
-    options: type[Options]
+    options_spec: type[Options] | Callable[[], type[Options]]
     result: type[MethodResult]
     run: Callable[..., MethodResult]
     section: Callable[[Any], Section] | None
@@ -76,6 +78,12 @@ class Method:
     check: Callable[..., None] | None = None
     missing: Callable[..., tuple[str, str] | None] | None = None
     estimate: Callable[..., Any] | None = None
+
+    @property
+    def options(self) -> type[Options]:
+        """The options class (made now from its registry where options_spec is a function)."""
+        spec: Any = self.options_spec
+        return spec if isinstance(spec, type) and issubclass(spec, Options) else spec()
 
     def options_from(self, given: Mapping[str, Any]) -> Options:
         """This method's options among `given` (keyword arguments of several methods; None = the default),

@@ -1,7 +1,8 @@
 """Input attribution as a method (`interpret --experiments input_attribution`; the analysis:
-analysis/input_attribution.py): integrated gradients, gradient × input, saliency, occlusion, context mixing,
-KernelSHAP and LIME for the prediction at the prompt's last token, the model's top token against its second;
-its typed result and report section (the views: viz/tokens.py)."""
+analysis/input_attribution/): every registered technique (integrated gradients, gradient × input, saliency,
+occlusion, context mixing, KernelSHAP, LIME and any registered since) for the prediction at the prompt's last
+token, the model's top token against its second; its options (interpret_options: every technique's own, from the
+technique registry), its typed result and report section (the views: viz/tokens.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from circuitlab.analysis.input_attribution import attribute_methods
+from circuitlab.analysis.input_attribution import attribute_methods, technique_options
 from circuitlab.data.stories import DEFAULT_PROMPT
 import circuitlab.memory as memory
 from circuitlab.methods.base import Method, MethodResult, NoOptions, prompt_tokens
+from circuitlab.spec import Options
 from circuitlab.methods.tuned_lens import check_lens
 from circuitlab.model import model_device
 from circuitlab.viz.fragments import Section, bullet_list, details, paragraph, table_html
@@ -39,14 +41,37 @@ class InputAttributionFindings(MethodResult):
                    d.get("foil"), d["methods"])
 
 
-def run_input_attribution(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
+def interpret_options() -> type[Options]:
+    """Every registered technique's options but the baseline (each technique starts from its own), as
+    `interpret`'s flags: --steps, --span, --samples, --seed, --kernel-width, --exact, --paired, ..."""
+    return technique_options("InputAttributionOptions", left_out=("baseline",), title="input attribution")
+
+
+def check_input_attribution(model: "Transformer", tokenizer: Any, options: Options, prompt: str | None = None,
+                            lens: str | Path | None = None, **_: Any) -> None:
+    """The prompt and the lens (check_lens), then what each technique refuses for this prompt (shap's exact
+    values on more than 16 tokens, more coalitions than memory holds), before any method runs."""
+    import warnings
+
+    from circuitlab.analysis.input_attribution import techniques
+
+    check_lens(model, tokenizer, NoOptions(), prompt=prompt, lens=lens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # a long prompt warns once, when it runs
+        n = len(prompt_tokens(model, tokenizer, prompt))
+    for t in techniques():
+        if t.check is not None:
+            t.check(t.option_values(options.to_dict()), n)
+
+
+def run_input_attribution(model: "Transformer", tokenizer: Any, out_dir: Path, options: Options,
                           prompt: str | None = None, lens: str | Path | None = None) -> InputAttributionFindings:
-    """Integrated gradients, gradient × input, saliency, occlusion and context mixing for the prediction
-    at the prompt's last token: the model's top token against its second (a logit difference)."""
+    """Every registered technique (with `options`' values) for the prediction at the prompt's last token: the
+    model's top token against its second (a logit difference)."""
     tokens = prompt_tokens(model, tokenizer, prompt)
     with torch.no_grad():
         top2 = model(tokens[None].to(model_device(model)))[0, -1].topk(2).indices.tolist()
-    found = attribute_methods(model, tokens, top2[0], top2[1], tokenizer=tokenizer)
+    found = attribute_methods(model, tokens, top2[0], top2[1], tokenizer=tokenizer, **options.to_dict())
     first = found["ig"]
     assert first.completeness_error is not None   # integrated gradients measure it
     summary = [f"explained: logit({first.target_str!r}) - logit({first.foil_str!r}) after the last token"]
@@ -64,7 +89,7 @@ def _how(method: str, d: dict[str, Any]) -> str:
     """How one method's scores were made (its to_dict() form): the fit for shap / lime, completeness for paths."""
     if d.get("samples") is not None:  # shap, lime: a fit to sampled coalitions, not a path integral
         return (f"{d['samples']} coalitions, {d['baseline']} baseline; surrogate R² {d['surrogate_r2']:.2f}"
-                + ("; sums to the change exactly" if method == "shap" else ""))
+                + ("; sums to the change exactly" if d.get("completeness_error") is not None else ""))   # shap's fit
     if d.get("completeness_error") is not None:
         return f"completeness error {100 * d['completeness_error']:.2g}% ({d['steps']} steps, {d['baseline']} baseline)"
     return "-"
@@ -102,13 +127,15 @@ def input_attribution_section(found: InputAttributionFindings) -> Section:
 
 def estimate_input_attribution(model: Transformer, tokenizer: Any, options: Any, prompt: str | None = None,
                                **_: Any) -> memory.Estimate:
-    """Every input-attribution method on the prompt, one after another."""
-    from circuitlab.analysis.input_attribution import METHODS, attribution_estimate
+    """Every registered technique on the prompt, one after another."""
+    from circuitlab.analysis.input_attribution import attribution_estimate, technique_names
 
     n = len(prompt_tokens(model, tokenizer, prompt))
-    return memory.Estimate.one_after_another(f"input attribution ({', '.join(METHODS)} on {n} tokens)",
-                                             [attribution_estimate(model, n, m) for m in METHODS])
+    values = options.to_dict() if options is not None else {}
+    return memory.Estimate.one_after_another(f"input attribution ({', '.join(technique_names())} on {n} tokens)",
+                                             [attribution_estimate(model, n, m, **values) for m in technique_names()])
 
 
-METHOD = Method("input_attribution", NoOptions, InputAttributionFindings, run_input_attribution,
-                input_attribution_section, inputs=("prompt", "lens"), check=check_lens, estimate=estimate_input_attribution)
+METHOD = Method("input_attribution", interpret_options, InputAttributionFindings, run_input_attribution,
+                input_attribution_section, inputs=("prompt", "lens"), check=check_input_attribution,
+                estimate=estimate_input_attribution)

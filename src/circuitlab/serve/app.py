@@ -39,6 +39,7 @@ import circuitlab.serve.prompt as prompt_page
 from circuitlab.serve.guard import Guard
 from circuitlab.serve.page import CSS, JS, STATIC_DIR, Served, page_response
 from circuitlab.serve.pages import PAGES, page_keywords
+from circuitlab.serve.requests import RULE_ERROR
 from circuitlab.spec import Options, option, options_of
 
 log = logging.getLogger("circuitlab.serve")
@@ -138,6 +139,8 @@ def _validation_message(exc: RequestValidationError) -> str:
     if loc[:1] == ["body"] and len(loc) == 1:
         return "the request needs a JSON object body" if err.get("type") != "missing" else \
             "the request needs a JSON body"
+    if err.get("type") == RULE_ERROR:   # a generated model's rule: its message names the field
+        return str(err.get("msg", "invalid value"))
     where = loc[1] if len(loc) > 1 and loc[0] in ("body", "query", "path") else ".".join(loc)
     # A union (e.g. int | str) fails once per member: name them all in one line.
     members = [e for e in errors if [str(x) for x in e.get("loc", ())][:2] == loc[:2]]

@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi.responses import Response  # at module level: the OpenAPI schema resolves route annotations here
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import Field
 
-from circuitlab.analysis.edges.discovery import DEFAULT_METRIC
-from circuitlab.analysis.edges.scoring import DEFAULT_METHOD, DEFAULT_STEPS
+from circuitlab.analysis.edges.discovery import DEFAULT_METRIC, INDUCTION_CORRUPTIONS, METRICS
+from circuitlab.analysis.edges.options import DiscoveryOptions
+from circuitlab.analysis.edges.scoring import DEFAULT_METHOD, DEFAULT_STEPS, METHODS
 from circuitlab.checks import COUNT, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.serve.page import JS, Page, Served
+from circuitlab.serve.requests import request_model
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -141,18 +143,16 @@ class CircuitBrowser:
         return self.circuit(name)
 
 
-class RunRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    task: Literal["induction"] | None = Field(default="induction", description="built-in task (or give prompts)")
-    corruption: Literal["no-repeat", "first-copy", "other-repeat"] = Field(
-        default="no-repeat", description="the induction task's corrupted rows")
-    clean: list[str] | None = Field(default=None, description="clean prompts, one per row (instead of a task)")
-    corrupt: list[str] | None = Field(default=None, description="corrupted prompts, same token length per row")
-    method: Literal["eap", "eap-ig", "exact"] = Field(default=DEFAULT_METHOD)   # `circuitlab circuit`'s defaults
-    metric: Literal["logit-diff", "logprob", "kl"] = Field(default=DEFAULT_METRIC)
-    edges: StrictInt | None = Field(default=None, description="circuit size (default: fewest edges for 90%)")
-    steps: StrictInt = Field(default=DEFAULT_STEPS, description="EAP-IG steps")
+# POST /api/circuits/run: the rows (the built-in task by default, or prompt pairs: the explorer's own, since the
+# command reads files), and discovery's options as DiscoveryOptions declares them (steps held to SERVER_STEPS).
+RunRequest = request_model(DiscoveryOptions, "RunRequest", only=("method", "metric", "edges", "steps"),
+                           choices={"method": METHODS, "metric": METRICS}, limits={"steps": SERVER_STEPS}, strict=True,
+                           extra={
+    "task": (Literal["induction"] | None, Field(default="induction", description="built-in task (or give prompts)")),
+    "corruption": (Literal.__getitem__(INDUCTION_CORRUPTIONS), Field(
+        default=INDUCTION_CORRUPTIONS[0], description="the induction task's corrupted rows")),
+    "clean": (list[str] | None, Field(default=None, description="clean prompts, one per row (instead of a task)")),
+    "corrupt": (list[str] | None, Field(default=None, description="corrupted prompts, same token length per row"))})
 
 
 def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encode) -> None:
@@ -175,8 +175,7 @@ def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encod
         """The circuit's drawing."""
         return Response(browser.svg(name), media_type="image/svg+xml", headers={"cache-control": "no-cache"})
 
-    @app.post("/api/circuits/run")
-    def run(req: RunRequest) -> dict[str, Any]:
+    def run(req: Any) -> dict[str, Any]:
         """Discovery on the loaded model (built-in induction task or prompt pairs); the result becomes a circuit."""
         if browser.model is None:
             raise HTTPException(409, "no model loaded: start the server with `circuitlab serve --checkpoint RUN` "
@@ -186,6 +185,9 @@ def add_circuit_routes(app, browser: CircuitBrowser, lock: threading.Lock, encod
         with lock:
             return browser.run(req.task, req.corruption, req.method, req.metric, req.edges, req.clean, req.corrupt,
                                req.steps)
+
+    run.__annotations__["req"] = RunRequest   # a generated model: the annotation is the class itself
+    app.post("/api/circuits/run")(run)
 
 
 

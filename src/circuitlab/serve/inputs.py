@@ -3,6 +3,7 @@ layer already predicts (logit lens, and the tuned lens when one is loaded), and 
 dicts; add_input_routes puts them on the app.
 
     attribute_prompt(model, tok, ids, target=None, foil=None, method="all")   # POST /api/attribute
+    attribute_form()                                                         # GET  /api/attribute/form
     lens_prompt(model, tok, ids, lens=None)                                  # POST /api/lens
     steer_prompt(model, tok, positive, negative, layer, coefs, prompt_ids)   # POST /api/steer
 """
@@ -16,13 +17,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS, DEFAULTS,
-                                                   KERNEL_WIDTH, METHODS, SEED, attribute_methods)
+from circuitlab.analysis.input_attribution import (attribute_methods, technique_names, technique_options,
+                                                   techniques)
 from circuitlab.checks import FINITE, Number
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import model_device
 from circuitlab.serve.page import JS, Page, Served
 from circuitlab.serve.prompt import VALUE_DIGITS, resolve_target, token_str
+from circuitlab.serve.requests import OptionsRequest, request_model
+from circuitlab.spec import Options, options_of, schema
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -32,7 +35,13 @@ STEPS = Number(int, low=1, high=MAX_STEPS, why="the explorer answers while you w
 MAX_SAMPLES = 8192         # KernelSHAP / LIME coalitions one request may ask for
 SAMPLES = Number(int, low=3, high=MAX_SAMPLES, why="the explorer answers while you wait; `circuitlab attribute` "
                                                     "takes more")
-BASELINES = ("mean", "zeros", "eos", "delete")  # or a token id
+LIMITS = {"steps": STEPS, "samples": SAMPLES}   # where the explorer holds a technique's option tighter
+# What a token shap and lime remove may become (or a token id), as the form names them; the first is the default.
+BASELINES = {"mean": "the mean embedding", "zeros": "zeros", "eos": "the EOS token", "delete": "deleted"}
+DEFAULT_BASELINE = next(iter(BASELINES))
+# The explorer's own baseline (shap, lime: a name or a token id; ig starts from its own) stands for the
+# techniques' baseline option; exact Shapley values (up to 65 534 passes) are no answer to wait for.
+LEFT_OUT = ("baseline", "exact")
 MAX_STEER_PROMPTS = 32     # prompts per steering set
 MAX_STEER_COEFS = 8
 MAX_STEER_TOKENS = 40      # tokens generated per coefficient
@@ -44,21 +53,32 @@ def _r(x: float) -> float:
     return round(float(x), VALUE_DIGITS)
 
 
+def explorer_options() -> type[Options]:
+    """The technique options the explorer offers (every registered technique's but LEFT_OUT), as the registry
+    declares them; LIMITS holds some tighter."""
+    return technique_options("ExplorerAttributionOptions", left_out=LEFT_OUT)
+
+
+def _check_limits(values: dict[str, Any]) -> dict[str, Any]:
+    """The technique options' values, each held to its rule, LIMITS' where the explorer is stricter."""
+    checked = explorer_options()(**values).check(CircuitlabError).to_dict()
+    for name, rule in LIMITS.items():
+        if name in checked:
+            rule.check(checked[name], name)
+    return checked
+
+
 def attribute_prompt(model: Transformer, tokenizer, ids: list[int], target: str | int | None = None,
-                     foil: str | int | None = None, method: str = "all", steps: int = DEFAULT_STEPS,
-                     samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed,
-                     kernel_width: float = DEFAULT_KERNEL_WIDTH,
-                     baseline: str | int = "mean") -> dict[str, Any]:
-    """Attribution of the prediction after the prompt's last token to each prompt token, by one method or
-    all (METHODS). target: id or one-token text (default: the model's top prediction); foil: explain
-    target against it (logit difference). shap, lime: `samples` coalitions from `seed`; a removed token
-    becomes `baseline` (BASELINES or a token id); lime's kernel width."""
-    if method != "all" and method not in METHODS:
-        raise CircuitlabError(f"unknown method {method!r}; choose all or one of {', '.join(METHODS)}")
-    STEPS.check(steps, "steps")
-    SAMPLES.check(samples, "samples")
-    SEED.check(seed, "seed")
-    KERNEL_WIDTH.check(kernel_width, "kernel_width")
+                     foil: str | int | None = None, method: str = "all", baseline: str | int = DEFAULT_BASELINE,
+                     **options: Any) -> dict[str, Any]:
+    """Attribution of the prediction after the prompt's last token to each prompt token, by one technique or
+    all (technique_names()). target: id or one-token text (default: the model's top prediction); foil: explain
+    target against it (logit difference). options: the techniques' options (explorer_options(): steps, samples,
+    seed, kernel_width, ...; absent: their defaults). A token shap and lime remove becomes `baseline`
+    (BASELINES or a token id)."""
+    if method != "all" and method not in technique_names():
+        raise CircuitlabError(f"unknown method {method!r}; choose all or one of {', '.join(technique_names())}")
+    options = _check_limits(options)
     if isinstance(baseline, str) and baseline not in BASELINES:
         raise CircuitlabError(f"unknown baseline {baseline!r}; choose one of {', '.join(BASELINES)} or a token id")
     if baseline == "eos":
@@ -77,18 +97,19 @@ def attribute_prompt(model: Transformer, tokenizer, ids: list[int], target: str 
         target_id = int(logits.argmax())
     if foil_id is not None and foil_id == target_id:
         raise CircuitlabError("the foil is the model's top prediction, which is the default target: give a target")
-    methods = tuple(METHODS) if method == "all" else (method,)
-    found = attribute_methods(model, tokens, target_id, foil_id, methods, steps, tokenizer, samples, seed,
-                              kernel_width, baseline, progress=False)
+    methods = technique_names() if method == "all" else (method,)
+    found = attribute_methods(model, tokens, target_id, foil_id, methods, tokenizer, baseline, progress=False,
+                              **options)
     out = {}
     for m, r in found.items():
+        sampled = "samples" in r.extra   # shap, lime: a fit to coalitions (shap's efficiency gap is no path's error)
         out[m] = {"scores": [_r(s) for s in r.scores.tolist()], "summary": r.describe(),
                   "top": [{"pos": p, "score": _r(s)} for p, s in r.top(5)],
-                  "completeness_error": r.completeness_error if m != "shap" else None, "steps": r.steps,
+                  "completeness_error": None if sampled else r.completeness_error, "steps": r.steps,
                   "metric_value": r.metric_value,
                   "per_layer": [[_r(v) for v in row] for row in r.per_layer.tolist()] if r.per_layer is not None
                   else None}
-        if "samples" in r.extra:  # shap, lime
+        if sampled:
             out[m].update(samples=r.extra["samples"], baseline=r.baseline, surrogate_r2=_r(r.extra["surrogate_r2"]))
     probs = logits.float().softmax(-1)
     return {"tokens": [token_str(tokenizer, t) for t in ids],
@@ -161,20 +182,30 @@ def steer_prompt(model: Transformer, tokenizer, positive: list[list[int]], negat
 # ---------------------------------------------------------------------------- routes
 
 
-class AttributeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def attribute_request() -> type[OptionsRequest]:
+    """POST /api/attribute's model, generated from the registry: the prompt, target and foil, the technique (all
+    or one registered), the explorer's baseline, and every option of explorer_options() (its rule, or LIMITS')."""
+    method: Any = Literal.__getitem__(("all", *technique_names()))
+    return request_model(explorer_options(), "AttributeRequest", limits=LIMITS, strict=True, extra={
+        "prompt": (str, Field(description="the text; the prediction after its last token is explained")),
+        "target": (StrictInt | str | None, Field(default=None,
+                                                 description="token id or one-token text (default: top)")),
+        "foil": (StrictInt | str | None, Field(default=None, description="contrast the target with this token")),
+        "method": (method, Field(default="all", description="one technique, or all of them")),
+        "baseline": (Literal.__getitem__(tuple(BASELINES)) | StrictInt, Field(
+            default=DEFAULT_BASELINE, description="shap, lime: what a removed token becomes (or a token id)"))})
 
-    prompt: str = Field(description="the text; the prediction after its last token is explained")
-    target: StrictInt | str | None = Field(default=None, description="token id or one-token text (default: top)")
-    foil: StrictInt | str | None = Field(default=None, description="contrast the target with this token")
-    method: Literal["all", "ig", "saliency", "grad-x-input", "occlusion", "context-mixing", "shap", "lime"] = "all"
-    steps: StrictInt = Field(default=DEFAULT_STEPS, description="integrated gradients: points on the path")
-    samples: StrictInt = Field(default=DEFAULT_SAMPLES, description="shap, lime: coalitions evaluated")
-    seed: StrictInt = Field(default=DEFAULTS.seed, description="shap, lime: seed of the coalitions drawn")
-    kernel_width: StrictInt | StrictFloat = Field(default=DEFAULT_KERNEL_WIDTH,
-                                                  description="lime: width of the kernel on the cosine distance")
-    baseline: Literal["mean", "zeros", "eos", "delete"] | StrictInt = Field(
-        default="mean", description="shap, lime: what a removed token becomes (or a token id)")
+
+def attribute_form() -> dict[str, Any]:
+    """What the /inputs form offers, from the registry: each technique's name and label, the options' defaults,
+    bounds and help (attribute_request's JSON schema) and which techniques take each, and the baselines."""
+    props = attribute_request().model_json_schema()["properties"]
+    names = list(schema(explorer_options())["properties"])
+    own = {t.name: {f.name for f, _ in options_of(t.options)} if t.options is not None else set() for t in techniques()}
+    takes = {n: [t for t, names_of in own.items() if n in names_of] for n in names}
+    return {"methods": [{"name": t.name, "label": t.label or t.name} for t in techniques()],
+            "options": {n: props[n] for n in names}, "takes": takes,
+            "baselines": [{"name": k, "label": v} for k, v in BASELINES.items()]}
 
 
 class LensRequest(BaseModel):
@@ -205,14 +236,22 @@ def add_input_routes(app, model: Transformer | None, tokenizer, lens, lock: thre
             raise HTTPException(409, "no model loaded: start the server with `circuitlab serve --checkpoint RUN`")
         return model
 
-    @app.post("/api/attribute")
-    def attribute_route(req: AttributeRequest) -> dict[str, Any]:
+    def attribute_route(req: Any) -> dict[str, Any]:
         """Attribution of the next-token prediction to the prompt's tokens (one method or all)."""
         loaded = need()
         ids = encode(req.prompt)
         with lock:
-            return attribute_prompt(loaded, tokenizer, ids, req.target, req.foil, req.method, req.steps, req.samples,
-                                    req.seed, req.kernel_width, req.baseline)
+            return attribute_prompt(loaded, tokenizer, ids, req.target, req.foil, req.method, req.baseline,
+                                    **req.options().to_dict())
+
+    # The request model is made when the app is: the techniques registered by then (the annotation is the class).
+    attribute_route.__annotations__["req"] = attribute_request()
+    app.post("/api/attribute")(attribute_route)
+
+    @app.get("/api/attribute/form")
+    def attribute_form_route() -> dict[str, Any]:
+        """The attribution form's techniques and options: defaults, bounds and help (from the registry)."""
+        return attribute_form()
 
     @app.post("/api/lens")
     def lens_view(req: LensRequest) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import inspect
 import pytest
 
 from circuitlab.analysis.input_attribution import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULT_STEPS, DEFAULTS,
-                                                   METHODS, AttributionOptions, attribute_inputs, attribute_methods,
-                                                   attribution_estimate, context_mixing, integrated_gradients,
-                                                   kernel_shap, lime, occlusion, saliency)
+                                                   METHODS, AttributionOptions, attribute_inputs, attribution_estimate,
+                                                   context_mixing, get_technique, integrated_gradients, kernel_shap,
+                                                   lime, occlusion, saliency)
 from circuitlab.cli import build_parser
 from circuitlab.errors import ConfigError, InputError
 from circuitlab.spec import schema
@@ -44,7 +44,7 @@ def test_the_analysis_keywords_default_to_the_class():
     for fn in (saliency, integrated_gradients, occlusion, kernel_shap, lime, context_mixing):
         assert default(fn, "pos") == DEFAULTS.pos, fn.__name__
     assert default(integrated_gradients, "steps") == DEFAULTS.steps and default(occlusion, "span") == DEFAULTS.span
-    for fn in (kernel_shap, lime, attribute_methods):
+    for fn in (kernel_shap, lime):   # attribute_methods passes each technique its options' defaults (techniques.py)
         assert default(fn, "samples") == DEFAULTS.samples and default(fn, "seed") == DEFAULTS.seed, fn.__name__
     assert default(lime, "kernel_width") == DEFAULTS.kernel_width
     assert default(attribute_inputs, "method") == default(attribution_estimate, "method") == DEFAULTS.method
@@ -86,9 +86,7 @@ def test_method_keywords_are_those_the_method_takes():
     """Each method gets the options it reads and no other (attribute_inputs passes them on as keywords)."""
     for method in METHODS:
         kw = AttributionOptions("runs/x", "p", method=method).check().method_keywords()
-        takes = set(inspect.signature({"ig": integrated_gradients, "saliency": saliency, "occlusion": occlusion,
-                                       "context-mixing": context_mixing, "shap": kernel_shap, "lime": lime}
-                                      .get(method, saliency)).parameters)
+        takes = set(inspect.signature(get_technique(method).run).parameters)
         assert set(kw) <= takes and "pos" in kw, method
     assert AttributionOptions("m", "p", method="shap", exact=True).method_keywords() == {
         "pos": -1, "samples": 1024, "seed": 0, "exact": True, "paired": False}

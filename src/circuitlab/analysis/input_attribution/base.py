@@ -11,7 +11,7 @@ import torch
 
 import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
-from circuitlab.analysis.input_attribution.options import DEFAULT_SAMPLES, DEFAULT_STEPS, DEFAULTS, METHODS
+from circuitlab.analysis.input_attribution.options import DEFAULT_POS
 from circuitlab.analysis.patching.checks import one_sequence
 from circuitlab.display import Displayed
 from circuitlab.errors import CircuitlabError
@@ -106,7 +106,7 @@ def _check_token(t: int, name: str, d_vocab: int) -> int:
     return t
 
 
-def logit_metric(target: int, foil: int | None = None, pos: int = DEFAULTS.pos) -> Metric:
+def logit_metric(target: int, foil: int | None = None, pos: int = DEFAULT_POS) -> Metric:
     """logits [batch, pos, d_vocab] -> logits[:, pos, target] (- logits[:, pos, foil]) [batch]."""
     if foil is not None and foil == target:
         raise CircuitlabError(f"the foil is the target ({target}): a logit difference with itself is always 0")
@@ -243,40 +243,3 @@ def _row_floats(model: Transformer, n_pos: int, backward: bool = True) -> int:
     cfg = model.cfg
     per_layer = n_pos * (12 * cfg.d_model + (0 if cfg.attn_only else 3 * cfg.mlp_dim) + 3 * cfg.n_heads * n_pos)
     return (per_layer * max(cfg.n_layers, 1) if backward else 2 * per_layer) + 2 * cfg.d_vocab + n_pos * cfg.d_model
-
-
-def attribution_estimate(model: Transformer, n_pos: int, method: str = DEFAULTS.method, steps: int = DEFAULT_STEPS,
-                         samples: int = DEFAULT_SAMPLES, batch_size: int | None = None,
-                         baseline: Baseline | None = None) -> memory.Estimate:
-    """What attribute_inputs(model, tokens [n_pos], method) holds at its peak and computes: one chunk of rows
-    (rows_per_chunk: path points for ig, occluded copies, coalitions for shap and lime), each a forward pass of
-    the prompt (and a backward pass for the gradient methods), and the regression's [samples, pos] for shap and
-    lime; or, where larger, the mean baseline's embedding of every token (made, then freed, before the rows;
-    baseline None: the method's default, mean for shap and lime). context-mixing and the single-gradient methods
-    are one pass."""
-    from circuitlab.model import model_dtype
-    from circuitlab.perf import transformer_step_flops
-
-    if method not in METHODS:
-        raise CircuitlabError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    cfg = model.cfg
-    size = model_dtype(model).itemsize
-    rows = {"ig": steps, "occlusion": n_pos, "shap": samples, "lime": samples}.get(method, 1)
-    backward = method in ("ig", "saliency", "grad-x-input")
-    chunk = min(rows, batch_size or rows_per_chunk(model, n_pos, backward))
-    # What a row holds (measured on GPT-2 small's shape with a peak-memory script: ~12-15 [pos, d_model] per
-    # layer with gradients, ~15 [pos, d_model] in all without; rows_per_chunk's own sizing is more cautious).
-    mlp = (3 if cfg.mlp in ("swiglu", "geglu") else 2) * (0 if cfg.attn_only else cfg.mlp_dim)
-    per_pos = 10 * cfg.d_model + mlp + cfg.n_heads * n_pos
-    held = n_pos * (per_pos * max(cfg.n_layers, 1) if backward else 7 * cfg.d_model + 1.25 * mlp) + 2 * cfg.d_vocab
-    parts = {f"a chunk of {chunk} rows": chunk * held * size}
-    mean = baseline == "mean" or (baseline is None and method in ("shap", "lime"))
-    if mean and cfg.d_vocab * cfg.d_model * size > parts[f"a chunk of {chunk} rows"]:
-        parts = {"the mean baseline's embedding of every token": cfg.d_vocab * cfg.d_model * size}
-    if method in ("shap", "lime"):
-        parts["the regression's coalitions"] = 3 * samples * n_pos * 8    # the design, its weights, a copy (float64)
-    # the blocks over every position, the read-out at the explained one
-    flops = (transformer_step_flops(cfg, rows * n_pos, n_pos, backward=backward)
-             - rows * (n_pos - 1) * 2 * cfg.d_model * cfg.d_vocab * (3 if backward else 1))
-    return memory.Estimate(f"input attribution ({method}, {rows:,} row{'s' if rows != 1 else ''} of {n_pos} tokens in "
-                           f"chunks of {chunk})", parts, held=memory.tensor_bytes(model), flops=flops, efficiency=1.0)

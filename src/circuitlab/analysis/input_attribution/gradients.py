@@ -10,7 +10,8 @@ import torch
 from circuitlab.analysis.input_attribution.base import (Baseline, Explain, InputAttribution, Metric, _baseline_name,
                                                         _decorate, _resolve, _sequence, baseline_embeddings,
                                                         rows_per_chunk)
-from circuitlab.analysis.input_attribution.options import DEFAULT_STEPS, DEFAULTS, STEPS
+from circuitlab.analysis.input_attribution.options import DEFAULT_POS, DEFAULT_STEPS, STEPS, IGOptions
+from circuitlab.analysis.input_attribution.techniques import Technique
 from circuitlab.checks import COUNT
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import frozen_parameters
@@ -30,7 +31,7 @@ def _gradient(model: Transformer, tokens: torch.Tensor, explain: Explain) -> tup
 
 
 def saliency(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-             pos: int = DEFAULTS.pos, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
+             pos: int = DEFAULT_POS, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """L2 norm of the metric's gradient with respect to each token's embedding: scores [pos] (≥ 0)."""
     tokens = _sequence(tokens, model)
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
@@ -40,7 +41,7 @@ def saliency(model: Transformer, tokens: torch.Tensor, target: int | None = None
 
 
 def gradient_x_input(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-                     pos: int = DEFAULTS.pos, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
+                     pos: int = DEFAULT_POS, metric: Metric | None = None, tokenizer=None) -> InputAttribution:
     """Gradient · embedding, summed over d_model: scores [pos] (signed; IG with one step from zeros)."""
     tokens = _sequence(tokens, model)
     explain, target, foil, pos = _resolve(model, tokens, target, foil, pos, metric)
@@ -68,7 +69,7 @@ def path_nodes(steps: int, rule: str = "gausslegendre") -> tuple[torch.Tensor, t
 
 
 def integrated_gradients(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-                         pos: int = DEFAULTS.pos, metric: Metric | None = None, baseline: Baseline = "zeros",
+                         pos: int = DEFAULT_POS, metric: Metric | None = None, baseline: Baseline = "zeros",
                          steps: int = DEFAULT_STEPS, rule: str = "gausslegendre", batch_size: int | None = None,
                          tokenizer=None) -> InputAttribution:
     """Integrated gradients on the straight path from the baseline's embeddings to the input's.
@@ -104,3 +105,11 @@ def integrated_gradients(model: Transformer, tokens: torch.Tensor, target: int |
                               float(ends[1]), error, steps, _baseline_name(baseline))
     result.extra["rule"] = rule
     return _decorate(result, tokenizer)
+
+
+# The registry's records (the package's __init__ registers them).
+IG = Technique("ig", integrated_gradients, IGOptions, label="integrated gradients", baseline="zeros",
+               keeps_positions="a path of embeddings needs the same positions",
+               rows=lambda values, n_pos: values["steps"], backward=True)
+SALIENCY = Technique("saliency", saliency, label="saliency", backward=True)
+GRAD_X_INPUT = Technique("grad-x-input", gradient_x_input, label="gradient × input", backward=True)

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from circuitlab.analysis.input_attribution.base import InputAttribution, _decorate, _sequence
-from circuitlab.analysis.input_attribution.options import DEFAULTS
+from circuitlab.analysis.input_attribution.options import DEFAULT_POS
+from circuitlab.analysis.input_attribution.techniques import Technique
 from circuitlab.errors import CircuitlabError
 
 if TYPE_CHECKING:
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 
 @torch.no_grad()
-def context_mixing(model: Transformer, tokens: torch.Tensor, pos: int = DEFAULTS.pos, tokenizer=None
+def context_mixing(model: Transformer, tokens: torch.Tensor, pos: int = DEFAULT_POS, tokenizer=None
                    ) -> InputAttribution:
     """Norm-based context mixing, rolled out through every layer.
 
@@ -54,3 +55,7 @@ def context_mixing(model: Transformer, tokens: torch.Tensor, pos: int = DEFAULTS
     result = InputAttribution("context-mixing", tokens.tolist(), rollout[pos].float().cpu(), pos,
                               per_layer=torch.stack(rows).float().cpu())
     return _decorate(result, tokenizer)
+
+
+CONTEXT_MIXING = Technique("context-mixing", context_mixing, label="context mixing",
+                           no_target="context mixing reads attention, not a target")

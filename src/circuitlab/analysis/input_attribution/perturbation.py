@@ -3,7 +3,8 @@ LIME (coalitions of present tokens, fitted by a linear surrogate: analysis/surro
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -14,8 +15,11 @@ from circuitlab.analysis.input_attribution.base import (BASELINE_NAMES, DEFAULT_
                                                         InputAttribution, Metric, _baseline_name, _check_token,
                                                         _decorate, _logits_at_rows, _resolve, _sequence,
                                                         baseline_embeddings, logit_metric, rows_per_chunk)
-from circuitlab.analysis.input_attribution.options import (DEFAULT_KERNEL_WIDTH, DEFAULT_SAMPLES, DEFAULTS,
-                                                           EXACT_MAX_POSITIONS, KERNEL_WIDTH, SAMPLES, SEED)
+from circuitlab.analysis.input_attribution.options import (DEFAULT_KERNEL_WIDTH, DEFAULT_POS, DEFAULT_SAMPLES,
+                                                           DEFAULT_SEED, DEFAULT_SPAN, EXACT_MAX_POSITIONS,
+                                                           KERNEL_WIDTH, SAMPLES, SEED, LimeOptions, OcclusionOptions,
+                                                           ShapOptions)
+from circuitlab.analysis.input_attribution.techniques import Technique
 from circuitlab.checks import COUNT, NONNEG
 from circuitlab.errors import CircuitlabError
 
@@ -25,8 +29,8 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def occlusion(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-              pos: int = DEFAULTS.pos, metric: Metric | None = None, replacement: int | None = None,
-              span: int = DEFAULTS.span, batch_size: int | None = None, tokenizer=None) -> InputAttribution:
+              pos: int = DEFAULT_POS, metric: Metric | None = None, replacement: int | None = None,
+              span: int = DEFAULT_SPAN, batch_size: int | None = None, tokenizer=None) -> InputAttribution:
     """Leave-one-out (span 1) or span occlusion: each window of `span` tokens among positions 0..pos is
     replaced by the `replacement` token (None: a zero embedding) and the model re-run, all windows in
     batched passes (chunks of batch_size; default as many as fit row_budget()). A window's effect is f(input) − f(occluded); a position's
@@ -139,9 +143,27 @@ def coalition_values(model: Transformer, tokens: torch.Tensor, explain: Explain,
     return out[inverse]
 
 
+def check_exact(n_positions: int) -> None:
+    """Exact Shapley values enumerate 2^M coalitions: at most EXACT_MAX_POSITIONS positions up to pos."""
+    if n_positions > EXACT_MAX_POSITIONS:
+        raise CircuitlabError(f"exact Shapley values enumerate 2^{n_positions} coalitions of the {n_positions} "
+                              f"positions up to pos; at most {EXACT_MAX_POSITIONS} positions: sample instead "
+                              "(samples=)")
+
+
+def _check_shap(values: Mapping[str, Any], n_pos: int) -> None:
+    check_samples(values["samples"], n_pos)
+    if values["exact"]:
+        check_exact(n_pos)
+
+
+def _check_lime(values: Mapping[str, Any], n_pos: int) -> None:
+    check_samples(values["samples"], n_pos)
+
+
 def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-                pos: int = DEFAULTS.pos, metric: Metric | None = None, baseline: Baseline = "mean",
-                samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed, exact: bool = False, paired: bool = False,
+                pos: int = DEFAULT_POS, metric: Metric | None = None, baseline: Baseline = "mean",
+                samples: int = DEFAULT_SAMPLES, seed: int = DEFAULT_SEED, exact: bool = False, paired: bool = False,
                 start_token: int | None = None, batch_size: int | None = None, progress: bool = True,
                 tokenizer=None) -> InputAttribution:
     """KernelSHAP: Shapley values of the tokens 0..pos for the explained value, scores [pos] (later positions 0).
@@ -168,9 +190,7 @@ def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = N
         start_token = getattr(tokenizer, "eos_id", None)
     _check_baseline(model, baseline, metric, start_token)
     if exact:
-        if M > EXACT_MAX_POSITIONS:
-            raise CircuitlabError(f"exact Shapley values enumerate 2^{M} coalitions of the {M} positions up to pos; "
-                                  f"at most {EXACT_MAX_POSITIONS} positions: sample instead (samples=)")
+        check_exact(M)
         rows, weights = surrogate.all_coalitions(M)
         rows = torch.cat([torch.ones(1, M, dtype=torch.bool), torch.zeros(1, M, dtype=torch.bool), rows])
         weights = torch.cat([torch.zeros(2, dtype=torch.float64), weights])
@@ -197,8 +217,8 @@ def kernel_shap(model: Transformer, tokens: torch.Tensor, target: int | None = N
 
 
 def lime(model: Transformer, tokens: torch.Tensor, target: int | None = None, foil: int | None = None,
-         pos: int = DEFAULTS.pos, metric: Metric | None = None, baseline: Baseline = "mean",
-         samples: int = DEFAULT_SAMPLES, seed: int = DEFAULTS.seed,
+         pos: int = DEFAULT_POS, metric: Metric | None = None, baseline: Baseline = "mean",
+         samples: int = DEFAULT_SAMPLES, seed: int = DEFAULT_SEED,
          kernel_width: float = DEFAULT_KERNEL_WIDTH, alpha: float = DEFAULT_ALPHA, start_token: int | None = None,
          batch_size: int | None = None, progress: bool = True, tokenizer=None) -> InputAttribution:
     """LIME: the coefficients of a weighted linear surrogate of the explained value over which tokens 0..pos are
@@ -236,3 +256,11 @@ def lime(model: Transformer, tokens: torch.Tensor, target: int | None = None, fo
                         evaluated=int(torch.unique(run, dim=0).shape[0]),
                         surrogate_r2=surrogate.weighted_r2(rows, values[2:], weights, coef, intercept))
     return _decorate(result, tokenizer)
+
+
+OCCLUSION = Technique("occlusion", occlusion, OcclusionOptions, label="occlusion", replacement=True,
+                      rows=lambda values, n_pos: n_pos)
+SHAP = Technique("shap", kernel_shap, ShapOptions, label="KernelSHAP", baseline="mean", removes=True, progress=True,
+                 rows=lambda values, n_pos: values["samples"], surrogate=True, check=_check_shap)
+LIME = Technique("lime", lime, LimeOptions, label="LIME", baseline="mean", removes=True, progress=True,
+                 rows=lambda values, n_pos: values["samples"], surrogate=True, check=_check_lime)

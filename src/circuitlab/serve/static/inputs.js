@@ -1,8 +1,53 @@
 // The inputs page: POST /api/attribute (tokens shaded per method), POST /api/lens (logit lens and tuned lens
-// layer by layer), POST /api/steer (a contrast direction by coefficient).
+// layer by layer), POST /api/steer (a contrast direction by coefficient). The attribution form is drawn from
+// GET /api/attribute/form: the registered techniques, each option's input (default, bounds, help), the baselines.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+const optionInputs = {};   // option name -> [its input, its JSON schema]
+
+// One input per technique option: a number (bounds from the schema), a checkbox, a choice or text.
+function optionInput(name, o, takes) {
+  const one = (o.anyOf || [o]).find((x) => x.type !== "null") || {};
+  let input;
+  if (one.type === "boolean") {
+    input = cl.el("input", { type: "checkbox", title: o.description });
+    input.checked = o.default === true;
+  } else if (one.enum) {
+    input = cl.el("select", { title: o.description }, ...one.enum.map((v) => cl.el("option", { value: v, text: v })));
+  } else if (one.type === "integer" || one.type === "number") {
+    const low = one.minimum !== undefined ? one.minimum : one.exclusiveMinimum;
+    input = cl.el("input", { type: "number", title: o.description, min: low, max: one.maximum,
+      step: one.type === "integer" ? 1 : "any" });
+  } else {
+    input = cl.el("input", { type: "text", autocomplete: "off", title: o.description });
+  }
+  if (one.type !== "boolean" && o.default !== null && o.default !== undefined) input.value = String(o.default);
+  optionInputs[name] = [input, one];
+  return cl.el("label", {}, `${takes.join("/")} ${name.replace(/_/g, " ")}`, input);
+}
+
+async function loadForm() {
+  const { ok, data } = await cl.api("/api/attribute/form");
+  if (!ok) { cl.status($("status"), data.detail, "error"); return; }
+  $("method").replaceChildren(cl.el("option", { value: "all", text: "all methods" }),
+    ...data.methods.map((m) => cl.el("option", { value: m.name, text: m.label })));
+  $("method").value = "all";
+  $("technique-options").replaceChildren(...Object.entries(data.options).map(([name, o]) =>
+    optionInput(name, o, data.takes[name] || [])));
+  $("baseline").replaceChildren(...data.baselines.map((b) => cl.el("option", { value: b.name, text: b.label })));
+  $("baseline").value = data.baselines[0].name;
+}
+
+function optionValues() {
+  const body = {};
+  for (const [name, [input, one]] of Object.entries(optionInputs)) {
+    if (one.type === "boolean") body[name] = Boolean(input.checked);
+    else if (input.value === "") continue;   // empty: the server's default
+    else body[name] = one.type === "integer" || one.type === "number" ? Number(input.value) : input.value;
+  }
+  return body;
+}
 
 // Score -> blue (positive) or red (negative), opacity |score| / scale.
 function shade(score, scale) {
@@ -33,7 +78,7 @@ async function loadModel() {
 async function runAttribution(event) {
   event.preventDefault();
   const body = { prompt: $("prompt").value, method: $("method").value, baseline: $("baseline").value,
-    samples: Number($("samples").value) };
+    ...optionValues() };
   if ($("target").value !== "") body.target = $("target").value;
   if ($("foil").value !== "") body.foil = $("foil").value;
   const data = await cl.submit($("run"), $("status"), "attributing…", "/api/attribute", body);
@@ -90,4 +135,5 @@ async function runSteer(event) {
 
 $("attribute-form").addEventListener("submit", runAttribution);
 $("steer-form").addEventListener("submit", runSteer);
+loadForm();
 loadModel();
