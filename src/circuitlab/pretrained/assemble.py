@@ -12,7 +12,7 @@ from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
 from circuitlab.model import Transformer
 from circuitlab.model.loading import TensorReader, uninitialised_model
-from circuitlab.pretrained.family_base import Family, Piece
+from circuitlab.pretrained.families.base import Family, Piece
 
 
 def assemble(cfg: ModelConfig, family: Family, hf: dict, tensors: Iterable[tuple[str, TensorReader]],

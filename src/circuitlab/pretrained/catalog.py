@@ -1,17 +1,40 @@
-"""Which family reads a checkpoint: the catalogue of every Family (families.py, llama_like.py), looked up
-by config.json's model_type. It stands above the family modules, so they never import each other in a circle.
+"""Which family reads a checkpoint, and which writes an export: the registry of families (families/base.py), filled
+by importing every module of the families package (each registers itself: no list kept here), looked up by
+config.json's model_type. It stands above the family modules, so they never import each other in a circle.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.families import GPT2, GPTJ, GPTNeoX, Llama
-from circuitlab.pretrained.family_base import Family, model_type
-from circuitlab.pretrained.llama_like import Gemma2, Gemma3, Olmo2, Phi3, Qwen3
+from circuitlab.pretrained import families
+from circuitlab.pretrained.families.base import Family, registered
+
+_found = False
+
+
+def _discover() -> None:
+    """Import every module of circuitlab.pretrained.families once: each registers its family."""
+    global _found
+    if not _found:
+        for module in pkgutil.iter_modules(families.__path__):
+            importlib.import_module(f"{families.__name__}.{module.name}")
+        _found = True
 
 
 def _all_families() -> tuple[Family, ...]:
-    return (GPT2(), GPTNeoX(), Llama(), Qwen3(), Gemma2(), Gemma3(), Olmo2(), Phi3(), GPTJ())
+    """Every registered family (the package's and any registered since), in catalogue order."""
+    _discover()
+    return tuple(r.family for r in registered())
+
+
+def export_families() -> tuple[Family, ...]:
+    """The families export writes, in the order export_style tries them (the first that holds a model wins)."""
+    _discover()
+    ranked = sorted((r for r in registered() if r.export_order is not None), key=lambda r: r.export_order or 0)
+    return tuple(r.family for r in ranked)
 
 
 def supported_names() -> list[str]:
@@ -19,8 +42,24 @@ def supported_names() -> list[str]:
     return [name for family in _all_families() for name in (family.covers or (family.name,))]
 
 
-_names = supported_names()
-SUPPORTED = f"{', '.join(_names[:-1])} and {_names[-1]}"   # for messages and `circuitlab import --help`
+def supported() -> str:
+    """The families the importer reads, for messages ("GPT-2, ..., Phi-3 and GPT-J")."""
+    names = supported_names()
+    return f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+SUPPORTED = supported()   # for `circuitlab import --help`: the package's own families
+
+
+def model_type(hf: dict) -> str | None:
+    """config.json's model_type, or the one its architectures list implies."""
+    if hf.get("model_type"):
+        return hf["model_type"]
+    for arch in hf.get("architectures") or []:
+        for family in _all_families():
+            if arch in family.architectures:
+                return family.model_types[0]
+    return None
 
 
 def family_for(hf: dict) -> Family:
@@ -31,7 +70,7 @@ def family_for(hf: dict) -> Family:
             return family
     what = f"model_type {kind!r}" if kind else f"architectures {hf.get('architectures')}"
     raise CircuitlabError(f"this checkpoint's architecture ({what}) is not supported; circuitlab imports "
-                          f"{SUPPORTED} checkpoints")
+                          f"{supported()} checkpoints")
 
 
 def family_named(model_type: str) -> Family:

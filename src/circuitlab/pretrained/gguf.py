@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.catalog import SUPPORTED, family_for, model_config_from_hf
+from circuitlab.pretrained.catalog import family_for, model_config_from_hf, supported
 from circuitlab.pretrained.assemble import assemble
 from circuitlab.pretrained.options import ImportOptions
 from circuitlab.pretrained.source import LoadedTensor
@@ -152,13 +152,13 @@ def _hf_config(path: Path, info: GgufInfo) -> dict[str, Any]:
         hf = dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
     except ValueError as e:  # "GGUF model with architecture X is not supported yet."
         raise CircuitlabError(f"{path}: architecture {info.architecture!r} is not one transformers' GGUF loader "
-                              f"reads ({e}); circuitlab imports GGUF files of {SUPPORTED}") from None
+                              f"reads ({e}); circuitlab imports GGUF files of {supported()}") from None
     try:
         family_for(hf)
     except CircuitlabError:
         raise CircuitlabError(f"{path}: architecture {info.architecture!r} (read as model_type "
                               f"{hf.get('model_type')!r}) is outside circuitlab's catalogue, which reads "
-                              f"{SUPPORTED}") from None
+                              f"{supported()}") from None
     hf.pop("_model_name_or_path", None)
     # The config class fills in what no GGUF key sets (Gemma's soft-cap and query scale, GPT-2's activation, ...)
     # exactly as transformers' own GGUF-loaded model gets it; our family mapping then reads the whole config.
