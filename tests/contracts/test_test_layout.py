@@ -66,8 +66,6 @@ REASONS = {  # module (under src/circuitlab) -> why it has no tests/<package>/te
     "methods/tuned_lens.py": "tested through tests/test_methods.py via circuitlab.methods (the registry: each method's options, run and typed result read back from results.json)",
     "model/loading.py": "tested through tests/pretrained/test_importer.py",  # generated: it imports the module
     "model/weights.py": "tested through tests/model/test_transformer.py via circuitlab.model.transformer (the weight views)",
-    "pretrained/family_base.py": "tested through tests/pretrained/test_importer.py via circuitlab.pretrained.assemble (every family's import against Hugging Face)",
-    "pretrained/llama_like.py": "tested through tests/pretrained/test_catalog.py via circuitlab.pretrained.catalog (and every LLaMA-like family in tests/pretrained/test_families.py)",
     "pretrained/source.py": "tested through tests/pretrained/test_importer.py via circuitlab.pretrained.importer (local folders, the hub cache, offline)",
     "report/html.py": "tested through tests/report/test_build.py",  # generated: it imports the module
     "report/markdown.py": "tested through tests/experiments/test_demo.py",  # generated: it imports the module
