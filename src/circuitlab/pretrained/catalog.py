@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import circuitlab.pretrained.families as families
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained import families
 from circuitlab.pretrained.families.base import Family, registered
 
 _found = False
