@@ -30,7 +30,8 @@ def random_model(family: Family, hf: dict, seed: int = 0) -> Transformer:
 
 def round_trip(family: Family, model: Transformer) -> Transformer:
     """model exported by family (tensors and config.json) and imported back by the same family."""
-    hf = family.hf_config(model.cfg, {"vocab_size": model.cfg.d_vocab, "tie_word_embeddings": model.cfg.tied_embeddings})
+    common = {"vocab_size": model.cfg.d_vocab, "tie_word_embeddings": model.cfg.tied_embeddings}
+    hf = family.hf_config(model.cfg, common)
     assert family.export_problems(model.cfg) == []
     cfg = family.config(hf)
     assert cfg == model.cfg, (cfg, model.cfg)

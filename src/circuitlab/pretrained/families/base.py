@@ -2,6 +2,8 @@
 family module adds itself to (register_family), and the helpers every family's mapping uses.
 
 One module of this package per family (gpt2.py, llama.py, gemma2.py, ...), each a Family subclass and one
+
+
 register_family(...) call; catalog.py finds them all (no list kept by hand). A family answers these questions
 about a checkpoint, import and export side by side:
 

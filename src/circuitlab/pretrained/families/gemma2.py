@@ -69,4 +69,5 @@ def _query_scalar_problems(cfg: ModelConfig) -> list[str]:
         return [f"attn_scale={cfg.attn_scale} (not the square root of a query_pre_attn_scalar)"]
     return []
 
+
 register_family(Gemma2(), order=50, export_order=50)

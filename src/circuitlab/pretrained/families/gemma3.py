@@ -60,4 +60,5 @@ class Gemma3(Gemma2):
                 "rope_parameters": {"full_attention": _rope_export(cfg, cfg.rotary_base, cfg.rope_scaling),
                                     "sliding_attention": {"rope_type": "default", "rope_theta": local}}}
 
+
 register_family(Gemma3(), order=60, export_order=60)

@@ -9,9 +9,9 @@ import torch
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.families.base import (EXPORT_ACTIVATION, Family, Piece, _activation, _bias, _classic_problems, _get,
-                                                 _n_ctx, _plain_attention_layernorm, _sequential, _state,
-                                                 _transpose, register_family)
+from circuitlab.pretrained.families.base import (EXPORT_ACTIVATION, Family, Piece, _activation, _bias,
+                                                 _classic_problems, _get, _n_ctx, _plain_attention_layernorm,
+                                                 _sequential, _state, _transpose, register_family)
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer

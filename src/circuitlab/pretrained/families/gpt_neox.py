@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from circuitlab.config import ModelConfig
-from circuitlab.pretrained.families.base import (_NORM, EXPORT_ACTIVATION, Family, Piece, _activation, _bias, _classic_problems,
-                                                 _get, _hf_rope_scaling, _n_ctx, _plain_attention_layernorm,
-                                                 _rope, _rotary_dim, _scaled, _state, register_family)
+from circuitlab.pretrained.families.base import (_NORM, EXPORT_ACTIVATION, Family, Piece, _activation, _bias,
+                                                 _classic_problems, _get, _hf_rope_scaling, _n_ctx,
+                                                 _plain_attention_layernorm, _rope, _rotary_dim, _scaled, _state,
+                                                 register_family)
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer

@@ -9,8 +9,8 @@ import torch
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.families.base import (_NORM, EXPORT_ACTIVATION, Family, Piece, _activation, _get, _n_ctx, _rows,
-                                                 _state, register_family)
+from circuitlab.pretrained.families.base import (_NORM, EXPORT_ACTIVATION, Family, Piece, _activation, _get, _n_ctx,
+                                                 _rows, _state, register_family)
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -110,7 +110,6 @@ class GPTJ(Family):
                 "n_positions": cfg.n_ctx, "rotary_dim": cfg.rot_dim, "layer_norm_epsilon": cfg.norm_eps,
                 "activation_function": EXPORT_ACTIVATION[cfg.mlp], "tie_word_embeddings": cfg.tied_embeddings,
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "use_cache": True}
-
 
 
 register_family(GPTJ(), order=90, export_order=80)

@@ -30,4 +30,5 @@ class Olmo2(_Decoder):
                 "hidden_act": "silu", "rope_theta": cfg.rotary_base,
                 "rope_parameters": _rope_export(cfg, cfg.rotary_base, cfg.rope_scaling)}
 
+
 register_family(Olmo2(), order=70, export_order=70)

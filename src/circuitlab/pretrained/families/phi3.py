@@ -42,4 +42,5 @@ class Phi3(_Decoder):
                 "original_max_position_embeddings": (cfg.rope_scaling or {}).get("original_max_position_embeddings",
                                                                                 cfg.n_ctx)}
 
+
 register_family(Phi3(), order=80, export_order=90)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from circuitlab.config import ModelConfig
 from circuitlab.pretrained.families.base import _rope, _rotary_dim, register_family
-from circuitlab.pretrained.families.decoder import _Decoder, _head_dim, _hf_layer_types, _rope_export, _silu, _wants, _windows
+from circuitlab.pretrained.families.decoder import (_Decoder, _head_dim, _hf_layer_types, _rope_export, _silu, _wants,
+                                                    _windows)
 
 
 class Qwen3(_Decoder):
@@ -35,5 +36,6 @@ class Qwen3(_Decoder):
         return {**common, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **self._hf_common(cfg),
                 "hidden_act": "silu", **window, "rope_theta": cfg.rotary_base,
                 "rope_parameters": _rope_export(cfg, cfg.rotary_base, cfg.rope_scaling)}
+
 
 register_family(Qwen3(), order=40, export_order=40)
