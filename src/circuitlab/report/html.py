@@ -1,16 +1,18 @@
 """One self-contained HTML file from report sections: plotly.js inlined once (from the installed plotly
-package), every figure as its JSON plus a Plotly.newPlot call, plain CSS, no network access at all.
+package), every figure as its compact JSON (figure_json: what repeats written once), unpacked by the page's
+clUnpack and drawn by Plotly.newPlot, plain CSS, no network access at all.
 
     sections = [Section("card", "Model card", [table_html(rows)]), Section("curves", "Training", [fig])]
     write_html_report("runs/x", sections, title="my run")     # -> runs/x/report.html
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from circuitlab.atomic import atomic_write_text, json_text
+from circuitlab.atomic import atomic_write_text
 # Section and the fragments live with the views (viz/fragments.py), below the methods that build sections.
 from circuitlab.viz.fragments import (Section, bullet_list, details, esc, heading, json_block,  # noqa: F401
                                       key_value_table, markdown_lite, paragraph, table_html)
@@ -57,18 +59,89 @@ pre { background: var(--soft); padding: .6rem; overflow-x: auto; font-size: .8re
 # ---------------------------------------------------------------------------- figures and pages
 
 
-def figure_html(fig, div_id: str) -> str:
-    """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js
-    must be on the page)."""
+# Unpacking a compact figure (figure_json): the page's one copy of each template, the keys every trace shares and each menu
+# button's visible list (one true per panel) are put back before Plotly.newPlot, so plotly gets the figure as made.
+DRAW_JS = """
+var CL_TEMPLATES = @TEMPLATES@;
+function clCopy(v) { return JSON.parse(JSON.stringify(v)); }
+function clUnpack(f) {
+  if (f.common) {
+    f.data = f.data.map(function (t) {
+      var o = {}, k;
+      for (k in f.common) o[k] = clCopy(f.common[k]);
+      for (k in t) o[k] = t[k];
+      return o;
+    });
+  }
+  if (typeof f.layout.template === "number") f.layout.template = clCopy(CL_TEMPLATES[f.layout.template]);
+  (f.layout.updatemenus || []).forEach(function (m) {
+    (m.buttons || []).forEach(function (b) {
+      (b.args || []).forEach(function (a) {
+        if (a && a.visible && a.visible.on) {
+          var v = [], i;
+          for (i = 0; i < a.visible.n; i++) v.push(false);
+          a.visible.on.forEach(function (j) { v[j] = true; });
+          a.visible = v;
+        }
+      });
+    });
+  });
+  return f;
+}
+"""
+CONFIG = {"responsive": True, "displaylogo": False}
+
+
+def figure_json(fig, templates: list[str] | None = None) -> dict:
+    """A figure (a viz FigureSpec or a plotly figure) as the dict clUnpack reads: plotly's {"data", "layout"}
+    (numeric arrays as base64 typed arrays) with what repeats written once:
+
+    - "common": the trace keys whose values every trace shares (a menu figure's x and y labels, colour
+      scale, limits: one heatmap per head), left out of each trace;
+    - layout.template: an index into templates (the page's list of template JSON texts, appended to);
+    - a menu button's visible list [n traces] as {"on": [indices of the true ones], "n": n}.
+    Every value is kept exactly; clUnpack rebuilds the figure plotly would get from fig.to_json().
+    """
     if hasattr(fig, "to_plotly"):
         fig = fig.to_plotly()
-    data = fig.to_json()  # {"data", "layout"}; numeric arrays as compact base64 typed arrays
-    config = json_text({"responsive": True, "displaylogo": False})
+    d = json.loads(fig.to_json())
+    data, layout = d.get("data") or [], d.get("layout") or {}
+    if len(data) > 1:
+        texts = [{k: json.dumps(v, sort_keys=True) for k, v in t.items()} for t in data]
+        shared = [k for k, v in texts[0].items() if len(v) >= 16 and all(t.get(k) == v for t in texts[1:])]
+        if shared:
+            d["common"] = {k: data[0][k] for k in shared}
+            d["data"] = [{k: v for k, v in t.items() if k not in d["common"]} for t in data]
+    if templates is not None and "template" in layout:
+        text = json.dumps(layout["template"], sort_keys=True, separators=(",", ":"))
+        if text not in templates:
+            templates.append(text)
+        layout["template"] = templates.index(text)
+    for menu in layout.get("updatemenus") or []:
+        for button in menu.get("buttons") or []:
+            for arg in button.get("args") or []:
+                vis = arg.get("visible") if isinstance(arg, dict) else None
+                if isinstance(vis, list) and vis and all(isinstance(v, bool) for v in vis):
+                    arg["visible"] = {"on": [i for i, v in enumerate(vis) if v], "n": len(vis)}
+    return d
+
+
+def figure_html(fig, div_id: str, templates: list[str] | None = None) -> str:
+    """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js and
+    page_js(templates) must be on the page; templates: the page's list, see figure_json)."""
+    data = json.dumps(figure_json(fig, templates), separators=(",", ":"))
     # "</" inside JSON would end the script element early.
     data = data.replace("</", "<\\/")
+    config = json.dumps(CONFIG, separators=(",", ":"))
     return (f'<div class="figure"><div id="{div_id}"></div></div>\n'
-            f'<script>(function () {{ var f = {data}; Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
+            f'<script>(function () {{ var f = clUnpack({data}); Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
             "</script>")
+
+
+def page_js(templates: list[str]) -> str:
+    """The page's unpacking helper (clUnpack) and its templates, once."""
+    text = DRAW_JS.replace("@TEMPLATES@", "[" + ",".join(templates) + "]")
+    return text.replace("</", "<\\/")
 
 
 def plotly_js() -> str:
@@ -83,6 +156,7 @@ def render_html(sections: Sequence[Section], title: str = "circuitlab report", s
     sections = [s for s in sections if s is not None and s.parts]
     toc = "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
     body, n_fig = [], 0
+    templates: list[str] = []
     for s in sections:
         out = [f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>']
         if s.intro:
@@ -92,12 +166,12 @@ def render_html(sections: Sequence[Section], title: str = "circuitlab report", s
                 out.append(part)
             else:
                 n_fig += 1
-                out.append(figure_html(part, f"fig-{n_fig}"))
+                out.append(figure_html(part, f"fig-{n_fig}", templates))
         out.append("</section>")
         body.append("\n".join(out))
     generated = time.strftime("%Y-%m-%d %H:%M")
     sub = f"{esc(subtitle)} · " if subtitle else ""
-    scripts = f"<script>{plotly_js()}</script>" if n_fig else ""
+    scripts = f"<script>{plotly_js()}</script>\n<script>{page_js(templates)}</script>" if n_fig else ""
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n{scripts}\n</head>\n<body>\n"

@@ -1,0 +1,64 @@
+"""report.html's figure payload: what repeats is written once (figure_json), and the page's clUnpack rebuilds
+exactly the figure plotly would draw from fig.to_json()."""
+import json
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from circuitlab.report.html import DRAW_JS, Section, figure_json, page_js, plotly_js, render_html
+from circuitlab.viz.figure import heatmap_figure, lines_figure
+from circuitlab.viz.heads import attention_figure
+
+
+def patterns(n_layers: int, n_heads: int, n: int, seed: int = 0) -> np.ndarray:
+    p = np.random.default_rng(seed).random((n_layers, n_heads, n, n)).astype(np.float32)
+    return p / p.sum(-1, keepdims=True)
+
+
+def tokens(n: int) -> list[str]:
+    return [f"tok{i}" for i in range(n)]
+
+
+def figure_texts(page: str) -> list[str]:
+    return re.findall(r"clUnpack\((.*?)\); Plotly\.newPlot", page)
+
+
+def test_a_menu_figure_writes_each_heads_data_once_and_its_labels_once():
+    """SmolLM2's viewer is 270 heads: labels, colour scale and the menu's visible lists were written once per
+    head (3.3 MB for a 36-token prompt); now a head costs its weights and little else."""
+    n_layers, n_heads, n = 10, 9, 24
+    spec = attention_figure(tokens(n), patterns(n_layers, n_heads, n))
+    text = json.dumps(figure_json(spec, []), separators=(",", ":"))
+    small = json.dumps(figure_json(attention_figure(tokens(n), patterns(1, 2, n)), []))
+    # A key label: in the traces' shared x and y and the axes' ticks, as many times for 90 heads as for 2.
+    assert text.count('"tok5 (pos 5)"') == small.count('"tok5 (pos 5)"') == 4
+    assert text.count('"colorscale"') == 1 and "[false," not in text and ",false]" not in text
+    z = json.loads(spec.to_plotly().to_json())["data"][0]["z"]["bdata"]  # one head's weights, base64 float32
+    per_head = len(z) + 500  # and its name, hover template, visibility and menu entry
+    assert len(text) <= n_layers * n_heads * per_head + 12_000, len(text)
+
+
+def test_a_page_writes_plotlyjs_and_the_template_once():
+    figs = [heatmap_figure(np.eye(3), title=f"h{i}") for i in range(4)] + [lines_figure([1, 2], {"a": [1.0, 2.0]})]
+    page = render_html([Section("s", "S", figs)])
+    assert [json.loads(t)["layout"]["template"] for t in figure_texts(page)] == [0] * 5  # the page's first
+    assert page.replace(plotly_js(), "").count('"colorway"') == 1  # the template (plotly_white, 7 KB): once per page, not once per figure
+    assert len(figure_texts(page)) == 5 and all(len(t) < 4_000 for t in figure_texts(page))
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's clUnpack")
+def test_clunpack_rebuilds_plotlys_figure_exactly():
+    figs = [attention_figure(tokens(6), patterns(2, 3, 6), labels={"L1H2": "induction"}, active="L1H2"),
+            heatmap_figure(np.arange(12.0).reshape(3, 4), ["a", "b", "c"], list("wxyz"), "grid"),
+            lines_figure([1, 2, 3], {"one": [1.0, None, 3.0], "two": [0.5, 0.25, 0.125]}, "lines")]
+    templates: list[str] = []
+    packed = [figure_json(f, templates) for f in figs]
+    script = (page_js(templates) + "\nvar figs = " + json.dumps(packed) + ";\n"
+              "process.stdout.write(JSON.stringify(figs.map(function (f) { var u = clUnpack(f); "
+              "return {data: u.data, layout: u.layout}; })));\n")
+    assert "@TEMPLATES@" in DRAW_JS
+    out = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert json.loads(out) == [json.loads(f.to_plotly().to_json()) for f in figs]
