@@ -6,11 +6,15 @@ import shutil
 import subprocess
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 
-from circuitlab.report.html import DRAW_JS, Section, figure_json, page_js, plotly_js, render_html
+from circuitlab.report.html import DRAW_JS, Section, figure_json, page_js, plotly_js, render_html, script_safe
 from circuitlab.viz.figure import heatmap_figure, lines_figure
 from circuitlab.viz.heads import attention_figure
+
+
+UNSAFE = "a </script><!-- <SCRIPT> b<br>c"  # raw text a plotly figure may carry: kept, yet cannot end the script
 
 
 def patterns(n_layers: int, n_heads: int, n: int, seed: int = 0) -> np.ndarray:
@@ -45,7 +49,8 @@ def test_a_page_writes_plotlyjs_and_the_template_once():
     figs = [heatmap_figure(np.eye(3), title=f"h{i}") for i in range(4)] + [lines_figure([1, 2], {"a": [1.0, 2.0]})]
     page = render_html([Section("s", "S", figs)])
     assert [json.loads(t)["layout"]["template"] for t in figure_texts(page)] == [0] * 5  # the page's first
-    assert page.replace(plotly_js(), "").count('"colorway"') == 1  # the template (plotly_white, 7 KB): once per page, not once per figure
+    # the template (plotly_white, 7 KB): once per page, not once per figure
+    assert page.replace(plotly_js(), "").count('"colorway"') == 1
     assert len(figure_texts(page)) == 5 and all(len(t) < 4_000 for t in figure_texts(page))
 
 
@@ -53,12 +58,16 @@ def test_a_page_writes_plotlyjs_and_the_template_once():
 def test_clunpack_rebuilds_plotlys_figure_exactly():
     figs = [attention_figure(tokens(6), patterns(2, 3, 6), labels={"L1H2": "induction"}, active="L1H2"),
             heatmap_figure(np.arange(12.0).reshape(3, 4), ["a", "b", "c"], list("wxyz"), "grid"),
-            lines_figure([1, 2, 3], {"one": [1.0, None, 3.0], "two": [0.5, 0.25, 0.125]}, "lines")]
+            lines_figure([1, 2, 3], {"one": [1.0, None, 3.0], "two": [0.5, 0.25, 0.125]}, "lines"),
+            go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name=UNSAFE), layout=dict(title=dict(text=UNSAFE)))]
     templates: list[str] = []
     packed = [figure_json(f, templates) for f in figs]
-    script = (page_js(templates) + "\nvar figs = " + json.dumps(packed) + ";\n"
+    text = script_safe(json.dumps(packed))
+    assert "</" not in text and "<!--" not in text and "<script" not in text.lower()
+    script = (page_js(templates) + "\nvar figs = " + text + ";\n"
               "process.stdout.write(JSON.stringify(figs.map(function (f) { var u = clUnpack(f); "
               "return {data: u.data, layout: u.layout}; })));\n")
     assert "@TEMPLATES@" in DRAW_JS
     out = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True, timeout=60).stdout
-    assert json.loads(out) == [json.loads(f.to_plotly().to_json()) for f in figs]
+    plotly = [f.to_plotly() if hasattr(f, "to_plotly") else f for f in figs]
+    assert json.loads(out) == [json.loads(f.to_json()) for f in plotly]

@@ -8,11 +8,12 @@ clUnpack and drawn by Plotly.newPlot, plain CSS, no network access at all.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from circuitlab.atomic import atomic_write_text
+from circuitlab.atomic import atomic_write_text, json_text
 # Section and the fragments live with the views (viz/fragments.py), below the methods that build sections.
 from circuitlab.viz.fragments import (Section, bullet_list, details, esc, heading, json_block,  # noqa: F401
                                       key_value_table, markdown_lite, paragraph, table_html)
@@ -90,6 +91,7 @@ function clUnpack(f) {
 }
 """
 CONFIG = {"responsive": True, "displaylogo": False}
+UNSAFE_LT = re.compile(r"<(?=/|!--|script)", re.IGNORECASE)
 
 
 def figure_json(fig, templates: list[str] | None = None) -> dict:
@@ -107,13 +109,13 @@ def figure_json(fig, templates: list[str] | None = None) -> dict:
     d = json.loads(fig.to_json())
     data, layout = d.get("data") or [], d.get("layout") or {}
     if len(data) > 1:
-        texts = [{k: json.dumps(v, sort_keys=True) for k, v in t.items()} for t in data]
+        texts = [{k: json_text(v, sort_keys=True) for k, v in t.items()} for t in data]
         shared = [k for k, v in texts[0].items() if len(v) >= 16 and all(t.get(k) == v for t in texts[1:])]
         if shared:
             d["common"] = {k: data[0][k] for k in shared}
             d["data"] = [{k: v for k, v in t.items() if k not in d["common"]} for t in data]
     if templates is not None and "template" in layout:
-        text = json.dumps(layout["template"], sort_keys=True, separators=(",", ":"))
+        text = json_text(layout["template"], sort_keys=True, separators=(",", ":"))
         if text not in templates:
             templates.append(text)
         layout["template"] = templates.index(text)
@@ -129,10 +131,8 @@ def figure_json(fig, templates: list[str] | None = None) -> dict:
 def figure_html(fig, div_id: str, templates: list[str] | None = None) -> str:
     """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js and
     page_js(templates) must be on the page; templates: the page's list, see figure_json)."""
-    data = json.dumps(figure_json(fig, templates), separators=(",", ":"))
-    # "</" inside JSON would end the script element early.
-    data = data.replace("</", "<\\/")
-    config = json.dumps(CONFIG, separators=(",", ":"))
+    data = script_safe(json_text(figure_json(fig, templates), separators=(",", ":")))
+    config = json_text(CONFIG, separators=(",", ":"))
     return (f'<div class="figure"><div id="{div_id}"></div></div>\n'
             f'<script>(function () {{ var f = clUnpack({data}); Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
             "</script>")
@@ -140,8 +140,14 @@ def figure_html(fig, div_id: str, templates: list[str] | None = None) -> str:
 
 def page_js(templates: list[str]) -> str:
     """The page's unpacking helper (clUnpack) and its templates, once."""
-    text = DRAW_JS.replace("@TEMPLATES@", "[" + ",".join(templates) + "]")
-    return text.replace("</", "<\\/")
+    return script_safe(DRAW_JS.replace("@TEMPLATES@", "[" + ",".join(templates) + "]"))
+
+
+def script_safe(text: str) -> str:
+    """JSON (or script) text safe inside <script>: a "<" that could end the element or open a comment or another
+    script ("</", "<!--", "<script", as in a token's text) written as \\u003c, which JSON and JavaScript read back
+    as "<". The other "<" (plotly's "<br>" in hovers) stay as they are: plotly's own to_json escapes every one."""
+    return UNSAFE_LT.sub(r"\\u003c", text)
 
 
 def plotly_js() -> str:
