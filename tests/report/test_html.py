@@ -1,5 +1,5 @@
-"""report.html's figure payload: what repeats is written once (figure_json), and the page's clUnpack rebuilds
-exactly the figure plotly would draw from fig.to_json()."""
+"""report.html's figure payload: what repeats is written once (viz.plotly_render.compact_json), and the page's
+clUnpack rebuilds exactly the figure plotly would draw from fig.to_json(); the JSON cannot end its script."""
 import json
 import re
 import shutil
@@ -9,8 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from circuitlab.report.html import DRAW_JS, Section, figure_json, page_js, plotly_js, render_html, script_safe
+from circuitlab.report.html import Section, page_js, plotly_js, render_html, script_safe
 from circuitlab.viz.figure import heatmap_figure, lines_figure
+from circuitlab.viz.plotly_render import UNPACK_JS, compact_json
 from circuitlab.viz.heads import attention_figure
 
 
@@ -35,8 +36,8 @@ def test_a_menu_figure_writes_each_heads_data_once_and_its_labels_once():
     head (3.3 MB for a 36-token prompt); now a head costs its weights and little else."""
     n_layers, n_heads, n = 10, 9, 24
     spec = attention_figure(tokens(n), patterns(n_layers, n_heads, n))
-    text = json.dumps(figure_json(spec, []), separators=(",", ":"))
-    small = json.dumps(figure_json(attention_figure(tokens(n), patterns(1, 2, n)), []))
+    text = json.dumps(compact_json(spec, []), separators=(",", ":"))
+    small = json.dumps(compact_json(attention_figure(tokens(n), patterns(1, 2, n)), []))
     # A key label: in the traces' shared x and y and the axes' ticks, as many times for 90 heads as for 2.
     assert text.count('"tok5 (pos 5)"') == small.count('"tok5 (pos 5)"') == 4
     assert text.count('"colorscale"') == 1 and "[false," not in text and ",false]" not in text
@@ -61,13 +62,13 @@ def test_clunpack_rebuilds_plotlys_figure_exactly():
             lines_figure([1, 2, 3], {"one": [1.0, None, 3.0], "two": [0.5, 0.25, 0.125]}, "lines"),
             go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name=UNSAFE), layout=dict(title=dict(text=UNSAFE)))]
     templates: list[str] = []
-    packed = [figure_json(f, templates) for f in figs]
+    packed = [compact_json(f, templates) for f in figs]
     text = script_safe(json.dumps(packed))
     assert "</" not in text and "<!--" not in text and "<script" not in text.lower()
     script = (page_js(templates) + "\nvar figs = " + text + ";\n"
               "process.stdout.write(JSON.stringify(figs.map(function (f) { var u = clUnpack(f); "
               "return {data: u.data, layout: u.layout}; })));\n")
-    assert "@TEMPLATES@" in DRAW_JS
+    assert "@TEMPLATES@" in UNPACK_JS
     out = subprocess.run(["node", "-e", script], capture_output=True, text=True, check=True, timeout=60).stdout
     plotly = [f.to_plotly() if hasattr(f, "to_plotly") else f for f in figs]
     assert json.loads(out) == [json.loads(f.to_json()) for f in plotly]

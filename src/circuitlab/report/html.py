@@ -1,13 +1,12 @@
 """One self-contained HTML file from report sections: plotly.js inlined once (from the installed plotly
-package), every figure as its compact JSON (figure_json: what repeats written once), unpacked by the page's
-clUnpack and drawn by Plotly.newPlot, plain CSS, no network access at all.
+package), every figure as its compact JSON (viz.plotly_render.compact_json: what repeats written once), unpacked by
+the page's clUnpack and drawn by Plotly.newPlot, plain CSS, no network access at all.
 
     sections = [Section("card", "Model card", [table_html(rows)]), Section("curves", "Training", [fig])]
     write_html_report("runs/x", sections, title="my run")     # -> runs/x/report.html
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Sequence
@@ -60,78 +59,16 @@ pre { background: var(--soft); padding: .6rem; overflow-x: auto; font-size: .8re
 # ---------------------------------------------------------------------------- figures and pages
 
 
-# Unpacking a compact figure (figure_json): the page's one copy of each template, the keys every trace shares and each menu
-# button's visible list (one true per panel) are put back before Plotly.newPlot, so plotly gets the figure as made.
-DRAW_JS = """
-var CL_TEMPLATES = @TEMPLATES@;
-function clCopy(v) { return JSON.parse(JSON.stringify(v)); }
-function clUnpack(f) {
-  if (f.common) {
-    f.data = f.data.map(function (t) {
-      var o = {}, k;
-      for (k in f.common) o[k] = clCopy(f.common[k]);
-      for (k in t) o[k] = t[k];
-      return o;
-    });
-  }
-  if (typeof f.layout.template === "number") f.layout.template = clCopy(CL_TEMPLATES[f.layout.template]);
-  (f.layout.updatemenus || []).forEach(function (m) {
-    (m.buttons || []).forEach(function (b) {
-      (b.args || []).forEach(function (a) {
-        if (a && a.visible && a.visible.on) {
-          var v = [], i;
-          for (i = 0; i < a.visible.n; i++) v.push(false);
-          a.visible.on.forEach(function (j) { v[j] = true; });
-          a.visible = v;
-        }
-      });
-    });
-  });
-  return f;
-}
-"""
 CONFIG = {"responsive": True, "displaylogo": False}
 UNSAFE_LT = re.compile(r"<(?=/|!--|script)", re.IGNORECASE)
 
 
-def figure_json(fig, templates: list[str] | None = None) -> dict:
-    """A figure (a viz FigureSpec or a plotly figure) as the dict clUnpack reads: plotly's {"data", "layout"}
-    (numeric arrays as base64 typed arrays) with what repeats written once:
-
-    - "common": the trace keys whose values every trace shares (a menu figure's x and y labels, colour
-      scale, limits: one heatmap per head), left out of each trace;
-    - layout.template: an index into templates (the page's list of template JSON texts, appended to);
-    - a menu button's visible list [n traces] as {"on": [indices of the true ones], "n": n}.
-    Every value is kept exactly; clUnpack rebuilds the figure plotly would get from fig.to_json().
-    """
-    if hasattr(fig, "to_plotly"):
-        fig = fig.to_plotly()
-    d = json.loads(fig.to_json())
-    data, layout = d.get("data") or [], d.get("layout") or {}
-    if len(data) > 1:
-        texts = [{k: json_text(v, sort_keys=True) for k, v in t.items()} for t in data]
-        shared = [k for k, v in texts[0].items() if len(v) >= 16 and all(t.get(k) == v for t in texts[1:])]
-        if shared:
-            d["common"] = {k: data[0][k] for k in shared}
-            d["data"] = [{k: v for k, v in t.items() if k not in d["common"]} for t in data]
-    if templates is not None and "template" in layout:
-        text = json_text(layout["template"], sort_keys=True, separators=(",", ":"))
-        if text not in templates:
-            templates.append(text)
-        layout["template"] = templates.index(text)
-    for menu in layout.get("updatemenus") or []:
-        for button in menu.get("buttons") or []:
-            for arg in button.get("args") or []:
-                vis = arg.get("visible") if isinstance(arg, dict) else None
-                if isinstance(vis, list) and vis and all(isinstance(v, bool) for v in vis):
-                    arg["visible"] = {"on": [i for i, v in enumerate(vis) if v], "n": len(vis)}
-    return d
-
-
 def figure_html(fig, div_id: str, templates: list[str] | None = None) -> str:
     """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js and
-    page_js(templates) must be on the page; templates: the page's list, see figure_json)."""
-    data = script_safe(json_text(figure_json(fig, templates), separators=(",", ":")))
+    page_js(templates) must be on the page; templates: the page's list, see viz.plotly_render.compact_json)."""
+    from circuitlab.viz.plotly_render import compact_json  # plotly: imported when a page has figures
+
+    data = script_safe(json_text(compact_json(fig, templates), separators=(",", ":")))
     config = json_text(CONFIG, separators=(",", ":"))
     return (f'<div class="figure"><div id="{div_id}"></div></div>\n'
             f'<script>(function () {{ var f = clUnpack({data}); Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
@@ -140,7 +77,9 @@ def figure_html(fig, div_id: str, templates: list[str] | None = None) -> str:
 
 def page_js(templates: list[str]) -> str:
     """The page's unpacking helper (clUnpack) and its templates, once."""
-    return script_safe(DRAW_JS.replace("@TEMPLATES@", "[" + ",".join(templates) + "]"))
+    from circuitlab.viz.plotly_render import UNPACK_JS
+
+    return script_safe(UNPACK_JS.replace("@TEMPLATES@", "[" + ",".join(templates) + "]"))
 
 
 def script_safe(text: str) -> str:

@@ -3,11 +3,13 @@
 Heatmaps get category axes (rows top to bottom, repeated labels numbered so they stay apart), the cell
 values and the spec's hover lines on hover; layout "menu" stacks every panel's traces on one set of axes
 and a dropdown shows one panel at a time. Text from the spec is escaped here: plotly reads a few HTML
-tags in titles, ticks and hovers.
+tags in titles, ticks and hovers. compact_json is a figure's JSON with what repeats written once, for a page
+that holds UNPACK_JS (report.html).
 """
 from __future__ import annotations
 
 import html
+import json
 import math
 from typing import Any
 
@@ -15,6 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitlab.atomic import json_text
 from circuitlab.viz.parts import FigureData, Heatmap, Panel, Series
 
 TEMPLATE = "plotly_white"
@@ -188,3 +191,73 @@ def to_plotly(spec: FigureData) -> go.Figure:
             layout.update(legend=dict(orientation="h", y=-0.22, font=dict(size=10)), hovermode="x unified")
     fig.update_layout(**layout)
     return fig
+
+
+# ---------------------------------------------------------------------------- compact JSON for a page
+
+
+# Unpacking a compact figure (compact_json): the page's one copy of each template, the keys every trace shares
+# and each menu button's visible list (one true per panel) are put back before Plotly.newPlot, so plotly gets
+# the figure as made.
+UNPACK_JS = """
+var CL_TEMPLATES = @TEMPLATES@;
+function clCopy(v) { return JSON.parse(JSON.stringify(v)); }
+function clUnpack(f) {
+  if (f.common) {
+    f.data = f.data.map(function (t) {
+      var o = {}, k;
+      for (k in f.common) o[k] = clCopy(f.common[k]);
+      for (k in t) o[k] = t[k];
+      return o;
+    });
+  }
+  if (typeof f.layout.template === "number") f.layout.template = clCopy(CL_TEMPLATES[f.layout.template]);
+  (f.layout.updatemenus || []).forEach(function (m) {
+    (m.buttons || []).forEach(function (b) {
+      (b.args || []).forEach(function (a) {
+        if (a && a.visible && a.visible.on) {
+          var v = [], i;
+          for (i = 0; i < a.visible.n; i++) v.push(false);
+          a.visible.on.forEach(function (j) { v[j] = true; });
+          a.visible = v;
+        }
+      });
+    });
+  });
+  return f;
+}
+"""
+
+
+def compact_json(fig: Any, templates: list[str] | None = None) -> dict:
+    """A figure (a viz FigureSpec or a plotly figure) as the dict clUnpack reads: plotly's {"data", "layout"}
+    (numeric arrays as base64 typed arrays) with what repeats written once:
+
+    - "common": the trace keys whose values every trace shares (a menu figure's x and y labels, colour
+      scale, limits: one heatmap per head), left out of each trace;
+    - layout.template: an index into templates (the page's list of template JSON texts, appended to);
+    - a menu button's visible list [n traces] as {"on": [indices of the true ones], "n": n}.
+    Every value is kept exactly; clUnpack rebuilds the figure plotly would get from fig.to_json().
+    """
+    if hasattr(fig, "to_plotly"):
+        fig = fig.to_plotly()
+    d = json.loads(fig.to_json())
+    data, layout = d.get("data") or [], d.get("layout") or {}
+    if len(data) > 1:
+        texts = [{k: json_text(v, sort_keys=True) for k, v in t.items()} for t in data]
+        shared = [k for k, v in texts[0].items() if len(v) >= 16 and all(t.get(k) == v for t in texts[1:])]
+        if shared:
+            d["common"] = {k: data[0][k] for k in shared}
+            d["data"] = [{k: v for k, v in t.items() if k not in d["common"]} for t in data]
+    if templates is not None and "template" in layout:
+        text = json_text(layout["template"], sort_keys=True, separators=(",", ":"))
+        if text not in templates:
+            templates.append(text)
+        layout["template"] = templates.index(text)
+    for menu in layout.get("updatemenus") or []:
+        for button in menu.get("buttons") or []:
+            for arg in button.get("args") or []:
+                vis = arg.get("visible") if isinstance(arg, dict) else None
+                if isinstance(vis, list) and vis and all(isinstance(v, bool) for v in vis):
+                    arg["visible"] = {"on": [i for i, v in enumerate(vis) if v], "n": len(vis)}
+    return d
