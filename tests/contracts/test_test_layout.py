@@ -67,10 +67,8 @@ REASONS = {  # module (under src/circuitlab) -> why it has no tests/<package>/te
     "model/loading.py": "tested through tests/pretrained/test_importer.py",  # generated: it imports the module
     "model/weights.py": "tested through tests/model/test_transformer.py via circuitlab.model.transformer (the weight views)",
     "pretrained/source.py": "tested through tests/pretrained/test_importer.py via circuitlab.pretrained.importer (local folders, the hub cache, offline)",
-    "report/html.py": "tested through tests/report/test_build.py",  # generated: it imports the module
     "report/markdown.py": "tested through tests/experiments/test_demo.py",  # generated: it imports the module
     "report/results.py": "tested through tests/contracts/test_report_keys.py",  # generated: it imports the module
-    "report/runs.py": "tested through tests/report/test_build.py, tests/contracts/test_report_keys.py",  # generated: it imports the module
     "report/sections.py": "tested through tests/report/test_build.py",  # generated: it imports the module
     "serve/prompt.py": "tested through tests/serve/test_app.py",  # generated: it imports the module
     "training/interrupts.py": "tested through tests/contracts/test_stop_signals.py via circuitlab.cli (SIGTERM and Ctrl-C from outside a running command)",

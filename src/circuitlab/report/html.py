@@ -1,11 +1,13 @@
 """One self-contained HTML file from report sections: plotly.js inlined once (from the installed plotly
-package), every figure as its JSON plus a Plotly.newPlot call, plain CSS, no network access at all.
+package), every figure as its compact JSON (viz.plotly_render.compact_json: what repeats written once), unpacked by
+the page's clUnpack and drawn by Plotly.newPlot, plain CSS, no network access at all.
 
     sections = [Section("card", "Model card", [table_html(rows)]), Section("curves", "Training", [fig])]
     write_html_report("runs/x", sections, title="my run")     # -> runs/x/report.html
 """
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,18 +59,34 @@ pre { background: var(--soft); padding: .6rem; overflow-x: auto; font-size: .8re
 # ---------------------------------------------------------------------------- figures and pages
 
 
-def figure_html(fig, div_id: str) -> str:
-    """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js
-    must be on the page)."""
-    if hasattr(fig, "to_plotly"):
-        fig = fig.to_plotly()
-    data = fig.to_json()  # {"data", "layout"}; numeric arrays as compact base64 typed arrays
-    config = json_text({"responsive": True, "displaylogo": False})
-    # "</" inside JSON would end the script element early.
-    data = data.replace("</", "<\\/")
+CONFIG = {"responsive": True, "displaylogo": False}
+UNSAFE_LT = re.compile(r"<(?=/|!--|script)", re.IGNORECASE)
+
+
+def figure_html(fig, div_id: str, templates: list[str] | None = None) -> str:
+    """A figure (a viz FigureSpec or a plotly figure) as a div plus the script that draws it (plotly.js and
+    page_js(templates) must be on the page; templates: the page's list, see viz.plotly_render.compact_json)."""
+    from circuitlab.viz.plotly_render import compact_json  # plotly: imported when a page has figures
+
+    data = script_safe(json_text(compact_json(fig, templates), separators=(",", ":")))
+    config = json_text(CONFIG, separators=(",", ":"))
     return (f'<div class="figure"><div id="{div_id}"></div></div>\n'
-            f'<script>(function () {{ var f = {data}; Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
+            f'<script>(function () {{ var f = clUnpack({data}); Plotly.newPlot("{div_id}", f.data, f.layout, {config}); }})();'
             "</script>")
+
+
+def page_js(templates: list[str]) -> str:
+    """The page's unpacking helper (clUnpack) and its templates, once."""
+    from circuitlab.viz.plotly_render import UNPACK_JS
+
+    return script_safe(UNPACK_JS.replace("@TEMPLATES@", "[" + ",".join(templates) + "]"))
+
+
+def script_safe(text: str) -> str:
+    """JSON (or script) text safe inside <script>: a "<" that could end the element or open a comment or another
+    script ("</", "<!--", "<script", as in a token's text) written as \\u003c, which JSON and JavaScript read back
+    as "<". The other "<" (plotly's "<br>" in hovers) stay as they are: plotly's own to_json escapes every one."""
+    return UNSAFE_LT.sub(r"\\u003c", text)
 
 
 def plotly_js() -> str:
@@ -83,6 +101,7 @@ def render_html(sections: Sequence[Section], title: str = "circuitlab report", s
     sections = [s for s in sections if s is not None and s.parts]
     toc = "".join(f'<li><a href="#{esc(s.id)}">{esc(s.title)}</a></li>' for s in sections)
     body, n_fig = [], 0
+    templates: list[str] = []
     for s in sections:
         out = [f'<section id="{esc(s.id)}"><h2>{esc(s.title)}</h2>']
         if s.intro:
@@ -92,12 +111,12 @@ def render_html(sections: Sequence[Section], title: str = "circuitlab report", s
                 out.append(part)
             else:
                 n_fig += 1
-                out.append(figure_html(part, f"fig-{n_fig}"))
+                out.append(figure_html(part, f"fig-{n_fig}", templates))
         out.append("</section>")
         body.append("\n".join(out))
     generated = time.strftime("%Y-%m-%d %H:%M")
     sub = f"{esc(subtitle)} · " if subtitle else ""
-    scripts = f"<script>{plotly_js()}</script>" if n_fig else ""
+    scripts = f"<script>{plotly_js()}</script>\n<script>{page_js(templates)}</script>" if n_fig else ""
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n{scripts}\n</head>\n<body>\n"

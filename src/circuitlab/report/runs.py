@@ -43,6 +43,7 @@ class RunData:
     classes: Any = None
     facts: dict[str, Any] = field(default_factory=dict)  # more model-card rows
     period_sweep: dict | None = None  # PeriodSweep.to_dict(): the induction test [r, r] at every period
+    unlabelled: str | None = None  # why the report left the heads unlabelled (compute_heads on a large model)
 
 
 def load_run(run_dir: str | Path, name: str | None = None, model: Transformer | None = None, tokenizer=None,
@@ -112,11 +113,25 @@ def head_rows_from_classes(classes: HeadClasses) -> tuple[list[dict], dict[str, 
     return rows, scores
 
 
+# The report labels a model's heads itself (classify_heads: behaviour, the [r, r] test, copying and every
+# layer pair's composition) only up to this many: about a second for the small models, but some 200 s of a
+# report's 220 s for SmolLM2-135M's 270 heads on a loaded 2-core machine. Above it, the heads experiment does it.
+MOST_HEADS_LABELLED = 64
+
+
 def compute_heads(run: RunData) -> None:
-    """Label run.model's heads (classify_heads on tiled random tokens) into run.heads / run.head_scores."""
+    """Label run.model's heads (classify_heads on tiled random tokens) into run.heads / run.head_scores;
+    above MOST_HEADS_LABELLED heads, leave them and say why in run.unlabelled."""
     from circuitlab.analysis.heads import classify_heads
 
     if run.model is None or run.model.cfg.n_layers == 0:
+        return
+    n = run.model.cfg.n_layers * run.model.cfg.n_heads
+    if n > MOST_HEADS_LABELLED:
+        run.unlabelled = (f"{run.name}'s {n} heads are not labelled here: the report labels at most "
+                          f"{MOST_HEADS_LABELLED} itself (classify_heads takes minutes at this size). Run the heads "
+                          "experiment (`circuitlab interpret --experiments heads`) for the labels, the detector "
+                          "scores and the induction test; `--experiments circuits` for the induction circuit.")
         return
     run.classes = classify_heads(run.model)
     run.heads, run.head_scores = head_rows_from_classes(run.classes)

@@ -11,7 +11,7 @@ import torch
 
 from circuitlab.names import head_name, parse_head
 from circuitlab.report.html import (Section, bullet_list, details, esc, heading, json_block, key_value_table,
-                                    markdown_lite, table_html)
+                                    markdown_lite, paragraph, table_html)
 from circuitlab.report.results import PeriodFindings
 from circuitlab.report.runs import SCORE_COLUMNS, RunData, labels_by_head
 
@@ -101,9 +101,10 @@ def heads_section(runs: Sequence[RunData]) -> Section | None:
     from circuitlab.viz.heads import head_scores_figure
 
     with_heads = [r for r in runs if r.heads]
+    notes = [paragraph(r.unlabelled) for r in runs if r.unlabelled and not r.heads]
     if not with_heads:
-        return None
-    parts: list[Any] = []
+        return Section("heads", "Heads", notes) if notes else None
+    parts: list[Any] = list(notes)
     for run in with_heads:
         present = {k for row in run.heads or [] for k, v in row["scores"].items() if v is not None}
         columns = [c for c in SCORE_COLUMNS if c in present]
@@ -217,6 +218,10 @@ def circuits_section(run: RunData, found: "CircuitsFindings | None" = None, prom
 
     if unmet(model, "additive_heads"):  # post-norms: a head's OV circuit is not defined (the circuits experiment is skipped)
         return None
+    if found is None and run.unlabelled and not run.heads:  # no head to show: too many to label here (compute_heads)
+        return Section("circuits", "QK and OV circuits", [paragraph(
+            f"No induction head picked: {run.name}'s heads are not labelled here. `circuitlab interpret --experiments "
+            "circuits` finds the induction head and its previous-token head and draws their circuits.")])
     wm = weights_model(model)
     if run.tokenizer is not None:
         ids = [i for i in run.tokenizer.encode(prompt or DEFAULT_PROMPT) if 0 <= i < model.cfg.d_vocab]

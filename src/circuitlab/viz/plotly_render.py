@@ -3,18 +3,23 @@
 Heatmaps get category axes (rows top to bottom, repeated labels numbered so they stay apart), the cell
 values and the spec's hover lines on hover; layout "menu" stacks every panel's traces on one set of axes
 and a dropdown shows one panel at a time. Text from the spec is escaped here: plotly reads a few HTML
-tags in titles, ticks and hovers.
+tags in titles, ticks and hovers. compact_json is a figure's JSON with what repeats written once, for a page
+that holds UNPACK_JS (report.html).
 """
 from __future__ import annotations
 
+import base64
 import html
+import json
 import math
+import re
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from circuitlab.atomic import json_text
 from circuitlab.viz.parts import FigureData, Heatmap, Panel, Series
 
 TEMPLATE = "plotly_white"
@@ -188,3 +193,123 @@ def to_plotly(spec: FigureData) -> go.Figure:
             layout.update(legend=dict(orientation="h", y=-0.22, font=dict(size=10)), hovermode="x unified")
     fig.update_layout(**layout)
     return fig
+
+
+# ---------------------------------------------------------------------------- compact JSON for a page
+
+
+# Unpacking a compact figure (compact_json): the page's one copy of each template, the keys every trace shares
+# and each menu button's visible list (one true per panel) are put back before Plotly.newPlot, so plotly gets
+# the figure as made.
+UNPACK_JS = """
+var CL_TEMPLATES = @TEMPLATES@;
+function clCopy(v) { return JSON.parse(JSON.stringify(v)); }
+function clSteps(z) {
+  var s = atob(z.bdata), b = new Uint8Array(s.length), i;
+  for (i = 0; i < s.length; i++) b[i] = s.charCodeAt(i);
+  var q = new Int16Array(b.buffer), v = new Float32Array(q.length), d = Math.pow(10, z.steps);
+  for (i = 0; i < q.length; i++) v[i] = q[i] === -32768 ? NaN : q[i] / d;
+  var shape = String(z.shape).split(",").map(Number), rows = [];
+  if (shape.length < 2) return v;
+  for (i = 0; i < shape[0]; i++) rows.push(v.subarray(i * shape[1], (i + 1) * shape[1]));
+  return rows;
+}
+function clUnpack(f) {
+  if (f.common) {
+    f.data = f.data.map(function (t) {
+      var o = {}, k;
+      for (k in f.common) o[k] = clCopy(f.common[k]);
+      for (k in t) o[k] = t[k];
+      return o;
+    });
+  }
+  f.data.forEach(function (t) { if (t.z && t.z.steps !== undefined) t.z = clSteps(t.z); });
+  if (typeof f.layout.template === "number") f.layout.template = clCopy(CL_TEMPLATES[f.layout.template]);
+  (f.layout.updatemenus || []).forEach(function (m) {
+    (m.buttons || []).forEach(function (b) {
+      (b.args || []).forEach(function (a) {
+        if (a && a.visible && a.visible.on) {
+          var v = [], i;
+          for (i = 0; i < a.visible.n; i++) v.push(false);
+          a.visible.on.forEach(function (j) { v[j] = true; });
+          a.visible = v;
+        }
+      });
+    });
+  });
+  return f;
+}
+"""
+
+
+def compact_json(fig: Any, templates: list[str] | None = None) -> dict:
+    """A figure (a viz FigureSpec or a plotly figure) as the dict clUnpack reads: plotly's {"data", "layout"}
+    (numeric arrays as base64 typed arrays) with what repeats written once:
+
+    - "common": the trace keys whose values every trace shares (a menu figure's x and y labels, colour
+      scale, limits: one heatmap per head), left out of each trace;
+    - layout.template: an index into templates (the page's list of template JSON texts, appended to);
+    - a menu button's visible list [n traces] as {"on": [indices of the true ones], "n": n};
+    - a heatmap's float cells rounded to what its hover shows (".3f": 3 decimals, half away from 0), as int16 steps
+      {"dtype": "i2", "bdata", "shape", "steps": decimals} (blank cells -32768), where a step is under 1/500 of
+      the colour range (finer than the colour scale draws) and every value fits: half the bytes of float32.
+    Every other value is kept exactly; clUnpack rebuilds the figure plotly would get from fig.to_json().
+    """
+    if hasattr(fig, "to_plotly"):
+        fig = fig.to_plotly()
+    d = json.loads(fig.to_json())
+    data, layout = d.get("data") or [], d.get("layout") or {}
+    for trace in data:
+        steps = _int_steps(trace)
+        if steps is not None:
+            trace["z"] = steps
+    if len(data) > 1:
+        texts = [{k: json_text(v, sort_keys=True) for k, v in t.items()} for t in data]
+        shared = [k for k, v in texts[0].items() if len(v) >= 16 and all(t.get(k) == v for t in texts[1:])]
+        if shared:
+            d["common"] = {k: data[0][k] for k in shared}
+            d["data"] = [{k: v for k, v in t.items() if k not in d["common"]} for t in data]
+    if templates is not None and "template" in layout:
+        text = json_text(layout["template"], sort_keys=True, separators=(",", ":"))
+        if text not in templates:
+            templates.append(text)
+        layout["template"] = templates.index(text)
+    for menu in layout.get("updatemenus") or []:
+        for button in menu.get("buttons") or []:
+            for arg in button.get("args") or []:
+                vis = arg.get("visible") if isinstance(arg, dict) else None
+                if isinstance(vis, list) and vis and all(isinstance(v, bool) for v in vis):
+                    arg["visible"] = {"on": [i for i, v in enumerate(vis) if v], "n": len(vis)}
+    return d
+
+
+Z_FORMAT = re.compile(r"%\{z(?::([^}]*))?\}")
+BLANK = -32768  # an int16 step that stands for a blank (NaN) cell
+
+
+def _int_steps(trace: dict) -> dict | None:
+    """A heatmap trace's z ({"dtype": "f4" or "f8", "bdata", "shape"}) as int16 steps of 10^-n, n the decimals
+    its hover (and cell text) shows (every z format there ".nf", the same n); None where that would show other
+    values, draw other colours (a step of 1/500 of the colour range or more) or not fit."""
+    z = trace.get("z")
+    if trace.get("type") != "heatmap" or not isinstance(z, dict) or z.get("dtype") not in ("f4", "f8"):
+        return None
+    formats = Z_FORMAT.findall(f"{trace.get('hovertemplate', '')} {trace.get('texttemplate', '')}")
+    decimals = {m.group(1) if (m := re.fullmatch(r"\.(\d)f", f)) else None for f in formats}
+    if len(decimals) != 1 or None in decimals:  # fewer decimals in a cell's text could round the other way
+        return None
+    n = int(decimals.pop() or 0)
+    values = np.frombuffer(base64.b64decode(z["bdata"]), dtype="<f4" if z["dtype"] == "f4" else "<f8")
+    values = values.astype(np.float64)
+    finite = values[np.isfinite(values)]
+    if not finite.size or np.isinf(values).any():
+        return None
+    lo = float(trace["zmin"]) if trace.get("zmin") is not None else float(finite.min())
+    hi = float(trace["zmax"]) if trace.get("zmax") is not None else float(finite.max())
+    scaled = finite * 10.0 ** n
+    steps = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)  # half away from 0, as the hover's toFixed rounds
+    if hi - lo < 500 * 10.0 ** -n or np.abs(steps).max() > 32767:
+        return None
+    q = np.full(values.shape, BLANK, dtype="<i2")
+    q[np.isfinite(values)] = steps
+    return {"dtype": "i2", "bdata": base64.b64encode(q.tobytes()).decode("ascii"), "shape": z.get("shape"), "steps": n}
