@@ -313,6 +313,17 @@ def composition_flops(cfg: Any) -> float:
     return float(grams + 2 * pairs * d * (d + 1) / 2)
 
 
+COMPOSITION_EFFICIENCY = 0.09   # the packed inner products' share of the matmul probe (SmolLM2: 86 GFLOP, 5.5 s)
+
+
+def copying_flops(cfg: Any) -> float:
+    """The flops of copying_scores: W_U W_E once, each head's W_O (W_U W_E) W_V, its d_head eigenvalues (~25 k³)."""
+    L, H, d, k = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.head_dim
+    return float(2 * cfg.d_vocab * d * d + L * H * (2 * k * d * d + 2 * d * k * k + 25 * k ** 3))
+
+
+COPYING_EFFICIENCY = 0.06   # eigenvalues run far below the probe's speed (SmolLM2: 44 GFLOP, 4.5 s)
+
 WRITER_CHUNK_BYTES = 256 * 2 ** 20   # the packed writer Grams held at once (SmolLM2's 270 heads: 180 MiB)
 
 
