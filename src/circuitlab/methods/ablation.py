@@ -14,7 +14,7 @@ from circuitlab.analysis.ablation import ablate_and_measure, run_ablated
 from circuitlab.analysis.patching import next_token_loss
 import circuitlab.memory as memory
 from circuitlab.checks import NONNEG_INT
-from circuitlab.methods.base import Method, MethodResult
+from circuitlab.methods.base import Method, MethodResult, figures_estimate
 from circuitlab.spec import Options, option
 from circuitlab.methods.pairs import BATCH, SEED, check_pairs, random_ids
 from circuitlab.model import model_device
@@ -169,7 +169,7 @@ def estimate_ablation(model: Transformer, tokenizer: Any, options: AblationOptio
     est.flops = float(BATCH * n * (runs + 7 * full))   # the ablated runs; the reference (x4), base, group's two
     est.what = (f"ablation ({'every head and MLP' if per > cfg.n_heads else 'every head'} of "
                 f"{len(layers)} layers mean-ablated on {BATCH} x {n} tokens)")
-    return est
+    return memory.Estimate.one_after_another(est.what, [est, figures_estimate(model, 1 + (per > cfg.n_heads))])
 
 
 METHOD = Method("ablation", AblationOptions, AblationFindings, run_ablation, ablation_section,

@@ -23,14 +23,14 @@ from circuitlab.analysis.patching.noise import NOISE_KINDS, SCALE, Noise
 from circuitlab.checks import COUNT, INT, NONNEG_INT
 from circuitlab.display import renders
 from circuitlab.errors import InputError
-from circuitlab.methods.base import Method, MethodResult, prompt_tokens
+from circuitlab.memory import Estimate
+from circuitlab.methods.base import Method, MethodResult, figures_estimate, prompt_tokens
 from circuitlab.spec import Options, option
 from circuitlab.viz import token_label
 from circuitlab.viz.fragments import Section, bullet_list
 from circuitlab.viz.spec import FigureSpec, Heatmap, Panel, as_array, field_of
 
 if TYPE_CHECKING:
-    from circuitlab.memory import Estimate
     from circuitlab.model import Transformer
 
 NAME = "causal_tracing"
@@ -160,8 +160,9 @@ def estimate_tracing(model: "Transformer", tokenizer: Any, options: CausalTracin
     tokens = prompt_tokens(model, tokenizer, prompt)
     noise = tracing_noise(options, tokenizer)
     layers, positions = check_grid(model, len(tokens), options.trace_layers, options.trace_positions)
-    return trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=_kinds(model, options), layers=layers,
-                          positions=positions, window=check_window(model, options.window)).timed()
+    trace = trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=_kinds(model, options), layers=layers,
+                           positions=positions, window=check_window(model, options.window))
+    return Estimate.one_after_another(trace.what, [trace, figures_estimate(model, 1)]).timed()
 
 
 # ---------------------------------------------------------------------------- view

@@ -14,7 +14,7 @@ from circuitlab.analysis.patching.path import INPUTS, path_patching
 import circuitlab.memory as memory
 from circuitlab.analysis.patching.targets import TARGETS
 from circuitlab.checks import NONNEG_INT
-from circuitlab.methods.base import Method, MethodResult
+from circuitlab.methods.base import Method, MethodResult, figures_estimate
 from circuitlab.methods.pairs import check_pairs, pair_prompts
 from circuitlab.spec import Options, option
 from circuitlab.names import head_name
@@ -181,10 +181,11 @@ def estimate_patching(model: Transformer, tokenizer: Any, options: PatchingOptio
     batch, pos = rows.shape
     targets = patching_targets(model, options)
     layers = list(options.patch_layers) if options.patch_layers else list(range(model.cfg.n_layers))
-    parts = [sweep_estimate(model, batch, pos, targets, n_layers=len(layers))]
+    parts = [sweep_estimate(model, batch, pos, targets, layers=layers)]
     path = model.cfg.n_layers > 1 and options.path_patching and "head_out" in targets and any(l > 0 for l in layers)
     if path:
         parts += [path_patching_estimate(model, batch, pos)] * 3
+    parts.append(figures_estimate(model, len(targets) + 1 + path))   # each target's, attribution's, the paths'
     return memory.Estimate.one_after_another(f"patching (activation patching of {batch} x {pos} tokens: "
                                              f"{', '.join(targets)} at {len(layers)} layers"
                                              f"{', then path patching' if path else ''})", parts)
