@@ -52,6 +52,7 @@ def test_a_stopped_run_keeps_what_finished_and_resume_gives_the_uninterrupted_re
     assert kept["result"] == expected["logit_lens"] and (out / "logit_lens.png").is_file()
     partial = json.loads((out / "results.json").read_text())   # what finished reads as a report already
     assert partial["experiments"] == ["logit_lens"] and partial["unfinished"] == ["attribution", "probing"]
+    assert (out / "report.md").is_file() and not (out / "report.html").exists()   # the html at the end
     assert not (out / "finished" / "attribution.json").exists()
     assert not [p for p in out.iterdir() if p.name.startswith(".running")]   # no scratch left behind
 

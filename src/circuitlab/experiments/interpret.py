@@ -201,7 +201,8 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         except KeyboardInterrupt:
             done = [n for n in names if n in entries]
             if done:   # what is finished reads as a report now; --resume runs the rest
-                write_combined(out, result, entries, model, tokenizer, unfinished=[n for n in names if n not in done])
+                write_combined(out, result, entries, model, tokenizer, unfinished=[n for n in names if n not in done],
+                               html=False)
             raise KeyboardInterrupt(interrupted_message(out, done, names)) from None
         result.results[name] = found
     write_combined(out, result, entries, model, tokenizer)
@@ -257,10 +258,11 @@ def run_one(out: Path, name: str, settings: dict[str, Any], run: Callable[[Path]
     return found, entry
 
 
-def write_combined(out: Path, result: InterpretResult, entries: dict[str, dict[str, Any]], model: Any,
-                   tokenizer: Any, unfinished: list[str] | None = None) -> None:
-    """out/results.json (today's layout: each experiment's entry under its name), report.md and report.html from
-    the finished entries; after a stop, `experiments` lists the finished ones and `unfinished` the rest."""
+def write_combined(out: Path, result: InterpretResult, entries: dict[str, dict[str, Any]], model: Transformer,
+                   tokenizer: Any, unfinished: list[str] | None = None, html: bool = True) -> None:
+    """out/results.json (today's layout: each experiment's entry under its name), report.md and (html) report.html
+    from the finished entries; after a stop, `experiments` lists the finished ones and `unfinished` the rest (and
+    no report.html: it draws attention and circuits from the model, too slow to wait for after a Ctrl-C)."""
     from circuitlab.report import write_interpret_report
     from circuitlab.report.markdown import interpret_markdown
 
@@ -270,7 +272,8 @@ def write_combined(out: Path, result: InterpretResult, entries: dict[str, dict[s
                **{n: entries[n] for n in done}}
     atomic_write_text(out / "results.json", json_text(results, indent=2, default=str))
     atomic_write_text(out / "report.md", interpret_markdown(results))
-    write_interpret_report(out, results, model, tokenizer)  # report.html
+    if html:
+        write_interpret_report(out, results, model, tokenizer)  # report.html
 
 
 def interrupted_message(out: Path, done: list[str], names: list[str]) -> str:
