@@ -203,7 +203,7 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
             if done:   # what is finished reads as a report now; --resume runs the rest
                 write_combined(out, result, entries, model, tokenizer, unfinished=[n for n in names if n not in done],
                                html=False)
-            raise KeyboardInterrupt(interrupted_message(out, done, names)) from None
+            raise KeyboardInterrupt(stopped_message(out, done, names)) from None
         result.results[name] = found
     write_combined(out, result, entries, model, tokenizer)
     return result
@@ -276,7 +276,7 @@ def write_combined(out: Path, result: InterpretResult, entries: dict[str, dict[s
         write_interpret_report(out, results, model, tokenizer)  # report.html
 
 
-def interrupted_message(out: Path, done: list[str], names: list[str]) -> str:
+def stopped_message(out: Path, done: list[str], names: list[str]) -> str:
     """What a stop says: what is kept where, and the command (or call) that runs the rest."""
     from circuitlab.errors import command_line
 

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from circuitlab.analysis.patching.causal_tracing import (KINDS, AverageTrace, CausalTrace, causal_trace, check_grid,
-                                                         check_kinds, check_window, subject_span, trace_estimate)
+from circuitlab.analysis.patching.causal_tracing import (KINDS, AverageTrace, CausalTrace, causal_trace, check_kinds,
+                                                         check_window, subject_span, trace_estimate)
+from circuitlab.analysis.patching.checks import check_grid
 from circuitlab.analysis.patching.noise import NOISE_KINDS, SCALE, Noise
 from circuitlab.checks import COUNT, INT, NONNEG_INT
 from circuitlab.display import renders

@@ -1,3 +1,4 @@
+# long module: one prompt's trace (run, restoration grid, sweep, estimate) and its average over prompts share their types
 """Causal tracing (Meng et al. 2022, "Locating and Editing Factual Associations in GPT").
 
 Run the prompt with the subject's token embeddings corrupted by noise (patching/noise.py), then restore one
@@ -34,7 +35,7 @@ from tqdm.auto import tqdm
 
 import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
-from circuitlab.analysis.patching.checks import one_sequence
+from circuitlab.analysis.patching.checks import check_grid, one_sequence
 from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, sweep
 from circuitlab.analysis.patching.grid import grid_sweep
 from circuitlab.analysis.patching.work import full_grid, grid_flops, naive_flops
@@ -417,26 +418,6 @@ def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | N
     return CausalTrace(tokens.tolist(), (start, end), answer, measure.__name__, run.clean_value, run.corrupt_value,
                        values, window, noise.describe(corrupted.nu), _pieces(tokens, tokenizer),
                        None if tokenizer is None else tokenizer.decode([answer]))
-
-
-def check_grid(model: Transformer, n_pos: int, layers: Sequence[int] | None, positions: Sequence[int] | None
-               ) -> tuple[list[int] | None, list[int] | None]:
-    """The layers and positions to trace as sorted non-negative indices (None: all); a position may count from
-    the end (-1: the last). Out of range: one line."""
-    L = model.cfg.n_layers
-    if layers is not None:
-        bad = [l for l in layers if not 0 <= l < L]
-        if bad:
-            raise InputError(f"layer(s) {' '.join(map(str, bad))} out of range: the model has {L} layers "
-                             f"(0..{L - 1})")
-        layers = sorted(set(int(l) for l in layers))
-    if positions is not None:
-        bad = [p for p in positions if not -n_pos <= p < n_pos]
-        if bad:
-            raise InputError(f"position(s) {' '.join(map(str, bad))} out of range: the prompt has {n_pos} tokens "
-                             f"(0..{n_pos - 1}, or -{n_pos}..-1 from the end)")
-        positions = sorted(set(int(p) % n_pos for p in positions))
-    return layers, positions
 
 
 def _token(value: int | str | None, tokenizer, what: str) -> int | None:
