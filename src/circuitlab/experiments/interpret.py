@@ -191,9 +191,13 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
         ran_with = experiment_settings(m, opts)
         earlier = finished_entry(out, name, ran_with) if resume else None
         if earlier is not None:
+            try:
+                result.results[name] = m.result.from_dict(earlier)
+            except (KeyError, TypeError, ValueError):   # an entry of an older layout: run it again
+                earlier = None
+        if earlier is not None:
             print(f"{name} ({i + 1} of {len(names)}): finished earlier, kept ({out / FINISHED / (name + '.json')})")
             entries[name] = earlier
-            result.results[name] = m.result.from_dict(earlier)
             continue
         print(f"running {name} ({i + 1} of {len(names)})")   # progress between the analyses
         try:
