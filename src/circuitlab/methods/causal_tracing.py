@@ -115,8 +115,9 @@ def run_causal_tracing(model: "Transformer", tokenizer: Any, out_dir: Path, opti
                                                         "context: its first token is the subject (give --prompt and "
                                                         "--subject)")
     if progress:   # what it will hold and take, before the work
+        first = subject_span(tokens.tolist(), subject, tokenizer)[0]
         print(trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=kinds, layers=layers,
-                             positions=positions, window=window).timed().line(), flush=True)
+                             positions=positions, window=window, first=first).timed().line(), flush=True)
     trace = causal_trace(model, tokens, subject, tokenizer=tokenizer, kinds=kinds, window=window, noise=noise,
                          layers=layers, positions=positions)
     figure = causal_trace_figure(trace).save_png(Path(out_dir) / f"{NAME}.png").name
@@ -161,8 +162,10 @@ def estimate_tracing(model: "Transformer", tokenizer: Any, options: CausalTracin
     tokens = prompt_tokens(model, tokenizer, prompt)
     noise = tracing_noise(options, tokenizer)
     layers, positions = check_grid(model, len(tokens), options.trace_layers, options.trace_positions)
+    subject = options.subject or (DEFAULT_SUBJECT if DEFAULT_SUBJECT in tokenizer.decode(tokens.tolist()) else (0, 1))
+    first = subject_span(tokens.tolist(), subject, tokenizer)[0]   # restorations before it need no pass
     trace = trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=_kinds(model, options), layers=layers,
-                           positions=positions, window=check_window(model, options.window))
+                           positions=positions, window=check_window(model, options.window), first=first)
     return Estimate.one_after_another(trace.what, [trace, figures_estimate(model, 1)]).timed()
 
 

@@ -353,10 +353,11 @@ def trace_flops(cfg, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3,
 @torch.no_grad()
 def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3,
                    layers: Sequence[int] | None = None, positions: Sequence[int] | None = None,
-                   window: int | None = None) -> memory.Estimate:
+                   window: int | None = None, first: int = 0) -> memory.Estimate:
     """What causal tracing of one prompt of n_pos tokens with `runs` noise runs holds and computes: every run's
     cached activations (one batch: noise.run_floats) and a chunk of restored copies of them; the flops of
-    trace_flops (the whole prompt corrupted: an upper bound), said as a share of the naive sweep's."""
+    trace_flops (corrupted from position `first`: the default 0, the whole prompt, is an upper bound), said as a
+    share of the naive sweep's."""
     cfg = model.cfg
     check_runs(cfg, runs, 1, n_pos)
     size = next(model.parameters()).element_size()
@@ -365,7 +366,7 @@ def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | 
     # logits at the position the metric reads (the engine recomputes from the restored layer and position on)
     per_copy = n_pos * (2 * cfg.d_model + (cfg.mlp_dim if cfg.has_mlp else 0)) + cfg.d_vocab
     chunk = min(chunk_size(model, runs, n_pos), cfg.n_layers * n_pos) * runs * per_copy * size
-    flops, naive = trace_flops(cfg, n_pos, runs, kinds, window, layers=layers, positions=positions)
+    flops, naive = trace_flops(cfg, n_pos, runs, kinds, window, first, layers=layers, positions=positions)
     count = kinds if isinstance(kinds, int) else len(kinds)
     n_l = cfg.n_layers if layers is None else len(layers)
     n_p = n_pos if positions is None else len(positions)
