@@ -94,3 +94,16 @@ def test_bad_shapes_raise_clear_errors(fm):
         fm[0, 0, 1]
     with pytest.raises(CircuitlabError, match="square"):
         fm.eigenvalues
+
+
+def test_topk_over_chunks_equals_the_dense_top_k():
+    """The chunked top-k (later chunks only compared with the k-th best so far) finds the dense matrix's k largest
+    and smallest entries and where they are, also when a first chunk holds fewer than k entries."""
+    torch.manual_seed(5)
+    fm = FactoredMatrix(torch.randn(37, 3, dtype=torch.float64), torch.randn(3, 11, dtype=torch.float64))
+    dense = fm.AB
+    for largest in (True, False):
+        for chunk_rows in (1, 4, 64):
+            values, rows, cols = fm.topk(12, largest=largest, chunk_rows=chunk_rows)
+            expected = dense.flatten().topk(12, largest=largest).values
+            assert torch.equal(values, expected) and torch.equal(dense[rows, cols], values)

@@ -101,3 +101,46 @@ def test_bad_arguments(model):
     rotary = Transformer(ModelConfig.from_preset("llama-tiny", d_model=32, d_mlp=48, d_vocab=30, n_ctx=12))
     with pytest.raises(CircuitlabError, match="rotary"):
         pos_qk_circuit(rotary)
+
+
+def _naive_composition(model) -> dict[str, torch.Tensor]:
+    """The definition, dense: ‖W_OV1 M2‖_F / (‖W_OV1‖_F ‖M2‖_F) with every d_model x d_model product formed."""
+    torch.set_grad_enabled(False)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    ov = model.W_V @ model.W_O
+    readers = {"q": model.W_Q @ model.W_K.transpose(-1, -2), "k": model.W_K @ model.W_Q.transpose(-1, -2), "v": ov}
+    out = {m: torch.full((L, H, L, H), float("nan"), dtype=torch.float64) for m in readers}
+    for m, r in readers.items():
+        for l1 in range(L):
+            for h1 in range(H):
+                for l2 in range(l1 + 1, L):
+                    for h2 in range(H):
+                        w, x = ov[l1, h1], r[l2, h2]
+                        denom = torch.linalg.norm(w) * torch.linalg.norm(x)   # a dead head: 0, as documented
+                        out[m][l1, h1, l2, h2] = torch.linalg.norm(w @ x) / denom if denom > 0 else 0.0
+    torch.set_grad_enabled(True)
+    return out
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_composition_scores_from_gram_matrices_equal_the_dense_definition(chunk, monkeypatch):
+    """float64: the Gram-product scores equal the naive dense products for every (writer, reader, mode), also when
+    the writers are packed one layer at a time; the modes differ, so a reader built for the wrong mode fails."""
+    import circuitlab.analysis.qk_ov as qk_ov
+
+    torch.manual_seed(3)
+    model = Transformer(ModelConfig.from_preset("gpt2-tiny", n_layers=4, d_model=24, n_heads=3, d_vocab=17,
+                                                n_ctx=8)).double()
+    if chunk is not None:   # one writer layer's packed Grams at a time
+        monkeypatch.setattr(qk_ov, "WRITER_CHUNK_BYTES", 1)
+    with torch.no_grad():
+        model.blocks[2].attn.out.weight[:, :8] = 0   # a dead head (L2H0) composes with nothing: 0, not NaN
+    comp = composition_scores(model, n_baseline=10)
+    naive = _naive_composition(model)
+    for m in ("q", "k", "v"):
+        got = getattr(comp, m).double()
+        assert torch.equal(torch.isnan(got), torch.isnan(naive[m]))
+        torch.testing.assert_close(got.nan_to_num(), naive[m].nan_to_num().float().double(), atol=1e-6, rtol=0)
+    assert (comp.v[2, 0, 3] == 0).all() and (comp.q[2, 0, 3] == 0).all()
+    assert (naive["q"] - naive["k"]).nan_to_num().abs().max() > 0.02   # q and k differ: a swapped reader fails
+    assert (naive["q"] - naive["v"]).nan_to_num().abs().max() > 0.02

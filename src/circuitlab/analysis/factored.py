@@ -167,11 +167,19 @@ class FactoredMatrix:
         best_vals = best_idx = None
         for start in range(0, m, chunk_rows):
             block = self.A[..., start:start + chunk_rows, :] @ self.B  # [..., c, n]
-            vals, idx = block.flatten(-2).topk(min(k, block.shape[-2] * n), dim=-1, largest=largest)
+            flat = block.flatten(-2)
+            if best_vals is not None and block.dim() == 2 and best_vals.shape[-1] == k:
+                # Only entries beating the k-th best so far can enter: a comparison pass, then top-k of those few
+                # (a top-k over every entry of the chunk costs more than its product).
+                kth = best_vals[-1]
+                idx = (flat > kth if largest else flat < kth).nonzero()[:, 0]
+                vals = flat[idx]
+            else:
+                vals, idx = flat.topk(min(k, block.shape[-2] * n), dim=-1, largest=largest)
             idx = idx + start * n  # flat index into the full m x n matrix
             if best_vals is None or best_idx is None:
                 best_vals, best_idx = vals, idx
-            else:
+            elif vals.shape[-1]:
                 vals, idx = torch.cat([best_vals, vals], -1), torch.cat([best_idx, idx], -1)
                 best_vals, order = vals.topk(k, dim=-1, largest=largest)
                 best_idx = idx.gather(-1, order)

@@ -190,16 +190,18 @@ class CopyingScores:
         return cls(from_rounded(d["scores"]), d.get("threshold", 0.5))
 
 
-def ov_eigenvalues(model: Transformer, layer: int) -> torch.Tensor:
+def ov_eigenvalues(model: Transformer, layer: int, unembed_embed: torch.Tensor | None = None) -> torch.Tensor:
     """Eigenvalues (complex) [head, d_head] of the full OV circuits of one layer.
 
     They are those of the small matrix W_O W_U W_E W_V [d_head, d_head] (AB and BA share non-zero
-    eigenvalues); W_U W_E [d_model, d_model] is formed once, so nothing of size d_vocab per head is built.
+    eigenvalues); W_U W_E [d_model, d_model] is formed once (or passed in: copying_scores forms it once for
+    every layer), so nothing of size d_vocab per head is built.
     """
     require(model, "OV eigenvalues (copying scores)", "additive_heads")
     sel = _layers(model, layer)
     with torch.no_grad():
-        unembed_embed = model.W_U @ model.W_E  # [d_model, d_model]
+        if unembed_embed is None:
+            unembed_embed = model.W_U @ model.W_E  # [d_model, d_model]
         inner = model.W_O[sel] @ unembed_embed @ model.W_V[sel]  # [head, d_head, d_head]
     return torch.linalg.eigvals(inner.float() if inner.dtype in (torch.float16, torch.bfloat16) else inner)
 
@@ -210,8 +212,10 @@ def copying_scores(model: Transformer, threshold: float = 0.5) -> CopyingScores:
     Σλ is the trace, so the score is real; it is 0 for a head with no OV circuit (all λ = 0).
     """
     per_layer = []
+    with torch.no_grad():
+        unembed_embed = model.W_U @ model.W_E if model.cfg.n_layers else None  # [d_model, d_model], once
     for layer in range(model.cfg.n_layers):
-        lam = ov_eigenvalues(model, layer)
+        lam = ov_eigenvalues(model, layer, unembed_embed)
         total = lam.abs().sum(-1)
         per_layer.append(torch.where(total > 0, lam.sum(-1).real / total.clamp(min=1e-30), torch.zeros_like(total)))
     scores = torch.stack(per_layer) if per_layer else torch.zeros(0, model.cfg.n_heads)
@@ -288,29 +292,89 @@ def composition_score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tens
 
 
 
+def _packed_gram(A: torch.Tensor, B: torch.Tensor, inner: torch.Tensor, side: str) -> torch.Tensor:
+    """The Gram matrices of M = A B (A [n, d, k], B [n, k, d]) packed for Frobenius inner products: side "right"
+    gives Mᵀ M = Bᵀ (Aᵀ A) B, side "left" M Mᵀ = A (B Bᵀ) Aᵀ (inner: the k x k Gram Aᵀ A or B Bᵀ), each [d, d]
+    symmetric, packed to its upper triangle [n, d (d + 1) / 2] with the off-diagonal entries scaled by √2, so that
+    packed(P) · packed(Q) = ⟨P, Q⟩_F = trace(P Q)."""
+    full = B.transpose(-1, -2) @ inner @ B if side == "right" else A @ inner @ A.transpose(-1, -2)
+    d = full.shape[-1]
+    i, j = torch.triu_indices(d, d, device=full.device)
+    scale = torch.where(i == j, 1.0, 2.0 ** 0.5).to(full.dtype)
+    return full[:, i, j] * scale
+
+
+def composition_flops(cfg: Any) -> float:
+    """The flops of composition_scores: each head's d_model x d_model Gram matrices, then one packed inner
+    product (d_model (d_model + 1) / 2 terms) per (earlier head, later head, mode)."""
+    L, H, d, k = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.head_dim
+    grams = 4 * L * H * (2 * d * k * k + 2 * d * d * k)   # the writers' and the three readers'
+    pairs = 3 * H * H * L * (L - 1) / 2
+    return float(grams + 2 * pairs * d * (d + 1) / 2)
+
+
+COMPOSITION_EFFICIENCY = 0.09   # the packed inner products' share of the matmul probe (SmolLM2: 86 GFLOP, 5.5 s)
+
+
+def copying_flops(cfg: Any) -> float:
+    """The flops of copying_scores: W_U W_E once, each head's W_O (W_U W_E) W_V, its d_head eigenvalues (~25 k³)."""
+    L, H, d, k = cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.head_dim
+    return float(2 * cfg.d_vocab * d * d + L * H * (2 * k * d * d + 2 * d * k * k + 25 * k ** 3))
+
+
+COPYING_EFFICIENCY = 0.06   # eigenvalues run far below the probe's speed (SmolLM2: 44 GFLOP, 4.5 s)
+
+WRITER_CHUNK_BYTES = 256 * 2 ** 20   # the packed writer Grams held at once (SmolLM2's 270 heads: 180 MiB)
+
+
 @torch.no_grad()
 def composition_scores(model: Transformer, n_baseline: int = 200, seed: int = DEFAULT_SEED) -> CompositionScores:
     """Q-, K- and V-composition scores between all pairs of heads in different layers.
 
     In x @ W orientation, head (l1, h1) writes x W_OV1 into the residual stream; a later head reads it
     through its queries (Q: W_OV1 W_QK2), keys (K: W_OV1 W_QK2ᵀ) or values (V: W_OV1 W_OV2).
-    The score is ‖W_OV1 M2‖_F / (‖W_OV1‖_F ‖M2‖_F), computed with factored matrices.
+    The score is ‖W_OV1 M2‖_F / (‖W_OV1‖_F ‖M2‖_F). It is computed from Gram matrices, never forming a product
+    per head pair: ‖W M‖²_F = trace(Wᵀ W · M Mᵀ) = ⟨Wᵀ W, M Mᵀ⟩_F, where Wᵀ W = W_Oᵀ (W_Vᵀ W_V) W_O is formed once
+    per writer and M Mᵀ once per reader (each [d_model, d_model], from d_head x d_head Grams of the factors), so a
+    pair costs one inner product (composition_flops); ‖W‖²_F and ‖M‖²_F are their traces.
     The baseline is the same score for random Gaussian factors of the same shapes (n_baseline draws);
     for i.i.d. factors the three modes share one distribution, so one baseline serves all three.
     Returns CompositionScores with q, k, v [layer, head, layer, head].
     """
     require(model, "composition scores", "additive_heads")
-    L, H = model.cfg.n_layers, model.cfg.n_heads
+    L, H, d = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_model
     out = {m: torch.full((L, H, L, H), float("nan")) for m in MODES}
-    ov = FactoredMatrix(model.W_V, model.W_O)                        # [layer, head, d_model, d_model]
-    qk = FactoredMatrix(model.W_Q, model.W_K.transpose(-1, -2))
-    readers = {"q": qk, "k": qk.T, "v": ov}
-    for l2 in range(1, L):
-        for l1 in range(l2):
-            writer = FactoredMatrix(ov.A[l1, :, None], ov.B[l1, :, None])  # [head1, 1, d_model, d_model]
-            for m, r in readers.items():
-                reader = FactoredMatrix(r.A[l2, None], r.B[l2, None])       # [1, head2, d_model, d_model]
-                out[m][l1, :, l2, :] = composition_score(writer, reader).float()
+    dtype = torch.float32 if model.W_V.dtype in (torch.float16, torch.bfloat16) else model.W_V.dtype
+    W_Q, W_K, W_V, W_O = (w.to(dtype) for w in (model.W_Q, model.W_K, model.W_V, model.W_O))
+
+    def gram(a: torch.Tensor) -> torch.Tensor:   # [n, d, k] -> [n, k, k]
+        return a.transpose(-1, -2) @ a
+
+    def reader(mode: str, layer: int) -> torch.Tensor:   # [head, packed]: M Mᵀ of each head's M in this mode
+        A, B = {"q": (W_Q[layer], W_K[layer].transpose(-1, -2)), "k": (W_K[layer], W_Q[layer].transpose(-1, -2)),
+                "v": (W_V[layer], W_O[layer])}[mode]
+        return _packed_gram(A, B, B @ B.transpose(-1, -2), "left")
+
+    per_writer = H * d * (d + 1) // 2 * torch.finfo(dtype).bits // 8
+    step = max(1, min(L, WRITER_CHUNK_BYTES // per_writer))
+    trace_idx = None
+    for first in range(0, L - 1, step):      # writer layers first .. first + step - 1, packed together
+        last = min(first + step, L - 1)
+        writers = _packed_gram(W_V[first:last].flatten(0, 1), W_O[first:last].flatten(0, 1),
+                               gram(W_V[first:last].flatten(0, 1)), "right")         # [n_writers, packed]
+        if trace_idx is None:
+            i, j = torch.triu_indices(d, d, device=writers.device)
+            trace_idx = (i == j).nonzero()[:, 0]   # the packed entries on the diagonal: their sum is the trace
+        w_norm = writers[:, trace_idx].sum(-1).clamp(min=0).sqrt()                   # ‖W_OV‖_F
+        for l2 in range(first + 1, L):
+            n = (min(last, l2) - first) * H      # writers in layers before l2
+            for m in MODES:
+                r = reader(m, l2)                                                    # [head2, packed]
+                r_norm = r[:, trace_idx].sum(-1).clamp(min=0).sqrt()
+                num = (writers[:n] @ r.T).clamp(min=0).sqrt()                        # [n, head2]
+                denom = w_norm[:n, None] * r_norm[None]
+                score = torch.where(denom > 0, num / denom.clamp(min=1e-30), torch.zeros_like(denom))
+                out[m][first:first + n // H, :, l2, :] = score.view(n // H, H, H).float()
     mean, std = composition_baseline(model.cfg.d_model, model.cfg.head_dim, n_baseline, seed)
     return CompositionScores(out["q"], out["k"], out["v"], mean, std, n_baseline)
 

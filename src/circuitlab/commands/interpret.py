@@ -16,10 +16,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from circuitlab.experiments.interpret import InterpretInputs
 
     inputs = [f.name for f, _ in options_of(InterpretInputs)]
-    add_options(p, only(InterpretInputs, tuple(n for n in inputs if n != "out"), "InterpretRunInputs"))
+    add_options(p, only(InterpretInputs, tuple(n for n in inputs if n not in ("out", "resume")), "InterpretRunInputs"))
     for m in REGISTRY.values():   # each registered method's options, as its options class declares them
         add_options(p, m.options)
-    add_options(p, only(InterpretInputs, ("out",), "InterpretOut"))   # last, where --help has always shown it
+    add_options(p, only(InterpretInputs, ("out", "resume"), "InterpretOut"))   # last, where --help has always shown it
     from circuitlab.commands._args import add_memory_arguments
 
     add_memory_arguments(p)
@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(inputs.out) if inputs.out else Path(inputs.checkpoint) / "interpret"
     check_writable(out, "the interpret results")   # before the model is read
     experiments = list(inputs.experiments) if inputs.experiments is not None else None
-    results = run_interpret(inputs.checkpoint, out, experiments, **inputs.shared(), **method_options(args))
+    results = run_interpret(inputs.checkpoint, out, experiments, resume=inputs.resume, **inputs.shared(),
+                            **method_options(args))
     print(f"ran {', '.join(results.experiments)} -> {out}/results.json, {out}/report.md, {out}/report.html")
     return 0
 

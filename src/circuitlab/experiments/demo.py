@@ -174,7 +174,7 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
     """Label every head (behaviour + weight evidence), draw the figures, run the circuit analyses."""
     from circuitlab.analysis.heads.detectors import induction_by_period
     from circuitlab.analysis.heads import classify_heads
-    from circuitlab.methods import REGISTRY, NoOptions
+    from circuitlab.methods import REGISTRY
     from circuitlab.analysis.heads import attention_view
     from circuitlab.viz.heads import attention_patterns_figure
     from circuitlab.viz.training import induction_by_period_figure, training_curves_figure
@@ -230,9 +230,9 @@ def analyse_models(runs: dict, out: Path) -> DemoResult:
         # QK/OV circuits of the induction head, K-composition, copying; a logit lens on a story.
         # Causal tests of the same circuit: patching and path patching on induction prompts (clean:
         # r + r[:k]; corrupt: the earlier copy of the last token replaced), mean-ablation of heads.
-        experiments = [(name, partial(REGISTRY[name].run, options=NoOptions()))
+        experiments = [(name, partial(REGISTRY[name].run, options=REGISTRY[name].options_from({})))
                        for name in ("circuits", "logit_lens", "patching")]
-        experiments += [("ablation", partial(REGISTRY["ablation"].run, options=NoOptions(),
+        experiments += [("ablation", partial(REGISTRY["ablation"].run, options=REGISTRY["ablation"].options_from({}),
                                              group=found.induction_heads or None))]
         for experiment, run in experiments:
             print(f"running {experiment} on the 2-layer model")

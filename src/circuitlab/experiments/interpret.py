@@ -5,13 +5,14 @@ The experiments are the registry's methods (circuitlab.methods.REGISTRY: one mod
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
-from circuitlab.atomic import atomic_dir, json_text, set_aside
+from circuitlab.atomic import atomic_write_json, atomic_write_text, check_set_aside, json_text, set_aside
 from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.methods.base import MethodResult
 from circuitlab.spec import Options, option
@@ -39,6 +40,8 @@ class InterpretInputs(Options):
     lens: str | None = option(None, help="a tuned-lens folder for the tuned_lens experiment (default: "
                                          "<checkpoint>/tuned_lens if saved, else a quick one is trained)")
     out: str | None = option(None, help="output directory (default: <checkpoint>/interpret)")
+    resume: bool = option(False, help="keep the experiments an earlier run into --out finished with the same "
+                                      "options (OUT/finished/) and run the rest")
 
     def check(self, error: type[Exception] = InputError) -> "InterpretInputs":
         """Each field's rule, then the patching pair: --clean and --corrupt together or not at all."""
@@ -53,14 +56,14 @@ class InterpretInputs(Options):
 
 
 def interpret_inputs(checkpoint: str | Path, out: str | Path | None, experiments: list[str] | None,
-                     opts: dict[str, Any]) -> InterpretInputs:
+                     opts: dict[str, Any], resume: bool = False) -> InterpretInputs:
     """run_interpret's arguments as InterpretInputs, checked (a folder may be given as a Path)."""
     def text(value: Any) -> Any:
         return str(value) if isinstance(value, PurePath) else value
 
     given = {name: text(opts.get(name)) for name in SHARED}
     return InterpretInputs(text(checkpoint), tuple(experiments) if experiments else None, out=text(out),
-                           **given).check()
+                           resume=resume, **given).check()
 
 
 @dataclass
@@ -125,18 +128,22 @@ def experiments_for(model_or_cfg, names: list[str] | None = None, by_name: bool 
 
 
 def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str] | None = None,
-                  **opts: Any) -> InterpretResult:
+                  resume: bool = False, **opts: Any) -> InterpretResult:
     """Run experiments (default: all) on a checkpoint; writes out/results.json, out/report.md and
     out/report.html (interactive, self-contained). opts: the inputs the methods share (InterpretInputs: prompt;
     clean and corrupt (patching); lens, a tuned-lens folder, default <checkpoint>/tuned_lens, trained quickly when
-    there is none) and each registered method's options (circuitlab.methods; None = the default)."""
-    from circuitlab.report import write_interpret_report
-    from circuitlab.report.markdown import interpret_markdown
+    there is none) and each registered method's options (circuitlab.methods; None = the default).
+
+    Each experiment is saved as it finishes (out/finished/NAME.json and its figures); results.json and the
+    reports are written from them at the end. A Ctrl-C keeps the finished ones (and writes results.json and the
+    reports of those) and raises KeyboardInterrupt saying how to go on; resume=True keeps every finished
+    experiment whose options and inputs are the same and runs the rest (without it, an earlier output is moved
+    aside whole)."""
     from circuitlab.training import load_checkpoint
 
     from circuitlab.methods import REGISTRY
 
-    inputs = interpret_inputs(checkpoint, out, experiments, opts)
+    inputs = interpret_inputs(checkpoint, out, experiments, opts, resume)
     table = available_experiments()
     names = experiments or list(table)
     unknown = [n for n in names if n not in table]
@@ -170,20 +177,119 @@ def run_interpret(checkpoint: str | Path, out: str | Path, experiments: list[str
     for name, reason in left_out.items():
         warnings.warn(f"{name} skipped: {reason}", stacklevel=2)
     check_options(model, tokenizer, names, opts)   # every argument, before anything on disk changes
-    # A previous interpret output is kept renamed, anything else refused: never two runs' files in one folder.
-    kept = set_aside(Path(out), _is_interpret_output, "interpret results")
-    if kept is not None:
-        print(f"moved the previous results to {kept}")
+    out = Path(out)
+    if resume:   # the finished experiments stay; anything that is not an interpret output is refused
+        check_set_aside(out, _is_interpret_output, "interpret results")
+    else:        # a previous interpret output is kept renamed, anything else refused: never two runs' files mixed
+        kept = set_aside(out, _is_interpret_output, "interpret results")
+        if kept is not None:
+            print(f"moved the previous results to {kept}")
     result = InterpretResult(str(checkpoint), names, model.cfg.to_dict(), skipped=left_out)
-    with atomic_dir(Path(out)) as tmp:  # the folder appears complete, or not at all
-        for i, name in enumerate(names):
-            print(f"running {name} ({i + 1} of {len(names)})")   # progress between the analyses
-            result.results[name] = table[name](model, tokenizer, tmp, opts)
-        results = result.to_dict()
-        (tmp / "results.json").write_text(json_text(results, indent=2, default=str))
-        (tmp / "report.md").write_text(interpret_markdown(results))
-        write_interpret_report(tmp, results, model, tokenizer)  # report.html
+    entries: dict[str, dict[str, Any]] = {}   # name -> its results.json entry, as saved in finished/NAME.json
+    for i, name in enumerate(names):
+        m = REGISTRY[name]
+        ran_with = experiment_settings(m, opts)
+        earlier = finished_entry(out, name, ran_with) if resume else None
+        if earlier is not None:
+            try:
+                result.results[name] = m.result.from_dict(earlier)
+            except (KeyError, TypeError, ValueError):   # an entry of an older layout: run it again
+                earlier = None
+        if earlier is not None:
+            print(f"{name} ({i + 1} of {len(names)}): finished earlier, kept ({out / FINISHED / (name + '.json')})")
+            entries[name] = earlier
+            continue
+        print(f"running {name} ({i + 1} of {len(names)})")   # progress between the analyses
+        try:
+            found, entries[name] = run_one(out, name, ran_with, lambda tmp: table[name](model, tokenizer, tmp, opts))
+        except KeyboardInterrupt:
+            done = [n for n in names if n in entries]
+            if done:   # what is finished reads as a report now; --resume runs the rest
+                write_combined(out, result, entries, model, tokenizer, unfinished=[n for n in names if n not in done],
+                               html=False)
+            raise KeyboardInterrupt(stopped_message(out, done, names)) from None
+        result.results[name] = found
+    write_combined(out, result, entries, model, tokenizer)
     return result
+
+
+FINISHED = "finished"   # OUT/finished/NAME.json: each experiment's entry, written as it finishes
+
+
+def experiment_settings(m: Any, opts: dict[str, Any]) -> dict[str, Any]:
+    """What one experiment's result depends on besides the model: its options and the shared inputs it reads
+    (JSON-plain), compared by --resume before a finished experiment is kept."""
+    inputs = {k: v for k, v in m.inputs_from(opts).items() if k != "progress"}
+    return json.loads(json_text({"options": m.options_from(opts).to_dict(), "inputs": inputs}, default=str))
+
+
+def finished_entry(out: Path, name: str, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The results.json entry `name` left in out/finished by an earlier run with the same settings, else None
+    (absent, unreadable, or run with other options: then it runs again)."""
+    try:
+        saved = json.loads((out / FINISHED / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("settings") != settings or not isinstance(saved.get("result"), dict):
+        if isinstance(saved, dict) and "settings" in saved:
+            print(f"{name}: finished earlier with other options; running it again")
+        return None
+    return saved["result"]
+
+
+def run_one(out: Path, name: str, settings: dict[str, Any], run: Callable[[Path], MethodResult]
+            ) -> tuple[MethodResult, dict[str, Any]]:
+    """Run one experiment in a scratch folder inside out, move its files (figures) into out, then save its
+    entry as out/finished/NAME.json (atomically, last: a file there means the experiment is complete).
+    Returns (the result, its entry as read back from JSON, as results.json holds it)."""
+    import shutil
+    import tempfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".running-{name}-", dir=out))
+    try:
+        found = run(tmp)
+        entry = json.loads(json_text(found.to_dict(), default=str))
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                target = out / f.relative_to(tmp)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(f, target)
+        (out / FINISHED).mkdir(exist_ok=True)
+        atomic_write_json(out / FINISHED / f"{name}.json", {"settings": settings, "result": entry}, indent=1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return found, entry
+
+
+def write_combined(out: Path, result: InterpretResult, entries: dict[str, dict[str, Any]], model: Transformer,
+                   tokenizer: Any, unfinished: list[str] | None = None, html: bool = True) -> None:
+    """out/results.json (today's layout: each experiment's entry under its name), report.md and (html) report.html
+    from the finished entries; after a stop, `experiments` lists the finished ones and `unfinished` the rest (and
+    no report.html: it draws attention and circuits from the model, too slow to wait for after a Ctrl-C)."""
+    from circuitlab.report import write_interpret_report
+    from circuitlab.report.markdown import interpret_markdown
+
+    done = [n for n in result.experiments if n in entries]
+    results = {"checkpoint": result.checkpoint, "experiments": done, "model": result.model,
+               "skipped": dict(result.skipped), **({"unfinished": unfinished} if unfinished else {}),
+               **{n: entries[n] for n in done}}
+    atomic_write_text(out / "results.json", json_text(results, indent=2, default=str))
+    atomic_write_text(out / "report.md", interpret_markdown(results))
+    if html:
+        write_interpret_report(out, results, model, tokenizer)  # report.html
+
+
+def stopped_message(out: Path, done: list[str], names: list[str]) -> str:
+    """What a stop says: what is kept where, and the command (or call) that runs the rest."""
+    from circuitlab.errors import command_line
+
+    if not done:
+        return f"stopped before any experiment finished; nothing was kept in {out}"
+    again = command_line(add="--resume")
+    rest = [n for n in names if n not in done]
+    return (f"stopped; {len(done)} of {len(names)} experiments finished and kept in {out} ({', '.join(done)}); "
+            f"run the rest ({', '.join(rest)}) with: {again or 'run_interpret(..., resume=True)'}")
 
 
 def check_options(model: Transformer, tokenizer, names: list[str], opts: dict[str, Any]) -> None:
@@ -202,6 +308,8 @@ def check_options(model: Transformer, tokenizer, names: list[str], opts: dict[st
 
 
 def _is_interpret_output(folder: Path) -> bool:
+    if any((folder / FINISHED).glob("*.json")):   # a run stopped before it wrote results.json
+        return True
     try:
         found = json.loads((folder / "results.json").read_text())
     except (OSError, ValueError):

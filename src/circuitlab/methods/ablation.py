@@ -13,7 +13,9 @@ import torch
 from circuitlab.analysis.ablation import ablate_and_measure, run_ablated
 from circuitlab.analysis.patching import next_token_loss
 import circuitlab.memory as memory
-from circuitlab.methods.base import Method, MethodResult, NoOptions
+from circuitlab.checks import NONNEG_INT
+from circuitlab.methods.base import Method, MethodResult, figures_estimate
+from circuitlab.spec import Options, option
 from circuitlab.methods.pairs import BATCH, SEED, check_pairs, random_ids
 from circuitlab.model import model_device
 from circuitlab.names import head_name
@@ -21,6 +23,33 @@ from circuitlab.viz.fragments import Section, bullet_list, paragraph
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
+
+
+@dataclass(frozen=True)
+class AblationOptions(Options):
+    title = "ablation (--experiments ablation)"
+    ablation_layers: tuple[int, ...] | None = option(None, NONNEG_INT, nargs="+", metavar="L",
+                                                     help="the layers whose heads (and MLPs) are ablated one at a "
+                                                          "time (default: every layer)")
+    mlp_ablation: bool = option(True, flag="--no-mlp-ablation",
+                                help="leave the MLPs out: ablate the heads only (default: heads and MLPs)")
+
+
+def check_ablation(model: "Transformer", tokenizer: Any, options: AblationOptions, clean: str | None = None,
+                   corrupt: str | None = None, **_: Any) -> None:
+    """The pairs' check, and --ablation-layers within the model."""
+    check_pairs(model, tokenizer, options, clean, corrupt)
+    check_model_layers(model, options.ablation_layers, "--ablation-layers")
+
+
+def check_model_layers(model: "Transformer", layers: tuple[int, ...] | None, flag: str) -> None:
+    """Refuse layers the model does not have, in one line naming the flag."""
+    from circuitlab.errors import InputError
+
+    bad = [l for l in layers or () if l >= model.cfg.n_layers]
+    if bad:
+        raise InputError(f"{flag} {' '.join(map(str, bad))}: the model has {model.cfg.n_layers} layers "
+                         f"(0..{model.cfg.n_layers - 1})")
 
 
 @dataclass
@@ -41,7 +70,7 @@ class AblationFindings(MethodResult):
                    d.get("mlps"), d.get("group"), d.get("clean_prompt_loss"))
 
 
-def run_ablation(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
+def run_ablation(model: "Transformer", tokenizer: Any, out_dir: Path, options: AblationOptions, clean: str | None = None,
                  corrupt: str | None = None, group: list[str] | None = None) -> AblationFindings:
     """Mean-ablate every head (and MLP) on repeated random sequences and measure the loss on the repeated
     half; then ablate a group of heads together (default: the two after layer 0 that matter most), and
@@ -62,7 +91,8 @@ def run_ablation(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
     first_half[:, : half - 1] = True  # predictions of tokens in the first half, which nothing earlier repeats
     first_loss = next_token_loss(tokens, first_half)
 
-    heads = ablate_and_measure(model, tokens, repeated_loss, "head", "mean", reference)
+    layers = list(options.ablation_layers) if options.ablation_layers else None
+    heads = ablate_and_measure(model, tokens, repeated_loss, "head", "mean", reference, layers=layers)
     figures = [ablation_figure(heads, "mean ablation of each head: change in loss on the repeated half"
                                ).save_png(out_dir / "ablation_heads.png").name]
     found = AblationFindings([], figures, f"{BATCH} random sequences of {half} tokens, each repeated once",
@@ -70,8 +100,8 @@ def run_ablation(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
     summary = found.summary
     summary.append(f"loss on the repeated half {heads.baseline:.3f} nats; largest changes when one head is "
                    "mean-ablated (+ raises it): " + ", ".join(f"{c} {v:+.3f}" for c, v in heads.top(4)))
-    if model.cfg.has_mlp:
-        mlps = ablate_and_measure(model, tokens, repeated_loss, "mlp", "mean", reference)
+    if model.cfg.has_mlp and options.mlp_ablation:
+        mlps = ablate_and_measure(model, tokens, repeated_loss, "mlp", "mean", reference, layers=layers)
         figures.append(ablation_figure(mlps).save_png(out_dir / "ablation_mlps.png").name)
         found.mlps = mlps.to_dict()
         summary.append("MLP layers: " + ", ".join(f"{c} {v:+.3f}" for c, v in mlps.top(3)))
@@ -79,11 +109,13 @@ def run_ablation(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
     chosen = "the given heads"
     if group is None:
         # The heads whose ablation hurts most (beyond layer 0, where induction heads cannot be), together.
-        change = heads.change()
-        later = change[1:] if change.shape[0] > 1 else change
+        change, swept = heads.change(), list(heads.layers)
+        keep = [i for i, l in enumerate(swept) if l > 0] if len(swept) > 1 and any(l > 0 for l in swept) else \
+            list(range(len(swept)))
+        later = change[keep]
         order = later.flatten().argsort(descending=True)[:2].tolist()
-        offset = 1 if change.shape[0] > 1 else 0
-        group = [head_name(i // later.shape[1] + offset, i % later.shape[1]) for i in order if later.flatten()[i] > 0]
+        group = [head_name(swept[keep[i // later.shape[1]]], i % later.shape[1]) for i in order
+                 if later.flatten()[i] > 0]
         chosen = "the heads after layer 0 that hurt most, where induction heads can be"
     if group:
         with torch.no_grad():
@@ -118,17 +150,27 @@ def ablation_section(found: AblationFindings) -> Section:
     return Section("ablation", "Ablation", parts)
 
 
-def estimate_ablation(model: Transformer, tokenizer: Any, options: Any, **_: Any) -> memory.Estimate:
-    """The reference sequences' mean activations, then one ablated run per head and MLP."""
+def estimate_ablation(model: Transformer, tokenizer: Any, options: AblationOptions, **_: Any) -> memory.Estimate:
+    """The reference sequences' mean activations, then one ablated run per head (and MLP) of the swept layers, each
+    run from its layer on (analysis.ablation reuses the clean run below it), and the group's two runs."""
     from circuitlab.methods.pairs import BATCH
     from circuitlab.model.transformer import cache_estimate
+    from circuitlab.perf import block_weights
 
-    half = min(24, model.cfg.n_ctx // 2)
-    est = cache_estimate(model, 5 * BATCH, 2 * half, lambda n: n.endswith(("hook_z", "hook_mlp_out")))
-    est.flops = (est.flops or 0.0) / 5 * (model.cfg.n_layers * (model.cfg.n_heads + 1) + 5)
-    est.what = f"ablation (every head and MLP mean-ablated on {BATCH} x {2 * half} tokens)"
-    return est
+    cfg = model.cfg
+    half = min(24, cfg.n_ctx // 2)
+    n = 2 * half
+    est = cache_estimate(model, 5 * BATCH, n, lambda name: name.endswith(("hook_z", "hook_mlp_out")))
+    layers = list(options.ablation_layers) if options.ablation_layers else list(range(cfg.n_layers))
+    per = cfg.n_heads + (1 if cfg.has_mlp and options.mlp_ablation else 0)
+    per_token_block = 2 * block_weights(cfg) + 4 * n * cfg.n_heads * cfg.head_dim
+    runs = sum(per * ((cfg.n_layers - l) * per_token_block + 2 * cfg.d_model * cfg.d_vocab) for l in layers)
+    full = cfg.n_layers * per_token_block + 2 * cfg.d_model * cfg.d_vocab
+    est.flops = float(BATCH * n * (runs + 7 * full))   # the ablated runs; the reference (x4), base, group's two
+    est.what = (f"ablation ({'every head and MLP' if per > cfg.n_heads else 'every head'} of "
+                f"{len(layers)} layers mean-ablated on {BATCH} x {n} tokens)")
+    return memory.Estimate.one_after_another(est.what, [est, figures_estimate(model, 1 + (per > cfg.n_heads))])
 
 
-METHOD = Method("ablation", NoOptions, AblationFindings, run_ablation, ablation_section, inputs=("clean", "corrupt"),
-                check=check_pairs, estimate=estimate_ablation)
+METHOD = Method("ablation", AblationOptions, AblationFindings, run_ablation, ablation_section,
+                inputs=("clean", "corrupt"), check=check_ablation, estimate=estimate_ablation)

@@ -126,6 +126,14 @@ def prompt_tokens(model: "Transformer", tokenizer: Any, prompt: str | None) -> t
     return torch.tensor(ids[-model.cfg.n_ctx:], dtype=torch.long)
 
 
+FIGURE_SECONDS = 2.0   # one PNG figure drawn by matplotlib (SmolLM2's circuits figures: ~2.4 s each under load)
+
+
+def figures_estimate(model: "Transformer", n: int) -> memory.Estimate:
+    """n figures saved as PNG: not arithmetic, counted as FIGURE_SECONDS each at the 150 GFLOP/s reference."""
+    return memory.Estimate(f"{n} figures", {}, held=memory.tensor_bytes(model), flops=n * FIGURE_SECONDS * 150e9)
+
+
 def one_prompt_estimate(name: str) -> Callable[..., memory.Estimate]:
     """The estimate of a method that reads one prompt (or, without a tokenizer, the weights and 16 tokens): the
     prompt's cache at every hook (`interpret --estimate`)."""

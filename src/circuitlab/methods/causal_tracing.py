@@ -17,23 +17,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from circuitlab.analysis.patching.causal_tracing import (AverageTrace, CausalTrace, causal_trace, check_kinds,
+from circuitlab.analysis.patching.causal_tracing import (KINDS, AverageTrace, CausalTrace, causal_trace, check_kinds,
                                                          check_window, subject_span, trace_estimate)
+from circuitlab.analysis.patching.checks import check_grid
 from circuitlab.analysis.patching.noise import NOISE_KINDS, SCALE, Noise
-from circuitlab.checks import COUNT
+from circuitlab.checks import COUNT, INT, NONNEG_INT
 from circuitlab.display import renders
 from circuitlab.errors import InputError
-from circuitlab.methods.base import Method, MethodResult, prompt_tokens
+from circuitlab.memory import Estimate
+from circuitlab.methods.base import Method, MethodResult, figures_estimate, prompt_tokens
 from circuitlab.spec import Options, option
 from circuitlab.viz import token_label
 from circuitlab.viz.fragments import Section, bullet_list
 from circuitlab.viz.figure import FigureSpec, Heatmap, Panel, as_array, field_of
 
 if TYPE_CHECKING:
-    from circuitlab.memory import Estimate
     from circuitlab.model import Transformer
 
 NAME = "causal_tracing"
+DEEP = 12   # layers; deeper models leave the severed trace (hidden_no_mlp, one kind of four) out by default
 DEFAULT_SUBJECT = "Lily"  # in the default story prompt
 
 
@@ -52,6 +54,15 @@ class CausalTracingOptions(Options):
     replace_with: tuple[str, ...] | None = option(None, nargs="+", metavar="TEXT",
                                                   help="with --noise replace: other subjects of the same token length, "
                                                        "one run each")
+    trace_kinds: tuple[str, ...] | None = option(None, choices=KINDS, nargs="+", metavar="KIND",
+                                                 help="what is restored (default: hidden, mlp, attn, and "
+                                                      f"hidden_no_mlp when the model has MLPs and at most {DEEP} "
+                                                      "layers); of: " + ", ".join(KINDS))
+    trace_positions: tuple[int, ...] | None = option(None, INT, nargs="+", metavar="P",
+                                                     help="the positions traced, -1 the last (default: every "
+                                                          "position from the subject on)")
+    trace_layers: tuple[int, ...] | None = option(None, NONNEG_INT, nargs="+", metavar="L",
+                                                  help="the layers traced (default: every layer)")
 
 
 @dataclass
@@ -77,8 +88,11 @@ def tracing_noise(options: CausalTracingOptions, tokenizer: Any) -> Noise:
     return Noise(options.noise, options.noise_scale, options.noise_samples, replacements=replacements).check()
 
 
-def _kinds(model: "Transformer") -> list[str]:
-    return check_kinds(model, None) + (["hidden_no_mlp"] if model.cfg.has_mlp else [])
+def _kinds(model: "Transformer", options: CausalTracingOptions) -> list[str]:
+    """--trace-kinds, else hidden, mlp, attn (those the model has) and the severed hidden_no_mlp up to DEEP layers."""
+    if options.trace_kinds:
+        return check_kinds(model, list(dict.fromkeys(options.trace_kinds)))
+    return check_kinds(model, None) + (["hidden_no_mlp"] if model.cfg.has_mlp and model.cfg.n_layers <= DEEP else [])
 
 
 def run_causal_tracing(model: "Transformer", tokenizer: Any, out_dir: Path, options: CausalTracingOptions,
@@ -90,8 +104,9 @@ def run_causal_tracing(model: "Transformer", tokenizer: Any, out_dir: Path, opti
         raise InputError("causal_tracing needs --subject: the words of --prompt to corrupt (e.g. --subject Lily)")
     noise = tracing_noise(options, tokenizer)
     window = check_window(model, options.window)
-    kinds = _kinds(model)
+    kinds = _kinds(model, options)
     tokens = prompt_tokens(model, tokenizer, prompt)
+    layers, positions = check_grid(model, len(tokens), options.trace_layers, options.trace_positions)
     note = None
     if subject is None:  # the default story prompt: its "Lily", unless the context cut it off
         text = tokenizer.decode(tokens.tolist())
@@ -100,8 +115,11 @@ def run_causal_tracing(model: "Transformer", tokenizer: Any, out_dir: Path, opti
                                                         "context: its first token is the subject (give --prompt and "
                                                         "--subject)")
     if progress:   # what it will hold and take, before the work
-        print(trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=len(kinds)).timed().line(), flush=True)
-    trace = causal_trace(model, tokens, subject, tokenizer=tokenizer, kinds=kinds, window=window, noise=noise)
+        first = subject_span(tokens.tolist(), subject, tokenizer)[0]
+        print(trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=kinds, layers=layers,
+                             positions=positions, window=window, first=first).timed().line(), flush=True)
+    trace = causal_trace(model, tokens, subject, tokenizer=tokenizer, kinds=kinds, window=window, noise=noise,
+                         layers=layers, positions=positions)
     figure = causal_trace_figure(trace).save_png(Path(out_dir) / f"{NAME}.png").name
     summary = trace.summary() + ([note] if note else [])
     if "hidden_no_mlp" in trace.values:
@@ -121,10 +139,12 @@ def check_tracing(model: "Transformer", tokenizer: Any, options: CausalTracingOp
 
     tracing_noise(options, tokenizer)
     check_window(model, options.window)
+    _kinds(model, options)
+    with warnings.catch_warnings():   # run_causal_tracing() warns about a long prompt once, when it runs
+        warnings.simplefilter("ignore")
+        tokens = prompt_tokens(model, tokenizer, prompt)
+    check_grid(model, len(tokens), options.trace_layers, options.trace_positions)
     if options.subject is not None:
-        with warnings.catch_warnings():   # run_causal_tracing() warns about a long prompt once, when it runs
-            warnings.simplefilter("ignore")
-            tokens = prompt_tokens(model, tokenizer, prompt)
         subject_span(tokens.tolist(), options.subject, tokenizer)
 
 
@@ -141,7 +161,12 @@ def estimate_tracing(model: "Transformer", tokenizer: Any, options: CausalTracin
     """What tracing the prompt (or the default prompt) would hold and take: its noise runs and restorations."""
     tokens = prompt_tokens(model, tokenizer, prompt)
     noise = tracing_noise(options, tokenizer)
-    return trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=len(_kinds(model))).timed()
+    layers, positions = check_grid(model, len(tokens), options.trace_layers, options.trace_positions)
+    subject = options.subject or (DEFAULT_SUBJECT if DEFAULT_SUBJECT in tokenizer.decode(tokens.tolist()) else (0, 1))
+    first = subject_span(tokens.tolist(), subject, tokenizer)[0]   # restorations before it need no pass
+    trace = trace_estimate(model, len(tokens), runs=noise.n_runs, kinds=_kinds(model, options), layers=layers,
+                           positions=positions, window=check_window(model, options.window), first=first)
+    return Estimate.one_after_another(trace.what, [trace, figures_estimate(model, 1)]).timed()
 
 
 # ---------------------------------------------------------------------------- view

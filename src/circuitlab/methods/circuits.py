@@ -17,14 +17,14 @@ from circuitlab.analysis.heads import classify_heads
 from circuitlab.analysis.heads.induction_circuit import induction_and_previous_head
 from circuitlab.analysis.qk_ov import (CompositionScores, CopyingScores, copying_scores, direct_path,
                                       k_composition_qk_circuit, ov_circuit, pos_qk_circuit, top_token_pairs)
-from circuitlab.methods.base import (Method, MethodResult, NoOptions, check_prompt, one_prompt_estimate,
-                                     prompt_tokens)
+from circuitlab.methods.base import Method, MethodResult, NoOptions, check_prompt, prompt_tokens
 from circuitlab.methods.heads import head_test_tokens
 from circuitlab.model import model_device
 from circuitlab.names import head_name
 from circuitlab.spec import Result
 
 if TYPE_CHECKING:
+    import circuitlab.memory as memory
     from circuitlab.model import Transformer
 
 
@@ -134,5 +134,32 @@ def run_circuits(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
     return found
 
 
+TOP_PAIRS_EFFICIENCY = 0.6   # top_token_pairs: chunked products, then a comparison pass (SmolLM2: 3.4 TFLOP)
+
+
+def estimate_circuits(model: "Transformer", tokenizer: Any, options: NoOptions, **_: Any) -> "memory.Estimate":
+    """The folded weights, the direct path's top pairs (all d_vocab² entries of W_E W_U, in row chunks), the labels
+    (methods.heads.labels_estimate), and the induction head's QK and OV top pairs (d_vocab² entries, inner d_head)."""
+    import circuitlab.memory as memory
+    from circuitlab.methods.base import figures_estimate
+    from circuitlab.methods.heads import fold_estimate, labels_estimate
+
+    cfg, held = model.cfg, memory.tensor_bytes(model)
+    V = cfg.d_vocab
+    chunk = {"a chunk of the direct path's rows": 1024 * V * next(model.parameters()).element_size()}
+    parts = [fold_estimate(model),
+             memory.Estimate("direct path", chunk, held=held, flops=2.0 * V * V * cfg.d_model,
+                             efficiency=TOP_PAIRS_EFFICIENCY)]
+    if cfg.n_layers > 0:
+        parts += labels_estimate(model, [])
+    if cfg.n_layers > 1:
+        parts.append(memory.Estimate("QK and OV top pairs", chunk, held=held, flops=2 * 2.0 * V * V * cfg.head_dim,
+                                     efficiency=TOP_PAIRS_EFFICIENCY))
+    n_figures = 1 + (cfg.n_layers > 0) + 3 * (cfg.n_layers > 1) + (cfg.n_layers > 1 and cfg.positional == "learned")
+    parts.append(figures_estimate(model, n_figures))
+    return memory.Estimate.one_after_another(f"circuits (direct path and OV / QK top pairs over {V}² token pairs, "
+                                             "copying and composition scores)", parts)
+
+
 METHOD = Method("circuits", NoOptions, CircuitsFindings, run_circuits, None, needs=("additive_heads",),
-                check=check_prompt, needs_text=False, estimate=one_prompt_estimate("circuits"))
+                check=check_prompt, needs_text=False, estimate=estimate_circuits)

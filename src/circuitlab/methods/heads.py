@@ -15,14 +15,35 @@ import torch
 from circuitlab.analysis.heads import HeadClasses, classify_heads
 from circuitlab.analysis.heads.detectors import induction_by_period, induction_test_tokens
 from circuitlab.analysis.heads.induction import in_context_learning_score
-from circuitlab.methods.base import Method, MethodResult, NoOptions, one_prompt_estimate
+import circuitlab.memory as memory
+from circuitlab.checks import Number
+from circuitlab.errors import InputError
+from circuitlab.methods.base import Method, MethodResult
 from circuitlab.model import model_device
 from circuitlab.names import head_name
+from circuitlab.spec import Options, option
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
 
 SEED = 0
+SWEEP_PERIODS, LONGEST_PERIOD = (4, 16, 64), 128   # the default sweep: short, middle, long, and the longest
+
+
+def sweep_periods(n_ctx: int) -> list[int]:
+    """The default periods of the heads experiment's induction sweep: 4, 16 and 64 where they fit, and the longest
+    [r, r] the context holds up to 128 tokens (a 64-token context: 4, 16, 32; SmolLM2's 8192: 4, 16, 64, 128).
+    Bounded so that a long context does not cost minutes: every [r, r] is a forward pass over 16 x 2 p tokens."""
+    longest = min(n_ctx // 2, LONGEST_PERIOD)
+    return sorted({p for p in SWEEP_PERIODS if p <= longest} | {longest})
+
+
+@dataclass(frozen=True)
+class HeadsOptions(Options):
+    title = "heads (--experiments heads)"
+    periods: tuple[int, ...] | None = option(None, Number(int, low=2), nargs="+", metavar="P",
+                                             help="the periods of the induction test [r, r] (default: 4, 16, 64 and "
+                                                  "the longest up to 128 that fits the context)")
 
 
 def head_test_tokens(model: "Transformer") -> torch.Tensor:
@@ -61,7 +82,7 @@ class HeadsFindings(MethodResult):
 
 
 @torch.no_grad()
-def run_heads(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions,
+def run_heads(model: "Transformer", tokenizer: Any, out_dir: Path, options: HeadsOptions,
               prompt: str | None = None) -> HeadsFindings:
     """Detectors and labels on tiled random tokens, attention patterns of the labelled heads,
     and the in-context-learning score on the same sequences."""
@@ -82,8 +103,9 @@ def run_heads(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOp
                                                  ).save_png(out_dir / "head_patterns.png").name)
     icl = in_context_learning_score(model, tokens)
     eos = getattr(tokenizer, "eos_id", None)
-    sweep = (induction_by_period(model, exclude=[] if eos is None else [eos], progress=True)
-             if model.cfg.n_ctx >= 8 else None)
+    periods = heads_periods(model, options)
+    sweep = (induction_by_period(model, periods, exclude=[] if eos is None else [eos], progress=True)
+             if periods else None)
     if sweep is not None:
         from circuitlab.viz.training import induction_by_period_figure
 
@@ -107,5 +129,72 @@ def run_heads(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOp
                          icl.to_dict(), labels_by_head)
 
 
-METHOD = Method("heads", NoOptions, HeadsFindings, run_heads, None, needs_text=False,
-                estimate=one_prompt_estimate("heads"))
+def check_heads(model: "Transformer", tokenizer: Any, options: HeadsOptions, **_: Any) -> None:
+    """Refuse periods whose two copies do not fit the context, before any work."""
+    longest = model.cfg.n_ctx // 2
+    bad = [p for p in options.periods or () if p > longest]
+    if bad:
+        raise InputError(f"--periods {' '.join(map(str, bad))}: two copies of r must fit the context of "
+                         f"{model.cfg.n_ctx} tokens (periods up to {longest})")
+
+
+def label_forwards(model: "Transformer") -> list[tuple[int, int]]:
+    """The forward passes of the labels (classify_heads on head_test_tokens), as (rows, tokens per row): the tiled
+    tokens and their two [r, r] tests."""
+    from circuitlab.analysis.heads import detector_periods
+
+    seq = min(model.cfg.n_ctx, 64)
+    return [(16, seq)] + [(16, 2 * p) for p in detector_periods(min(model.cfg.n_ctx, 256))]
+
+
+def heads_periods(model: "Transformer", options: HeadsOptions) -> list[int]:
+    """The periods of the heads experiment's sweep: --periods, else sweep_periods (none for a context under 8)."""
+    return list(options.periods or (sweep_periods(model.cfg.n_ctx) if model.cfg.n_ctx >= 8 else []))
+
+
+def labels_estimate(model: "Transformer", runs: list[tuple[int, int]]) -> list[memory.Estimate]:
+    """The labels' cost (classify_heads) and more forward passes `runs`: each caching the attention patterns, then
+    the weight evidence (folded norms, copying scores, composition scores; analysis.qk_ov's flops and measured
+    efficiencies), one Estimate each."""
+    from circuitlab.analysis.qk_ov import COMPOSITION_EFFICIENCY, COPYING_EFFICIENCY, composition_flops, copying_flops
+    from circuitlab.model.transformer import cache_estimate
+
+    cfg, held = model.cfg, memory.tensor_bytes(model)
+    parts = [cache_estimate(model, rows, n, lambda name: name.endswith("hook_pattern"))
+             for rows, n in label_forwards(model) + runs]
+    parts.append(memory.Estimate("copying scores", {}, held=held, flops=copying_flops(cfg),
+                                 efficiency=COPYING_EFFICIENCY))
+    if cfg.n_layers > 1:
+        parts.append(memory.Estimate("composition scores", {}, held=held, flops=composition_flops(cfg),
+                                     efficiency=COMPOSITION_EFFICIENCY))
+    parts.append(fold_estimate(model))
+    return parts
+
+
+def fold_estimate(model: "Transformer") -> memory.Estimate:
+    """weights_model: a copy of the weights with the norms folded in, about 3 s for SmolLM2's 135 M parameters
+    (a copy runs far below matmul speed: counted as 200 flops a parameter at the probe's speed)."""
+    n = sum(p.numel() for p in model.parameters())
+    return memory.Estimate("folded weights", {"folded copy": memory.tensor_bytes(model)},
+                           held=memory.tensor_bytes(model), flops=200.0 * n)
+
+
+def estimate_heads(model: "Transformer", tokenizer: Any, options: HeadsOptions, **_: Any) -> memory.Estimate:
+    """The labels (labels_estimate), the attention view and in-context-learning score's forward passes, and one
+    per period of the sweep (16 x 2 p tokens each)."""
+    if model.cfg.n_layers == 0:
+        return memory.Estimate("heads (a 0-layer model: nothing to run)", {}, held=memory.tensor_bytes(model),
+                               flops=0.0)
+    seq = min(model.cfg.n_ctx, 64)
+    periods = heads_periods(model, options)
+    from circuitlab.methods.base import figures_estimate
+
+    parts = labels_estimate(model, [(1, seq), (16, seq)] + [(16, 2 * p) for p in periods])
+    parts.append(figures_estimate(model, 2 + bool(periods)))   # scores, patterns (when labelled), the sweep
+    return memory.Estimate.one_after_another(
+        f"heads (labels on 16 x {seq} tiled tokens, induction sweep at periods "
+        f"{', '.join(map(str, periods)) or 'none'}, copying and composition scores)", parts)
+
+
+METHOD = Method("heads", HeadsOptions, HeadsFindings, run_heads, None, needs_text=False, check=check_heads,
+                estimate=estimate_heads)

@@ -12,13 +12,55 @@ from circuitlab.analysis.patching import default_targets, patching_sweep
 from circuitlab.analysis.patching.attribution_patching import attribution_vs_patching
 from circuitlab.analysis.patching.path import INPUTS, path_patching
 import circuitlab.memory as memory
-from circuitlab.methods.base import Method, MethodResult, NoOptions
+from circuitlab.analysis.patching.targets import TARGETS
+from circuitlab.checks import NONNEG_INT
+from circuitlab.methods.base import Method, MethodResult, figures_estimate
 from circuitlab.methods.pairs import check_pairs, pair_prompts
+from circuitlab.spec import Options, option
 from circuitlab.names import head_name
 from circuitlab.viz.fragments import Section, bullet_list, heading, table_html
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
+
+
+DEEP = 12   # layers; deeper models leave out the (layer, position, head) grid by default
+DEEP_TARGETS = ("resid_pre", "attn_out", "mlp_out", "head_out")
+
+
+@dataclass(frozen=True)
+class PatchingOptions(Options):
+    title = "patching (--experiments patching)"
+    patch_targets: tuple[str, ...] | None = option(None, choices=tuple(TARGETS), nargs="+", metavar="TARGET",
+                                                   help="what is patched (default: resid_pre, attn_out, mlp_out, "
+                                                        "head_out and head_out_by_pos where the model has them; "
+                                                        f"head_out_by_pos left out beyond {DEEP} layers); one or "
+                                                        "more of: " + ", ".join(TARGETS))
+    patch_layers: tuple[int, ...] | None = option(None, NONNEG_INT, nargs="+", metavar="L",
+                                                  help="the layers patched (default: every layer)")
+    path_patching: bool = option(True, flag="--no-path-patching",
+                                 help="leave out path patching into the strongest later head (default: on)")
+
+
+def patching_targets(model: "Transformer", options: PatchingOptions) -> list[str]:
+    """--patch-targets, else the default targets the model has hooks for (head_out_by_pos, a grid of layers x
+    positions x heads, only up to DEEP layers: 6,480 patched runs on SmolLM2's 30 x 24 x 9, ~17 min)."""
+    from circuitlab.analysis.patching.targets import get_target
+
+    if options.patch_targets:
+        return [get_target(model, t).name for t in options.patch_targets]
+    found = default_targets(model)
+    return [t for t in found if t in DEEP_TARGETS] if model.cfg.n_layers > DEEP else found
+
+
+def check_patching(model: "Transformer", tokenizer: Any, options: PatchingOptions, clean: str | None = None,
+                   corrupt: str | None = None, **_: Any) -> None:
+    """The pairs' check, the targets the model has, --patch-layers within it."""
+    from circuitlab.methods.ablation import check_model_layers
+
+    check_pairs(model, tokenizer, options, clean, corrupt)
+    patching_targets(model, options)
+    check_model_layers(model, options.patch_layers, "--patch-layers")
 
 
 @dataclass
@@ -54,7 +96,7 @@ def _where(w: dict[str, int]) -> str:
     return f"L{w['layer']}" + (f"H{w['head']}" if "head" in w else "") + (f" pos {pos}" if pos is not None else "")
 
 
-def run_patching(model: "Transformer", tokenizer: Any, out_dir: Path, options: NoOptions, clean: str | None = None,
+def run_patching(model: "Transformer", tokenizer: Any, out_dir: Path, options: PatchingOptions, clean: str | None = None,
                  corrupt: str | None = None) -> PatchingFindings:
     """Activation patching (denoising) over the residual stream, layer outputs and heads; attribution
     patching against it; path patching from every earlier head into the strongest later head's q, k, v."""
@@ -62,8 +104,9 @@ def run_patching(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
 
     out_dir = Path(out_dir)
     c, x, metric, what, strs = pair_prompts(model, tokenizer, clean, corrupt)
-    targets = default_targets(model)
-    results = patching_sweep(model, c, x, metric, targets)
+    targets = patching_targets(model, options)
+    layers = list(options.patch_layers) if options.patch_layers else None
+    results = patching_sweep(model, c, x, metric, targets, layers=layers)
     any_result = next(iter(results.values()))
     summary = [f"prompts: {what}",
                f"metric clean {any_result.clean_value:.3f}, corrupted {any_result.corrupt_value:.3f}"]
@@ -83,16 +126,19 @@ def run_patching(model: "Transformer", tokenizer: Any, out_dir: Path, options: N
             top = results[t].top(3)
             summary.append(f"{t}: largest recovery at " + ", ".join(f"{_where(w)} ({e / gap:+.2f})" for w, e in top))
 
-    check = attribution_vs_patching(model, c, x, metric, targets, patching=results)
+    check = attribution_vs_patching(model, c, x, metric, targets, layers=layers, patching=results)
     figures.append(attribution_vs_patching_figure(check).save_png(out_dir / "attribution_vs_patching.png").name)
     found.attribution_correlation = check.to_dict()["correlation"]
     summary.append("attribution patching vs activation patching, Pearson r: "
                    + ", ".join(f"{t} {r:.3f}" for t, r in check.correlation.items() if r == r))
 
-    if model.cfg.n_layers > 1:
+    swept = results["head_out"].layers if "head_out" in results else []
+    later = [i for i, l in enumerate(swept) if l > 0]
+    if model.cfg.n_layers > 1 and options.path_patching and later:
         # Receiver: the head after layer 0 whose output recovers the metric most (the induction head here).
-        best_head = int(results["head_out"].recovery()[1:].argmax())
-        receiver = (1 + best_head // model.cfg.n_heads, best_head % model.cfg.n_heads)
+        recovery = results["head_out"].recovery()[later]
+        best_head = int(recovery.argmax())
+        receiver = (swept[later[best_head // model.cfg.n_heads]], best_head % model.cfg.n_heads)
         paths = [path_patching(model, c, x, metric, receiver, inp) for inp in INPUTS]
         figures.append(path_patching_figure(paths).save_png(out_dir / "path_patching.png").name)
         found.path_patching = {p.receiver_input: p.to_dict() for p in paths}
@@ -123,22 +169,27 @@ def patching_section(found: PatchingFindings) -> Section:
                    "behaviour is back, 0 = still corrupted.")
 
 
-def estimate_patching(model: Transformer, tokenizer: Any, options: Any, clean: str | None = None,
+def estimate_patching(model: Transformer, tokenizer: Any, options: PatchingOptions, clean: str | None = None,
                       corrupt: str | None = None, **_: Any) -> memory.Estimate:
-    """Activation patching of every default target on the rows (--clean/--corrupt, or the induction rows), then
-    path patching into one receiver's q, k and v."""
+    """Activation patching of the targets on the rows (--clean/--corrupt, or the induction rows) at the layers,
+    then path patching into one receiver's q, k and v (when on, with head_out swept after layer 0)."""
     from circuitlab.analysis.patching import sweep_estimate
     from circuitlab.analysis.patching.path import path_patching_estimate
     from circuitlab.methods.pairs import pair_prompts
 
     rows = pair_prompts(model, tokenizer, clean, corrupt)[0]
     batch, pos = rows.shape
-    parts = [sweep_estimate(model, batch, pos)]
-    if model.cfg.n_layers > 1:
+    targets = patching_targets(model, options)
+    layers = list(options.patch_layers) if options.patch_layers else list(range(model.cfg.n_layers))
+    parts = [sweep_estimate(model, batch, pos, targets, layers=layers)]
+    path = model.cfg.n_layers > 1 and options.path_patching and "head_out" in targets and any(l > 0 for l in layers)
+    if path:
         parts += [path_patching_estimate(model, batch, pos)] * 3
-    return memory.Estimate.one_after_another(f"patching (activation patching of {batch} x {pos} tokens, "
-                                             "then path patching)", parts)
+    parts.append(figures_estimate(model, len(targets) + 1 + path))   # each target's, attribution's, the paths'
+    return memory.Estimate.one_after_another(f"patching (activation patching of {batch} x {pos} tokens: "
+                                             f"{', '.join(targets)} at {len(layers)} layers"
+                                             f"{', then path patching' if path else ''})", parts)
 
 
-METHOD = Method("patching", NoOptions, PatchingFindings, run_patching, patching_section, inputs=("clean", "corrupt"),
-                check=check_pairs, estimate=estimate_patching)
+METHOD = Method("patching", PatchingOptions, PatchingFindings, run_patching, patching_section,
+                inputs=("clean", "corrupt"), check=check_patching, estimate=estimate_patching)

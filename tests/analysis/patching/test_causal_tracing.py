@@ -312,3 +312,29 @@ def test_activation_patching_with_a_noise_corruption(direction):
         torch.testing.assert_close(swept["resid_post"].values, trace.values["hidden"], atol=1e-10, rtol=0)
     with pytest.raises(InputError, match="noised positions \\[7\\] must be some of the prompt's positions 0..5"):
         patching_sweep(model, clean, Noised((7,)), metric, ["resid_post"], progress=False)
+
+
+@pytest.mark.parametrize("kind", ["hidden", "mlp", "hidden_no_mlp"])
+def test_a_narrowed_trace_equals_the_full_one_where_it_traces(kind):
+    """float64: tracing only some layers and positions gives the full sweep's values there (the restored layer,
+    the restored position, the first position after it) and NaN elsewhere; positions before the subject are the
+    corrupted value; counted from the end, -1 is the last position."""
+    model = gpt2_float64(n_layers=4)
+    tokens = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(2))
+    run = trace_run(model, tokens, corrupt_positions(model, tokens, [2, 3], Noise(samples=3)), probability(5))
+    full = restoration_sweep(model, run, kind, 2, progress=False)
+    part = restoration_sweep(model, run, kind, 2, progress=False, layers=[1, 3], positions=[0, 3, 4, 6])
+    rows, cols = [1, 3], [0, 3, 4, 6]
+    torch.testing.assert_close(part[rows][:, cols], full[rows][:, cols], atol=1e-12, rtol=0)
+    assert (part[rows][:, 0] == run.corrupt_value).all()
+    mask = torch.ones_like(part, dtype=torch.bool)
+    mask[torch.tensor(rows)[:, None], torch.tensor(cols)[None]] = False
+    assert part[mask].isnan().all()
+    trace = causal_trace(model, tokens, (2, 4), 5, kinds=[kind], window=2, noise=Noise(samples=3), progress=False,
+                         layers=[3, 1], positions=[-1, 3])
+    assert trace.values[kind][[1, 3]][:, [3, 6]].isfinite().all() and trace.values[kind].isnan().sum() == 28 - 4
+    assert trace.peak(kind)["layer"] in (1, 3) and trace.peak(kind)["pos"] in (3, 6)
+    with pytest.raises(InputError, match=r"^position\(s\) 7 out of range: the prompt has 7 tokens"):
+        causal_trace(model, tokens, (2, 4), positions=[7])
+    with pytest.raises(InputError, match=r"^layer\(s\) 4 out of range: the model has 4 layers"):
+        causal_trace(model, tokens, (2, 4), layers=[4])

@@ -1,3 +1,4 @@
+# long module: one prompt's trace (run, restoration grid, sweep, estimate) and its average over prompts share their types
 """Causal tracing (Meng et al. 2022, "Locating and Editing Factual Associations in GPT").
 
 Run the prompt with the subject's token embeddings corrupted by noise (patching/noise.py), then restore one
@@ -34,7 +35,7 @@ from tqdm.auto import tqdm
 
 import circuitlab.memory as memory
 from circuitlab.analysis._json import rounded
-from circuitlab.analysis.patching.checks import one_sequence
+from circuitlab.analysis.patching.checks import check_grid, one_sequence
 from circuitlab.analysis.patching.engine import BaseRun, Site, chunk_size, sweep
 from circuitlab.analysis.patching.grid import grid_sweep
 from circuitlab.analysis.patching.work import full_grid, grid_flops, naive_flops
@@ -176,10 +177,12 @@ def trace_run(model: Transformer, tokens: torch.Tensor, corrupted: Corrupted, me
                     metric_value(metric, clean_logits), metric_value(metric, base.logits), corrupted.first)
 
 
-def restoration_grid(model: Transformer, run: TraceRun, kind: str, window: int = 1
+def restoration_grid(model: Transformer, run: TraceRun, kind: str, window: int = 1,
+                     layers: Sequence[int] | None = None, positions: Sequence[int] | None = None
                      ) -> tuple[list[Site], torch.Tensor, torch.Tensor, bool]:
     """The patches of a restoration sweep of `kind`: one per (layer, position >= run.first), layer-major, as
-    (sites, entry layers [n], positions [n], local) for grid.grid_sweep.
+    (sites, entry layers [n], positions [n], local) for grid.grid_sweep; layers / positions (default all, sorted
+    non-negative indices): only those of the grid.
 
     hidden kinds: the residual stream leaving layer l is the one entering l + 1, so it is restored there and
     the patch starts at block l + 1 (block l's output at that position is replaced whole: nothing of it is
@@ -187,12 +190,14 @@ def restoration_grid(model: Transformer, run: TraceRun, kind: str, window: int =
     output above l at its corrupted value, all positions. mlp / attn: the window's outputs at the position,
     entering at the window's first layer, which they change at that position only (local)."""
     L, T = model.cfg.n_layers, run.base.logits.shape[1]
-    P = T - run.first
-    layer_of = torch.arange(L).repeat_interleave(P)
-    pos_of = torch.arange(run.first, T).repeat(L)
+    chosen = list(range(L)) if layers is None else list(layers)
+    at = [p for p in (range(T) if positions is None else positions) if p >= run.first]
+    P = len(at)
+    layer_of = torch.tensor(chosen, dtype=torch.long).repeat_interleave(P)
+    pos_of = torch.tensor(at, dtype=torch.long).repeat(len(chosen))
     index = pos_of[:, None]
     if kind in ("mlp", "attn"):
-        windows = [window_layers(l, window, L) for l in range(L)]
+        windows = [window_layers(l, window, L) for l in chosen]
         hook = RESTORES[kind]
         sites = [Site(act_name(hook, j), run.clean[act_name(hook, j)], (0,), index, pos_dim=0,
                       active=torch.tensor([j in w for w in windows]).repeat_interleave(P)) for j in range(L)]
@@ -207,8 +212,10 @@ def restoration_grid(model: Transformer, run: TraceRun, kind: str, window: int =
 
 
 def restoration_sweep(model: Transformer, run: TraceRun, kind: str, window: int = 1, batch_size: int | None = None,
-                      progress: bool = True) -> torch.Tensor:
-    """The metric with each (layer, position) of `kind` restored from the clean run: [layer, pos].
+                      progress: bool = True, layers: Sequence[int] | None = None,
+                      positions: Sequence[int] | None = None) -> torch.Tensor:
+    """The metric with each (layer, position) of `kind` restored from the clean run: [layer, pos]; with layers /
+    positions (sorted non-negative indices) only those are traced, the other cells NaN (not traced).
 
     One staggered sweep (grid.grid_sweep) over the grid: patches sit in the batch dimension beside the noise
     samples, each computed from its layer and position on. States before the first corrupted position are the
@@ -216,11 +223,18 @@ def restoration_sweep(model: Transformer, run: TraceRun, kind: str, window: int 
     without a forward pass.
     """
     L, T = model.cfg.n_layers, run.base.logits.shape[1]
-    sites, layers, positions, local = restoration_grid(model, run, kind, window)
-    out = torch.full((L, T), run.corrupt_value, dtype=torch.float64)
-    values = grid_sweep(model, run.base, sites, run.metric, layers, positions, local, batch_size, progress,
-                        desc=f"tracing {kind}")
-    out[:, run.first:] = values.view(L, T - run.first)
+    rows = list(range(L)) if layers is None else list(layers)
+    cols = list(range(T)) if positions is None else list(positions)
+    sites, entries, at, local = restoration_grid(model, run, kind, window, rows, cols)
+    out = torch.full((L, T), math.nan, dtype=torch.float64)
+    traced = [p for p in cols if p >= run.first]
+    grid = out[rows][:, cols]
+    grid[:] = run.corrupt_value   # before the first corrupted position: the corrupted value, no pass needed
+    if traced and rows:
+        values = grid_sweep(model, run.base, sites, run.metric, entries, at, local, batch_size, progress,
+                            desc=f"tracing {kind}").view(len(rows), len(traced))
+        grid[:, [cols.index(p) for p in traced]] = values
+    out[torch.tensor(rows)[:, None], torch.tensor(cols)[None]] = grid
     return out
 
 
@@ -311,29 +325,39 @@ TRACE_EFFICIENCY = 0.7
 
 
 def trace_flops(cfg, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3, window: int | None = None,
-                first: int = 0) -> tuple[float, float]:
+                first: int = 0, layers: Sequence[int] | None = None, positions: Sequence[int] | None = None
+                ) -> tuple[float, float]:
     """(flops, the naive sweep's flops) of causal tracing one prompt of n_pos tokens, corrupted from position
     `first`, with `runs` noise runs: the clean and corrupted runs, then each kind's grid of restorations as
     restoration_sweep computes them (work.grid_flops: from the restored layer and position on); the naive sweep
-    runs a full forward per (layer, position). kinds: names, or a count of KINDS in order."""
+    runs a full forward per (layer, position). kinds: names, or a count of KINDS in order. layers / positions: the
+    traced ones (non-negative; default all)."""
     names = list(KINDS[:kinds]) if isinstance(kinds, int) else list(kinds)
     L = cfg.n_layers
     w = default_window(L) if window is None else window
-    layers, positions = full_grid(L, n_pos, first)
+    layers_given, positions_given = layers, positions
+    grid = [(l, p) for l, p in zip(*full_grid(L, n_pos, first))
+            if (layers is None or l in layers) and (positions is None or p in positions)]
+    layers, positions = [l for l, _ in grid], [p for _, p in grid]
     done = naive_flops(cfg, n_pos) * (1 + runs)
     for kind in names:
         if kind in ("mlp", "attn"):
             done += runs * grid_flops(cfg, n_pos, [window_layers(l, w, L)[0] for l in layers], positions, local=True)
         else:
             done += runs * grid_flops(cfg, n_pos, [min(l + 1, L - 1) for l in layers], positions)
-    return done, naive_flops(cfg, n_pos) * (1 + runs + runs * len(names) * L * n_pos)
+    cells = (L if layers_given is None else len(layers_given)) * (n_pos if positions_given is None else
+                                                                  len(positions_given))
+    return done, naive_flops(cfg, n_pos) * (1 + runs + runs * len(names) * cells)
 
 
 @torch.no_grad()
-def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3) -> memory.Estimate:
+def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | Sequence[str] = 3,
+                   layers: Sequence[int] | None = None, positions: Sequence[int] | None = None,
+                   window: int | None = None, first: int = 0) -> memory.Estimate:
     """What causal tracing of one prompt of n_pos tokens with `runs` noise runs holds and computes: every run's
     cached activations (one batch: noise.run_floats) and a chunk of restored copies of them; the flops of
-    trace_flops (the whole prompt corrupted: an upper bound), said as a share of the naive sweep's."""
+    trace_flops (corrupted from position `first`: the default 0, the whole prompt, is an upper bound), said as a
+    share of the naive sweep's."""
     cfg = model.cfg
     check_runs(cfg, runs, 1, n_pos)
     size = next(model.parameters()).element_size()
@@ -342,10 +366,12 @@ def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | 
     # logits at the position the metric reads (the engine recomputes from the restored layer and position on)
     per_copy = n_pos * (2 * cfg.d_model + (cfg.mlp_dim if cfg.has_mlp else 0)) + cfg.d_vocab
     chunk = min(chunk_size(model, runs, n_pos), cfg.n_layers * n_pos) * runs * per_copy * size
-    flops, naive = trace_flops(cfg, n_pos, runs, kinds)
+    flops, naive = trace_flops(cfg, n_pos, runs, kinds, window, first, layers=layers, positions=positions)
     count = kinds if isinstance(kinds, int) else len(kinds)
-    return memory.Estimate(f"causal tracing ({runs} noise runs of {n_pos} tokens, {count} kinds x {cfg.n_layers} "
-                           f"layers x {n_pos} positions; {flops / naive:.0%} of the naive sweep's flops)",
+    n_l = cfg.n_layers if layers is None else len(layers)
+    n_p = n_pos if positions is None else len(positions)
+    return memory.Estimate(f"causal tracing ({runs} noise runs of {n_pos} tokens, {count} kinds x {n_l} "
+                           f"layers x {n_p} positions; {flops / naive:.0%} of the naive sweep's flops)",
                            {"noise runs' activations": held, "restored copies": chunk},
                            held=memory.tensor_bytes(model), flops=flops, efficiency=TRACE_EFFICIENCY)
 
@@ -353,7 +379,8 @@ def trace_estimate(model: Transformer, n_pos: int, runs: int = 10, kinds: int | 
 def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | None = None, *, tokenizer=None,
                  kinds: Sequence[str] | None = None, window: int | None = None, metric: str = "prob",
                  wrong: int | str | None = None, noise: Noise | None = None, batch_size: int | None = None,
-                 progress: bool = True) -> CausalTrace:
+                 progress: bool = True, layers: Sequence[int] | None = None,
+                 positions: Sequence[int] | None = None) -> CausalTrace:
     """Causal tracing of one prompt: tokens [pos] (or [1, pos]).
 
     subject: the tokens to corrupt (text with tokenizer, token ids, or a (start, end) span). answer: the
@@ -361,7 +388,8 @@ def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | N
     kinds: see the module docstring (default hidden, mlp, attn). window: layers restored together for mlp
     and attn (default default_window(n_layers)). metric: "prob" (the paper's), "logprob" or "logit_diff"
     (answer - wrong). noise: Noise() by default. batch_size: restorations per forward pass (default: a
-    memory budget; 1 = one at a time). Returns a CausalTrace with values [layer, pos] per kind.
+    memory budget; 1 = one at a time). layers / positions: trace only these (positions may count from the end:
+    -1 is the last); the cells left out are NaN. Returns a CausalTrace with values [layer, pos] per kind.
     """
     noise = noise if noise is not None else Noise()
     kinds = check_kinds(model, kinds)
@@ -369,6 +397,7 @@ def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | N
     if metric not in METRICS:
         raise InputError(f"unknown metric {metric!r}; metrics: {', '.join(METRICS)}")
     tokens = one_sequence(model, tokens, "causal tracing")
+    layers, positions = check_grid(model, len(tokens), layers, positions)
     start, end = subject_span(tokens.tolist(), subject, tokenizer)
     noise.check(end - start, model.cfg.d_vocab)
     answer, wrong = _token(answer, tokenizer, "answer"), _token(wrong, tokenizer, "wrong answer")
@@ -386,7 +415,7 @@ def causal_trace(model: Transformer, tokens, subject: Any, answer: int | str | N
     if not math.isfinite(run.corrupt_value):
         raise InputError(f"the corrupted runs gave a non-finite {metric}: the noise (nu {corrupted.nu:.3g}) "
                          "overflows the model's activations; give a smaller noise scale")
-    values = {k: restoration_sweep(model, run, k, window, batch_size, progress) for k in kinds}
+    values = {k: restoration_sweep(model, run, k, window, batch_size, progress, layers, positions) for k in kinds}
     return CausalTrace(tokens.tolist(), (start, end), answer, measure.__name__, run.clean_value, run.corrupt_value,
                        values, window, noise.describe(corrupted.nu), _pieces(tokens, tokenizer),
                        None if tokenizer is None else tokenizer.decode([answer]))

@@ -10,7 +10,7 @@ import torch
 
 from circuitlab.analysis.patching.metrics import Metric
 from circuitlab.analysis.patching.targets import get_target
-from circuitlab.errors import CircuitlabError
+from circuitlab.errors import CircuitlabError, InputError
 from circuitlab.model import model_device, model_dtype
 from circuitlab.model.hooks import act_name
 from circuitlab.model.tokens import check_tokens
@@ -94,3 +94,23 @@ def check_patching_request(model: Transformer, clean, corrupt, metric: Metric, t
     base_tokens, source_tokens = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
     hooks = sorted({act_name(t.hook, l) for t in chosen for l in layers})
     return chosen, layers, base_tokens, source_tokens, hooks
+
+
+def check_grid(model: Transformer, n_pos: int, layers: Sequence[int] | None, positions: Sequence[int] | None
+               ) -> tuple[list[int] | None, list[int] | None]:
+    """The layers and positions to trace as sorted non-negative indices (None: all); a position may count from
+    the end (-1: the last). Out of range: one line."""
+    L = model.cfg.n_layers
+    if layers is not None:
+        bad = [l for l in layers if not 0 <= l < L]
+        if bad:
+            raise InputError(f"layer(s) {' '.join(map(str, bad))} out of range: the model has {L} layers "
+                             f"(0..{L - 1})")
+        layers = sorted(set(int(l) for l in layers))
+    if positions is not None:
+        bad = [p for p in positions if not -n_pos <= p < n_pos]
+        if bad:
+            raise InputError(f"position(s) {' '.join(map(str, bad))} out of range: the prompt has {n_pos} tokens "
+                             f"(0..{n_pos - 1}, or -{n_pos}..-1 from the end)")
+        positions = sorted(set(int(p) % n_pos for p in positions))
+    return layers, positions

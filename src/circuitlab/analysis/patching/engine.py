@@ -146,12 +146,13 @@ def hook_floats(model: Transformer, hook: str, batch: int, pos: int) -> int:
 
 
 def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[str] | None = None,
-                   n_layers: int | None = None) -> memory.Estimate:
+                   n_layers: int | None = None, layers: Sequence[int] | None = None) -> memory.Estimate:
     """What patching_sweep over `targets` (names; default: default_targets) on prompts [batch, pos] holds at its
     peak and computes: the base run (BaseRun.of), the source run's cache of every target's hook at every swept
     layer (n_layers; default all), and the largest chunk of patched copies (chunk_size, or the
     patches a chunk of one position holds). The flops: each patch from its layer (and position) on, unembedded at
-    one read position (work.grid_flops), the swept layers taken from the bottom (the most work)."""
+    one read position (work.grid_flops), the swept layers taken from the bottom (the most work), or `layers`: those
+    swept."""
     from circuitlab.analysis.patching.work import full_grid, grid_flops
     from circuitlab.analysis.patching.targets import default_targets, get_target
     from circuitlab.model import model_dtype
@@ -159,7 +160,8 @@ def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[s
     chosen = [get_target(model, t) for t in (default_targets(model) if targets is None else
                                              [targets] if isinstance(targets, str) else targets)]
     cfg = model.cfg
-    L = cfg.n_layers if n_layers is None else n_layers
+    swept = list(layers) if layers is not None else list(range(cfg.n_layers if n_layers is None else n_layers))
+    L = len(swept)
     size = model_dtype(model).itemsize
     source = sum(L * hook_floats(model, t.hook, batch, pos) for t in chosen)   # its logits are freed before the sweep
     chunk, flops, n_all = 0, 0.0, 0
@@ -171,10 +173,10 @@ def sweep_estimate(model: Transformer, batch: int, pos: int, targets: Sequence[s
         c = max(1, min(chunk_size(model, batch, pos, eager), together))
         chunk = max(chunk, c * batch * chunk_floats(model, pos, eager))
         if t.pos_axis is not None:  # n // pos patches (heads) at each (layer, position)
-            layers, starts = full_grid(L, pos)
-            flops += batch * (n // pos) * grid_flops(cfg, pos, layers, starts, t.local)
+            grid, starts = full_grid(L, pos)
+            flops += batch * (n // pos) * grid_flops(cfg, pos, [swept[i] for i in grid], starts, t.local)
         else:
-            flops += batch * n * grid_flops(cfg, pos, list(range(L)))
+            flops += batch * n * grid_flops(cfg, pos, swept)
         n_all += L * n
     parts = {"base run": base_run_floats(model, batch, pos) * size, "source activations": source * size,
              "a chunk of patched runs": chunk * size}
