@@ -134,11 +134,6 @@ def real_documents(source: str, split: str = "all") -> list[str]:
     raise CircuitlabError(f"unknown real-text source {source!r}: choose one of {', '.join(REAL_SOURCES)}")
 
 
-def default_real_source() -> str:
-    """kjv when Debian's bible-kjv is installed, else pyref (always there)."""
-    return KJV_SOURCE if shutil.which("bible") is not None else PYREF_SOURCE
-
-
 def real_text_batches(tokenizer, split: str, n_batches: int, batch_size: int, seq_len: int,
                       source: str = KJV_SOURCE) -> list["torch.Tensor"]:
     """The documents of `source`'s `split` tokenized and joined by EOS, cut into n_batches of [batch_size, seq_len]

@@ -41,6 +41,13 @@ EARLY = 2 / 3
 SEVERED = 0.8
 LAST_SUBJECT, LAST = "last subject token", "last token"
 KINDS = ("hidden", "mlp", "attn", "hidden_no_mlp")
+CLAIMS = ("Corrupting the subject's token embeddings destroys the recall of the fact.",
+          "The MLPs' effect peaks at the subject's last token, in early-to-middle layers.",
+          "Attention's effect peaks at the last token, in later layers than the MLPs'.",
+          "The hidden state carries the answer at two sites: the subject's last token in early-to-middle layers, "
+          "and the last token in late layers.",
+          "Severing the later MLPs takes away much of the hidden state's effect at the subject's last token in "
+          "early-to-middle layers: the MLPs there carry it.")
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,13 @@ class FactsOptions(Options):
 def one_token_facts(tokenizer: Any, facts: tuple[tuple[str, str, str], ...] = FACTS
                     ) -> tuple[list[dict[str, Any]], list[str]]:
     """(the facts whose answer " " + answer is one token, as {"prompt", "subject", "answer", "token"}; the answers
-    left out, each with its token count)."""
+    left out, each with its token count: 0 when the tokenizer cannot encode the fact)."""
     kept, dropped = [], []
     for prompt, subject, answer in facts:
         try:
             ids = tokenizer.encode(" " + answer)
-        except CircuitlabError:   # e.g. a char tokenizer without one of its letters
+            tokenizer.encode(prompt)
+        except (CircuitlabError, KeyError):   # e.g. a char or word tokenizer without one of its letters or words
             ids = []
         if len(ids) == 1:
             kept.append({"prompt": prompt, "subject": subject, "answer": answer, "token": int(ids[0])})
@@ -95,15 +103,22 @@ def run_facts(model: "Transformer", tokenizer: Any, options: FactsOptions, progr
     opts = options.check()
     if tokenizer is None:
         raise CircuitlabError("the facts study writes English prompts: the checkpoint needs its tokenizer")
-    if not model.cfg.has_mlp:
-        raise CircuitlabError("the facts study traces the MLPs (Meng et al.): this model is attention-only")
     window = check_window(model, opts.window)
     t0 = time.time()
     single, dropped = one_token_facts(tokenizer)
     checked = recall(model, tokenizer, single)
     known = [f for f in checked if f["known"]]
-    if not known:
-        raise CircuitlabError(f"the model gets none of the {len(checked)} facts right: nothing to trace")
+    not_known = [{"prompt": f["prompt"], "answer": f["answer"], "top": f["top"], "prob": f["prob"]}
+                 for f in checked if not f["known"]]
+    counts = {"candidates": len(FACTS), "one_token": len(single), "known": len(known)}
+    setup: dict[str, Any] = {"answers_left_out": dropped, "noise_samples": opts.noise_samples, "window": window,
+                             "kinds": list(KINDS), "metric": "the answer's probability at the last position",
+                             "n_layers": model.cfg.n_layers}
+    said = ("the model is attention-only: no MLPs to trace." if not model.cfg.has_mlp else
+            f"the model gets none of the {len(checked)} facts with a one-token answer right: nothing to trace.")
+    if not known or not model.cfg.has_mlp:   # the claims cannot be decided (`study all` goes on with the next study)
+        return StudyResult("facts", {**setup, "facts": []}, {**counts, "traced": 0, "not_known": not_known},
+                           [Claim(c, said, None) for c in CLAIMS], seconds={"wall": round(time.time() - t0, 1)})
     traced = known[: opts.facts]
     noise = Noise(samples=opts.noise_samples, seed=opts.noise_seed)
     average = average_causal_trace(model, [f["prompt"] for f in traced], [f["subject"] for f in traced],
@@ -124,16 +139,11 @@ def run_facts(model: "Transformer", tokenizer: Any, options: FactsOptions, progr
         per_fact.append(row)
     summary = average.to_dict()
     summary.pop("prompts")   # the per-fact grids: per_fact keeps what the report reads
-    numbers = {"candidates": len(FACTS), "one_token": len(single), "known": len(known), "traced": len(traced),
+    numbers = {**counts, "traced": len(traced),
                "clean_mean": round(sum(r["clean"] for r in per_fact) / len(per_fact), 6),
                "corrupted_mean": round(sum(r["corrupted"] for r in per_fact) / len(per_fact), 6),
-               "average": summary, "facts": per_fact,
-               "not_known": [{"prompt": f["prompt"], "answer": f["answer"], "top": f["top"], "prob": f["prob"]}
-                             for f in checked if not f["known"]]}
-    setup = {"facts": [f["prompt"] + " -> " + f["answer"] for f in traced], "answers_left_out": dropped,
-             "noise": summary["noise"], "noise_samples": opts.noise_samples, "window": window,
-             "kinds": list(KINDS), "metric": "the answer's probability at the last position",
-             "n_layers": model.cfg.n_layers}
+               "average": summary, "facts": per_fact, "not_known": not_known}
+    setup.update(facts=[f["prompt"] + " -> " + f["answer"] for f in traced], noise=summary["noise"])
     return StudyResult("facts", setup, numbers, facts_claims(numbers, model.cfg.n_layers),
                        seconds={"wall": round(time.time() - t0, 1)})
 
@@ -151,20 +161,20 @@ def facts_claims(n: dict[str, Any], n_layers: int) -> list[Claim]:
     clean, corrupt = n["clean_mean"], n["corrupted_mean"]
     early = max(1, round(EARLY * n_layers))   # layers 0 .. early - 1
     claims = [Claim(
-        "Corrupting the subject's token embeddings destroys the recall of the fact.",
+        CLAIMS[0],
         f"the answer's probability is {clean:.3f} on average over {n['traced']} facts, {corrupt:.3f} with the "
         f"subject corrupted ({corrupt / clean:.0%} of it; destroyed means at most {DESTROYED:.0%})." if clean > 0 else
         "the clean probability is 0: nothing to destroy.", corrupt <= DESTROYED * clean if clean > 0 else None)]
     mlp = avg["peaks"]["mlp"]
     at_subject = mlp["category"] == LAST_SUBJECT
     claims.append(Claim(
-        "The MLPs' effect peaks at the subject's last token, in early-to-middle layers.",
+        CLAIMS[1],
         f"the MLP outputs' AIE peaks at layer {mlp['layer']} at the {mlp['category']} ({mlp['effect']:+.3f}, "
         f"{mlp['share']:.0%} of the average total effect {ate:+.3f}); early-to-middle means layers 0-{early - 1} of "
         f"{n_layers}.", at_subject and mlp["layer"] < early))
     attn = avg["peaks"]["attn"]
     claims.append(Claim(
-        "Attention's effect peaks at the last token, in later layers than the MLPs'.",
+        CLAIMS[2],
         f"the attention outputs' AIE peaks at layer {attn['layer']} at the {attn['category']} ({attn['effect']:+.3f}, "
         f"{attn['share']:.0%} of the average total effect); the MLPs' at layer {mlp['layer']}.",
         attn["category"] == LAST and attn["layer"] > mlp["layer"]))
@@ -174,8 +184,7 @@ def facts_claims(n: dict[str, Any], n_layers: int) -> list[Claim]:
     late_site = max((x for x in last[early:] if x == x), default=float("nan"))
     both = ate > 0 and early_site >= SITE_SHARE * ate and late_site >= SITE_SHARE * ate
     claims.append(Claim(
-        "The hidden state carries the answer at two sites: the subject's last token in early-to-middle layers, "
-        "and the last token in late layers.",
+        CLAIMS[3],
         f"restoring the hidden state gives back at most {early_site:+.3f} at the last subject token in layers "
         f"0-{early - 1} and {late_site:+.3f} at the last token in layers {early}-{n_layers - 1} (a site carries it "
         f"with {SITE_SHARE:.0%} of the average total effect, {SITE_SHARE * ate:+.3f}, or more).",
@@ -195,13 +204,15 @@ def _severed_claim(avg: dict[str, Any], early: int) -> Claim:
             f"average, {b:+.3f} with the later MLPs frozen at their corrupted values")
     said += (f" ({b / a:.0%} of it; taken away means at most {SEVERED:.0%})." if decided else
              ": the unsevered effect is not positive, nothing to take away.")
-    return Claim("Severing the later MLPs takes away much of the hidden state's effect at the subject's last token "
-                 "in early-to-middle layers: the MLPs there carry it.", said, b <= SEVERED * a if decided else None)
+    return Claim(CLAIMS[4], said, b <= SEVERED * a if decided else None)
 
 
 def facts_markdown(result: StudyResult) -> list[str]:
     """report.md's body after the claims: the facts kept, the peaks, the per-fact table."""
     n, s = result.numbers, result.setup
+    if not n["traced"]:
+        return ["", f"{n['candidates']} facts written; {n['one_token']} with a one-token answer in this tokenizer; "
+                    f"the model gets {n['known']} right: nothing traced ({result.claims[0].verdict})"]
     avg = n["average"]
     lines = ["", f"{n['candidates']} facts written; {n['one_token']} with a one-token answer in this tokenizer"
              + (f" (left out: {', '.join(s['answers_left_out'])})" if s["answers_left_out"] else "")
@@ -228,6 +239,8 @@ def facts_figures(result: StudyResult) -> dict[str, "FigureSpec"]:
     from circuitlab.viz.parts import Panel, Series
     from circuitlab.viz.spec import FigureSpec
 
+    if not result.numbers["traced"]:
+        return {}
     avg = result.numbers["average"]
     three = {**avg, "values": {k: avg["values"][k] for k in ("hidden", "mlp", "attn")},
              "prompts": result.numbers["facts"]}
