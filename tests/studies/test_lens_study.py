@@ -72,12 +72,12 @@ def test_every_verdict_turns_with_its_numbers():
 
 
 def test_smollm2_least_squares_lens_is_below_the_logit_lens_on_held_out_text(smollm2):
-    """Fast on the real model: the least-squares start and one Adam step on 512 tokens of the Language Reference
+    """Fast on the real model: the least-squares start and one Adam step on 1,024 tokens of the Language Reference
     already read every layer of SmolLM2 closer to its final distribution than the logit lens, on held-out topics."""
     from circuitlab.analysis.lens.tuned import held_out_agreement, train_tuned_lens
 
     model, tok = smollm2
-    train, held = lens_data(tok, LensStudyOptions(train_sequences=16, step_sequences=2, held_out_sequences=2), 32)
+    train, held = lens_data(tok, LensStudyOptions(train_sequences=32, step_sequences=4, held_out_sequences=2), 32)
     lens = train_tuned_lens(model, train, steps=1, lr=1e-3, init="lstsq")
     found = held_out_agreement(model, held[0][:2], {"logit": None, "tuned": lens})
     logit, tuned = found["logit"]["kl"][:-1], found["tuned"]["kl"][:-1]

@@ -220,6 +220,7 @@ def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:
 
 
 INITS = ("identity", "lstsq")
+RIDGE = 1e-2   # the least-squares start's ridge, a share of each coordinate's second moment (SmolLM2's best)
 
 
 class ResidualCache:
@@ -247,9 +248,9 @@ class ResidualCache:
 
 
 @torch.no_grad()
-def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: float = 1e-6) -> None:
-    """Set every translator to the least-squares affine map (float64 normal equations, a ridge of `ridge` x the
-    Gram matrix's mean diagonal) from its point's residual to the model's last residual scaled to unit RMS per
+def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: float = RIDGE) -> None:
+    """Set every translator to the least-squares affine map (float64 normal equations, a ridge of `ridge` x each
+    coordinate's second moment) from its point's residual to the model's last residual scaled to unit RMS per
     token: the read-out normalises its input, so each token's scale is free and the direction is what is fitted.
     One pass over the batches; d_model + 1 square systems, no read-out through the vocabulary."""
     n, d = lens.weight.shape[0], lens.weight.shape[-1]
@@ -263,9 +264,17 @@ def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: 
         target = h / h.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
         gram += x.transpose(1, 2) @ x
         cross += x.transpose(1, 2) @ target
-    eye = torch.eye(d + 1, dtype=torch.float64)
-    scale = torch.diagonal(gram, dim1=1, dim2=2).mean(-1)[:, None, None]
-    solved = torch.linalg.solve(gram + ridge * scale * eye, cross)   # [point, d + 1, d]
+    if not (torch.isfinite(gram).all() and torch.isfinite(cross).all()):
+        raise CircuitlabError("the residual stream holds non-finite values: no least-squares translators (use "
+                              "init identity)")
+    # the ridge: a share of each coordinate's own second moment (a few residual coordinates are far larger than
+    # the rest: a ridge of one size for all would flatten the others); Cholesky, the systems being positive definite
+    diag = torch.diagonal(gram, dim1=1, dim2=2)
+    gram = gram + torch.diag_embed(ridge * diag + 1e-12 * diag.mean(-1, keepdim=True))
+    factor, info = torch.linalg.cholesky_ex(gram)
+    if int(info.max()):
+        raise CircuitlabError("the residual stream's Gram matrix is singular: give more tokens or a larger ridge")
+    solved = torch.cholesky_solve(cross, factor)   # [point, d + 1, d]
     lens.weight.copy_(solved[:, :d].to(lens.weight))
     lens.bias.copy_(solved[:, d].to(lens.bias))
 
