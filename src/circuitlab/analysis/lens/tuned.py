@@ -252,10 +252,11 @@ def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: 
     """Set every translator to the least-squares affine map (float64 normal equations, a ridge of `ridge` x each
     coordinate's second moment) from its point's residual to the model's last residual scaled to unit RMS per
     token: the read-out normalises its input, so each token's scale is free and the direction is what is fitted.
-    One pass over the batches; d_model + 1 square systems, no read-out through the vocabulary."""
+    Each map is then scaled by its point's mean RMS (the same read-out, the identity's scale). One pass over the batches; d_model + 1 square systems, no read-out through the vocabulary."""
     n, d = lens.weight.shape[0], lens.weight.shape[-1]
     gram = torch.zeros(n, d + 1, d + 1, dtype=torch.float64)
     cross = torch.zeros(n, d + 1, d, dtype=torch.float64)
+    rms, count = torch.zeros(n, dtype=torch.float64), 0
     for i in range(n_batches):
         resid = residuals[i]
         x = resid[:-1].reshape(n, -1, d).double().cpu()
@@ -264,6 +265,8 @@ def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: 
         target = h / h.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
         gram += x.transpose(1, 2) @ x
         cross += x.transpose(1, 2) @ target
+        rms += x[..., :d].pow(2).mean(-1).sqrt().sum(-1)
+        count += x.shape[1]
     if not (torch.isfinite(gram).all() and torch.isfinite(cross).all()):
         raise CircuitlabError("the residual stream holds non-finite values: no least-squares translators (use "
                               "init identity)")
@@ -274,7 +277,9 @@ def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: 
     factor, info = torch.linalg.cholesky_ex(gram)
     if int(info.max()):
         raise CircuitlabError("the residual stream's Gram matrix is singular: give more tokens or a larger ridge")
-    solved = torch.cholesky_solve(cross, factor)   # [point, d + 1, d]
+    # scaled to the point's mean RMS: the read-out normalises, so it reads the same, and the translator has the
+    # identity's scale (Adam's steps after it are of the size they are from the identity)
+    solved = torch.cholesky_solve(cross, factor) * (rms / count)[:, None, None]   # [point, d + 1, d]
     lens.weight.copy_(solved[:, :d].to(lens.weight))
     lens.bias.copy_(solved[:, d].to(lens.bias))
 
