@@ -59,3 +59,55 @@ def test_the_king_james_text_is_a_data_source_with_held_out_batches():
     batches = real_text_batches(tok, "val", n_batches=2, batch_size=2, seq_len=32)
     assert len(batches) == 2 and batches[0].shape == (2, 32)
     assert tok.decode(batches[0][0].tolist()) in "".join(kjv_chapters("val")[0])
+
+
+TOPIC = """Assignment statements
+*********************
+
+Assignment statements are used to (re)bind names to values and to
+modify attributes or items of mutable objects:
+
+   assignment_stmt ::= (target_list "=")+ (starred_expression | yield_expression)
+   target_list     ::= target ("," target)* [","]
+
+* If the target list is a single target with no trailing comma,
+  optionally in parentheses, the object is assigned to that target.
+
+For example:
+
+   x = [0, 1]
+   i = 0
+
+   >>> print(x)
+   [0, 1]
+"""
+
+
+def test_a_pyref_topic_keeps_its_prose_and_drops_code_grammar_and_headings():
+    from circuitlab.data.realtext import topic_prose
+
+    assert topic_prose(TOPIC).split("\n\n") == [
+        "Assignment statements are used to (re)bind names to values and to modify attributes or items of mutable "
+        "objects:",
+        "If the target list is a single target with no trailing comma, optionally in parentheses, the object is "
+        "assigned to that target."]   # "For example:" (three words) is no paragraph of prose
+
+
+def test_the_python_reference_is_a_data_source_that_ships_with_python():
+    """pyref: always installed (pydoc_data, PSF licence), real English prose, split by topic, never a topic in both."""
+    from circuitlab.data import build_tokenizer, load_texts
+    from circuitlab.data.realtext import (PYREF_SOURCE, PYREF_VAL_EVERY, pyref_documents, real_documents,
+                                          real_text_batches)
+    from circuitlab.data.sources import source_fingerprint
+
+    docs = list(load_texts(PYREF_SOURCE))
+    assert len(docs) >= 60 and sum(len(d) for d in docs) > 200_000
+    assert not any("::=" in d or ">>>" in d for d in docs)
+    val, train = pyref_documents("val"), pyref_documents("train")
+    assert len(val) == len(docs) // PYREF_VAL_EVERY and not set(val) & set(train) and len(val) + len(train) == len(docs)
+    assert real_documents(PYREF_SOURCE, "val") == val and source_fingerprint(PYREF_SOURCE) == []
+    tok = build_tokenizer("byte")
+    batches = real_text_batches(tok, "val", n_batches=2, batch_size=2, seq_len=32, source=PYREF_SOURCE)
+    assert len(batches) == 2 and batches[0].shape == (2, 32)
+    with pytest.raises(CircuitlabError, match="unknown real-text source 'gutenberg'"):
+        real_documents("gutenberg")

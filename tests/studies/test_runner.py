@@ -9,11 +9,22 @@ import pytest
 from circuitlab import ModelConfig
 from circuitlab.studies import STUDIES, StudyRunOptions, run_studies
 from circuitlab.studies.induction import InductionOptions
+from circuitlab.studies.facts import FactsOptions
 from circuitlab.studies.ioi import IOIOptions
+from circuitlab.studies.lens import LensStudyOptions
 from helpers import random_model, save_char_checkpoint
 from word_tokenizer import WordTokenizer
 
-SMALL = {"induction": InductionOptions(batch=2, period=4, ks=(1,), draws=2), "ioi": IOIOptions(prompts=4, circuit_size=2)}
+SMALL = {"induction": InductionOptions(batch=2, period=4, ks=(1,), draws=2), "ioi": IOIOptions(prompts=4, circuit_size=2),
+         "facts": FactsOptions(facts=2)}
+
+
+def _small(tmp_path):
+    """SMALL, and the lens study on a text file the word tokenizer reads."""
+    text = tmp_path / "text.txt"
+    text.write_text("When Mary and John went to the store, John gave a drink to Mary.\n" * 40)
+    return {**SMALL, "lens": LensStudyOptions(text=str(text), train_sequences=4, held_out_sequences=4, lens_seq_len=8,
+                                              lens_steps=2)}
 
 
 def _model(tok):
@@ -25,19 +36,21 @@ def _model(tok):
 def test_all_writes_each_study_and_one_report_then_resumes_by_study(tmp_path, monkeypatch, one_thread):
     tok = WordTokenizer()
     model = _model(tok)
-    opts = StudyRunOptions("all", "tiny", out=str(tmp_path), progress=False)
-    first = run_studies(opts, SMALL, model=model, tokenizer=tok)
-    assert list(first) == list(STUDIES) == ["induction", "ioi"]
+    small = _small(tmp_path)
+    opts = StudyRunOptions("all", "tiny", out=str(tmp_path / "out"), progress=False)
+    first = run_studies(opts, small, model=model, tokenizer=tok)
+    assert list(first) == list(STUDIES) == ["induction", "ioi", "facts", "lens"]
+    tmp_path = tmp_path / "out"
     for name in STUDIES:
         d = json.loads((tmp_path / name / "results.json").read_text())
-        assert d["made_with"] == {"checkpoint": "tiny", "options": SMALL[name].to_dict()}
+        assert d["made_with"] == {"checkpoint": "tiny", "options": small[name].to_dict()}
         assert d["claims"] and all(set(c) == {"claim", "verdict", "holds"} for c in d["claims"])
         report = (tmp_path / name / "report.md").read_text()
         assert "| claim | what the numbers say | verdict |" in report
         for file in d["figures"].values():
             assert (tmp_path / name / file).is_file()
     page = (tmp_path / "report.html").read_text()
-    assert 'id="induction"' in page and 'id="ioi"' in page and "Plotly.newPlot" in page
+    assert all(f'id="{name}"' in page for name in STUDIES) and "Plotly.newPlot" in page
     assert "<table>" in page and "Reproducing Olsson et al. 2022" in page
 
     def refuse(*args, **kwargs):
@@ -47,7 +60,7 @@ def test_all_writes_each_study_and_one_report_then_resumes_by_study(tmp_path, mo
     import circuitlab.studies.registry as registry
     # resumed with the same checkpoint and options: no study runs
     monkeypatch.setattr(registry, "STUDIES", {n: dataclasses.replace(s, run=refuse) for n, s in STUDIES.items()})
-    again = run_studies(StudyRunOptions("all", "tiny", out=str(tmp_path), resume=True, progress=False), SMALL,
+    again = run_studies(StudyRunOptions("all", "tiny", out=str(tmp_path), resume=True, progress=False), small,
                         model=model, tokenizer=tok)
     assert [c.to_dict() for c in again["ioi"].claims] == [c.to_dict() for c in first["ioi"].claims]
     # other options (or without --resume): the study runs again
@@ -67,7 +80,7 @@ def _cli(*argv, cwd):
 def test_the_command_line_estimates_runs_and_refuses_in_one_line(tmp_path):
     save_char_checkpoint(tmp_path / "ck", n_ctx=64)
     done = _cli("all", "--checkpoint", "ck", "--estimate", cwd=tmp_path)
-    assert done.returncode == 0 and done.stdout.count("estimate:") == 2 and "all: ~" in done.stdout
+    assert done.returncode == 0 and done.stdout.count("estimate:") == len(STUDIES) == 4 and "all: ~" in done.stdout
     done = _cli("induction", "--checkpoint", "ck", "--out", "o", "--batch", "2", "--period", "4", "--ks", "1",
                 "--draws", "2", "--no-progress", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

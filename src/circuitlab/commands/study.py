@@ -1,10 +1,13 @@
-"""circuitlab study: reproduce a published finding on a checkpoint (induction heads, indirect-object identification)."""
+"""circuitlab study: reproduce a published finding on a checkpoint (induction heads, indirect-object identification,
+factual recall's causal trace, the logit and tuned lenses)."""
 from __future__ import annotations
 
 import argparse
 
 HELP = ("reproduce the field's findings on a checkpoint: induction heads (Olsson et al. 2022), indirect-object "
-        "identification (Wang et al. 2022); each claim with its verdict, in results.json, report.md, report.html")
+        "identification (Wang et al. 2022), causal tracing of facts (Meng et al. 2022), the logit and tuned lenses "
+        "(nostalgebraist 2020, Belrose et al. 2023); each claim with its verdict, in results.json, report.md, "
+        "report.html")
 EXAMPLE = ("circuitlab study induction --checkpoint runs/demo/2l --out runs/studies   (every study on a real model: "
            "study all --checkpoint models/smollm2; --estimate first)")
 

@@ -4,6 +4,8 @@ Source specs:
   "stories"                     the built-in story corpus (n_stories, seed)
   "kjv"                         real English: the King James Bible from Debian's bible-kjv package, one
                                 document per chapter (circuitlab.data.realtext; its held-out chapters: "val")
+  "pyref"                       real English that ships with Python: the Language Reference's prose
+                                (pydoc_data, PSF licence), one document per topic (circuitlab.data.realtext)
   "file:PATH" or "PATH"         a .txt/.md file; blank-line-separated blocks are documents
   "folder:PATH"                 every .txt/.md file under PATH (sorted); each file is a document
   "hf:NAME[:SPLIT][:FIELD]"     datasets.load_dataset(NAME), split "train", field "text" by default;
@@ -19,12 +21,12 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from circuitlab.checks import DEFAULT_SEED
-from circuitlab.data.realtext import KJV_SOURCE, kjv_chapters
+from circuitlab.data.realtext import REAL_SOURCES, real_documents
 from circuitlab.data.stories import generate_stories
 from circuitlab.errors import CircuitlabError, ConfigError
 from circuitlab.textfile import read_text
 
-VALID_SOURCES = '"stories", "kjv", "file:PATH", a .txt path, "folder:PATH", "hf:NAME[:SPLIT][:FIELD]"'
+VALID_SOURCES = '"stories", "kjv", "pyref", "file:PATH", a .txt path, "folder:PATH", "hf:NAME[:SPLIT][:FIELD]"'
 ADDITION_MAX_DIGITS = 9  # a and b stay far inside int64, and a pair's index a·10^M + b too
 TEXT_SUFFIXES = (".txt", ".md")
 _HF_FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -43,8 +45,8 @@ def load_texts(source: str, n_stories: int = 20000, seed: int = DEFAULT_SEED) ->
         raise ConfigError(f"{source!r} is a synthetic token task, not text; build it with build_data(DataConfig(source=...)).")
     if source == "stories":
         docs: Iterable[str] = generate_stories(n_stories, seed)
-    elif source == KJV_SOURCE:
-        docs = kjv_chapters("all")
+    elif source in REAL_SOURCES:
+        docs = real_documents(source, "all")
     elif source.startswith("hf:"):
         docs = _hf_texts(source)
     elif source.startswith("folder:"):
@@ -167,7 +169,7 @@ def _hf_rows(ds, name: str, field: str) -> Iterator[str]:
 
 def source_fingerprint(source: str) -> list:
     """(path, size, mtime) of the local files behind `source`, so edits invalidate caches; [] otherwise."""
-    if source in ("stories", KJV_SOURCE):
+    if source == "stories" or source in REAL_SOURCES:
         return []
     if source.startswith("folder:"):
         files = folder_files(Path(source[len("folder:") :]).expanduser())

@@ -32,7 +32,7 @@ class StudyRunOptions(Options):
     """What `circuitlab study` reads besides each study's own options."""
 
     study: str | None = option(None, required=True, flag="study", metavar="NAME",
-                               help="the study to run: induction, ioi, or all (every study in turn)")
+                               help="the study to run: induction, ioi, facts, lens, or all (every study in turn)")
     checkpoint: str | None = option(None, required=True, aliases=("--model",), help="a run or checkpoint directory")
     out: str | None = option(None, help="output directory (default: <checkpoint>/studies)")
     resume: bool = option(False, help="reuse the studies already finished in --out with the same checkpoint and "

@@ -93,31 +93,89 @@ def test_built_in_data_and_bad_inputs(tmp_path):
         compare_lenses(model, repeated_batch(1, torch.Generator())[0], wrong)
 
 
-class _Interrupted(list):
-    """Batches whose `at`-th access raises, as if the process were killed there."""
+def _killed_at_step(monkeypatch, step):
+    """The training's read-outs (two a step: the final one, then the translated points) raise at step `step`
+    (1-based), as if the process were killed there."""
+    from circuitlab.analysis.lens import tuned
 
-    def __init__(self, items, at):
-        super().__init__(items)
-        self.seen, self.at = 0, at
+    calls = {"n": 0}
 
-    def __getitem__(self, i):
-        self.seen += 1
-        if self.seen == self.at:
+    def read(model, resid, real=tuned._lens_log_probs):
+        calls["n"] += 1
+        if calls["n"] == 2 * step - 1:
             raise KeyboardInterrupt
-        return super().__getitem__(i)
+        return real(model, resid)
+    monkeypatch.setattr(tuned, "_lens_log_probs", read)
 
 
-def test_training_resumes_where_it_stopped(tmp_path):
+def test_training_resumes_where_it_stopped(tmp_path, monkeypatch):
     model = induction_model()
     gen = torch.Generator().manual_seed(1)
     batches = [repeated_batch(8, gen) for _ in range(3)]
     whole = train_tuned_lens(model, batches, steps=10)
     state = tmp_path / "state.safetensors"
-    with pytest.raises(KeyboardInterrupt):
-        train_tuned_lens(model, _Interrupted(batches, at=7), steps=10, state_file=state, save_every=4)
+    with pytest.raises(KeyboardInterrupt), monkeypatch.context() as m:
+        _killed_at_step(m, 7)
+        train_tuned_lens(model, batches, steps=10, state_file=state, save_every=4)
     assert state.is_file()  # written after step 4; steps 5 and 6 are lost and redone
     resumed = train_tuned_lens(model, batches, steps=10, state_file=state, save_every=4)
     assert torch.allclose(resumed.weight, whole.weight, atol=1e-6) and torch.allclose(resumed.bias, whole.bias, atol=1e-6)
     assert resumed.train_info["first_loss"] == pytest.approx(whole.train_info["first_loss"])
     with pytest.raises(CircuitlabError, match=r"with other settings: steps \(10 -> 20\)"):
         train_tuned_lens(model, batches, steps=20, state_file=state)
+
+
+def test_each_batch_runs_the_model_once_and_the_lens_is_todays(monkeypatch):
+    """The residual stream of each distinct batch is computed once and reused at its later steps: the lens is bit
+    for bit the one a forward pass a step gives (today's training), on a trained model and an imported one."""
+    from circuitlab.analysis.lens import tuned
+
+    gen = torch.Generator().manual_seed(3)
+    batches = [repeated_batch(4, gen) for _ in range(3)]
+    model = induction_model()
+    runs = {"n": 0}
+
+    def counted(model, tokens, real=tuned._residual_stream):
+        runs["n"] += 1
+        return real(model, tokens)
+    monkeypatch.setattr(tuned, "_residual_stream", counted)
+    cached = train_tuned_lens(model, batches, steps=8)
+    assert runs["n"] == len(batches)   # one forward pass per distinct batch, not one per step
+
+    class Recomputed(tuned.ResidualCache):   # today's: every step runs the model again
+        def __init__(self, model, batches):
+            super().__init__(model, batches)
+            self.keep = False
+    monkeypatch.setattr(tuned, "ResidualCache", Recomputed)
+    runs["n"] = 0
+    today = train_tuned_lens(model, batches, steps=8)
+    assert runs["n"] == 8
+    assert torch.equal(cached.weight, today.weight) and torch.equal(cached.bias, today.bias)
+    assert cached.train_info == today.train_info
+
+
+def test_the_least_squares_start_is_the_least_squares_map():
+    """init="lstsq": each translator is the least-squares affine map from its point to the last residual at unit
+    RMS (float64 lstsq on the same tokens as the reference), and a bad init is refused in one line."""
+    from circuitlab.analysis.lens.tuned import ResidualCache, _model_info, _residual_stream, fit_lstsq
+
+    model = induction_model()
+    gen = torch.Generator().manual_seed(4)
+    batches = [repeated_batch(16, gen) for _ in range(2)]
+    lens = TunedLens(["embed"] + [f"L{l}" for l in range(model.cfg.n_layers)], model.cfg.d_model, _model_info(model))
+    fit_lstsq(lens, ResidualCache(model, batches), len(batches), ridge=0.0)
+    resid = torch.cat([_residual_stream(model, b)[1] for b in batches], dim=1).double()   # [point, batch, pos, d]
+    d = model.cfg.d_model
+    h = resid[-1].reshape(-1, d)
+    target = h / h.pow(2).mean(-1, keepdim=True).sqrt()
+    for i in range(len(lens.labels) - 1):
+        x = resid[i].reshape(-1, d)
+        ref = torch.linalg.lstsq(torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1), target).solution
+        ref = ref * x.pow(2).mean(-1).sqrt().mean()   # scaled to the point's mean RMS
+        assert torch.allclose(lens.weight[i].double(), ref[:d], atol=1e-4)
+        assert torch.allclose(lens.bias[i].double(), ref[d], atol=1e-4)
+    fit_lstsq(lens, ResidualCache(model, batches), len(batches))   # the default ridge: what training starts from
+    started = train_tuned_lens(model, batches, steps=1, lr=1e-12, init="lstsq")   # one step of a vanishing lr
+    assert torch.allclose(started.weight, lens.weight, atol=1e-5) and started.train_info["init"] == "lstsq"
+    with pytest.raises(CircuitlabError, match="init must be one of identity, lstsq"):
+        train_tuned_lens(model, batches, steps=1, init="zeros")

@@ -219,14 +219,83 @@ def data_fingerprint(batches: Sequence[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+INITS = ("identity", "lstsq")
+RIDGE = 1e-2   # the least-squares start's ridge, a share of each coordinate's second moment (SmolLM2's best)
+
+
+class ResidualCache:
+    """Every layer's residual stream of each distinct token batch, from one forward pass of the model (no
+    gradient) the first time the batch is seen, kept for the batch's later steps when the batches' residuals fit
+    lens_budget() (else computed again each time: the same numbers, a forward pass a step)."""
+
+    def __init__(self, model: Transformer, batches: Sequence[torch.Tensor]) -> None:
+        self.model, self.batches = model, batches
+        per_token = (model.cfg.n_layers + 1) * model.cfg.d_model
+        self.keep = sum(b.numel() for b in batches) * per_token <= lens_budget()
+        self.held: dict[int, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def __getitem__(self, i: int) -> torch.Tensor:
+        """Batch i's residual points [point, batch, pos, d_model]."""
+        if i in self.held:
+            return self.held[i]
+        tokens = self.batches[i]
+        tokens = tokens[None] if tokens.dim() == 1 else tokens
+        _, resid = _residual_stream(self.model, tokens.to(model_device(self.model)))
+        if self.keep:
+            self.held[i] = resid
+        return resid
+
+
+@torch.no_grad()
+def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: float = RIDGE) -> None:
+    """Set every translator to the least-squares affine map (float64 normal equations, a ridge of `ridge` x each
+    coordinate's second moment) from its point's residual to the model's last residual scaled to unit RMS per
+    token: the read-out normalises its input, so each token's scale is free and the direction is what is fitted.
+    Each map is then scaled by its point's mean RMS (the same read-out, the identity's scale). One pass over the batches; d_model + 1 square systems, no read-out through the vocabulary."""
+    n, d = lens.weight.shape[0], lens.weight.shape[-1]
+    gram = torch.zeros(n, d + 1, d + 1, dtype=torch.float64)
+    cross = torch.zeros(n, d + 1, d, dtype=torch.float64)
+    rms, count = torch.zeros(n, dtype=torch.float64), 0
+    for i in range(n_batches):
+        resid = residuals[i]
+        x = resid[:-1].reshape(n, -1, d).double().cpu()
+        x = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], -1)
+        h = resid[-1].reshape(-1, d).double().cpu()
+        target = h / h.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+        gram += x.transpose(1, 2) @ x
+        cross += x.transpose(1, 2) @ target
+        rms += x[..., :d].pow(2).mean(-1).sqrt().sum(-1)
+        count += x.shape[1]
+    if not (torch.isfinite(gram).all() and torch.isfinite(cross).all()):
+        raise CircuitlabError("the residual stream holds non-finite values: no least-squares translators (use "
+                              "init identity)")
+    # the ridge: a share of each coordinate's own second moment (a few residual coordinates are far larger than
+    # the rest: a ridge of one size for all would flatten the others); Cholesky, the systems being positive definite
+    diag = torch.diagonal(gram, dim1=1, dim2=2)
+    gram = gram + torch.diag_embed(ridge * diag + 1e-12 * diag.mean(-1, keepdim=True))
+    factor, info = torch.linalg.cholesky_ex(gram)
+    if int(info.max()):
+        raise CircuitlabError("the residual stream's Gram matrix is singular: give more tokens or a larger ridge")
+    # scaled to the point's mean RMS: the read-out normalises, so it reads the same, and the translator has the
+    # identity's scale (Adam's steps after it are of the size they are from the identity)
+    solved = torch.cholesky_solve(cross, factor) * (rms / count)[:, None, None]   # [point, d + 1, d]
+    lens.weight.copy_(solved[:, :d].to(lens.weight))
+    lens.bias.copy_(solved[:, d].to(lens.bias))
+
+
 def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = STEPS,
                      lr: float = LR,
                      progress: bool = False, state_file: str | Path | None = None, save_every: int = SAVE_EVERY,
-                     settings: dict[str, Any] | None = None) -> TunedLens:
+                     settings: dict[str, Any] | None = None, init: str = "identity") -> TunedLens:
     """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
 
     Adam on Σ_points mean_positions KL(final ‖ translated point), lr warmed up over the first 10% of steps
-    and decayed linearly to 0. The model's parameters are not touched (no gradient flows into them).
+    and decayed linearly to 0. The model's parameters are not touched (no gradient flows into them). Each
+    batch's residual stream is computed once, all points at once, and reused at its later steps (ResidualCache:
+    the same numbers as a forward pass a step). init: "identity" (A = I, b = 0: Belrose et al.'s) or "lstsq" (the
+    least-squares translators, fit_lstsq, a closed form that needs no read-out: far fewer KL steps reach a low
+    loss, the way to train on a large vocabulary in minutes).
     state_file: the training state (translators, Adam's moments, step) is written there atomically every
     save_every steps; when the file exists, training continues from it (same steps, lr and batches), and
     ends where an uninterrupted run would. The caller deletes it once the lens is saved. A resume whose
@@ -236,6 +305,8 @@ def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch
     """
     steps = COUNT.check(steps, "steps")
     lr = POSITIVE.check(lr, "lr")
+    if init not in INITS:
+        raise CircuitlabError(f"init must be one of {', '.join(INITS)}; got {init!r}")
     save_every = COUNT.check(save_every, "save_every")
     if model.cfg.n_layers == 0:
         raise CircuitlabError("a tuned lens translates each layer's residual: this model has no layers")
@@ -251,21 +322,22 @@ def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch
         b = b[None] if b.dim() == 1 else b
         check_lens_batches(model, 1, b.shape[0], b.shape[1])
     settings = {"steps": steps, "lr": lr, "n_batches": len(batches), "data": data_fingerprint(batches),
-                **(settings or {})}
+                **({"init": init} if init != "identity" else {}), **(settings or {})}
     start, saved_step = 0, None
     losses: list[float] = []
+    residuals = ResidualCache(model, batches)
     if state_file is not None and Path(state_file).is_file():
         start, losses = _load_training_state(Path(state_file), lens, opt, settings)
         saved_step = start
+    elif init == "lstsq":
+        fit_lstsq(lens, residuals, len(batches))
     bar = tqdm(range(start, steps), total=steps, initial=start, desc="tuned lens", disable=not progress)
     rows = max(b.numel() for b in batches)
     step_flops = transformer_step_flops(model.cfg, rows, max(b.shape[-1] for b in batches))
     with threads_for_work(step_flops), frozen_parameters(model), stop_after_step_on_ctrl_c() as stop:
         for step in bar:
-            tokens = batches[step % len(batches)]
-            tokens = tokens[None] if tokens.dim() == 1 else tokens
+            resid = residuals[step % len(batches)]
             with torch.no_grad():
-                _, resid = _residual_stream(model, tokens.to(device))
                 final = _lens_log_probs(model, resid[-1])  # [batch, pos, d_vocab]
             pred = _lens_log_probs(model, lens.translate(resid)[:-1])  # [point, batch, pos, d_vocab]
             kl = (final.exp() * (final - pred)).sum(-1).mean(dim=(1, 2))  # [point]
@@ -282,7 +354,8 @@ def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch
             if stop.is_set() and step + 1 < steps:
                 bar.close()
                 raise KeyboardInterrupt(interrupted_message(step + 1, saved_step, state_file))
-    lens.train_info = {"steps": steps, "lr": lr, "final_loss": losses[-1], "first_loss": losses[0]}
+    lens.train_info = {"steps": steps, "lr": lr, "final_loss": losses[-1], "first_loss": losses[0],
+                       **({"init": init} if init != "identity" else {})}
     return lens.eval()
 
 
@@ -400,3 +473,34 @@ def mean_kl_to_final(model: Transformer, batches: Iterable[torch.Tensor] | torch
     if total is None:
         raise CircuitlabError("mean_kl_to_final got no token batches")
     return (total / count).cpu()
+
+
+@torch.no_grad()
+def held_out_agreement(model: Transformer, batches: Iterable[torch.Tensor] | torch.Tensor,
+                       lenses: dict[str, TunedLens | None]) -> dict[str, dict[str, torch.Tensor]]:
+    """For each lens by name (None = the logit lens), per residual point [point]: "kl", KL(final ‖ lens) averaged
+    over every position of the batches (as mean_kl_to_final), and "top1", the share of positions where the lens's
+    top token is the model's final top token. One forward pass per batch serves every lens; the points are read
+    out one at a time (a [batch, pos, d_vocab] read-out at once, not one per point)."""
+    device = model_device(model)
+    sums: dict[str, dict[str, torch.Tensor]] = {}
+    count = 0
+    for tokens in ([batches] if isinstance(batches, torch.Tensor) else batches):
+        tokens = (tokens[None] if tokens.dim() == 1 else tokens).to(device)
+        _, resid = _residual_stream(model, tokens)
+        final = _lens_log_probs(model, resid[-1])   # [batch, pos, d_vocab]
+        p, top = final.exp(), final.argmax(-1)
+        for name, lens in lenses.items():
+            moved = resid if lens is None else lens.to(device).translate(resid)
+            kl, agree = torch.zeros(len(moved), dtype=torch.float64), torch.zeros(len(moved), dtype=torch.float64)
+            for i, point in enumerate(moved):
+                logp = _lens_log_probs(model, point)
+                kl[i] = float((p * (final - logp)).sum(-1).sum())
+                agree[i] = float((logp.argmax(-1) == top).sum())
+            got = sums.setdefault(name, {"kl": torch.zeros_like(kl), "top1": torch.zeros_like(agree)})
+            got["kl"] += kl
+            got["top1"] += agree
+        count += tokens.numel()
+    if not count:
+        raise CircuitlabError("held_out_agreement got no token batches")
+    return {name: {k: v / count for k, v in got.items()} for name, got in sums.items()}
