@@ -1,3 +1,4 @@
+# long module: the tuned lens in one place (translators, their two starts, resumable training, the held-out measures), read top to bottom
 """The tuned lens: one trained affine translator per layer, read through the final norm and unembedding.
 
     lens = train_tuned_lens(model, batches, steps=300)       # batches: token tensors [batch, pos]
