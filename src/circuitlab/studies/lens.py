@@ -186,6 +186,12 @@ def lens_figures(result: StudyResult) -> dict[str, "FigureSpec"]:
     return {"lenses": FigureSpec(panels, "Logit lens and tuned lens by depth", cols=2)}
 
 
+# the share of the matmul speed the study reaches: each step's log-softmax and KL over the whole vocabulary at every
+# point (SmolLM2: 30 x 128 rows x 49,152 floats, 2.5 GiB) are memory-bound beside the read-out's matmuls (measured on
+# SmolLM2, one thread: 208 s of training for 13.3 TFLOP at 171 GFLOP/s)
+READOUT_EFFICIENCY = 0.4
+
+
 def estimate_lens(model: "Transformer", options: LensStudyOptions) -> memory.Estimate:
     """The least-squares pass (one forward per training batch, the Gram matrices), the Adam steps (every
     translator's read-out through the vocabulary, forward and backward, and the final read-out), the held-out
@@ -208,7 +214,7 @@ def estimate_lens(model: "Transformer", options: LensStudyOptions) -> memory.Est
     parts = {**step.parts, "cached residual streams": train_tokens * (cfg.n_layers + 1) * cfg.d_model * 4}
     return memory.Estimate(f"lens study (tuned lens: {opts.lens_init} start, {opts.lens_steps} steps of {rows} "
                            f"tokens; {held} held-out tokens)", parts, held=memory.tensor_bytes(model), flops=flops,
-                           efficiency=1.0)
+                           efficiency=READOUT_EFFICIENCY)
 
 
 STUDY = Study("lens", "The logit lens and the tuned lens", "nostalgebraist 2020, interpreting GPT: the logit lens; "
