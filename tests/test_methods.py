@@ -34,11 +34,14 @@ def test_every_method_declares_its_parts():
         assert issubclass(m.options, Options) and issubclass(m.result, MethodResult), name
         assert set(m.inputs) <= {"prompt", "clean", "corrupt", "lens", "progress"}, name
         add_arguments(parser, m.options)   # no two methods declare the same flag
-    # causal tracing's own, and input attribution's: every registered technique's (SHAP's and LIME's samples, ...)
+    # causal tracing's own, the sweeps' narrowing options, and input attribution's: every registered technique's
+    # (SHAP's and LIME's samples, ...)
     techniques = {f.name for f, _ in options_of(REGISTRY["input_attribution"].options)}
     assert {"samples", "seed", "kernel_width", "steps"} <= techniques and "baseline" not in techniques
     assert {f.name for m in REGISTRY.values() for f, _ in options_of(m.options)} == {
-        "subject", "noise", "noise_scale", "noise_samples", "window", "replace_with"} | techniques
+        "subject", "noise", "noise_scale", "noise_samples", "window", "replace_with", "trace_kinds", "trace_layers",
+        "trace_positions", "periods", "patch_layers", "patch_targets", "path_patching", "ablation_layers",
+        "mlp_ablation"} | techniques
 
 
 @pytest.mark.parametrize("name", ["circuits", "logit_lens", "attribution", "ablation", "patching", "causal_tracing"])
