@@ -90,3 +90,19 @@ def test_the_python_api_trains_the_lens_the_command_trains(tmp_path, capsys):
     cli = tuned.TunedLens.load(tmp_path / "cli")
     assert torch.equal(cli.weight, found.lens.weight) and torch.equal(cli.bias, found.lens.bias)
     assert cli.train_info == found.lens.train_info
+
+
+def test_init_lstsq_reaches_the_analysis_and_is_kept_with_the_lens(tmp_path):
+    """`--init lstsq` trains from the least-squares start (train_tuned_lens's init), not the identity: its lens equals
+    the analysis's own with that init, differs from the identity-started one, and says its start."""
+    tokenizer = CharTokenizer.from_texts([stories_text(300, seed=1)])
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=tokenizer.vocab_size, n_ctx=32))
+    save_checkpoint(tmp_path / "run" / "checkpoint", model, tokenizer)
+    sizes = dict(steps=2, batches=2, batch_size=2, seq_len=16, progress=False)
+    fit = train_lens(LensTrainOptions(tmp_path / "run", tmp_path / "lstsq", init="lstsq", **sizes)).lens
+    plain = train_lens(LensTrainOptions(tmp_path / "run", tmp_path / "identity", **sizes)).lens
+    assert fit.train_info.get("init") == "lstsq" and "init" not in plain.train_info
+    assert not torch.allclose(fit.weight, plain.weight)
+    with pytest.raises((ConfigError, InputError)):
+        LensTrainOptions(tmp_path / "run", init="zeros").check()

@@ -33,6 +33,9 @@ class LensTrainOptions(Options):
     steps: int = option(tuned.STEPS, COUNT, help="optimizer steps (default {default})")
     lr: float = option(tuned.LR, POSITIVE, help="Adam's peak learning rate (default {default})")
     batches: int = option(16, COUNT, help="distinct token batches, cycled through (default {default})")
+    init: str = option(tuned.INITS[0], choices=tuned.INITS,
+                       help="the translators' start: identity (Belrose et al.) or lstsq (least squares onto the last "
+                            "residual: far fewer steps are needed on a deep model; default {default})")
     batch_size: int = option(tuned.BATCH_SIZE, COUNT, help="sequences per batch (default {default})")
     seq_len: int = option(tuned.SEQ_LEN, COUNT, help="tokens per sequence (default {default}, capped by the context)")
     text: str | None = option(None, help="a UTF-8 text file to train on (default: built-in stories the demo "
@@ -126,7 +129,8 @@ def train_lens(opts: LensTrainOptions) -> LensTrainResult:
     # the options that made the data, by name: a resume with other values is refused naming them
     made_by = {"--batches": opts.batches, "--batch-size": opts.batch_size, "--seq-len": seq, "--text": opts.text}
     lens = train_tuned_lens(model, batches, steps=opts.steps, lr=opts.lr, progress=opts.progress,
-                            state_file=state, save_every=opts.save_every, settings=made_by)
+                            state_file=state, save_every=opts.save_every, settings=made_by,
+                            init=opts.init)
     lens.model_info["checkpoint"] = str(opts.checkpoint)
     lens.train_info.update(data=opts.text or "built-in stories (seed 1)", batches=len(batches),
                            batch_size=opts.batch_size, seq_len=seq)

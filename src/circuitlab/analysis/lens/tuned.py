@@ -288,7 +288,7 @@ def fit_lstsq(lens: TunedLens, residuals: ResidualCache, n_batches: int, ridge: 
 def train_tuned_lens(model: Transformer, batches: Sequence[torch.Tensor] | torch.Tensor, steps: int = STEPS,
                      lr: float = LR,
                      progress: bool = False, state_file: str | Path | None = None, save_every: int = SAVE_EVERY,
-                     settings: dict[str, Any] | None = None, init: str = "identity") -> TunedLens:
+                     settings: dict[str, Any] | None = None, init: str = INITS[0]) -> TunedLens:
     """Train a TunedLens on token batches [batch, pos] (a sequence, cycled through; one tensor is one batch).
 
     Adam on Σ_points mean_positions KL(final ‖ translated point), lr warmed up over the first 10% of steps
