@@ -93,8 +93,8 @@ def test_the_python_api_trains_the_lens_the_command_trains(tmp_path, capsys):
 
 
 def test_init_lstsq_reaches_the_analysis_and_is_kept_with_the_lens(tmp_path):
-    """`--init lstsq` trains from the least-squares start (train_tuned_lens's init), not the identity: its lens equals
-    the analysis's own with that init, differs from the identity-started one, and says its start."""
+    """`--init lstsq` reaches train_tuned_lens's init: its lens differs from the identity-started one on the same
+    data and records its start; an unknown start is refused."""
     tokenizer = CharTokenizer.from_texts([stories_text(300, seed=1)])
     torch.manual_seed(0)
     model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=tokenizer.vocab_size, n_ctx=32))
