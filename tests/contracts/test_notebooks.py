@@ -19,10 +19,10 @@ def code_cells(nb) -> list[str]:
     return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
-def test_the_five_tutorials_exist_and_are_stored_without_outputs():
+def test_the_six_tutorials_exist_and_are_stored_without_outputs():
     assert NAMES == ["01_induction_heads_from_scratch.ipynb", "02_transformer_by_hand.ipynb",
                      "03_attention_heads_are_additive.ipynb", "04_toolbox_on_one_model.ipynb",
-                     "05_attribution_graphs_of_a_trained_model.ipynb"]
+                     "05_attribution_graphs_of_a_trained_model.ipynb", "06_studies_of_a_real_model.ipynb"]
     for name in NAMES:
         nb = load(name)
         nbformat.validate(nb)
@@ -118,3 +118,12 @@ def test_attribution_graphs_notebook(tmp_path):
     assert r["name_focus_share"] > r["name_last_share"]      # the earlier mentions, more than the last token
     assert r["name_p_replacement"] < r["name_p"]          # the graph's raisers steered down lower it where it is exact
     assert r["once_p"] > 0.9 and r["once_replacement"] > 0.5 and r["once_confirms"]   # the memorised phrase: confirmed
+
+
+@pytest.mark.slow
+def test_studies_of_a_real_model_notebook(tmp_path):
+    """The induction and IOI studies on SmolLM2 from Python: what the methods guarantee, not what the model does
+    (the second copy's loss below the first's is what in-context copying means; shares are of one logit difference)."""
+    r = execute("06_studies_of_a_real_model.ipynb", tmp_path)
+    assert r["induction_loss_drop"] > 0 and len(r["induction_claims_hold"]) >= 3
+    assert 0 <= r["ioi_accuracy"] <= 1 and r["ioi_circuit_share"] is not None
