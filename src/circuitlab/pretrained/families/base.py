@@ -175,14 +175,19 @@ def _newer_switches(cfg: ModelConfig) -> list[str]:
     return [f"{k}={getattr(cfg, k)!r}" for k, v in defaults.items() if getattr(cfg, k) != v]
 
 
+def _block_problems(cfg: ModelConfig) -> list[str]:
+    """What no Hugging Face family's blocks hold: a block without an MLP, heads without an output projection."""
+    found = []
+    if cfg.attn_only:
+        found.append("attn_only=True (HF models all have MLPs)")
+    if not cfg.use_attn_out:
+        found.append("use_attn_out=False (V-only heads)")
+    return found
+
+
 def _classic_problems(cfg: ModelConfig) -> list[str]:
     """What LLaMA, GPT-2 and GPT-NeoX all refuse on export."""
-    common = []
-    if cfg.attn_only:
-        common.append("attn_only=True (HF models all have MLPs)")
-    if not cfg.use_attn_out:
-        common.append("use_attn_out=False (V-only heads)")
-    return common + _newer_switches(cfg)
+    return _block_problems(cfg) + _newer_switches(cfg)
 
 
 def _sequential(cfg: ModelConfig) -> list[str]:

@@ -26,7 +26,7 @@ import torch
 
 from circuitlab.config import ModelConfig
 from circuitlab.errors import CircuitlabError
-from circuitlab.pretrained.families.base import Family, Piece, _get, _n_ctx, _rows, _state
+from circuitlab.pretrained.families.base import Family, Piece, _block_problems, _get, _n_ctx, _rows, _state
 
 if TYPE_CHECKING:
     from circuitlab.model import Transformer
@@ -167,11 +167,7 @@ class _Decoder(Family):
 
 
 def _common_problems(cfg: ModelConfig) -> list[str]:
-    found = []
-    if cfg.attn_only:
-        found.append("attn_only=True (HF models all have MLPs)")
-    if not cfg.use_attn_out:
-        found.append("use_attn_out=False (V-only heads)")
+    found = _block_problems(cfg)
     if cfg.parallel_attn_mlp:
         found.append("parallel_attn_mlp=True")
     if not cfg.scale_scores:
